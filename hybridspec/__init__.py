@@ -1,0 +1,1 @@
+"""hybridspec: lossless speculative decoding for hybrid Mamba/attention models."""

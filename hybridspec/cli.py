@@ -1,0 +1,35 @@
+"""`hybridspec` command line: generate | simulate | bench | check.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and
+`run(args) -> int`; this file only wires them together.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS = {
+    "simulate": ("hybridspec.sim.cli", "speculative-decoding economics: tokens per round, speedup, crossover batch"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybridspec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub_parser)
+        sub_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args._run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

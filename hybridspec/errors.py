@@ -1,0 +1,30 @@
+"""Typed errors. Every one is raised before any state changes and says what
+was wrong and how to fix it."""
+
+
+class HybridSpecError(Exception):
+    """Base class of every error hybridspec raises on purpose."""
+
+
+class ConfigError(HybridSpecError, ValueError):
+    """A config, policy or engine argument is invalid."""
+
+
+class UnsupportedModelError(HybridSpecError, ValueError):
+    """The model architecture or checkpoint layout is not supported."""
+
+
+class InvalidRequestError(HybridSpecError, ValueError):
+    """A prompt or sampling parameter of a request is invalid."""
+
+
+class CacheFullError(HybridSpecError, RuntimeError):
+    """A batch does not fit the KV block pool or the state pool."""
+
+
+class NumericalError(HybridSpecError, FloatingPointError):
+    """A model produced NaN or inf logits."""
+
+
+class InvariantError(HybridSpecError, AssertionError):
+    """A commit broke the boundary invariant (HYBRIDSPEC_CHECK=1)."""
