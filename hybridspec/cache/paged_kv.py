@@ -1,0 +1,301 @@
+"""Paged attention KV cache: page storage for every attention layer, one block
+table and one `kv_len` per sequence.
+
+Terms
+  page, block   `block_size` consecutive token slots; position p of a sequence
+                lives in page `block_table[p // block_size]` at offset `p % block_size`
+  kv_len        positions 0 .. kv_len - 1 hold valid K/V (the runtime's `computed_len`)
+  reserved_len  positions the last `prepare_write` made room for; `commit` may move
+                kv_len up to it once the forward has written them
+  shared page   a page with reference count > 1 (after `fork`); the first write to it
+                copies it (copy-on-write), so no sequence sees another's writes
+
+One block table serves every attention layer: `k_cache[layer]` and
+`v_cache[layer]` are `[num_blocks, block_size, num_kv_heads, head_dim]` views
+of one `[num_layers, ...]` tensor each.
+
+Flow of one forward:
+  meta = cache.prepare_write(seq_ids, num_new)     # admission, pages, copy-on-write
+  for layer: cache.write(layer, meta, k, v); attend with meta
+  cache.commit(seq_id, new_len)                    # per sequence, after success
+A forward that raises leaves every kv_len as it was.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from hybridspec.errors import CacheFullError
+from hybridspec.kernels.paged_attention import gather_pages
+
+from .block_pool import BlockPool, BlockPoolState
+
+
+@dataclass(frozen=True, eq=False)
+class KVWriteMeta:
+    """Where one forward writes its new tokens and what its attention reads."""
+
+    seq_ids: tuple[int, ...]
+    slot_mapping: torch.Tensor  # [batch, T_max] int64: page * block_size + offset per new token, -1 for padding
+    block_tables: torch.Tensor  # [batch, max_blocks] int32: pages covering context_lens, padded with -1
+    context_lens: torch.Tensor  # [batch] int64: kv_len + num_new, the keys attention sees after the write
+    query_lens: torch.Tensor  # [batch] int64: num_new
+
+
+@dataclass(frozen=True)
+class KVCacheBookkeeping:
+    """A copy of every index the cache keeps, comparable with `==` ("the cache is unchanged")."""
+
+    block_tables: dict[int, tuple[int, ...]]
+    kv_lens: dict[int, int]
+    reserved_lens: dict[int, int]
+    pool: BlockPoolState
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        for name, value in (("num_layers", num_layers), ("block_size", block_size),
+                            ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            if value < 1:
+                raise ValueError(f"{name}={value}: must be >= 1")
+        self.num_layers = num_layers
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.pool = BlockPool(num_blocks)
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self._block_tables: dict[int, list[int]] = {}
+        self._kv_lens: dict[int, int] = {}
+        self._reserved_lens: dict[int, int] = {}
+
+    # ---- sequences -------------------------------------------------------
+
+    def add_sequence(self, seq_id: int) -> None:
+        if seq_id in self._block_tables:
+            raise ValueError(f"sequence {seq_id} is already in the KV cache; free it first or use a new id")
+        self._block_tables[seq_id] = []
+        self._kv_lens[seq_id] = 0
+        self._reserved_lens[seq_id] = 0
+
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self._block_tables
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Drop the sequence; each of its pages loses one holder."""
+        self._check_known(seq_id)
+        self.pool.free(self._block_tables.pop(seq_id))
+        del self._kv_lens[seq_id]
+        del self._reserved_lens[seq_id]
+
+    def fork(self, src_seq_id: int, dst_seq_id: int) -> None:
+        """`dst` shares `src`'s pages up to its kv_len; the first write to a shared page copies it."""
+        self._check_known(src_seq_id)
+        if dst_seq_id in self._block_tables:
+            raise ValueError(f"fork target {dst_seq_id} already exists; free it first or use a new id")
+        kv_len = self._kv_lens[src_seq_id]
+        shared = self._block_tables[src_seq_id][: _cdiv(kv_len, self.block_size)]
+        for block in shared:
+            self.pool.incref(block)
+        self._block_tables[dst_seq_id] = list(shared)
+        self._kv_lens[dst_seq_id] = kv_len
+        self._reserved_lens[dst_seq_id] = kv_len
+
+    def kv_len(self, seq_id: int) -> int:
+        self._check_known(seq_id)
+        return self._kv_lens[seq_id]
+
+    def block_table(self, seq_id: int) -> list[int]:
+        self._check_known(seq_id)
+        return list(self._block_tables[seq_id])
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V bytes of one page over every layer."""
+        return 2 * self.k_cache[:, 0].numel() * self.k_cache.element_size()
+
+    # ---- admission -------------------------------------------------------
+
+    def blocks_needed(self, seq_id: int, new_len: int) -> int:
+        """Pages `seq_id` must take from the pool to hold valid K/V up to `new_len`."""
+        return self._count_blocks_needed({seq_id: new_len})[0]
+
+    def check_admission(self, requests: dict[int, int]) -> None:
+        """Raise CacheFullError unless every `seq_id -> new_len` fits at once; changes nothing."""
+        needed, num_new, num_copies = self._count_blocks_needed(requests)
+        if needed > self.pool.num_free:
+            raise CacheFullError(
+                f"the batch needs {needed} free KV pages ({num_new} new, {num_copies} copy-on-write) "
+                f"but only {self.pool.num_free} of {self.pool.num_blocks} are free; "
+                "raise num_blocks or run a smaller batch"
+            )
+
+    def _count_blocks_needed(self, requests: dict[int, int]) -> tuple[int, int, int]:
+        """(total, new pages, copy-on-write copies) for the requests taken in order."""
+        num_new = 0
+        writers: Counter[int] = Counter()  # shared page -> sequences of the batch writing it
+        for seq_id, new_len in requests.items():
+            self._check_known(seq_id)
+            if new_len < self._kv_lens[seq_id]:
+                raise ValueError(
+                    f"new_len={new_len} < kv_len={self._kv_lens[seq_id]} of sequence {seq_id}; "
+                    "use truncate() to shorten a sequence"
+                )
+            num_new += max(0, _cdiv(new_len, self.block_size) - len(self._block_tables[seq_id]))
+            writers.update(b for b in self._pages_written(seq_id, new_len) if self.pool.ref_count(b) > 1)
+        # With w of a page's rc holders writing it, each copies it until the last holder
+        # finds itself alone (rc == 1) and writes in place.
+        num_copies = sum(
+            w if w < self.pool.ref_count(b) else self.pool.ref_count(b) - 1 for b, w in writers.items()
+        )
+        return num_new + num_copies, num_new, num_copies
+
+    def _pages_written(self, seq_id: int, new_len: int) -> list[int]:
+        """Existing pages of `seq_id` that writing positions [kv_len, new_len) touches."""
+        kv_len = self._kv_lens[seq_id]
+        if new_len <= kv_len:
+            return []
+        first, end = kv_len // self.block_size, _cdiv(new_len, self.block_size)
+        return self._block_tables[seq_id][first:end]
+
+    # ---- one forward -----------------------------------------------------
+
+    def prepare_write(self, seq_ids: list[int], num_new: list[int]) -> KVWriteMeta:
+        """Make room for positions [kv_len, kv_len + num_new) of each sequence; all or nothing.
+
+        Does not move kv_len: call `commit` after the forward has written the K/V.
+        """
+        if len(seq_ids) != len(num_new):
+            raise ValueError(f"{len(seq_ids)} seq_ids but {len(num_new)} num_new entries; pass one per sequence")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids {seq_ids} repeat a sequence; list each sequence once")
+        if any(n < 0 for n in num_new):
+            raise ValueError(f"num_new {num_new} has a negative count")
+        requests = {s: self.kv_len(s) + n for s, n in zip(seq_ids, num_new)}
+        self.check_admission(requests)
+        for seq_id, new_len in requests.items():
+            self._make_writable(seq_id, new_len)
+            self._reserved_lens[seq_id] = new_len
+        return self._write_meta(seq_ids, num_new)
+
+    def _make_writable(self, seq_id: int, new_len: int) -> None:
+        table = self._block_tables[seq_id]
+        first = self._kv_lens[seq_id] // self.block_size
+        for index, block in enumerate(self._pages_written(seq_id, new_len), start=first):
+            if self.pool.ref_count(block) > 1:
+                table[index] = self._copy_page(block)
+        table.extend(self.pool.allocate(max(0, _cdiv(new_len, self.block_size) - len(table))))
+
+    def _copy_page(self, block: int) -> int:
+        """Copy-on-write: a private copy of a shared page in every layer; the original loses a holder."""
+        (copy,) = self.pool.allocate(1)
+        self.k_cache[:, copy] = self.k_cache[:, block]
+        self.v_cache[:, copy] = self.v_cache[:, block]
+        self.pool.decref(block)
+        return copy
+
+    def _write_meta(self, seq_ids: list[int], num_new: list[int]) -> KVWriteMeta:
+        bs = self.block_size
+        t_max = max(num_new, default=0)
+        slot_rows, table_rows, context_lens = [], [], []
+        for seq_id, n in zip(seq_ids, num_new):
+            table, kv_len = self._block_tables[seq_id], self._kv_lens[seq_id]
+            slots = [table[p // bs] * bs + p % bs for p in range(kv_len, kv_len + n)]
+            slot_rows.append(slots + [-1] * (t_max - n))
+            table_rows.append(table[: _cdiv(kv_len + n, bs)])
+            context_lens.append(kv_len + n)
+        max_blocks = max(1, max((len(r) for r in table_rows), default=0))
+        device = self.k_cache.device
+        return KVWriteMeta(
+            seq_ids=tuple(seq_ids),
+            slot_mapping=torch.tensor(slot_rows, dtype=torch.int64, device=device).reshape(len(seq_ids), t_max),
+            block_tables=torch.tensor([r + [-1] * (max_blocks - len(r)) for r in table_rows],
+                                      dtype=torch.int32, device=device).reshape(len(seq_ids), max_blocks),
+            context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
+            query_lens=torch.tensor(num_new, dtype=torch.int64, device=device),
+        )
+
+    def write(self, layer: int, meta: KVWriteMeta, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Scatter the new tokens' K/V `[batch, T_max, num_kv_heads, head_dim]` into `layer`'s pages."""
+        expected = (*meta.slot_mapping.shape, self.num_kv_heads, self.head_dim)
+        for name, x in (("k", k), ("v", v)):
+            if tuple(x.shape) != expected:
+                raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {expected} [batch, T_max, heads, dim]")
+            if x.dtype != self.k_cache.dtype:
+                raise ValueError(f"{name} has dtype {x.dtype}; the cache holds {self.k_cache.dtype}")
+        slots = meta.slot_mapping.reshape(-1)  # [batch * T_max]
+        is_new = slots >= 0
+        flat_shape = (-1, self.num_kv_heads, self.head_dim)
+        self.k_cache[layer].view(flat_shape)[slots[is_new]] = k.reshape(flat_shape)[is_new]
+        self.v_cache[layer].view(flat_shape)[slots[is_new]] = v.reshape(flat_shape)[is_new]
+
+    def gather(self, layer: int, meta: KVWriteMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V `[batch, max(context_lens), num_kv_heads, head_dim]`, zeros past each row's context."""
+        k = gather_pages(self.k_cache[layer], meta.block_tables, meta.context_lens)
+        v = gather_pages(self.v_cache[layer], meta.block_tables, meta.context_lens)
+        return k, v
+
+    def commit(self, seq_id: int, new_len: int) -> None:
+        """After the forward: positions < new_len are valid; free the pages wholly past it."""
+        self._check_known(seq_id)
+        kv_len, reserved = self._kv_lens[seq_id], self._reserved_lens[seq_id]
+        if not kv_len <= new_len <= reserved:
+            raise ValueError(
+                f"commit(seq {seq_id}, new_len={new_len}): must lie in [kv_len={kv_len}, {reserved}], "
+                "the range the last prepare_write made room for; use truncate() to shorten"
+            )
+        self._set_len(seq_id, new_len)
+
+    def truncate(self, seq_id: int, new_len: int) -> None:
+        """Roll back to `new_len` <= kv_len; free every page wholly past it."""
+        self._check_known(seq_id)
+        if not 0 <= new_len <= self._kv_lens[seq_id]:
+            raise ValueError(
+                f"truncate(seq {seq_id}, new_len={new_len}): must lie in [0, kv_len={self._kv_lens[seq_id]}]"
+            )
+        self._set_len(seq_id, new_len)
+
+    def _set_len(self, seq_id: int, new_len: int) -> None:
+        table = self._block_tables[seq_id]
+        keep = _cdiv(new_len, self.block_size)
+        self.pool.free(table[keep:])
+        del table[keep:]
+        self._kv_lens[seq_id] = new_len
+        self._reserved_lens[seq_id] = new_len
+
+    # ---- checks ----------------------------------------------------------
+
+    def snapshot_bookkeeping(self) -> KVCacheBookkeeping:
+        return KVCacheBookkeeping(
+            block_tables={s: tuple(t) for s, t in self._block_tables.items()},
+            kv_lens=dict(self._kv_lens),
+            reserved_lens=dict(self._reserved_lens),
+            pool=self.pool.snapshot(),
+        )
+
+    def _check_known(self, seq_id: int) -> None:
+        if seq_id not in self._block_tables:
+            raise KeyError(f"sequence {seq_id} is not in the KV cache; call add_sequence({seq_id}) first")

@@ -1,0 +1,212 @@
+"""Paged attention for decode and verification: 1..T query tokens per sequence
+attend causally to that sequence's keys, read through its block table.
+
+Symbols
+  b        batch row (one sequence)
+  t        query token of row b, t < query_lens[b]; rows t >= query_lens[b] are padding
+  pos(t)   absolute position of query t: context_lens[b] - query_lens[b] + t
+  s        key position, 0 <= s <= pos(t)
+  page     block_tables[b, s // block_size]; key s lives at slot s % block_size of that page
+
+  out[b, t, h] = sum_s softmax_s(scale * q[b, t, h] . k[s, h // G]) v[s, h // G]     (G = num_q_heads / num_kv_heads)
+
+The query tokens' own K/V must already be in the cache (write before attend).
+Block table entries past a row's last page are never read (pad them with -1).
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_BLOCK_N = 64  # key positions per inner step; independent of the page size
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    block_tables_ptr, context_lens_ptr, query_lens_ptr,
+    scale, T_max,
+    stride_qb, stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ob, stride_ot, stride_oh, stride_od,
+    stride_tb, stride_tn,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program: row b, query head h, BLOCK_M query tokens; online softmax over key tiles.
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    m_tile = tl.program_id(2)
+    kv_h = h // GROUP
+
+    context_len = tl.load(context_lens_ptr + b)
+    query_len = tl.load(query_lens_ptr + b)
+    first_pos = context_len - query_len  # absolute position of query token 0
+
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query token index t
+    offs_d = tl.arange(0, BLOCK_D)
+    is_query = offs_m < query_len
+    is_dim = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * stride_qb + offs_m[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
+        mask=is_query[:, None] & is_dim[None, :], other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+    q_pos = first_pos + offs_m
+
+    # Keys this tile can see end at its last query position; a tile of padding sees none.
+    num_keys = tl.minimum(context_len, first_pos + (m_tile + 1) * BLOCK_M)
+    num_keys = tl.where(m_tile * BLOCK_M < query_len, num_keys, 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running softmax denominator
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, num_keys, BLOCK_N):
+        k_pos = start_n + tl.arange(0, BLOCK_N)
+        is_key = k_pos < num_keys
+        page = tl.load(block_tables_ptr + b * stride_tb + (k_pos // BLOCK_SIZE) * stride_tn,
+                       mask=is_key, other=0).to(tl.int64)
+        in_page = k_pos % BLOCK_SIZE
+        kv_mask = is_key[:, None] & is_dim[None, :]
+        k = tl.load(
+            k_cache_ptr + page[:, None] * stride_kb + in_page[:, None] * stride_ks
+            + kv_h * stride_kh + offs_d[None, :] * stride_kd,
+            mask=kv_mask, other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        v = tl.load(
+            v_cache_ptr + page[:, None] * stride_vb + in_page[:, None] * stride_vs
+            + kv_h * stride_vh + offs_d[None, :] * stride_vd,
+            mask=kv_mask, other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
+        is_visible = (k_pos[None, :] <= q_pos[:, None]) & is_key[None, :] & is_query[:, None]
+        scores = tl.where(is_visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see no key yet
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: acc == 0
+    tl.store(
+        out_ptr + b * stride_ob + offs_m[:, None] * stride_ot + h * stride_oh + offs_d[None, :] * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=(offs_m < T_max)[:, None] & is_dim[None, :],
+    )
+
+
+def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens) -> None:
+    if q.dim() != 4:
+        raise ValueError(f"q has shape {tuple(q.shape)}; expected [batch, T_max, num_q_heads, head_dim]")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be "
+            "[num_blocks, block_size, num_kv_heads, head_dim]"
+        )
+    batch, _, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"q head_dim {head_dim} != cache head_dim {k_cache.shape[3]}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"dtypes differ: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}; expected [{batch}, max_blocks]")
+    for name, lens in (("context_lens", context_lens), ("query_lens", query_lens)):
+        if lens.shape != (batch,):
+            raise ValueError(f"{name} has shape {tuple(lens.shape)}; expected [{batch}]")
+    for name, index in (("block_tables", block_tables), ("context_lens", context_lens), ("query_lens", query_lens)):
+        if index.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} has dtype {index.dtype}; expected int32 or int64")
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, context_lens, query_lens)}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+
+
+def paged_attention(
+    q: torch.Tensor,  # [batch, T_max, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [batch, max_blocks] int32/int64, padded with -1
+    context_lens: torch.Tensor,  # [batch] keys each row sees, its query tokens included
+    query_lens: torch.Tensor,  # [batch] query tokens per row, <= context_lens
+    scale: float,
+) -> torch.Tensor:  # [batch, T_max, num_q_heads, head_dim], zeros in padding rows
+    """Triton paged attention; see the module docstring for the math."""
+    _check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens)
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; the kernel supports {_SUPPORTED_DTYPES}, use paged_attention_ref")
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("paged_attention needs CUDA tensors (or TRITON_INTERPRET=1); use paged_attention_ref on CPU")
+    batch, T_max, num_q_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    if out.numel() == 0:
+        return out
+    block_m = min(64, max(16, triton.next_power_of_2(T_max)))
+    grid = (batch, num_q_heads, triton.cdiv(T_max, block_m))
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out,
+        block_tables, context_lens, query_lens,
+        scale, T_max,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        *block_tables.stride(),
+        GROUP=num_q_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+    )
+    return out
+
+
+def gather_pages(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [batch, max_blocks], padded with -1
+    context_lens: torch.Tensor,  # [batch]
+) -> torch.Tensor:  # [batch, max(context_lens), num_kv_heads, head_dim], zeros past context_lens
+    """Copy each row's first context_lens[b] entries out of its pages, in position order."""
+    block_size = cache.shape[1]
+    max_context = int(context_lens.max()) if context_lens.numel() else 0
+    if max_context > block_tables.shape[1] * block_size:
+        raise ValueError(
+            f"context length {max_context} needs more than the {block_tables.shape[1]} pages in block_tables"
+        )
+    pos = torch.arange(max_context, device=cache.device)  # [max_context]
+    pages = block_tables.long()[:, pos // block_size]  # [batch, max_context]
+    is_valid = pos[None, :] < context_lens[:, None]  # [batch, max_context]
+    slots = torch.where(is_valid, pages * block_size + pos % block_size, 0)  # [batch, max_context]
+    flat = cache.reshape(-1, *cache.shape[2:])  # [num_blocks * block_size, num_kv_heads, head_dim]
+    return flat[slots].masked_fill(~is_valid[:, :, None, None], 0)
+
+
+def paged_attention_ref(
+    q: torch.Tensor,  # [batch, T_max, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [batch, max_blocks] int32/int64, padded with -1
+    context_lens: torch.Tensor,  # [batch]
+    query_lens: torch.Tensor,  # [batch]
+    scale: float,
+) -> torch.Tensor:  # [batch, T_max, num_q_heads, head_dim], zeros in padding rows
+    """Gather the pages, then explicit causal softmax attention in float32 (float64 for float64 q)."""
+    _check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens)
+    batch, T_max, num_q_heads, _ = q.shape
+    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    group = num_q_heads // k_cache.shape[2]
+    k = gather_pages(k_cache, block_tables, context_lens).to(compute_dtype).repeat_interleave(group, dim=2)
+    v = gather_pages(v_cache, block_tables, context_lens).to(compute_dtype).repeat_interleave(group, dim=2)
+    # k, v: [batch, max_context, num_q_heads, head_dim]
+    scores = torch.einsum("bthd,bshd->bhts", q.to(compute_dtype), k) * scale  # [batch, heads, T_max, max_context]
+    t = torch.arange(T_max, device=q.device)
+    q_pos = (context_lens - query_lens)[:, None] + t[None, :]  # [batch, T_max]
+    is_query = t[None, :] < query_lens[:, None]  # [batch, T_max]
+    k_pos = torch.arange(k.shape[1], device=q.device)
+    is_visible = (k_pos[None, None, :] <= q_pos[:, :, None]) & is_query[:, :, None]  # [batch, T_max, max_context]
+    scores = scores.masked_fill(~is_visible[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.where(is_query[:, None, :, None], probs, 0.0)  # padding rows saw no key: NaN -> 0
+    out = torch.einsum("bhts,bshd->bthd", probs, v)  # [batch, T_max, num_q_heads, head_dim]
+    return out.to(q.dtype)

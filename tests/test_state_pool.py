@@ -1,0 +1,109 @@
+import pytest
+import torch
+
+from hybridspec.cache import MambaStateShape, StatePool
+from hybridspec.errors import CacheFullError
+
+# One Mamba2 layer (nheads, headdim, d_state) and one Mamba1 layer (d_inner, d_state).
+SHAPES = [MambaStateShape((2, 3, 4), (10, 3)), ((6, 4), (6, 2))]
+
+
+def make_pool(max_seqs=3, ring_slots=4):
+    return StatePool(SHAPES, max_seqs=max_seqs, ring_slots=ring_slots, dtype=torch.float32, device="cpu")
+
+
+def test_storage_is_slot_major_per_layer():
+    pool = make_pool()
+    assert [tuple(s.shape) for s in pool.ssm_states] == [(12, 2, 3, 4), (12, 6, 4)]
+    assert [tuple(c.shape) for c in pool.conv_states] == [(12, 10, 3), (12, 6, 2)]
+    assert all(t.is_contiguous() for t in (*pool.ssm_states, *pool.conv_states))
+
+
+def test_bytes_per_slot_sums_every_layer():
+    pool = StatePool(SHAPES, max_seqs=2, ring_slots=2, dtype=torch.float16)
+    expected = sum(t[0].numel() * t.element_size() for t in (*pool.ssm_states, *pool.conv_states))
+    assert pool.bytes_per_slot == expected == 2 * (24 + 30 + 24 + 12)
+
+
+def test_rings_are_disjoint_and_head_starts_at_base():
+    pool = make_pool()
+    base_a, base_b = pool.add_sequence(7), pool.add_sequence(9)
+    slots_a, slots_b = pool.ring_slots(7), pool.ring_slots(9)
+    assert slots_a == list(range(base_a, base_a + 4)) and slots_b == list(range(base_b, base_b + 4))
+    assert set(slots_a).isdisjoint(slots_b)
+    assert pool.head(7) == base_a and pool.head(9) == base_b
+    assert pool.num_free_rings == 1 and pool.has_sequence(7) and not pool.has_sequence(8)
+
+
+def test_add_zeroes_only_the_new_ring():
+    pool = make_pool(max_seqs=2, ring_slots=2)
+    pool.add_sequence(0)
+    pool.add_sequence(1)
+    for t in (*pool.ssm_states, *pool.conv_states):
+        t.fill_(5.0)
+    pool.free_sequence(0)
+    pool.add_sequence(2)
+    new, kept = pool.ring_slots(2), pool.ring_slots(1)
+    for t in (*pool.ssm_states, *pool.conv_states):
+        assert torch.all(t[new] == 0)
+        assert torch.all(t[kept] == 5.0)
+
+
+def test_set_head_moves_within_the_ring_only():
+    pool = make_pool()
+    pool.add_sequence(0)
+    pool.add_sequence(1)
+    slot = pool.ring_slots(0)[2]
+    pool.set_head(0, slot)
+    assert pool.head(0) == slot
+    before = pool.snapshot_bookkeeping()
+    with pytest.raises(ValueError, match="not in sequence 0's ring"):
+        pool.set_head(0, pool.ring_slots(1)[0])
+    assert pool.snapshot_bookkeeping() == before
+
+
+def test_full_pool_raises_before_changing_anything():
+    pool = make_pool(max_seqs=2)
+    pool.add_sequence(0)
+    pool.check_admission(1)
+    with pytest.raises(CacheFullError, match=r"2 new sequences .* only 1 of 2 .*max_seqs"):
+        pool.check_admission(2)
+    pool.add_sequence(1)
+    before = pool.snapshot_bookkeeping()
+    with pytest.raises(CacheFullError):
+        pool.add_sequence(2)
+    assert pool.snapshot_bookkeeping() == before
+
+
+def test_free_returns_the_ring():
+    pool = make_pool(max_seqs=1)
+    base = pool.add_sequence(0)
+    pool.free_sequence(0)
+    assert pool.num_free_rings == 1 and not pool.has_sequence(0)
+    assert pool.add_sequence(1) == base
+    assert pool.snapshot_bookkeeping().rings == {1: 0}
+
+
+def test_misuse():
+    pool = make_pool()
+    pool.add_sequence(0)
+    with pytest.raises(ValueError, match="already owns"):
+        pool.add_sequence(0)
+    for call in (lambda: pool.head(5), lambda: pool.ring_slots(5), lambda: pool.free_sequence(5),
+                 lambda: pool.set_head(5, 0)):
+        with pytest.raises(KeyError, match="add_sequence"):
+            call()
+    with pytest.raises(ValueError, match="ring_slots=0"):
+        StatePool(SHAPES, max_seqs=1, ring_slots=0)
+    with pytest.raises(ValueError, match="max_seqs=0"):
+        StatePool(SHAPES, max_seqs=0, ring_slots=1)
+    with pytest.raises(ValueError, match=r"conv state shape \(4, 0\)"):
+        StatePool([((2, 2), (4, 0))], max_seqs=1, ring_slots=1)
+
+
+def test_pool_without_mamba_layers_still_counts_rings():
+    pool = StatePool([], max_seqs=1, ring_slots=2)
+    assert pool.bytes_per_slot == 0
+    pool.add_sequence(0)
+    with pytest.raises(CacheFullError):
+        pool.add_sequence(1)
