@@ -1,0 +1,181 @@
+"""Mamba-1 (Jamba) multi-token selective-scan update from a state slot: plain
+decode (T = 1) and speculative verification (T = γ + 1), writing snapshots.
+
+Symbols (Mamba, Gu & Dao 2023, eq. 2a-2b with Ā = exp(ΔA) and B̄ = ΔB):
+    x_t, Δ_t  [d_inner]       channel inputs and step sizes (Δ = softplus(...))
+    A         [d_inner, d_state], negative
+    B_t, C_t  [d_state]       input-dependent projections shared by all channels
+    h_t       [d_inner, d_state]
+    D         [d_inner]       skip connection
+
+    h_t = exp(Δ_t ⊗ A) ⊙ h_{t-1} + (Δ_t x_t) ⊗ B_t        (state update)
+    y_t = h_t · C_t + D ⊙ x_t                             (output, before the gate)
+
+Slot semantics are those of `mamba2_verify`: row b starts from `src_slot[b]`,
+the state after input t goes to `snap_slot[b, t]` unless -1 (it may be the
+source slot, which is read first), inputs t >= num_tokens[b] are ignored and
+their y rows are zero. The pool is `ssm_states [num_slots, d_inner, d_state]`.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .mamba2_verify import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    accumulate_dtype,
+    check_kernel_device,
+    check_ndim,
+    check_tensor,
+    state_block_sizes,
+    triton_dtype,
+    write_slots_ref,
+)
+
+
+def check_mamba1_inputs(ssm_states, x, dt, A, B, C):
+    """Check the state pool and the per-token inputs shared by verify and replay."""
+    check_ndim("x", x, 3, "[batch, T, d_inner]")
+    check_ndim("A", A, 2, "[d_inner, d_state]")
+    check_ndim("ssm_states", ssm_states, 3, "[num_slots, d_inner, d_state]")
+    batch, num_inputs, d_inner = x.shape
+    d_state = A.shape[1]
+    device = ssm_states.device
+    check_tensor("ssm_states", ssm_states, (ssm_states.shape[0], d_inner, d_state), FLOAT_DTYPES, device)
+    check_tensor("x", x, (batch, num_inputs, d_inner), FLOAT_DTYPES, device)
+    check_tensor("dt", dt, (batch, num_inputs, d_inner), FLOAT_DTYPES, device)
+    check_tensor("A", A, (d_inner, d_state), FLOAT_DTYPES, device)
+    check_tensor("B", B, (batch, num_inputs, d_state), FLOAT_DTYPES, device)
+    check_tensor("C", C, (batch, num_inputs, d_state), FLOAT_DTYPES, device)
+
+
+def check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+    check_mamba1_inputs(ssm_states, x, dt, A, B, C)
+    batch, num_inputs, d_inner = x.shape
+    device = ssm_states.device
+    check_tensor("D", D, (d_inner,), FLOAT_DTYPES, device)
+    check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
+    check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
+    check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)
+
+
+def mamba1_step_ref(state, x, dt, A, B):
+    """One token of h_t = exp(Δ_t ⊗ A) ⊙ h_{t-1} + (Δ_t x_t) ⊗ B_t for every row.
+
+    state [batch, d_inner, d_state]; x, dt [batch, d_inner];
+    A [d_inner, d_state]; B [batch, d_state]. Returns the new state.
+    """
+    decay = torch.exp(dt[..., None] * A)  # [batch, d_inner, d_state]
+    return decay * state + (dt * x)[..., None] * B[:, None, :]
+
+
+# ---------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def mamba1_state_step(state, x, dt, A, B):
+    """h_t = exp(Δ_t ⊗ A) ⊙ h_{t-1} + (Δ_t x_t) ⊗ B_t; state, A [BLOCK_D, BLOCK_N],
+    x, dt [BLOCK_D], B [BLOCK_N]."""
+    return tl.exp(dt[:, None] * A) * state + (dt * x)[:, None] * B[None, :]
+
+
+# No autotuning: the kernel writes state slots in place, and autotune's trial
+# runs would advance them several times.
+@triton.jit
+def _mamba1_verify_kernel(
+    state_ptr, src_slot_ptr, snap_slot_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+    num_tokens_ptr, y_ptr,
+    num_inputs, d_inner, d_state,
+    stride_state_slot, stride_state_d,
+    stride_x_b, stride_x_t,
+    stride_bc_b, stride_bc_t,
+    stride_snap_b,
+    ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # One program per (batch row, block of channels); the state block stays in
+    # registers across the T inputs. Innermost dims are contiguous.
+    b = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    n = tl.arange(0, BLOCK_N)
+    d_mask = d < d_inner
+    n_mask = n < d_state
+    tile_mask = d_mask[:, None] & n_mask[None, :]
+
+    tile = d[:, None] * stride_state_d + n[None, :]
+    src = tl.load(src_slot_ptr + b)
+    state = tl.load(state_ptr + src * stride_state_slot + tile, mask=tile_mask, other=0.0).to(ACC)
+    A = tl.load(A_ptr + d[:, None] * d_state + n[None, :], mask=tile_mask, other=0.0).to(ACC)
+    D = tl.load(D_ptr + d, mask=d_mask, other=0.0).to(ACC)
+    num_steps = tl.minimum(tl.load(num_tokens_ptr + b), num_inputs)
+
+    x_row = x_ptr + b * stride_x_b + d
+    y_row = y_ptr + b * stride_x_b + d
+    dt_row = dt_ptr + b * stride_x_b + d
+    bc_row = b * stride_bc_b + n
+    for t in range(num_steps):
+        x = tl.load(x_row + t * stride_x_t, mask=d_mask, other=0.0).to(ACC)
+        dt = tl.load(dt_row + t * stride_x_t, mask=d_mask, other=0.0).to(ACC)
+        B = tl.load(B_ptr + bc_row + t * stride_bc_t, mask=n_mask, other=0.0).to(ACC)
+        C = tl.load(C_ptr + bc_row + t * stride_bc_t, mask=n_mask, other=0.0).to(ACC)
+        state = mamba1_state_step(state, x, dt, A, B)
+        y = tl.sum(state * C[None, :], axis=1) + D * x
+        tl.store(y_row + t * stride_x_t, y.to(y_ptr.dtype.element_ty), mask=d_mask)
+        snap = tl.load(snap_slot_ptr + b * stride_snap_b + t)
+        if snap >= 0:
+            tl.store(state_ptr + snap * stride_state_slot + tile,
+                     state.to(state_ptr.dtype.element_ty), mask=tile_mask)
+
+
+# -------------------------------------------------------------------- launcher
+
+
+def mamba1_verify(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+    """Advance each row's state from `src_slot` over its first num_tokens inputs,
+    writing snapshots into `snap_slot`; see the module docstring.
+
+    ssm_states [num_slots, d_inner, d_state] (written in place)
+    src_slot   [batch] int64          snap_slot [batch, T] int64 (-1: none)
+    x, dt [batch, T, d_inner] (dt processed)    A [d_inner, d_state]
+    B, C  [batch, T, d_state]         D [d_inner]     num_tokens [batch] int64
+    Returns y [batch, T, d_inner] in x's dtype, before the gate.
+    """
+    check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
+    check_kernel_device(ssm_states, "mamba1_verify_ref")
+    batch, num_inputs, d_inner = x.shape
+    d_state = A.shape[1]
+    y = torch.zeros_like(x)  # [batch, T, d_inner]
+    block_d, block_n, num_warps = state_block_sizes(d_inner, d_state)
+    grid = (batch, triton.cdiv(d_inner, block_d))
+    _mamba1_verify_kernel[grid](
+        ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens, y,
+        num_inputs, d_inner, d_state,
+        ssm_states.stride(0), ssm_states.stride(1),
+        x.stride(0), x.stride(1),
+        B.stride(0), B.stride(1),
+        snap_slot.stride(0),
+        ACC=triton_dtype(accumulate_dtype(ssm_states, x, dt, A, B, C, D)),
+        BLOCK_D=block_d, BLOCK_N=block_n, num_warps=num_warps,
+    )
+    return y
+
+
+# ------------------------------------------------------------------- reference
+
+
+def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+    """Plain-torch mamba1_verify: same arguments, same in-place writes, same y."""
+    check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
+    acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
+    out_dtype = x.dtype
+    x, dt, A, B, C, D = (v.to(acc) for v in (x, dt, A, B, C, D))
+    state = ssm_states[src_slot].to(acc)  # [batch, d_inner, d_state], a copy
+    y = torch.zeros_like(x)  # [batch, T, d_inner]
+    for t in range(x.shape[1]):
+        is_live = t < num_tokens  # [batch]
+        stepped = mamba1_step_ref(state, x[:, t], dt[:, t], A, B[:, t])
+        state = torch.where(is_live[:, None, None], stepped, state)
+        y_t = (state @ C[:, t, :, None]).squeeze(-1) + D * x[:, t]  # [batch, d_inner]
+        y[:, t] = torch.where(is_live[:, None], y_t, 0.0)
+        write_slots_ref(ssm_states, snap_slot[:, t], is_live, state)
+    return y.to(out_dtype)

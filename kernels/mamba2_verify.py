@@ -1,0 +1,265 @@
+"""Mamba-2 multi-token state update from a state slot: plain decode (T = 1)
+and speculative verification (T = γ + 1), writing snapshots into slots.
+
+Symbols (Mamba-2, Dao & Gu 2024, the SSD recurrence with a scalar A per head):
+    x_t  [headdim]            the head's input at token t
+    Δ_t  (dt)                 step size, already softplus(dt + dt_bias), clamped
+    A    scalar < 0           per-head decay rate (= -exp(A_log))
+    B_t, C_t  [d_state]       input / output projections of the head's group
+    h_t  [headdim, d_state]   the SSM state after token t
+    D    scalar               skip connection
+
+    h_t = exp(Δ_t · A) · h_{t-1} + Δ_t · x_t ⊗ B_t        (state update)
+    y_t = h_t · C_t + D · x_t                             (output, before the gate)
+
+Slots index a per-layer state pool `ssm_states [num_slots, nheads, headdim,
+d_state]`. Row b starts from `src_slot[b]`; the state after input t goes to
+`snap_slot[b, t]` unless that is -1. A snapshot slot may equal the source
+slot (plain decode updates the head in place): the source is read before any
+write. Distinct rows must not write the same slot, nor a slot another row
+reads. Inputs t >= num_tokens[b] are ignored (num_tokens is clamped to
+[0, T]); their y rows are zero.
+
+This module also holds the argument checks and the slot-writing helper that
+the other state-slot kernels (Mamba-1, replay, conv window) share.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int64,)
+
+
+# ---------------------------------------------------------------- shared checks
+
+
+def check_tensor(name, tensor, shape, dtypes, device):
+    """Raise ValueError naming `name` unless `tensor` has this exact shape, one
+    of `dtypes`, lives on `device` and is contiguous."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+    if tensor.dtype not in dtypes:
+        names = ", ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name} has dtype {tensor.dtype}; cast it to one of {names}")
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but ssm/conv states are on {device}; move it")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; pass {name}.contiguous()")
+
+
+def check_ndim(name, tensor, ndim, layout):
+    """Raise ValueError unless `tensor` is a tensor with `ndim` dimensions."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != ndim:
+        got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(f"{name} must be {ndim}-d {layout}, got {got}")
+
+
+def check_kernel_device(tensor, ref_name):
+    """Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 on CPU."""
+    if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"the Triton kernel needs CUDA tensors, got {tensor.device}; "
+            f"call {ref_name} on CPU (or set TRITON_INTERPRET=1 before importing triton)"
+        )
+
+
+def accumulate_dtype(*tensors):
+    """float64 if any floating input is float64, else float32."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def triton_dtype(dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def write_slots_ref(pool, slots, is_live, values):
+    """pool[slots[b]] = values[b] for live rows whose slot is not -1.
+    pool [num_slots, ...]; slots, is_live [batch]; values [batch, ...]."""
+    keep = is_live & (slots >= 0)
+    pool[slots[keep]] = values[keep].to(pool.dtype)
+
+
+# ------------------------------------------------------------ mamba2 arguments
+
+
+def check_mamba2_inputs(ssm_states, x, dt, A, B, C):
+    """Check the state pool and the per-token inputs shared by verify and replay."""
+    check_ndim("x", x, 4, "[batch, T, nheads, headdim]")
+    check_ndim("B", B, 4, "[batch, T, ngroups, d_state]")
+    check_ndim("ssm_states", ssm_states, 4, "[num_slots, nheads, headdim, d_state]")
+    batch, num_inputs, nheads, headdim = x.shape
+    ngroups, d_state = B.shape[2:]
+    if ngroups == 0 or nheads % ngroups != 0:
+        raise ValueError(f"B has {ngroups} groups, which must divide nheads={nheads}")
+    device = ssm_states.device
+    check_tensor("ssm_states", ssm_states, (ssm_states.shape[0], nheads, headdim, d_state), FLOAT_DTYPES, device)
+    check_tensor("x", x, (batch, num_inputs, nheads, headdim), FLOAT_DTYPES, device)
+    check_tensor("dt", dt, (batch, num_inputs, nheads), FLOAT_DTYPES, device)
+    check_tensor("A", A, (nheads,), FLOAT_DTYPES, device)
+    check_tensor("B", B, (batch, num_inputs, ngroups, d_state), FLOAT_DTYPES, device)
+    check_tensor("C", C, (batch, num_inputs, ngroups, d_state), FLOAT_DTYPES, device)
+
+
+def check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+    check_mamba2_inputs(ssm_states, x, dt, A, B, C)
+    batch, num_inputs, nheads = x.shape[:3]
+    device = ssm_states.device
+    check_tensor("D", D, (nheads,), FLOAT_DTYPES, device)
+    check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
+    check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
+    check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)
+
+
+def mamba2_step_ref(state, x, dt, A, B):
+    """One token of h_t = exp(Δ_t A) h_{t-1} + Δ_t x_t ⊗ B_t for every row and head.
+
+    state [batch, nheads, headdim, d_state]; x [batch, nheads, headdim];
+    dt [batch, nheads]; A [nheads]; B [batch, nheads, d_state] (per head).
+    Returns the new state [batch, nheads, headdim, d_state].
+    """
+    decay = torch.exp(dt * A)  # [batch, nheads]
+    inject = (dt[..., None] * x)[..., None] * B[:, :, None, :]  # [batch, nheads, headdim, d_state]
+    return state * decay[..., None, None] + inject
+
+
+def mamba2_inputs_ref(x, dt, B, C, acc):
+    """Cast the inputs to `acc` and expand B, C from groups to heads:
+    [batch, T, ngroups, d_state] -> [batch, T, nheads, d_state]."""
+    heads_per_group = x.shape[2] // B.shape[2]
+    B = B.to(acc).repeat_interleave(heads_per_group, dim=2)
+    C = C.to(acc).repeat_interleave(heads_per_group, dim=2)
+    return x.to(acc), dt.to(acc), B, C
+
+
+# ---------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def mamba2_state_step(state, x, dt, A, B):
+    """h_t = exp(Δ_t A) h_{t-1} + Δ_t x_t ⊗ B_t; state [BLOCK_P, BLOCK_N],
+    x [BLOCK_P], B [BLOCK_N], dt and A scalars."""
+    return state * tl.exp(dt * A) + (dt * x)[:, None] * B[None, :]
+
+
+# No autotuning: the kernel writes state slots in place, and autotune's trial
+# runs would advance them several times.
+@triton.jit
+def _mamba2_verify_kernel(
+    state_ptr, src_slot_ptr, snap_slot_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
+    num_tokens_ptr, y_ptr,
+    num_inputs, headdim, d_state, heads_per_group,
+    stride_state_slot, stride_state_head, stride_state_p,
+    stride_x_b, stride_x_t, stride_x_h,
+    stride_dt_b, stride_dt_t,
+    stride_bc_b, stride_bc_t, stride_bc_g,
+    stride_snap_b,
+    ACC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # One program per (batch row, head, block of headdim); the state block stays
+    # in registers across the T inputs. Innermost dims are contiguous.
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    n = tl.arange(0, BLOCK_N)
+    p_mask = p < headdim
+    n_mask = n < d_state
+    tile_mask = p_mask[:, None] & n_mask[None, :]
+    g = h // heads_per_group
+
+    tile = h * stride_state_head + p[:, None] * stride_state_p + n[None, :]
+    src = tl.load(src_slot_ptr + b)
+    state = tl.load(state_ptr + src * stride_state_slot + tile, mask=tile_mask, other=0.0).to(ACC)
+    A = tl.load(A_ptr + h).to(ACC)
+    D = tl.load(D_ptr + h).to(ACC)
+    num_steps = tl.minimum(tl.load(num_tokens_ptr + b), num_inputs)
+
+    x_row = x_ptr + b * stride_x_b + h * stride_x_h + p
+    y_row = y_ptr + b * stride_x_b + h * stride_x_h + p
+    dt_row = dt_ptr + b * stride_dt_b + h
+    bc_row = b * stride_bc_b + g * stride_bc_g + n
+    for t in range(num_steps):
+        x = tl.load(x_row + t * stride_x_t, mask=p_mask, other=0.0).to(ACC)
+        dt = tl.load(dt_row + t * stride_dt_t).to(ACC)
+        B = tl.load(B_ptr + bc_row + t * stride_bc_t, mask=n_mask, other=0.0).to(ACC)
+        C = tl.load(C_ptr + bc_row + t * stride_bc_t, mask=n_mask, other=0.0).to(ACC)
+        state = mamba2_state_step(state, x, dt, A, B)
+        y = tl.sum(state * C[None, :], axis=1) + D * x
+        tl.store(y_row + t * stride_x_t, y.to(y_ptr.dtype.element_ty), mask=p_mask)
+        snap = tl.load(snap_slot_ptr + b * stride_snap_b + t)
+        if snap >= 0:
+            tl.store(state_ptr + snap * stride_state_slot + tile,
+                     state.to(state_ptr.dtype.element_ty), mask=tile_mask)
+
+
+def state_block_sizes(rows, d_state):
+    """(BLOCK_rows, BLOCK_N, num_warps): the whole d_state per program and about
+    512 state elements per program (the split mamba_ssm's selective_state_update
+    uses), so that a small batch still fills the GPU."""
+    block_n = triton.next_power_of_2(d_state)
+    block_rows = max(1, min(triton.next_power_of_2(rows), 512 // block_n))
+    return block_rows, block_n, 4 if block_n <= 128 else 8
+
+
+# -------------------------------------------------------------------- launcher
+
+
+def mamba2_verify(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+    """Advance each row's state from `src_slot` over its first num_tokens inputs,
+    writing snapshots into `snap_slot`; see the module docstring.
+
+    ssm_states [num_slots, nheads, headdim, d_state] (written in place)
+    src_slot   [batch] int64          snap_slot [batch, T] int64 (-1: none)
+    x  [batch, T, nheads, headdim]    dt [batch, T, nheads] (processed)
+    A  [nheads]    B, C [batch, T, ngroups, d_state]    D [nheads]
+    num_tokens [batch] int64
+    Returns y [batch, T, nheads, headdim] in x's dtype, before the gate.
+    """
+    check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
+    check_kernel_device(ssm_states, "mamba2_verify_ref")
+    batch, num_inputs, nheads, headdim = x.shape
+    ngroups, d_state = B.shape[2:]
+    y = torch.zeros_like(x)  # [batch, T, nheads, headdim]
+    block_p, block_n, num_warps = state_block_sizes(headdim, d_state)
+    grid = (batch, nheads, triton.cdiv(headdim, block_p))
+    _mamba2_verify_kernel[grid](
+        ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens, y,
+        num_inputs, headdim, d_state, nheads // ngroups,
+        ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2),
+        x.stride(0), x.stride(1), x.stride(2),
+        dt.stride(0), dt.stride(1),
+        B.stride(0), B.stride(1), B.stride(2),
+        snap_slot.stride(0),
+        ACC=triton_dtype(accumulate_dtype(ssm_states, x, dt, A, B, C, D)),
+        BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps,
+    )
+    return y
+
+
+# ------------------------------------------------------------------- reference
+
+
+def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+    """Plain-torch mamba2_verify: same arguments, same in-place writes, same y."""
+    check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
+    acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
+    out_dtype = x.dtype
+    x, dt, B, C = mamba2_inputs_ref(x, dt, B, C, acc)  # B, C [batch, T, nheads, d_state]
+    A, D = A.to(acc), D.to(acc)
+    state = ssm_states[src_slot].to(acc)  # [batch, nheads, headdim, d_state], a copy
+    y = torch.zeros_like(x)  # [batch, T, nheads, headdim]
+    for t in range(x.shape[1]):
+        is_live = t < num_tokens  # [batch]
+        stepped = mamba2_step_ref(state, x[:, t], dt[:, t], A, B[:, t])
+        state = torch.where(is_live[:, None, None, None], stepped, state)
+        y_t = (state @ C[:, t, :, :, None]).squeeze(-1) + D[:, None] * x[:, t]  # [batch, nheads, headdim]
+        y[:, t] = torch.where(is_live[:, None, None], y_t, 0.0)
+        write_slots_ref(ssm_states, snap_slot[:, t], is_live, state)
+    return y.to(out_dtype)
