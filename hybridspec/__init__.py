@@ -1,1 +1,15 @@
-"""hybridspec: lossless speculative decoding for hybrid Mamba/attention models."""
+"""hybridspec: lossless speculative decoding for hybrid Mamba/attention models.
+
+    import hybridspec as hs
+    target = hs.from_hf(hf_model)            # or hs.load("checkpoint/dir")
+    engine = hs.Engine(target, draft=hs.from_hf(hf_draft), num_draft_tokens=4)
+    outs = engine.generate([[1, 2, 3]], hs.SamplingParams(max_new_tokens=32))
+"""
+from . import errors
+from .adapters import from_hf, load
+from .config import HybridConfig
+from .engine import Engine, Output
+from .models.hybrid import HybridModel
+from .sampling import SamplingParams
+
+__all__ = ["Engine", "HybridConfig", "HybridModel", "Output", "SamplingParams", "errors", "from_hf", "load"]

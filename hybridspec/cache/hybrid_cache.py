@@ -1,0 +1,172 @@
+"""`HybridCache`: every layer's cache of one model for a set of sequences —
+the paged KV cache of the attention layers, the state pool (a ring of slots
+per sequence) of the Mamba layers — and the bookkeeping that keeps them at
+one boundary: `computed_len` per sequence and the position held by each slot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import HybridConfig
+from ..errors import CacheFullError, InvariantError
+from ..models.batch import ForwardBatch
+from ..models.common import compute_dtype
+from .paged_kv import PagedKVCache
+from .state_pool import StatePool
+
+
+@dataclass
+class ForwardPlan:
+    """Where one forward reads and writes; nothing is committed until `commit_forward`."""
+
+    seq_ids: list[int]
+    start_lens: list[int]  # computed_len of each row before the forward
+    num_new: list[int]
+    final_slots: list[int]  # slot receiving each row's final state
+    batch: ForwardBatch
+
+    def pad_tokens(self, token_lists: list[list[int]], device) -> torch.Tensor:
+        """[batch, T] right-padded with 0."""
+        T = max(self.num_new)
+        rows = [list(t) + [0] * (T - len(t)) for t in token_lists]
+        return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+class HybridCache:
+    def __init__(self, config: HybridConfig, *, max_seqs: int, num_blocks: int, block_size: int = 16,
+                 ring_slots: int = 2, dtype: torch.dtype = torch.float32, device="cpu"):
+        self.config, self.device, self.dtype = config, torch.device(device), dtype
+        self.block_size, self.ring_slots, self.max_seqs = block_size, ring_slots, max_seqs
+        attn = config.attention
+        self.kv = (PagedKVCache(len(config.attention_layers), num_blocks, block_size, attn.num_kv_heads,
+                                attn.head_dim, dtype, self.device) if config.attention_layers else None)
+        specs = [config.state_shapes(i) for i in config.mamba_layers]
+        self.states = (StatePool(specs, max_seqs, ring_slots, compute_dtype(dtype), self.device)
+                       if specs else None)
+        self.computed_len: dict[int, int] = {}
+        self.slot_pos: dict[int, int] = {}  # absolute slot -> position of the state it holds
+
+    # -- sequences ----------------------------------------------------------------------------
+
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self.computed_len
+
+    def check_admission(self, num_new_seqs: int, kv_lens: dict[int, int]) -> None:
+        """Raise CacheFullError if `num_new_seqs` more sequences, each growing to
+        `kv_lens[seq_id]` tokens, do not fit. Allocates nothing."""
+        free = self.max_seqs - len(self.computed_len)
+        if num_new_seqs > free:
+            raise CacheFullError(f"{num_new_seqs} new sequences but only {free} of max_seqs={self.max_seqs} "
+                                 "sequence slots are free; raise max_seqs or submit a smaller batch")
+        if self.kv is not None:
+            self.kv.check_admission(kv_lens)
+
+    def add_sequences(self, seq_ids: list[int]) -> None:
+        for s in seq_ids:
+            if self.has_sequence(s):
+                raise ValueError(f"sequence {s} is already in the cache")
+        self.check_admission(len(seq_ids), {})
+        for s in seq_ids:
+            if self.kv is not None:
+                self.kv.add_sequence(s)
+            if self.states is not None:
+                self.states.add_sequence(s)
+                self.slot_pos[self.states.head(s)] = 0
+            self.computed_len[s] = 0
+
+    def free_sequences(self, seq_ids: list[int]) -> None:
+        """Return every page and ring slot of these sequences to their pools."""
+        for s in seq_ids:
+            if not self.has_sequence(s):
+                continue
+            if self.kv is not None:
+                self.kv.free_sequence(s)
+            if self.states is not None:
+                for slot in self.states.ring_slots(s):
+                    self.slot_pos.pop(slot, None)
+                self.states.free_sequence(s)
+            del self.computed_len[s]
+
+    def head(self, seq_id: int) -> int:
+        return self.states.head(seq_id) if self.states is not None else -1
+
+    def spare_slot(self, seq_id: int) -> int:
+        """The ring slot after the head (the head itself with a one-slot ring)."""
+        if self.states is None:
+            return -1
+        ring = self.states.ring_slots(seq_id)
+        return ring[(ring.index(self.states.head(seq_id)) + 1) % len(ring)]
+
+    # -- one forward --------------------------------------------------------------------------
+
+    def plan_forward(self, seq_ids: list[int], num_new: list[int], snap_slot: torch.Tensor | None) -> ForwardPlan:
+        """Reserve KV pages for the new positions (all-or-nothing) and build the
+        ForwardBatch. With `snap_slot=None` the final state goes to a spare slot."""
+        if any(n < 1 for n in num_new):
+            raise ValueError(f"every row needs at least one new token, got {num_new}")
+        start = [self.computed_len[s] for s in seq_ids]
+        T = max(num_new)
+        positions = torch.tensor(start, device=self.device)[:, None] + torch.arange(T, device=self.device)
+        counts = torch.tensor(num_new, device=self.device)
+        src = torch.tensor([self.head(s) for s in seq_ids], dtype=torch.long, device=self.device)
+        if snap_slot is None:
+            final = [self.spare_slot(s) for s in seq_ids]
+            snap_slot = torch.full((len(seq_ids), T), -1, dtype=torch.long, device=self.device)
+            snap_slot[torch.arange(len(seq_ids)), counts - 1] = torch.tensor(final, device=self.device)
+        else:
+            final = [-1] * len(seq_ids)
+        kv_meta = self.kv.prepare_write(seq_ids, num_new) if self.kv is not None else None
+        batch = ForwardBatch(positions=positions, num_tokens=counts, kv=kv_meta, src_slot=src, snap_slot=snap_slot)
+        return ForwardPlan(seq_ids, start, list(num_new), final, batch)
+
+    def abort_forward(self, plan: ForwardPlan) -> None:
+        """Undo `plan_forward`: free pages reserved past each row's old length."""
+        if self.kv is not None:
+            for s, n in zip(plan.seq_ids, plan.start_lens):
+                self.kv.truncate(s, n)
+
+    def commit_forward(self, plan: ForwardPlan) -> None:
+        """Advance every row by all its new tokens (plain prefill/extend/decode)."""
+        for s, start, n, slot in zip(plan.seq_ids, plan.start_lens, plan.num_new, plan.final_slots):
+            self.commit(s, start + n, slot)
+
+    def commit(self, seq_id: int, boundary: int, head_slot: int) -> None:
+        """Move every layer of `seq_id` to `boundary`: KV length (pages wholly
+        past it freed) and the ring head (which must hold the state there)."""
+        if self.kv is not None:
+            current = self.kv.kv_len(seq_id)
+            if boundary <= current:
+                self.kv.truncate(seq_id, boundary)
+            else:
+                self.kv.commit(seq_id, boundary)
+        if self.states is not None:
+            self.slot_pos[head_slot] = boundary
+            self.states.set_head(seq_id, head_slot)
+        self.computed_len[seq_id] = boundary
+
+    def check_invariant(self, seq_id: int, committed_len: int) -> None:
+        """kv_len == ssm_pos == conv_pos == computed_len == committed_len - 1."""
+        computed = self.computed_len[seq_id]
+        kv_len = self.kv.kv_len(seq_id) if self.kv is not None else computed
+        state_pos = self.slot_pos.get(self.head(seq_id), -1) if self.states is not None else computed
+        if not kv_len == state_pos == computed == committed_len - 1:
+            raise InvariantError(f"sequence {seq_id}: kv_len={kv_len}, state position={state_pos}, "
+                                 f"computed_len={computed}, committed_len={committed_len} (expected all equal "
+                                 "to committed_len - 1)")
+
+    def bookkeeping(self) -> dict:
+        """A comparable export of every index (for 'nothing changed' assertions)."""
+        return {
+            "computed_len": dict(self.computed_len),
+            "slot_pos": dict(self.slot_pos),
+            "kv": self.kv.snapshot_bookkeeping() if self.kv is not None else None,
+            "states": self.states.snapshot_bookkeeping() if self.states is not None else None,
+        }
+
+    def checkpoint_bytes(self, seq_id: int) -> int:
+        """Bytes held by this sequence's ring slots other than the head."""
+        if self.states is None:
+            return 0
+        return (self.ring_slots - 1) * self.states.bytes_per_slot

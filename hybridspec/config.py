@@ -1,0 +1,191 @@
+"""`HybridConfig`: the typed description of a hybrid Mamba/attention model.
+
+One sub-config per concern (attention, Mamba2, Mamba1, MLP, MoE). A layer is a
+pre-norm residual *mixer* (attention, mamba1, mamba2, or none) followed by a
+pre-norm residual *feed-forward* (mlp, moe, or none). Nemotron-H puts the
+mixer and the MLP in separate layers; that is a layer with `ffn="none"` and
+one with mixer `"none"`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import ConfigError
+
+MixerType = Literal["attention", "mamba1", "mamba2", "none"]
+FfnType = Literal["mlp", "moe", "none"]
+Activation = Literal["silu", "gelu", "relu2"]
+
+MIXER_TYPES = ("attention", "mamba1", "mamba2", "none")
+FFN_TYPES = ("mlp", "moe", "none")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Grouped-query attention; rotary embeddings on the first `rotary_dim` dims."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    use_rope: bool = True
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+    scale: float | None = None  # None: head_dim ** -0.5
+    bias: bool = False
+
+    def __post_init__(self):
+        _require(self.num_heads % self.num_kv_heads == 0,
+                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor) if self.use_rope else 0
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim ** -0.5 if self.scale is None else self.scale
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """Mamba2 mixer (Dao & Gu 2024): scalar decay per head, grouped B/C."""
+
+    num_heads: int
+    head_dim: int
+    d_state: int
+    n_groups: int = 1
+    d_conv: int = 4
+    expand: int = 2
+    conv_bias: bool = True
+    proj_bias: bool = False
+    norm_group_size: int | None = None  # gated RMSNorm group; None: d_inner // n_groups
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    chunk_size: int = 64
+
+    def __post_init__(self):
+        _require(self.num_heads % self.n_groups == 0,
+                 f"mamba2 num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}")
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def group_size(self) -> int:
+        return self.norm_group_size or self.d_inner // self.n_groups
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(ssm state shape, conv window shape) per sequence."""
+        return (self.num_heads, self.head_dim, self.d_state), (self.conv_dim, self.d_conv - 1)
+
+
+@dataclass(frozen=True)
+class Mamba1Config:
+    """Mamba1 selective-scan mixer as in Jamba (with dt/B/C RMSNorms)."""
+
+    d_inner: int
+    d_state: int
+    dt_rank: int
+    d_conv: int = 4
+    conv_bias: bool = True
+    proj_bias: bool = False
+    inner_layernorms: bool = True
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (self.d_inner, self.d_state), (self.d_inner, self.d_conv - 1)
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    intermediate_size: int
+    activation: Activation = "silu"
+    gated: bool = True
+    bias: bool = False
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Routed experts. `router`: "softmax_topk" (softmax over all experts, keep
+    the top-k weights unnormalised: Jamba) or "topk_softmax" (softmax over the
+    top-k logits: GraniteMoeHybrid)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    router: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+    activation: Activation = "silu"
+    shared_intermediate_size: int = 0  # > 0: a dense shared MLP added to the routed output
+
+    def __post_init__(self):
+        _require(1 <= self.top_k <= self.num_experts,
+                 f"moe top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[MixerType, ...]
+    ffn_types: tuple[FfnType, ...]
+    rms_norm_eps: float = 1e-6
+    attention: AttentionConfig | None = None
+    mamba2: Mamba2Config | None = None
+    mamba1: Mamba1Config | None = None
+    mlp: MLPConfig | None = None
+    moe: MoEConfig | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0  # logits are divided by it (GraniteMoeHybrid)
+    eos_token_id: int | None = None
+    family: str = "hybrid"
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "ffn_types", tuple(self.ffn_types))
+        _require(len(self.layer_types) == len(self.ffn_types),
+                 f"layer_types has {len(self.layer_types)} entries but ffn_types has {len(self.ffn_types)}")
+        _require(len(self.layer_types) > 0, "a model needs at least one layer")
+        for kind in self.layer_types:
+            _require(kind in MIXER_TYPES, f"unknown mixer type {kind!r}; expected one of {MIXER_TYPES}")
+        for kind in self.ffn_types:
+            _require(kind in FFN_TYPES, f"unknown feed-forward type {kind!r}; expected one of {FFN_TYPES}")
+        for kind, sub in (("attention", self.attention), ("mamba2", self.mamba2), ("mamba1", self.mamba1)):
+            _require(kind not in self.layer_types or sub is not None,
+                     f"layer_types uses {kind!r} layers but HybridConfig.{kind} is None")
+        for kind, sub in (("mlp", self.mlp), ("moe", self.moe)):
+            _require(kind not in self.ffn_types or sub is not None,
+                     f"ffn_types uses {kind!r} layers but HybridConfig.{kind} is None")
+        _require(self.vocab_size > 0 and self.hidden_size > 0, "vocab_size and hidden_size must be positive")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    def layers_of(self, kind: MixerType) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == kind]
+
+    @property
+    def mamba_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t in ("mamba1", "mamba2")]
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return self.layers_of("attention")
+
+    def state_shapes(self, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(ssm state shape, conv window shape) of Mamba layer `layer`."""
+        sub = self.mamba2 if self.layer_types[layer] == "mamba2" else self.mamba1
+        return sub.state_shapes()

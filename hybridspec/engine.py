@@ -1,0 +1,177 @@
+"""`Engine`: plain and speculative generation over a `HybridModel`.
+
+`Engine(target)` is plain autoregressive decoding through the same runtime:
+the baseline every benchmark compares against. With `draft=` it runs
+speculative rounds (`hybridspec.spec`): draft → verify → commit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from .cache.hybrid_cache import HybridCache
+from .errors import ConfigError, InvalidRequestError
+from .models.hybrid import HybridModel
+from .sampling import RowParams, SamplingParams, process_logits, sample
+from .stats import EngineStats
+
+
+@dataclass
+class Output:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)  # generated tokens only
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+@dataclass
+class Request:
+    """One sequence being generated: committed tokens = prompt + output."""
+
+    seq_id: int
+    params: SamplingParams
+    seed: int
+    output: Output
+
+    @property
+    def committed_len(self) -> int:
+        return len(self.output.prompt_token_ids) + len(self.output.token_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output.token_ids[-1] if self.output.token_ids else self.output.prompt_token_ids[-1]
+
+    def emit(self, tokens: list[int]) -> int:
+        """Append emitted tokens up to a stop token or the length limit; returns
+        how many were kept (the rest of a round is cut)."""
+        kept = 0
+        for t in tokens:
+            self.output.token_ids.append(int(t))
+            kept += 1
+            if int(t) in self.params.stop_token_ids:
+                self.output.finish_reason = "stop"
+                break
+            if len(self.output.token_ids) >= self.params.max_new_tokens:
+                self.output.finish_reason = "length"
+                break
+        return kept
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finish_reason is not None
+
+
+class Engine:
+    def __init__(self, target: HybridModel, draft=None, num_draft_tokens: int = 4, checkpoint=None,
+                 verify: Literal["rejection", "coupled"] = "rejection", *, max_batch_size: int = 16,
+                 max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None):
+        if not isinstance(target, HybridModel):
+            raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
+        if verify not in ("rejection", "coupled"):
+            raise ConfigError(f"verify={verify!r} must be 'rejection' or 'coupled'")
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size={max_batch_size} must be >= 1")
+        self.target = target
+        self.verify = verify
+        self.max_model_len = max_model_len or min(target.config.max_position_embeddings, 4096)
+        self.max_batch_size = max_batch_size
+        blocks_per_seq = math.ceil(self.max_model_len / block_size)
+        self.cache_kwargs = dict(max_seqs=max_batch_size, block_size=block_size,
+                                 num_blocks=num_blocks or max_batch_size * blocks_per_seq,
+                                 dtype=target.dtype, device=target.device)
+        self.stats = EngineStats()
+        self.speculator = None
+        if draft is not None:
+            from .spec.speculator import Speculator
+            self.speculator = Speculator(self, draft, num_draft_tokens, checkpoint)
+        ring_slots = self.speculator.target_ring_slots if self.speculator else 2
+        self.cache = HybridCache(target.config, ring_slots=ring_slots, **self.cache_kwargs)
+        self._next_seq_id = 0
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def _validate(self, prompts, params: list[SamplingParams]) -> None:
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise InvalidRequestError("prompts must be a non-empty list of token-id lists")
+        if len(prompts) > self.max_batch_size:
+            raise InvalidRequestError(f"{len(prompts)} prompts exceed max_batch_size={self.max_batch_size}; "
+                                      "split the batch or build the Engine with a larger max_batch_size")
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"{len(params)} SamplingParams for {len(prompts)} prompts; "
+                                      "pass one SamplingParams or one per prompt")
+        vocab = self.target.vocab_size
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            if len(prompt) == 0:
+                raise InvalidRequestError(f"prompt {i} is empty; every prompt needs at least one token")
+            bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
+            if bad:
+                raise InvalidRequestError(f"prompt {i} holds token id {bad[0]!r} outside the vocabulary "
+                                          f"[0, {vocab}); check the tokenizer matches the model")
+            if len(prompt) + p.max_new_tokens > self.max_model_len:
+                raise InvalidRequestError(
+                    f"prompt {i}: {len(prompt)} prompt tokens + max_new_tokens={p.max_new_tokens} exceed the "
+                    f"model limit max_model_len={self.max_model_len}; shorten the prompt or lower max_new_tokens")
+            bad_stops = [t for t in p.stop_token_ids if not 0 <= t < vocab]
+            if bad_stops:
+                raise InvalidRequestError(f"stop token id {bad_stops[0]} is outside the vocabulary [0, {vocab})")
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 progress: bool = False) -> list[Output]:
+        params = params if params is not None else SamplingParams()
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        self._validate(prompts, params)
+        requests = []
+        for prompt, p in zip(prompts, params):
+            requests.append(Request(self._next_seq_id, p, p.resolved_seed(), Output(list(prompt))))
+            self._next_seq_id += 1
+        kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
+        self.cache.check_admission(len(requests), kv_lens)
+        if self.speculator is not None:
+            self.speculator.check_admission(requests)
+        rows = RowParams.of([r.params for r in requests], [r.seed for r in requests], self.target.device)
+        bar = tqdm(total=sum(r.params.max_new_tokens for r in requests), disable=not progress, unit="tok")
+        try:
+            self._prefill(requests, rows)
+            bar.update(len(requests))
+            loop = self.speculator.run if self.speculator is not None else self._decode_loop
+            loop(requests, rows, bar)
+        finally:
+            self.cache.free_sequences([r.seq_id for r in requests])
+            if self.speculator is not None:
+                self.speculator.release([r.seq_id for r in requests])
+            bar.close()
+        return [r.output for r in requests]
+
+    def _prefill(self, requests: list[Request], rows: RowParams) -> None:
+        """Absorb every prompt and emit the first token from the last prompt logits."""
+        ids = [r.seq_id for r in requests]
+        logits = self.target.prefill(self.cache, ids, [r.output.prompt_token_ids for r in requests],
+                                     last_only=True)[:, 0]  # [batch, vocab]
+        self._sample_and_emit(requests, logits, rows)
+
+    def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams) -> None:
+        with self.stats.phase("sampling"):
+            positions = torch.tensor([r.committed_len for r in requests], device=logits.device)
+            tokens = sample(process_logits(logits, rows), rows, positions).tolist()
+        for r, t in zip(requests, tokens):
+            r.emit([t])
+        self.stats.emitted_tokens += len(requests)
+
+    def _decode_loop(self, requests: list[Request], rows: RowParams, bar) -> None:
+        """Plain decoding: one target step per token for every unfinished sequence."""
+        index = {r.seq_id: i for i, r in enumerate(requests)}
+        active = [r for r in requests if not r.finished]
+        while active:
+            self.cache.free_sequences([r.seq_id for r in requests if r.finished])
+            with self.stats.phase("verify"):
+                logits = self.target.decode(self.cache, [r.seq_id for r in active], [r.last_token for r in active])
+            select = torch.tensor([index[r.seq_id] for r in active], device=logits.device)
+            self._sample_and_emit(active, logits, rows.select(select))
+            self.stats.rounds += 1
+            bar.update(len(active))
+            active = [r for r in active if not r.finished]

@@ -1,0 +1,158 @@
+"""`HybridModel`: the layer stack of every supported family, run by hybridspec
+itself so that the runtime controls every state write.
+
+Entry points (all batched over ragged sequences, rows right-padded):
+- `prefill`: many tokens from an empty state;
+- `extend`: many tokens continuing from the cached state (verification);
+- `decode`: one token per sequence.
+All three are one forward that advances every Mamba layer from its ring head
+and writes K/V for the new positions; only the bookkeeping differs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import HybridConfig
+from ..errors import NumericalError
+from .attention import Attention, rope_inv_freq
+from .batch import ForwardBatch, MambaInputLog
+from .common import RMSNorm, param, take
+from .ffn import MLP, MoE
+from .mamba2 import Mamba2Mixer
+
+
+class DecoderLayer(nn.Module):
+    """h += r·mixer(norm(h)); h += r·ffn(norm(h))  (either part may be absent)."""
+
+    def __init__(self, cfg: HybridConfig, index: int, weights: dict[str, torch.Tensor], inv_freq):
+        super().__init__()
+        mixer_type, ffn_type = cfg.layer_types[index], cfg.ffn_types[index]
+        self.residual_multiplier = cfg.residual_multiplier
+        self.input_norm = RMSNorm(weights["input_norm.weight"], cfg.rms_norm_eps) if mixer_type != "none" else None
+        self.ffn_norm = RMSNorm(weights["ffn_norm.weight"], cfg.rms_norm_eps) if ffn_type != "none" else None
+        mixer_weights = take(weights, "mixer")
+        if mixer_type == "attention":
+            self.mixer = Attention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq)
+        elif mixer_type == "mamba2":
+            self.mixer = Mamba2Mixer(cfg.mamba2, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
+        elif mixer_type == "mamba1":
+            from .mamba1 import Mamba1Mixer
+            self.mixer = Mamba1Mixer(cfg.mamba1, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
+        else:
+            self.mixer = None
+        ffn_weights = take(weights, "ffn")
+        self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
+        r = self.residual_multiplier
+        if self.mixer is not None:
+            h = h + self.mixer(self.input_norm(h), batch, cache) * r if r != 1.0 else h + self.mixer(self.input_norm(h), batch, cache)
+        if self.ffn is not None:
+            h = h + self.ffn(self.ffn_norm(h)) * r if r != 1.0 else h + self.ffn(self.ffn_norm(h))
+        return h
+
+
+class HybridModel(nn.Module):
+    """A hybrid Mamba/attention causal LM. Weights use hybridspec's canonical
+    names (see `hybridspec.adapters`); tensors are shared, never copied."""
+
+    def __init__(self, config: HybridConfig, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.config = config
+        self.embed = param(weights["embed_tokens.weight"])
+        inv_freq = None
+        if config.attention is not None and config.attention.use_rope:
+            inv_freq = weights.get("rotary.inv_freq", rope_inv_freq(config.attention))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, take(weights, f"layers.{i}"), inv_freq) for i in range(config.num_layers))
+        self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps)
+        lm_head = weights.get("lm_head.weight")
+        self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache, last_only: bool = False) -> torch.Tensor:
+        """input_ids [batch, T] -> logits [batch, T or 1, vocab]; `last_only` keeps
+        each row's logits at its last valid input."""
+        h = F.embedding(input_ids, self.embed)  # [batch, T, hidden]
+        if self.config.embedding_multiplier != 1.0:
+            h = h * self.config.embedding_multiplier
+        for layer in self.layers:
+            h = layer(h, batch, cache)
+        if last_only:
+            rows = torch.arange(h.shape[0], device=h.device)
+            h = h[rows, batch.num_tokens - 1][:, None]
+        logits = F.linear(self.final_norm(h), self.lm_head)
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
+        return logits
+
+    # -- entry points -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, cache, seq_ids: list[int], token_lists: list[list[int]], last_only: bool = False) -> torch.Tensor:
+        """Run prompts from an empty state; returns logits [batch, T | 1, vocab]."""
+        cache.add_sequences(seq_ids)
+        try:
+            return self.extend(cache, seq_ids, token_lists, last_only=last_only)
+        except Exception:
+            cache.free_sequences(seq_ids)
+            raise
+
+    @torch.inference_mode()
+    def extend(self, cache, seq_ids: list[int], token_lists: list[list[int]], last_only: bool = False,
+               snap_slot: torch.Tensor | None = None,
+               input_log: dict[int, MambaInputLog] | None = None) -> torch.Tensor:
+        """Continue each sequence from its computed length over `token_lists[b]`.
+
+        Without `snap_slot` the final state is written to a spare ring slot and
+        becomes the head on success (a failed forward leaves every state as it
+        was). With `snap_slot` ([batch, T]) the caller owns the snapshot plan and
+        the commit (speculative verification); `input_log`, when given, receives
+        each Mamba layer's inputs."""
+        plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
+        input_ids = plan.pad_tokens(token_lists, self.device)
+        batch = plan.batch
+        batch.input_log = input_log
+        try:
+            logits = self(input_ids, batch, cache, last_only=last_only)
+            check_finite(logits, batch.num_tokens, last_only)
+        except Exception:
+            cache.abort_forward(plan)
+            raise
+        if snap_slot is None:
+            cache.commit_forward(plan)
+        return logits
+
+    def decode(self, cache, seq_ids: list[int], tokens: list[int]) -> torch.Tensor:
+        """One token per sequence; returns logits [batch, vocab]."""
+        return self.extend(cache, seq_ids, [[t] for t in tokens], last_only=True)[:, 0]
+
+
+def check_finite(logits: torch.Tensor, num_tokens: torch.Tensor, last_only: bool) -> None:
+    """Raise NumericalError if any valid row of `logits` holds NaN or inf."""
+    if last_only:
+        bad = ~torch.isfinite(logits).all(dim=(1, 2))
+    else:
+        valid = torch.arange(logits.shape[1], device=logits.device)[None] < num_tokens[:, None]
+        bad = (~torch.isfinite(logits).all(dim=-1) & valid).any(dim=1)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten().tolist()
+        raise NumericalError(f"the model produced NaN or inf logits for batch rows {rows}; "
+                             "check the weights and the dtype (float16 overflows are common), "
+                             "no state was changed")

@@ -1,0 +1,71 @@
+"""Mamba2 mixer (Dao & Gu 2024, "Transformers are SSMs").
+
+Symbols: x (SSM input, d_inner = nheads·headdim), Δ = dt (per-head step),
+A (per-head negative scalar decay), B, C (input/output projections of the
+state, shared by the heads of a group), D (skip), h (state,
+[nheads, headdim, d_state]).  Per token:
+    h ← exp(Δ·A)·h + Δ·x ⊗ B,   y = h·C + D·x,   out = W_out · RMSNorm(y ⊙ silu(z))
+
+Every forward advances the state from the ring head over the batch's inputs
+(`mamba2_verify`), writing the snapshots the ForwardBatch asks for: prefill
+(from a zeroed slot), extend and decode are the same code path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import Mamba2Config
+from ..kernels.conv_window import conv_window_update, conv_window_update_ref
+from ..kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
+from .batch import ForwardBatch, MambaInputLog
+from .common import compute_dtype, param
+
+
+def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int,
+                   eps: float) -> torch.Tensor:
+    """RMSNorm(y ⊙ silu(gate)) over groups of `group_size` channels.  # [batch, T, d_inner]"""
+    cd = compute_dtype(y.dtype)
+    h = y.to(cd) * F.silu(gate.to(cd))
+    grouped = h.view(*h.shape[:-1], -1, group_size)
+    grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * grouped.view_as(h).to(y.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, cfg: Mamba2Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
+        super().__init__()
+        self.cfg, self.state_layer, self.eps = cfg, state_layer, eps
+        self.in_proj, self.in_bias = param(weights["in_proj.weight"]), param(weights.get("in_proj.bias"))
+        self.conv_weight = param(weights["conv1d.weight"])  # [conv_dim, 1, d_conv]
+        self.conv_bias = param(weights.get("conv1d.bias"))
+        self.dt_bias, self.A_log, self.D = param(weights["dt_bias"]), param(weights["A_log"]), param(weights["D"])
+        self.norm_weight = param(weights["norm.weight"])
+        self.out_proj, self.out_bias = param(weights["out_proj.weight"]), param(weights.get("out_proj.bias"))
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
+        cfg = self.cfg
+        bsz, T, _ = h.shape
+        cd = compute_dtype(h.dtype)
+        gate, xs, dt = F.linear(h, self.in_proj, self.in_bias).split(
+            [cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
+        ssm_states = cache.states.ssm_states[self.state_layer]
+        conv_states = cache.states.conv_states[self.state_layer]
+        on_gpu = h.is_cuda
+        conv = conv_window_update if on_gpu else conv_window_update_ref
+        xs = xs.contiguous()  # [batch, T, conv_dim]
+        xBC = conv(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
+                   self.conv_bias, batch.num_tokens, "silu")  # [batch, T, conv_dim]
+        x, B, C = xBC.split([cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state], dim=-1)
+        x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()
+        B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
+        C = C.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
+        dt = F.softplus(dt.to(cd) + self.dt_bias.to(cd)).clamp(*cfg.time_step_limit)  # [batch, T, nheads]
+        A = -torch.exp(self.A_log.to(cd))  # [nheads]
+        scan = mamba2_verify if on_gpu else mamba2_verify_ref
+        y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
+        if batch.input_log is not None:
+            batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
+        y = gated_rms_norm(y.reshape(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg.group_size, self.eps)
+        return F.linear(y, self.out_proj, self.out_bias)

@@ -1,0 +1,48 @@
+"""`EngineStats`: what a generate call did and what each phase cost."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+PHASES = ("draft", "verify", "commit", "sampling")
+
+
+@dataclass
+class EngineStats:
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    snapshot_hits: int = 0
+    log_replayed_tokens: int = 0
+    token_replayed_tokens: int = 0
+    peak_checkpoint_bytes: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.emitted_tokens / self.rounds if self.rounds else 0.0
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def reset(self) -> None:
+        fresh = EngineStats()
+        self.__dict__.update(fresh.__dict__)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["acceptance_rate"] = self.acceptance_rate
+        out["tokens_per_round"] = self.tokens_per_round
+        return out

@@ -1,0 +1,70 @@
+"""Oracles nobody here wrote: HF transformers models with tiny random configs.
+
+HF's plain-PyTorch paths downcast to float32 in places even for a float64
+model (`A_log.float()`, `hidden_states.to(torch.float32)` in RMSNorm, the
+chunked scan, `softmax(..., dtype=torch.float32)`). `float64_oracle()` keeps
+float64 tensors float64 inside those calls, so that a float64 HF forward is a
+float64 oracle; it changes no other behaviour of HF's code.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+_to, _float, _softmax = torch.Tensor.to, torch.Tensor.float, F.softmax
+
+
+def _keep_f64_to(self, *args, **kwargs):
+    out = _to(self, *args, **kwargs)
+    if self.dtype == torch.float64 and out.dtype == torch.float32:
+        return _to(out if out.device == self.device else self, device=out.device, dtype=torch.float64) \
+            if out.device != self.device else self
+    return out
+
+
+def _keep_f64_float(self, *args, **kwargs):
+    return self if self.dtype == torch.float64 else _float(self, *args, **kwargs)
+
+
+def _keep_f64_softmax(x, *args, dtype=None, **kwargs):
+    if x.dtype == torch.float64 and dtype == torch.float32:
+        dtype = torch.float64
+    return _softmax(x, *args, dtype=dtype, **kwargs)
+
+
+@contextlib.contextmanager
+def float64_oracle():
+    torch.Tensor.to, torch.Tensor.float, F.softmax = _keep_f64_to, _keep_f64_float, _keep_f64_softmax
+    try:
+        yield
+    finally:
+        torch.Tensor.to, torch.Tensor.float, F.softmax = _to, _float, _softmax
+
+
+def randomize_(model, seed: int, scale: float = 0.5):
+    """Give every parameter non-trivial random values (HF init leaves norms at
+    1 and biases at 0, which would hide bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.rand(p.shape, generator=g) * 2 - 1)
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.rand(p.shape, generator=g) * 2 - 2)
+            elif "norm" in name or "layernorm" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * scale / max(1, p.shape[-1]) ** 0.5)
+    return model
+
+
+def bamba(seed=0, attn_layers=(1,), num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1):
+    from transformers import BambaConfig, BambaForCausalLM
+    cfg = BambaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, attn_layer_indices=list(attn_layers),
+                      mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=n_groups, mamba_chunk_size=8,
+                      max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    torch.manual_seed(seed)
+    return randomize_(BambaForCausalLM(cfg), seed).to(dtype).eval()
