@@ -1,0 +1,265 @@
+"""Roofline cost of a speculative round on a hybrid model, and the crossover batch.
+
+A forward of `tokens` tokens per sequence at batch B takes
+    max(bytes_moved / memory_bandwidth, flops / peak_flops)
+with bytes_moved = weights + B·(KV read + KV written + state read + state written)
+and flops = B·tokens·(flops_per_token + attention over the context).
+The checkpoint traffic a policy adds on top (extra snapshot writes, the input
+log, replay) is charged as separate memory time: it is done by the Mamba scan
+and replay kernels, which are memory-bound on their own and do not hide under
+the matmuls. docs/simulator.md derives every term.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional, Union
+
+import numpy as np
+
+from hybridspec.errors import ConfigError
+from hybridspec.sim.checkpoint_terms import (
+    expected_replay_steps,
+    replay_probability,
+    snapshot_writes_per_round,
+)
+from hybridspec.sim.closed_form import expected_tokens
+from hybridspec.sim.validation import check_cost, check_gamma, check_int
+
+Batch = Union[int, np.ndarray]  # an int >= 1, or an integer array of them  # [num_batches]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator: HBM bandwidth (bytes/s), dense peak FLOP/s and HBM
+    capacity (bytes)."""
+
+    name: str
+    memory_bandwidth: float
+    peak_flops: float
+    memory_bytes: float
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        check_cost(self.memory_bandwidth, "memory_bandwidth", positive=True)
+        check_cost(self.peak_flops, "peak_flops", positive=True)
+        check_cost(self.memory_bytes, "memory_bytes", positive=True)
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Cost figures of one model (target or draft); 'per sequence' unless said.
+
+    param_bytes: weight bytes read once per forward for the whole batch.
+    flops_per_token: FLOPs per token (matmuls, LM head, scan), attention over
+        the context excluded.
+    attention_flops_per_context_token: FLOPs per new token per cached token
+        (QKᵀ and PV over every attention layer).
+    kv_bytes_per_token: K and V bytes of every attention layer per cached token.
+    state_bytes: recurrent state (SSM state + conv window) of every Mamba layer.
+    log_bytes_per_token: input log of every Mamba layer per verify input.
+    replay_flops_per_token: FLOPs of one log-replayed step (recurrence only).
+    """
+
+    name: str
+    param_bytes: float
+    flops_per_token: float
+    attention_flops_per_context_token: float
+    kv_bytes_per_token: float
+    state_bytes: float
+    log_bytes_per_token: float
+    replay_flops_per_token: float
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            if field.name not in ("name", "source"):
+                check_cost(getattr(self, field.name), f"{self.name}.{field.name}")
+        check_cost(self.param_bytes, f"{self.name}.param_bytes", positive=True)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds at one batch size and γ: the inputs of `round_time`, from the
+    roofline (`CostModel.step_costs`) or measured by the engine. Fields may be
+    arrays (one entry per batch size) when `batch` is.
+
+    plain_step_s: one plain target decode step (1 token per sequence).
+    draft_step_s: one drafter forward (1 token per sequence); 0 for an n-gram drafter.
+    verify_s: the target forward over γ+1 tokens per sequence, reading the
+        state once and writing only the final state.
+    snapshot_write_s: one more snapshot of every Mamba layer, whole batch.
+    log_write_s: the input log of one verify input, whole batch.
+    restore_s: per replaying sequence: read a snapshot, write the rebuilt state.
+    log_replay_step_s: per sequence per log-replayed step.
+    token_replay_fixed_s: the weight read of a token-replay forward, paid
+        once per round when any sequence token-replays.
+    token_replay_step_s: per sequence per token-replayed token.
+    """
+
+    batch: Batch
+    plain_step_s: Union[float, np.ndarray]
+    draft_step_s: Union[float, np.ndarray]
+    verify_s: Union[float, np.ndarray]
+    snapshot_write_s: Union[float, np.ndarray]
+    log_write_s: Union[float, np.ndarray]
+    restore_s: float
+    log_replay_step_s: float
+    token_replay_fixed_s: float
+    token_replay_step_s: float
+
+
+@dataclass(frozen=True)
+class RoundTime:
+    """Expected seconds of one round for the whole batch, by phase."""
+
+    draft_s: Union[float, np.ndarray]
+    verify_s: Union[float, np.ndarray]
+    checkpoint_s: Union[float, np.ndarray]  # extra snapshot writes + input log writes
+    replay_s: Union[float, np.ndarray]
+
+    @property
+    def total_s(self) -> Union[float, np.ndarray]:
+        return self.draft_s + self.verify_s + self.checkpoint_s + self.replay_s
+
+
+def _check_batch(batch: Batch) -> Batch:
+    if isinstance(batch, np.ndarray):
+        if batch.size == 0 or not np.issubdtype(batch.dtype, np.integer) or batch.min() < 1:
+            raise ConfigError(f"batch={batch!r} is invalid: pass integers >= 1")
+        return batch
+    return check_int(batch, "batch", minimum=1)
+
+
+def round_time(
+    costs: StepCosts, gamma: int, alpha: float, snapshot_every: int = 1, log_inputs: bool = True
+) -> RoundTime:
+    """Expected time of one round (draft → verify → commit) for policy
+    `CheckpointPolicy(snapshot_every, log_inputs=log_inputs)`:
+
+        draft      = γ · draft_step
+        verify     = verify_s
+        checkpoint = (writes_k − 1) · snapshot_write + [log] (γ+1) · log_write
+        replay     = B·p_k·restore + [log]   B·E_k·log_replay_step
+                                   + [¬log] (1 − (1 − p_k)^B)·token_replay_fixed
+                                            + B·E_k·token_replay_step
+    with writes_k = `snapshot_writes_per_round`, p_k = `replay_probability`
+    and E_k = `expected_replay_steps`. The drafter's own rollback is free (it
+    keeps each draft step's state in its own slot).
+    """
+    gamma = check_gamma(gamma)
+    batch = _check_batch(costs.batch)
+    extra_snapshots = snapshot_writes_per_round(gamma, snapshot_every) - 1
+    replay_p = replay_probability(alpha, gamma, snapshot_every)
+    replay_steps = expected_replay_steps(alpha, gamma, snapshot_every)
+    checkpoint_s = extra_snapshots * costs.snapshot_write_s
+    replay_s = batch * replay_p * costs.restore_s
+    if log_inputs:
+        checkpoint_s = checkpoint_s + (gamma + 1) * costs.log_write_s
+        replay_s = replay_s + batch * replay_steps * costs.log_replay_step_s
+    else:
+        any_replays = 1.0 - (1.0 - replay_p) ** batch
+        replay_s = replay_s + any_replays * costs.token_replay_fixed_s
+        replay_s = replay_s + batch * replay_steps * costs.token_replay_step_s
+    return RoundTime(
+        draft_s=gamma * costs.draft_step_s,
+        verify_s=costs.verify_s,
+        checkpoint_s=checkpoint_s,
+        replay_s=replay_s,
+    )
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Roofline model of a target and a drafter (None: an n-gram drafter that
+    costs nothing) on one accelerator, with `context_len` tokens per sequence
+    already in the cache."""
+
+    hardware: Hardware
+    target: ModelCost
+    draft: Optional[ModelCost]
+    context_len: int = 4096
+
+    def __post_init__(self) -> None:
+        check_int(self.context_len, "context_len", minimum=0)
+
+    def forward_time(self, model: ModelCost, batch: Batch, tokens: int) -> Union[float, np.ndarray]:
+        """Roofline time of one forward of `tokens` tokens per sequence."""
+        batch = _check_batch(batch)
+        tokens = check_int(tokens, "tokens", minimum=1)
+        per_sequence_bytes = (
+            (self.context_len + tokens) * model.kv_bytes_per_token  # KV read + new KV written
+            + 2 * model.state_bytes  # state read, final state written
+        )
+        moved = model.param_bytes + batch * per_sequence_bytes
+        attended = self.context_len + (tokens + 1) / 2  # mean cached tokens a new token attends to
+        flops = batch * tokens * (model.flops_per_token + attended * model.attention_flops_per_context_token)
+        return np.maximum(moved / self.hardware.memory_bandwidth, flops / self.hardware.peak_flops)
+
+    def step_costs(self, batch: Batch, gamma: int) -> StepCosts:
+        """Roofline `StepCosts` at `batch` (int or integer array) and γ."""
+        gamma = check_gamma(gamma)
+        bandwidth, peak = self.hardware.memory_bandwidth, self.hardware.peak_flops
+        target = self.target
+        draft_step_s = 0.0 if self.draft is None else self.forward_time(self.draft, batch, 1)
+        attended = self.context_len * target.attention_flops_per_context_token
+        return StepCosts(
+            batch=batch,
+            plain_step_s=self.forward_time(target, batch, 1),
+            draft_step_s=draft_step_s,
+            verify_s=self.forward_time(target, batch, gamma + 1),
+            snapshot_write_s=batch * target.state_bytes / bandwidth,
+            log_write_s=batch * target.log_bytes_per_token / bandwidth,
+            restore_s=2 * target.state_bytes / bandwidth,
+            log_replay_step_s=max(target.log_bytes_per_token / bandwidth, target.replay_flops_per_token / peak),
+            token_replay_fixed_s=target.param_bytes / bandwidth,
+            token_replay_step_s=(target.flops_per_token + attended) / peak,
+        )
+
+    def max_batch(self, gamma: int, snapshot_every: int = 1, log_inputs: bool = True) -> int:
+        """Sequences that fit in HBM beside both models' weights (activations
+        and workspace ignored). Per sequence: KV for context + γ + 1 tokens of
+        both models; the target's round-start state plus one slot per snapshot
+        write; its input log when on; the drafter's state for each draft step."""
+        gamma = check_gamma(gamma)
+        slots = 1 + snapshot_writes_per_round(gamma, snapshot_every)
+        tokens = self.context_len + gamma + 1
+        models = (self.target,) if self.draft is None else (self.target, self.draft)
+        per_sequence = sum(model.kv_bytes_per_token * tokens for model in models)
+        per_sequence += slots * self.target.state_bytes + (gamma + 1) * self.target.log_bytes_per_token * log_inputs
+        if self.draft is not None:
+            per_sequence += (gamma + 1) * self.draft.state_bytes
+        if per_sequence <= 0:
+            raise ConfigError("the models keep no KV and no state per sequence, so memory bounds no batch size")
+        free = self.hardware.memory_bytes - sum(model.param_bytes for model in models)
+        return max(int(free // per_sequence), 0)
+
+    def round_time(
+        self, batch: Batch, gamma: int, alpha: float, snapshot_every: int = 1, log_inputs: bool = True
+    ) -> RoundTime:
+        return round_time(self.step_costs(batch, gamma), gamma, alpha, snapshot_every, log_inputs)
+
+    def speedup(
+        self, batch: Batch, gamma: int, alpha: float, snapshot_every: int = 1, log_inputs: bool = True
+    ) -> Union[float, np.ndarray]:
+        """E[tokens] · plain step / round time, at each batch size."""
+        costs = self.step_costs(batch, gamma)
+        rounds = round_time(costs, gamma, alpha, snapshot_every, log_inputs)
+        return expected_tokens(alpha, gamma) * costs.plain_step_s / rounds.total_s
+
+
+def crossover_batch(
+    model: CostModel,
+    alpha: float,
+    gamma: int,
+    snapshot_every: int = 1,
+    log_inputs: bool = True,
+    max_batch: int = 4096,
+) -> Optional[int]:
+    """The smallest batch B in 1..max_batch where speculation stops paying,
+    `model.speedup(B) <= 1`; None when it still pays at max_batch. A return of
+    1 means it never pays."""
+    max_batch = check_int(max_batch, "max_batch", minimum=1)
+    batches = np.arange(1, max_batch + 1)  # [max_batch]
+    gains = model.speedup(batches, gamma, alpha, snapshot_every, log_inputs)  # [max_batch]
+    losing = np.flatnonzero(gains <= 1.0)
+    return int(batches[losing[0]]) if losing.size else None

@@ -1,0 +1,117 @@
+"""Preset hardware and model shapes. Every figure here is *assumed*: datasheet
+peaks and published config dimensions, not measurements on this machine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridspec.sim.cost_model import CostModel, Hardware
+from hybridspec.sim.shapes import HybridShape
+
+H200 = Hardware(
+    name="H200 SXM",
+    memory_bandwidth=4.8e12,  # bytes/s, HBM3e
+    peak_flops=989e12,  # dense BF16 (1979e12 is the 2:4-sparse figure)
+    memory_bytes=141e9,
+    source="assumed: NVIDIA H200 SXM datasheet (4.8 TB/s, 141 GB HBM3e, 989 TFLOPS dense BF16); achieved rates are lower",
+)
+
+BAMBA_9B = HybridShape(
+    name="Bamba-9B-shaped",
+    d_model=4096,
+    vocab_size=128256,
+    num_mamba_layers=29,
+    num_attention_layers=3,  # attn_layer_indices [9, 18, 27] of 32
+    num_mlp_blocks=32,  # every layer: mixer + gated (SwiGLU) MLP
+    mlp_intermediate=14336,
+    mlp_matrices=3,
+    separate_mlp_layers=False,
+    mamba_d_state=128,
+    mamba_headdim=64,  # 128 Mamba heads
+    mamba_ngroups=1,
+    mamba_expand=2,
+    mamba_d_conv=4,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    tie_embeddings=False,
+    weight_bytes=2,  # bf16 weights, KV, conv window, input log
+    ssm_state_bytes=2,  # bf16 SSM state (DESIGN.md's ~2 MiB per layer)
+    source="assumed: dimensions from the published Bamba-9B config (ibm-ai-platform/Bamba-9B), bf16 state",
+)
+
+NEMOTRON_H_8B = HybridShape(
+    name="Nemotron-H-8B-shaped",
+    d_model=4096,
+    vocab_size=131072,
+    num_mamba_layers=24,
+    num_attention_layers=4,
+    num_mlp_blocks=24,  # MLP layers of their own: squared-ReLU up/down, no gate
+    mlp_intermediate=21504,
+    mlp_matrices=2,
+    separate_mlp_layers=True,
+    mamba_d_state=128,
+    mamba_headdim=64,  # 128 Mamba heads
+    mamba_ngroups=8,
+    mamba_expand=2,
+    mamba_d_conv=4,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    tie_embeddings=False,
+    weight_bytes=2,
+    ssm_state_bytes=4,  # the config's mamba_ssm_cache_dtype is float32
+    source="assumed: dimensions from the published Nemotron-H-8B config (nvidia/Nemotron-H-8B-Base-8K), fp32 SSM cache",
+)
+
+
+def small_hybrid_draft(target: HybridShape) -> HybridShape:
+    """A hypothetical ~0.45B hybrid drafter sharing the target's vocabulary
+    (neither family publishes a drafter): 16 layers of width 1024, 14 Mamba2
+    and 2 attention, each with a gated MLP, tied embeddings."""
+    return HybridShape(
+        name=f"draft-0.45B-hybrid ({target.name} vocab)",
+        d_model=1024,
+        vocab_size=target.vocab_size,
+        num_mamba_layers=14,
+        num_attention_layers=2,
+        num_mlp_blocks=16,
+        mlp_intermediate=4096,
+        mlp_matrices=3,
+        separate_mlp_layers=False,
+        mamba_d_state=128,
+        mamba_headdim=64,
+        mamba_ngroups=1,
+        mamba_expand=2,
+        mamba_d_conv=4,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=64,
+        tie_embeddings=True,
+        weight_bytes=target.weight_bytes,
+        ssm_state_bytes=target.ssm_state_bytes,
+        source="assumed: hypothetical drafter shape, not a published model",
+    )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A target, its drafter and the accelerator they run on."""
+
+    name: str
+    target: HybridShape
+    draft: HybridShape
+    hardware: Hardware
+
+    def cost_model(self, context_len: int = 4096) -> CostModel:
+        return CostModel(
+            hardware=self.hardware,
+            target=self.target.model_cost(),
+            draft=self.draft.model_cost(),
+            context_len=context_len,
+        )
+
+
+PRESETS = {
+    "bamba-9b": Preset("bamba-9b", BAMBA_9B, small_hybrid_draft(BAMBA_9B), H200),
+    "nemotron-h-8b": Preset("nemotron-h-8b", NEMOTRON_H_8B, small_hybrid_draft(NEMOTRON_H_8B), H200),
+}

@@ -1,0 +1,113 @@
+"""Text rendering of a `build_report` dict. Each section says whether its
+figures are assumed or measured; measured tables tag every column."""
+from __future__ import annotations
+
+from hybridspec.sim.report import POLICIES
+
+_TAG = {"measured": "(m)", "assumed": "(a)"}
+
+
+def _format_crossover(batch: object, max_batch: int, fits: int) -> str:
+    """'>max_batch' when no crossover was found; '*' when it lies beyond the batch that fits."""
+    if batch is None:
+        return f">{max_batch}*" if max_batch > fits else f">{max_batch}"
+    return f"{batch}*" if batch > fits else str(batch)
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    """A labelled figure of a measured row: value and (m)/(a) tag."""
+    return f"{row[key]['value']:{fmt}} {_TAG[row[key]['source']]}"
+
+
+def render_assumptions(report: dict) -> list[str]:
+    return ["Assumptions (every figure below not tagged (m) rests on these)"] + [
+        f"  assumed: {line}" for line in report["assumptions"]
+    ]
+
+
+def render_table(report: dict) -> list[str]:
+    c = report["settings"]["c"]
+    lines = [
+        f"Expected tokens per round and speedup at c = {c:g} (all figures assumed; alpha is a grid value)",
+        f"  {'alpha':>5} {'gamma':>5} {'E[tok] closed':>13} {'E[tok] simulated':>21} "
+        f"{'speedup memory-bound':>20} {'speedup compute-bound':>21}",
+    ]
+    for row in report["table"]:
+        simulated = f"{row['simulated_tokens']:.4f} +- {row['simulated_stderr']:.4f}"
+        lines.append(
+            f"  {row['alpha']:>5.2f} {row['gamma']:>5d} {row['expected_tokens']:>13.4f} {simulated:>21} "
+            f"{row['speedup_memory_bound']:>19.2f}x {row['speedup_compute_bound']:>20.2f}x"
+        )
+    best = ", ".join(
+        f"alpha={row['alpha']:g}: {row['memory_bound']}/{row['compute_bound']}" for row in report["optimal_gamma"]
+    )
+    max_gamma = report["optimal_gamma"][0]["max_gamma"]
+    lines.append(f"  optimal gamma in 1..{max_gamma} (memory-bound/compute-bound, assumed): {best}")
+    return lines
+
+
+def render_presets(report: dict) -> list[str]:
+    settings = report["settings"]
+    max_batch = settings["max_batch"]
+    labels = [label for label, _, _ in POLICIES]
+    lines = [
+        f"Crossover batch: smallest batch where speedup <= 1 (gamma = {settings['crossover_gamma']}, "
+        f"context {settings['context_len']} tokens; all figures assumed)",
+        "  policies: k=1 snapshot every input; k=2+log every 2nd + log replay; "
+        "k=0+log round start and final + log replay; k=0 token: same, token replay",
+    ]
+    for preset in report["presets"]:
+        target, draft = preset["target"], preset["draft"]
+        cost = target["cost"]
+        lines += [
+            "",
+            f"  {preset['name']} on {preset['hardware']['name']}: target {target['name']}, {target['layers']} layers "
+            f"({target['mamba_layers']} Mamba2 + {target['attention_layers']} attention), "
+            f"{target['params'] / 1e9:.2f}B params; state {cost['state_bytes'] / 2**20:.1f} MiB/seq, "
+            f"KV {cost['kv_bytes_per_token'] / 1024:.0f} KiB/token; draft {draft['name']} "
+            f"{draft['params'] / 1e9:.2f}B, c = {preset['c_at_batch_1']:.3f} at batch 1",
+            f"  {'alpha':>7} " + " ".join(f"{label:>10}" for label in labels),
+        ]
+        by_alpha: dict[float, dict[str, object]] = {}
+        for entry in preset["crossover"]:
+            by_alpha.setdefault(entry["alpha"], {})[entry["policy"]] = entry["batch"]
+        fits = preset["fits"]
+        for alpha, batches in by_alpha.items():
+            cells = " ".join(f"{_format_crossover(batches[label], max_batch, fits[label]):>10}" for label in labels)
+            lines.append(f"  {alpha:>7.2f} {cells}")
+        lines.append(f"  {'fits':>7} " + " ".join(f"{fits[label]:>10}" for label in labels))
+    lines += [
+        "",
+        "  1 = no gain even at batch 1; * = beyond the batch that fits in HBM "
+        "(speculation pays at every batch that fits)",
+    ]
+    return lines
+
+
+def render_measured(measured: dict) -> list[str]:
+    alpha, tokens = measured["alpha"], measured["tokens_per_round"]
+    lines = [
+        f"Measured round costs from {measured['file']} (machine: {measured['machine']}; "
+        f"model: {measured['model'] or '?'}; draft: {measured['draft'] or '?'})   (m) measured, (a) assumed",
+        f"  alpha {alpha['value']:.4f} (m) [{alpha['note']}], gamma {measured['gamma']}, "
+        f"tokens per round {tokens['value']:.4f} (m) [{tokens['note']}]",
+        f"  {'batch':>6} {'target step ms':>18} {'c':>10} {'verify cost':>14} {'replay cost':>14} {'speedup':>12}",
+    ]
+    for row in measured["rows"]:
+        step_ms = f"{row['target_step_s']['value'] * 1e3:.3f} {_TAG[row['target_step_s']['source']]}"
+        lines.append(
+            f"  {row['batch']:>6} {step_ms:>18} {_cell(row, 'c', '.3f'):>10} {_cell(row, 'verify_cost', '.3f'):>14} "
+            f"{_cell(row, 'replay_cost', '.3f'):>14} {_cell(row, 'speedup', '.2f'):>12}"
+        )
+    crossover = measured["crossover"]
+    value = "-" if crossover["batch"] is None else str(crossover["batch"])
+    lines.append(f"  crossover batch {value} {_TAG[crossover['source']]}: {crossover['note']}")
+    return lines
+
+
+def render_report(report: dict) -> str:
+    lines = ["hybridspec simulate: speculative decoding economics", ""]
+    lines += render_assumptions(report) + [""] + render_table(report) + [""] + render_presets(report)
+    if report["measured"] is not None:
+        lines += [""] + render_measured(report["measured"])
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,135 @@
+"""A hybrid Mamba2/attention/MLP model described by its config dimensions,
+and the per-forward bytes and FLOPs (`ModelCost`) that follow from them.
+
+Symbols (Mamba2, Dao & Gu 2024): d_model; d_inner = expand·d_model;
+nheads = d_inner / headdim; d_state; ngroups (B and C are shared per group);
+conv_dim = d_inner + 2·ngroups·d_state (the x, B, C channels the causal conv
+runs over); d_conv, the conv kernel width.
+Norms, biases, A, D and dt_bias are left out (well under 0.1% of the weights).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridspec.errors import ConfigError
+from hybridspec.sim.cost_model import ModelCost
+
+# FLOPs per SSM state element per token: decay (1), input (1), add (1), readout C·h (2)
+SCAN_FLOPS_PER_STATE_ELEMENT = 5
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    """Dimensions of a hybrid model; counts of each block type, not their order.
+
+    num_mlp_blocks: MLP blocks in the stack; separate_mlp_layers: False when
+    each mixer layer holds its own MLP (Bamba), True when MLPs are layers of
+    their own (Nemotron-H). mlp_matrices: 3 for a gated MLP (gate, up, down), 2
+    for a plain one (up, down). weight_bytes: bytes per weight, KV, conv and
+    log element; ssm_state_bytes: bytes per SSM state element.
+    """
+
+    name: str
+    d_model: int
+    vocab_size: int
+    num_mamba_layers: int
+    num_attention_layers: int
+    num_mlp_blocks: int
+    mlp_intermediate: int
+    mlp_matrices: int
+    separate_mlp_layers: bool
+    mamba_d_state: int
+    mamba_headdim: int
+    mamba_ngroups: int
+    mamba_expand: int
+    mamba_d_conv: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_embeddings: bool
+    weight_bytes: int = 2
+    ssm_state_bytes: int = 2
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        if self.d_inner % self.mamba_headdim:
+            raise ConfigError(
+                f"{self.name}: mamba_expand·d_model={self.d_inner} is not a multiple of "
+                f"mamba_headdim={self.mamba_headdim}; pick a headdim that divides it"
+            )
+
+    @property
+    def d_inner(self) -> int:
+        return self.mamba_expand * self.d_model
+
+    @property
+    def mamba_nheads(self) -> int:
+        return self.d_inner // self.mamba_headdim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.mamba_ngroups * self.mamba_d_state
+
+    @property
+    def num_layers(self) -> int:
+        mixers = self.num_mamba_layers + self.num_attention_layers
+        return mixers + self.num_mlp_blocks if self.separate_mlp_layers else mixers
+
+    def mamba_params(self) -> int:
+        """One Mamba2 mixer: in_proj (z, xBC, dt), conv weights, out_proj."""
+        in_proj = self.d_model * (self.d_inner + self.conv_dim + self.mamba_nheads)
+        return in_proj + self.conv_dim * self.mamba_d_conv + self.d_inner * self.d_model
+
+    def attention_params(self) -> int:
+        """One attention mixer: q, k, v, o projections."""
+        q_and_o = 2 * self.d_model * self.num_heads * self.head_dim
+        return q_and_o + 2 * self.d_model * self.num_kv_heads * self.head_dim
+
+    def mlp_params(self) -> int:
+        return self.mlp_matrices * self.d_model * self.mlp_intermediate
+
+    def block_params(self) -> int:
+        """Every mixer and MLP weight, embeddings excluded."""
+        return (
+            self.num_mamba_layers * self.mamba_params()
+            + self.num_attention_layers * self.attention_params()
+            + self.num_mlp_blocks * self.mlp_params()
+        )
+
+    def total_params(self) -> int:
+        embeddings = self.vocab_size * self.d_model
+        return self.block_params() + embeddings * (1 if self.tie_embeddings else 2)
+
+    def state_bytes_per_layer(self) -> int:
+        """SSM state nheads·headdim·d_state plus conv window conv_dim·(d_conv − 1)."""
+        ssm = self.mamba_nheads * self.mamba_headdim * self.mamba_d_state * self.ssm_state_bytes
+        return ssm + self.conv_dim * (self.mamba_d_conv - 1) * self.weight_bytes
+
+    def log_bytes_per_token_per_layer(self) -> int:
+        """Input log of one token: conv inputs (conv_dim), x (d_inner), B and C
+        (2·ngroups·d_state) and dt (nheads)."""
+        elements = self.conv_dim + self.d_inner + 2 * self.mamba_ngroups * self.mamba_d_state + self.mamba_nheads
+        return elements * self.weight_bytes
+
+    def scan_flops_per_token_per_layer(self) -> int:
+        return SCAN_FLOPS_PER_STATE_ELEMENT * self.mamba_nheads * self.mamba_headdim * self.mamba_d_state
+
+    def model_cost(self) -> ModelCost:
+        """Bytes and FLOPs of one forward; the input embedding is a row gather
+        (not read whole), the LM head is read whole."""
+        read_params = self.block_params() + self.vocab_size * self.d_model  # blocks + LM head
+        conv_flops = 2 * self.conv_dim * self.mamba_d_conv
+        replay_flops = self.num_mamba_layers * (self.scan_flops_per_token_per_layer() + conv_flops)
+        return ModelCost(
+            name=self.name,
+            param_bytes=float(read_params * self.weight_bytes),
+            flops_per_token=float(2 * read_params + self.num_mamba_layers * self.scan_flops_per_token_per_layer()),
+            attention_flops_per_context_token=float(4 * self.num_attention_layers * self.num_heads * self.head_dim),
+            kv_bytes_per_token=float(
+                2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * self.weight_bytes
+            ),
+            state_bytes=float(self.num_mamba_layers * self.state_bytes_per_layer()),
+            log_bytes_per_token=float(self.num_mamba_layers * self.log_bytes_per_token_per_layer()),
+            replay_flops_per_token=float(replay_flops),
+            source=self.source,
+        )
