@@ -1,0 +1,142 @@
+"""Mamba-1 (Jamba) multi-token selective-scan update: Triton kernel == torch
+reference == a naive per-token, per-channel loop, for outputs and every slot."""
+
+import pytest
+import torch
+
+from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
+
+NUM_SLOTS = 16
+SRC = [0, 5, 9, 12]
+# Row 0 snapshots every input; row 1 some, ending in place (snap == src); row 2
+# stops after 2 inputs (slot 8 must stay untouched); row 3 consumes nothing.
+SNAP = [[1, 2, 3, 4], [-1, 6, -1, 5], [10, 11, -1, 8], [13, -1, 14, -1]]
+NUM_TOKENS = [4, 4, 2, 0]
+WRITTEN = {1, 2, 3, 4, 5, 6, 10, 11}
+TOLERANCES = {
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.float64: dict(rtol=1e-12, atol=1e-12),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
+}
+
+
+def make_case(dtype, device, d_inner=12, d_state=5, src=SRC, snap=SNAP, num_tokens=NUM_TOKENS):
+    batch, num_inputs = len(snap), len(snap[0])
+    gen = torch.Generator().manual_seed(1)
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen, dtype=torch.float64)).to(dtype=dtype, device=device)
+
+    def index(values):
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    return dict(
+        ssm_states=rand(NUM_SLOTS, d_inner, d_state),
+        src_slot=index(src),
+        snap_slot=index(snap),
+        x=rand(batch, num_inputs, d_inner),
+        dt=torch.nn.functional.softplus(rand(batch, num_inputs, d_inner)),
+        A=-torch.exp(rand(d_inner, d_state, scale=0.5)),
+        B=rand(batch, num_inputs, d_state),
+        C=rand(batch, num_inputs, d_state),
+        D=rand(d_inner),
+        num_tokens=index(num_tokens),
+    )
+
+
+def clone_case(case):
+    return {name: value.clone() for name, value in case.items()}
+
+
+def naive_mamba1(case):
+    """Token by token, channel by channel, in float64: returns (y, states after)."""
+    states = case["ssm_states"].double().clone()
+    x, dt, A, B, C, D = (case[k].double() for k in ("x", "dt", "A", "B", "C", "D"))
+    batch, _, d_inner = x.shape
+    y = torch.zeros_like(x)
+    for b in range(batch):
+        h = states[int(case["src_slot"][b])].clone()  # [d_inner, d_state]
+        for t in range(int(case["num_tokens"][b])):
+            for d in range(d_inner):
+                h[d] = torch.exp(dt[b, t, d] * A[d]) * h[d] + dt[b, t, d] * x[b, t, d] * B[b, t]
+                y[b, t, d] = torch.dot(h[d], C[b, t]) + D[d] * x[b, t, d]
+            slot = int(case["snap_slot"][b, t])
+            if slot >= 0:
+                states[slot] = h
+    return y, states
+
+
+def assert_untouched(before, after, written):
+    for slot in range(before.shape[0]):
+        if slot not in written:
+            assert torch.equal(before[slot], after[slot]), f"slot {slot} changed"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reference_matches_naive_loop(dtype):
+    case = make_case(dtype, "cpu")
+    expected_y, expected_states = naive_mamba1(case)
+    work = clone_case(case)
+    y = mamba1_verify_ref(**work)
+    assert y.dtype == dtype and y.shape == case["x"].shape
+    torch.testing.assert_close(y.double(), expected_y, **TOLERANCES[dtype])
+    torch.testing.assert_close(work["ssm_states"].double(), expected_states, **TOLERANCES[dtype])
+    assert_untouched(case["ssm_states"], work["ssm_states"], WRITTEN)
+    assert not y[2, 2:].any() and not y[3].any()  # inputs past num_tokens give zeros
+
+
+@pytest.mark.parametrize("d_inner, d_state", [(12, 5), (40, 64)])  # (40, 64): five channel blocks
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_kernel_matches_reference(dtype, d_inner, d_state, triton_device):
+    case = make_case(dtype, triton_device, d_inner=d_inner, d_state=d_state)
+    by_kernel, by_ref = clone_case(case), clone_case(case)
+    y_kernel = mamba1_verify(**by_kernel)
+    y_ref = mamba1_verify_ref(**by_ref)
+    assert y_kernel.dtype == dtype
+    torch.testing.assert_close(y_kernel, y_ref, **TOLERANCES[dtype])
+    torch.testing.assert_close(by_kernel["ssm_states"], by_ref["ssm_states"], **TOLERANCES[dtype])
+    assert_untouched(case["ssm_states"], by_kernel["ssm_states"], WRITTEN)
+    assert not y_kernel[2, 2:].any() and not y_kernel[3].any()
+    for name in ("src_slot", "snap_slot", "x", "dt", "A", "B", "C", "D", "num_tokens"):
+        assert torch.equal(by_kernel[name], case[name]), f"{name} was modified"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_plain_decode_updates_head_in_place(dtype, triton_device):
+    src = [3, 7, 0]
+    case = make_case(dtype, triton_device, src=src, snap=[[s] for s in src], num_tokens=[1, 1, 1])
+    expected_y, expected_states = naive_mamba1(case)
+    for verify in (mamba1_verify, mamba1_verify_ref):
+        work = clone_case(case)
+        y = verify(**work)
+        torch.testing.assert_close(y.double(), expected_y, **TOLERANCES[dtype])
+        torch.testing.assert_close(work["ssm_states"].double(), expected_states, **TOLERANCES[dtype])
+        assert_untouched(case["ssm_states"], work["ssm_states"], set(src))
+
+
+def bad_arguments(case):
+    """(argument name, replacement, text the error must contain)."""
+    return [
+        ("snap_slot", case["snap_slot"][:, :2].contiguous(), "snap_slot"),
+        ("src_slot", case["src_slot"].int(), "src_slot"),
+        ("x", case["x"].transpose(1, 2).contiguous().transpose(1, 2), "x is not contiguous"),
+        ("dt", case["dt"][..., :3].contiguous(), "dt"),
+        ("A", case["A"][0], "A"),
+        ("B", case["B"][..., :2].contiguous(), "B"),
+        ("C", case["C"].int(), "C"),
+        ("D", case["D"][:3], "D"),
+        ("num_tokens", case["num_tokens"][:1], "num_tokens"),
+        ("ssm_states", case["ssm_states"][:, :3].contiguous(), "ssm_states"),
+    ]
+
+
+@pytest.mark.parametrize("verify", [mamba1_verify, mamba1_verify_ref])
+def test_bad_arguments_raise_before_writing(verify, triton_device):
+    case = make_case(torch.float32, triton_device)
+    for name, bad, message in bad_arguments(case):
+        work = clone_case(case)
+        work[name] = bad
+        states_before = work["ssm_states"].clone()
+        with pytest.raises(ValueError, match=message):
+            verify(**work)
+        assert torch.equal(work["ssm_states"], states_before)
