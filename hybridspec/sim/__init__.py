@@ -1,0 +1,73 @@
+"""`hs.sim`: does speculative decoding pay on this model, batch and hardware?
+
+Closed forms under i.i.d. acceptance (`expected_tokens`, `speedup`,
+`optimal_gamma`), a Monte Carlo that confirms them (`simulate`), the cost of
+checkpoint policies on hybrid models (`expected_replay_steps`, ...), a roofline
+`CostModel` with presets, and `crossover_batch`, the batch where the gain
+turns into a loss. Derivations: docs/simulator.md.
+"""
+from hybridspec.sim.checkpoint_terms import (
+    expected_replay_steps,
+    replay_probability,
+    replay_steps,
+    snapshot_positions,
+    snapshot_writes_per_round,
+)
+from hybridspec.sim.closed_form import (
+    accepted_distribution,
+    alpha_from_acceptance_rate,
+    expected_accepted,
+    expected_tokens,
+    optimal_gamma,
+    speedup,
+)
+from hybridspec.sim.cost_model import (
+    CostModel,
+    Hardware,
+    ModelCost,
+    RoundTime,
+    StepCosts,
+    crossover_batch,
+    round_time,
+)
+from hybridspec.sim.measured import MeasuredRun, load_measured, measured_crossover, measured_rows, parse_measured
+from hybridspec.sim.montecarlo import SimResult, simulate, simulate_replay_steps, simulate_with_stderr
+from hybridspec.sim.presets import BAMBA_9B, H200, NEMOTRON_H_8B, PRESETS, Preset, small_hybrid_draft
+from hybridspec.sim.shapes import HybridShape
+
+__all__ = [
+    "BAMBA_9B",
+    "H200",
+    "NEMOTRON_H_8B",
+    "PRESETS",
+    "CostModel",
+    "Hardware",
+    "HybridShape",
+    "MeasuredRun",
+    "ModelCost",
+    "Preset",
+    "RoundTime",
+    "SimResult",
+    "StepCosts",
+    "accepted_distribution",
+    "alpha_from_acceptance_rate",
+    "crossover_batch",
+    "expected_accepted",
+    "expected_replay_steps",
+    "expected_tokens",
+    "load_measured",
+    "measured_crossover",
+    "measured_rows",
+    "optimal_gamma",
+    "parse_measured",
+    "replay_probability",
+    "replay_steps",
+    "round_time",
+    "simulate",
+    "simulate_replay_steps",
+    "simulate_with_stderr",
+    "small_hybrid_draft",
+    "snapshot_positions",
+    "snapshot_writes_per_round",
+    "speedup",
+]
