@@ -54,14 +54,17 @@ class HybridCache:
         return seq_id in self.computed_len
 
     def check_admission(self, num_new_seqs: int, kv_lens: dict[int, int]) -> None:
-        """Raise CacheFullError if `num_new_seqs` more sequences, each growing to
-        `kv_lens[seq_id]` tokens, do not fit. Allocates nothing."""
+        """Raise CacheFullError if `num_new_seqs` more sequences, growing to
+        `kv_lens[seq_id]` tokens each, do not fit. Allocates nothing."""
         free = self.max_seqs - len(self.computed_len)
         if num_new_seqs > free:
             raise CacheFullError(f"{num_new_seqs} new sequences but only {free} of max_seqs={self.max_seqs} "
                                  "sequence slots are free; raise max_seqs or submit a smaller batch")
         if self.kv is not None:
-            self.kv.check_admission(kv_lens)
+            needed = sum(-(-n // self.block_size) for n in kv_lens.values())
+            if needed > self.kv.num_free_blocks:
+                raise CacheFullError(f"the batch needs {needed} KV pages but {self.kv.num_free_blocks} of "
+                                     f"{self.kv.num_blocks} are free; raise num_blocks or submit a smaller batch")
 
     def add_sequences(self, seq_ids: list[int]) -> None:
         for s in seq_ids:
