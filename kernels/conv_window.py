@@ -35,23 +35,29 @@ from .mamba2_verify import (
 ACTIVATIONS = (None, "silu")
 
 
-def check_conv_inputs(conv_states, xs, d_conv):
-    check_ndim("xs", xs, 3, "[batch, T, conv_dim]")
+def check_conv_inputs(conv_states, xs):
+    """Check the window pool (it fixes conv_dim and d_conv) and the conv inputs."""
     check_ndim("conv_states", conv_states, 3, "[num_slots, conv_dim, d_conv - 1]")
-    if d_conv < 2:
-        raise ValueError(f"weight has d_conv={d_conv}; a conv window needs d_conv >= 2")
-    batch, num_inputs, conv_dim = xs.shape
+    check_ndim("xs", xs, 3, "[batch, T, conv_dim]")
+    conv_dim, width = conv_states.shape[1:]
+    if width < 1:
+        raise ValueError(f"conv_states has a window of {width} inputs; a causal conv needs d_conv >= 2")
     device = conv_states.device
-    check_tensor("conv_states", conv_states, (conv_states.shape[0], conv_dim, d_conv - 1), FLOAT_DTYPES, device)
-    check_tensor("xs", xs, (batch, num_inputs, conv_dim), FLOAT_DTYPES, device)
+    check_tensor("conv_states", conv_states, conv_states.shape, FLOAT_DTYPES, device)
+    check_tensor("xs", xs, (xs.shape[0], xs.shape[1], conv_dim), FLOAT_DTYPES, device,
+                 "= [batch, T, conv_dim] with conv_dim from conv_states [num_slots, conv_dim, d_conv - 1]")
 
 
 def check_update_args(conv_states, src_slot, snap_slot, xs, weight, bias, num_tokens, activation):
-    check_ndim("weight", weight, 2, "[conv_dim, d_conv] (squeeze HF's [conv_dim, 1, d_conv])")
-    check_conv_inputs(conv_states, xs, weight.shape[1])
+    check_conv_inputs(conv_states, xs)
     batch, num_inputs, conv_dim = xs.shape
     device = conv_states.device
-    check_tensor("weight", weight, (conv_dim, weight.shape[1]), FLOAT_DTYPES, device)
+    check_ndim("weight", weight, 2, "[conv_dim, d_conv] (squeeze HF's [conv_dim, 1, d_conv])")
+    width = conv_states.shape[2]
+    if weight.shape[1] != width + 1:
+        raise ValueError(f"weight has d_conv={weight.shape[1]} but conv_states keeps windows of "
+                         f"{width} inputs (d_conv - 1); allocate the pool for this layer's d_conv")
+    check_tensor("weight", weight, (conv_dim, width + 1), FLOAT_DTYPES, device)
     if bias is not None:
         check_tensor("bias", bias, (conv_dim,), FLOAT_DTYPES, device)
     check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
@@ -62,8 +68,7 @@ def check_update_args(conv_states, src_slot, snap_slot, xs, weight, bias, num_to
 
 
 def check_rebuild_args(conv_states, src_slot, dst_slot, num_steps, xs):
-    check_ndim("conv_states", conv_states, 3, "[num_slots, conv_dim, d_conv - 1]")
-    check_conv_inputs(conv_states, xs, conv_states.shape[2] + 1)
+    check_conv_inputs(conv_states, xs)
     batch = xs.shape[0]
     device = conv_states.device
     check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)

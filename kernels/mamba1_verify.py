@@ -34,27 +34,33 @@ from .mamba2_verify import (
 )
 
 
+FROM_POOL = " with sizes from ssm_states [num_slots, d_inner, d_state]"
+
+
 def check_mamba1_inputs(ssm_states, x, dt, A, B, C):
     """Check the state pool and the per-token inputs shared by verify and replay."""
-    check_ndim("x", x, 3, "[batch, T, d_inner]")
-    check_ndim("A", A, 2, "[d_inner, d_state]")
     check_ndim("ssm_states", ssm_states, 3, "[num_slots, d_inner, d_state]")
-    batch, num_inputs, d_inner = x.shape
-    d_state = A.shape[1]
+    check_ndim("x", x, 3, "[batch, T, d_inner]")
+    d_inner, d_state = ssm_states.shape[1:]
+    batch, num_inputs = x.shape[:2]
     device = ssm_states.device
-    check_tensor("ssm_states", ssm_states, (ssm_states.shape[0], d_inner, d_state), FLOAT_DTYPES, device)
-    check_tensor("x", x, (batch, num_inputs, d_inner), FLOAT_DTYPES, device)
-    check_tensor("dt", dt, (batch, num_inputs, d_inner), FLOAT_DTYPES, device)
-    check_tensor("A", A, (d_inner, d_state), FLOAT_DTYPES, device)
-    check_tensor("B", B, (batch, num_inputs, d_state), FLOAT_DTYPES, device)
-    check_tensor("C", C, (batch, num_inputs, d_state), FLOAT_DTYPES, device)
+    check_tensor("ssm_states", ssm_states, ssm_states.shape, FLOAT_DTYPES, device)
+    inputs = {
+        "x": (x, (batch, num_inputs, d_inner), "[batch, T, d_inner]"),
+        "dt": (dt, (batch, num_inputs, d_inner), "[batch, T, d_inner]"),
+        "A": (A, (d_inner, d_state), "[d_inner, d_state]"),
+        "B": (B, (batch, num_inputs, d_state), "[batch, T, d_state]"),
+        "C": (C, (batch, num_inputs, d_state), "[batch, T, d_state]"),
+    }
+    for name, (tensor, shape, layout) in inputs.items():
+        check_tensor(name, tensor, shape, FLOAT_DTYPES, device, f"= {layout}{FROM_POOL}")
 
 
 def check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
     check_mamba1_inputs(ssm_states, x, dt, A, B, C)
     batch, num_inputs, d_inner = x.shape
     device = ssm_states.device
-    check_tensor("D", D, (d_inner,), FLOAT_DTYPES, device)
+    check_tensor("D", D, (d_inner,), FLOAT_DTYPES, device, f"= [d_inner]{FROM_POOL}")
     check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
     check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
     check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)

@@ -17,8 +17,10 @@ d_state]`. Row b starts from `src_slot[b]`; the state after input t goes to
 `snap_slot[b, t]` unless that is -1. A snapshot slot may equal the source
 slot (plain decode updates the head in place): the source is read before any
 write. Distinct rows must not write the same slot, nor a slot another row
-reads. Inputs t >= num_tokens[b] are ignored (num_tokens is clamped to
-[0, T]); their y rows are zero.
+reads. Slot indices must lie in [0, num_slots) (or be -1 where allowed);
+the launchers do not check them, as that would synchronise with the GPU.
+Inputs t >= num_tokens[b] are ignored (num_tokens is clamped to [0, T]);
+their y rows are zero.
 
 This module also holds the argument checks and the slot-writing helper that
 the other state-slot kernels (Mamba-1, replay, conv window) share.
@@ -37,13 +39,14 @@ INDEX_DTYPES = (torch.int64,)
 # ---------------------------------------------------------------- shared checks
 
 
-def check_tensor(name, tensor, shape, dtypes, device):
+def check_tensor(name, tensor, shape, dtypes, device, layout=""):
     """Raise ValueError naming `name` unless `tensor` has this exact shape, one
-    of `dtypes`, lives on `device` and is contiguous."""
+    of `dtypes`, lives on `device` and is contiguous. `layout` explains the
+    expected shape in the error."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tuple(tensor.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)} {layout}".rstrip())
     if tensor.dtype not in dtypes:
         names = ", ".join(str(d) for d in dtypes)
         raise ValueError(f"{name} has dtype {tensor.dtype}; cast it to one of {names}")
@@ -90,29 +93,37 @@ def write_slots_ref(pool, slots, is_live, values):
 # ------------------------------------------------------------ mamba2 arguments
 
 
+FROM_POOL = " with sizes from ssm_states [num_slots, nheads, headdim, d_state]"
+
+
 def check_mamba2_inputs(ssm_states, x, dt, A, B, C):
     """Check the state pool and the per-token inputs shared by verify and replay."""
+    check_ndim("ssm_states", ssm_states, 4, "[num_slots, nheads, headdim, d_state]")
     check_ndim("x", x, 4, "[batch, T, nheads, headdim]")
     check_ndim("B", B, 4, "[batch, T, ngroups, d_state]")
-    check_ndim("ssm_states", ssm_states, 4, "[num_slots, nheads, headdim, d_state]")
-    batch, num_inputs, nheads, headdim = x.shape
-    ngroups, d_state = B.shape[2:]
+    nheads, headdim, d_state = ssm_states.shape[1:]
+    batch, num_inputs = x.shape[:2]
+    ngroups = B.shape[2]
     if ngroups == 0 or nheads % ngroups != 0:
-        raise ValueError(f"B has {ngroups} groups, which must divide nheads={nheads}")
+        raise ValueError(f"B has {ngroups} groups, which must divide the nheads={nheads} of ssm_states")
     device = ssm_states.device
-    check_tensor("ssm_states", ssm_states, (ssm_states.shape[0], nheads, headdim, d_state), FLOAT_DTYPES, device)
-    check_tensor("x", x, (batch, num_inputs, nheads, headdim), FLOAT_DTYPES, device)
-    check_tensor("dt", dt, (batch, num_inputs, nheads), FLOAT_DTYPES, device)
-    check_tensor("A", A, (nheads,), FLOAT_DTYPES, device)
-    check_tensor("B", B, (batch, num_inputs, ngroups, d_state), FLOAT_DTYPES, device)
-    check_tensor("C", C, (batch, num_inputs, ngroups, d_state), FLOAT_DTYPES, device)
+    check_tensor("ssm_states", ssm_states, ssm_states.shape, FLOAT_DTYPES, device)
+    inputs = {
+        "x": (x, (batch, num_inputs, nheads, headdim), "[batch, T, nheads, headdim]"),
+        "dt": (dt, (batch, num_inputs, nheads), "[batch, T, nheads]"),
+        "A": (A, (nheads,), "[nheads]"),
+        "B": (B, (batch, num_inputs, ngroups, d_state), "[batch, T, ngroups, d_state]"),
+        "C": (C, (batch, num_inputs, ngroups, d_state), "[batch, T, ngroups, d_state]"),
+    }
+    for name, (tensor, shape, layout) in inputs.items():
+        check_tensor(name, tensor, shape, FLOAT_DTYPES, device, f"= {layout}{FROM_POOL}")
 
 
 def check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
     check_mamba2_inputs(ssm_states, x, dt, A, B, C)
     batch, num_inputs, nheads = x.shape[:3]
     device = ssm_states.device
-    check_tensor("D", D, (nheads,), FLOAT_DTYPES, device)
+    check_tensor("D", D, (nheads,), FLOAT_DTYPES, device, f"= [nheads]{FROM_POOL}")
     check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
     check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
     check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)
