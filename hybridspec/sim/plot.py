@@ -2,6 +2,7 @@
 one colour per α, crossovers marked. matplotlib is imported only here, lazily."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,8 @@ def _draw_measured(axes, measured: dict) -> None:
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xscale("log")
     axes.set_xlabel("batch size (sequences)")
-    axes.set_title(f"measured on {measured['machine']}, gamma={measured['gamma']}", fontsize=9)
+    machine = textwrap.shorten(measured["machine"], width=40, placeholder="...")
+    axes.set_title(f"measured on {machine}, gamma={measured['gamma']}", fontsize=9)
     axes.grid(True, which="both", alpha=0.3)
 
 

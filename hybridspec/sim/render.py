@@ -14,6 +14,10 @@ def _format_crossover(batch: object, max_batch: int, fits: int) -> str:
     return f"{batch}*" if batch > fits else str(batch)
 
 
+def _or_unknown(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
 def _cell(row: dict, key: str, fmt: str) -> str:
     """A labelled figure of a measured row: value and (m)/(a) tag."""
     return f"{row[key]['value']:{fmt}} {_TAG[row[key]['source']]}"
@@ -90,7 +94,9 @@ def render_measured(measured: dict) -> list[str]:
         f"Measured round costs from {measured['file']} (machine: {measured['machine']}; "
         f"model: {measured['model'] or '?'}; draft: {measured['draft'] or '?'})   (m) measured, (a) assumed",
         f"  alpha {alpha['value']:.4f} (m) [{alpha['note']}], gamma {measured['gamma']}, "
-        f"tokens per round {tokens['value']:.4f} (m) [{tokens['note']}]",
+        f"tokens per round {tokens['value']:.4f} (m) [{tokens['note']}], "
+        f"policy snapshot_every={_or_unknown(measured['snapshot_every'])} "
+        f"log_inputs={_or_unknown(measured['log_inputs'])}",
         f"  {'batch':>6} {'target step ms':>18} {'c':>10} {'verify cost':>14} {'replay cost':>14} {'speedup':>12}",
     ]
     for row in measured["rows"]:

@@ -1,0 +1,141 @@
+"""`hybridspec simulate`: text report, --json, --measured (schema and labels), --plot."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridspec.errors import ConfigError
+from hybridspec.sim import cli as simulate_cli
+from hybridspec.sim import expected_tokens, measured_crossover, parse_measured
+from hybridspec.sim.measured import measured_rows
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "simulator_measured_example.json"
+FAST = ["--rounds", "2000"]
+
+
+def _run(argv, capsys):
+    parser = argparse.ArgumentParser()
+    simulate_cli.add_arguments(parser)
+    code = simulate_cli.run(parser.parse_args(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_default_report_has_table_crossovers_and_assumptions(capsys):
+    code, out, _ = _run(FAST, capsys)
+    assert code == 0
+    assert "assumed: acceptance is i.i.d." in out and "assumed: NVIDIA H200" in out
+    assert "   0.70     5        2.9412" in out and "   0.80     4        3.3616" in out
+    assert "2.35x" in out  # α = 0.7, γ = 5 memory-bound
+    assert "bamba-9b on H200 SXM" in out and "nemotron-h-8b on H200 SXM" in out
+    table_rows = [line for line in out.splitlines() if line.strip().startswith(("0.50 ", "0.90 ")) and line.endswith("x")]
+    assert len(table_rows) == 2 * 8
+
+
+def test_json_file_holds_everything(tmp_path, capsys):
+    path = tmp_path / "sim.json"
+    code, out, _ = _run(FAST + ["--json", str(path)], capsys)
+    assert code == 0 and f"wrote {path}" in out
+    report = json.loads(path.read_text())
+    assert report["schema"] == "hybridspec.simulate/v1" and report["measured"] is None
+    assert len(report["table"]) == 5 * 8 and {row["source"] for row in report["table"]} == {"assumed"}
+    row = next(r for r in report["table"] if r["alpha"] == 0.8 and r["gamma"] == 4)
+    assert row["expected_tokens"] == pytest.approx(expected_tokens(0.8, 4))
+    assert abs(row["simulated_tokens"] - row["expected_tokens"]) < 5 * row["simulated_stderr"]
+    assert {p["name"] for p in report["presets"]} == {"bamba-9b", "nemotron-h-8b"}
+    assert all(len(p["crossover"]) == 5 * 4 for p in report["presets"])
+
+
+def test_json_to_stdout_replaces_the_text(capsys):
+    code, out, _ = _run(FAST + ["--alphas", "0.7", "--gammas", "5", "--json", "-"], capsys)
+    report = json.loads(out)
+    assert code == 0 and len(report["table"]) == 1
+    assert report["table"][0]["speedup_memory_bound"] == pytest.approx(2.3529, abs=1e-4)
+
+
+def test_measured_example_is_labelled_measured(capsys):
+    code, out, _ = _run(FAST + ["--measured", str(EXAMPLE), "--json", "-"], capsys)
+    measured = json.loads(out)["measured"]
+    assert code == 0 and measured["alpha"]["source"] == "measured"
+    assert {row[key]["source"] for row in measured["rows"] for key in ("c", "speedup", "replay_cost")} == {"measured"}
+    crossover = measured["crossover"]
+    low, high = crossover["bracket"]
+    assert crossover["source"] == "measured" and low < crossover["batch"] <= high
+    code, out, _ = _run(FAST + ["--measured", str(EXAMPLE)], capsys)
+    assert "(m) measured, (a) assumed" in out and "crossover batch" in out and " (m)" in out
+
+
+def test_measured_tokens_follow_the_acceptance_rate():
+    data = json.loads(EXAMPLE.read_text())
+    run = parse_measured(data)
+    # E[tokens] = 1 + γ · (accepted / drafted), whatever α's inversion gives
+    assert run.tokens_per_round == pytest.approx(1 + data["gamma"] * data["acceptance_rate"], rel=1e-9)
+
+
+def test_missing_replay_time_is_labelled_assumed():
+    data = json.loads(EXAMPLE.read_text())
+    del data["batches"][2]["replay_s"]
+    rows = measured_rows(parse_measured(data))
+    assert rows[2]["replay_cost"]["source"] == "assumed" and rows[2]["speedup"]["source"] == "assumed"
+    assert rows[1]["speedup"]["source"] == "measured"
+    assert measured_crossover(rows)["source"] == "assumed"
+
+
+def test_measured_crossover_interpolates_and_bounds():
+    def rows(*points):
+        return [{"batch": b, "speedup": {"value": s, "source": "measured"}} for b, s in points]
+
+    assert measured_crossover(rows((1, 2.0), (10, 1.5), (20, 0.5)))["batch"] == 15
+    assert measured_crossover(rows((1, 2.0), (10, 1.5)))["batch"] is None
+    assert measured_crossover(rows((4, 0.9), (8, 0.7)))["bracket"] == [None, 4]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(schema="other/v9"), "schema='other/v9'"),
+        (lambda d: d.update(alpha=0.8), "exactly one of 'alpha' and 'acceptance_rate'"),
+        (lambda d: d.pop("batches"), "'batches'"),
+        (lambda d: d.update(gamma=0), "gamma=0"),
+        (lambda d: d["batches"][0].update(verify_s=-1.0), "batches[0].verify_s=-1.0"),
+        (lambda d: d["batches"][1].update(batch=1), "repeat"),
+        (lambda d: d.update(tokens_per_round=9.0), "tokens_per_round=9.0"),
+    ],
+)
+def test_bad_measured_files_raise_config_error(edit, message):
+    data = json.loads(EXAMPLE.read_text())
+    edit(data)
+    with pytest.raises(ConfigError) as error:
+        parse_measured(data)
+    assert message in str(error.value)
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    code, _, err = _run(FAST + ["--alphas", "0.7,1.5"], capsys)
+    assert code == 2 and "alpha=1.5" in err and "[0, 1]" in err
+    code, _, err = _run(FAST + ["--measured", str(tmp_path / "missing.json")], capsys)
+    assert code == 2 and "no such file" in err
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    path = tmp_path / "speedup.png"
+    code, out, _ = _run(FAST + ["--alphas", "0.7,0.8", "--measured", str(EXAMPLE), "--plot", str(path)], capsys)
+    assert code == 0 and f"wrote {path}" in out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    code, _, err = _run(FAST + ["--plot", str(tmp_path / "x.png")], capsys)
+    assert code == 2 and "pip install matplotlib" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_hybridspec_cli_dispatches_simulate(capsys):
+    from hybridspec.cli import main
+
+    assert main(["simulate", "--rounds", "2000", "--alphas", "0.8", "--gammas", "4"]) == 0
+    assert "3.3616" in capsys.readouterr().out
