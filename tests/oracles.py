@@ -68,3 +68,45 @@ def bamba(seed=0, attn_layers=(1,), num_layers=3, dtype=torch.float64, vocab=97,
                       max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     torch.manual_seed(seed)
     return randomize_(BambaForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def jamba(seed=0, num_layers=4, attn_period=2, attn_offset=1, expert_period=2, expert_offset=0, num_experts=4,
+          top_k=2, kv_heads=2, dtype=torch.float64, vocab=97):
+    from transformers import JambaConfig, JambaForCausalLM
+    cfg = JambaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, attn_layer_period=attn_period,
+                      attn_layer_offset=attn_offset, expert_layer_period=expert_period,
+                      expert_layer_offset=expert_offset, num_experts=num_experts, num_experts_per_tok=top_k,
+                      mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+                      max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                      experts_implementation="eager")  # grouped_mm has no float64
+    torch.manual_seed(seed)
+    return randomize_(JambaForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def nemotron_h(seed=0, pattern="M*M-", dtype=torch.float64, vocab=97, kv_heads=2, n_groups=2):
+    """Nemotron-H: one sublayer per layer; "M" Mamba2, "*" attention (no RoPE), "-" squared-ReLU MLP."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+    cfg = NemotronHConfig(vocab_size=vocab, hidden_size=32, hybrid_override_pattern=pattern,
+                          num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8, intermediate_size=48,
+                          mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=n_groups, chunk_size=8,
+                          max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    torch.manual_seed(seed)
+    return randomize_(NemotronHForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_experts=4, top_k=2,
+            dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1, multipliers=(3.0, 0.6, 0.2, 2.5)):
+    """GraniteMoeHybrid (Granite-4.0-H); multipliers = (embedding, residual, attention, logits_scaling)."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+    embedding, residual, attention, logits = multipliers
+    cfg = GraniteMoeHybridConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=16, shared_intermediate_size=24,
+        num_hidden_layers=len(layer_types), layer_types=list(layer_types), num_attention_heads=4,
+        num_key_value_heads=kv_heads, num_local_experts=num_experts, num_experts_per_tok=top_k,
+        position_embedding_type="rope" if rope else None, mamba_n_heads=4, mamba_d_state=8,
+        mamba_n_groups=n_groups, mamba_chunk_size=8, embedding_multiplier=embedding, residual_multiplier=residual,
+        attention_multiplier=attention, logits_scaling=logits, max_position_embeddings=512, pad_token_id=0,
+        eos_token_id=1, bos_token_id=2, experts_implementation="eager")  # grouped_mm has no float64
+    torch.manual_seed(seed)
+    return randomize_(GraniteMoeHybridForCausalLM(cfg), seed).to(dtype).eval()
