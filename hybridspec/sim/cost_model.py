@@ -25,7 +25,8 @@ from hybridspec.sim.checkpoint_terms import (
 from hybridspec.sim.closed_form import expected_tokens
 from hybridspec.sim.validation import check_cost, check_gamma, check_int
 
-Batch = Union[int, np.ndarray]  # an int >= 1, or an integer array of them  # [num_batches]
+# a batch size >= 1, or an integer array of them  # [num_batches]
+Batch = Union[int, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class CostModel:
         bandwidth, peak = self.hardware.memory_bandwidth, self.hardware.peak_flops
         target = self.target
         draft_step_s = 0.0 if self.draft is None else self.forward_time(self.draft, batch, 1)
-        attended = self.context_len * target.attention_flops_per_context_token
+        attention_flops = self.context_len * target.attention_flops_per_context_token
         return StepCosts(
             batch=batch,
             plain_step_s=self.forward_time(target, batch, 1),
@@ -212,7 +213,7 @@ class CostModel:
             restore_s=2 * target.state_bytes / bandwidth,
             log_replay_step_s=max(target.log_bytes_per_token / bandwidth, target.replay_flops_per_token / peak),
             token_replay_fixed_s=target.param_bytes / bandwidth,
-            token_replay_step_s=(target.flops_per_token + attended) / peak,
+            token_replay_step_s=(target.flops_per_token + attention_flops) / peak,
         )
 
     def max_batch(self, gamma: int, snapshot_every: int = 1, log_inputs: bool = True) -> int:
