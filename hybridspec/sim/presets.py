@@ -65,11 +65,11 @@ NEMOTRON_H_8B = HybridShape(
 
 
 def small_hybrid_draft(target: HybridShape) -> HybridShape:
-    """A hypothetical ~0.45B hybrid drafter sharing the target's vocabulary
+    """A hypothetical ~0.43B hybrid drafter sharing the target's vocabulary
     (neither family publishes a drafter): 16 layers of width 1024, 14 Mamba2
     and 2 attention, each with a gated MLP, tied embeddings."""
     return HybridShape(
-        name=f"draft-0.45B-hybrid ({target.name} vocab)",
+        name=f"draft-0.43B-hybrid ({target.name} vocab)",
         d_model=1024,
         vocab_size=target.vocab_size,
         num_mamba_layers=14,
