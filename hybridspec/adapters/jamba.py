@@ -36,14 +36,17 @@ RULES = [
 _PER_EXPERT = re.compile(r"^(layers\.\d+\.ffn\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
+def num_experts(cfg: dict) -> int:
+    return cfg.get("num_experts", cfg.get("num_local_experts", 16))
+
+
 def layer_pattern(cfg: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(mixer types, feed-forward types) from the period/offset keys."""
     n = cfg["num_hidden_layers"]
     attn_period, attn_offset = cfg.get("attn_layer_period", 8), cfg.get("attn_layer_offset", 4)
     expert_period, expert_offset = cfg.get("expert_layer_period", 2), cfg.get("expert_layer_offset", 1)
-    num_experts = cfg.get("num_experts", cfg.get("num_local_experts", 16))
     mixers = tuple("attention" if i % attn_period == attn_offset else "mamba1" for i in range(n))
-    ffns = tuple("moe" if num_experts > 1 and i % expert_period == expert_offset else "mlp" for i in range(n))
+    ffns = tuple("moe" if num_experts(cfg) > 1 and i % expert_period == expert_offset else "mlp" for i in range(n))
     return mixers, ffns
 
 
@@ -73,7 +76,7 @@ def config_from_dict(cfg: dict) -> HybridConfig:
             d_conv=cfg.get("mamba_d_conv", 4), conv_bias=cfg.get("mamba_conv_bias", True),
             proj_bias=cfg.get("mamba_proj_bias", False), inner_layernorms=True),
         mlp=MLPConfig(intermediate, activation, gated=True),
-        moe=(MoEConfig(num_experts=cfg.get("num_experts", cfg.get("num_local_experts", 16)),
+        moe=(MoEConfig(num_experts=num_experts(cfg),
                        top_k=cfg.get("num_experts_per_tok", 2), intermediate_size=intermediate,
                        router="softmax_topk", activation=activation)
              if "moe" in ffn_types else None),
