@@ -11,5 +11,7 @@ from .config import HybridConfig
 from .engine import Engine, Output
 from .models.hybrid import HybridModel
 from .sampling import SamplingParams
+from .spec.drafters import NgramDrafter
+from hybridspec.checkpoints.policy import CheckpointPolicy
 
-__all__ = ["Engine", "HybridConfig", "HybridModel", "Output", "SamplingParams", "errors", "from_hf", "load"]
+__all__ = ["CheckpointPolicy", "NgramDrafter", "Engine", "HybridConfig", "HybridModel", "Output", "SamplingParams", "errors", "from_hf", "load"]

@@ -44,19 +44,30 @@ class Request:
     def last_token(self) -> int:
         return self.output.token_ids[-1] if self.output.token_ids else self.output.prompt_token_ids[-1]
 
-    def emit(self, tokens: list[int]) -> int:
-        """Append emitted tokens up to a stop token or the length limit; returns
-        how many were kept (the rest of a round is cut)."""
-        kept = 0
-        for t in tokens:
-            self.output.token_ids.append(int(t))
-            kept += 1
+    def would_keep(self, tokens: list[int]) -> int:
+        """How many of `tokens` `emit` would keep: up to and including the first
+        stop token, and no more than max_new_tokens in all."""
+        room = self.params.max_new_tokens - len(self.output.token_ids)
+        for i, t in enumerate(tokens[:room]):
             if int(t) in self.params.stop_token_ids:
-                self.output.finish_reason = "stop"
-                break
-            if len(self.output.token_ids) >= self.params.max_new_tokens:
-                self.output.finish_reason = "length"
-                break
+                return i + 1
+        return min(len(tokens), room)
+
+    def would_finish(self, tokens: list[int]) -> bool:
+        """Whether emitting `tokens` ends the request (stop token or length)."""
+        kept = self.would_keep(tokens)
+        stopped = kept > 0 and int(tokens[kept - 1]) in self.params.stop_token_ids
+        return stopped or len(self.output.token_ids) + kept >= self.params.max_new_tokens
+
+    def emit(self, tokens: list[int]) -> int:
+        """Append the kept prefix of `tokens` (the rest of a round is cut); set
+        finish_reason when a stop token or the length limit is reached."""
+        kept = self.would_keep(tokens)
+        self.output.token_ids.extend(int(t) for t in tokens[:kept])
+        if kept and int(tokens[kept - 1]) in self.params.stop_token_ids:
+            self.output.finish_reason = "stop"
+        elif len(self.output.token_ids) >= self.params.max_new_tokens:
+            self.output.finish_reason = "length"
         return kept
 
     @property

@@ -21,6 +21,17 @@ class MambaInputLog:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.xs, self.x, self.dt, self.B, self.C))
 
+    def shifted(self, first: torch.Tensor) -> "MambaInputLog":
+        """The log with row b starting at input first[b] (tail padded with the last input)."""
+        T = self.x.shape[1]
+        idx = (first[:, None] + torch.arange(T, device=first.device)).clamp(max=T - 1)  # [batch, T]
+
+        def shift(t: torch.Tensor) -> torch.Tensor:
+            index = idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
+            return t.gather(1, index).contiguous()
+
+        return MambaInputLog(*(shift(t) for t in (self.xs, self.x, self.dt, self.B, self.C)))
+
 
 @dataclass
 class ForwardBatch:

@@ -1,0 +1,68 @@
+"""`CheckpointPolicy`: which Mamba states a verify forward snapshots, how big
+the ring is, and whether the input log is kept (memory versus replay).
+
+For γ drafts a verify forward has γ+1 inputs (the pending token and the
+drafts). `snapshot_every = k`:
+- k = 1: a snapshot after every input — every boundary is a head move;
+- k > 1: after inputs 0, k, 2k, … and after the last — other boundaries are
+  log-replayed from the nearest earlier snapshot (fewer than k steps);
+- k = 0: only the final state (the round-start state is the pinned head) —
+  any partial acceptance is log-replayed from the round start.
+The ring holds `ring_slots` slots per sequence: the head (pinned during a
+round) and `ring_slots - 1` snapshot slots; with too few, later snapshots
+overwrite the oldest. `log_inputs=False` drops the input log, so a boundary
+without a snapshot is token-replayed through the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridspec.errors import ConfigError
+
+MAX_DRAFT_TOKENS = 32  # verify forwards and input logs are sized for at most 33 inputs
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    snapshot_every: int = 1
+    ring_slots: int | None = None  # None: exactly enough for the policy and γ
+    log_inputs: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.snapshot_every, int) or self.snapshot_every < 0:
+            raise ConfigError(f"snapshot_every={self.snapshot_every!r} must be an integer >= 0 "
+                              "(1: every position, k > 1: sparse, 0: round start and final only)")
+        if self.ring_slots is not None and (not isinstance(self.ring_slots, int) or self.ring_slots < 2):
+            raise ConfigError(f"ring_slots={self.ring_slots!r} must be an integer >= 2 (the head and the final "
+                              "snapshot) or None to size the ring from the policy")
+
+    @classmethod
+    def auto(cls, memory_budget_bytes: int | None = None) -> "CheckpointPolicy":
+        from .auto import AutoCheckpointPolicy
+        return AutoCheckpointPolicy(memory_budget_bytes=memory_budget_bytes)
+
+    def snapshot_inputs(self, num_inputs: int) -> list[int]:
+        """Verify-input indices (0-based) after which a snapshot is taken."""
+        last = num_inputs - 1
+        if self.snapshot_every == 0:
+            return [last]
+        return sorted(set(range(0, num_inputs, self.snapshot_every)) | {last})
+
+    def slots_needed(self, gamma: int) -> int:
+        """Ring slots that hold every snapshot of a γ-draft round plus the head."""
+        return len(self.snapshot_inputs(gamma + 1)) + 1
+
+    def ring_size(self, gamma: int) -> int:
+        return self.ring_slots if self.ring_slots is not None else self.slots_needed(gamma)
+
+    def for_round(self, acceptance_history: list[float]) -> "CheckpointPolicy":
+        """The policy to use this round (fixed policies do not adapt)."""
+        return self
+
+
+def validate_gamma(gamma: int) -> None:
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ConfigError(f"num_draft_tokens={gamma!r} must be an integer >= 1")
+    if gamma > MAX_DRAFT_TOKENS:
+        raise ConfigError(f"num_draft_tokens={gamma} exceeds the {MAX_DRAFT_TOKENS} positions a verify forward's "
+                          f"ring and input log are sized for; use num_draft_tokens <= {MAX_DRAFT_TOKENS}")
