@@ -5,7 +5,7 @@
     engine = hs.Engine(target, draft=hs.from_hf(hf_draft), num_draft_tokens=4)
     outs = engine.generate([[1, 2, 3]], hs.SamplingParams(max_new_tokens=32))
 """
-from . import errors
+from . import errors, sim
 from .adapters import from_hf, load
 from .config import HybridConfig
 from .engine import Engine, Output
@@ -14,4 +14,4 @@ from .sampling import SamplingParams
 from .spec.drafters import NgramDrafter
 from hybridspec.checkpoints.policy import CheckpointPolicy
 
-__all__ = ["CheckpointPolicy", "NgramDrafter", "Engine", "HybridConfig", "HybridModel", "Output", "SamplingParams", "errors", "from_hf", "load"]
+__all__ = ["CheckpointPolicy", "NgramDrafter", "Engine", "HybridConfig", "HybridModel", "Output", "SamplingParams", "errors", "from_hf", "sim", "load"]

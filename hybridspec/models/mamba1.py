@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import Mamba1Config
-from ..kernels.conv_window import conv_window_update, conv_window_update_ref
+from ..kernels.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
+                                   conv_window_update_ref)
 from ..kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
+from ..kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
 from .batch import ForwardBatch, MambaInputLog
 from .common import RMSNorm, compute_dtype, param
 
@@ -79,3 +81,16 @@ class Mamba1Mixer(nn.Module):
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
         y = y * F.silu(gate)  # [batch, T, d_inner]
         return F.linear(y, self.out_proj, self.out_bias)
+
+    def replay(self, cache, src_slot: torch.Tensor, dst_slot: torch.Tensor, first: torch.Tensor,
+               num_steps: torch.Tensor, log: MambaInputLog) -> None:
+        """Log replay: advance the state (SSM and conv window) in src_slot over
+        logged inputs first..first+num_steps-1 and write it to dst_slot (rows
+        with dst_slot = -1 untouched). All index tensors are [batch]."""
+        log = log.shifted(first)
+        on_gpu = log.x.is_cuda
+        A = -torch.exp(self.A_log.to(log.dt.dtype))
+        (mamba1_replay if on_gpu else mamba1_replay_ref)(
+            cache.states.ssm_states[self.state_layer], src_slot, dst_slot, num_steps, log.x, log.dt, A, log.B, log.C)
+        (conv_window_rebuild if on_gpu else conv_window_rebuild_ref)(
+            cache.states.conv_states[self.state_layer], src_slot, dst_slot, num_steps, log.xs)
