@@ -67,13 +67,15 @@ _MAX_BLOCK_V = 1024
 
 
 @triton.jit
-def _argmax_over_vocab(p_ptr, q_ptr, V, seed, position, PICK: tl.constexpr, BLOCK_V: tl.constexpr):
+def _argmax_over_vocab(
+    p_ptr, q_ptr, V, seed, position, PICK: tl.constexpr, EPS: tl.constexpr, BLOCK_V: tl.constexpr
+):
     """One pass over the vocabulary of one distribution; returns a token id.
 
     PICK 0: argmax p (lowest index on ties).
     PICK 1: Gumbel-max sample of p, PURPOSE_SAMPLE noise at ``position``.
     PICK 2: Gumbel-max sample of max(0, p - q), PURPOSE_RECOVER noise, falling
-            back to p (same noise) when the residual is numerically zero.
+            back to p (same noise) when the residual sums to at most EPS · sum(p).
     """
     if PICK == 2:
         key_a, key_b = row_key_dev(seed, position, 2)  # PURPOSE_RECOVER
@@ -109,7 +111,7 @@ def _argmax_over_vocab(p_ptr, q_ptr, V, seed, position, PICK: tl.constexpr, BLOC
         token_p = tl.where(block_best_p > best_p, block_token_p, token_p)  # strict: earlier block wins ties
         best_p = tl.maximum(block_best_p, best_p)
     if PICK == 2:
-        token_p = tl.where(sum_r > 1e-12 * sum_p, token_r, token_p)  # RESIDUAL_EPS
+        token_p = tl.where(sum_r > EPS * sum_p, token_r, token_p)
     return token_p
 
 
@@ -134,6 +136,7 @@ def _rejection_kernel(
     G: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    EPS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     gamma = tl.load(num_draft_ptr + b)
@@ -146,7 +149,7 @@ def _rejection_kernel(
 
     num_accepted = tl.zeros((), dtype=tl.int64)
     final_token = tl.zeros((), dtype=tl.int64)
-    is_rejected = num_accepted != 0  # False
+    is_rejected = tl.zeros((), dtype=tl.int1)
     while (num_accepted < gamma) & (is_rejected == 0):
         j = num_accepted  # 0-based: d_{j+1} against p_{j+1}, at position base_position + j
         position = base_position + j
@@ -160,12 +163,12 @@ def _rejection_kernel(
             u = uniform_dev(key_a, key_b, tl.zeros((), dtype=tl.int64))
             is_accepted = (q_draft > 0.0) & (u * q_draft < p_draft)
             if is_accepted == 0:
-                final_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 2, BLOCK_V).to(tl.int64)
+                final_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 2, EPS, BLOCK_V).to(tl.int64)
         else:
             if mode == 0:  # MODE_GREEDY
-                target_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 0, BLOCK_V).to(tl.int64)
+                target_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 0, EPS, BLOCK_V).to(tl.int64)
             else:  # MODE_COUPLED
-                target_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 1, BLOCK_V).to(tl.int64)
+                target_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 1, EPS, BLOCK_V).to(tl.int64)
             is_accepted = draft_token == target_token
             final_token = target_token
         is_rejected = is_accepted == 0
@@ -175,9 +178,9 @@ def _rejection_kernel(
         p_row = target_row + gamma * stride_target_g
         position = base_position + gamma
         if mode == 0:
-            final_token = _argmax_over_vocab(p_row, p_row, V, seed, position, 0, BLOCK_V).to(tl.int64)
+            final_token = _argmax_over_vocab(p_row, p_row, V, seed, position, 0, EPS, BLOCK_V).to(tl.int64)
         else:
-            final_token = _argmax_over_vocab(p_row, p_row, V, seed, position, 1, BLOCK_V).to(tl.int64)
+            final_token = _argmax_over_vocab(p_row, p_row, V, seed, position, 1, EPS, BLOCK_V).to(tl.int64)
 
     offs_g = tl.arange(0, BLOCK_G)
     drafts = tl.load(tokens_row + offs_g, mask=offs_g < num_accepted, other=-1)
@@ -283,6 +286,7 @@ def rejection(
         G=G1 - 1,
         BLOCK_G=triton.next_power_of_2(G1),
         BLOCK_V=min(triton.next_power_of_2(V), _MAX_BLOCK_V),
+        EPS=RESIDUAL_EPS,
     )
     return output_tokens, num_accepted
 

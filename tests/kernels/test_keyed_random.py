@@ -131,7 +131,9 @@ def test_rejects_non_int64_keys():
 
 
 @triton.jit
-def _keyed_noise_kernel(seeds_ptr, positions_ptr, uniform_ptr, gumbel_ptr, V, PURPOSE: tl.constexpr, BLOCK: tl.constexpr):
+def _keyed_noise_kernel(
+    seeds_ptr, positions_ptr, uniform_ptr, gumbel_ptr, V, PURPOSE: tl.constexpr, BLOCK: tl.constexpr
+):
     row = tl.program_id(0)
     key_a, key_b = row_key_dev(tl.load(seeds_ptr + row), tl.load(positions_ptr + row), PURPOSE)
     offs = tl.arange(0, BLOCK)
