@@ -110,3 +110,19 @@ def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_
         eos_token_id=1, bos_token_id=2, experts_implementation="eager")  # grouped_mm has no float64
     torch.manual_seed(seed)
     return randomize_(GraniteMoeHybridForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def hf_greedy(m, prompts, max_new_tokens):
+    """HF generate on a left-padded ragged batch, with no stop token (like the
+    engine without stop_token_ids; `min_new_tokens` would instead forbid EOS)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    eos, m.generation_config.eos_token_id = m.generation_config.eos_token_id, None
+    try:
+        with torch.no_grad():
+            out = m.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=0)
+    finally:
+        m.generation_config.eos_token_id = eos
+    return out[:, width:].tolist()

@@ -1,0 +1,108 @@
+"""Nemotron-H (`NemotronHForCausalLM`): every layer is one pre-norm residual
+block holding a single sublayer, named by its pattern character:
+
+    "M"  Mamba2 mixer          -> mixer "mamba2", ffn "none"
+    "*"  attention (no RoPE)   -> mixer "attention", ffn "none"
+    "-"  squared-ReLU MLP      -> mixer "none", ffn "mlp" (not gated)
+    "E"  mixture of experts    -> not supported (sigmoid group routing)
+
+The pattern comes from `hybrid_override_pattern` (config.json on the Hub) or
+`layers_block_type` (HF transformers 5). Checkpoints on the Hub prefix the
+stack with `backbone.`, HF transformers 5 with `model.`; both load.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig
+from ..errors import UnsupportedModelError
+from .common import eos_id, rename
+
+ARCHITECTURE = "NemotronHForCausalLM"
+ACTIVATIONS = ("relu2", "silu", "gelu")
+
+# pattern character -> (mixer type, feed-forward type)
+BLOCKS = {"M": ("mamba2", "none"), "*": ("attention", "none"), "-": ("none", "mlp")}
+# HF transformers 5 block names (and their older spellings) -> pattern character
+BLOCK_NAMES = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-",
+               "moe": "E"}
+
+RULES = [
+    (r"^(?:model|backbone)\.embeddings\.", "embed_tokens."),
+    (r"^(?:model|backbone)\.norm_f\.", "final_norm."),
+    (r"^lm_head\.", "lm_head."),
+    (r"^(?:model|backbone)\.layers\.(\d+)\.norm\.", r"layers.\1.norm."),
+    (r"^(?:model|backbone)\.layers\.(\d+)\.mixer\.(up_proj|down_proj)\.", r"layers.\1.ffn.\2."),
+    (r"^(?:model|backbone)\.layers\.(\d+)\.mixer\.", r"layers.\1.mixer."),
+]
+_BLOCK_NORM = re.compile(r"^layers\.(\d+)\.norm\.weight$")
+
+
+def layer_pattern(cfg: dict) -> str:
+    """The layer pattern as a string over "M*-E"."""
+    blocks = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if blocks:
+        unknown = sorted({b for b in blocks if b not in BLOCK_NAMES})
+        if unknown:
+            raise UnsupportedModelError(f"Nemotron-H block types {unknown} are unknown; expected "
+                                        f"{sorted(BLOCK_NAMES)}")
+        return "".join(BLOCK_NAMES[b] for b in blocks)
+    pattern = cfg.get("hybrid_override_pattern")
+    if not pattern:
+        raise UnsupportedModelError("a Nemotron-H config needs `hybrid_override_pattern` or `layers_block_type`")
+    return pattern
+
+
+def config_from_dict(cfg: dict) -> HybridConfig:
+    pattern = layer_pattern(cfg)
+    unsupported = sorted(set(pattern) - set(BLOCKS))
+    if unsupported:
+        raise UnsupportedModelError(
+            f"Nemotron-H layer pattern {pattern!r} holds {unsupported}; hybridspec runs 'M' (Mamba2), '*' "
+            "(attention) and '-' (MLP) layers only ('E' mixture-of-experts layers, as in Nemotron 3 Nano, "
+            "use sigmoid group routing that is not implemented)")
+    if cfg.get("mamba_hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"mamba_hidden_act={cfg['mamba_hidden_act']!r} is not supported; the "
+                                    "Mamba2 conv runs with 'silu' only")
+    activation = cfg.get("mlp_hidden_act", "relu2")
+    if activation not in ACTIVATIONS:
+        raise UnsupportedModelError(f"mlp_hidden_act={activation!r} is not supported; expected one of {ACTIVATIONS}")
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    mixers, ffns = zip(*(BLOCKS[c] for c in pattern))
+    return HybridConfig(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=hidden,
+        layer_types=mixers,
+        ffn_types=ffns,
+        rms_norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+        # Nemotron-H attention has no positional embedding: order comes from the Mamba layers.
+        attention=AttentionConfig(
+            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads, use_rope=False),
+        mamba2=Mamba2Config(
+            num_heads=cfg["mamba_num_heads"], head_dim=cfg["mamba_head_dim"], d_state=cfg["ssm_state_size"],
+            n_groups=cfg.get("n_groups", 8), d_conv=cfg.get("conv_kernel", 4), expand=cfg.get("expand", 2),
+            conv_bias=cfg.get("use_conv_bias", True), proj_bias=cfg.get("use_bias", False),
+            # HF's mixer clamps Δ from below at time_step_min (not at `time_step_limit`).
+            time_step_limit=(float(cfg.get("time_step_min", 0.001)), float("inf")),
+            chunk_size=cfg.get("chunk_size", 128)),
+        mlp=MLPConfig(cfg["intermediate_size"], activation, gated=False,
+                      bias=cfg.get("mlp_bias", False)),
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        eos_token_id=eos_id(cfg),
+        family="nemotron_h",
+    )
+
+
+def weights_from_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> canonical names. A block's single norm is the mixer's
+    input norm, or the feed-forward norm in an MLP block."""
+    weights = rename(state, RULES)
+    for name in [n for n in weights if _BLOCK_NORM.match(n)]:
+        layer = _BLOCK_NORM.match(name).group(1)
+        role = "ffn_norm" if f"layers.{layer}.ffn.up_proj.weight" in weights else "input_norm"
+        weights[f"layers.{layer}.{role}.weight"] = weights.pop(name)
+    return weights

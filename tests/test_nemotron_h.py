@@ -1,0 +1,118 @@
+"""Nemotron-H: hybridspec's runtime against HF transformers' NemotronHForCausalLM."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import hybridspec as hs
+from hybridspec.adapters import nemotron_h as adapter
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.errors import UnsupportedModelError
+from oracles import float64_oracle, hf_greedy, nemotron_h
+
+
+def make_cache(model, max_seqs=4):
+    return HybridCache(model.config, max_seqs=max_seqs, num_blocks=64, block_size=4, ring_slots=2,
+                       dtype=model.dtype)
+
+
+def max_err(a, b):
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("pattern,kv_heads,n_groups", [
+    ("M*M-", 2, 2), ("-*MM*-", 4, 1), ("MM-M", 2, 2), ("*-*", 1, 1)])
+def test_prefill_matches_hf_float64(pattern, kv_heads, n_groups):
+    m = nemotron_h(seed=len(pattern), pattern=pattern, kv_heads=kv_heads, n_groups=n_groups)
+    target = hs.from_hf(m)
+    ids = torch.randint(3, 97, (3, 13), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), float64_oracle():
+        ref = m(ids, use_cache=False).logits
+    out = target.prefill(make_cache(target), [0, 1, 2], ids.tolist())
+    assert max_err(out, ref) <= 1e-9
+
+
+def test_prefill_matches_hf_float32():
+    m = nemotron_h(dtype=torch.float32)
+    target = hs.from_hf(m)
+    ids = torch.randint(3, 97, (2, 17), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = m(ids, use_cache=False).logits
+    out = target.prefill(make_cache(target), [0, 1], ids.tolist())
+    assert max_err(out, ref) <= 1e-4
+
+
+def test_config_maps_blocks_to_mixer_and_ffn():
+    config = hs.from_hf(nemotron_h(pattern="M*M-")).config
+    assert config.layer_types == ("mamba2", "attention", "mamba2", "none")
+    assert config.ffn_types == ("none", "none", "none", "mlp")
+    assert not config.attention.use_rope  # HF's NemotronHAttention applies no positional embedding
+    assert (config.mlp.activation, config.mlp.gated) == ("relu2", False)
+
+
+def test_ragged_prefill_extend_decode_equal_full_prefill():
+    m = nemotron_h(seed=3, pattern="M*-M*")
+    target = hs.from_hf(m)
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (12, 7, 10)]
+    full = [target.prefill(make_cache(target, 1), [0], [s])[0] for s in seqs]  # [len, vocab] each
+    cache = make_cache(target)
+    split = [4, 2, 5]
+    first = target.prefill(cache, [0, 1, 2], [s[:k] for s, k in zip(seqs, split)])
+    ext = target.extend(cache, [0, 1, 2], [s[k:k + 3] for s, k in zip(seqs, split)])
+    for b, (s, k) in enumerate(zip(seqs, split)):
+        assert max_err(first[b, :k], full[b][:k]) <= 1e-12
+        assert max_err(ext[b, :3], full[b][k:k + 3]) <= 1e-12
+    pos = [k + 3 for k in split]
+    while any(p < len(s) for p, s in zip(pos, seqs)):
+        rows = [b for b in range(3) if pos[b] < len(seqs[b])]
+        logits = target.decode(cache, rows, [seqs[b][pos[b]] for b in rows])
+        for i, b in enumerate(rows):
+            assert max_err(logits[i], full[b][pos[b]]) <= 1e-12
+            pos[b] += 1
+
+
+def test_shares_hf_parameters():
+    m = nemotron_h(pattern="M*M-")
+    target = hs.from_hf(m)
+    assert target.embed.data_ptr() == m.model.embeddings.weight.data_ptr()
+    assert target.layers[0].mixer.in_proj.data_ptr() == m.model.layers[0].mixer.in_proj.weight.data_ptr()
+    assert target.layers[0].input_norm.weight.data_ptr() == m.model.layers[0].norm.weight.data_ptr()
+    assert target.layers[1].mixer.k_proj.data_ptr() == m.model.layers[1].mixer.k_proj.weight.data_ptr()
+    assert target.layers[3].ffn.up_proj.data_ptr() == m.model.layers[3].mixer.up_proj.weight.data_ptr()
+    assert target.layers[3].ffn_norm.weight.data_ptr() == m.model.layers[3].norm.weight.data_ptr()
+    assert target.lm_head.data_ptr() == m.lm_head.weight.data_ptr()
+
+
+def test_engine_greedy_matches_hf_generate_ragged():
+    m = nemotron_h(seed=5, pattern="M*M-")
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (6, 11, 3)]
+    engine = hs.Engine(hs.from_hf(m), max_batch_size=4)
+    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=8))
+    assert [o.token_ids for o in outs] == hf_greedy(m, prompts, 8)
+    assert all(o.finish_reason == "length" for o in outs)
+
+
+def test_load_hub_layout(tmp_path):
+    """config.json with `hybrid_override_pattern` and weights under `backbone.`, as on the Hub."""
+    m = nemotron_h(seed=6, pattern="M-*M")
+    cfg = m.config.to_dict()
+    cfg.pop("layers_block_type")
+    cfg.update(hybrid_override_pattern="M-*M", architectures=["NemotronHForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file({k.replace("model.", "backbone.", 1): v.contiguous() for k, v in m.state_dict().items()},
+              str(tmp_path / "model.safetensors"))
+    loaded = hs.load(tmp_path)
+    assert loaded.config.layer_types == ("mamba2", "none", "attention", "mamba2")
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), float64_oracle():
+        ref = m(ids, use_cache=False).logits
+    assert max_err(loaded.prefill(make_cache(loaded), [0, 1], ids.tolist()), ref) <= 1e-9
+
+
+def test_moe_layers_are_refused_by_name():
+    with pytest.raises(UnsupportedModelError, match="'E'"):
+        adapter.config_from_dict({"hybrid_override_pattern": "ME*", "vocab_size": 97, "hidden_size": 32,
+                                  "num_attention_heads": 4})
