@@ -5,7 +5,7 @@ one boundary: `computed_len` per sequence and the position held by each slot.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -160,13 +160,17 @@ class HybridCache:
                                  "to committed_len - 1)")
 
     def bookkeeping(self) -> dict:
-        """A comparable export of every index (for 'nothing changed' assertions)."""
-        return {
-            "computed_len": dict(self.computed_len),
-            "slot_pos": dict(self.slot_pos),
-            "kv": self.kv.snapshot_bookkeeping() if self.kv is not None else None,
-            "states": self.states.snapshot_bookkeeping() if self.states is not None else None,
-        }
+        """A comparable export of every index (for 'nothing changed' assertions).
+        Free lists are compared as sets: their order is an allocation detail."""
+        kv = states = None
+        if self.kv is not None:
+            kv = self.kv.snapshot_bookkeeping()
+            kv = replace(kv, pool=replace(kv.pool, free_blocks=tuple(sorted(kv.pool.free_blocks))))
+        if self.states is not None:
+            states = self.states.snapshot_bookkeeping()
+            states = replace(states, free_rings=tuple(sorted(states.free_rings)))
+        return {"computed_len": dict(self.computed_len), "slot_pos": dict(self.slot_pos), "kv": kv,
+                "states": states}
 
     def checkpoint_bytes(self, seq_id: int) -> int:
         """Bytes held by this sequence's ring slots other than the head."""
