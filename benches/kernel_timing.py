@@ -1,0 +1,106 @@
+"""Time each Triton kernel against its torch reference on a GPU, and against
+the memory bandwidth it should reach (bytes it must move / time).
+
+    TRITON_INTERPRET=0 python benches/kernel_timing.py [--quick]
+
+Prints a table and writes benches/out/kernel_timing.json. Needs CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+
+def cuda_time(fn, repeats: int = 20) -> float:
+    """Median seconds of fn() measured with CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def cases(quick: bool):
+    """(name, kernel call, reference call, bytes the kernel must move)."""
+    from hybridspec.kernels import conv_window, mamba2_verify, rejection, ssm_replay
+    dev, f32 = "cuda", torch.float32
+    batch, T, nheads, headdim, d_state, ngroups = (4, 5, 32, 64, 128, 1) if quick else (32, 5, 128, 64, 128, 8)
+    slots = batch * (T + 1)
+    states = torch.randn(slots, nheads, headdim, d_state, device=dev, dtype=f32)
+    src = torch.arange(batch, device=dev) * (T + 1)
+    snap = src[:, None] + 1 + torch.arange(T, device=dev)
+    x = torch.randn(batch, T, nheads, headdim, device=dev, dtype=f32)
+    dt = torch.rand(batch, T, nheads, device=dev, dtype=f32) * 0.1
+    A = -torch.rand(nheads, device=dev, dtype=f32)
+    B = torch.randn(batch, T, ngroups, d_state, device=dev, dtype=f32)
+    C = torch.randn(batch, T, ngroups, d_state, device=dev, dtype=f32)
+    D = torch.randn(nheads, device=dev, dtype=f32)
+    ntok = torch.full((batch,), T, device=dev)
+    state_bytes = states[0].numel() * 4 * batch
+    args = (states, src, snap, x, dt, A, B, C, D, ntok)
+    yield ("mamba2_verify", lambda: mamba2_verify.mamba2_verify(*args), lambda: mamba2_verify.mamba2_verify_ref(*args),
+           state_bytes * (1 + T) + nbytes(x, dt, B, C) * 2)
+    rargs = (states, src, snap[:, -1], ntok, x, dt, A, B, C)
+    yield ("mamba2_replay", lambda: ssm_replay.mamba2_replay(*rargs), lambda: ssm_replay.mamba2_replay_ref(*rargs),
+           state_bytes * 2 + nbytes(x, dt, B))
+    conv_dim, d_conv = nheads * headdim + 2 * ngroups * d_state, 4
+    conv = torch.randn(slots, conv_dim, d_conv - 1, device=dev, dtype=f32)
+    xs = torch.randn(batch, T, conv_dim, device=dev, dtype=f32)
+    w, bias = torch.randn(conv_dim, d_conv, device=dev, dtype=f32), torch.randn(conv_dim, device=dev, dtype=f32)
+    cargs = (conv, src, snap, xs, w, bias, ntok, "silu")
+    yield ("conv_window_update", lambda: conv_window.conv_window_update(*cargs),
+           lambda: conv_window.conv_window_update_ref(*cargs), nbytes(xs) * 2 + conv[0].numel() * 4 * batch * (1 + T))
+    V, G = (4096, 4) if quick else (128256, 4)
+    p = torch.softmax(torch.randn(batch, G + 1, V, device=dev), -1)
+    q = torch.softmax(torch.randn(batch, G, V, device=dev), -1)
+    d = torch.randint(0, V, (batch, G), device=dev)
+    modes = torch.arange(batch, device=dev) % 3
+    seeds, pos = torch.arange(batch, device=dev) + 1, torch.full((batch,), 100, device=dev)
+    nd = torch.full((batch,), G, device=dev)
+    jargs = (p, q, d, nd, modes, seeds, pos)
+    yield ("rejection", lambda: rejection.rejection(*jargs), lambda: rejection.rejection_ref(*jargs), nbytes(p, q))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernel_timing: no CUDA device; nothing to time", file=sys.stderr)
+        return 0
+    peak = float(torch.cuda.get_device_properties(0).total_memory)  # printed for context only
+    rows = []
+    for name, kernel, ref, moved in cases(args.quick):
+        tk, tr = cuda_time(kernel), cuda_time(ref)
+        rows.append(dict(kernel=name, kernel_us=tk * 1e6, ref_us=tr * 1e6, speedup_vs_ref=tr / tk,
+                         bytes=moved, achieved_GBps=moved / tk / 1e9))
+    print(f"{'kernel':<20}{'kernel us':>12}{'ref us':>12}{'x ref':>8}{'GB/s':>10}")
+    for r in rows:
+        print(f"{r['kernel']:<20}{r['kernel_us']:>12.1f}{r['ref_us']:>12.1f}{r['speedup_vs_ref']:>8.1f}"
+              f"{r['achieved_GBps']:>10.1f}")
+    print("GB/s = bytes the kernel must read and write / kernel time (H200 HBM3e peak ~4800 GB/s, assumed)")
+    out = Path(__file__).resolve().parent / "out"
+    out.mkdir(exist_ok=True)
+    payload = dict(device=torch.cuda.get_device_name(0), memory_bytes=peak, torch=torch.__version__,
+                   platform=platform.platform(), rows=rows)
+    (out / "kernel_timing.json").write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
