@@ -20,6 +20,8 @@ HF_ADAPTERS = {
     "NemotronHForCausalLM": "nemotron_h",
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
 }
+MODEL_TYPES = {"bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
+               "granitemoehybrid": "GraniteMoeHybridForCausalLM"}
 SUPPORTED = sorted(HF_ADAPTERS) + ["mamba_ssm MambaLMHeadModel (hybrid Mamba2 + MHA)"]
 
 
@@ -54,7 +56,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
         from . import mamba_ssm
         config, weights = mamba_ssm.config_from_dict(cfg), mamba_ssm.weights_from_state(state, cfg)
     else:
-        architectures = cfg.get("architectures") or [cfg.get("model_type", "<missing>")]
+        model_type = cfg.get("model_type", "<missing>")
+        architectures = cfg.get("architectures") or [MODEL_TYPES.get(model_type, model_type)]
         adapter = _adapter(architectures[0])
         config, weights = adapter.config_from_dict(cfg), adapter.weights_from_state(state)
     if dtype is not None:
