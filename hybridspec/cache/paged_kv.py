@@ -6,7 +6,8 @@ Terms
                 lives in page `block_table[p // block_size]` at offset `p % block_size`
   kv_len        positions 0 .. kv_len - 1 hold valid K/V (the runtime's `computed_len`)
   reserved_len  positions the last `prepare_write` made room for; `commit` may move
-                kv_len up to it once the forward has written them
+                kv_len up to it once the forward has written them. The block table
+                always holds exactly the pages covering [0, reserved_len).
   shared page   a page with reference count > 1 (after `fork`); the first write to it
                 copies it (copy-on-write), so no sequence sees another's writes
 
@@ -207,7 +208,10 @@ class PagedKVCache:
         for index, block in enumerate(self._pages_written(seq_id, new_len), start=first):
             if self.pool.ref_count(block) > 1:
                 table[index] = self._copy_page(block)
-        table.extend(self.pool.allocate(max(0, _cdiv(new_len, self.block_size) - len(table))))
+        num_pages = _cdiv(new_len, self.block_size)
+        self.pool.free(table[num_pages:])  # pages an earlier, abandoned prepare_write reserved
+        del table[num_pages:]
+        table.extend(self.pool.allocate(num_pages - len(table)))
 
     def _copy_page(self, block: int) -> int:
         """Copy-on-write: a private copy of a shared page in every layer; the original loses a holder."""
