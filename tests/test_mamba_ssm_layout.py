@@ -261,6 +261,13 @@ def test_round_trip_equals_source_model(tmp_path):
     assert max_err(prefill(loaded, ids), prefill(hs.HybridModel(config, weights), ids)) <= 1e-12
 
 
+@pytest.mark.parametrize("head_dim,rotary_dim", [(8, 6), (88, 30), (104, 60), (168, 118)])
+def test_rotary_span_is_exact(head_dim, rotary_dim):
+    """rotary_emb_dim survives the factor round trip even where rotary_dim / head_dim is inexact."""
+    attn_cfg = {"num_heads": 2, "head_dim": head_dim, "rotary_emb_dim": rotary_dim, "causal": True}
+    assert adapter.config_from_dict(BASE | {"attn_cfg": attn_cfg}).attention.rotary_dim == rotary_dim
+
+
 def test_fused_tensors_follow_mamba_ssm_modules(tmp_path):
     """mha.py: q, kv = in_proj(x).split; kv -> (two, h_kv, d); mlp.py: y, gate = fc1(x).chunk(2)."""
     config = biased_hybrid_config()
