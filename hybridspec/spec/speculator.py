@@ -49,6 +49,8 @@ class Speculator:
             raise ConfigError(f"draft must be a HybridModel (hs.from_hf / hs.load) or hs.NgramDrafter, "
                               f"got {type(draft).__name__}")
         self.coupled = engine.verify == "coupled"
+        if hasattr(self.policy, "bind"):  # "auto": measures step costs on the target, reads the batch per round
+            self.policy = self.policy.bind(engine, num_draft_tokens)
         self.target_ring_slots = self.policy.ring_size(num_draft_tokens)
         self.acceptance_history: list[float] = []
         self.check = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
