@@ -38,6 +38,7 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # One program: row b, query head h, BLOCK_M query tokens; online softmax over key tiles.
+    # Tiles are upcast to float32 (exact dot products, and the interpreter's bf16 dot is wrong).
     b = tl.program_id(0)
     h = tl.program_id(1)
     m_tile = tl.program_id(2)
@@ -54,7 +55,7 @@ def _paged_attention_kernel(
     q = tl.load(
         q_ptr + b * stride_qb + offs_m[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
         mask=is_query[:, None] & is_dim[None, :], other=0.0,
-    )  # [BLOCK_M, BLOCK_D]
+    ).to(tl.float32)  # [BLOCK_M, BLOCK_D]
     q_pos = first_pos + offs_m
 
     # Keys this tile can see end at its last query position; a tile of padding sees none.
@@ -75,12 +76,12 @@ def _paged_attention_kernel(
             k_cache_ptr + page[:, None] * stride_kb + in_page[:, None] * stride_ks
             + kv_h * stride_kh + offs_d[None, :] * stride_kd,
             mask=kv_mask, other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
+        ).to(tl.float32)  # [BLOCK_N, BLOCK_D]
         v = tl.load(
             v_cache_ptr + page[:, None] * stride_vb + in_page[:, None] * stride_vs
             + kv_h * stride_vh + offs_d[None, :] * stride_vd,
             mask=kv_mask, other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
+        ).to(tl.float32)  # [BLOCK_N, BLOCK_D]
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
         is_visible = (k_pos[None, :] <= q_pos[:, None]) & is_key[None, :] & is_query[:, None]
         scores = tl.where(is_visible, scores, float("-inf"))
@@ -89,7 +90,7 @@ def _paged_attention_kernel(
         p = tl.exp(scores - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: acc == 0
