@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import hybridspec as hs
 from hybridspec.adapters import bamba as bamba_adapter
@@ -273,7 +273,6 @@ def test_fused_tensors_follow_mamba_ssm_modules(tmp_path):
     config = biased_hybrid_config()
     save_mamba_ssm(tmp_path, config, random_weights(config, seed=11, biases=True), pad_vocab_size_multiple=8)
     loaded = hs.load(tmp_path)
-    from safetensors.torch import load_file
     raw = load_file(str(tmp_path / "model.safetensors"))
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
     fc1, fc2 = raw["backbone.layers.0.mlp.fc1.weight"], raw["backbone.layers.0.mlp.fc2.weight"]

@@ -105,7 +105,8 @@ def weights_from_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     weights = rename(state, RULES)
     for name in [n for n in weights if _SHARED.match(n)]:
         layer, part = _SHARED.match(name).groups()
-        prefix = f"layers.{layer}.ffn.shared" if f"layers.{layer}.ffn.router.weight" in weights else f"layers.{layer}.ffn"
+        has_experts = f"layers.{layer}.ffn.router.weight" in weights
+        prefix = f"layers.{layer}.ffn.shared" if has_experts else f"layers.{layer}.ffn"
         tensor = weights.pop(name)
         if part == "input":
             gate, up = tensor.chunk(2, dim=0)  # [2·I, hidden] -> two [I, hidden] views
