@@ -46,7 +46,7 @@ class HybridCache:
         self.states = (StatePool(specs, max_seqs, ring_slots, compute_dtype(dtype), self.device)
                        if specs else None)
         self.computed_len: dict[int, int] = {}
-        self.slot_pos: dict[int, int] = {}  # absolute slot -> position of the state it holds
+        self.slot_pos: dict[int, int] = {}  # head slot of each sequence -> position of the state it holds
 
     # -- sequences ----------------------------------------------------------------------------
 
@@ -145,8 +145,11 @@ class HybridCache:
             else:
                 self.kv.commit(seq_id, boundary)
         if self.states is not None:
-            self.slot_pos[head_slot] = boundary
+            old_head = self.states.head(seq_id)
             self.states.set_head(seq_id, head_slot)
+            # only a head's position is known: other slots are overwritten by snapshots
+            self.slot_pos.pop(old_head, None)
+            self.slot_pos[head_slot] = boundary
         self.computed_len[seq_id] = boundary
 
     def check_invariant(self, seq_id: int, committed_len: int) -> None:
