@@ -11,6 +11,7 @@ import sys
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
+    "generate": ("hybridspec.generate_cli", "generate text with speculative decoding (embedded byte-level model pair by default)"),
     "simulate": ("hybridspec.sim.cli", "speculative-decoding economics: tokens per round, speedup, crossover batch"),
 }
 

@@ -1,0 +1,153 @@
+"""`hybridspec generate`: the embedded default, the --draft / --policy / --verify /
+--tokenizer options, the JSON report and the errors (a few tokens each)."""
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.cli import main
+from hybridspec.embedded import embedded_paths
+from hybridspec.errors import ConfigError
+from hybridspec.generate_cli import DEFAULT_PROMPT, parse_policy
+
+
+def save_bamba(path, vocab=256, hidden=32, layers=2, seed=0):
+    from transformers import BambaConfig, BambaForCausalLM
+    # a finite dt limit keeps config.json plain JSON (HF writes infinity as {"__float__": "Infinity"})
+    config = BambaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, attn_layer_indices=[1],
+                         intermediate_size=2 * hidden, num_attention_heads=2, num_key_value_heads=2,
+                         mamba_n_heads=2, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16,
+                         max_position_embeddings=512, time_step_limit=(0.0, 100.0),
+                         pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(seed)
+    BambaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    return save_bamba(root / "target", hidden=48, layers=3, seed=0), save_bamba(root / "draft", seed=1)
+
+
+def run_json(capsys, argv):
+    assert main(["generate", *argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
+def test_embedded_default_runs(capsys):
+    target_dir, draft_dir = embedded_paths()
+    assert hs.load(target_dir).vocab_size == 256 and hs.load(draft_dir).vocab_size == 256
+    assert main(["generate", "-n", "6"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(DEFAULT_PROMPT)
+    assert "acceptance rate" in err and "tokens per round" in err and "speedup" in err
+    assert "same tokens as plain: yes" in err
+
+
+def test_json_report_with_model_draft(capsys, pair):
+    target, draft = pair
+    report, err = run_json(capsys, ["def f(x):", "--model", target, "--draft", draft, "-n", "9", "--gamma", "3"])
+    assert report["schema"] == "hybridspec.generate/v1"
+    assert report["prompt"] == "def f(x):" and report["prompt_tokens"] == len(b"def f(x):")
+    assert len(report["token_ids"]) == 9 and report["finish_reason"] == "length"
+    assert report["text"] == bytes(report["token_ids"]).decode("utf-8", errors="replace")
+    spec, plain = report["speculative"], report["plain"]
+    assert spec["new_tokens"] == plain["new_tokens"] == 9
+    assert spec["stats"]["drafted_tokens"] > 0 and spec["stats"]["rounds"] >= 3  # at most gamma + 1 per round
+    assert report["speedup"] == pytest.approx(spec["tokens_per_s"] / plain["tokens_per_s"])
+    assert report["same_as_plain"] is True  # greedy speculative == greedy plain
+    assert plain["stats"]["drafted_tokens"] == 0
+    assert "tok" in err  # stdout is not a terminal: progress bar on stderr
+
+
+def test_ngram_and_plain_only(capsys, pair):
+    target, _ = pair
+    prompt = string.printable
+    report, _ = run_json(capsys, [prompt, "--model", target, "--draft", "ngram", "-n", "16"])
+    assert report["draft"].startswith("ngram") and report["same_as_plain"] is True
+    # A round drafts iff its pending token occurred earlier. The last round drafts nothing (one token left),
+    # and a run without drafts starts a round at every token: so some draft <=> some token 0..n-3 repeats.
+    context, tokens = list(prompt.encode()), report["token_ids"]
+    repeats = any(t in context + tokens[:i] for i, t in enumerate(tokens[:-2]))
+    assert (report["speculative"]["stats"]["drafted_tokens"] > 0) == repeats
+    report, _ = run_json(capsys, ["ab", "--model", target, "--draft", "none", "-n", "5"])
+    assert report["speculative"] is None and report["speedup"] is None and len(report["token_ids"]) == 5
+    assert main(["generate", "ab", "--model", target, "--draft", "none", "-n", "3"]) == 0
+    assert "plain decoding:" in capsys.readouterr().err
+
+
+def test_coupled_sampling_matches_plain_and_repeats(capsys, pair):
+    target, draft = pair
+    argv = ["x = ", "--model", target, "--draft", draft, "-n", "8", "--temperature", "0.9", "--top-p", "0.95",
+            "--top-k", "50", "--seed", "7", "--verify", "coupled", "--policy", "k2"]
+    first, _ = run_json(capsys, argv)
+    second, _ = run_json(capsys, argv)
+    assert first["same_as_plain"] is True
+    assert first["token_ids"] == second["token_ids"] and first["sampling"]["seed"] == 7
+
+
+def test_rejection_sampling_draws_a_seed(capsys, pair):
+    target, draft = pair
+    report, _ = run_json(capsys, ["x", "--model", target, "--draft", draft, "-n", "4", "--temperature", "1.0"])
+    assert isinstance(report["sampling"]["seed"], int) and report["same_as_plain"] is None
+
+
+def test_policy_strings():
+    assert parse_policy("k1") == hs.CheckpointPolicy(snapshot_every=1)
+    assert parse_policy("K0") == hs.CheckpointPolicy(snapshot_every=0)
+    assert parse_policy("auto") == "auto"
+    assert parse_policy("snapshot_every=2,ring_slots=4,log_inputs=0") == \
+        hs.CheckpointPolicy(snapshot_every=2, ring_slots=4, log_inputs=False)
+    assert parse_policy("ring_slots=none,log_inputs=1") == hs.CheckpointPolicy(ring_slots=None, log_inputs=True)
+    for bad in ("k", "kx", "every=2", "snapshot_every=two", "log_inputs=2", "ring_slots=1", ""):
+        with pytest.raises(ConfigError):
+            parse_policy(bad)
+
+
+def test_policy_is_used(capsys, pair):
+    target, draft = pair
+    report, _ = run_json(capsys, ["abc", "--model", target, "--draft", draft, "-n", "8", "--gamma", "4",
+                                  "--policy", "snapshot_every=0,log_inputs=1"])
+    stats = report["speculative"]["stats"]
+    assert report["same_as_plain"] is True
+    # k=0 keeps two slots per sequence; with almost nothing accepted, partial rounds are log-replayed
+    assert stats["log_replayed_tokens"] + stats["snapshot_hits"] > 0
+
+
+def test_tokenizer_option(capsys, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    words = ["[UNK]", "</s>", "def", "return", "x", "y", "(", ")", ":", "+", "1"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>").save_pretrained(
+        tmp_path / "tok")
+    target = save_bamba(tmp_path / "model", vocab=len(words))
+    report, _ = run_json(capsys, ["def x : return x + 1", "--model", target, "--tokenizer", str(tmp_path / "tok"),
+                                  "-n", "6"])
+    assert report["prompt_tokens"] == 7 and report["draft"].startswith("ngram")
+    assert report["tokenizer"] == str(tmp_path / "tok")
+    tokens = report["token_ids"]
+    assert len(tokens) == 6 or tokens[-1] == 1  # length, or stopped at the tokenizer's EOS
+    assert report["finish_reason"] == ("stop" if 1 in tokens else "length")
+
+
+def test_errors(capsys, pair, tmp_path):
+    target, _ = pair
+    assert main(["generate", "x", "--model", str(tmp_path / "missing"), "-n", "2"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    wide = save_bamba(tmp_path / "wide", vocab=300)
+    assert main(["generate", "x", "--model", wide, "-n", "2"]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", target, "--gamma", "0", "-n", "2"]) == 2
+    assert "num_draft_tokens" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", target, "--policy", "sometimes", "-n", "2"]) == 2
+    assert "--policy" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", target, "--top-p", "0", "-n", "2"]) == 2
+    assert "top_p" in capsys.readouterr().err
