@@ -4,7 +4,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from oracles import bamba, float64_oracle
+from oracles import bamba, float64_oracle, hf_greedy
 
 
 def make_cache(model, max_seqs=4):
@@ -63,17 +63,6 @@ def test_shares_hf_parameters():
     assert target.embed.data_ptr() == m.model.embed_tokens.weight.data_ptr()
     mixer = target.layers[0].mixer
     assert mixer.in_proj.data_ptr() == m.model.layers[0].mamba.in_proj.weight.data_ptr()
-
-
-def hf_greedy(m, prompts, max_new_tokens):
-    """HF generate on a left-padded ragged batch."""
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.no_grad():
-        out = m.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                         min_new_tokens=max_new_tokens, pad_token_id=0)
-    return out[:, width:].tolist()
 
 
 def test_engine_greedy_matches_hf_generate_ragged():
