@@ -13,6 +13,8 @@ import sys
 SUBCOMMANDS = {
     "generate": ("hybridspec.generate_cli", "generate text with speculative decoding (embedded byte-level model pair by default)"),
     "simulate": ("hybridspec.sim.cli", "speculative-decoding economics: tokens per round, speedup, crossover batch"),
+    "check": ("hybridspec.check_cli", "run the rollback-correctness suite against a model"),
+    "bench": ("hybridspec.bench_cli", "run a benchmark from benches/ (e.g. plain_decode --quick)"),
 }
 
 
