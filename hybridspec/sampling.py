@@ -91,24 +91,29 @@ class RowParams:
 def process_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
     """Post-processed probabilities. logits [N, vocab] -> probs [N, vocab] (float64).
 
-    Greedy rows get the plain softmax (their argmax is all that is used)."""
+    Greedy rows get the plain softmax (their argmax is all that is used).
+    Filters no row asks for are skipped (sorting the vocabulary is the cost)."""
     x = logits.to(torch.float64)
     temperature = torch.where(rows.is_greedy, torch.ones_like(rows.temperature), rows.temperature)
     x = x / temperature[:, None]
     vocab = x.shape[-1]
-    # top-k: keep the k largest logits (ties at the k-th value are kept)
-    k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
-    kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-    x = x.masked_fill(x < kth, -math.inf)
+    if bool((rows.top_k > 0).any()):  # keep the k largest logits (ties at the k-th value are kept)
+        k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
+        kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        x = x.masked_fill(x < kth, -math.inf)
     probs = torch.softmax(x, dim=-1)
-    # top-p: keep the smallest prefix (by descending prob) whose mass reaches p
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    drop_sorted = mass_before >= rows.top_p[:, None]
-    drop_sorted[:, 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    # min-p: drop tokens below min_p times the top probability
-    drop |= probs < rows.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+    drop = None
+    if bool((rows.top_p < 1).any()):  # keep the smallest prefix (by descending prob) whose mass reaches p
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = (mass_before >= rows.top_p[:, None]) & (rows.top_p < 1)[:, None]  # top_p = 1: off
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    if bool((rows.min_p > 0).any()):  # drop tokens below min_p times the top probability
+        below = probs < rows.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        drop = below if drop is None else drop | below
+    if drop is None:
+        return probs
     probs = probs.masked_fill(drop, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
 
