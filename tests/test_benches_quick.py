@@ -1,0 +1,90 @@
+"""The benches run in --quick mode (a smoke run each, not a measurement), and the
+shared helpers in benches/common.py do what they say."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHES = Path(__file__).resolve().parent.parent / "benches"
+
+
+@pytest.fixture
+def benches(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHES))
+    import common
+    return common
+
+
+def bench_main(name: str):
+    __import__(name)
+    return sys.modules[name].main
+
+
+def test_side_by_side_alternates_and_takes_the_median(benches, monkeypatch):
+    calls = []
+    durations = [1.0, 2.0, 5.0, 2.0, 3.0, 7.0]  # a, b, a, b, a, b
+    ticks = iter([t for d in durations for t in (0.0, d)])
+    monkeypatch.setattr(benches.time, "perf_counter", lambda: next(ticks))
+    seconds = benches.side_by_side({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                   repeats=3, warmup=1)
+    assert calls == ["a", "b"] * 4  # one untimed warm-up each, then alternating
+    assert seconds == {"a": 3.0, "b": 2.0}
+
+
+def test_timed_is_a_median(benches, monkeypatch):
+    ticks = iter([0.0, 1.0, 1.0, 4.0, 4.0, 6.0])  # three calls lasting 1, 3 and 2 seconds
+    monkeypatch.setattr(benches.time, "perf_counter", lambda: next(ticks))
+    assert benches.timed(lambda: None, repeats=3, warmup=0) == statistics.median([1.0, 3.0, 2.0])
+
+
+def test_tables_and_json(benches, tmp_path):
+    rows = [{"name": "x", "tok_s": 1234.5, "ratio": 0.98765, "ok": True}, {"name": "yy", "ratio": None}]
+    text = benches.format_table(rows, ["name", ("tok_s", "tok/s"), "ratio", "ok"])
+    lines = text.splitlines()
+    assert lines[0].split() == ["name", "tok/s", "ratio", "ok"] and len({len(line) for line in lines}) == 1
+    assert "1,234" in lines[2] and "0.988" in lines[2] and "yes" in lines[2] and lines[3].split()[1:] == ["-"] * 3
+    markdown = benches.format_table(rows, ["name", "ratio"], markdown=True).splitlines()
+    assert markdown[0].startswith("| name") and set(markdown[1]) <= {"|", "-", " "}
+    path = benches.write_json(tmp_path / "r.json", {"rows": rows})
+    payload = json.loads(path.read_text())
+    assert payload["rows"][0]["tok_s"] == 1234.5
+    assert {"platform", "cpu_count", "torch", "date", "torch_threads"} <= set(payload["machine"])
+
+
+def test_plain_decode_quick(benches, tmp_path):
+    out = tmp_path / "plain.json"
+    assert bench_main("plain_decode")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [r["batch"] for r in payload["rows"]] == [1, 4]
+    for row in payload["rows"]:
+        assert row["tokens_equal"] is True and row["first_mismatch"] is None
+        assert row["engine_tok_s"] > 0 and row["hf_tok_s"] > 0
+        assert row["ratio"] == pytest.approx(row["engine_tok_s"] / row["hf_tok_s"])
+
+
+def test_e2e_quick(benches, tmp_path):
+    out = tmp_path / "e2e.json"
+    assert bench_main("e2e")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = payload["rows"]
+    assert [(r["workload"], r["drafter"]) for r in rows[:2]] == [("embedded", "model"), ("embedded", "ngram")]
+    assert rows[2]["workload"].startswith("random")
+    for row in rows:
+        assert row["spec_equals_plain"] is True and row["plain_equals_hf"] is True  # greedy: all three agree
+        assert row["speedup"] == pytest.approx(row["spec_tok_s"] / row["plain_tok_s"])
+        assert row["spec_stats"]["emitted_tokens"] == payload["new_tokens"] * payload["prompts"]
+        assert 0.0 <= row["acceptance_rate"] <= 1.0 and row["c"] > 0 and row["verify_cost"] > 0
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_e2e_exact_draft_is_always_accepted(benches, tmp_path):
+    """lambda = 0: the target's layers past the draft's add nothing, so the
+    layer-skip draft is the target's own distribution and every draft is kept."""
+    out = tmp_path / "e2e0.json"
+    assert bench_main("e2e")(["--quick", "--skip", "embedded", "--scales", "0", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["acceptance_rate"] == 1.0 and row["spec_equals_plain"] is True
