@@ -440,9 +440,11 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
         engine = Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=policy, verify=verify,
                         block_size=block_size)
         observer = RoundObserver(engine, check_states=check_states)
-        with observer:
-            outputs = engine.generate(prompts, params)
-        _require(not observer.problems, f"after round {observer.rounds}: " + "; ".join(observer.problems[:3]))
+        try:
+            with observer:
+                outputs = engine.generate(prompts, params)
+        finally:  # a wrong state found before a crash is its likely cause: report it first
+            _require(not observer.problems, f"by round {observer.rounds}: " + "; ".join(observer.problems[:3]))
         if expected is not None:
             for i, (want, got) in enumerate(zip(expected, outputs)):
                 _require(want.token_ids == got.token_ids and want.finish_reason == got.finish_reason,
@@ -604,7 +606,8 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
     prompts, params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))
     expected = plain_outputs(target, prompts, params)
     gammas = (1, 4) if quick else GAMMAS
-    others = {"target itself": target, "n-gram": NgramDrafter()}
+    others = {"target itself": target} if isinstance(draft, NgramDrafter) else {"target itself": target,
+                                                                               "n-gram": NgramDrafter()}
     if not quick:
         others["pure mamba"] = tiny_model(seed + 1, ("mamba2", "mamba2"), dtype=dtype, vocab_size=vocab, device=device)
         others["pure attention"] = tiny_model(seed + 2, ("attention", "attention"), dtype=dtype, vocab_size=vocab,
