@@ -7,6 +7,7 @@ speculative rounds (`hybridspec.spec`): draft → verify → commit.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -94,6 +95,7 @@ class Engine:
                                  num_blocks=num_blocks or max_batch_size * blocks_per_seq,
                                  dtype=target.dtype, device=target.device)
         self.stats = EngineStats()
+        self.check_invariants = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
         self.speculator = None
         if draft is not None:
             from .spec.speculator import Speculator
@@ -183,6 +185,9 @@ class Engine:
                 logits = self.target.decode(self.cache, [r.seq_id for r in active], [r.last_token for r in active])
             select = torch.tensor([index[r.seq_id] for r in active], device=logits.device)
             self._sample_and_emit(active, logits, rows.select(select))
+            if self.check_invariants:
+                for r in active:
+                    self.cache.check_invariant(r.seq_id, r.committed_len)
             self.stats.rounds += 1
             bar.update(len(active))
             active = [r for r in active if not r.finished]

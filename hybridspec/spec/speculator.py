@@ -13,7 +13,6 @@ If any step raises, every sequence returns to where the round began.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -53,7 +52,7 @@ class Speculator:
             self.policy = self.policy.bind(engine, num_draft_tokens)
         self.target_ring_slots = self.policy.ring_size(num_draft_tokens)
         self.acceptance_history: list[float] = []
-        self.check = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
+        self.check = engine.check_invariants
 
     # -- lifecycle ----------------------------------------------------------------------------
 
