@@ -13,7 +13,6 @@ If any step raises, every sequence returns to where the round began.
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..errors import ConfigError, InvalidRequestError
