@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=256, help="bytes per embedded-pair prompt")
     parser.add_argument("--random-prompt-len", type=int, default=32, help="tokens per random-pair prompt")
     parser.add_argument("--scales", type=float, nargs="+", default=None,
-                        help="lambda values of the random pair (default 0 0.3 1)")
+                        help="lambda values of the random pair (default 0 0.01 0.03 0.1)")
     parser.add_argument("--draft-layers", type=int, default=2, help="layers of the random pair's draft")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per implementation (default 3)")
     parser.add_argument("--skip", choices=("embedded", "random"), action="append", default=[],
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args.new_tokens = args.new_tokens or (8 if args.quick else 128)
     args.prompts = args.prompts or (1 if args.quick else 4)
     args.repeats = args.repeats or (1 if args.quick else 3)
-    args.scales = args.scales or ([0.3] if args.quick else [0.0, 0.3, 1.0])
+    args.scales = args.scales or ([0.03] if args.quick else [0.0, 0.01, 0.03, 0.1])
     if args.quick:
         args.prompt_len = min(args.prompt_len, 48)
         args.random_prompt_len = min(args.random_prompt_len, 8)
