@@ -45,6 +45,7 @@ POLICIES = {
 GAMMAS = (1, 2, 4, 7)
 FAULT_SITES = ("draft", "verify", "replay", "drafter commit")
 
+
 @dataclass
 class CheckResult:
     name: str
@@ -100,8 +101,10 @@ def _weight_shapes(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:
     H, V, I = cfg.hidden_size, cfg.vocab_size, cfg.mlp.intermediate_size
     a, m2, m1 = cfg.attention, cfg.mamba2, cfg.mamba1
     mixers = {
-        "attention": {"q_proj.weight": (a.num_heads * a.head_dim, H), "k_proj.weight": (a.num_kv_heads * a.head_dim, H),
-                      "v_proj.weight": (a.num_kv_heads * a.head_dim, H), "o_proj.weight": (H, a.num_heads * a.head_dim)},
+        "attention": {"q_proj.weight": (a.num_heads * a.head_dim, H),
+                      "k_proj.weight": (a.num_kv_heads * a.head_dim, H),
+                      "v_proj.weight": (a.num_kv_heads * a.head_dim, H),
+                      "o_proj.weight": (H, a.num_heads * a.head_dim)},
         "mamba2": {"in_proj.weight": (m2.d_inner + m2.conv_dim + m2.num_heads, H),  # gate, conv inputs, dt
                    "conv1d.weight": (m2.conv_dim, 1, m2.d_conv), "conv1d.bias": (m2.conv_dim,),
                    "dt_bias": (m2.num_heads,), "A_log": (m2.num_heads,), "D": (m2.num_heads,),
@@ -217,7 +220,8 @@ def _layer_states(cache: HybridCache, seq_id: int, length: int) -> dict[str, tor
     if cache.states is not None:
         head = cache.head(seq_id)
         for i, layer in enumerate(cache.config.mamba_layers):
-            out[f"layer {layer} SSM state"] = cache.states.ssm_states[i][head]  # [nheads, headdim, d_state] | [d_inner, d_state]
+            # [nheads, headdim, d_state] (Mamba2) | [d_inner, d_state] (Mamba1)
+            out[f"layer {layer} SSM state"] = cache.states.ssm_states[i][head]
             out[f"layer {layer} conv window"] = cache.states.conv_states[i][head]  # [conv_dim, d_conv - 1]
     if cache.kv is not None:
         kv = cache.kv
@@ -479,7 +483,7 @@ def stop_inside_accepted_run(name: str, target: HybridModel, gamma: int, policy,
         tokens = out.token_ids
         at = [i for i in range(1, len(tokens) - 1)
               if (i - 1) % (gamma + 1) < gamma and tokens[i] not in tokens[:i]]
-        stops.append((tokens[at[0]],) if at else ())
+        stops.append((tokens[at[len(at) // 2]],) if at else ())
     if not any(stops):
         return CheckResult(name, False, "no request emits a fresh token at a draft position", 0.0)
     stopped = [replace(p, stop_token_ids=s) for p, s in zip(params, stops)]
@@ -487,7 +491,10 @@ def stop_inside_accepted_run(name: str, target: HybridModel, gamma: int, policy,
     cut = [o for o, s in zip(want, stops) if s]
     if not all(o.finish_reason == "stop" for o in cut):
         return CheckResult(name, False, "plain decoding did not stop at the chosen stop tokens", 0.0)
-    return speculative_parity(name, target, target, gamma, policy, prompts, stopped, want, check_states=True)
+    result = speculative_parity(name, target, target, gamma, policy, prompts, stopped, want, check_states=True)
+    if result.passed and not result.stats["acceptance_rate"] < 1.0:  # a cut run counts only the drafts kept
+        result.passed, result.detail = False, "no stop token cut an accepted run: " + result.detail
+    return result
 
 
 def batch_invariance(name: str, target: HybridModel, prompts, params) -> CheckResult:

@@ -48,7 +48,8 @@ def schedules(draw, vocab):
     drafter = draw(st.sampled_from(["scripted", "scripted", "perturbed copy", "unrelated", "pure mamba"]))
     schedule = draw(st.lists(st.integers(-1, 8), min_size=1, max_size=6))
     return dict(prompts=prompts, verify=verify, params=params, stop_at=stop_at, drafter=drafter, schedule=schedule,
-                gamma=draw(st.integers(1, 7)), policy=draw(st.sampled_from(sorted(POLICIES))))
+                gamma=draw(st.integers(1, 7)), policy=draw(st.sampled_from(sorted(POLICIES))),
+                block_size=draw(st.sampled_from([1, 3, 4, 16])))
 
 
 @settings(max_examples=20, deadline=None, derandomize=True, database=None, phases=[Phase.generate, Phase.shrink],
@@ -69,7 +70,8 @@ def test_state_parity_random_schedule(models, data):
         draft = drafters[case["drafter"]]
     result = speculative_parity("state parity", target, draft, case["gamma"], POLICIES[case["policy"]], prompts,
                                 params, None if case["verify"] == "rejection" else expected,
-                                verify="coupled" if case["verify"] == "coupled" else "rejection", check_states=True)
+                                verify="coupled" if case["verify"] == "coupled" else "rejection", check_states=True,
+                                block_size=case["block_size"])
     assert result.passed, f"{case}: {result.detail}"
 
 
