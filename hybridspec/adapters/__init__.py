@@ -50,7 +50,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file} not found: hs.load expects a checkpoint directory with "
                                 "config.json and safetensors weights")
-    cfg = json.loads(config_file.read_text())
+    cfg = json.loads(config_file.read_text(), object_hook=_special_floats)
     state = _read_weights(path, device)
     if "d_model" in cfg and "n_layer" in cfg:
         from . import mamba_ssm
@@ -64,6 +64,11 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
         weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq") else v)
                    for k, v in weights.items()}
     return HybridModel(config, weights)
+
+
+def _special_floats(obj: dict):
+    """transformers writes inf/nan in config.json as {"__float__": "Infinity"}."""
+    return float(obj["__float__"]) if set(obj) == {"__float__"} else obj
 
 
 def _read_weights(path: Path, device) -> dict[str, torch.Tensor]:
