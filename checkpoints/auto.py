@@ -21,17 +21,21 @@ A round whose sequences draft fewer than γ tokens holds less. The ring itself
 (`ring_size(γ)` slots per sequence, allocated once with the cache) is the pool
 these bytes come from; it is sized for the largest k the budget allows at batch 1.
 
-Expected time of a round under (k, log), docs/simulator.md §4 (`hs.sim.round_time`):
+Expected time of a round under (k, log), docs/simulator.md §4:
 
-    checkpoint = (writes − 1) · snapshot_write + [log] (γ + 1) · log_write
-    replay     = B·p_k·restore + [log] B·E_k·log_replay_step
-                 + [no log] (1 − (1 − p_k)^B)·token_replay_fixed + B·E_k·token_replay_step
+    `hs.sim.round_time`: checkpoint = (writes − 1)·snapshot_write + [log] (γ + 1)·log_write
+                         replay     = B·p_k·restore + [log] B·E_k·log_replay_step
+                                      + [no log] (1 − (1 − p_k)^B)·token_replay_fixed + B·E_k·token_replay_step
+    plus [log] (1 − (1 − p_k)^B)·log_replay_fixed
 
 with p_k = `replay_probability`, E_k = `expected_replay_steps` at the α of the
-running acceptance rate (`alpha_from_acceptance_rate`). Draft and verify time
-are the same for every (k, log) and left out of the comparison. The step costs
-are measured on the target itself (`measure_checkpoint_costs`) when the
-speculator binds the policy, unless given.
+running acceptance rate (`alpha_from_acceptance_rate`). The last term is not in
+`round_time`: a log replay is one batched call per Mamba layer, whose fixed cost
+(launches; in the torch reference, every row of the batch) is paid once per
+round when any sequence replays, as a token replay's weight read is. Draft and
+verify time are the same for every (k, log) and left out. The step costs are
+measured on the target itself (`measure_checkpoint_costs`) when the speculator
+binds the policy, unless given.
 """
 from __future__ import annotations
 
@@ -44,12 +48,14 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridspec.errors import CacheFullError, ConfigError
-from hybridspec.sim import StepCosts, alpha_from_acceptance_rate, round_time, snapshot_writes_per_round
+from hybridspec.sim import (StepCosts, alpha_from_acceptance_rate, replay_probability, round_time,
+                            snapshot_writes_per_round)
 
 from .policy import CheckpointPolicy, validate_gamma
 
-COST_FIELDS = ("snapshot_write_s", "log_write_s", "restore_s", "log_replay_step_s",
+COST_FIELDS = ("snapshot_write_s", "log_write_s", "log_replay_fixed_s", "restore_s", "log_replay_step_s",
                "token_replay_fixed_s", "token_replay_step_s")
+WHOLE_BATCH_FIELDS = ("snapshot_write_s", "log_write_s")
 PRIOR_RATE, PRIOR_ROUNDS = 0.5, 2  # acceptance prior: two pseudo-rounds at rate 0.5
 
 
@@ -84,21 +90,24 @@ class CheckpointFootprint:
 
 @dataclass(frozen=True)
 class CheckpointCosts:
-    """Measured seconds of the operations a checkpoint policy changes, each for
-    the whole batch, at the batch sizes `batches` (ascending):
+    """Measured seconds of what a checkpoint policy changes, at the batch sizes
+    `batches` (ascending), one value per batch in each field:
 
-    snapshot_write_s: one more snapshot of every sequence during a verify forward;
+    snapshot_write_s: one more snapshot of every sequence in a verify forward;
     log_write_s: the input log of one verify input of every sequence;
-    restore_s, log_replay_step_s: a log replay of every sequence, fixed part and
-        each replayed step;
-    token_replay_fixed_s, token_replay_step_s: a forward over the replayed
-        tokens, fixed part and each token of every sequence.
-    Between and beyond the measured batches they are interpolated linearly.
+    log_replay_fixed_s: a log-replay call, the part paid whatever rows replay;
+    restore_s: each sequence that log-replays one step, on top of it;
+    log_replay_step_s: each further log-replayed step of one sequence;
+    token_replay_fixed_s: a token-replay forward, the part paid once;
+    token_replay_step_s: each token-replayed token of one sequence.
+    Between and beyond the measured batches they are interpolated linearly;
+    from one measured batch, the two whole-batch fields scale with the batch.
     """
 
     batches: tuple[int, ...]
     snapshot_write_s: tuple[float, ...]
     log_write_s: tuple[float, ...]
+    log_replay_fixed_s: tuple[float, ...]
     restore_s: tuple[float, ...]
     log_replay_step_s: tuple[float, ...]
     token_replay_fixed_s: tuple[float, ...]
@@ -116,24 +125,29 @@ class CheckpointCosts:
             object.__setattr__(self, name, values)
         object.__setattr__(self, "batches", batches)
 
-    def whole_batch(self, name: str, batch: int) -> float:
-        """`name` at `batch`, linear between the two nearest measured batches."""
+    def at(self, name: str, batch: int) -> float:
+        """Field `name` at `batch`, linear between the two nearest measured batches."""
         xs, ys = self.batches, getattr(self, name)
         if len(xs) == 1:
-            return ys[0] * batch / xs[0]
+            return ys[0] * batch / xs[0] if name in WHOLE_BATCH_FIELDS else ys[0]
         i = min(max(sum(x <= batch for x in xs) - 1, 0), len(xs) - 2)
         slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
         return max(ys[i] + slope * (batch - xs[i]), 0.0)
 
     def step_costs(self, batch: int) -> StepCosts:
-        """`hs.sim.StepCosts` at `batch` (per-sequence fields divided by it); the
-        draft, plain and verify steps every policy shares are 0."""
-        at = {name: self.whole_batch(name, batch) for name in COST_FIELDS}
-        return StepCosts(batch=batch, plain_step_s=0.0, draft_step_s=0.0, verify_s=0.0,
-                         snapshot_write_s=at["snapshot_write_s"], log_write_s=at["log_write_s"],
-                         restore_s=at["restore_s"] / batch, log_replay_step_s=at["log_replay_step_s"] / batch,
-                         token_replay_fixed_s=at["token_replay_fixed_s"],
-                         token_replay_step_s=at["token_replay_step_s"] / batch)
+        """`hs.sim.StepCosts` at `batch`; the draft, plain and verify steps every
+        policy shares are 0."""
+        at = {name: self.at(name, batch) for name in COST_FIELDS if name != "log_replay_fixed_s"}
+        return StepCosts(batch=batch, plain_step_s=0.0, draft_step_s=0.0, verify_s=0.0, **at)
+
+
+def expected_round_s(costs: CheckpointCosts, batch: int, gamma: int, alpha: float, snapshot_every: int,
+                     log_inputs: bool) -> float:
+    """Expected checkpoint + replay seconds of one round (module docstring)."""
+    spent = round_time(costs.step_costs(batch), gamma, alpha, snapshot_every, log_inputs)
+    any_replays = 1.0 - (1.0 - replay_probability(alpha, gamma, snapshot_every)) ** batch
+    launch = any_replays * costs.at("log_replay_fixed_s", batch) if log_inputs else 0.0
+    return float(spent.checkpoint_s + spent.replay_s) + launch
 
 
 @dataclass(frozen=True)
@@ -149,7 +163,7 @@ def candidates(gamma: int) -> list[tuple[int, bool]]:
     return [(1, False)] + [(k, log) for k in (*range(2, gamma + 1), 0) for log in (True, False)]
 
 
-def choose(alpha: float, gamma: int, batch: int, costs: StepCosts, footprint: CheckpointFootprint,
+def choose(alpha: float, gamma: int, batch: int, costs: CheckpointCosts, footprint: CheckpointFootprint,
            budget: int | None, max_snapshots: int) -> RoundChoice:
     """The (k, log) of least expected checkpoint + replay time whose bytes fit
     `budget` and whose snapshots fit `max_snapshots` ring slots; fewer bytes on ties."""
@@ -158,8 +172,7 @@ def choose(alpha: float, gamma: int, batch: int, costs: StepCosts, footprint: Ch
         held = footprint.checkpoint_bytes(batch, gamma, k, log)
         if snapshot_writes_per_round(gamma, k) > max_snapshots or (budget is not None and held > budget):
             continue
-        spent = round_time(costs, gamma, alpha, k, log)
-        options.append(RoundChoice(k, log, held, float(spent.checkpoint_s + spent.replay_s)))
+        options.append(RoundChoice(k, log, held, expected_round_s(costs, batch, gamma, alpha, k, log)))
     if not options:
         least = footprint.checkpoint_bytes(batch, gamma, 0, False)
         raise CacheFullError(f"memory_budget_bytes={budget} cannot hold the final state of {batch} sequences "
@@ -225,7 +238,8 @@ class AutoCheckpointPolicy(CheckpointPolicy):
         if self.memory_budget_bytes is not None and footprint.bytes_per_slot and self.memory_budget_bytes < single:
             raise ConfigError(f"memory_budget_bytes={self.memory_budget_bytes} is below one sequence's final-state "
                               f"snapshot ({single} bytes); raise it to at least {single}")
-        costs = self.costs or measure_checkpoint_costs(target, gamma, sorted({1, min(engine.max_batch_size, 4)}))
+        costs = self.costs or measure_checkpoint_costs(target, gamma, sorted({1, min(engine.max_batch_size, 4)}),
+                                                       repeats=5)
         fitting = [snapshot_writes_per_round(gamma, k) for k, log in candidates(gamma)
                    if self.memory_budget_bytes is None
                    or footprint.checkpoint_bytes(1, gamma, k, log) <= self.memory_budget_bytes]
@@ -239,8 +253,8 @@ class AutoCheckpointPolicy(CheckpointPolicy):
     def decide(self, acceptance_history: list[float], batch: int) -> RoundChoice:
         bound = self._bound()
         alpha = running_alpha(acceptance_history, bound.gamma, self.acceptance_window)
-        return choose(alpha, bound.gamma, batch, bound.costs.step_costs(batch), bound.footprint,
-                      self.memory_budget_bytes, bound.ring_slots - 1)
+        return choose(alpha, bound.gamma, batch, bound.costs, bound.footprint, self.memory_budget_bytes,
+                      bound.ring_slots - 1)
 
     def for_round(self, acceptance_history: list[float]) -> CheckpointPolicy:
         """The concrete policy of this round, for the sequences now in the target cache."""
@@ -264,25 +278,30 @@ class AutoCheckpointPolicy(CheckpointPolicy):
 
 # -- measuring the step costs -----------------------------------------------------------------
 
-def measure_checkpoint_costs(model, gamma: int, batches=(1,), repeats: int = 3) -> CheckpointCosts:
+def measure_checkpoint_costs(model, gamma: int, batches=(1,), repeats: int = 9,
+                             clock=time.perf_counter) -> CheckpointCosts:
     """Time the operations of `CheckpointCosts` on `model` with a scratch cache
-    at each batch size: a verify forward of γ + 1 inputs with a snapshot after
-    every input, with the input log, and with neither, side by side; log
-    replays of 1 and γ + 1 steps; a one-token forward. Fastest of `repeats`."""
+    at each batch size b, side by side (fastest of `repeats`, interleaved):
+    verify forwards of γ + 1 inputs writing only the final state, a snapshot
+    after every input, or the input log; a one-token forward; log replays of
+    one step for row 0 only and for every row, and of γ + 1 steps for every
+    row. Each cost is a difference of two of these times, e.g. a snapshot
+    write is (every input − final only) / γ. `clock`: the timer
+    (`time.process_time` on a CPU shared with other work)."""
     validate_gamma(gamma)
     batches = sorted(set(batches))
-    rows = [_measure_at(model, gamma, b, repeats) for b in batches]
+    rows = [_measure_at(model, gamma, b, repeats, clock) for b in batches]
     return CheckpointCosts(batches=tuple(batches), **{name: tuple(r[name] for r in rows) for name in COST_FIELDS})
 
 
-def _measure_at(model, gamma: int, batch: int, repeats: int) -> dict[str, float]:
+def _measure_at(model, gamma: int, batch: int, repeats: int, clock) -> dict[str, float]:
     from hybridspec.cache.hybrid_cache import HybridCache
 
     if not model.config.mamba_layers:
         return dict.fromkeys(COST_FIELDS, 0.0)
-    prompt_len, num_inputs, vocab = 8, gamma + 1, model.vocab_size
+    prompt_len, num_inputs, vocab, device = 8, gamma + 1, model.vocab_size, model.device
     cache = HybridCache(model.config, max_seqs=batch, block_size=16, ring_slots=gamma + 2, dtype=model.dtype,
-                        device=model.device, num_blocks=batch * (2 + (prompt_len + num_inputs) // 16))
+                        device=device, num_blocks=batch * (2 + (prompt_len + num_inputs) // 16))
     ids = list(range(batch))
     model.prefill(cache, ids, [[(7 * b + i) % vocab for i in range(prompt_len)] for b in ids], last_only=True)
     start, heads = [cache.computed_len[s] for s in ids], [cache.head(s) for s in ids]
@@ -290,7 +309,7 @@ def _measure_at(model, gamma: int, batch: int, repeats: int) -> dict[str, float]
     tokens = [[(3 * b + 5 * i + 1) % vocab for i in range(num_inputs)] for b in ids]
 
     def forward(count: int, every_input: bool = False, input_log: dict | None = None) -> None:
-        snap = torch.full((batch, count), -1, dtype=torch.long, device=model.device)  # [batch, count]
+        snap = torch.full((batch, count), -1, dtype=torch.long, device=device)  # [batch, count]
         for b in ids:
             if every_input:
                 snap[b] = torch.tensor(spare[b][:count])
@@ -302,12 +321,14 @@ def _measure_at(model, gamma: int, batch: int, repeats: int) -> dict[str, float]
 
     log: dict = {}
     forward(num_inputs, input_log=log)
-    src = torch.tensor(heads, device=model.device)  # [batch]
-    dst = torch.tensor([slots[0] for slots in spare], device=model.device)  # [batch]
-    first = torch.zeros(batch, dtype=torch.long, device=model.device)  # [batch]
+    src = torch.tensor(heads, device=device)  # [batch]
+    every_dst = torch.tensor([slots[0] for slots in spare], device=device)  # [batch]
+    first_dst = torch.full_like(every_dst, -1)  # [batch]: only row 0 replays
+    first_dst[0] = every_dst[0]
+    first = torch.zeros(batch, dtype=torch.long, device=device)  # [batch]
 
-    def replay(steps: int) -> None:
-        num_steps = torch.full((batch,), steps, dtype=torch.long, device=model.device)  # [batch]
+    def replay(dst: torch.Tensor, steps: int) -> None:
+        num_steps = torch.full((batch,), steps, dtype=torch.long, device=device)  # [batch]
         for layer in model.config.mamba_layers:
             mixer = model.layers[layer].mixer
             mixer.replay(cache, src, dst, first, num_steps, log[mixer.state_layer])
@@ -317,32 +338,39 @@ def _measure_at(model, gamma: int, batch: int, repeats: int) -> dict[str, float]
         "every": lambda: forward(num_inputs, every_input=True),
         "log": lambda: forward(num_inputs, input_log={}),
         "one": lambda: forward(1),
-        "replay_1": lambda: replay(1),
-        "replay_all": lambda: replay(num_inputs),
-    }, repeats, model.device)
-    replay_step = max(t["replay_all"] - t["replay_1"], 0.0) / gamma
-    token_step = max(t["final"] - t["one"], 0.0) / gamma
+        "replay_row0": lambda: replay(first_dst, 1),
+        "replay_rows": lambda: replay(every_dst, 1),
+        "replay_long": lambda: replay(every_dst, num_inputs),
+    }, repeats, device, clock)
+
+    def extra(name: str, base: str) -> float:
+        return max(t[name] - t[base], 0.0)
+
+    restore = extra("replay_rows", "replay_row0") / (batch - 1) if batch > 1 else 0.0
+    token_step = extra("final", "one") / (gamma * batch)
     return {
-        "snapshot_write_s": max(t["every"] - t["final"], 0.0) / gamma,
-        "log_write_s": max(t["log"] - t["final"], 0.0) / num_inputs,
-        "restore_s": max(t["replay_1"] - replay_step, 0.0),
-        "log_replay_step_s": replay_step,
-        "token_replay_fixed_s": max(t["one"] - token_step, 0.0),
+        "snapshot_write_s": extra("every", "final") / gamma,
+        "log_write_s": extra("log", "final") / num_inputs,
+        "log_replay_fixed_s": max(t["replay_row0"] - restore, 0.0),
+        "restore_s": restore,
+        "log_replay_step_s": extra("replay_long", "replay_rows") / (gamma * batch),
+        "token_replay_fixed_s": max(t["one"] - batch * token_step, 0.0),
         "token_replay_step_s": token_step,
     }
 
 
-def _fastest(fns: dict, repeats: int, device: torch.device) -> dict[str, float]:
-    """Fastest of `repeats` calls of each function, interleaved call by call
-    after one warm-up round (a load spike on a shared machine hits all alike)."""
+def _fastest(fns: dict, repeats: int, device: torch.device, clock) -> dict[str, float]:
+    """Fastest of `repeats` calls of each function (the cost without
+    interference), interleaved call by call after one warm-up round so that a
+    load change on a shared machine hits all alike."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = dict.fromkeys(fns, math.inf)
     for round_index in range(repeats + 1):
         for name, fn in fns.items():
             sync()
-            begin = time.perf_counter()
+            begin = clock()
             fn()
             sync()
             if round_index:
-                best[name] = min(best[name], time.perf_counter() - begin)
+                best[name] = min(best[name], clock() - begin)
     return best

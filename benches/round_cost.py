@@ -1,0 +1,186 @@
+"""Round cost: c (draft step / target step) and the verification cost of γ + 1
+tokens (in target steps) at batch 1 … 32, written in the JSON that
+`hybridspec simulate --measured` reads; the speedup the simulator predicts
+from them against the speedup measured with the engine, per batch, and the
+two crossover batches.
+
+Target: a random float32 `transformers.BambaForCausalLM` (hidden 512, 8
+layers with attention at layer 4, Mamba2 16 heads of headdim 64, d_state 128,
+MLP 1536, vocabulary 4096). Drafter: the target's first layer with the same
+embeddings, final norm and LM head (a one-layer Mamba model). The target's
+other layers have their output projections (Mamba out_proj, attention o_proj,
+MLP down_proj) scaled by ε, so they perturb the drafter's residual stream by
+an amount ε controls; the acceptance it gives is measured. Nothing is downloaded.
+
+Per batch B, alternating call by call (fastest of the repeats, process CPU
+time: the machine is shared): a plain decode step of the target, one drafter
+step, and the verify forward over γ + 1 inputs with a snapshot after every
+input (policy k = 1, the one the engine runs). Then the engine generates the
+same tokens plainly and speculatively (k = 1); the measured speedup is the
+ratio of the two CPU times of `generate` (prefill included in both).
+The predicted speedup is `hybridspec simulate --measured`'s:
+E[tokens](α) · target_step / (γ · draft_step + verify + replay), with α from the
+pooled acceptance rate and replay_s the engine's commit phase per round.
+
+    python benches/round_cost.py            # the measurement (minutes)
+    python benches/round_cost.py --quick    # tiny models, batch 1 and 2, seconds
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import hybridspec as hs
+from common import bench_parser, describe_machine, out_dir, print_table, set_threads, write_json
+from hybridspec.sim.measured import SCHEMA
+from memory_vs_replay import build_bamba, cpu_side_by_side, prompts_for
+
+FULL = dict(hidden_size=512, num_hidden_layers=8, attn_layer_indices=[4], intermediate_size=1536,
+            num_attention_heads=8, num_key_value_heads=2, mamba_n_heads=16, mamba_d_head=64, mamba_d_state=128,
+            vocab_size=4096)
+QUICK = dict(hidden_size=64, num_hidden_layers=4, attn_layer_indices=[2], intermediate_size=128,
+             num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+             vocab_size=256)
+GAMMA, DRAFT_LAYERS = 4, 1
+OUTPUT_PROJECTIONS = ("mamba.out_proj.weight", "self_attn.o_proj.weight", "feed_forward.down_proj.weight")
+
+
+def build_pair(shape: dict, epsilon: float):
+    """(target, drafter) HF models: the drafter is the target's first DRAFT_LAYERS
+    layers; the target's later layers write ε times their usual output."""
+    target = build_bamba(shape)
+    draft_shape = dict(shape, num_hidden_layers=DRAFT_LAYERS,
+                       attn_layer_indices=[i for i in shape["attn_layer_indices"] if i < DRAFT_LAYERS])
+    draft = build_bamba(draft_shape, seed=1)
+    weights = target.state_dict()
+    draft.load_state_dict({name: weights[name] for name in draft.state_dict()})
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            layer = name.split(".")[2] if name.startswith("model.layers.") else None
+            if layer is not None and int(layer) >= DRAFT_LAYERS and name.endswith(OUTPUT_PROJECTIONS):
+                param.mul_(epsilon)
+    return target, draft
+
+
+class ScratchCache:
+    """A cache of `model` holding `batch` prefilled prompts, rolled back to the
+    prompt after every timed forward."""
+
+    def __init__(self, model, batch: int):
+        from hybridspec.cache.hybrid_cache import HybridCache
+        self.model, self.ids = model, list(range(batch))
+        self.cache = HybridCache(model.config, max_seqs=batch, num_blocks=batch * 2, block_size=16,
+                                 ring_slots=GAMMA + 2, dtype=model.dtype, device=model.device)
+        model.prefill(self.cache, self.ids, prompts_for(batch, model.vocab_size), last_only=True)
+        self.start = [self.cache.computed_len[s] for s in self.ids]
+        self.heads = [self.cache.head(s) for s in self.ids]
+        self.spare = [[slot for slot in self.cache.states.ring_slots(s) if slot != h]
+                      for s, h in zip(self.ids, self.heads)]
+
+    def forward(self, num_inputs: int) -> None:
+        """One forward of `num_inputs` tokens per sequence with a snapshot after every input."""
+        snap = torch.tensor([slots[:num_inputs] for slots in self.spare])  # [batch, num_inputs]
+        tokens = [[(3 * b + 5 * i + 1) % self.model.vocab_size for i in range(num_inputs)] for b in self.ids]
+        self.model.extend(self.cache, self.ids, tokens, last_only=num_inputs == 1, snap_slot=snap)
+        for s, length, head in zip(self.ids, self.start, self.heads):
+            self.cache.commit(s, length, head)
+
+
+def step_times(target, draft, batch: int, repeats: int) -> dict:
+    """CPU seconds of a target step, a drafter step and a verify forward at
+    `batch`, alternating call by call, fastest of `repeats`."""
+    plain, drafting = ScratchCache(target, batch), ScratchCache(draft, batch)
+    t = cpu_side_by_side({"target": lambda: plain.forward(1), "draft": lambda: drafting.forward(1),
+                          "verify": lambda: plain.forward(GAMMA + 1)}, repeats)
+    return {"batch": batch, "target_step_s": t["target"], "draft_step_s": t["draft"], "verify_s": t["verify"]}
+
+
+def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> dict:
+    """Plain against speculative generate (k = 1) of the same tokens, alternating;
+    process CPU seconds of each generate call, fastest of `repeats`."""
+    prompts = prompts_for(batch, target.vocab_size)
+    params = hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0)
+    length = dict(max_batch_size=batch, max_model_len=len(prompts[0]) + num_tokens + GAMMA + 2)
+    plain = hs.Engine(target, **length)
+    spec = hs.Engine(target, draft=draft, num_draft_tokens=GAMMA,
+                     checkpoint=hs.CheckpointPolicy(snapshot_every=1, log_inputs=False), **length)
+    cpu, outputs = {"plain": [], "spec": []}, {}
+    for _ in range(repeats):
+        for name, engine in (("plain", plain), ("spec", spec)):
+            engine.stats.reset()
+            start = time.process_time()
+            outputs[name] = [o.token_ids for o in engine.generate(prompts, params)]
+            cpu[name].append(time.process_time() - start)
+    stats = spec.stats
+    return {"batch": batch, "measured_speedup": min(cpu["plain"]) / min(cpu["spec"]),
+            "plain_tok_s": batch * num_tokens / min(cpu["plain"]),
+            "spec_tok_s": batch * num_tokens / min(cpu["spec"]),
+            "accepted": stats.accepted_tokens, "drafted": stats.drafted_tokens,
+            "acceptance_rate": stats.acceptance_rate, "replay_s": stats.seconds["commit"] / max(stats.rounds, 1),
+            "equals_plain": outputs["plain"] == outputs["spec"]}
+
+
+def crossover_of(rows: list[dict], key: str) -> dict:
+    """`hs.sim.measured_crossover` over the speedups in `rows[key]`."""
+    return hs.sim.measured_crossover([{"batch": r["batch"], "speedup": {"value": r[key], "source": "measured"}}
+                                      for r in rows])
+
+
+def main(argv=None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--batches", type=int, nargs="+", default=None)
+    parser.add_argument("--epsilon", type=float, default=0.03, help="scale of the target's non-draft layers' outputs")
+    parser.add_argument("--tokens", type=int, default=None, help="new tokens per sequence in the engine runs")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    batches = args.batches or ([1, 2] if args.quick else [1, 2, 4, 8, 16, 32])
+    num_tokens = args.tokens or (8 if args.quick else 24)
+    repeats = args.repeats or (1 if args.quick else 3)
+    hf_target, hf_draft = build_pair(QUICK if args.quick else FULL, args.epsilon)
+    target, draft = hs.from_hf(hf_target), hs.from_hf(hf_draft)
+    machine = describe_machine()
+    print(f"target {target.num_parameters() / 1e6:.1f}M parameters, drafter {draft.num_parameters() / 1e6:.1f}M "
+          f"(its first {DRAFT_LAYERS} layers), ε = {args.epsilon}, γ = {GAMMA}; {machine}", flush=True)
+    steps, runs = [], []
+    for batch in batches:
+        steps.append(step_times(target, draft, batch, repeats=3 if args.quick else 5))
+        runs.append(engine_speedup(target, draft, batch, num_tokens, repeats))
+        print(f"batch {batch}: {steps[-1]} {runs[-1]}", flush=True)
+    rate = sum(r["accepted"] for r in runs) / max(sum(r["drafted"] for r in runs), 1)
+    measured = {"schema": SCHEMA, "machine": machine, "model": f"random Bamba {target.num_parameters() / 1e6:.1f}M",
+                "draft": f"its first {DRAFT_LAYERS} layers (ε = {args.epsilon})", "acceptance_rate": rate,
+                "gamma": GAMMA, "snapshot_every": 1, "log_inputs": False,
+                "batches": [dict(s, replay_s=r["replay_s"]) for s, r in zip(steps, runs)]}
+    run = hs.sim.parse_measured(measured)
+    predicted = {row["batch"]: row for row in hs.sim.measured_rows(run)}
+    rows = [{"batch": s["batch"], "target_ms": 1e3 * s["target_step_s"], "c": predicted[s["batch"]]["c"]["value"],
+             "verify_cost": predicted[s["batch"]]["verify_cost"]["value"],
+             "replay_cost": predicted[s["batch"]]["replay_cost"]["value"],
+             "predicted": predicted[s["batch"]]["speedup"]["value"], "measured": r["measured_speedup"],
+             "error": r["measured_speedup"] / predicted[s["batch"]]["speedup"]["value"] - 1.0,
+             "acceptance": r["acceptance_rate"], "plain_tok_s": r["plain_tok_s"], "spec_tok_s": r["spec_tok_s"],
+             "equals_plain": r["equals_plain"]} for s, r in zip(steps, runs)]
+    print_table(rows, ["batch", ("target_ms", "target step ms"), "c", ("verify_cost", "verify (steps)"),
+                       ("replay_cost", "commit (steps)"), ("predicted", "predicted x"), ("measured", "measured x"),
+                       "error", "acceptance", ("equals_plain", "= plain")],
+                title=f"γ = {GAMMA}, pooled acceptance rate {rate:.3f} (α = {run.alpha:.3f}), "
+                      f"E[tokens] = {run.tokens_per_round:.3f}; {num_tokens} new tokens per sequence")
+    crossovers = {"predicted": crossover_of(rows, "predicted"), "measured": crossover_of(rows, "measured")}
+    for name, cross in crossovers.items():
+        print(f"{name} crossover batch: {cross['batch']} ({cross['note']})")
+    name = "round_cost_quick" if args.quick else "round_cost"
+    path = Path(args.out or out_dir() / f"{name}.json")
+    path.write_text(json.dumps(measured, indent=2) + "\n")  # "machine" stays the schema's free-text line
+    print(f"wrote {path} (hybridspec simulate --measured {path})")
+    write_json(path.with_name(f"{path.stem}_report.json"), {"bench": "round_cost", "epsilon": args.epsilon,
+                                                           "rows": rows, "crossover": crossovers})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
