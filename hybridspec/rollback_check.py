@@ -476,23 +476,24 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
 def stop_inside_accepted_run(name: str, target: HybridModel, gamma: int, policy, prompts, params,
                              expected) -> CheckResult:
     """With the target as its own drafter (every draft accepted, γ+1 tokens a
-    round), give each request a stop token that plain decoding emits at a
-    draft position of a round, not at its bonus: the stop cuts the accepted run."""
+    round), give each request a stop token that plain decoding first emits at
+    draft d_1..d_{γ-1} of a full round (d_1 for γ = 1): the stop cuts the
+    accepted run, so later accepted drafts (and the bonus) are dropped."""
     stops = []
     for out in expected:
         tokens = out.token_ids
-        at = [i for i in range(1, len(tokens) - 1)
-              if (i - 1) % (gamma + 1) < gamma and tokens[i] not in tokens[:i]]
+        full = 1 + (gamma + 1) * ((len(tokens) - 1) // (gamma + 1))  # tokens from the prefill and full rounds
+        at = [i for i in range(1, full)
+              if (i - 1) % (gamma + 1) < max(gamma - 1, 1) and tokens[i] not in tokens[:i]]
         stops.append((tokens[at[len(at) // 2]],) if at else ())
     if not any(stops):
         return CheckResult(name, False, "no request emits a fresh token at a draft position", 0.0)
     stopped = [replace(p, stop_token_ids=s) for p, s in zip(params, stops)]
     want = plain_outputs(target, prompts, stopped)
-    cut = [o for o, s in zip(want, stops) if s]
-    if not all(o.finish_reason == "stop" for o in cut):
+    if not all(o.finish_reason == "stop" for o, s in zip(want, stops) if s):
         return CheckResult(name, False, "plain decoding did not stop at the chosen stop tokens", 0.0)
     result = speculative_parity(name, target, target, gamma, policy, prompts, stopped, want, check_states=True)
-    if result.passed and not result.stats["acceptance_rate"] < 1.0:  # a cut run counts only the drafts kept
+    if result.passed and gamma > 1 and not result.stats["acceptance_rate"] < 1.0:  # cut drafts are not counted
         result.passed, result.detail = False, "no stop token cut an accepted run: " + result.detail
     return result
 
