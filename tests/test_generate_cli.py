@@ -17,11 +17,10 @@ from hybridspec.generate_cli import DEFAULT_PROMPT, parse_policy
 
 def save_bamba(path, vocab=256, hidden=32, layers=2, seed=0):
     from transformers import BambaConfig, BambaForCausalLM
-    # a finite dt limit keeps config.json plain JSON (HF writes infinity as {"__float__": "Infinity"})
     config = BambaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, attn_layer_indices=[1],
                          intermediate_size=2 * hidden, num_attention_heads=2, num_key_value_heads=2,
                          mamba_n_heads=2, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16,
-                         max_position_embeddings=512, time_step_limit=(0.0, 100.0),
+                         max_position_embeddings=512,
                          pad_token_id=0, bos_token_id=None, eos_token_id=None)
     torch.manual_seed(seed)
     BambaForCausalLM(config).save_pretrained(path)
