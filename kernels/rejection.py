@@ -324,7 +324,9 @@ def rejection_ref(
     token_positions = positions[:, None] + steps  # [B, G + 1]: position of the token sampled from p_{j+1}
 
     greedy_tokens = torch.argmax(p, dim=2)  # [B, G + 1]
-    sampled_tokens = _gumbel_argmax_3d(p, seeds, token_positions, PURPOSE_SAMPLE)  # [B, G + 1]
+    is_random = bool((row_mode != MODE_GREEDY).any())  # noise is drawn only when some row samples
+    sampled_tokens = (_gumbel_argmax_3d(p, seeds, token_positions, PURPOSE_SAMPLE)
+                      if is_random else greedy_tokens)  # [B, G + 1]
 
     # Rejection: accept d with probability min(1, p(d) / q(d)).
     is_draft = steps[None, :G] < num_draft[:, None]  # [B, G]
@@ -333,10 +335,6 @@ def rejection_ref(
     q_draft = q.gather(2, safe_tokens).squeeze(2)  # [B, G]
     u = keyed_uniform(seeds[:, None], token_positions[:, :G], PURPOSE_ACCEPT)  # [B, G]
     is_accepted_rejection = (q_draft > 0) & (u * q_draft < p_draft)  # [B, G]
-    residual = torch.clamp(p[:, :G] - q, min=0.0)  # [B, G, V]: max(0, p - q)
-    is_residual_zero = residual.sum(2) <= RESIDUAL_EPS * p[:, :G].sum(2)  # [B, G]
-    residual = torch.where(is_residual_zero[:, :, None], p[:, :G], residual)
-    recovered_tokens = _gumbel_argmax_3d(residual, seeds, token_positions[:, :G], PURPOSE_RECOVER)  # [B, G]
 
     target_tokens = torch.where(mode == MODE_GREEDY, greedy_tokens, sampled_tokens)  # [B, G + 1]
     is_accepted = torch.where(
@@ -347,7 +345,11 @@ def rejection_ref(
 
     final_tokens = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)  # [B]: mismatch target or bonus
     is_recovered = (row_mode == MODE_REJECTION) & (num_accepted < num_draft)  # [B]
-    if G > 0:
+    if G > 0 and bool(is_recovered.any()):
+        residual = torch.clamp(p[:, :G] - q, min=0.0)  # [B, G, V]: max(0, p - q)
+        is_residual_zero = residual.sum(2) <= RESIDUAL_EPS * p[:, :G].sum(2)  # [B, G]
+        residual = torch.where(is_residual_zero[:, :, None], p[:, :G], residual)
+        recovered_tokens = _gumbel_argmax_3d(residual, seeds, token_positions[:, :G], PURPOSE_RECOVER)  # [B, G]
         recovered = recovered_tokens.gather(1, num_accepted.clamp(max=G - 1)[:, None]).squeeze(1)  # [B]
         final_tokens = torch.where(is_recovered, recovered, final_tokens)
 
