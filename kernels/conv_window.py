@@ -30,6 +30,7 @@ from .mamba2_verify import (
     check_tensor,
     triton_dtype,
     write_slots_ref,
+    write_snapshots_ref,
 )
 
 ACTIVATIONS = (None, "silu")
@@ -243,8 +244,7 @@ def conv_window_update_ref(conv_states, src_slot, snap_slot, xs, weight, bias, n
     if activation == "silu":
         out = torch.nn.functional.silu(out)
     is_live = torch.arange(num_inputs, device=xs.device) < num_tokens[:, None]  # [batch, T]
-    for t in range(num_inputs):
-        write_slots_ref(conv_states, snap_slot[:, t], is_live[:, t], windows[:, :, t, 1:])
+    write_snapshots_ref(conv_states, snap_slot, is_live, windows[:, :, :, 1:].transpose(1, 2))
     return torch.where(is_live[..., None], out, 0.0).to(xs.dtype)
 
 

@@ -83,6 +83,19 @@ def triton_dtype(dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+def write_snapshots_ref(pool, snap_slot, is_live, values):
+    """pool[snap_slot[b, t]] = values[b, t] for live entries whose slot is not -1,
+    in one write; when a row names a slot twice the later input wins (as in
+    the kernels, which write in input order).
+    pool [num_slots, ...]; snap_slot, is_live [batch, T]; values [batch, T, ...]."""
+    keep = is_live & (snap_slot >= 0)  # [batch, T]
+    T = snap_slot.shape[1]
+    later = torch.triu(torch.ones(T, T, dtype=torch.bool, device=snap_slot.device), diagonal=1)  # [T, T]
+    rewritten = ((snap_slot[:, :, None] == snap_slot[:, None, :]) & keep[:, None, :] & later).any(2)
+    keep &= ~rewritten
+    pool[snap_slot[keep]] = values[keep].to(pool.dtype)
+
+
 def write_slots_ref(pool, slots, is_live, values):
     """pool[slots[b]] = values[b] for live rows whose slot is not -1.
     pool [num_slots, ...]; slots, is_live [batch]; values [batch, ...]."""
@@ -266,11 +279,14 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     A, D = A.to(acc), D.to(acc)
     state = ssm_states[src_slot].to(acc)  # [batch, nheads, headdim, d_state], a copy
     y = torch.zeros_like(x)  # [batch, T, nheads, headdim]
+    states = []
     for t in range(x.shape[1]):
         is_live = t < num_tokens  # [batch]
         stepped = mamba2_step_ref(state, x[:, t], dt[:, t], A, B[:, t])
         state = torch.where(is_live[:, None, None, None], stepped, state)
         y_t = (state @ C[:, t, :, :, None]).squeeze(-1) + D[:, None] * x[:, t]  # [batch, nheads, headdim]
         y[:, t] = torch.where(is_live[:, None, None], y_t, 0.0)
-        write_slots_ref(ssm_states, snap_slot[:, t], is_live, state)
+        states.append(state)
+    is_live = torch.arange(x.shape[1], device=x.device) < num_tokens[:, None]  # [batch, T]
+    write_snapshots_ref(ssm_states, snap_slot, is_live, torch.stack(states, 1))
     return y.to(out_dtype)
