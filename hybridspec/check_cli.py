@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights and states; float64 (default) makes every comparison exact to 1e-10")
     parser.add_argument("--device", default="cpu", help="torch device of the models (default: cpu)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model, the weight noise and the prompts")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for torch (default 1: the suite's tensors are small, more threads "
+                             "mostly add overhead)")
 
 
 def load_models(args: argparse.Namespace):
@@ -64,6 +67,7 @@ def format_table(results) -> str:
 def run(args: argparse.Namespace) -> int:
     from .rollback_check import run_suite
 
+    torch.set_num_threads(args.threads)
     try:
         target, draft, draft_name = load_models(args)
     except (HybridSpecError, FileNotFoundError) as error:
