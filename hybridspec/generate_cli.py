@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling seed (default: a random one, printed so the run can be repeated)")
     parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
                         help="'coupled' makes sampled output identical to plain decoding with the same seed")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: 1 for the embedded pair, whose matrices are too small "
+                             "to gain from more threads; torch's default otherwise)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text and statistics) to stdout")
 
 
@@ -114,6 +117,15 @@ def parse_policy(text: str):
     return CheckpointPolicy(**fields)
 
 
+def set_threads(threads: int | None) -> None:
+    import torch
+    from .errors import ConfigError
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads={threads} must be >= 1")
+        torch.set_num_threads(threads)
+
+
 def load_models(args: argparse.Namespace):
     """(target, draft or None, target name, draft name) from --model / --draft."""
     import hybridspec as hs
@@ -152,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     import hybridspec as hs
     from .errors import HybridSpecError
     try:
+        set_threads(args.threads if args.threads is not None else 1 if args.model is None else None)
         target, draft, target_name, draft_name = load_models(args)
         codec = tokenizer_codec(args.tokenizer) if args.tokenizer else byte_codec(target.vocab_size)
         prompt_text = DEFAULT_PROMPT if args.prompt is None else args.prompt
@@ -188,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
 def build_report(args, runs: dict, target_name: str, draft_name: str, codec: Codec, prompt_text: str,
                  prompt: list[int], seed: int | None) -> dict:
+    import torch
     main = runs.get("speculative", runs["plain"])
     output = main[0]
 
@@ -203,7 +217,7 @@ def build_report(args, runs: dict, target_name: str, draft_name: str, codec: Cod
     return {
         "schema": "hybridspec.generate/v1",
         "model": target_name, "draft": draft_name, "tokenizer": codec.name,
-        "gamma": args.gamma, "policy": args.policy, "verify": args.verify,
+        "gamma": args.gamma, "policy": args.policy, "verify": args.verify, "threads": torch.get_num_threads(),
         "sampling": dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=seed),
         "prompt": prompt_text, "prompt_tokens": len(prompt),
@@ -220,7 +234,7 @@ def build_report(args, runs: dict, target_name: str, draft_name: str, codec: Cod
 def render_summary(report: dict) -> str:
     plain = report["plain"]
     lines = [f"--- {report['model']}, {report['prompt_tokens']} prompt tokens, {plain['new_tokens']} new tokens "
-             f"({report['finish_reason']})"]
+             f"({report['finish_reason']}), {report['threads']} thread(s)"]
     if report["sampling"]["seed"] is not None:
         lines[0] += f", seed {report['sampling']['seed']}"
     spec = report["speculative"]

@@ -77,6 +77,8 @@ def test_ngram_and_plain_only(capsys, pair):
     assert (report["speculative"]["stats"]["drafted_tokens"] > 0) == repeats
     report, _ = run_json(capsys, ["ab", "--model", target, "--draft", "none", "-n", "5"])
     assert report["speculative"] is None and report["speedup"] is None and len(report["token_ids"]) == 5
+    report, _ = run_json(capsys, ["ab", "--model", target, "--draft", "none", "-n", "2", "--threads", "1"])
+    assert report["threads"] == 1
     assert main(["generate", "ab", "--model", target, "--draft", "none", "-n", "3"]) == 0
     assert "plain decoding:" in capsys.readouterr().err
 
@@ -150,3 +152,5 @@ def test_errors(capsys, pair, tmp_path):
     assert "--policy" in capsys.readouterr().err
     assert main(["generate", "x", "--model", target, "--top-p", "0", "-n", "2"]) == 2
     assert "top_p" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", target, "--threads", "0", "-n", "2"]) == 2
+    assert "--threads" in capsys.readouterr().err
