@@ -1,5 +1,5 @@
 """`hybridspec check`: run the rollback-correctness suite
-(`hybridspec.rollback_check`) against a model and print a pass/fail table.
+(`hybridspec.rollback`) against a model and print a pass/fail table.
 
     hybridspec check                          # built-in tiny random hybrid model
     hybridspec check --model DIR --draft ngram --quick
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_models(args: argparse.Namespace):
     """(target, drafter, drafter name) from the arguments."""
     import hybridspec as hs
-    from .rollback_check import perturbed_copy, tiny_model
+    from .rollback import perturbed_copy, tiny_model
 
     dtype = DTYPES[args.dtype]
     if args.model:
@@ -65,7 +65,7 @@ def format_table(results) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .rollback_check import run_suite
+    from .rollback import run_suite
 
     torch.set_num_threads(args.threads)
     try:

@@ -8,7 +8,7 @@ import torch
 import hybridspec as hs
 from hybridspec.checkpoints.restore import RestoreDecision, decide
 from hybridspec.cli import SUBCOMMANDS, build_parser, main
-from hybridspec.rollback_check import perturbed_copy, tiny_model
+from hybridspec.rollback import perturbed_copy, tiny_model
 from oracles import bamba
 
 

@@ -7,7 +7,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.errors import ConfigError, InvalidRequestError
-from hybridspec.rollback_check import (FAULT_SITES, POLICIES, OutOfVocabDrafter, RoundObserver, bad_input_checks,
+from hybridspec.rollback import (FAULT_SITES, POLICIES, OutOfVocabDrafter, RoundObserver, bad_input_checks,
                                        failed_round, perturbed_copy, tiny_model, witness_bookkeeping, workload)
 from oracles import bamba
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.rollback_check import (POLICIES, batch_invariance, perturbed_copy, plain_outputs, sampled_params,
+from hybridspec.rollback import (POLICIES, batch_invariance, perturbed_copy, plain_outputs, sampled_params,
                                        speculative_parity, workload)
 from oracles import bamba, jamba, nemotron_h
 

@@ -1,13 +1,13 @@
 """Greedy parity: speculative output == plain `Engine(target)` output token for
 token, for every γ, checkpoint policy and drafter, on tiny float64 Bamba,
 Jamba and Nemotron-H models; the restore paths counted in engine.stats are
-exactly those the policy implies (`rollback_check.speculative_parity`), and
+exactly those the policy implies (`hybridspec.rollback.speculative_parity`), and
 each path runs where the policy says it must."""
 import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.rollback_check import (GAMMAS, POLICIES, perturbed_copy, plain_outputs, speculative_parity,
+from hybridspec.rollback import (GAMMAS, POLICIES, perturbed_copy, plain_outputs, speculative_parity,
                                        stop_inside_accepted_run, workload)
 from oracles import bamba, jamba, nemotron_h
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import hybridspec as hs
 from hybridspec.checkpoints.restore import RestoreDecision, decide
-from hybridspec.rollback_check import POLICIES, ScriptedDrafter, perturbed_copy, plain_outputs, speculative_parity
+from hybridspec.rollback import POLICIES, ScriptedDrafter, perturbed_copy, plain_outputs, speculative_parity
 from oracles import bamba, jamba, nemotron_h
 
 FAMILIES = {"bamba": bamba, "jamba": jamba, "nemotron_h": nemotron_h}

@@ -1,0 +1,160 @@
+"""Models and workloads for the rollback checks: a random hybrid model built
+in code, a perturbed copy (a drafter that agrees partly), prompts, sampling
+parameters, and scripted / broken drafters."""
+from __future__ import annotations
+
+from copy import deepcopy
+
+import torch
+
+from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
+from ..engine import Engine
+from ..models.hybrid import HybridModel
+from ..sampling import SamplingParams
+from ..spec.drafters import NgramDrafter
+
+
+# -- models --------------------------------------------------------------------------------------
+
+def tiny_model(seed: int = 0, layer_types=("mamba2", "attention", "mamba2"), dtype=torch.float64,
+               vocab_size: int = 97, device="cpu") -> HybridModel:
+    """A random hybrid model built in code (no HF, no files): hidden size 32,
+    a SwiGLU MLP after every mixer; `layer_types` from attention (GQA, half
+    rotary), mamba2 and mamba1 (Jamba-style inner norms)."""
+    config = HybridConfig(
+        vocab_size=vocab_size, hidden_size=32, layer_types=tuple(layer_types), ffn_types=("mlp",) * len(layer_types),
+        attention=AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=8, partial_rotary_factor=0.5),
+        mamba2=Mamba2Config(num_heads=4, head_dim=16, d_state=8, chunk_size=8),
+        mamba1=Mamba1Config(d_inner=64, d_state=8, dt_rank=4), mlp=MLPConfig(48),
+        max_position_embeddings=512, family="tiny")
+    g = torch.Generator().manual_seed(seed)
+    weights = {name: _random_weight(name, shape, g).to(device=device, dtype=dtype)
+               for name, shape in _weight_shapes(config).items()}
+    return HybridModel(config, weights)
+
+
+def _weight_shapes(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical weight names (as the adapters produce them) and shapes."""
+    H, V, I = cfg.hidden_size, cfg.vocab_size, cfg.mlp.intermediate_size
+    a, m2, m1 = cfg.attention, cfg.mamba2, cfg.mamba1
+    mixers = {
+        "attention": {"q_proj.weight": (a.num_heads * a.head_dim, H),
+                      "k_proj.weight": (a.num_kv_heads * a.head_dim, H),
+                      "v_proj.weight": (a.num_kv_heads * a.head_dim, H),
+                      "o_proj.weight": (H, a.num_heads * a.head_dim)},
+        "mamba2": {"in_proj.weight": (m2.d_inner + m2.conv_dim + m2.num_heads, H),  # gate, conv inputs, dt
+                   "conv1d.weight": (m2.conv_dim, 1, m2.d_conv), "conv1d.bias": (m2.conv_dim,),
+                   "dt_bias": (m2.num_heads,), "A_log": (m2.num_heads,), "D": (m2.num_heads,),
+                   "norm.weight": (m2.d_inner,), "out_proj.weight": (H, m2.d_inner)},
+        "mamba1": {"in_proj.weight": (2 * m1.d_inner, H), "conv1d.weight": (m1.d_inner, 1, m1.d_conv),
+                   "conv1d.bias": (m1.d_inner,), "x_proj.weight": (m1.dt_rank + 2 * m1.d_state, m1.d_inner),
+                   "dt_proj.weight": (m1.d_inner, m1.dt_rank), "dt_proj.bias": (m1.d_inner,),
+                   "A_log": (m1.d_inner, m1.d_state), "D": (m1.d_inner,), "out_proj.weight": (H, m1.d_inner),
+                   "dt_norm.weight": (m1.dt_rank,), "b_norm.weight": (m1.d_state,), "c_norm.weight": (m1.d_state,)},
+    }
+    shapes = {"embed_tokens.weight": (V, H), "final_norm.weight": (H,), "lm_head.weight": (V, H)}
+    for i, kind in enumerate(cfg.layer_types):
+        layer = {"input_norm.weight": (H,), "ffn_norm.weight": (H,), "ffn.gate_proj.weight": (I, H),
+                 "ffn.up_proj.weight": (I, H), "ffn.down_proj.weight": (H, I)}
+        layer.update({f"mixer.{name}": shape for name, shape in mixers[kind].items()})
+        shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
+    return shapes
+
+
+def _random_weight(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Non-trivial values: decays exp(A_log) in (e^-1, e), softplus(dt bias) steps
+    in (0.13, 0.69), norms near 1, projections ~ N(0, 0.25 / fan_in)."""
+    if name.endswith("A_log"):
+        return torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1
+    if name.endswith(("dt_bias", "dt_proj.bias")):
+        return torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 2
+    if "norm" in name:
+        return 1 + 0.2 * torch.randn(shape, generator=g, dtype=torch.float64)
+    return torch.randn(shape, generator=g, dtype=torch.float64) * 0.5 / shape[-1] ** 0.5
+
+
+def perturbed_copy(model: HybridModel, scale: float = 0.03, seed: int = 0) -> HybridModel:
+    """A copy of `model` with every weight w replaced by w·(1 + scale·ε),
+    ε ~ N(0, 1): a drafter that agrees with the target often, not always."""
+    copy = deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copy.parameters():  # a tied weight is listed once
+            p.mul_(1 + scale * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.device, p.dtype))
+    return copy
+
+
+def params_fingerprint(models) -> list[tuple[float, float]]:
+    """(sum, sum of |w|) of every weight: equal before and after means untouched."""
+    return [(p.double().sum().item(), p.double().abs().sum().item()) for m in models for p in m.parameters()]
+
+
+# -- workloads -----------------------------------------------------------------------------------
+
+def workload(vocab_size: int, seed: int = 0, max_new_tokens=(24, 13, 19),
+             prompt_lens=(6, 3, 9, 5)) -> tuple[list[list[int]], list[SamplingParams]]:
+    """A ragged greedy batch: one prompt per entry of `max_new_tokens` (lengths
+    cycling through `prompt_lens`), each a repeated random motif so that prompt
+    lookup finds matches; the limits end rounds at different points."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = []
+    for i in range(len(max_new_tokens)):
+        motif = torch.randint(3, vocab_size, (3,), generator=g).tolist()
+        prompts.append((motif * 4)[:prompt_lens[i % len(prompt_lens)]])
+    return prompts, [SamplingParams(max_new_tokens=m) for m in max_new_tokens]
+
+
+def sampled_params(seed: int, max_new_tokens=(20, 14, 17, 11)) -> list[SamplingParams]:
+    """Seeded sampled requests (temperature 0.8-1.0, with and without top-k,
+    top-p, min-p) and one greedy request, mixed in one batch."""
+    kinds = [dict(temperature=0.9), dict(temperature=1.0, top_k=20), dict(temperature=0.8, top_p=0.9, min_p=0.05),
+             dict(temperature=0.0)]
+    return [SamplingParams(max_new_tokens=m, seed=seed + i, **kinds[i % len(kinds)])
+            for i, m in enumerate(max_new_tokens)]
+
+
+def plain_outputs(target: HybridModel, prompts, params) -> list:
+    """What plain decoding (`Engine(target)`) emits: the reference of every parity check."""
+    return Engine(target).generate(prompts, params)
+
+
+class ScriptedDrafter(NgramDrafter):
+    """Proposes a known continuation (the target's own plain output) with
+    scripted acceptance: each proposal is the next `a` true tokens and then one
+    wrong token, `a` cycling through `schedule` (a >= γ: all true; a < 0: no
+    proposal). Under greedy or coupled verification this fixes every round's
+    acceptance length."""
+
+    def __init__(self, prompts: list[list[int]], outputs: list[list[int]], schedule: list[int], vocab_size: int):
+        super().__init__()
+        self.known = [(list(p), list(o)) for p, o in zip(prompts, outputs)]
+        self.schedule, self.vocab_size, self.calls = list(schedule), vocab_size, 0
+
+    def lookup(self, context: list[int], gamma: int) -> list[int]:
+        a = self.schedule[self.calls % len(self.schedule)]
+        self.calls += 1
+        for prompt, output in self.known:
+            done = len(context) - len(prompt)
+            if done >= 0 and context[:len(prompt)] == prompt and context[len(prompt):] == output[:done]:
+                truth = output[done:done + gamma]
+                if a < 0 or not truth:
+                    return []
+                wrong = [(truth[a] + 1) % self.vocab_size] if a < len(truth) else []
+                return truth[:a] + wrong
+        return []
+
+
+# -- watching rounds -----------------------------------------------------------------------------
+
+
+class OutOfVocabDrafter(NgramDrafter):
+    """Proposes one token id outside the vocabulary (a broken drafter)."""
+
+    def __init__(self, bad_token: int):
+        super().__init__()
+        self.bad_token = bad_token
+
+    def lookup(self, context: list[int], gamma: int) -> list[int]:
+        return [self.bad_token]
+
+

@@ -1,0 +1,249 @@
+"""Watching rounds from outside the engine: per-round state comparison with a
+from-scratch prefill (`RoundObserver`) and fault injection at each step of a
+round (`install_fault`)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from itertools import chain
+
+import torch
+
+from ..cache.hybrid_cache import HybridCache
+from ..engine import Engine
+from ..errors import InvariantError
+from ..models.hybrid import HybridModel
+from hybridspec.checkpoints.policy import CheckpointPolicy
+
+FAULT_SITES = ("draft", "verify", "replay", "drafter commit")
+
+
+def _atol(dtype: torch.dtype) -> float:
+    return {torch.float64: 1e-10, torch.float32: 1e-4}.get(dtype, 5e-2)
+
+
+def _layer_states(cache: HybridCache, seq_id: int, length: int) -> dict[str, torch.Tensor]:
+    """Every layer's state of one sequence: SSM state and conv window in the
+    head slot, K and V at positions < `length` (read through the block table)."""
+    out = {}
+    if cache.states is not None:
+        head = cache.head(seq_id)
+        for i, layer in enumerate(cache.config.mamba_layers):
+            # [nheads, headdim, d_state] (Mamba2) | [d_inner, d_state] (Mamba1)
+            out[f"layer {layer} SSM state"] = cache.states.ssm_states[i][head]
+            out[f"layer {layer} conv window"] = cache.states.conv_states[i][head]  # [conv_dim, d_conv - 1]
+    if cache.kv is not None:
+        kv = cache.kv
+        positions = torch.arange(length, device=kv.k_cache.device)
+        table = torch.tensor(kv.block_table(seq_id), dtype=torch.long, device=positions.device)
+        pages, offsets = table[positions // kv.block_size], positions % kv.block_size
+        for i, layer in enumerate(cache.config.attention_layers):
+            out[f"layer {layer} K"] = kv.k_cache[i, pages, offsets]  # [length, kv_heads, head_dim]
+            out[f"layer {layer} V"] = kv.v_cache[i, pages, offsets]
+    return out
+
+
+def _state_problems(model: HybridModel, cache: HybridCache, seq_id: int, tokens: list[int], who: str) -> list[str]:
+    """How `cache`'s state of `seq_id` differs from a from-scratch prefill of `tokens`."""
+    n = len(tokens)
+    if cache.computed_len[seq_id] != n:
+        return [f"{who}: computed_len {cache.computed_len[seq_id]}, expected {n}"]
+    if cache.kv is not None and len(cache.kv.block_table(seq_id)) != -(-n // cache.block_size):
+        return [f"{who}: holds {len(cache.kv.block_table(seq_id))} KV pages for {n} computed tokens"]
+    if n == 0:
+        return []
+    fresh = HybridCache(model.config, max_seqs=1, num_blocks=-(-n // cache.block_size), block_size=cache.block_size,
+                        ring_slots=2, dtype=model.dtype, device=model.device)
+    model.prefill(fresh, [0], [tokens], last_only=True)
+    want, atol, problems = _layer_states(fresh, 0, n), _atol(model.dtype), []
+    for label, got in _layer_states(cache, seq_id, n).items():
+        error = (got - want[label]).abs().max().item() if got.numel() else 0.0
+        if not error <= atol:
+            problems.append(f"{who}: {label} differs by {error:.1e} from a prefill of its {n} computed tokens")
+    return problems
+
+
+def _sequence_states(engine: Engine, requests) -> dict:
+    """Copies of everything a round may change for `requests`: each cache's
+    bookkeeping, each sequence's head states and K/V, the outputs."""
+    caches = {"target": engine.cache}
+    if hasattr(engine.speculator.drafter, "cache"):
+        caches["drafter"] = engine.speculator.drafter.cache
+    out = {}
+    for who, cache in caches.items():
+        out.update({f"{who} {key}": value for key, value in cache.bookkeeping().items()})
+        for r in requests:
+            if cache.has_sequence(r.seq_id):
+                states = _layer_states(cache, r.seq_id, cache.computed_len[r.seq_id])
+                out.update({f"{who} sequence {r.seq_id} {label}": t.clone() for label, t in states.items()})
+    out.update({f"output of sequence {r.seq_id}": (list(r.output.token_ids), r.output.finish_reason)
+                for r in requests})
+    return out
+
+
+def _differences(before: dict, after: dict) -> list[str]:
+    def same(a, b):
+        return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    return sorted(k for k in before.keys() | after.keys()
+                  if k not in before or k not in after or not same(before[k], after[k]))
+
+
+class RoundObserver:
+    """Watches the rounds of `engine`'s speculator inside a `with` block by
+    wrapping its `propose`, `round` and `commit` methods on the instance
+    (removed on exit; nothing else about the engine changes).
+
+    It records, per round, (verify inputs, accepted) of every row the commit
+    keeps live; checks the boundary invariant after every round (target and
+    drafter) and, with `check_states`, every layer's state (`problems`). With
+    `capture` it copies every sequence's state before each round; if a round
+    raises, `reverted` lists what differs afterwards (None: nothing raised)."""
+
+    def __init__(self, engine: Engine, check_states: bool = False, capture: bool = False):
+        self.engine, self.spec = engine, engine.speculator
+        self.check_states, self.capture = check_states, capture
+        self.rounds, self.phase = 0, None  # phase: "draft" | "verify" | "commit" inside a round
+        self.commits: list[list[tuple[int, int]]] = []
+        self.problems: list[str] = []
+        self.reverted: list[str] | None = None
+
+    def __enter__(self) -> "RoundObserver":
+        spec = self.spec
+        self._propose, self._round, self._commit = spec.propose, spec.round, spec.commit
+        spec.propose, spec.round, spec.commit = self.propose, self.round, self.commit
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in ("propose", "round", "commit"):
+            delattr(self.spec, name)
+
+    def propose(self, requests, rows):
+        self.phase = "draft"
+        drafts = self._propose(requests, rows)
+        self.phase = "verify"
+        return drafts
+
+    def commit(self, requests, plans, inputs, start, accepted, live, input_log):
+        self.phase = "commit"
+        self.commits.append([(len(inputs[b]), accepted[b]) for b in live])
+        return self._commit(requests, plans, inputs, start, accepted, live, input_log)
+
+    def round(self, requests, rows):
+        self.rounds += 1
+        before = _sequence_states(self.engine, requests) if self.capture else None
+        try:
+            emitted = self._round(requests, rows)
+        except BaseException:
+            if before is not None:
+                self.reverted = _differences(before, _sequence_states(self.engine, requests))
+            raise
+        finally:
+            self.phase = None
+        for r in requests:
+            if not r.finished:
+                self.problems += self._check(r)
+        return emitted
+
+    def _check(self, request) -> list[str]:
+        committed = request.output.prompt_token_ids + request.output.token_ids
+        s, drafter = request.seq_id, self.spec.drafter
+        try:
+            self.engine.cache.check_invariant(s, len(committed))
+            if hasattr(drafter, "cache"):
+                drafter.cache.check_invariant(s, drafter.cache.computed_len[s] + 1)
+        except InvariantError as error:
+            return [str(error)]
+        problems = []
+        if hasattr(drafter, "cache") and drafter.cache.computed_len[s] > len(committed) - 1:
+            problems.append(f"drafter of sequence {s} absorbed {drafter.cache.computed_len[s]} tokens, past the "
+                            f"boundary {len(committed) - 1}")
+        elif self.check_states and hasattr(drafter, "cache"):
+            problems += _state_problems(drafter.model, drafter.cache, s, committed[:drafter.cache.computed_len[s]],
+                                        f"drafter of sequence {s}")
+        if self.check_states:
+            problems += _state_problems(self.engine.target, self.engine.cache, s, committed[:-1], f"sequence {s}")
+        return problems
+
+    def expected_restores(self, policy: CheckpointPolicy) -> tuple[int, int, int]:
+        """(snapshot hits, log-replayed tokens, token-replayed tokens) that
+        DESIGN.md's policy semantics imply for the rounds seen: snapshots after
+        inputs 0, k, 2k, … and the last (k = 0: the last only); the ring keeps the
+        latest `ring_slots - 1` of them (the head is pinned); any other boundary n
+        is replayed from the nearest earlier one (or the head) in n - j steps."""
+        if self.engine.cache.states is None:
+            return 0, 0, 0
+
+        def snapshots(num_inputs):
+            every = range(0, num_inputs, policy.snapshot_every) if policy.snapshot_every else ()
+            return sorted({num_inputs - 1, *every})
+
+        keep = (policy.ring_slots or len(snapshots(self.spec.gamma + 1)) + 1) - 1
+        hits = log = token = 0
+        for num_inputs, n in chain.from_iterable(self.commits):
+            kept = snapshots(num_inputs)[-keep:]
+            if n in kept:
+                hits += 1
+                continue
+            steps = n - max((j for j in kept if j <= n), default=-1)
+            log, token = (log + steps, token) if policy.log_inputs else (log, token + steps)
+        return hits, log, token
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose inside a round by `install_fault`."""
+
+
+@contextmanager
+def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round: int):
+    """Raise InjectedFault once, in round `fire_round` or later, at `site`:
+    - "draft": the drafter's second forward of the round (its catch-up done),
+      or a prompt-lookup drafter's lookup;
+    - "verify": the target's last layer in the verify forward (the others wrote);
+    - "replay": the target's last Mamba layer's log replay, or its last layer
+      in a token replay;
+    - "drafter commit": the drafter's commit of a second row (the target's
+      rows already committed)."""
+    spec, target, fired = engine.speculator, engine.target, []
+    model_drafter = hasattr(spec.drafter, "model")
+
+    def hook(obj, name: str, phase: str, skip: int = 0):
+        original, calls = getattr(obj, name), []
+
+        def hooked(*args, **kwargs):
+            if observer.phase == phase and observer.rounds >= fire_round and not fired:
+                calls.append(1)
+                if len(calls) > skip:
+                    fired.append(site)
+                    raise InjectedFault(f"injected at {site!r} in round {observer.rounds}")
+            return original(*args, **kwargs)
+        setattr(obj, name, hooked)
+        return obj, name
+
+    hooks = []
+    if site == "draft":
+        hooks.append(hook(spec.drafter.model.layers[-1], "forward", "draft", skip=1) if model_drafter
+                     else hook(spec.drafter, "lookup", "draft"))
+    elif site == "verify":
+        hooks.append(hook(target.layers[-1], "forward", "verify"))
+    elif site == "replay":
+        hooks.append(hook(target.layers[-1], "forward", "commit"))
+        if target.config.mamba_layers:
+            hooks.append(hook(target.layers[target.config.mamba_layers[-1]].mixer, "replay", "commit"))
+    elif site == "drafter commit" and model_drafter:
+        hooks.append(hook(spec.drafter, "commit", "commit", skip=1))
+    else:
+        raise ValueError(f"fault site {site!r} must be one of {FAULT_SITES} (drafter commit: a model drafter)")
+    try:
+        yield
+    finally:
+        for obj, name in hooks:
+            delattr(obj, name)
+
+
+# -- parity --------------------------------------------------------------------------------------
+
+
+def witness_bookkeeping(engine: Engine) -> tuple:
+    drafter = engine.speculator.drafter if engine.speculator else None
+    return engine.cache.bookkeeping(), (drafter.cache.bookkeeping() if hasattr(drafter, "cache") else None)
+
+
