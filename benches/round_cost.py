@@ -20,7 +20,8 @@ same tokens plainly and speculatively (k = 1); the measured speedup is the
 ratio of the two CPU times of `generate` (prefill included in both).
 The predicted speedup is `hybridspec simulate --measured`'s:
 E[tokens](α) · target_step / (γ · draft_step + verify + replay), with α from the
-pooled acceptance rate and replay_s the engine's commit phase per round.
+acceptance rate pooled over all batches and replay_s the engine's commit phase
+per round; "own α" uses each batch's own acceptance rate instead.
 
     python benches/round_cost.py            # the measurement (minutes)
     python benches/round_cost.py --quick    # tiny models, batch 1 and 2, seconds
@@ -124,6 +125,14 @@ def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> 
             "equals_plain": outputs["plain"] == outputs["spec"]}
 
 
+def own_alpha_speedup(step: dict, run: dict) -> float:
+    """simulate --measured's speedup with this batch's own acceptance rate:
+    E[tokens](α) · target_step / (γ · draft_step + verify + replay)."""
+    alpha = hs.sim.alpha_from_acceptance_rate(run["acceptance_rate"], GAMMA)
+    round_s = GAMMA * step["draft_step_s"] + step["verify_s"] + run["replay_s"]
+    return hs.sim.expected_tokens(alpha, GAMMA) * step["target_step_s"] / round_s
+
+
 def crossover_of(rows: list[dict], key: str) -> dict:
     """`hs.sim.measured_crossover` over the speedups in `rows[key]`."""
     return hs.sim.measured_crossover([{"batch": r["batch"], "speedup": {"value": r[key], "source": "measured"}}
@@ -139,8 +148,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     set_threads(args.threads)
     batches = args.batches or ([1, 2] if args.quick else [1, 2, 4, 8, 16, 32])
-    num_tokens = args.tokens or (8 if args.quick else 24)
-    repeats = args.repeats or (1 if args.quick else 3)
     hf_target, hf_draft = build_pair(QUICK if args.quick else FULL, args.epsilon)
     target, draft = hs.from_hf(hf_target), hs.from_hf(hf_draft)
     machine = describe_machine()
@@ -148,8 +155,10 @@ def main(argv=None) -> int:
           f"(its first {DRAFT_LAYERS} layers), ε = {args.epsilon}, γ = {GAMMA}; {machine}", flush=True)
     steps, runs = [], []
     for batch in batches:
+        num_tokens = args.tokens or (8 if args.quick else 24 if batch <= 8 else 16)
+        repeats = args.repeats or (1 if args.quick else 3 if batch <= 8 else 2)
         steps.append(step_times(target, draft, batch, repeats=3 if args.quick else 5))
-        runs.append(engine_speedup(target, draft, batch, num_tokens, repeats))
+        runs.append(engine_speedup(target, draft, batch, num_tokens, repeats) | {"tokens": num_tokens})
         print(f"batch {batch}: {steps[-1]} {runs[-1]}", flush=True)
     rate = sum(r["accepted"] for r in runs) / max(sum(r["drafted"] for r in runs), 1)
     measured = {"schema": SCHEMA, "machine": machine, "model": f"random Bamba {target.num_parameters() / 1e6:.1f}M",
@@ -163,14 +172,18 @@ def main(argv=None) -> int:
              "replay_cost": predicted[s["batch"]]["replay_cost"]["value"],
              "predicted": predicted[s["batch"]]["speedup"]["value"], "measured": r["measured_speedup"],
              "error": r["measured_speedup"] / predicted[s["batch"]]["speedup"]["value"] - 1.0,
+             "predicted_own": own_alpha_speedup(s, r), "tokens": r["tokens"],
              "acceptance": r["acceptance_rate"], "plain_tok_s": r["plain_tok_s"], "spec_tok_s": r["spec_tok_s"],
              "equals_plain": r["equals_plain"]} for s, r in zip(steps, runs)]
     print_table(rows, ["batch", ("target_ms", "target step ms"), "c", ("verify_cost", "verify (steps)"),
                        ("replay_cost", "commit (steps)"), ("predicted", "predicted x"), ("measured", "measured x"),
-                       "error", "acceptance", ("equals_plain", "= plain")],
+                       "error", "acceptance", ("predicted_own", "predicted x, own α"), "tokens",
+                       ("equals_plain", "= plain")],
                 title=f"γ = {GAMMA}, pooled acceptance rate {rate:.3f} (α = {run.alpha:.3f}), "
-                      f"E[tokens] = {run.tokens_per_round:.3f}; {num_tokens} new tokens per sequence")
-    crossovers = {"predicted": crossover_of(rows, "predicted"), "measured": crossover_of(rows, "measured")}
+                      f"E[tokens] = {run.tokens_per_round:.3f} (hybridspec simulate --measured); "
+                      "'own α': the same formula with each batch's own acceptance")
+    crossovers = {"predicted": crossover_of(rows, "predicted"), "measured": crossover_of(rows, "measured"),
+                  "predicted_own": crossover_of(rows, "predicted_own")}
     for name, cross in crossovers.items():
         print(f"{name} crossover batch: {cross['batch']} ({cross['note']})")
     name = "round_cost_quick" if args.quick else "round_cost"

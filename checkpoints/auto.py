@@ -251,6 +251,7 @@ class AutoCheckpointPolicy(CheckpointPolicy):
         return self.binding.ring_slots if self.binding is not None else gamma + 2
 
     def decide(self, acceptance_history: list[float], batch: int) -> RoundChoice:
+        """The (k, log) for a round of `batch` sequences after this acceptance history."""
         bound = self._bound()
         alpha = running_alpha(acceptance_history, bound.gamma, self.acceptance_window)
         return choose(alpha, bound.gamma, batch, bound.costs, bound.footprint, self.memory_budget_bytes,
