@@ -23,19 +23,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import Mamba1Config
-from ..kernels.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
-                                   conv_window_update_ref)
+from ..kernels.conv_window import conv_window_update, conv_window_update_ref
 from ..kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from ..kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
 from .batch import ForwardBatch, MambaInputLog
 from .common import RMSNorm, compute_dtype, param
+from .log_replay import LogReplay
 
 
-class Mamba1Mixer(nn.Module):
+class Mamba1Mixer(LogReplay, nn.Module):
     """weights: in_proj.weight [2·d_inner, hidden] (x rows first, then z),
     conv1d.weight [d_inner, 1, d_conv], x_proj.weight [dt_rank + 2·d_state, d_inner],
     dt_proj.weight [d_inner, dt_rank], dt_proj.bias, A_log [d_inner, d_state], D,
     out_proj.weight, and with `inner_layernorms` dt_norm/b_norm/c_norm.weight."""
+
+    replay_kernels = (mamba1_replay, mamba1_replay_ref)
 
     def __init__(self, cfg: Mamba1Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
@@ -82,15 +84,3 @@ class Mamba1Mixer(nn.Module):
         y = y * F.silu(gate)  # [batch, T, d_inner]
         return F.linear(y, self.out_proj, self.out_bias)
 
-    def replay(self, cache, src_slot: torch.Tensor, dst_slot: torch.Tensor, first: torch.Tensor,
-               num_steps: torch.Tensor, log: MambaInputLog) -> None:
-        """Log replay: advance the state (SSM and conv window) in src_slot over
-        logged inputs first..first+num_steps-1 and write it to dst_slot (rows
-        with dst_slot = -1 untouched). All index tensors are [batch]."""
-        log = log.shifted(first)
-        on_gpu = log.x.is_cuda
-        A = -torch.exp(self.A_log.to(log.dt.dtype))
-        (mamba1_replay if on_gpu else mamba1_replay_ref)(
-            cache.states.ssm_states[self.state_layer], src_slot, dst_slot, num_steps, log.x, log.dt, A, log.B, log.C)
-        (conv_window_rebuild if on_gpu else conv_window_rebuild_ref)(
-            cache.states.conv_states[self.state_layer], src_slot, dst_slot, num_steps, log.xs)

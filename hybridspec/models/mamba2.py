@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import Mamba2Config
-from ..kernels.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
-                                   conv_window_update_ref)
+from ..kernels.conv_window import conv_window_update, conv_window_update_ref
 from ..kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
 from ..kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
 from .batch import ForwardBatch, MambaInputLog
 from .common import compute_dtype, param
+from .log_replay import LogReplay
 
 
 def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int,
@@ -35,7 +35,9 @@ def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, gr
     return weight * grouped.view_as(h).to(y.dtype)
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(LogReplay, nn.Module):
+    replay_kernels = (mamba2_replay, mamba2_replay_ref)
+
     def __init__(self, cfg: Mamba2Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
         self.cfg, self.state_layer, self.eps = cfg, state_layer, eps
@@ -72,15 +74,3 @@ class Mamba2Mixer(nn.Module):
         y = gated_rms_norm(y.reshape(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg.group_size, self.eps)
         return F.linear(y, self.out_proj, self.out_bias)
 
-    def replay(self, cache, src_slot: torch.Tensor, dst_slot: torch.Tensor, first: torch.Tensor,
-               num_steps: torch.Tensor, log: MambaInputLog) -> None:
-        """Log replay: advance the state (SSM and conv window) in src_slot over
-        logged inputs first..first+num_steps-1 and write it to dst_slot (rows
-        with dst_slot = -1 untouched). All index tensors are [batch]."""
-        log = log.shifted(first)
-        on_gpu = log.x.is_cuda
-        A = -torch.exp(self.A_log.to(log.dt.dtype))
-        (mamba2_replay if on_gpu else mamba2_replay_ref)(
-            cache.states.ssm_states[self.state_layer], src_slot, dst_slot, num_steps, log.x, log.dt, A, log.B, log.C)
-        (conv_window_rebuild if on_gpu else conv_window_rebuild_ref)(
-            cache.states.conv_states[self.state_layer], src_slot, dst_slot, num_steps, log.xs)
