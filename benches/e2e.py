@@ -177,14 +177,21 @@ def measure(w: Workload, args) -> dict:
                spec_equals_plain=first_mismatch(results["spec"], results["plain"]) is None,
                plain_equals_hf=first_mismatch(results["plain"], results["hf"]) is None if "hf" in results else None,
                spec_stats=stats["spec"], plain_stats=stats["plain"], seconds=seconds)
-    row.update(explain(row, args.gamma))
+    row.update(explain(row, args.gamma, len(w.prompts)))
     return row
 
 
-def explain(row: dict, gamma: int) -> dict:
-    """c, verification cost and the predicted speedup from the phase timers."""
+def explain(row: dict, gamma: int, num_prompts: int) -> dict:
+    """c, verification cost and the predicted speedup from the phase timers; the
+    measured speedup of the decode phases alone; and the time per prompt spent
+    outside the phases (prefill of the target, and of the draft model)."""
     import hybridspec as hs
     spec, plain = row["spec_stats"], row["plain_stats"]
+    phases = {name: sum(row[f"{name}_stats"]["seconds"].values()) for name in ("spec", "plain")}
+    # tokens emitted by rounds / decode steps: all but the one each prefill emits
+    per_token = {name: phases[name] / max(row[f"{name}_stats"]["emitted_tokens"] - num_prompts, 1)
+                 for name in ("spec", "plain")}
+    outside = {name: (row["seconds"][name] - phases[name]) / num_prompts for name in ("spec", "plain")}
     plain_step = (plain["seconds"]["verify"] + plain["seconds"]["sampling"]) / max(plain["rounds"], 1)
     rounds = max(spec["rounds"], 1)
     draft_round = spec["seconds"]["draft"] / rounds
@@ -193,7 +200,9 @@ def explain(row: dict, gamma: int) -> dict:
     alpha = hs.sim.alpha_from_acceptance_rate(min(max(row["acceptance_rate"], 0.0), 1.0), gamma)
     return dict(plain_step_ms=plain_step * 1e3, draft_round_ms=draft_round * 1e3,
                 verify_round_ms=verify_round * 1e3, c=c, verify_cost=verify_cost, alpha=round(alpha, 4),
-                predicted_speedup=hs.sim.speedup(alpha, gamma, c, verify_cost) if row["drafter"] != "ngram" else None)
+                predicted_speedup=hs.sim.speedup(alpha, gamma, c, verify_cost) if row["drafter"] != "ngram" else None,
+                decode_speedup=per_token["plain"] / per_token["spec"],
+                spec_outside_ms=outside["spec"] * 1e3, plain_outside_ms=outside["plain"] * 1e3)
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -270,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, [("workload", "workload"), ("drafter", "drafter"), ("plain_step_ms", "plain step ms"),
                        ("draft_round_ms", "draft ms/round"), ("verify_round_ms", "verify ms/round"), ("c", "c"),
                        ("verify_cost", "verify cost"), ("alpha", "alpha"), ("predicted_speedup", "predicted"),
-                       ("speedup", "measured")],
+                       ("decode_speedup", "decode"), ("speedup", "end to end"), ("spec_outside_ms", "spec prefill ms"),
+                       ("plain_outside_ms", "plain prefill ms")],
                 title="why: c = draft per round / (gamma * plain step); verify cost = verify+accept+commit per round "
-                      "/ plain step; predicted = hs.sim.speedup(alpha, gamma, c, verify cost)")
+                      "/ plain step; predicted = hs.sim.speedup(alpha, gamma, c, verify cost); decode = measured "
+                      "speedup of the round/step phases alone; prefill ms = time outside them per prompt")
     out = args.out or Path("e2e.json")
     write_json(out, dict(bench="e2e", quick=args.quick, caption=caption, gamma=args.gamma, batch=args.batch,
                          policy=args.policy.snapshot_every, new_tokens=args.new_tokens, prompts=args.prompts,
