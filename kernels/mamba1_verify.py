@@ -178,13 +178,14 @@ def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     state = ssm_states[src_slot].to(acc)  # [batch, d_inner, d_state], a copy
     y = torch.zeros_like(x)  # [batch, T, d_inner]
     states = []
+    all_live = bool((num_tokens >= x.shape[1]).all())  # no padded inputs: skip the masking
     for t in range(x.shape[1]):
         is_live = t < num_tokens  # [batch]
         stepped = mamba1_step_ref(state, x[:, t], dt[:, t], A, B[:, t])
-        state = torch.where(is_live[:, None, None], stepped, state)
+        state = stepped if all_live else torch.where(is_live[:, None, None], stepped, state)
         y_t = (state @ C[:, t, :, None]).squeeze(-1) + D * x[:, t]  # [batch, d_inner]
-        y[:, t] = torch.where(is_live[:, None], y_t, 0.0)
+        y[:, t] = y_t if all_live else torch.where(is_live[:, None], y_t, 0.0)
         states.append(state)
     is_live = torch.arange(x.shape[1], device=x.device) < num_tokens[:, None]  # [batch, T]
-    write_snapshots_ref(ssm_states, snap_slot, is_live, torch.stack(states, 1))
+    write_snapshots_ref(ssm_states, snap_slot, is_live, torch.stack(states, 1) if len(states) > 1 else state[:, None])
     return y.to(out_dtype)

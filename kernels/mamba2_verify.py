@@ -90,9 +90,10 @@ def write_snapshots_ref(pool, snap_slot, is_live, values):
     pool [num_slots, ...]; snap_slot, is_live [batch, T]; values [batch, T, ...]."""
     keep = is_live & (snap_slot >= 0)  # [batch, T]
     T = snap_slot.shape[1]
-    later = torch.triu(torch.ones(T, T, dtype=torch.bool, device=snap_slot.device), diagonal=1)  # [T, T]
-    rewritten = ((snap_slot[:, :, None] == snap_slot[:, None, :]) & keep[:, None, :] & later).any(2)
-    keep &= ~rewritten
+    if T > 1:
+        later = torch.triu(torch.ones(T, T, dtype=torch.bool, device=snap_slot.device), diagonal=1)  # [T, T]
+        rewritten = ((snap_slot[:, :, None] == snap_slot[:, None, :]) & keep[:, None, :] & later).any(2)
+        keep &= ~rewritten
     pool[snap_slot[keep]] = values[keep].to(pool.dtype)
 
 
@@ -151,7 +152,7 @@ def mamba2_step_ref(state, x, dt, A, B):
     """
     decay = torch.exp(dt * A)  # [batch, nheads]
     inject = (dt[..., None] * x)[..., None] * B[:, :, None, :]  # [batch, nheads, headdim, d_state]
-    return state * decay[..., None, None] + inject
+    return inject.addcmul_(state, decay[..., None, None])  # one new tensor per step
 
 
 def mamba2_inputs_ref(x, dt, B, C, acc):
@@ -280,13 +281,14 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     state = ssm_states[src_slot].to(acc)  # [batch, nheads, headdim, d_state], a copy
     y = torch.zeros_like(x)  # [batch, T, nheads, headdim]
     states = []
+    all_live = bool((num_tokens >= x.shape[1]).all())  # no padded inputs: skip the masking
     for t in range(x.shape[1]):
         is_live = t < num_tokens  # [batch]
         stepped = mamba2_step_ref(state, x[:, t], dt[:, t], A, B[:, t])
-        state = torch.where(is_live[:, None, None, None], stepped, state)
+        state = stepped if all_live else torch.where(is_live[:, None, None, None], stepped, state)
         y_t = (state @ C[:, t, :, :, None]).squeeze(-1) + D[:, None] * x[:, t]  # [batch, nheads, headdim]
-        y[:, t] = torch.where(is_live[:, None, None], y_t, 0.0)
+        y[:, t] = y_t if all_live else torch.where(is_live[:, None, None], y_t, 0.0)
         states.append(state)
     is_live = torch.arange(x.shape[1], device=x.device) < num_tokens[:, None]  # [batch, T]
-    write_snapshots_ref(ssm_states, snap_slot, is_live, torch.stack(states, 1))
+    write_snapshots_ref(ssm_states, snap_slot, is_live, torch.stack(states, 1) if len(states) > 1 else state[:, None])
     return y.to(out_dtype)
