@@ -41,6 +41,10 @@ class CheckpointPolicy:
         from .auto import AutoCheckpointPolicy
         return AutoCheckpointPolicy(memory_budget_bytes=memory_budget_bytes)
 
+    def bind(self, engine, gamma: int) -> "CheckpointPolicy":
+        """The policy an engine uses; adaptive policies measure the model here."""
+        return self
+
     def snapshot_inputs(self, num_inputs: int) -> list[int]:
         """Verify-input indices (0-based) after which a snapshot is taken."""
         last = num_inputs - 1

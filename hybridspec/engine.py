@@ -165,6 +165,7 @@ class Engine:
         ids = [r.seq_id for r in requests]
         logits = self.target.prefill(self.cache, ids, [r.output.prompt_token_ids for r in requests],
                                      last_only=True)[:, 0]  # [batch, vocab]
+        self.stats.sequences += len(requests)
         self._sample_and_emit(requests, logits, rows)
 
     def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams) -> None:
@@ -189,5 +190,6 @@ class Engine:
                 for r in active:
                     self.cache.check_invariant(r.seq_id, r.committed_len)
             self.stats.rounds += 1
+            self.stats.sequence_rounds += len(active)
             bar.update(len(active))
             active = [r for r in active if not r.finished]

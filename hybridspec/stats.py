@@ -13,7 +13,9 @@ class EngineStats:
     rounds: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    emitted_tokens: int = 0
+    emitted_tokens: int = 0  # every generated token, the first one (sampled from the prefill logits) included
+    sequences: int = 0  # requests prefilled
+    sequence_rounds: int = 0  # (round, sequence) pairs: a plain decode step or a speculative round of one sequence
     snapshot_hits: int = 0
     log_replayed_tokens: int = 0
     token_replayed_tokens: int = 0
@@ -27,7 +29,9 @@ class EngineStats:
 
     @property
     def tokens_per_round(self) -> float:
-        return self.emitted_tokens / self.rounds if self.rounds else 0.0
+        """Tokens a sequence gains per round (the simulator's E[tokens]); the
+        first token of each request comes from the prefill, not from a round."""
+        return (self.emitted_tokens - self.sequences) / self.sequence_rounds if self.sequence_rounds else 0.0
 
     @contextmanager
     def phase(self, name: str):

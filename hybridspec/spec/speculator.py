@@ -47,8 +47,7 @@ class Speculator:
             raise ConfigError(f"draft must be a HybridModel (hs.from_hf / hs.load) or hs.NgramDrafter, "
                               f"got {type(draft).__name__}")
         self.coupled = engine.verify == "coupled"
-        if hasattr(self.policy, "bind"):  # "auto": measures step costs on the target, reads the batch per round
-            self.policy = self.policy.bind(engine, num_draft_tokens)
+        self.policy = self.policy.bind(engine, num_draft_tokens)  # "auto" measures step costs here
         self.target_ring_slots = self.policy.ring_size(num_draft_tokens)
         self.acceptance_history: list[float] = []
         self.check = engine.check_invariants
@@ -197,6 +196,7 @@ class Speculator:
     def _count(self, requests, drafts, accepted, kept, plans, input_log, cache) -> None:
         stats = self.engine.stats
         stats.rounds += 1
+        stats.sequence_rounds += len(requests)
         stats.drafted_tokens += sum(map(len, drafts))
         stats.accepted_tokens += sum(min(n, k) for n, k in zip(accepted, kept))
         stats.emitted_tokens += sum(kept)
