@@ -114,14 +114,16 @@ class HybridCache:
         positions = torch.tensor(start, device=self.device)[:, None] + torch.arange(T, device=self.device)
         counts = torch.tensor(num_new, device=self.device)
         src = torch.tensor([self.head(s) for s in seq_ids], dtype=torch.long, device=self.device)
-        if snap_slot is None:
+        final_state_only = snap_slot is None
+        if final_state_only:
             final = [self.spare_slot(s) for s in seq_ids]
             snap_slot = torch.full((len(seq_ids), T), -1, dtype=torch.long, device=self.device)
             snap_slot[torch.arange(len(seq_ids)), counts - 1] = torch.tensor(final, device=self.device)
         else:
             final = [-1] * len(seq_ids)
         kv_meta = self.kv.prepare_write(seq_ids, num_new) if self.kv is not None else None
-        batch = ForwardBatch(positions=positions, num_tokens=counts, kv=kv_meta, src_slot=src, snap_slot=snap_slot)
+        batch = ForwardBatch(positions=positions, num_tokens=counts, kv=kv_meta, src_slot=src, snap_slot=snap_slot,
+                             final_state_only=final_state_only)
         return ForwardPlan(seq_ids, start, list(num_new), final, batch)
 
     def abort_forward(self, plan: ForwardPlan) -> None:

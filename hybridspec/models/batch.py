@@ -48,6 +48,7 @@ class ForwardBatch:
     src_slot: torch.Tensor  # [batch] int64
     snap_slot: torch.Tensor  # [batch, T] int64
     input_log: dict[int, MambaInputLog] | None = field(default=None)  # layer -> log, filled when not None
+    final_state_only: bool = False  # only the state after each row's last input is wanted (prefill, plain extend)
 
     @property
     def batch_size(self) -> int:

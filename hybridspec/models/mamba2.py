@@ -23,6 +23,7 @@ from ..kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
 from .batch import ForwardBatch, MambaInputLog
 from .common import compute_dtype, param
 from .log_replay import LogReplay
+from .ssd import ssd_chunk_scan
 
 
 def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int,
@@ -33,6 +34,9 @@ def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, gr
     grouped = h.view(*h.shape[:-1], -1, group_size)
     grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
     return weight * grouped.view_as(h).to(y.dtype)
+
+
+SSD_MIN_TOKENS = 16  # from this many inputs on, a forward that wants only the final state uses the chunked scan
 
 
 class Mamba2Mixer(LogReplay, nn.Module):
@@ -67,10 +71,29 @@ class Mamba2Mixer(LogReplay, nn.Module):
         C = C.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
         dt = F.softplus(dt.to(cd) + self.dt_bias.to(cd)).clamp(*cfg.time_step_limit)  # [batch, T, nheads]
         A = -torch.exp(self.A_log.to(cd))  # [nheads]
-        scan = mamba2_verify if on_gpu else mamba2_verify_ref
-        y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
+        if batch.final_state_only and T >= SSD_MIN_TOKENS:
+            y = self.chunked_scan(ssm_states, batch, x, dt, A, B, C)
+        else:
+            scan = mamba2_verify if on_gpu else mamba2_verify_ref
+            y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
         y = gated_rms_norm(y.reshape(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg.group_size, self.eps)
         return F.linear(y, self.out_proj, self.out_bias)
 
+
+    def chunked_scan(self, ssm_states: torch.Tensor, batch: ForwardBatch, x, dt, A, B, C) -> torch.Tensor:
+        """SSD over the whole batch from the head states; writes each row's final
+        state to its snapshot slot at its last input. Returns y [batch, T, nheads, headdim]."""
+        cd, T = dt.dtype, x.shape[1]
+        rows = torch.arange(x.shape[0], device=x.device)
+        is_live = torch.arange(T, device=x.device) < batch.num_tokens[:, None]  # [batch, T]
+        dt = dt * is_live[..., None]  # Δ = 0 on padding: the state stays put there
+        heads_per_group = self.cfg.num_heads // self.cfg.n_groups
+        B, C = (t.to(cd).repeat_interleave(heads_per_group, dim=2) for t in (B, C))  # [batch, T, nheads, d_state]
+        y, final = ssd_chunk_scan(x.to(cd), dt, A, B, C, self.D.to(cd), ssm_states[batch.src_slot].to(cd),
+                                  min(self.cfg.chunk_size, 128))
+        slots = batch.snap_slot[rows, batch.num_tokens - 1]  # [batch]
+        keep = slots >= 0
+        ssm_states[slots[keep]] = final[keep].to(ssm_states.dtype)
+        return y.to(x.dtype)
