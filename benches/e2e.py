@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,21 +154,26 @@ def measure(w: Workload, args) -> dict:
     sizes = dict(max_batch_size=args.batch, max_model_len=max(map(len, w.prompts)) + args.new_tokens + args.gamma + 1)
     spec = hs.Engine(w.target, draft=w.draft, num_draft_tokens=args.gamma, checkpoint=args.policy, **sizes)
     plain = hs.Engine(w.target, **sizes)
-    results, stats = {}, {}
+    results, engine_calls = {}, {"spec": [], "plain": []}
 
     def call(name, runner):
         def fn():
             if isinstance(runner, hs.Engine):
                 runner.stats.reset()
+            start = time.perf_counter()
             results[name] = run_batches(runner, w.prompts, args.batch, args.new_tokens)
             if isinstance(runner, hs.Engine):
-                stats[name] = runner.stats.as_dict()
+                engine_calls[name].append((time.perf_counter() - start, runner.stats.as_dict()))
         return fn
 
     fns = {"spec": call("spec", spec), "plain": call("plain", plain)}
     if w.hf is not None:
         fns["hf"] = call("hf", w.hf)
     seconds = side_by_side(fns, repeats=args.repeats)
+    # the phase timers of the timed call with the median wall time, with that call's wall time
+    median_call = {name: sorted(calls[-args.repeats:], key=lambda c: c[0])[(args.repeats - 1) // 2]
+                   for name, calls in engine_calls.items()}
+    stats = {name: stats for name, (_, stats) in median_call.items()}
     total = len(w.prompts) * args.new_tokens
     tps = {name: total / s for name, s in seconds.items()}
     row = dict(workload=w.name, drafter=w.drafter, gamma=args.gamma, batch=args.batch,
@@ -176,7 +182,8 @@ def measure(w: Workload, args) -> dict:
                speedup=tps["spec"] / tps["plain"], spec_vs_hf=tps["spec"] / tps["hf"] if "hf" in tps else None,
                spec_equals_plain=first_mismatch(results["spec"], results["plain"]) is None,
                plain_equals_hf=first_mismatch(results["plain"], results["hf"]) is None if "hf" in results else None,
-               spec_stats=stats["spec"], plain_stats=stats["plain"], seconds=seconds)
+               spec_stats=stats["spec"], plain_stats=stats["plain"], seconds=seconds,
+               call_seconds={name: wall for name, (wall, _) in median_call.items()})
     row.update(explain(row, args.gamma, len(w.prompts)))
     return row
 
@@ -191,7 +198,7 @@ def explain(row: dict, gamma: int, num_prompts: int) -> dict:
     # tokens emitted by rounds / decode steps: all but the one each prefill emits
     per_token = {name: phases[name] / max(row[f"{name}_stats"]["emitted_tokens"] - num_prompts, 1)
                  for name in ("spec", "plain")}
-    outside = {name: (row["seconds"][name] - phases[name]) / num_prompts for name in ("spec", "plain")}
+    outside = {name: (row["call_seconds"][name] - phases[name]) / num_prompts for name in ("spec", "plain")}
     plain_step = (plain["seconds"]["verify"] + plain["seconds"]["sampling"]) / max(plain["rounds"], 1)
     rounds = max(spec["rounds"], 1)
     draft_round = spec["seconds"]["draft"] / rounds

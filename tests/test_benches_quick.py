@@ -78,6 +78,7 @@ def test_e2e_quick(benches, tmp_path):
         assert row["speedup"] == pytest.approx(row["spec_tok_s"] / row["plain_tok_s"])
         assert row["spec_stats"]["emitted_tokens"] == payload["new_tokens"] * payload["prompts"]
         assert 0.0 <= row["acceptance_rate"] <= 1.0 and row["c"] > 0 and row["verify_cost"] > 0
+        assert row["spec_outside_ms"] >= 0 and row["plain_outside_ms"] >= 0  # wall and phases of one call
     assert out.with_suffix(".png").stat().st_size > 0
 
 
