@@ -126,3 +126,26 @@ def hf_greedy(m, prompts, max_new_tokens):
     finally:
         m.generation_config.eos_token_id = eos
     return out[:, width:].tolist()
+
+
+def assert_split_forwards_match(target, make_cache, num_extend: int, seed: int = 3, atol: float = 1e-12):
+    """Ragged prefill, then `extend` of `num_extend` tokens, then decode steps
+    give the same logits as one prefill of each whole sequence.
+    `make_cache(target, max_seqs)` builds an empty HybridCache."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (12, 7, 10)]
+    full = [target.prefill(make_cache(target, 1), [0], [s])[0] for s in seqs]  # [len, vocab] each
+    cache = make_cache(target, 3)
+    split = [4, 2, 5]
+    first = target.prefill(cache, [0, 1, 2], [s[:k] for s, k in zip(seqs, split)])
+    ext = target.extend(cache, [0, 1, 2], [s[k:k + num_extend] for s, k in zip(seqs, split)])
+    for b, k in enumerate(split):
+        assert (first[b, :k] - full[b][:k]).abs().max() <= atol
+        assert (ext[b, :num_extend] - full[b][k:k + num_extend]).abs().max() <= atol
+    pos = [k + num_extend for k in split]
+    while any(p < len(s) for p, s in zip(pos, seqs)):
+        rows = [b for b in range(3) if pos[b] < len(seqs[b])]
+        logits = target.decode(cache, rows, [seqs[b][pos[b]] for b in rows])
+        for i, b in enumerate(rows):
+            assert (logits[i] - full[b][pos[b]]).abs().max() <= atol
+            pos[b] += 1

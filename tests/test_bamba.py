@@ -4,7 +4,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from oracles import bamba, float64_oracle, hf_greedy
+from oracles import assert_split_forwards_match, bamba, float64_oracle, hf_greedy
 
 
 def make_cache(model, max_seqs=4):
@@ -37,24 +37,7 @@ def test_prefill_matches_hf_float32():
 
 def test_ragged_prefill_extend_decode_equal_full_prefill():
     m = bamba(seed=3, attn_layers=(0, 2), num_layers=3)
-    target = hs.from_hf(m)
-    g = torch.Generator().manual_seed(3)
-    seqs = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (12, 7, 10)]
-    full = [target.prefill(make_cache(target, 1), [0], [s])[0] for s in seqs]  # [len, vocab] each
-    cache = make_cache(target)
-    split = [4, 2, 5]
-    first = target.prefill(cache, [0, 1, 2], [s[:k] for s, k in zip(seqs, split)])
-    ext = target.extend(cache, [0, 1, 2], [s[k:k + 2] for s, k in zip(seqs, split)])
-    for b, (s, k) in enumerate(zip(seqs, split)):
-        assert torch.allclose(first[b, :k], full[b][:k], atol=1e-12, rtol=0)
-        assert torch.allclose(ext[b, :2], full[b][k:k + 2], atol=1e-12, rtol=0)
-    pos = [k + 2 for k in split]
-    while any(p < len(s) for p, s in zip(pos, seqs)):
-        rows = [b for b in range(3) if pos[b] < len(seqs[b])]
-        logits = target.decode(cache, rows, [seqs[b][pos[b]] for b in rows])
-        for i, b in enumerate(rows):
-            assert torch.allclose(logits[i], full[b][pos[b]], atol=1e-12, rtol=0)
-            pos[b] += 1
+    assert_split_forwards_match(hs.from_hf(m), make_cache, num_extend=2)
 
 
 def test_shares_hf_parameters():

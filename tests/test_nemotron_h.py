@@ -9,7 +9,7 @@ import hybridspec as hs
 from hybridspec.adapters import nemotron_h as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.errors import UnsupportedModelError
-from oracles import float64_oracle, hf_greedy, nemotron_h
+from oracles import assert_split_forwards_match, float64_oracle, hf_greedy, nemotron_h
 
 
 def make_cache(model, max_seqs=4):
@@ -53,24 +53,7 @@ def test_config_maps_blocks_to_mixer_and_ffn():
 
 def test_ragged_prefill_extend_decode_equal_full_prefill():
     m = nemotron_h(seed=3, pattern="M*-M*")
-    target = hs.from_hf(m)
-    g = torch.Generator().manual_seed(3)
-    seqs = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (12, 7, 10)]
-    full = [target.prefill(make_cache(target, 1), [0], [s])[0] for s in seqs]  # [len, vocab] each
-    cache = make_cache(target)
-    split = [4, 2, 5]
-    first = target.prefill(cache, [0, 1, 2], [s[:k] for s, k in zip(seqs, split)])
-    ext = target.extend(cache, [0, 1, 2], [s[k:k + 3] for s, k in zip(seqs, split)])
-    for b, (s, k) in enumerate(zip(seqs, split)):
-        assert max_err(first[b, :k], full[b][:k]) <= 1e-12
-        assert max_err(ext[b, :3], full[b][k:k + 3]) <= 1e-12
-    pos = [k + 3 for k in split]
-    while any(p < len(s) for p, s in zip(pos, seqs)):
-        rows = [b for b in range(3) if pos[b] < len(seqs[b])]
-        logits = target.decode(cache, rows, [seqs[b][pos[b]] for b in rows])
-        for i, b in enumerate(rows):
-            assert max_err(logits[i], full[b][pos[b]]) <= 1e-12
-            pos[b] += 1
+    assert_split_forwards_match(hs.from_hf(m), make_cache, num_extend=3)
 
 
 def test_shares_hf_parameters():
