@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -36,6 +36,7 @@ class Request:
     params: SamplingParams
     seed: int
     output: Output
+    on_emit: Callable[[list[int]], None] | None = None  # called with the tokens each emit keeps
 
     @property
     def committed_len(self) -> int:
@@ -65,6 +66,8 @@ class Request:
         finish_reason when a stop token or the length limit is reached."""
         kept = self.would_keep(tokens)
         self.output.token_ids.extend(int(t) for t in tokens[:kept])
+        if self.on_emit is not None and kept:
+            self.on_emit([int(t) for t in tokens[:kept]])
         if kept and int(tokens[kept - 1]) in self.params.stop_token_ids:
             self.output.finish_reason = "stop"
         elif len(self.output.token_ids) >= self.params.max_new_tokens:
@@ -134,13 +137,17 @@ class Engine:
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 progress: bool = False) -> list[Output]:
+                 progress: bool = False, stream: Callable[[int, list[int]], None] | None = None) -> list[Output]:
+        """Generate for every prompt; returns one Output per prompt, in order.
+        `stream(i, token_ids)`, when given, is called as tokens of prompt i are
+        emitted (once per round, after its commit)."""
         params = params if params is not None else SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         self._validate(prompts, params)
         requests = []
-        for prompt, p in zip(prompts, params):
-            requests.append(Request(self._next_seq_id, p, p.resolved_seed(), Output(list(prompt))))
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            on_emit = None if stream is None else (lambda tokens, i=i: stream(i, tokens))
+            requests.append(Request(self._next_seq_id, p, p.resolved_seed(), Output(list(prompt)), on_emit))
             self._next_seq_id += 1
         kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
         self.cache.check_admission(len(requests), kv_lens)

@@ -5,13 +5,11 @@ byte-level pair (`hybridspec.embedded`), then decodes the same prompt plainly
 with the same target and settings, and reports acceptance rate, mean tokens per
 round, tokens/s and the speedup over plain decoding measured in this run.
 
-The text is printed once generation ends, not token by token: `Engine.generate`
-returns whole outputs, and cutting the run into short generate calls would
-re-prefill the context at every cut and clamp γ near each cut, which changes the
-very acceptance and speed this command measures. While it runs with stdout not
-a terminal, a progress bar goes to stderr. The generated text goes to stdout
-(after the prompt); the statistics go to stderr, or to stdout as one JSON
-object with `--json`.
+On a terminal the speculative run's text streams as rounds commit (through
+`Engine.generate(stream=...)`); with stdout not a terminal the text is written
+once generation ends and a progress bar goes to stderr. The generated text goes
+to stdout (after the prompt); the statistics go to stderr, or to stdout as one
+JSON object with `--json`.
 """
 from __future__ import annotations
 
@@ -145,11 +143,32 @@ def load_models(args: argparse.Namespace):
     return target, hs.load(draft_spec), target_name, name
 
 
-def timed_generate(engine, prompt: list[int], params, progress: bool):
+class TextStream:
+    """Writes the decoded text of the tokens emitted so far as they arrive,
+    holding back a trailing incomplete character (U+FFFD) until it completes."""
+
+    def __init__(self, codec: Codec, out):
+        self.codec, self.out, self.ids, self.written = codec, out, [], 0
+
+    def __call__(self, index: int, tokens: list[int]) -> None:
+        self.ids.extend(tokens)
+        self._write(self.codec.decode(self.ids).rstrip("\ufffd"))
+
+    def finish(self) -> None:
+        self._write(self.codec.decode(self.ids) + "\n")
+
+    def _write(self, text: str) -> None:
+        if len(text) > self.written:
+            self.out.write(text[self.written:])
+            self.out.flush()
+            self.written = len(text)
+
+
+def timed_generate(engine, prompt: list[int], params, progress: bool, stream=None):
     """(Output, wall seconds) of one generate call, from fresh statistics."""
     engine.stats.reset()
     start = time.perf_counter()
-    output = engine.generate([prompt], params, progress=progress)[0]
+    output = engine.generate([prompt], params, progress=progress, stream=stream)[0]
     return output, time.perf_counter() - start
 
 
@@ -179,12 +198,19 @@ def run(args: argparse.Namespace) -> int:
         spec = None if draft is None else hs.Engine(target, draft=draft, num_draft_tokens=args.gamma,
                                                      checkpoint=parse_policy(args.policy), verify=args.verify,
                                                      **sizes)
-        progress = not sys.stdout.isatty()
-        runs = {}
+        streaming = sys.stdout.isatty() and not args.json
+        progress = not streaming and not sys.stdout.isatty()
+        runs, stream = {}, None
         for name, engine in (("speculative", spec), ("plain", plain)):
             if engine is not None:
                 warm_up(engine, prompt, params)
-                runs[name] = timed_generate(engine, prompt, params, progress) + (engine.stats.as_dict(),)
+                if streaming and not runs:  # the first timed run streams its text
+                    sys.stdout.write(prompt_text)
+                    stream = TextStream(codec, sys.stdout)
+                runs[name] = timed_generate(engine, prompt, params, progress, stream if not runs else None) \
+                    + (engine.stats.as_dict(),)
+                if stream is not None and len(runs) == 1:
+                    stream.finish()
     except (HybridSpecError, FileNotFoundError, OSError) as error:
         print(f"hybridspec generate: error: {error}", file=sys.stderr)
         return 2
@@ -193,8 +219,9 @@ def run(args: argparse.Namespace) -> int:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(prompt_text + report["text"] + "\n")
-        sys.stdout.flush()
+        if stream is None:
+            sys.stdout.write(prompt_text + report["text"] + "\n")
+            sys.stdout.flush()
         print(render_summary(report), file=sys.stderr)
     return 0
 

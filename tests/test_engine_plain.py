@@ -98,3 +98,10 @@ def test_every_page_returns_to_the_pool(engine, shapes, seed):
     assert [len(o.token_ids) for o in outs] == [k for _, k in shapes]
     assert engine.cache.kv.num_free_blocks == total
     assert engine.cache.computed_len == {} and engine.cache.states.num_free_rings == engine.cache.max_seqs
+
+
+def test_stream_receives_every_emitted_token_in_order(engine):
+    chunks = {0: [], 1: []}
+    outs = engine.generate([[3, 4, 5], [6, 7]], hs.SamplingParams(max_new_tokens=6),
+                           stream=lambda i, tokens: chunks[i].extend(tokens))
+    assert [chunks[0], chunks[1]] == [o.token_ids for o in outs]

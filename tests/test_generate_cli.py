@@ -154,3 +154,19 @@ def test_errors(capsys, pair, tmp_path):
     assert "top_p" in capsys.readouterr().err
     assert main(["generate", "x", "--model", target, "--threads", "0", "-n", "2"]) == 2
     assert "--threads" in capsys.readouterr().err
+
+
+def test_text_stream_holds_back_incomplete_characters():
+    import io
+
+    from hybridspec.generate_cli import TextStream, byte_codec
+    out = io.StringIO()
+    stream = TextStream(byte_codec(256), out)
+    data = "héllo wörld ✓".encode()
+    written = []
+    for i in range(0, len(data), 3):
+        stream(0, list(data[i:i + 3]))
+        written.append(out.getvalue())
+    stream.finish()
+    assert out.getvalue() == "héllo wörld ✓\n"
+    assert all("\ufffd" not in w for w in written)
