@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 import hybridspec as hs
-from hybridspec.checkpoints.auto import (COST_FIELDS, AutoCheckpointPolicy, CheckpointFootprint, expected_round_s,
-                                         measure_checkpoint_costs)
+from hybridspec.checkpoints.auto import AutoCheckpointPolicy, expected_round_s
+from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointFootprint, measure_checkpoint_costs
 from hybridspec.sim import alpha_from_acceptance_rate
 from common import bench_parser, describe_machine, print_table, save_png, set_threads, write_json
 

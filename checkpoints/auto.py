@@ -40,105 +40,18 @@ binds the policy, unless given.
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
 
 from hybridspec.errors import CacheFullError, ConfigError
-from hybridspec.sim import (StepCosts, alpha_from_acceptance_rate, replay_probability, round_time,
+from hybridspec.sim import (alpha_from_acceptance_rate, replay_probability, round_time,
                             snapshot_writes_per_round)
 
+from .costs import CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
 from .policy import CheckpointPolicy, validate_gamma
 
-COST_FIELDS = ("snapshot_write_s", "log_write_s", "log_replay_fixed_s", "restore_s", "log_replay_step_s",
-               "token_replay_fixed_s", "token_replay_step_s")
-WHOLE_BATCH_FIELDS = ("snapshot_write_s", "log_write_s")
 PRIOR_RATE, PRIOR_ROUNDS = 0.5, 2  # acceptance prior: two pseudo-rounds at rate 0.5
-
-
-@dataclass(frozen=True)
-class CheckpointFootprint:
-    """Bytes one sequence keeps per snapshot slot and per logged verify input."""
-
-    bytes_per_slot: int
-    log_bytes_per_input: int
-
-    @classmethod
-    def of(cls, config, dtype: torch.dtype) -> "CheckpointFootprint":
-        """From a `HybridConfig` and the model dtype (recurrences run in at least float32)."""
-        width = torch.promote_types(dtype, torch.float32).itemsize
-        slot = log = 0
-        for layer in config.mamba_layers:
-            ssm, conv = config.state_shapes(layer)
-            slot += math.prod(ssm) + math.prod(conv)
-            if config.layer_types[layer] == "mamba2":
-                m = config.mamba2  # xs (conv_dim), x (d_inner), dt (nheads), B and C (ngroups·d_state each)
-                log += m.conv_dim + m.d_inner + m.num_heads + 2 * m.n_groups * m.d_state
-            else:
-                m = config.mamba1  # xs, x, dt (d_inner each), B and C (d_state each)
-                log += 3 * m.d_inner + 2 * m.d_state
-        return cls(width * slot, width * log)
-
-    def checkpoint_bytes(self, batch: int, gamma: int, snapshot_every: int, log_inputs: bool) -> int:
-        """bytes(k, log, B) of the module docstring."""
-        writes = snapshot_writes_per_round(gamma, snapshot_every)
-        return batch * (writes * self.bytes_per_slot + int(log_inputs) * (gamma + 1) * self.log_bytes_per_input)
-
-
-@dataclass(frozen=True)
-class CheckpointCosts:
-    """Measured seconds of what a checkpoint policy changes, at the batch sizes
-    `batches` (ascending), one value per batch in each field:
-
-    snapshot_write_s: one more snapshot of every sequence in a verify forward;
-    log_write_s: the input log of one verify input of every sequence;
-    log_replay_fixed_s: a log-replay call, the part paid whatever rows replay;
-    restore_s: each sequence that log-replays one step, on top of it;
-    log_replay_step_s: each further log-replayed step of one sequence;
-    token_replay_fixed_s: a token-replay forward, the part paid once;
-    token_replay_step_s: each token-replayed token of one sequence.
-    Between and beyond the measured batches they are interpolated linearly;
-    from one measured batch, the two whole-batch fields scale with the batch.
-    """
-
-    batches: tuple[int, ...]
-    snapshot_write_s: tuple[float, ...]
-    log_write_s: tuple[float, ...]
-    log_replay_fixed_s: tuple[float, ...]
-    restore_s: tuple[float, ...]
-    log_replay_step_s: tuple[float, ...]
-    token_replay_fixed_s: tuple[float, ...]
-    token_replay_step_s: tuple[float, ...]
-
-    def __post_init__(self):
-        batches = tuple(self.batches)
-        if not batches or any(not isinstance(b, int) or b < 1 for b in batches) or list(batches) != sorted(set(batches)):
-            raise ConfigError(f"CheckpointCosts.batches={self.batches!r} must be distinct ascending integers >= 1")
-        for name in COST_FIELDS:
-            values = tuple(float(v) for v in getattr(self, name))
-            if len(values) != len(batches) or any(not math.isfinite(v) or v < 0 for v in values):
-                raise ConfigError(f"CheckpointCosts.{name}={getattr(self, name)!r} must hold one finite number "
-                                  f">= 0 (seconds) per batch in {batches}")
-            object.__setattr__(self, name, values)
-        object.__setattr__(self, "batches", batches)
-
-    def at(self, name: str, batch: int) -> float:
-        """Field `name` at `batch`, linear between the two nearest measured batches."""
-        xs, ys = self.batches, getattr(self, name)
-        if len(xs) == 1:
-            return ys[0] * batch / xs[0] if name in WHOLE_BATCH_FIELDS else ys[0]
-        i = min(max(sum(x <= batch for x in xs) - 1, 0), len(xs) - 2)
-        slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
-        return max(ys[i] + slope * (batch - xs[i]), 0.0)
-
-    def step_costs(self, batch: int) -> StepCosts:
-        """`hs.sim.StepCosts` at `batch`; the draft, plain and verify steps every
-        policy shares are 0."""
-        at = {name: self.at(name, batch) for name in COST_FIELDS if name != "log_replay_fixed_s"}
-        return StepCosts(batch=batch, plain_step_s=0.0, draft_step_s=0.0, verify_s=0.0, **at)
 
 
 def expected_round_s(costs: CheckpointCosts, batch: int, gamma: int, alpha: float, snapshot_every: int,
@@ -275,103 +188,3 @@ class AutoCheckpointPolicy(CheckpointPolicy):
             raise ConfigError("this AutoCheckpointPolicy is not bound to an engine; pass it to hs.Engine("
                               "checkpoint=...) (which calls bind(engine, num_draft_tokens)) before using it")
         return self.binding
-
-
-# -- measuring the step costs -----------------------------------------------------------------
-
-def measure_checkpoint_costs(model, gamma: int, batches=(1,), repeats: int = 9,
-                             clock=time.perf_counter) -> CheckpointCosts:
-    """Time the operations of `CheckpointCosts` on `model` with a scratch cache
-    at each batch size b, side by side (fastest of `repeats`, interleaved):
-    verify forwards of γ + 1 inputs writing only the final state, a snapshot
-    after every input, or the input log; a one-token forward; log replays of
-    one step for row 0 only and for every row, and of γ + 1 steps for every
-    row. Each cost is a difference of two of these times, e.g. a snapshot
-    write is (every input − final only) / γ. `clock`: the timer
-    (`time.process_time` on a CPU shared with other work)."""
-    validate_gamma(gamma)
-    batches = sorted(set(batches))
-    rows = [_measure_at(model, gamma, b, repeats, clock) for b in batches]
-    return CheckpointCosts(batches=tuple(batches), **{name: tuple(r[name] for r in rows) for name in COST_FIELDS})
-
-
-def _measure_at(model, gamma: int, batch: int, repeats: int, clock) -> dict[str, float]:
-    from hybridspec.cache.hybrid_cache import HybridCache
-
-    if not model.config.mamba_layers:
-        return dict.fromkeys(COST_FIELDS, 0.0)
-    prompt_len, num_inputs, vocab, device = 8, gamma + 1, model.vocab_size, model.device
-    cache = HybridCache(model.config, max_seqs=batch, block_size=16, ring_slots=gamma + 2, dtype=model.dtype,
-                        device=device, num_blocks=batch * (2 + (prompt_len + num_inputs) // 16))
-    ids = list(range(batch))
-    model.prefill(cache, ids, [[(7 * b + i) % vocab for i in range(prompt_len)] for b in ids], last_only=True)
-    start, heads = [cache.computed_len[s] for s in ids], [cache.head(s) for s in ids]
-    spare = [[slot for slot in cache.states.ring_slots(s) if slot != h] for s, h in zip(ids, heads)]
-    tokens = [[(3 * b + 5 * i + 1) % vocab for i in range(num_inputs)] for b in ids]
-
-    def forward(count: int, every_input: bool = False, input_log: dict | None = None) -> None:
-        snap = torch.full((batch, count), -1, dtype=torch.long, device=device)  # [batch, count]
-        for b in ids:
-            if every_input:
-                snap[b] = torch.tensor(spare[b][:count])
-            else:
-                snap[b, -1] = spare[b][-1]
-        model.extend(cache, ids, [t[:count] for t in tokens], last_only=True, snap_slot=snap, input_log=input_log)
-        for s, length, head in zip(ids, start, heads):
-            cache.commit(s, length, head)  # back to the round start: KV truncated, head untouched
-
-    log: dict = {}
-    forward(num_inputs, input_log=log)
-    src = torch.tensor(heads, device=device)  # [batch]
-    every_dst = torch.tensor([slots[0] for slots in spare], device=device)  # [batch]
-    first_dst = torch.full_like(every_dst, -1)  # [batch]: only row 0 replays
-    first_dst[0] = every_dst[0]
-    first = torch.zeros(batch, dtype=torch.long, device=device)  # [batch]
-
-    def replay(dst: torch.Tensor, steps: int) -> None:
-        num_steps = torch.full((batch,), steps, dtype=torch.long, device=device)  # [batch]
-        for layer in model.config.mamba_layers:
-            mixer = model.layers[layer].mixer
-            mixer.replay(cache, src, dst, first, num_steps, log[mixer.state_layer])
-
-    t = _fastest({
-        "final": lambda: forward(num_inputs),
-        "every": lambda: forward(num_inputs, every_input=True),
-        "log": lambda: forward(num_inputs, input_log={}),
-        "one": lambda: forward(1),
-        "replay_row0": lambda: replay(first_dst, 1),
-        "replay_rows": lambda: replay(every_dst, 1),
-        "replay_long": lambda: replay(every_dst, num_inputs),
-    }, repeats, device, clock)
-
-    def extra(name: str, base: str) -> float:
-        return max(t[name] - t[base], 0.0)
-
-    restore = extra("replay_rows", "replay_row0") / (batch - 1) if batch > 1 else 0.0
-    token_step = extra("final", "one") / (gamma * batch)
-    return {
-        "snapshot_write_s": extra("every", "final") / gamma,
-        "log_write_s": extra("log", "final") / num_inputs,
-        "log_replay_fixed_s": max(t["replay_row0"] - restore, 0.0),
-        "restore_s": restore,
-        "log_replay_step_s": extra("replay_long", "replay_rows") / (gamma * batch),
-        "token_replay_fixed_s": max(t["one"] - batch * token_step, 0.0),
-        "token_replay_step_s": token_step,
-    }
-
-
-def _fastest(fns: dict, repeats: int, device: torch.device, clock) -> dict[str, float]:
-    """Fastest of `repeats` calls of each function (the cost without
-    interference), interleaved call by call after one warm-up round so that a
-    load change on a shared machine hits all alike."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    best = dict.fromkeys(fns, math.inf)
-    for round_index in range(repeats + 1):
-        for name, fn in fns.items():
-            sync()
-            begin = clock()
-            fn()
-            sync()
-            if round_index:
-                best[name] = min(best[name], clock() - begin)
-    return best

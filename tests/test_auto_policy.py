@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hybridspec as hs
-from hybridspec.checkpoints.auto import (COST_FIELDS, AutoCheckpointPolicy, CheckpointCosts, CheckpointFootprint,
-                                         candidates, expected_round_s, measure_checkpoint_costs, running_alpha)
+from hybridspec.checkpoints.auto import AutoCheckpointPolicy, candidates, expected_round_s, running_alpha
+from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
 from hybridspec.errors import CacheFullError, ConfigError
 from hybridspec.sim import round_time, snapshot_writes_per_round
 from oracles import bamba
