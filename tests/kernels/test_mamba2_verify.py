@@ -7,19 +7,9 @@ import pytest
 import torch
 
 from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
+from slot_plan import NUM_TOKENS, SNAP, SRC, TOLERANCES, WRITTEN
 
 NUM_SLOTS = 16
-SRC = [0, 5, 9, 12]
-# Row 0 snapshots every input; row 1 some, ending in place (snap == src); row 2
-# stops after 2 inputs (slot 8 must stay untouched); row 3 consumes nothing.
-SNAP = [[1, 2, 3, 4], [-1, 6, -1, 5], [10, 11, -1, 8], [13, -1, 14, -1]]
-NUM_TOKENS = [4, 4, 2, 0]
-WRITTEN = {1, 2, 3, 4, 5, 6, 10, 11}
-TOLERANCES = {
-    torch.float32: dict(rtol=1e-5, atol=1e-5),
-    torch.float64: dict(rtol=1e-12, atol=1e-12),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
-}
 
 
 def make_case(dtype, device, headdim=6, d_state=5, nheads=4, ngroups=2, src=SRC, snap=SNAP, num_tokens=NUM_TOKENS):

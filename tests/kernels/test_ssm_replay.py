@@ -7,17 +7,13 @@ import torch
 from hybridspec.kernels.mamba1_verify import mamba1_verify_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
 from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref, mamba2_replay, mamba2_replay_ref
+from slot_plan import TOLERANCES
 
 BATCH, NUM_INPUTS, NUM_SLOTS = 3, 4, 19
 SRC = [0, 1, 2]
 SNAP = [[3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14]]  # a snapshot after every input
 DST = [15, 16, 17]
 SPARE = 18
-TOLERANCES = {
-    torch.float32: dict(rtol=1e-5, atol=1e-5),
-    torch.float64: dict(rtol=1e-12, atol=1e-12),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
-}
 VERIFY = {"mamba2": mamba2_verify_ref, "mamba1": mamba1_verify_ref}
 REPLAYS = {"mamba2": (mamba2_replay, mamba2_replay_ref), "mamba1": (mamba1_replay, mamba1_replay_ref)}
 
