@@ -149,3 +149,17 @@ def assert_split_forwards_match(target, make_cache, num_extend: int, seed: int =
         for i, b in enumerate(rows):
             assert (logits[i] - full[b][pos[b]]).abs().max() <= atol
             pos[b] += 1
+
+
+def assert_prefill_matches_hf(m, make_cache, batch: int, length: int, seed: int, atol: float):
+    """`hs.from_hf(m)` prefill logits of a random [batch, length] batch equal
+    HF's forward within `atol`; a float64 model is compared with HF under
+    `float64_oracle()`, any other dtype with HF as shipped."""
+    import hybridspec as hs
+    target = hs.from_hf(m)
+    ids = torch.randint(3, 97, (batch, length), generator=torch.Generator().manual_seed(seed))
+    oracle = float64_oracle() if target.dtype == torch.float64 else contextlib.nullcontext()
+    with torch.no_grad(), oracle:
+        ref = m(ids, use_cache=False).logits
+    out = target.prefill(make_cache(target), list(range(batch)), ids.tolist())
+    assert (out - ref).abs().max().item() <= atol

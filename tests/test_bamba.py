@@ -4,7 +4,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from oracles import assert_split_forwards_match, bamba, float64_oracle, hf_greedy
+from oracles import assert_prefill_matches_hf, assert_split_forwards_match, bamba, hf_greedy
 
 
 def make_cache(model, max_seqs=4):
@@ -17,22 +17,12 @@ def make_cache(model, max_seqs=4):
 def test_prefill_matches_hf_float64(attn_layers, num_layers, kv_heads, n_groups):
     m = bamba(seed=num_layers, attn_layers=attn_layers, num_layers=num_layers, kv_heads=kv_heads,
               n_groups=n_groups)
-    target = hs.from_hf(m)
-    ids = torch.randint(3, 97, (3, 13), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), float64_oracle():
-        ref = m(ids, use_cache=False).logits
-    out = target.prefill(make_cache(target), [0, 1, 2], ids.tolist())
-    assert (out - ref).abs().max().item() <= 1e-9
+    assert_prefill_matches_hf(m, make_cache, batch=3, length=13, seed=1, atol=1e-9)
 
 
 def test_prefill_matches_hf_float32():
     m = bamba(dtype=torch.float32)
-    target = hs.from_hf(m)
-    ids = torch.randint(3, 97, (2, 17), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref = m(ids, use_cache=False).logits
-    out = target.prefill(make_cache(target), [0, 1], ids.tolist())
-    assert (out - ref).abs().max().item() <= 1e-4
+    assert_prefill_matches_hf(m, make_cache, batch=2, length=17, seed=2, atol=1e-4)
 
 
 def test_ragged_prefill_extend_decode_equal_full_prefill():

@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from oracles import assert_split_forwards_match, float64_oracle, granite, hf_greedy
+from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, granite, hf_greedy
 
 # HF transformers 5 name -> the name in Granite checkpoints on the Hub
 HUB_NAMES = [("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.input_linear.weight"),
@@ -33,22 +33,12 @@ def max_err(a, b):
 def test_prefill_matches_hf_float64(layer_types, rope, num_experts, kv_heads, n_groups):
     m = granite(seed=len(layer_types) + num_experts, layer_types=layer_types, rope=rope, num_experts=num_experts,
                 kv_heads=kv_heads, n_groups=n_groups)
-    target = hs.from_hf(m)
-    ids = torch.randint(3, 97, (3, 13), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), float64_oracle():
-        ref = m(ids, use_cache=False).logits
-    out = target.prefill(make_cache(target), [0, 1, 2], ids.tolist())
-    assert max_err(out, ref) <= 1e-9
+    assert_prefill_matches_hf(m, make_cache, batch=3, length=13, seed=1, atol=1e-9)
 
 
 def test_prefill_matches_hf_float32():
     m = granite(dtype=torch.float32)
-    target = hs.from_hf(m)
-    ids = torch.randint(3, 97, (2, 17), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref = m(ids, use_cache=False).logits
-    out = target.prefill(make_cache(target), [0, 1], ids.tolist())
-    assert max_err(out, ref) <= 1e-4
+    assert_prefill_matches_hf(m, make_cache, batch=2, length=17, seed=2, atol=1e-4)
 
 
 def test_config_carries_multipliers_and_routing():

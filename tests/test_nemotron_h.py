@@ -9,7 +9,7 @@ import hybridspec as hs
 from hybridspec.adapters import nemotron_h as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.errors import UnsupportedModelError
-from oracles import assert_split_forwards_match, float64_oracle, hf_greedy, nemotron_h
+from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, nemotron_h
 
 
 def make_cache(model, max_seqs=4):
@@ -25,22 +25,12 @@ def max_err(a, b):
     ("M*M-", 2, 2), ("-*MM*-", 4, 1), ("MM-M", 2, 2), ("*-*", 1, 1)])
 def test_prefill_matches_hf_float64(pattern, kv_heads, n_groups):
     m = nemotron_h(seed=len(pattern), pattern=pattern, kv_heads=kv_heads, n_groups=n_groups)
-    target = hs.from_hf(m)
-    ids = torch.randint(3, 97, (3, 13), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), float64_oracle():
-        ref = m(ids, use_cache=False).logits
-    out = target.prefill(make_cache(target), [0, 1, 2], ids.tolist())
-    assert max_err(out, ref) <= 1e-9
+    assert_prefill_matches_hf(m, make_cache, batch=3, length=13, seed=1, atol=1e-9)
 
 
 def test_prefill_matches_hf_float32():
     m = nemotron_h(dtype=torch.float32)
-    target = hs.from_hf(m)
-    ids = torch.randint(3, 97, (2, 17), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref = m(ids, use_cache=False).logits
-    out = target.prefill(make_cache(target), [0, 1], ids.tolist())
-    assert max_err(out, ref) <= 1e-4
+    assert_prefill_matches_hf(m, make_cache, batch=2, length=17, seed=2, atol=1e-4)
 
 
 def test_config_maps_blocks_to_mixer_and_ffn():
