@@ -46,12 +46,15 @@ class DecoderLayer(nn.Module):
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
-        r = self.residual_multiplier
         if self.mixer is not None:
-            h = h + self.mixer(self.input_norm(h), batch, cache) * r if r != 1.0 else h + self.mixer(self.input_norm(h), batch, cache)
+            h = h + self.scaled(self.mixer(self.input_norm(h), batch, cache))
         if self.ffn is not None:
-            h = h + self.ffn(self.ffn_norm(h)) * r if r != 1.0 else h + self.ffn(self.ffn_norm(h))
+            h = h + self.scaled(self.ffn(self.ffn_norm(h)))
         return h
+
+    def scaled(self, update: torch.Tensor) -> torch.Tensor:
+        """The residual update times residual_multiplier (GraniteMoeHybrid; 1 elsewhere)."""
+        return update if self.residual_multiplier == 1.0 else update * self.residual_multiplier
 
 
 class HybridModel(nn.Module):
