@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import torch
 
 import hybridspec as hs
 from hybridspec.checkpoints.auto import AutoCheckpointPolicy, expected_round_s
+from hybridspec.cache.hybrid_cache import scratch_cache
 from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointFootprint, measure_checkpoint_costs
+from hybridspec.state_memory import default_state_dtype
 from hybridspec.sim import alpha_from_acceptance_rate
 from common import bench_parser, describe_machine, print_table, save_png, set_threads, write_json
 
@@ -89,7 +92,7 @@ class ControlledDrafter(hs.NgramDrafter):
 
 
 def policies(target, batch: int, costs) -> dict:
-    k4_bytes = CheckpointFootprint.of(target.config, target.dtype).checkpoint_bytes(batch, GAMMA, 4, True)
+    k4_bytes = CheckpointFootprint.of(target.config, target.dtype, default_state_dtype(target.dtype)).checkpoint_bytes(batch, GAMMA, 4, True)
     return {
         "k=1": hs.CheckpointPolicy(snapshot_every=1, log_inputs=False),
         "k=2": hs.CheckpointPolicy(snapshot_every=2),
@@ -278,7 +281,7 @@ def main(argv=None) -> int:
     print(f"target: {target.num_parameters() / 1e6:.1f}M parameters, Mamba layers {target.config.mamba_layers}; "
           f"γ = {GAMMA}; {describe_machine()}", flush=True)
     rows, overheads, measured_costs = [], [], []
-    costs = measure_checkpoint_costs(target, GAMMA, batches, repeats=3 if args.quick else 15, clock=time.process_time)
+    costs = measure_checkpoint_costs(target, GAMMA, batches, partial(scratch_cache, target), repeats=3 if args.quick else 15, clock=time.process_time)
     for batch in batches:
         num_tokens = args.tokens or (8 if args.quick else {1: 40, 4: 24}.get(batch, 12))
         repeats = args.repeats or (1 if args.quick else {1: 5, 4: 3}.get(batch, 2))

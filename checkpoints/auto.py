@@ -3,20 +3,16 @@ input log that minimise the expected checkpoint and replay time of the round
 within a memory budget (DESIGN.md "Checkpoint policies").
 
 Checkpoint bytes, what the budget bounds (and what
-`engine.stats.peak_checkpoint_bytes` records, `Speculator._count`):
+`engine.stats.peak_checkpoint_bytes` records, `Checkpointer.held_bytes`):
 
     bytes(k, log, B) = B · (writes(γ, k) · bytes_per_slot + log · (γ + 1) · log_bytes_per_input)
 
 - B: sequences in the round (all of them, including those it finishes);
 - writes(γ, k) = `hs.sim.snapshot_writes_per_round`: snapshot slots a sequence
   holds after the verify forward (the final state included, the pinned
-  round-start head not); `_count` counts the surviving ones, `len(plan.survivors)`;
-- bytes_per_slot = `StatePool.bytes_per_slot`: SSM state plus conv window of
-  every Mamba layer, in the compute dtype;
-- log_bytes_per_input: the input log (xs, x, dt, B, C) of one verify input of
-  one sequence over every Mamba layer, counted at the compute dtype's width, an
-  upper bound of `MambaInputLog.nbytes()` per input (the log holds [B, T]
-  inputs with T ≤ γ + 1).
+  round-start head not); `held_bytes` counts the surviving ones, `len(plan.survivors)`;
+- bytes_per_slot, log_bytes_per_input: `hybridspec.state_memory` (the formulas
+  `StatePool` and `MambaInputLog` allocate by), in the state and model dtypes.
 A round whose sequences draft fewer than γ tokens holds less. The ring itself
 (`ring_size(γ)` slots per sequence, allocated once with the cache) is the pool
 these bytes come from; it is sized for the largest k the budget allows at batch 1.
@@ -48,8 +44,8 @@ from hybridspec.errors import CacheFullError, ConfigError
 from hybridspec.sim import (alpha_from_acceptance_rate, replay_probability, round_time,
                             snapshot_writes_per_round)
 
-from .costs import CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
-from .policy import CheckpointPolicy, validate_gamma
+from hybridspec.checkpoints.costs import CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
+from hybridspec.checkpoints.policy import CheckpointPolicy, validate_gamma
 
 PRIOR_RATE, PRIOR_ROUNDS = 0.5, 2  # acceptance prior: two pseudo-rounds at rate 0.5
 
@@ -102,10 +98,10 @@ def running_alpha(acceptance_history: list[float], gamma: int, window: int) -> f
 
 
 class AutoBinding:
-    """What a bound policy knows about its engine, and what it chose so far."""
+    """What a bound policy knows about its model, and what it chose so far."""
 
-    def __init__(self, engine, gamma: int, footprint: CheckpointFootprint, costs: CheckpointCosts, ring_slots: int):
-        self.engine, self.gamma, self.footprint, self.costs = engine, gamma, footprint, costs
+    def __init__(self, gamma: int, footprint: CheckpointFootprint, costs: CheckpointCosts, ring_slots: int):
+        self.gamma, self.footprint, self.costs = gamma, footprint, costs
         self.ring_slots = ring_slots
         self.choices: Counter[tuple[int, bool]] = Counter()
 
@@ -118,7 +114,7 @@ class AutoCheckpointPolicy(CheckpointPolicy):
         batch (None: unbounded).
     costs: measured step costs; None measures them on the target when bound.
     acceptance_window: rounds of acceptance history that give α.
-    The Speculator calls `bind(engine, γ)` once, before `ring_size(γ)`.
+    The Engine calls `bind(model, γ, ...)` once, before `ring_size(γ)`.
     """
 
     memory_budget_bytes: int | None = None
@@ -140,23 +136,22 @@ class AutoCheckpointPolicy(CheckpointPolicy):
         if not isinstance(self.acceptance_window, int) or self.acceptance_window < 1:
             raise ConfigError(f"acceptance_window={self.acceptance_window!r} must be an integer >= 1")
 
-    def bind(self, engine, gamma: int) -> "AutoCheckpointPolicy":
-        """A copy bound to `engine` (its target's shapes, its cache's batch),
-        measuring the step costs on the target at batch 1 and
-        min(max_batch_size, 4) unless `costs` was given."""
+    def bind(self, model, gamma: int, *, max_batch_size: int, state_dtype, new_cache) -> "AutoCheckpointPolicy":
+        """A copy bound to `model` (its shapes), measuring the step costs on it
+        at batch 1 and min(max_batch_size, 4) on caches from `new_cache`
+        unless `costs` was given."""
         validate_gamma(gamma)
-        target = engine.target
-        footprint = CheckpointFootprint.of(target.config, target.dtype)
+        footprint = CheckpointFootprint.of(model.config, model.dtype, state_dtype)
         single = footprint.checkpoint_bytes(1, gamma, 0, False)
         if self.memory_budget_bytes is not None and footprint.bytes_per_slot and self.memory_budget_bytes < single:
             raise ConfigError(f"memory_budget_bytes={self.memory_budget_bytes} is below one sequence's final-state "
                               f"snapshot ({single} bytes); raise it to at least {single}")
-        costs = self.costs or measure_checkpoint_costs(target, gamma, sorted({1, min(engine.max_batch_size, 4)}),
+        costs = self.costs or measure_checkpoint_costs(model, gamma, sorted({1, min(max_batch_size, 4)}), new_cache,
                                                        repeats=5)
         fitting = [snapshot_writes_per_round(gamma, k) for k, log in candidates(gamma)
                    if self.memory_budget_bytes is None
                    or footprint.checkpoint_bytes(1, gamma, k, log) <= self.memory_budget_bytes]
-        binding = AutoBinding(engine, gamma, footprint, costs, ring_slots=1 + max(fitting))
+        binding = AutoBinding(gamma, footprint, costs, ring_slots=1 + max(fitting))
         return dataclasses.replace(self, binding=binding)
 
     def ring_size(self, gamma: int) -> int:
@@ -170,10 +165,10 @@ class AutoCheckpointPolicy(CheckpointPolicy):
         return choose(alpha, bound.gamma, batch, bound.costs, bound.footprint, self.memory_budget_bytes,
                       bound.ring_slots - 1)
 
-    def for_round(self, acceptance_history: list[float]) -> CheckpointPolicy:
-        """The concrete policy of this round, for the sequences now in the target cache."""
+    def for_round(self, acceptance_history: list[float], batch: int) -> CheckpointPolicy:
+        """The concrete policy of a round of `batch` sequences."""
         bound = self._bound()
-        choice = self.decide(acceptance_history, max(len(bound.engine.cache.computed_len), 1))
+        choice = self.decide(acceptance_history, max(batch, 1))
         bound.choices[choice.snapshot_every, choice.log_inputs] += 1
         return CheckpointPolicy(snapshot_every=choice.snapshot_every, ring_slots=bound.ring_slots,
                                 log_inputs=choice.log_inputs)
@@ -185,6 +180,20 @@ class AutoCheckpointPolicy(CheckpointPolicy):
 
     def _bound(self) -> AutoBinding:
         if self.binding is None:
-            raise ConfigError("this AutoCheckpointPolicy is not bound to an engine; pass it to hs.Engine("
-                              "checkpoint=...) (which calls bind(engine, num_draft_tokens)) before using it")
+            raise ConfigError("this AutoCheckpointPolicy is not bound to a model; pass it to hs.Engine("
+                              "checkpoint=...) (which calls bind(...)) before using it")
         return self.binding
+
+
+def resolve_policy(checkpoint) -> CheckpointPolicy:
+    """The policy an `Engine(checkpoint=...)` argument names: None (the default,
+    a snapshot after every input), "auto", or a `CheckpointPolicy`."""
+    if checkpoint is None:
+        return CheckpointPolicy()
+    if isinstance(checkpoint, str):
+        if checkpoint != "auto":
+            raise ConfigError(f"checkpoint={checkpoint!r} must be a CheckpointPolicy or 'auto'")
+        return AutoCheckpointPolicy()
+    if not isinstance(checkpoint, CheckpointPolicy):
+        raise ConfigError(f"checkpoint must be a CheckpointPolicy or 'auto', got {type(checkpoint).__name__}")
+    return checkpoint

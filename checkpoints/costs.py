@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridspec.checkpoints.policy import validate_gamma
 from hybridspec.errors import ConfigError
 from hybridspec.sim import StepCosts, snapshot_writes_per_round
-
-from .policy import validate_gamma
+from hybridspec.state_memory import bytes_per_slot, log_bytes_per_input
 
 COST_FIELDS = ("snapshot_write_s", "log_write_s", "log_replay_fixed_s", "restore_s", "log_replay_step_s",
                "token_replay_fixed_s", "token_replay_step_s")
@@ -28,20 +28,11 @@ class CheckpointFootprint:
     log_bytes_per_input: int
 
     @classmethod
-    def of(cls, config, dtype: torch.dtype) -> "CheckpointFootprint":
-        """From a `HybridConfig` and the model dtype (recurrences run in at least float32)."""
-        width = torch.promote_types(dtype, torch.float32).itemsize
-        slot = log = 0
-        for layer in config.mamba_layers:
-            ssm, conv = config.state_shapes(layer)
-            slot += math.prod(ssm) + math.prod(conv)
-            if config.layer_types[layer] == "mamba2":
-                m = config.mamba2  # xs (conv_dim), x (d_inner), dt (nheads), B and C (ngroups·d_state each)
-                log += m.conv_dim + m.d_inner + m.num_heads + 2 * m.n_groups * m.d_state
-            else:
-                m = config.mamba1  # xs, x, dt (d_inner each), B and C (d_state each)
-                log += 3 * m.d_inner + 2 * m.d_state
-        return cls(width * slot, width * log)
+    def of(cls, config, dtype: torch.dtype, state_dtype: torch.dtype) -> "CheckpointFootprint":
+        """From a `HybridConfig`, the model dtype and the state dtype."""
+        shapes = config.recurrent_state_shapes()
+        return cls(bytes_per_slot(shapes, state_dtype.itemsize),
+                   log_bytes_per_input(shapes, dtype.itemsize, state_dtype.itemsize))
 
     def checkpoint_bytes(self, batch: int, gamma: int, snapshot_every: int, log_inputs: bool) -> int:
         """bytes(k, log, B) of the module docstring."""
@@ -104,7 +95,7 @@ class CheckpointCosts:
 
 # -- measuring the step costs -----------------------------------------------------------------
 
-def measure_checkpoint_costs(model, gamma: int, batches=(1,), repeats: int = 9,
+def measure_checkpoint_costs(model, gamma: int, batches, new_cache, repeats: int = 9,
                              clock=time.perf_counter) -> CheckpointCosts:
     """Time the operations of `CheckpointCosts` on `model` with a scratch cache
     at each batch size b, side by side (fastest of `repeats`, interleaved):
@@ -112,22 +103,20 @@ def measure_checkpoint_costs(model, gamma: int, batches=(1,), repeats: int = 9,
     after every input, or the input log; a one-token forward; log replays of
     one step for row 0 only and for every row, and of γ + 1 steps for every
     row. Each cost is a difference of two of these times, e.g. a snapshot
-    write is (every input − final only) / γ. `clock`: the timer
+    write is (every input − final only) / γ. `new_cache(max_seqs, ring_slots)`
+    makes the scratch caches (a `HybridCache` for `model`); `clock`: the timer
     (`time.process_time` on a CPU shared with other work)."""
     validate_gamma(gamma)
     batches = sorted(set(batches))
-    rows = [_measure_at(model, gamma, b, repeats, clock) for b in batches]
+    rows = [_measure_at(model, gamma, b, new_cache, repeats, clock) for b in batches]
     return CheckpointCosts(batches=tuple(batches), **{name: tuple(r[name] for r in rows) for name in COST_FIELDS})
 
 
-def _measure_at(model, gamma: int, batch: int, repeats: int, clock) -> dict[str, float]:
-    from hybridspec.cache.hybrid_cache import HybridCache
-
-    if not model.config.mamba_layers:
+def _measure_at(model, gamma: int, batch: int, new_cache, repeats: int, clock) -> dict[str, float]:
+    if not model.recurrent_layers:
         return dict.fromkeys(COST_FIELDS, 0.0)
     prompt_len, num_inputs, vocab, device = 8, gamma + 1, model.vocab_size, model.device
-    cache = HybridCache(model.config, max_seqs=batch, block_size=16, ring_slots=gamma + 2, dtype=model.dtype,
-                        device=device, num_blocks=batch * (2 + (prompt_len + num_inputs) // 16))
+    cache = new_cache(batch, gamma + 2)
     ids = list(range(batch))
     model.prefill(cache, ids, [[(7 * b + i) % vocab for i in range(prompt_len)] for b in ids], last_only=True)
     start, heads = [cache.computed_len[s] for s in ids], [cache.head(s) for s in ids]
@@ -155,9 +144,8 @@ def _measure_at(model, gamma: int, batch: int, repeats: int, clock) -> dict[str,
 
     def replay(dst: torch.Tensor, steps: int) -> None:
         num_steps = torch.full((batch,), steps, dtype=torch.long, device=device)  # [batch]
-        for layer in model.config.mamba_layers:
-            mixer = model.layers[layer].mixer
-            mixer.replay(cache, src, dst, first, num_steps, log[mixer.state_layer])
+        for layer in model.recurrent_layers:
+            layer.replay(cache.states, src, dst, first, num_steps, log[layer.state_layer])
 
     t = _fastest({
         "final": lambda: forward(num_inputs),

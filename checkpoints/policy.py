@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridspec.errors import ConfigError
+from hybridspec.state_memory import snapshot_inputs
 
 MAX_DRAFT_TOKENS = 32  # verify forwards and input logs are sized for at most 33 inputs
 
@@ -36,21 +37,16 @@ class CheckpointPolicy:
             raise ConfigError(f"ring_slots={self.ring_slots!r} must be an integer >= 2 (the head and the final "
                               "snapshot) or None to size the ring from the policy")
 
-    @classmethod
-    def auto(cls, memory_budget_bytes: int | None = None) -> "CheckpointPolicy":
-        from .auto import AutoCheckpointPolicy
-        return AutoCheckpointPolicy(memory_budget_bytes=memory_budget_bytes)
-
-    def bind(self, engine, gamma: int) -> "CheckpointPolicy":
-        """The policy an engine uses; adaptive policies measure the model here."""
+    def bind(self, model, gamma: int, *, max_batch_size: int, state_dtype, new_cache) -> "CheckpointPolicy":
+        """The policy an engine uses for `model` with γ = `gamma`, up to
+        `max_batch_size` sequences whose states are kept in `state_dtype`;
+        adaptive policies measure the model here, on caches from
+        `new_cache(max_seqs, ring_slots)`. Fixed policies are their own binding."""
         return self
 
     def snapshot_inputs(self, num_inputs: int) -> list[int]:
         """Verify-input indices (0-based) after which a snapshot is taken."""
-        last = num_inputs - 1
-        if self.snapshot_every == 0:
-            return [last]
-        return sorted(set(range(0, num_inputs, self.snapshot_every)) | {last})
+        return list(snapshot_inputs(num_inputs, self.snapshot_every))
 
     def slots_needed(self, gamma: int) -> int:
         """Ring slots that hold every snapshot of a γ-draft round plus the head."""
@@ -59,8 +55,9 @@ class CheckpointPolicy:
     def ring_size(self, gamma: int) -> int:
         return self.ring_slots if self.ring_slots is not None else self.slots_needed(gamma)
 
-    def for_round(self, acceptance_history: list[float]) -> "CheckpointPolicy":
-        """The policy to use this round (fixed policies do not adapt)."""
+    def for_round(self, acceptance_history: list[float], batch: int) -> "CheckpointPolicy":
+        """The policy of a round of `batch` sequences after rounds with these
+        acceptance rates (fixed policies do not adapt)."""
         return self
 
 

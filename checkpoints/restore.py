@@ -18,7 +18,8 @@ from typing import Literal
 
 import torch
 
-from .ring import SnapshotPlan
+from hybridspec.checkpoints.input_log import InputLog
+from hybridspec.checkpoints.ring import SnapshotPlan
 
 
 @dataclass
@@ -45,9 +46,9 @@ def decide(plan: SnapshotPlan, n: int, log_available: bool) -> RestoreDecision:
     return RestoreDecision("log" if log_available else "token", j, src, dst, n)
 
 
-def log_replay(model, cache, decisions: list[RestoreDecision | None], input_log: dict) -> None:
-    """Run the logged recurrence of every Mamba layer for the rows whose
-    decision is a log replay (others: dst = -1, untouched)."""
+def log_replay(model, cache, decisions: list[RestoreDecision | None], input_log: InputLog) -> None:
+    """Run the logged recurrence of every recurrent layer of `model` for the
+    rows whose decision is a log replay (others: dst = -1, untouched)."""
     rows = [d if d is not None and d.path == "log" else None for d in decisions]
     if not any(rows):
         return
@@ -60,15 +61,15 @@ def log_replay(model, cache, decisions: list[RestoreDecision | None], input_log:
     dst = column(lambda d: d.dst_slot, -1)
     first = column(lambda d: d.src_input + 1, 0)
     steps = column(lambda d: d.num_steps, 0)
-    for layer_index in model.config.mamba_layers:
-        mixer = model.layers[layer_index].mixer
-        mixer.replay(cache, src, dst, first, steps, input_log[mixer.state_layer])
+    for layer in model.recurrent_layers:
+        layer.replay(cache.states, src, dst, first, steps, input_log[layer.state_layer])
 
 
 def token_replay(model, cache, seq_ids: list[int], decisions: list[RestoreDecision | None],
                  verify_inputs: list[list[int]], start_lens: list[int]) -> None:
-    """Re-run the target over the inputs after each row's nearest snapshot,
-    starting from that snapshot, and commit at the boundary."""
+    """Re-run the model over the inputs after each row's nearest snapshot,
+    starting from that snapshot; the state at the boundary lands in the row's
+    `dst_slot` (the caller commits the boundary)."""
     rows = [i for i, d in enumerate(decisions) if d is not None and d.path == "token"]
     if not rows:
         return

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import ConfigError
+from .state_memory import RecurrentStateShape, mamba1_state_shape, mamba2_state_shape
 
 MixerType = Literal["attention", "mamba1", "mamba2", "none"]
 FfnType = Literal["mlp", "moe", "none"]
@@ -84,9 +85,9 @@ class Mamba2Config:
     def group_size(self) -> int:
         return self.norm_group_size or self.d_inner // self.n_groups
 
-    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(ssm state shape, conv window shape) per sequence."""
-        return (self.num_heads, self.head_dim, self.d_state), (self.conv_dim, self.d_conv - 1)
+    def state_shape(self) -> RecurrentStateShape:
+        """SSM state, conv window and input-log sizes per sequence."""
+        return mamba2_state_shape(self.num_heads, self.head_dim, self.d_state, self.n_groups, self.d_conv)
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,9 @@ class Mamba1Config:
     proj_bias: bool = False
     inner_layernorms: bool = True
 
-    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return (self.d_inner, self.d_state), (self.d_inner, self.d_conv - 1)
+    def state_shape(self) -> RecurrentStateShape:
+        """SSM state, conv window and input-log sizes per sequence."""
+        return mamba1_state_shape(self.d_inner, self.d_state, self.d_conv)
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,11 @@ class HybridConfig:
     def attention_layers(self) -> list[int]:
         return self.layers_of("attention")
 
-    def state_shapes(self, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(ssm state shape, conv window shape) of Mamba layer `layer`."""
+    def state_shape(self, layer: int) -> RecurrentStateShape:
+        """Recurrent-state sizes of Mamba layer `layer` (an index into layer_types)."""
         sub = self.mamba2 if self.layer_types[layer] == "mamba2" else self.mamba1
-        return sub.state_shapes()
+        return sub.state_shape()
+
+    def recurrent_state_shapes(self) -> list[RecurrentStateShape]:
+        """One entry per Mamba layer, in `mamba_layers` order (the state pool's layout)."""
+        return [self.state_shape(layer) for layer in self.mamba_layers]

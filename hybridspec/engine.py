@@ -2,10 +2,13 @@
 
 `Engine(target)` is plain autoregressive decoding through the same runtime:
 the baseline every benchmark compares against. With `draft=` it runs
-speculative rounds (`hybridspec.spec`): draft → verify → commit.
+speculative rounds (`hybridspec.spec.speculator`): draft → verify → commit.
+The Engine builds the pieces a `Speculator` receives (drafter, bound
+checkpoint policy, target cache, stats); docs/design.md draws the whole.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -14,10 +17,16 @@ from typing import Callable, Literal
 import torch
 from tqdm.auto import tqdm
 
-from .cache.hybrid_cache import HybridCache
+from hybridspec.checkpoints.auto import resolve_policy
+from hybridspec.checkpoints.policy import validate_gamma
+from hybridspec.state_memory import default_state_dtype
+
+from .cache.hybrid_cache import HybridCache, scratch_cache
 from .errors import ConfigError, InvalidRequestError
 from .models.hybrid import HybridModel
 from .sampling import RowParams, SamplingParams, process_logits, sample
+from .spec.drafters import as_drafter
+from .spec.speculator import Speculator
 from .stats import EngineStats
 
 
@@ -80,32 +89,63 @@ class Request:
 
 
 class Engine:
+    """Plain or speculative generation over a `HybridModel`.
+
+    target: the model whose distribution is sampled (`hs.from_hf`, `hs.load`).
+    draft: None (plain decoding), a HybridModel sharing the target's
+        vocabulary, `hs.NgramDrafter()`, or any `hybridspec.spec.Drafter`.
+    num_draft_tokens: γ, drafts per sequence per round.
+    checkpoint: a `CheckpointPolicy`, "auto", or None (a snapshot after every input).
+    verify: "rejection" (lossless rejection sampling) or "coupled" (output
+        token-identical to plain decoding with the same seed).
+    max_batch_size, max_model_len, block_size, num_blocks: cache sizes
+        (sequences, tokens per sequence, tokens per KV page, KV pages).
+    state_dtype: dtype of SSM states and conv windows (None: float32, float64
+        for a float64 model).
+    """
+
     def __init__(self, target: HybridModel, draft=None, num_draft_tokens: int = 4, checkpoint=None,
                  verify: Literal["rejection", "coupled"] = "rejection", *, max_batch_size: int = 16,
-                 max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None):
+                 max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None,
+                 state_dtype: torch.dtype | None = None):
         if not isinstance(target, HybridModel):
             raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
         if verify not in ("rejection", "coupled"):
             raise ConfigError(f"verify={verify!r} must be 'rejection' or 'coupled'")
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size={max_batch_size} must be >= 1")
+        if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
+            raise ConfigError(f"state_dtype={state_dtype!r} must be a floating torch.dtype (e.g. torch.float32) "
+                              "or None for the default")
         self.target = target
         self.verify = verify
         self.max_model_len = max_model_len or min(target.config.max_position_embeddings, 4096)
         self.max_batch_size = max_batch_size
+        self.state_dtype = state_dtype or default_state_dtype(target.dtype)
         blocks_per_seq = math.ceil(self.max_model_len / block_size)
         self.cache_kwargs = dict(max_seqs=max_batch_size, block_size=block_size,
                                  num_blocks=num_blocks or max_batch_size * blocks_per_seq,
                                  dtype=target.dtype, device=target.device)
         self.stats = EngineStats()
         self.check_invariants = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
-        self.speculator = None
-        if draft is not None:
-            from .spec.speculator import Speculator
-            self.speculator = Speculator(self, draft, num_draft_tokens, checkpoint)
-        ring_slots = self.speculator.target_ring_slots if self.speculator else 2
-        self.cache = HybridCache(target.config, ring_slots=ring_slots, **self.cache_kwargs)
+        self.speculator: Speculator | None = None
+        if draft is None:
+            self.cache = self._new_cache(ring_slots=2)
+        else:
+            validate_gamma(num_draft_tokens)
+            policy = resolve_policy(checkpoint).bind(  # "auto" measures step costs here
+                target, num_draft_tokens, max_batch_size=max_batch_size, state_dtype=self.state_dtype,
+                new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
+            drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs)
+            self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens))
+            self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache, self.stats,
+                                         coupled=verify == "coupled", check_invariants=self.check_invariants)
         self._next_seq_id = 0
+
+    def _new_cache(self, ring_slots: int) -> HybridCache:
+        """The target's cache with this engine's sizes."""
+        return HybridCache(self.target.config, ring_slots=ring_slots, state_dtype=self.state_dtype,
+                           **self.cache_kwargs)
 
     # -- validation ----------------------------------------------------------------------------
 
@@ -152,7 +192,7 @@ class Engine:
         kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
         self.cache.check_admission(len(requests), kv_lens)
         if self.speculator is not None:
-            self.speculator.check_admission(requests)
+            self.speculator.drafter.check_admission(requests)
         rows = RowParams.of([r.params for r in requests], [r.seed for r in requests], self.target.device)
         bar = tqdm(total=sum(r.params.max_new_tokens for r in requests), disable=not progress, unit="tok")
         try:
@@ -163,7 +203,7 @@ class Engine:
         finally:
             self.cache.free_sequences([r.seq_id for r in requests])
             if self.speculator is not None:
-                self.speculator.release([r.seq_id for r in requests])
+                self.speculator.drafter.release([r.seq_id for r in requests])
             bar.close()
         return [r.output for r in requests]
 

@@ -6,7 +6,10 @@ position of d_1, so d_i and the token sampled from p_i sit at position
 ``positions[b] + i - 1`` (1-based i; ``positions[b] + j`` for 0-based j).
 p_1..p_{γ_b + 1} are the target's post-processed distributions (p_i predicts
 the token at that position; p_{γ_b + 1} lies at index γ_b), q_1..q_γ_b the
-drafter's.
+drafter's. ``draft_probs=None`` says every q_i is one-hot at d_i (a drafter
+without probabilities: prompt lookup, a deterministic user drafter); no
+[B, G, V] tensor is built for it: q_i(d_i) = 1 and max(0, p_i − q_i) is p_i
+with d_i removed.
 
 Terms (DESIGN.md glossary):
     accepted   drafts the verifier kept: d_1..d_n, n = num_accepted[b] in 0..γ_b
@@ -68,14 +71,16 @@ _MAX_BLOCK_V = 1024
 
 @triton.jit
 def _argmax_over_vocab(
-    p_ptr, q_ptr, V, seed, position, PICK: tl.constexpr, EPS: tl.constexpr, BLOCK_V: tl.constexpr
+    p_ptr, q_ptr, draft_token, V, seed, position, PICK: tl.constexpr, HAS_Q: tl.constexpr, EPS: tl.constexpr,
+    BLOCK_V: tl.constexpr
 ):
     """One pass over the vocabulary of one distribution; returns a token id.
 
     PICK 0: argmax p (lowest index on ties).
     PICK 1: Gumbel-max sample of p, PURPOSE_SAMPLE noise at ``position``.
     PICK 2: Gumbel-max sample of max(0, p - q), PURPOSE_RECOVER noise, falling
-            back to p (same noise) when the residual sums to at most EPS · sum(p).
+            back to p (same noise) when the residual sums to at most EPS · sum(p);
+            without HAS_Q, q is one-hot at ``draft_token``.
     """
     if PICK == 2:
         key_a, key_b = row_key_dev(seed, position, 2)  # PURPOSE_RECOVER
@@ -97,7 +102,10 @@ def _argmax_over_vocab(
             noise = gumbel_dev(key_a, key_b, offs)
             score_p = tl.where(in_vocab, tl.log(p) + noise, -float("inf"))
             if PICK == 2:
-                q = tl.load(q_ptr + offs, mask=in_vocab, other=0.0).to(tl.float64)
+                if HAS_Q:
+                    q = tl.load(q_ptr + offs, mask=in_vocab, other=0.0).to(tl.float64)
+                else:
+                    q = tl.where(offs == draft_token, 1.0, 0.0).to(tl.float64)
                 r = tl.maximum(p - q, 0.0)
                 sum_p += tl.sum(p, axis=0)
                 sum_r += tl.sum(r, axis=0)
@@ -137,6 +145,7 @@ def _rejection_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_V: tl.constexpr,
     EPS: tl.constexpr,
+    HAS_Q: tl.constexpr,  # False: draft_probs_ptr is unused, every q_i is one-hot at d_i
 ):
     b = tl.program_id(0).to(tl.int64)
     gamma = tl.load(num_draft_ptr + b)
@@ -158,17 +167,23 @@ def _rejection_kernel(
         q_row = draft_row + j * stride_draft_g
         if mode == 1:  # MODE_REJECTION: accept with probability min(1, p / q)
             p_draft = tl.load(p_row + draft_token).to(tl.float64)
-            q_draft = tl.load(q_row + draft_token).to(tl.float64)
+            if HAS_Q:
+                q_draft = tl.load(q_row + draft_token).to(tl.float64)
+            else:
+                q_draft = tl.full((), 1.0, tl.float64)
             key_a, key_b = row_key_dev(seed, position, 1)  # PURPOSE_ACCEPT
             u = uniform_dev(key_a, key_b, tl.zeros((), dtype=tl.int64))
             is_accepted = (q_draft > 0.0) & (u * q_draft < p_draft)
             if is_accepted == 0:
-                final_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 2, EPS, BLOCK_V).to(tl.int64)
+                final_token = _argmax_over_vocab(p_row, q_row, draft_token, V, seed, position, 2, HAS_Q, EPS,
+                                                 BLOCK_V).to(tl.int64)
         else:
             if mode == 0:  # MODE_GREEDY
-                target_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 0, EPS, BLOCK_V).to(tl.int64)
+                target_token = _argmax_over_vocab(p_row, q_row, draft_token, V, seed, position, 0, HAS_Q, EPS,
+                                                  BLOCK_V).to(tl.int64)
             else:  # MODE_COUPLED
-                target_token = _argmax_over_vocab(p_row, q_row, V, seed, position, 1, EPS, BLOCK_V).to(tl.int64)
+                target_token = _argmax_over_vocab(p_row, q_row, draft_token, V, seed, position, 1, HAS_Q, EPS,
+                                                  BLOCK_V).to(tl.int64)
             is_accepted = draft_token == target_token
             final_token = target_token
         is_rejected = is_accepted == 0
@@ -178,9 +193,9 @@ def _rejection_kernel(
         p_row = target_row + gamma * stride_target_g
         position = base_position + gamma
         if mode == 0:
-            final_token = _argmax_over_vocab(p_row, p_row, V, seed, position, 0, EPS, BLOCK_V).to(tl.int64)
+            final_token = _argmax_over_vocab(p_row, p_row, 0, V, seed, position, 0, HAS_Q, EPS, BLOCK_V).to(tl.int64)
         else:
-            final_token = _argmax_over_vocab(p_row, p_row, V, seed, position, 1, EPS, BLOCK_V).to(tl.int64)
+            final_token = _argmax_over_vocab(p_row, p_row, 0, V, seed, position, 1, HAS_Q, EPS, BLOCK_V).to(tl.int64)
 
     offs_g = tl.arange(0, BLOCK_G)
     drafts = tl.load(tokens_row + offs_g, mask=offs_g < num_accepted, other=-1)
@@ -200,6 +215,8 @@ def _check_args(target_probs, draft_probs, draft_tokens, num_draft, row_mode, se
         seeds=seeds,
         positions=positions,
     )
+    if draft_probs is None:  # one-hot drafts
+        del tensors["draft_probs"]
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -213,14 +230,15 @@ def _check_args(target_probs, draft_probs, draft_tokens, num_draft, row_mode, se
         draft_probs=(B, G, V), draft_tokens=(B, G), num_draft=(B,), row_mode=(B,), seeds=(B,), positions=(B,)
     )
     for name, shape in expected.items():
-        if tuple(tensors[name].shape) != shape:
+        if name in tensors and tuple(tensors[name].shape) != shape:
             raise ValueError(
                 f"{name} must have shape {shape} to match target_probs {(B, G1, V)}, got {tuple(tensors[name].shape)}"
             )
-    if target_probs.dtype not in (torch.float32, torch.float64) or draft_probs.dtype != target_probs.dtype:
+    q_dtype = target_probs.dtype if draft_probs is None else draft_probs.dtype
+    if target_probs.dtype not in (torch.float32, torch.float64) or q_dtype != target_probs.dtype:
         raise TypeError(
             f"target_probs and draft_probs must both be float32 or both float64, "
-            f"got {target_probs.dtype} and {draft_probs.dtype}"
+            f"got {target_probs.dtype} and {q_dtype}"
         )
     for name in ("draft_tokens", "num_draft", "seeds", "positions"):
         if tensors[name].dtype != torch.int64:
@@ -245,7 +263,7 @@ def _check_args(target_probs, draft_probs, draft_tokens, num_draft, row_mode, se
 
 def rejection(
     target_probs: torch.Tensor,  # [B, G + 1, V] float32/float64
-    draft_probs: torch.Tensor,  # [B, G, V] same dtype
+    draft_probs: torch.Tensor | None,  # [B, G, V] same dtype; None: one-hot drafts
     draft_tokens: torch.Tensor,  # [B, G] int64
     num_draft: torch.Tensor,  # [B] int64, γ_b <= G
     row_mode: torch.Tensor,  # [B] int, MODE_*
@@ -260,15 +278,17 @@ def rejection(
     """
     _check_args(target_probs, draft_probs, draft_tokens, num_draft, row_mode, seeds, positions)
     B, G1, V = target_probs.shape
-    if target_probs.stride(2) != 1 or draft_probs.stride(2) != 1 or draft_tokens.stride(1) != 1:
+    has_q = draft_probs is not None
+    if target_probs.stride(2) != 1 or (has_q and draft_probs.stride(2) != 1) or draft_tokens.stride(1) != 1:
         raise ValueError("target_probs, draft_probs and draft_tokens must be contiguous in their last dimension")
     output_tokens = torch.full((B, G1), -1, dtype=torch.int64, device=target_probs.device)  # [B, G + 1]
     num_accepted = torch.zeros(B, dtype=torch.int64, device=target_probs.device)  # [B]
     if B == 0:
         return output_tokens, num_accepted
+    q = draft_probs if has_q else target_probs  # without q the pointer is never read
     _rejection_kernel[(B,)](
         target_probs,
-        draft_probs,
+        q,
         draft_tokens,
         num_draft.contiguous(),
         row_mode.to(torch.int32).contiguous(),
@@ -278,8 +298,8 @@ def rejection(
         num_accepted,
         target_probs.stride(0),
         target_probs.stride(1),
-        draft_probs.stride(0),
-        draft_probs.stride(1),
+        q.stride(0) if has_q else 0,
+        q.stride(1) if has_q else 0,
         draft_tokens.stride(0),
         output_tokens.stride(0),
         V,
@@ -287,6 +307,7 @@ def rejection(
         BLOCK_G=triton.next_power_of_2(G1),
         BLOCK_V=min(triton.next_power_of_2(V), _MAX_BLOCK_V),
         EPS=RESIDUAL_EPS,
+        HAS_Q=has_q,
     )
     return output_tokens, num_accepted
 
@@ -305,7 +326,7 @@ def _gumbel_argmax_3d(probs: torch.Tensor, seeds: torch.Tensor, positions: torch
 
 def rejection_ref(
     target_probs: torch.Tensor,  # [B, G + 1, V] float32/float64
-    draft_probs: torch.Tensor,  # [B, G, V] same dtype
+    draft_probs: torch.Tensor | None,  # [B, G, V] same dtype; None: one-hot drafts
     draft_tokens: torch.Tensor,  # [B, G] int64
     num_draft: torch.Tensor,  # [B] int64, γ_b <= G
     row_mode: torch.Tensor,  # [B] int, MODE_*
@@ -318,7 +339,6 @@ def rejection_ref(
     G = G1 - 1
     device = target_probs.device
     p = target_probs.to(torch.float64)  # [B, G + 1, V]
-    q = draft_probs.to(torch.float64)  # [B, G, V]
     mode = row_mode.to(torch.int64)[:, None]  # [B, 1]
     steps = torch.arange(G1, device=device)  # [G + 1]
     token_positions = positions[:, None] + steps  # [B, G + 1]: position of the token sampled from p_{j+1}
@@ -332,7 +352,10 @@ def rejection_ref(
     is_draft = steps[None, :G] < num_draft[:, None]  # [B, G]
     safe_tokens = torch.where(is_draft, draft_tokens, 0)[:, :, None]  # [B, G, 1]: padding may be any value
     p_draft = p[:, :G].gather(2, safe_tokens).squeeze(2)  # [B, G]
-    q_draft = q.gather(2, safe_tokens).squeeze(2)  # [B, G]
+    if draft_probs is None:  # one-hot q: q(d) = 1
+        q_draft = torch.ones_like(p_draft)  # [B, G]
+    else:
+        q_draft = draft_probs.to(torch.float64).gather(2, safe_tokens).squeeze(2)  # [B, G]
     u = keyed_uniform(seeds[:, None], token_positions[:, :G], PURPOSE_ACCEPT)  # [B, G]
     is_accepted_rejection = (q_draft > 0) & (u * q_draft < p_draft)  # [B, G]
 
@@ -346,7 +369,10 @@ def rejection_ref(
     final_tokens = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)  # [B]: mismatch target or bonus
     is_recovered = (row_mode == MODE_REJECTION) & (num_accepted < num_draft)  # [B]
     if G > 0 and bool(is_recovered.any()):
-        residual = torch.clamp(p[:, :G] - q, min=0.0)  # [B, G, V]: max(0, p - q)
+        if draft_probs is None:  # max(0, p - one_hot(d)) is p without d
+            residual = p[:, :G].scatter(2, safe_tokens, 0.0)  # [B, G, V]
+        else:
+            residual = torch.clamp(p[:, :G] - draft_probs.to(torch.float64), min=0.0)  # [B, G, V]: max(0, p - q)
         is_residual_zero = residual.sum(2) <= RESIDUAL_EPS * p[:, :G].sum(2)  # [B, G]
         residual = torch.where(is_residual_zero[:, :, None], p[:, :G], residual)
         recovered_tokens = _gumbel_argmax_3d(residual, seeds, token_positions[:, :G], PURPOSE_RECOVER)  # [B, G]

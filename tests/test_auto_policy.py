@@ -1,5 +1,7 @@
 """`AutoCheckpointPolicy`: never over its memory budget, picks from the
 simulator's round_time, and keeps speculative output equal to plain output."""
+from functools import partial
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -7,8 +9,10 @@ from hypothesis import strategies as st
 
 import hybridspec as hs
 from hybridspec.checkpoints.auto import AutoCheckpointPolicy, candidates, expected_round_s, running_alpha
+from hybridspec.cache.hybrid_cache import scratch_cache
 from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
 from hybridspec.errors import CacheFullError, ConfigError
+from hybridspec.state_memory import default_state_dtype
 from hybridspec.sim import round_time, snapshot_writes_per_round
 from oracles import bamba
 
@@ -27,7 +31,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def footprint(target):
-    return CheckpointFootprint.of(target.config, target.dtype)
+    return CheckpointFootprint.of(target.config, target.dtype, default_state_dtype(target.dtype))
 
 
 def engine_with(target, policy, draft=None, max_batch_size=4):
@@ -114,10 +118,10 @@ def test_budget_of_one_slot_per_sequence_turns_the_log_off(target, footprint):
 
 
 def test_ring_holds_every_k_within_budget(target, footprint):
-    assert engine_with(target, AutoCheckpointPolicy(costs=REPLAY_DEAR)).speculator.target_ring_slots == GAMMA + 2
+    assert engine_with(target, AutoCheckpointPolicy(costs=REPLAY_DEAR)).cache.ring_slots == GAMMA + 2
     budget = 3 * footprint.bytes_per_slot
     engine = engine_with(target, AutoCheckpointPolicy(memory_budget_bytes=budget, costs=REPLAY_DEAR))
-    assert engine.speculator.target_ring_slots == 1 + 3  # k = 2 writes after inputs 0, 2, 4
+    assert engine.cache.ring_slots == 1 + 3  # k = 2 writes after inputs 0, 2, 4
 
 
 def test_budget_too_small_for_the_batch_raises_and_leaves_no_sequence(target, footprint):
@@ -142,7 +146,7 @@ def test_speculative_output_equals_plain_output(target, footprint, slots):
 
 
 def test_measured_costs_are_finite_and_bind_measures_them(target):
-    costs = measure_checkpoint_costs(target, GAMMA, batches=(1, 2), repeats=1)
+    costs = measure_checkpoint_costs(target, GAMMA, (1, 2), partial(scratch_cache, target), repeats=1)
     assert costs.batches == (1, 2)
     assert all(v >= 0.0 for name in COST_FIELDS for v in getattr(costs, name))
     assert costs.token_replay_fixed_s[0] + costs.token_replay_step_s[0] > 0.0  # a forward takes time
@@ -177,5 +181,5 @@ def test_invalid_arguments_raise_config_errors(kwargs, match):
 
 def test_unbound_policy_refuses_to_pick():
     with pytest.raises(ConfigError, match="not bound"):
-        AutoCheckpointPolicy().for_round([0.5])
+        AutoCheckpointPolicy().for_round([0.5], 1)
     assert AutoCheckpointPolicy().ring_size(GAMMA) == GAMMA + 2

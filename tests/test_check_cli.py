@@ -12,14 +12,6 @@ from hybridspec.rollback import perturbed_copy, tiny_model
 from oracles import bamba
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def table_rows(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(("PASS", "FAIL"))]
 
@@ -56,7 +48,7 @@ def test_check_fails_when_a_replay_is_skipped(monkeypatch, capsys):
         d = decide(plan, n, log_available)
         return d if d.path == "hit" else RestoreDecision("hit", d.src_input, d.src_slot, d.src_slot, n)
 
-    monkeypatch.setattr("hybridspec.spec.speculator.decide", skip_replay)
+    monkeypatch.setattr("hybridspec.checkpoints.checkpointer.decide", skip_replay)
     assert main(["check", "--quick", "--draft", "ngram"]) == 1
     failed = [r for r in table_rows(capsys.readouterr().out) if r.startswith("FAIL")]
     assert any("k=0" in r and "differs by" in r for r in failed), failed

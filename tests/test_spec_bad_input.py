@@ -3,21 +3,12 @@ changes; a round that raises anywhere — drafting, verifying, replaying,
 committing the drafter — leaves every sequence exactly as it was before the
 round: cache bookkeeping, head states and K/V of the target and the drafter."""
 import pytest
-import torch
 
 import hybridspec as hs
 from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.rollback import (FAULT_SITES, POLICIES, OutOfVocabDrafter, RoundObserver, bad_input_checks,
                                        failed_round, perturbed_copy, tiny_model, witness_bookkeeping, workload)
 from oracles import bamba
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ not depend on the batch it runs in."""
 from dataclasses import replace
 
 import pytest
-import torch
 
 import hybridspec as hs
 from hybridspec.rollback import (POLICIES, batch_invariance, perturbed_copy, plain_outputs, sampled_params,
@@ -21,14 +20,6 @@ CASES = [  # (seed, drafter, γ, policy)
     (15, "unrelated", 2, "k=2"),
     (16, "n-gram", 4, "k=1"),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ Jamba and Nemotron-H models; the restore paths counted in engine.stats are
 exactly those the policy implies (`hybridspec.rollback.speculative_parity`), and
 each path runs where the policy says it must."""
 import pytest
-import torch
 
 import hybridspec as hs
 from hybridspec.rollback import (GAMMAS, POLICIES, perturbed_copy, plain_outputs, speculative_parity,
@@ -19,14 +18,6 @@ FAMILIES = {
 # the restore path each policy must use when a round is partly accepted
 EXPECTED_PATH = {"k=1": "snapshot_hits", "k=2": "log_replayed_tokens", "k=0": "log_replayed_tokens",
                  "ring too small": "log_replayed_tokens", "log off": "token_replayed_tokens"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

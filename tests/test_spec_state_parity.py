@@ -19,14 +19,6 @@ from oracles import bamba, jamba, nemotron_h
 FAMILIES = {"bamba": bamba, "jamba": jamba, "nemotron_h": nemotron_h}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def models(request):
     target = hs.from_hf(FAMILIES[request.param](seed=0))
@@ -99,7 +91,7 @@ def test_state_check_catches_a_skipped_replay(models, monkeypatch):
         d = decide(plan, n, log_available)
         return d if d.path == "hit" else RestoreDecision("hit", d.src_input, d.src_slot, d.src_slot, n)
 
-    monkeypatch.setattr("hybridspec.spec.speculator.decide", skip_replay)
+    monkeypatch.setattr("hybridspec.checkpoints.checkpointer.decide", skip_replay)
     prompts = [[5, 9, 14, 20], [7, 7, 30]]
     params = [hs.SamplingParams(max_new_tokens=12)] * 2
     result = speculative_parity("sabotaged", target, drafters["unrelated"], 3, POLICIES["k=0"], prompts, params,

@@ -1,11 +1,12 @@
 import pytest
 import torch
 
-from hybridspec.cache import MambaStateShape, StatePool
+from hybridspec.checkpoints.state_pool import StatePool
 from hybridspec.errors import CacheFullError
+from hybridspec.state_memory import RecurrentStateShape
 
 # One Mamba2 layer (nheads, headdim, d_state) and one Mamba1 layer (d_inner, d_state).
-SHAPES = [MambaStateShape((2, 3, 4), (10, 3)), ((6, 4), (6, 2))]
+SHAPES = [RecurrentStateShape((2, 3, 4), (10, 3)), ((6, 4), (6, 2))]
 
 
 def make_pool(max_seqs=3, ring_slots=4):
@@ -54,11 +55,11 @@ def test_set_head_moves_within_the_ring_only():
     pool.add_sequence(0)
     pool.add_sequence(1)
     slot = pool.ring_slots(0)[2]
-    pool.set_head(0, slot)
-    assert pool.head(0) == slot
+    pool.set_head(0, slot, 5)
+    assert pool.head(0) == slot and pool.head_position(0) == 5
     before = pool.snapshot_bookkeeping()
     with pytest.raises(ValueError, match="not in sequence 0's ring"):
-        pool.set_head(0, pool.ring_slots(1)[0])
+        pool.set_head(0, pool.ring_slots(1)[0], 5)
     assert pool.snapshot_bookkeeping() == before
 
 
@@ -90,7 +91,7 @@ def test_misuse():
     with pytest.raises(ValueError, match="already owns"):
         pool.add_sequence(0)
     for call in (lambda: pool.head(5), lambda: pool.ring_slots(5), lambda: pool.free_sequence(5),
-                 lambda: pool.set_head(5, 0)):
+                 lambda: pool.set_head(5, 0, 0)):
         with pytest.raises(KeyError, match="add_sequence"):
             call()
     with pytest.raises(ValueError, match="ring_slots=0"):

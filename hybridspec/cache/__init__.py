@@ -1,16 +1,13 @@
-"""Cache bookkeeping and storage: paged attention KV and Mamba state rings."""
+"""Cache bookkeeping and storage: paged attention KV (the Mamba state rings are
+`hybridspec.checkpoints.state_pool`), and `HybridCache`, both for one model."""
 
 from .block_pool import BlockPool, BlockPoolState
 from .paged_kv import KVCacheBookkeeping, KVWriteMeta, PagedKVCache
-from .state_pool import MambaStateShape, StatePool, StatePoolBookkeeping
 
 __all__ = [
     "BlockPool",
     "BlockPoolState",
     "KVCacheBookkeeping",
     "KVWriteMeta",
-    "MambaStateShape",
     "PagedKVCache",
-    "StatePool",
-    "StatePoolBookkeeping",
 ]

@@ -1,7 +1,9 @@
 """`HybridCache`: every layer's cache of one model for a set of sequences —
-the paged KV cache of the attention layers, the state pool (a ring of slots
-per sequence) of the Mamba layers — and the bookkeeping that keeps them at
-one boundary: `computed_len` per sequence and the position held by each slot.
+the paged KV cache of the attention layers and the state pool (a ring of slots
+per sequence, `hybridspec.checkpoints.state_pool`) of the Mamba layers — and
+`computed_len` per sequence, the one length both are kept at. `commit` moves
+every layer of a sequence to a boundary at once; which ring slot holds the
+state there is the checkpoints' decision (`Checkpointer`).
 """
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hybridspec.checkpoints.state_pool import StatePool
+from hybridspec.state_memory import default_state_dtype
+
 from ..config import HybridConfig
 from ..errors import CacheFullError, InvariantError
 from ..models.batch import ForwardBatch
-from ..models.common import compute_dtype
 from .paged_kv import PagedKVCache
-from .state_pool import StatePool
 
 
 @dataclass
@@ -35,18 +38,22 @@ class ForwardPlan:
 
 
 class HybridCache:
+    """dtype: the model's (attention K/V are kept in it); state_dtype: the SSM
+    states' and conv windows' (None: `default_state_dtype(dtype)`, float32 below
+    float64)."""
+
     def __init__(self, config: HybridConfig, *, max_seqs: int, num_blocks: int, block_size: int = 16,
-                 ring_slots: int = 2, dtype: torch.dtype = torch.float32, device="cpu"):
+                 ring_slots: int = 2, dtype: torch.dtype = torch.float32, device="cpu",
+                 state_dtype: torch.dtype | None = None):
         self.config, self.device, self.dtype = config, torch.device(device), dtype
         self.block_size, self.ring_slots, self.max_seqs = block_size, ring_slots, max_seqs
         attn = config.attention
         self.kv = (PagedKVCache(len(config.attention_layers), num_blocks, block_size, attn.num_kv_heads,
                                 attn.head_dim, dtype, self.device) if config.attention_layers else None)
-        specs = [config.state_shapes(i) for i in config.mamba_layers]
-        self.states = (StatePool(specs, max_seqs, ring_slots, compute_dtype(dtype), self.device)
-                       if specs else None)
+        shapes = config.recurrent_state_shapes()
+        self.state_dtype = state_dtype or default_state_dtype(dtype)
+        self.states = StatePool(shapes, max_seqs, ring_slots, self.state_dtype, self.device) if shapes else None
         self.computed_len: dict[int, int] = {}
-        self.slot_pos: dict[int, int] = {}  # head slot of each sequence -> position of the state it holds
 
     # -- sequences ----------------------------------------------------------------------------
 
@@ -76,7 +83,6 @@ class HybridCache:
                 self.kv.add_sequence(s)
             if self.states is not None:
                 self.states.add_sequence(s)
-                self.slot_pos[self.states.head(s)] = 0
             self.computed_len[s] = 0
 
     def free_sequences(self, seq_ids: list[int]) -> None:
@@ -87,8 +93,6 @@ class HybridCache:
             if self.kv is not None:
                 self.kv.free_sequence(s)
             if self.states is not None:
-                for slot in self.states.ring_slots(s):
-                    self.slot_pos.pop(slot, None)
                 self.states.free_sequence(s)
             del self.computed_len[s]
 
@@ -147,18 +151,14 @@ class HybridCache:
             else:
                 self.kv.commit(seq_id, boundary)
         if self.states is not None:
-            old_head = self.states.head(seq_id)
-            self.states.set_head(seq_id, head_slot)
-            # only a head's position is known: other slots are overwritten by snapshots
-            self.slot_pos.pop(old_head, None)
-            self.slot_pos[head_slot] = boundary
+            self.states.set_head(seq_id, head_slot, boundary)
         self.computed_len[seq_id] = boundary
 
     def check_invariant(self, seq_id: int, committed_len: int) -> None:
         """kv_len == ssm_pos == conv_pos == computed_len == committed_len - 1."""
         computed = self.computed_len[seq_id]
         kv_len = self.kv.kv_len(seq_id) if self.kv is not None else computed
-        state_pos = self.slot_pos.get(self.head(seq_id), -1) if self.states is not None else computed
+        state_pos = self.states.head_position(seq_id) if self.states is not None else computed
         if not kv_len == state_pos == computed == committed_len - 1:
             raise InvariantError(f"sequence {seq_id}: kv_len={kv_len}, state position={state_pos}, "
                                  f"computed_len={computed}, committed_len={committed_len} (expected all equal "
@@ -174,11 +174,12 @@ class HybridCache:
         if self.states is not None:
             states = self.states.snapshot_bookkeeping()
             states = replace(states, free_rings=tuple(sorted(states.free_rings)))
-        return {"computed_len": dict(self.computed_len), "slot_pos": dict(self.slot_pos), "kv": kv,
-                "states": states}
+        return {"computed_len": dict(self.computed_len), "kv": kv, "states": states}
 
-    def checkpoint_bytes(self, seq_id: int) -> int:
-        """Bytes held by this sequence's ring slots other than the head."""
-        if self.states is None:
-            return 0
-        return (self.ring_slots - 1) * self.states.bytes_per_slot
+
+def scratch_cache(model, max_seqs: int, ring_slots: int, state_dtype: torch.dtype | None = None,
+                  max_len: int = 64, block_size: int = 16) -> HybridCache:
+    """A small cache of `model` for measurements: `max_seqs` sequences of up to `max_len` tokens."""
+    return HybridCache(model.config, max_seqs=max_seqs, num_blocks=max_seqs * -(-max_len // block_size),
+                       block_size=block_size, ring_slots=ring_slots, dtype=model.dtype, device=model.device,
+                       state_dtype=state_dtype)

@@ -6,31 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-
-@dataclass
-class MambaInputLog:
-    """Per-token mixer inputs of one Mamba layer for one verify forward: enough
-    to log-replay the recurrence to any boundary without the model."""
-
-    xs: torch.Tensor  # [batch, T, conv_dim] conv inputs
-    x: torch.Tensor  # [batch, T, ...] SSM inputs (after conv + activation)
-    dt: torch.Tensor  # [batch, T, nheads | d_inner] processed time steps
-    B: torch.Tensor  # [batch, T, (ngroups,) d_state]
-    C: torch.Tensor  # [batch, T, (ngroups,) d_state]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.xs, self.x, self.dt, self.B, self.C))
-
-    def shifted(self, first: torch.Tensor) -> "MambaInputLog":
-        """The log with row b starting at input first[b] (tail padded with the last input)."""
-        T = self.x.shape[1]
-        idx = (first[:, None] + torch.arange(T, device=first.device)).clamp(max=T - 1)  # [batch, T]
-
-        def shift(t: torch.Tensor) -> torch.Tensor:
-            index = idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
-            return t.gather(1, index).contiguous()
-
-        return MambaInputLog(*(shift(t) for t in (self.xs, self.x, self.dt, self.B, self.C)))
+from hybridspec.checkpoints.input_log import InputLog
 
 
 @dataclass
@@ -47,7 +23,7 @@ class ForwardBatch:
     kv: object | None  # KVWriteMeta from PagedKVCache.prepare_write; None without attention layers
     src_slot: torch.Tensor  # [batch] int64
     snap_slot: torch.Tensor  # [batch, T] int64
-    input_log: dict[int, MambaInputLog] | None = field(default=None)  # layer -> log, filled when not None
+    input_log: InputLog | None = field(default=None)  # Mamba layer -> its log, filled when not None
     final_state_only: bool = False  # only the state after each row's last input is wanted (prefill, plain extend)
 
     @property

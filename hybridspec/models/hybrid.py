@@ -14,10 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.checkpoints.input_log import InputLog
+from hybridspec.checkpoints.recurrent import RecurrentLayer
+
 from ..config import HybridConfig
 from ..errors import NumericalError
 from .attention import Attention, rope_inv_freq
-from .batch import ForwardBatch, MambaInputLog
+from .batch import ForwardBatch
 from .common import RMSNorm, param, take
 from .ffn import MLP, MoE
 from .mamba2 import Mamba2Mixer
@@ -86,6 +89,11 @@ class HybridModel(nn.Module):
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
+    @property
+    def recurrent_layers(self) -> list[RecurrentLayer]:
+        """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
+        return [self.layers[i].mixer for i in self.config.mamba_layers]
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
@@ -120,7 +128,7 @@ class HybridModel(nn.Module):
     @torch.inference_mode()
     def extend(self, cache, seq_ids: list[int], token_lists: list[list[int]], last_only: bool = False,
                snap_slot: torch.Tensor | None = None,
-               input_log: dict[int, MambaInputLog] | None = None) -> torch.Tensor:
+               input_log: InputLog | None = None) -> torch.Tensor:
         """Continue each sequence from its computed length over `token_lists[b]`.
 
         Without `snap_slot` the final state is written to a spare ring slot and

@@ -22,11 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels.conv_window import conv_window_update, conv_window_update_ref
+from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
+from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
+from hybridspec.checkpoints.input_log import MambaInputLog
+from hybridspec.kernels.dispatch import pick
+
 from ..config import Mamba1Config
-from ..kernels.conv_window import conv_window_update, conv_window_update_ref
-from ..kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
-from ..kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
-from .batch import ForwardBatch, MambaInputLog
+from .batch import ForwardBatch
 from .common import RMSNorm, compute_dtype, param
 from .log_replay import LogReplay
 
@@ -41,6 +44,7 @@ class Mamba1Mixer(LogReplay, nn.Module):
 
     def __init__(self, cfg: Mamba1Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
+        self.state_shape = cfg.state_shape()
         self.cfg, self.state_layer = cfg, state_layer
         self.in_proj, self.in_bias = param(weights["in_proj.weight"]), param(weights.get("in_proj.bias"))
         self.conv_weight = param(weights["conv1d.weight"])  # [d_inner, 1, d_conv]
@@ -70,14 +74,13 @@ class Mamba1Mixer(LogReplay, nn.Module):
         xs, gate = F.linear(h, self.in_proj, self.in_bias).split([cfg.d_inner, cfg.d_inner], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
-        on_gpu = h.is_cuda
-        conv = conv_window_update if on_gpu else conv_window_update_ref
+        conv = pick(conv_window_update, conv_window_update_ref, h)
         xs = xs.contiguous()  # [batch, T, d_inner]
         x = conv(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
                  self.conv_bias, batch.num_tokens, "silu").contiguous()  # [batch, T, d_inner]
         dt, B, C = self.ssm_params(x)  # [batch, T, d_inner], [batch, T, d_state] x 2
         A = -torch.exp(self.A_log.to(cd))  # [d_inner, d_state]
-        scan = mamba1_verify if on_gpu else mamba1_verify_ref
+        scan = pick(mamba1_verify, mamba1_verify_ref, h)
         y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)

@@ -16,11 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels.conv_window import conv_window_update, conv_window_update_ref
+from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
+from hybridspec.kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
+from hybridspec.checkpoints.input_log import MambaInputLog
+from hybridspec.kernels.dispatch import pick
+
 from ..config import Mamba2Config
-from ..kernels.conv_window import conv_window_update, conv_window_update_ref
-from ..kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
-from ..kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
-from .batch import ForwardBatch, MambaInputLog
+from .batch import ForwardBatch
 from .common import compute_dtype, param
 from .log_replay import LogReplay
 from .ssd import ssd_chunk_scan
@@ -44,6 +47,7 @@ class Mamba2Mixer(LogReplay, nn.Module):
 
     def __init__(self, cfg: Mamba2Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
+        self.state_shape = cfg.state_shape()
         self.cfg, self.state_layer, self.eps = cfg, state_layer, eps
         self.in_proj, self.in_bias = param(weights["in_proj.weight"]), param(weights.get("in_proj.bias"))
         self.conv_weight = param(weights["conv1d.weight"])  # [conv_dim, 1, d_conv]
@@ -60,8 +64,7 @@ class Mamba2Mixer(LogReplay, nn.Module):
             [cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
-        on_gpu = h.is_cuda
-        conv = conv_window_update if on_gpu else conv_window_update_ref
+        conv = pick(conv_window_update, conv_window_update_ref, h)
         xs = xs.contiguous()  # [batch, T, conv_dim]
         xBC = conv(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
                    self.conv_bias, batch.num_tokens, "silu")  # [batch, T, conv_dim]
@@ -74,7 +77,7 @@ class Mamba2Mixer(LogReplay, nn.Module):
         if batch.final_state_only and T >= SSD_MIN_TOKENS:
             y = self.chunked_scan(ssm_states, batch, x, dt, A, B, C)
         else:
-            scan = mamba2_verify if on_gpu else mamba2_verify_ref
+            scan = pick(mamba2_verify, mamba2_verify_ref, h)
             y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)

@@ -8,11 +8,12 @@ from itertools import chain
 
 import torch
 
+from hybridspec.checkpoints.policy import CheckpointPolicy
+
 from ..cache.hybrid_cache import HybridCache
 from ..engine import Engine
 from ..errors import InvariantError
 from ..models.hybrid import HybridModel
-from hybridspec.checkpoints.policy import CheckpointPolicy
 
 FAULT_SITES = ("draft", "verify", "replay", "drafter commit")
 
@@ -88,9 +89,8 @@ def _differences(before: dict, after: dict) -> list[str]:
 
 
 class RoundObserver:
-    """Watches the rounds of `engine`'s speculator inside a `with` block by
-    wrapping its `propose`, `round` and `commit` methods on the instance
-    (removed on exit; nothing else about the engine changes).
+    """Watches the rounds of `engine`'s speculator inside a `with` block, as
+    one of its `hooks` (removed on exit; nothing else about the engine changes).
 
     It records, per round, (verify inputs, accepted) of every row the commit
     keeps live; checks the boundary invariant after every round (target and
@@ -105,43 +105,37 @@ class RoundObserver:
         self.commits: list[list[tuple[int, int]]] = []
         self.problems: list[str] = []
         self.reverted: list[str] | None = None
+        self._before: dict | None = None
 
     def __enter__(self) -> "RoundObserver":
-        spec = self.spec
-        self._propose, self._round, self._commit = spec.propose, spec.round, spec.commit
-        spec.propose, spec.round, spec.commit = self.propose, self.round, self.commit
+        self.spec.hooks.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        for name in ("propose", "round", "commit"):
-            delattr(self.spec, name)
+        self.spec.hooks.remove(self)
 
-    def propose(self, requests, rows):
-        self.phase = "draft"
-        drafts = self._propose(requests, rows)
-        self.phase = "verify"
-        return drafts
+    # -- RoundHook ----------------------------------------------------------------------------
 
-    def commit(self, requests, plans, inputs, start, accepted, live, input_log):
-        self.phase = "commit"
-        self.commits.append([(len(inputs[b]), accepted[b]) for b in live])
-        return self._commit(requests, plans, inputs, start, accepted, live, input_log)
-
-    def round(self, requests, rows):
+    def round_started(self, round) -> None:
         self.rounds += 1
-        before = _sequence_states(self.engine, requests) if self.capture else None
-        try:
-            emitted = self._round(requests, rows)
-        except BaseException:
-            if before is not None:
-                self.reverted = _differences(before, _sequence_states(self.engine, requests))
-            raise
-        finally:
-            self.phase = None
-        for r in requests:
+        self._before = _sequence_states(self.engine, round.requests) if self.capture else None
+
+    def phase_started(self, phase: str) -> None:
+        self.phase = phase
+
+    def committed(self, round) -> None:
+        inputs = round.verify_inputs
+        self.commits.append([(len(inputs[b]), round.accepted[b]) for b in round.live])
+
+    def round_ended(self, round, error: BaseException | None) -> None:
+        self.phase = None
+        if error is not None:
+            if self._before is not None:
+                self.reverted = _differences(self._before, _sequence_states(self.engine, round.requests))
+            return
+        for r in round.requests:
             if not r.finished:
                 self.problems += self._check(r)
-        return emitted
 
     def _check(self, request) -> list[str]:
         committed = request.output.prompt_token_ids + request.output.token_ids
@@ -226,10 +220,10 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
         hooks.append(hook(target.layers[-1], "forward", "verify"))
     elif site == "replay":
         hooks.append(hook(target.layers[-1], "forward", "commit"))
-        if target.config.mamba_layers:
-            hooks.append(hook(target.layers[target.config.mamba_layers[-1]].mixer, "replay", "commit"))
+        if target.recurrent_layers:
+            hooks.append(hook(target.recurrent_layers[-1], "replay", "commit"))
     elif site == "drafter commit" and model_drafter:
-        hooks.append(hook(spec.drafter, "commit", "commit", skip=1))
+        hooks.append(hook(spec.drafter.cache, "commit", "commit", skip=1))
     else:
         raise ValueError(f"fault site {site!r} must be one of {FAULT_SITES} (drafter commit: a model drafter)")
     try:

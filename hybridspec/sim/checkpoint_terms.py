@@ -22,14 +22,13 @@ from __future__ import annotations
 from hybridspec.errors import ConfigError
 from hybridspec.sim.closed_form import expected_tokens
 from hybridspec.sim.validation import check_alpha, check_gamma, check_int, check_snapshot_every
+from hybridspec.state_memory import snapshot_inputs
 
 
 def snapshot_positions(gamma: int, snapshot_every: int) -> tuple[int, ...]:
     """Verify inputs after which the policy writes a snapshot, ascending."""
     gamma, k = check_gamma(gamma), check_snapshot_every(snapshot_every)
-    if k == 0:
-        return (gamma,)
-    return tuple(sorted(set(range(0, gamma + 1, k)) | {gamma}))
+    return snapshot_inputs(gamma + 1, k)
 
 
 def snapshot_writes_per_round(gamma: int, snapshot_every: int) -> int:

@@ -34,9 +34,9 @@ BAMBA_9B = HybridShape(
     num_kv_heads=8,
     head_dim=128,
     tie_embeddings=False,
-    weight_bytes=2,  # bf16 weights, KV, conv window, input log
-    ssm_state_bytes=2,  # bf16 SSM state (DESIGN.md's ~2 MiB per layer)
-    source="assumed: dimensions from the published Bamba-9B config (ibm-ai-platform/Bamba-9B), bf16 state",
+    weight_bytes=2,  # bf16 weights, KV, logged activations
+    state_bytes=4,  # float32 SSM state and conv window, as Engine keeps them by default
+    source="assumed: dimensions from the published Bamba-9B config (ibm-ai-platform/Bamba-9B), fp32 state",
 )
 
 NEMOTRON_H_8B = HybridShape(
@@ -59,7 +59,7 @@ NEMOTRON_H_8B = HybridShape(
     head_dim=128,
     tie_embeddings=False,
     weight_bytes=2,
-    ssm_state_bytes=4,  # the config's mamba_ssm_cache_dtype is float32
+    state_bytes=4,  # the config's mamba_ssm_cache_dtype is float32
     source="assumed: dimensions from the published Nemotron-H-8B config (nvidia/Nemotron-H-8B-Base-8K), fp32 SSM cache",
 )
 
@@ -88,7 +88,7 @@ def small_hybrid_draft(target: HybridShape) -> HybridShape:
         head_dim=64,
         tie_embeddings=True,
         weight_bytes=target.weight_bytes,
-        ssm_state_bytes=target.ssm_state_bytes,
+        state_bytes=target.state_bytes,
         source="assumed: hypothetical drafter shape, not a published model",
     )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hybridspec.errors import ConfigError
 from hybridspec.sim.cost_model import ModelCost
+from hybridspec.state_memory import bytes_per_slot, log_bytes_per_input, mamba2_state_shape
 
 # FLOPs per SSM state element per token: decay (1), input (1), add (1), readout C·h (2)
 SCAN_FLOPS_PER_STATE_ELEMENT = 5
@@ -25,8 +26,9 @@ class HybridShape:
     num_mlp_blocks: MLP blocks in the stack; separate_mlp_layers: False when
     each mixer layer holds its own MLP (Bamba), True when MLPs are layers of
     their own (Nemotron-H). mlp_matrices: 3 for a gated MLP (gate, up, down), 2
-    for a plain one (up, down). weight_bytes: bytes per weight, KV, conv and
-    log element; ssm_state_bytes: bytes per SSM state element.
+    for a plain one (up, down). weight_bytes: bytes per weight, KV and logged
+    activation (the model dtype); state_bytes: bytes per SSM state and conv
+    window element (the state dtype: float32 by default, as `Engine` keeps it).
     """
 
     name: str
@@ -48,7 +50,7 @@ class HybridShape:
     head_dim: int
     tie_embeddings: bool
     weight_bytes: int = 2
-    ssm_state_bytes: int = 2
+    state_bytes: int = 4
     source: str = "assumed"
 
     def __post_init__(self) -> None:
@@ -100,16 +102,19 @@ class HybridShape:
         embeddings = self.vocab_size * self.d_model
         return self.block_params() + embeddings * (1 if self.tie_embeddings else 2)
 
+    def state_shape(self):
+        """One Mamba layer's `RecurrentStateShape` (`hybridspec.state_memory`)."""
+        return mamba2_state_shape(self.mamba_nheads, self.mamba_headdim, self.mamba_d_state, self.mamba_ngroups,
+                                  self.mamba_d_conv)
+
     def state_bytes_per_layer(self) -> int:
         """SSM state nheads·headdim·d_state plus conv window conv_dim·(d_conv − 1)."""
-        ssm = self.mamba_nheads * self.mamba_headdim * self.mamba_d_state * self.ssm_state_bytes
-        return ssm + self.conv_dim * (self.mamba_d_conv - 1) * self.weight_bytes
+        return bytes_per_slot([self.state_shape()], self.state_bytes)
 
     def log_bytes_per_token_per_layer(self) -> int:
         """Input log of one token: conv inputs (conv_dim), x (d_inner), B and C
-        (2·ngroups·d_state) and dt (nheads)."""
-        elements = self.conv_dim + self.d_inner + 2 * self.mamba_ngroups * self.mamba_d_state + self.mamba_nheads
-        return elements * self.weight_bytes
+        (2·ngroups·d_state) in the model dtype, dt (nheads) in the state dtype."""
+        return log_bytes_per_input([self.state_shape()], self.weight_bytes, self.state_bytes)
 
     def scan_flops_per_token_per_layer(self) -> int:
         return SCAN_FLOPS_PER_STATE_ELEMENT * self.mamba_nheads * self.mamba_headdim * self.mamba_d_state

@@ -1,4 +1,8 @@
-"""Speculative decoding: drafters and the round loop."""
-from .drafters import ModelDrafter, NgramDrafter
+"""Speculative decoding: drafters (`drafters.py`), one round's data
+(`round.py`) and the rounds themselves (`speculator.py`)."""
+from .drafters import Drafter, ModelDrafter, NgramDrafter, Proposal, StatelessDrafter
+from .round import RoundBatch
+from .speculator import RoundHook, Speculator
 
-__all__ = ["ModelDrafter", "NgramDrafter"]
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "RoundBatch", "RoundHook", "Speculator",
+           "StatelessDrafter"]

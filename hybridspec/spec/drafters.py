@@ -1,27 +1,100 @@
-"""Drafters propose d_1..d_γ with their post-processed probabilities q_1..q_γ.
+"""Drafters propose d_1..d_γ, with their post-processed probabilities
+q_1..q_γ when they have them. Every drafter answers the `Drafter` protocol;
+the round never asks which kind it holds.
 
 - `NgramDrafter` (prompt lookup): continue the most recent earlier match of
-  the longest suffix n-gram of the committed tokens; q is one-hot.
+  the longest suffix n-gram of the committed tokens; no probabilities (q is
+  one-hot: `Proposal.probs` is None and the rejection kernel takes it so).
 - `ModelDrafter`: any HybridModel (hybrid, pure Mamba or pure attention) with
   its own cache. Each round it feeds the committed tokens it has not absorbed
   (one, or two after a fully accepted round) and then its own drafts, never
   d_γ; at commit its head moves to the boundary (clamped to what it absorbed).
+
+Lengths: `commit(seq_ids, boundaries)` takes the target's boundary of each
+row, a computed length (m + n in docs/design.md's round indices).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
 import torch
 
+from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
+
 from ..cache.hybrid_cache import HybridCache
-from ..kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
+from ..errors import ConfigError, InvariantError
+from ..models.hybrid import HybridModel
 from ..sampling import RowParams, process_logits, sample
 
 
-class NgramDrafter:
-    """Prompt-lookup drafting over the committed tokens of each sequence."""
+@dataclass
+class Proposal:
+    tokens: list[list[int]]  # [batch][g_b] d_1..d_g of each row, g_b = gammas[b] or fewer
+    probs: torch.Tensor | None  # [batch, G, vocab] q_1..q_G after post-processing; None: one-hot drafts
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What the speculative round asks of a drafter. `requests` are the
+    engine's requests (committed tokens = `prompt_token_ids + token_ids`)."""
+
+    def check_admission(self, requests) -> None:
+        """Raise CacheFullError if these requests would not fit; allocates nothing."""
+
+    def start(self, requests) -> None:
+        """Take on new requests (absorb their prompts)."""
+
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+        """Up to gammas[b] drafts per row (gammas may all be 0: the round then
+        drafts nothing); `coupled`: sample with the target's own keyed noise
+        (verify="coupled") instead of the drafter's."""
+
+    def commit(self, seq_ids: list[int], boundaries: list[int]) -> None:
+        """Move each sequence to its boundary (a computed length)."""
+
+    def revert(self, seq_ids: list[int]) -> None:
+        """Undo the last `propose` and any commit since, for these sequences."""
+
+    def release(self, seq_ids: list[int]) -> None:
+        """Forget finished sequences."""
+
+    def check_invariant(self, seq_id: int, boundary: int) -> None:
+        """Raise InvariantError if the sequence's state is not at or before `boundary`."""
+
+
+class StatelessDrafter:
+    """Base for drafters that keep nothing per sequence: only `propose` is theirs."""
+
+    def check_admission(self, requests) -> None:
+        pass
+
+    def start(self, requests) -> None:
+        pass
+
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+        raise NotImplementedError
+
+    def commit(self, seq_ids: list[int], boundaries: list[int]) -> None:
+        pass
+
+    def revert(self, seq_ids: list[int]) -> None:
+        pass
+
+    def release(self, seq_ids: list[int]) -> None:
+        pass
+
+    def check_invariant(self, seq_id: int, boundary: int) -> None:
+        pass
+
+
+class NgramDrafter(StatelessDrafter):
+    """Prompt-lookup drafting over the committed tokens of each sequence.
+
+    max_ngram, min_ngram: the longest and shortest suffix n-gram looked up."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
-            from ..errors import ConfigError
             raise ConfigError(f"need 1 <= min_ngram={min_ngram} <= max_ngram={max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
@@ -36,17 +109,22 @@ class NgramDrafter:
                         return proposal
         return []
 
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+        tokens = [self.lookup(r.output.prompt_token_ids + r.output.token_ids, g) if g > 0 else []
+                  for r, g in zip(requests, gammas)]
+        return Proposal(tokens, None)
+
 
 class ModelDrafter:
     """A HybridModel used as drafter, with its own cache and ring."""
 
-    def __init__(self, model, gamma: int, cache_kwargs: dict):
+    def __init__(self, model: HybridModel, gamma: int, cache_kwargs: dict):
         self.model = model
         kwargs = dict(cache_kwargs, dtype=model.dtype, device=model.device)
         # γ steps per round (catch-up + γ-1 drafts) each write a new slot; the head stays intact
         self.cache = HybridCache(model.config, ring_slots=gamma + 1, **kwargs)
         self.slot_at: dict[int, dict[int, int]] = {}  # seq -> computed_len -> slot holding that state
-        self.round_start: dict[int, tuple[int, int]] = {}
+        self.round_start: dict[int, tuple[int, int]] = {}  # seq -> (computed_len, head) before the last propose
 
     def check_admission(self, requests) -> None:
         kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
@@ -57,13 +135,14 @@ class ModelDrafter:
         ids = [r.seq_id for r in requests]
         self.model.prefill(self.cache, ids, [r.output.prompt_token_ids for r in requests], last_only=True)
 
-    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool):
-        """Drafts [batch] lists (len gammas[b]) and q [batch, G, vocab]."""
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
         ids = [r.seq_id for r in requests]
         G = max(gammas)
         committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
         self.round_start = {s: (self.cache.computed_len[s], self.cache.head(s)) for s in ids}
         self.slot_at = {s: {} for s in ids}
+        if G == 0:  # the round only samples the target's next token
+            return Proposal([[] for _ in ids], None)
         catch_up = [c[self.cache.computed_len[s]:] for s, c in zip(ids, committed)]
         logits = self.model.extend(self.cache, ids, catch_up, last_only=True)[:, 0]  # [batch, vocab]
         self._record(ids)
@@ -79,32 +158,48 @@ class ModelDrafter:
                 logits = self.model.decode(self.cache, ids, d.tolist())
                 self._record(ids)
         tokens = torch.stack(drafts, 1).tolist()  # [batch, G]
-        return [t[:g] for t, g in zip(tokens, gammas)], torch.stack(probs, 1)
+        return Proposal([t[:g] for t, g in zip(tokens, gammas)], torch.stack(probs, 1))
 
     def _record(self, ids) -> None:
         for s in ids:
             self.slot_at[s][self.cache.computed_len[s]] = self.cache.head(s)
 
-    def commit(self, seq_id: int, committed_len: int) -> None:
-        """Move to the boundary committed_len - 1, clamped to what was absorbed."""
-        absorbed = self.cache.computed_len[seq_id]
-        boundary = min(committed_len - 1, absorbed)
-        self.cache.commit(seq_id, boundary, self.slot_at[seq_id][boundary])
+    def commit(self, seq_ids: list[int], boundaries: list[int]) -> None:
+        """Move to each boundary, clamped to what was absorbed."""
+        for s, boundary in zip(seq_ids, boundaries):
+            length = min(boundary, self.cache.computed_len[s])
+            self.cache.commit(s, length, self.slot_at[s][length])
 
-    def revert(self, seq_ids) -> None:
-        """Back to the round start (its head slot was never written this round)."""
+    def revert(self, seq_ids: list[int]) -> None:
+        """Back to where the last propose began (its head slot was never written)."""
         for s in seq_ids:
             if s in self.round_start and self.cache.has_sequence(s):
                 length, head = self.round_start[s]
                 self.cache.commit(s, length, head)
 
-    def check_invariant(self, seq_id: int, committed_len: int) -> None:
+    def release(self, seq_ids: list[int]) -> None:
+        self.cache.free_sequences(seq_ids)
+        for s in seq_ids:
+            self.round_start.pop(s, None)
+            self.slot_at.pop(s, None)
+
+    def check_invariant(self, seq_id: int, boundary: int) -> None:
         computed = self.cache.computed_len[seq_id]
         self.cache.check_invariant(seq_id, computed + 1)
-        if computed > committed_len - 1:
-            from ..errors import InvariantError
+        if computed > boundary:
             raise InvariantError(f"drafter of sequence {seq_id} absorbed {computed} tokens, past the boundary "
-                                 f"{committed_len - 1}")
+                                 f"{boundary}")
 
-    def release(self, seq_ids) -> None:
-        self.cache.free_sequences(seq_ids)
+
+def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict) -> Drafter:
+    """The drafter an `Engine(draft=...)` argument names: a HybridModel (run as a
+    `ModelDrafter`) or any object answering the `Drafter` protocol."""
+    if isinstance(draft, HybridModel):
+        if draft.vocab_size != target.vocab_size:
+            raise ConfigError(f"draft vocabulary ({draft.vocab_size}) differs from the target's "
+                              f"({target.vocab_size}); the drafter must share the target's tokenizer")
+        return ModelDrafter(draft, gamma, cache_kwargs)
+    if isinstance(draft, Drafter):
+        return draft
+    raise ConfigError(f"draft must be a HybridModel (hs.from_hf / hs.load), hs.NgramDrafter or a Drafter "
+                      f"(see hybridspec.spec.drafters), got {type(draft).__name__}")

@@ -1,206 +1,182 @@
-"""Speculative rounds: propose → verify → accept → commit (DESIGN.md "Round
-structure"). At a round start a sequence has committed tokens t[0..m-1],
-computed length m-1 and the pending token t[m-1].
+"""Speculative rounds: propose → verify → accept → commit (docs/design.md,
+"Round structure"). At a round start a sequence has committed tokens
+t[0..m-1], computed length m-1 and the pending token t[m-1].
 
-1. propose: the drafter gives d_1..d_γ and q_1..q_γ;
+1. propose: the drafter gives d_1..d_γ and q_1..q_γ (or none: one-hot);
 2. verify: the target runs [t[m-1], d_1..d_γ] at positions m-1..m-1+γ; its
-   logits at input j give p_{j+1}; Mamba layers write the policy's snapshots;
+   logits at input j give p_{j+1}; Mamba layers write the snapshots the
+   `Checkpointer` planned;
 3. accept: rejection sampling (or greedy / coupled) gives n accepted drafts
    and one recovered or bonus token;
-4. commit: every layer of the target moves to the boundary m+n (state after
-   verify input n), the drafter too, then the tokens are emitted.
+4. commit: the `Checkpointer` moves every layer of the target to the boundary
+   m+n (state after verify input n), the drafter follows, then the tokens are
+   emitted.
 If any step raises, every sequence returns to where the round began.
+Everything the round knows travels in one `RoundBatch`.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-from ..errors import ConfigError, InvalidRequestError
-from ..kernels.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, rejection, rejection_ref
+from hybridspec.checkpoints.checkpointer import Checkpointer
+from hybridspec.checkpoints.policy import CheckpointPolicy
+from hybridspec.kernels.dispatch import pick
+from hybridspec.kernels.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, rejection, rejection_ref
+
+from ..errors import InvalidRequestError
 from ..models.hybrid import HybridModel
 from ..sampling import RowParams, process_logits
-from .drafters import ModelDrafter, NgramDrafter
-from hybridspec.checkpoints.policy import CheckpointPolicy, validate_gamma
-from hybridspec.checkpoints.restore import decide, log_replay, token_replay
-from hybridspec.checkpoints.ring import plan_snapshots
+from ..stats import EngineStats
+from .drafters import Drafter, Proposal
+from .round import RoundBatch
+
+
+class RoundHook(Protocol):
+    """Watches rounds from outside (the rollback suite's `RoundObserver`)."""
+
+    def round_started(self, round: RoundBatch) -> None: ...
+
+    def phase_started(self, phase: str) -> None: ...  # "draft" | "verify" | "commit"
+
+    def committed(self, round: RoundBatch) -> None: ...  # after every live row reached its boundary
+
+    def round_ended(self, round: RoundBatch, error: BaseException | None) -> None: ...  # after emit or revert
 
 
 class Speculator:
-    def __init__(self, engine, draft, num_draft_tokens: int, checkpoint):
-        validate_gamma(num_draft_tokens)
-        self.engine, self.target, self.gamma = engine, engine.target, num_draft_tokens
-        self.policy = CheckpointPolicy() if checkpoint is None else checkpoint
-        if isinstance(self.policy, str):
-            if self.policy != "auto":
-                raise ConfigError(f"checkpoint={checkpoint!r} must be a CheckpointPolicy or 'auto'")
-            self.policy = CheckpointPolicy.auto()
-        if not isinstance(self.policy, CheckpointPolicy):
-            raise ConfigError(f"checkpoint must be a CheckpointPolicy or 'auto', got {type(checkpoint).__name__}")
-        if isinstance(draft, HybridModel):
-            if draft.vocab_size != self.target.vocab_size:
-                raise ConfigError(f"draft vocabulary ({draft.vocab_size}) differs from the target's "
-                                  f"({self.target.vocab_size}); the drafter must share the target's tokenizer")
-            self.drafter = ModelDrafter(draft, num_draft_tokens, engine.cache_kwargs)
-        elif isinstance(draft, NgramDrafter):
-            self.drafter = draft
-        else:
-            raise ConfigError(f"draft must be a HybridModel (hs.from_hf / hs.load) or hs.NgramDrafter, "
-                              f"got {type(draft).__name__}")
-        self.coupled = engine.verify == "coupled"
-        self.policy = self.policy.bind(engine, num_draft_tokens)  # "auto" measures step costs here
-        self.target_ring_slots = self.policy.ring_size(num_draft_tokens)
-        self.acceptance_history: list[float] = []
-        self.check = engine.check_invariants
+    """Runs speculative rounds of `target` against `drafter` with γ = `gamma`
+    drafts per sequence, snapshots placed by `policy`, the target's caches in
+    `cache`, counts in `stats`. `coupled`: verify="coupled"; `check_invariants`:
+    assert the boundary invariant after every commit."""
+
+    def __init__(self, target: HybridModel, drafter: Drafter, gamma: int, policy: CheckpointPolicy, cache,
+                 stats: EngineStats, coupled: bool = False, check_invariants: bool = False):
+        self.target, self.drafter, self.gamma, self.policy = target, drafter, gamma, policy
+        self.cache, self.stats, self.coupled, self.check = cache, stats, coupled, check_invariants
+        self.checkpointer = Checkpointer(target, cache)
+        self.acceptance_history: list[float] = []  # accepted / drafted of every round so far
+        self.hooks: list[RoundHook] = []
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def check_admission(self, requests) -> None:
-        if isinstance(self.drafter, ModelDrafter):
-            self.drafter.check_admission(requests)
-
-    def release(self, seq_ids) -> None:
-        if isinstance(self.drafter, ModelDrafter):
-            self.drafter.release(seq_ids)
-
     def run(self, requests, rows: RowParams, bar) -> None:
+        """Rounds until every request finishes; finished sequences leave both caches."""
         active = [r for r in requests if not r.finished]
-        if isinstance(self.drafter, ModelDrafter):
-            self.drafter.start(requests)
+        self.drafter.start(requests)
         index = {r.seq_id: i for i, r in enumerate(requests)}
         while active:
             select = torch.tensor([index[r.seq_id] for r in active], device=self.target.device)
-            emitted = self.round(active, rows.select(select))
-            bar.update(emitted)
+            bar.update(self.round(active, rows.select(select)))
             finished = [r.seq_id for r in active if r.finished]
-            self.engine.cache.free_sequences(finished)
-            self.release(finished)
+            self.cache.free_sequences(finished)
+            self.drafter.release(finished)
             active = [r for r in active if not r.finished]
 
     # -- one round ----------------------------------------------------------------------------
 
-    def propose(self, requests, rows: RowParams) -> tuple[list[list[int]], torch.Tensor]:
-        """Drafts per row (γ clamped so a round never passes max_new_tokens) and q [batch, G, vocab]."""
-        gammas = [min(self.gamma, r.params.max_new_tokens - len(r.output.token_ids) - 1) for r in requests]
-        vocab = self.target.vocab_size
-        if isinstance(self.drafter, NgramDrafter):
-            drafts = [self.drafter.lookup(r.output.prompt_token_ids + r.output.token_ids, g) if g > 0 else []
-                      for r, g in zip(requests, gammas)]
-            G = max(1, max(map(len, drafts)))
-            q = torch.zeros(len(requests), G, vocab, dtype=torch.float64, device=self.target.device)
-            for b, d in enumerate(drafts):
-                for i, t in enumerate(d):
-                    if 0 <= t < vocab:
-                        q[b, i, t] = 1.0
-        elif max(gammas) > 0:
-            drafts, q = self.drafter.propose(requests, gammas, rows, self.coupled)
-        else:
-            drafts, q = [[] for _ in requests], torch.zeros(len(requests), 1, vocab, dtype=torch.float64)
-        for d in drafts:
-            bad = [t for t in d if not (isinstance(t, int) and 0 <= t < vocab)]
-            if bad:
-                raise InvalidRequestError(f"the drafter proposed token id {bad[0]!r} outside the target "
-                                          f"vocabulary [0, {vocab}); no state was changed")
-        return drafts, q
-
     def round(self, requests, rows: RowParams) -> int:
-        """One draft → verify → commit cycle; returns the number of emitted tokens."""
-        engine, cache, stats = self.engine, self.engine.cache, self.engine.stats
+        """One draft → verify → accept → commit cycle; returns the number of emitted tokens."""
         ids = [r.seq_id for r in requests]
-        start = [r.committed_len - 1 for r in requests]  # computed_len m-1
-        heads = [cache.head(s) for s in ids]
+        round = RoundBatch(requests, ids, [r.committed_len - 1 for r in requests], [self.cache.head(s) for s in ids])
+        self._notify("round_started", round)
         try:
-            with stats.phase("draft"):
-                drafts, q = self.propose(requests, rows)
-            inputs = [[r.last_token] + d for r, d in zip(requests, drafts)]
-            T = max(map(len, inputs))
-            policy = self.policy.for_round(self.acceptance_history)
-            plans, snap = self._plan(ids, heads, inputs, T, policy)
-            input_log = {} if policy.log_inputs and cache.states is not None else None
-            with stats.phase("verify"):
-                logits = self.target.extend(cache, ids, inputs, snap_slot=snap, input_log=input_log)
-            with stats.phase("sampling"):
-                tokens, accepted = self.accept(logits, q, drafts, rows, start)
-            with stats.phase("commit"):
-                emitted = [t[:n + 1] for t, n in zip(tokens, accepted)]
-                kept = [r.would_keep(e) for r, e in zip(requests, emitted)]
-                live = [b for b, (r, e) in enumerate(zip(requests, emitted)) if not r.would_finish(e)]
-                self.commit(requests, plans, inputs, start, accepted, live, input_log)
-        except BaseException:
-            self.revert(ids, start, heads)
+            self._phase("draft")
+            self.propose(round, rows)
+            self._phase("verify")
+            self.verify(round, rows)
+            self._phase("commit")
+            self.commit(round)
+        except BaseException as error:
+            self.revert(round)
+            self._notify("round_ended", round, error)
             raise
-        for r, t, n, k in zip(requests, tokens, accepted, kept):
-            r.emit(t[:k])
-        self._count(requests, drafts, accepted, kept, plans, input_log, cache)
-        return sum(kept)
+        for r, tokens, kept in zip(requests, round.tokens, round.kept):
+            r.emit(tokens[:kept])
+        self._count(round)
+        self._notify("round_ended", round, None)
+        return sum(round.kept)
 
-    def _plan(self, ids, heads, inputs, T, policy):
-        cache = self.engine.cache
-        plans, snap = [], torch.full((len(ids), T), -1, dtype=torch.long, device=self.target.device)
-        for b, (s, head, inp) in enumerate(zip(ids, heads, inputs)):
-            if cache.states is None:
-                plans.append(None)
-                continue
-            plan = plan_snapshots(cache.states.ring_slots(s), head, policy.snapshot_inputs(len(inp)), T)
-            plans.append(plan)
-            snap[b] = torch.tensor(plan.snap_slot, device=snap.device)
-        return plans, snap
+    def propose(self, round: RoundBatch, rows: RowParams) -> None:
+        """Drafts per row (γ clamped so a round never passes max_new_tokens) and q."""
+        with self.stats.phase("draft"):
+            gammas = [min(self.gamma, r.params.max_new_tokens - len(r.output.token_ids) - 1) for r in round.requests]
+            proposal: Proposal = self.drafter.propose(round.requests, gammas, rows, self.coupled)
+            vocab = self.target.vocab_size
+            for d, g in zip(proposal.tokens, gammas):
+                bad = [t for t in d if not (isinstance(t, int) and 0 <= t < vocab)]
+                if bad:
+                    raise InvalidRequestError(f"the drafter proposed token id {bad[0]!r} outside the target "
+                                              f"vocabulary [0, {vocab}); no state was changed")
+                if len(d) > g:
+                    raise InvalidRequestError(f"the drafter proposed {len(d)} tokens where at most {g} were asked "
+                                              "for; no state was changed")
+            round.drafts, round.draft_probs = proposal.tokens, proposal.probs
 
-    def accept(self, logits, q, drafts, rows: RowParams, start):
+    def verify(self, round: RoundBatch, rows: RowParams) -> None:
+        """The target's forward over the verify inputs, then the accept rule."""
+        self.checkpointer.plan(round, self.policy.for_round(self.acceptance_history, len(round.seq_ids)))
+        with self.stats.phase("verify"):
+            logits = self.target.extend(self.cache, round.seq_ids, round.verify_inputs, snap_slot=round.snap_slot,
+                                        input_log=round.input_log)  # [batch, G + 1, vocab]
+        with self.stats.phase("sampling"):
+            round.tokens, round.accepted = self.accept(logits, round, rows)
+
+    def accept(self, logits: torch.Tensor, round: RoundBatch, rows: RowParams) -> tuple[list[list[int]], list[int]]:
         """Rejection sampling over post-processed p and q: (emitted tokens per row, accepted counts)."""
         B, T, V = logits.shape
         p = process_logits(logits.reshape(B * T, V), rows.repeat(T)).view(B, T, V)  # [batch, G + 1, vocab]
         G = max(T - 1, 1)  # a round without drafts still passes one (unused) draft column
         if T == 1:
             p = torch.cat([p, p], dim=1)
-        draft_probs = torch.zeros(B, G, V, dtype=p.dtype, device=p.device)  # [batch, G, vocab]
-        draft_probs[:, :min(G, q.shape[1])] = q[:, :G].to(p.dtype)
+        q = None
+        if round.draft_probs is not None:
+            q = torch.zeros(B, G, V, dtype=p.dtype, device=p.device)  # [batch, G, vocab]
+            q[:, :min(G, round.draft_probs.shape[1])] = round.draft_probs[:, :G].to(p.dtype)
         draft_tokens = torch.zeros(B, G, dtype=torch.long, device=p.device)  # [batch, G]
-        for b, d in enumerate(drafts):
+        for b, d in enumerate(round.drafts):
             draft_tokens[b, :len(d)] = torch.tensor(d, dtype=torch.long)
-        num_draft = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=p.device)
+        num_draft = torch.tensor([len(d) for d in round.drafts], dtype=torch.long, device=p.device)  # [batch]
         mode = torch.where(rows.is_greedy, MODE_GREEDY, MODE_COUPLED if self.coupled else MODE_REJECTION)
-        positions = torch.tensor(start, dtype=torch.long, device=p.device) + 1  # position m of d_1
-        verify = rejection if p.is_cuda else rejection_ref
-        out, n = verify(p, draft_probs, draft_tokens, num_draft, mode.to(torch.long), rows.seeds, positions)
+        positions = torch.tensor(round.start_lens, dtype=torch.long, device=p.device) + 1  # position m of d_1
+        verify = pick(rejection, rejection_ref, p)
+        out, n = verify(p, q, draft_tokens, num_draft, mode.to(torch.long), rows.seeds, positions)
         return out.tolist(), n.tolist()
 
-    def commit(self, requests, plans, inputs, start, accepted, live, input_log) -> None:
-        """Move the target and the drafter of every row in `live` (those the
-        round does not finish) to its boundary."""
-        cache = self.engine.cache
-        decisions = [decide(plans[b], accepted[b], input_log is not None) if b in live and plans[b] else None
-                     for b in range(len(requests))]
-        self.decisions = decisions
-        ids = [r.seq_id for r in requests]
-        if cache.states is not None:
-            log_replay(self.target, cache, decisions, input_log)
-            token_replay(self.target, cache, ids, decisions, inputs, start)
-        for b in live:
-            boundary = start[b] + accepted[b] + 1
-            cache.commit(ids[b], boundary, decisions[b].dst_slot if decisions[b] else -1)
-            if isinstance(self.drafter, ModelDrafter):
-                self.drafter.commit(ids[b], boundary + 1)
+    def commit(self, round: RoundBatch) -> None:
+        """Cut each row's tokens at its stops, then move the target (every layer)
+        and the drafter of every row the round does not finish to its boundary."""
+        with self.stats.phase("commit"):
+            emitted = [t[:n + 1] for t, n in zip(round.tokens, round.accepted)]
+            round.kept = [r.would_keep(e) for r, e in zip(round.requests, emitted)]
+            round.live = [b for b, (r, e) in enumerate(zip(round.requests, emitted)) if not r.would_finish(e)]
+            self.checkpointer.commit(round)
+            live_ids = [round.seq_ids[b] for b in round.live]
+            boundaries = [round.boundary(b) for b in round.live]
+            self.drafter.commit(live_ids, boundaries)
             if self.check:
-                cache.check_invariant(ids[b], boundary + 1)
-                if isinstance(self.drafter, ModelDrafter):
-                    self.drafter.check_invariant(ids[b], boundary + 1)
+                for s, boundary in zip(live_ids, boundaries):
+                    self.cache.check_invariant(s, boundary + 1)
+                    self.drafter.check_invariant(s, boundary)
+            self._notify("committed", round)
 
-    def revert(self, ids, start, heads) -> None:
-        cache = self.engine.cache
-        for s, length, head in zip(ids, start, heads):
-            if cache.has_sequence(s):
-                cache.commit(s, length, head)
-        if isinstance(self.drafter, ModelDrafter):
-            self.drafter.revert(ids)
+    def revert(self, round: RoundBatch) -> None:
+        """Every sequence of the round, target and drafter, back to the round start."""
+        self.checkpointer.revert(round)
+        self.drafter.revert(round.seq_ids)
 
-    def _count(self, requests, drafts, accepted, kept, plans, input_log, cache) -> None:
-        stats = self.engine.stats
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _count(self, round: RoundBatch) -> None:
+        stats = self.stats
+        drafted = sum(map(len, round.drafts))
         stats.rounds += 1
-        stats.sequence_rounds += len(requests)
-        stats.drafted_tokens += sum(map(len, drafts))
-        stats.accepted_tokens += sum(min(n, k) for n, k in zip(accepted, kept))
-        stats.emitted_tokens += sum(kept)
-        for d in self.decisions:
+        stats.sequence_rounds += len(round.requests)
+        stats.drafted_tokens += drafted
+        stats.accepted_tokens += sum(min(n, k) for n, k in zip(round.accepted, round.kept))
+        stats.emitted_tokens += sum(round.kept)
+        for d in round.decisions:
             if d is None:
                 continue
             if d.path == "hit":
@@ -209,10 +185,13 @@ class Speculator:
                 stats.log_replayed_tokens += d.num_steps
             else:
                 stats.token_replayed_tokens += d.num_steps
-        slot_bytes = cache.states.bytes_per_slot if cache.states is not None else 0
-        held = sum(len(p.survivors) * slot_bytes for p in plans if p is not None)
-        held += sum(log.nbytes() for log in input_log.values()) if input_log else 0
-        stats.peak_checkpoint_bytes = max(stats.peak_checkpoint_bytes, held)
-        drafted = sum(map(len, drafts))
+        stats.peak_checkpoint_bytes = max(stats.peak_checkpoint_bytes, self.checkpointer.held_bytes(round))
         if drafted:
-            self.acceptance_history.append(sum(accepted) / drafted)
+            self.acceptance_history.append(sum(round.accepted) / drafted)
+
+    def _phase(self, phase: str) -> None:
+        self._notify("phase_started", phase)
+
+    def _notify(self, event: str, *args) -> None:
+        for hook in self.hooks:
+            getattr(hook, event)(*args)

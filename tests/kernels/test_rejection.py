@@ -21,7 +21,7 @@ def verify_both(device, target_probs, draft_probs, draft_tokens, num_draft, row_
     """Run the kernel on ``device`` and the reference on CPU; assert they agree; return the result."""
     args = (target_probs, draft_probs, draft_tokens, num_draft, row_mode, seeds, positions)
     expected_tokens, expected_accepted = rejection_ref(*args)
-    output_tokens, num_accepted = rejection(*(t.to(device) for t in args))
+    output_tokens, num_accepted = rejection(*(t if t is None else t.to(device) for t in args))
     assert torch.equal(output_tokens.cpu(), expected_tokens)
     assert torch.equal(num_accepted.cpu(), expected_accepted)
     return expected_tokens, expected_accepted
@@ -50,6 +50,27 @@ def test_kernel_matches_ref_on_mixed_batches(B, G, V, dtype, triton_device):
     generator = torch.Generator().manual_seed(B * 1000 + G * 100 + V)
     for _ in range(2):
         verify_both(triton_device, *random_batch(B, G, V, dtype, generator))
+
+
+def one_hot_drafts(draft_tokens, num_draft, V, dtype):
+    """The q a drafter without probabilities means: one-hot at each drafted token, 0 past num_draft."""
+    B, G = draft_tokens.shape
+    is_draft = torch.arange(G)[None, :] < num_draft[:, None]  # [B, G]
+    q = torch.zeros(B, G, V, dtype=dtype)
+    q.scatter_(2, draft_tokens.clamp(min=0)[:, :, None], 1.0)
+    return q * is_draft[:, :, None]
+
+
+@pytest.mark.parametrize("B, G, V, dtype", [(6, 3, 40, torch.float64), (4, 2, 2500, torch.float32)])
+def test_one_hot_flag_equals_an_explicit_one_hot_q(B, G, V, dtype, triton_device):
+    """draft_probs=None (no [B, G, V] tensor) decides exactly as the one-hot q it stands for."""
+    generator = torch.Generator().manual_seed(5 * B + G)
+    for _ in range(3):
+        p, _, draft_tokens, num_draft, row_mode, seeds, positions = random_batch(B, G, V, dtype, generator)
+        explicit = rejection_ref(p, one_hot_drafts(draft_tokens, num_draft, V, dtype), draft_tokens, num_draft,
+                                 row_mode, seeds, positions)
+        flagged = verify_both(triton_device, p, None, draft_tokens, num_draft, row_mode, seeds, positions)
+        assert all(torch.equal(a, b) for a, b in zip(explicit, flagged))
 
 
 def test_kernel_matches_ref_on_strided_inputs(triton_device):

@@ -11,34 +11,28 @@ Terms
 Storage per Mamba layer, slot-major and contiguous:
   ssm_states[layer]   [max_seqs * R, *ssm_shape]   (nheads, headdim, d_state) Mamba2 | (d_inner, d_state) Mamba1
   conv_states[layer]  [max_seqs * R, *conv_shape]  (conv_dim, d_conv - 1)
-This module keeps only which ring a sequence owns and where its head is;
-snapshot positions and replay belong to the checkpoint policy.
+This module keeps which ring a sequence owns, where its head is and the
+position of the state the head holds (for the boundary invariant); snapshot
+placement and restore are `ring.py` and `restore.py`, run by `Checkpointer`.
 """
+from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from math import prod
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import torch
 
 from hybridspec.errors import CacheFullError
+from hybridspec.state_memory import RecurrentStateShape, bytes_per_slot
 
 
-class MambaStateShape(NamedTuple):
-    """Per-slot state shapes of one Mamba layer; a plain `(ssm, conv)` pair works too."""
-
-    ssm: tuple[int, ...]  # (nheads, headdim, d_state) Mamba2 | (d_inner, d_state) Mamba1
-    conv: tuple[int, ...]  # (conv_dim, d_conv - 1)
-
-
-def _as_state_shape(spec: Sequence[Sequence[int]]) -> MambaStateShape:
+def _as_state_shape(spec: RecurrentStateShape | Sequence[Sequence[int]]) -> RecurrentStateShape:
+    """A `RecurrentStateShape`, or a plain `(ssm shape, conv shape)` pair."""
+    if isinstance(spec, RecurrentStateShape):
+        return spec
     ssm, conv = spec
-    shape = MambaStateShape(tuple(ssm), tuple(conv))
-    for name, dims in shape._asdict().items():
-        if not dims or any(d < 1 for d in dims):
-            raise ValueError(f"{name} state shape {dims}: every dimension must be >= 1")
-    return shape
+    return RecurrentStateShape(tuple(ssm), tuple(conv))
 
 
 @dataclass(frozen=True)
@@ -48,12 +42,13 @@ class StatePoolBookkeeping:
     free_rings: tuple[int, ...]  # in allocation order
     rings: dict[int, int]  # seq_id -> ring index
     heads: dict[int, int]  # seq_id -> absolute head slot
+    head_positions: dict[int, int]  # seq_id -> position of the state in the head slot
 
 
 class StatePool:
     def __init__(
         self,
-        layer_shapes: Sequence[MambaStateShape | tuple[tuple[int, ...], tuple[int, ...]]],
+        layer_shapes: Sequence[RecurrentStateShape | tuple[tuple[int, ...], tuple[int, ...]]],
         max_seqs: int,
         ring_slots: int,
         dtype: torch.dtype = torch.float32,
@@ -73,6 +68,7 @@ class StatePool:
         self._free_rings: deque[int] = deque(range(max_seqs))
         self._rings: dict[int, int] = {}
         self._heads: dict[int, int] = {}
+        self._head_positions: dict[int, int] = {}
 
     @property
     def num_free_rings(self) -> int:
@@ -81,7 +77,7 @@ class StatePool:
     @property
     def bytes_per_slot(self) -> int:
         """SSM state plus conv window of one slot, over every Mamba layer."""
-        return self.dtype.itemsize * sum(prod(s.ssm) + prod(s.conv) for s in self.layer_shapes)
+        return bytes_per_slot(self.layer_shapes, self.dtype.itemsize)
 
     def check_admission(self, num_new_seqs: int) -> None:
         if num_new_seqs > len(self._free_rings):
@@ -101,6 +97,7 @@ class StatePool:
             states[base : base + self.num_ring_slots].zero_()
         self._rings[seq_id] = ring
         self._heads[seq_id] = base
+        self._head_positions[seq_id] = 0
         return base
 
     def has_sequence(self, seq_id: int) -> bool:
@@ -110,6 +107,7 @@ class StatePool:
         self._check_known(seq_id)
         self._free_rings.append(self._rings.pop(seq_id))
         del self._heads[seq_id]
+        del self._head_positions[seq_id]
 
     def ring_slots(self, seq_id: int) -> list[int]:
         """The R absolute slot indices of the sequence's ring, in order."""
@@ -121,7 +119,13 @@ class StatePool:
         self._check_known(seq_id)
         return self._heads[seq_id]
 
-    def set_head(self, seq_id: int, slot: int) -> None:
+    def head_position(self, seq_id: int) -> int:
+        """Position of the state the head holds: the tokens it has absorbed."""
+        self._check_known(seq_id)
+        return self._head_positions[seq_id]
+
+    def set_head(self, seq_id: int, slot: int, position: int) -> None:
+        """Make `slot` (which must hold the state after `position` tokens) the head."""
         slots = self.ring_slots(seq_id)
         if slot not in slots:
             raise ValueError(
@@ -129,9 +133,11 @@ class StatePool:
                 "the head must be one of the sequence's own slots"
             )
         self._heads[seq_id] = slot
+        self._head_positions[seq_id] = position
 
     def snapshot_bookkeeping(self) -> StatePoolBookkeeping:
-        return StatePoolBookkeeping(tuple(self._free_rings), dict(self._rings), dict(self._heads))
+        return StatePoolBookkeeping(tuple(self._free_rings), dict(self._rings), dict(self._heads),
+                                    dict(self._head_positions))
 
     def _check_known(self, seq_id: int) -> None:
         if seq_id not in self._rings:

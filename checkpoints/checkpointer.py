@@ -1,0 +1,73 @@
+"""`Checkpointer`: the one owner of a target's recurrent state across
+speculative rounds. The round speaks three verbs to it:
+
+- `plan(round, policy)`: where each row's verify forward writes snapshots
+  (`round.plans`, `round.snap_slot` [batch, G + 1]) and, when the policy logs,
+  the input log to fill (`round.input_log`);
+- `commit(round)`: for each live row, the cheapest restore of the state after
+  verify input n (snapshot hit, log replay, token replay: `round.decisions`),
+  then every layer of the row moved to its boundary;
+- `revert(round)`: every row back to where the round began (its pinned head
+  was never written).
+It reaches the model only through `model.recurrent_layers` (`RecurrentLayer`)
+and its `extend` (token replay).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from hybridspec.checkpoints.policy import CheckpointPolicy
+from hybridspec.checkpoints.restore import RestoreDecision, decide, log_replay, token_replay
+from hybridspec.checkpoints.ring import plan_snapshots
+
+if TYPE_CHECKING:
+    from hybridspec.spec.round import RoundBatch
+
+
+class Checkpointer:
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+        self.has_state = cache.states is not None
+
+    def plan(self, round: RoundBatch, policy: CheckpointPolicy) -> None:
+        """Fill `round.plans`, `round.snap_slot` and `round.input_log` for the verify forward."""
+        T, device = round.num_inputs, self.model.device
+        round.snap_slot = torch.full((len(round.seq_ids), T), -1, dtype=torch.long, device=device)
+        round.plans = [None] * len(round.seq_ids)
+        round.input_log = {} if policy.log_inputs and self.has_state else None
+        if not self.has_state:
+            return
+        for b, (s, head, inputs) in enumerate(zip(round.seq_ids, round.start_heads, round.verify_inputs)):
+            plan = plan_snapshots(self.cache.states.ring_slots(s), head, policy.snapshot_inputs(len(inputs)), T)
+            round.plans[b] = plan
+            round.snap_slot[b] = torch.tensor(plan.snap_slot, device=device)
+
+    def commit(self, round: RoundBatch) -> list[RestoreDecision | None]:
+        """Restore each live row's state at its boundary and move every layer there."""
+        log_available = round.input_log is not None
+        live = set(round.live)
+        decisions = [decide(plan, n, log_available) if b in live and plan is not None else None
+                     for b, (plan, n) in enumerate(zip(round.plans, round.accepted))]
+        round.decisions = decisions
+        if self.has_state:
+            if log_available:
+                log_replay(self.model, self.cache, decisions, round.input_log)
+            token_replay(self.model, self.cache, round.seq_ids, decisions, round.verify_inputs, round.start_lens)
+        for b in round.live:
+            head = decisions[b].dst_slot if decisions[b] is not None else -1
+            self.cache.commit(round.seq_ids[b], round.boundary(b), head)
+        return decisions
+
+    def revert(self, round: RoundBatch) -> None:
+        """Every row of the round back to its round-start length and head."""
+        for s, length, head in zip(round.seq_ids, round.start_lens, round.start_heads):
+            if self.cache.has_sequence(s):
+                self.cache.commit(s, length, head)
+
+    def held_bytes(self, round: RoundBatch) -> int:
+        """Checkpoint bytes the round held: surviving snapshots plus the input log."""
+        slot_bytes = self.cache.states.bytes_per_slot if self.has_state else 0
+        held = sum(len(p.survivors) * slot_bytes for p in round.plans if p is not None)
+        return held + sum(log.nbytes() for log in (round.input_log or {}).values())

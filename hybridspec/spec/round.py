@@ -1,0 +1,51 @@
+"""`RoundBatch`: everything one speculative round knows about its batch, in
+one typed place (docs/design.md, "Round structure"). Row b is `requests[b]`.
+
+Lengths. A row starts the round with committed tokens t[0..m-1] and computed
+length `start_lens[b] = m - 1` (t[m-1] is pending). Its verify inputs are
+[t[m-1], d_1 .. d_g] at positions m-1 .. m-1+g. With n drafts accepted the
+row's boundary is m + n, `boundary(b)`: the computed length every layer of
+the target and the drafter is moved to. Every commit call in the round takes
+this one length, a computed length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridspec.checkpoints.input_log import InputLog
+from hybridspec.checkpoints.restore import RestoreDecision
+from hybridspec.checkpoints.ring import SnapshotPlan
+
+
+@dataclass
+class RoundBatch:
+    requests: list  # [batch] engine Requests, unfinished at the round start
+    seq_ids: list[int]  # [batch]
+    start_lens: list[int]  # [batch] computed_len m-1 at the round start
+    start_heads: list[int]  # [batch] ring head at the round start (-1: no recurrent layers); never written
+    drafts: list[list[int]] = field(default_factory=list)  # [batch][g_b] d_1..d_g, g_b <= γ
+    draft_probs: torch.Tensor | None = None  # [batch, G, vocab] q, post-processed; None: one-hot drafts
+    plans: list[SnapshotPlan | None] = field(default_factory=list)  # [batch] where the snapshots go
+    snap_slot: torch.Tensor | None = None  # [batch, G + 1] ring slot written after verify input t, -1: none
+    input_log: InputLog | None = None  # the verify forward's mixer inputs, when the policy logs
+    accepted: list[int] = field(default_factory=list)  # [batch] n: drafts the verifier kept
+    tokens: list[list[int]] = field(default_factory=list)  # [batch][n + 1] accepted drafts + recovered/bonus
+    kept: list[int] = field(default_factory=list)  # [batch] of `tokens`, how many the stop rules keep
+    live: list[int] = field(default_factory=list)  # rows the round does not finish: they commit
+    decisions: list[RestoreDecision | None] = field(default_factory=list)  # [batch] how each live row restored
+
+    @property
+    def verify_inputs(self) -> list[list[int]]:
+        """[t[m-1], d_1, …, d_g] per row."""
+        return [[r.last_token] + d for r, d in zip(self.requests, self.drafts)]
+
+    @property
+    def num_inputs(self) -> int:
+        """T = G + 1: the padded length of the verify forward."""
+        return 1 + max(map(len, self.drafts))
+
+    def boundary(self, b: int) -> int:
+        """Computed length of row b after the commit: m + n."""
+        return self.start_lens[b] + self.accepted[b] + 1

@@ -1,0 +1,31 @@
+"""The one place that chooses between a Triton kernel and its torch reference.
+
+Triton runs on CUDA tensors; everywhere else (CPU) the `_ref` functions run.
+`HYBRIDSPEC_KERNELS=reference` forces the references on a GPU too, to tell a
+kernel bug from a runtime bug. (Tests run the kernels on CPU tensors under
+`TRITON_INTERPRET=1` by calling the launchers directly.)
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, TypeVar
+
+import torch
+
+KERNELS_ENV = "HYBRIDSPEC_KERNELS"
+KERNEL_CHOICES = ("auto", "reference")
+
+F = TypeVar("F", bound=Callable)
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Whether the Triton kernel should run for tensors on `tensor`'s device."""
+    choice = os.environ.get(KERNELS_ENV, "auto")
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNELS_ENV}={choice!r} must be one of {KERNEL_CHOICES}; unset it for 'auto'")
+    return tensor.is_cuda and choice == "auto"
+
+
+def pick(kernel: F, reference: F, tensor: torch.Tensor) -> F:
+    """`kernel` (Triton launcher) or `reference` (torch), same signature, for `tensor`'s device."""
+    return kernel if use_triton(tensor) else reference
