@@ -1,6 +1,6 @@
 """`AutoCheckpointPolicy` ("auto"): per round, the snapshot spacing k and the
 input log that minimise the expected checkpoint and replay time of the round
-within a memory budget (DESIGN.md "Checkpoint policies").
+within a memory budget (docs/design.md "Checkpoint policies").
 
 Checkpoint bytes, what the budget bounds (and what
 `engine.stats.peak_checkpoint_bytes` records, `Checkpointer.held_bytes`):

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridspec.kernels.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
+
 from .errors import InvalidRequestError
-from .kernels.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
 
 
 @dataclass(frozen=True)

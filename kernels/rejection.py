@@ -11,7 +11,7 @@ without probabilities: prompt lookup, a deterministic user drafter); no
 [B, G, V] tensor is built for it: q_i(d_i) = 1 and max(0, p_i − q_i) is p_i
 with d_i removed.
 
-Terms (DESIGN.md glossary):
+Terms (docs/design.md glossary):
     accepted   drafts the verifier kept: d_1..d_n, n = num_accepted[b] in 0..γ_b
     recovered  the token emitted at the first rejection, position positions[b] + n
     bonus      the token emitted when all γ_b drafts were accepted, sampled from

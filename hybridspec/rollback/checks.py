@@ -1,4 +1,4 @@
-"""The rollback-correctness suite as a library (DESIGN.md "How correctness is
+"""The rollback-correctness suite as a library (docs/design.md "How correctness is
 proven"), run by `tests/test_spec_*.py` and by `hybridspec check`.
 
 Each check takes a target `HybridModel` (and a drafter) and returns a

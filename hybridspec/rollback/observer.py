@@ -159,7 +159,7 @@ class RoundObserver:
 
     def expected_restores(self, policy: CheckpointPolicy) -> tuple[int, int, int]:
         """(snapshot hits, log-replayed tokens, token-replayed tokens) that
-        DESIGN.md's policy semantics imply for the rounds seen: snapshots after
+        docs/design.md's policy semantics imply for the rounds seen: snapshots after
         inputs 0, k, 2k, … and the last (k = 0: the last only); the ring keeps the
         latest `ring_slots - 1` of them (the head is pinned); any other boundary n
         is replayed from the nearest earlier one (or the head) in n - j steps."""

@@ -1,6 +1,6 @@
 """What a checkpoint policy costs per round: snapshot writes and expected replay.
 
-Indexing follows DESIGN.md "Round structure": the verify forward has inputs
+Indexing follows docs/design.md "Round structure": the verify forward has inputs
 0..γ; "the state after input j" is the recurrent state once inputs 0..j are
 absorbed, and the round-start state is "after input −1". With n drafts
 accepted the boundary is the state after input n. A policy
