@@ -88,7 +88,7 @@ def tokenizer_codec(path: str) -> Codec:
 
 def parse_policy(text: str):
     """A `CheckpointPolicy` (or "auto") from "k1", "k0", "auto" or "snapshot_every=2,ring_slots=4,log_inputs=0"."""
-    from .checkpoints.policy import CheckpointPolicy
+    from hybridspec.checkpoints.policy import CheckpointPolicy
     from .errors import ConfigError
     spec = text.strip().lower()
     if spec == "auto":

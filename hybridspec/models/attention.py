@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels.dispatch import pick
+from hybridspec.kernels.paged_attention import paged_attention, paged_attention_ref
+
 from ..config import AttentionConfig
-from ..kernels.paged_attention import paged_attention, paged_attention_ref
 from .batch import ForwardBatch
 from .common import compute_dtype, param
 
@@ -58,7 +60,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv = cache.kv
         kv.write(self.kv_layer, batch.kv, k, v)
-        attend = paged_attention if q.is_cuda else paged_attention_ref
+        attend = pick(paged_attention, paged_attention_ref, q)
         out = attend(q, kv.k_cache[self.kv_layer], kv.v_cache[self.kv_layer], batch.kv.block_tables,
                      batch.kv.context_lens, batch.kv.query_lens, cfg.softmax_scale)  # [batch, T, heads, head_dim]
         return F.linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)

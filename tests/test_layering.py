@@ -1,0 +1,87 @@
+"""The package layering of docs/design.md, read from the source: absolute
+imports for kernels and checkpoints, and no import cycles between packages."""
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCES = {"hybridspec": REPO / "hybridspec", "hybridspec.kernels": REPO / "kernels",
+           "hybridspec.checkpoints": REPO / "checkpoints"}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (the links in hybridspec/ not followed twice)."""
+    found = {}
+    for package, root in SOURCES.items():
+        for path in root.rglob("*.py"):
+            if package == "hybridspec" and path.relative_to(root).parts[0] in ("kernels", "checkpoints"):
+                continue
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path) -> list[tuple[str, int]]:
+    """(imported module, line) of every import at run time (TYPE_CHECKING blocks left out)."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            out.append((base, node.lineno))
+    return out
+
+
+def unit(module: str) -> str:
+    """The layer a module belongs to: hybridspec.<package> or a top-level hybridspec module."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_kernels_and_checkpoints_are_imported_by_their_absolute_names():
+    bad = []
+    for name, path in modules().items():
+        source = path.read_text()
+        for line_no, line in enumerate(source.splitlines(), 1):
+            stripped = line.strip()
+            if stripped.startswith(("from ..kernels", "from .kernels", "from ..checkpoints", "from .checkpoints",
+                                    "import kernels", "from kernels", "from checkpoints", "import checkpoints")):
+                bad.append(f"{path.relative_to(REPO)}:{line_no}: {stripped}")
+    assert not bad, bad
+
+
+def test_no_import_cycles_between_packages():
+    graph: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        for target, _ in imports(name, path):
+            if target.startswith("hybridspec") and unit(target) != unit(name):
+                graph.setdefault(unit(name), set()).add(unit(target))
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in graph.get(start, ()):
+            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
+                return True
+        return False
+
+    cycles = sorted(u for u in graph if reaches(u, u, {u}) and u != "hybridspec")
+    assert not cycles, {u: sorted(graph[u]) for u in cycles}
+
+
+def test_checkpoints_reach_models_only_through_the_recurrent_layer_protocol():
+    for name, path in modules().items():
+        if name.startswith("hybridspec.checkpoints"):
+            targets = {unit(t) for t, _ in imports(name, path)}
+            assert not targets & {"hybridspec.models", "hybridspec.cache", "hybridspec.spec", "hybridspec.engine"}, name
+            assert ".mixer" not in path.read_text(), name
+    policy = modules()["hybridspec.checkpoints.policy"]
+    assert not any("auto" in t for t, _ in imports("hybridspec.checkpoints.policy", policy))
