@@ -14,6 +14,11 @@ class UnsupportedModelError(HybridSpecError, ValueError):
     """The model architecture or checkpoint layout is not supported."""
 
 
+class CheckpointError(HybridSpecError, ValueError):
+    """A checkpoint directory is unreadable or inconsistent: config.json, the
+    shard index, a shard, or tensors that do not match what the config implies."""
+
+
 class InvalidRequestError(HybridSpecError, ValueError):
     """A prompt or sampling parameter of a request is invalid."""
 
