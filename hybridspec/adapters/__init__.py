@@ -12,7 +12,7 @@ import torch
 from ..config import HybridConfig
 from ..errors import CheckpointError, ConfigError, UnsupportedModelError
 from ..models.hybrid import HybridModel
-from .checkpoint_files import read_config, read_weights
+from .checkpoint_files import describe_files, read_config, read_weights
 from .common import unmatched
 from .validate import check_weights
 
@@ -67,7 +67,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
         config = _config(adapter.config_from_dict, cfg, config_file)
         to_canonical, rules = adapter.weights_from_state, adapter.RULES
     state, file_of = read_weights(path, device)
-    weights = _checked(config, to_canonical, state, rules, f"{path} ({', '.join(sorted(set(file_of.values())))})",
+    weights = _checked(config, to_canonical, state, rules, describe_files(path, sorted(set(file_of.values()))),
                        file_of)
     if dtype is not None:
         weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq") else v)
@@ -103,7 +103,8 @@ def _checked(config: HybridConfig, to_canonical, state: dict[str, torch.Tensor],
     def describe(name: str) -> str:
         tensor = weights[name]
         original = origin.get(id(tensor)) or origin.get(id(tensor._base))
-        where = " in ".join(filter(None, (original if original != name else None, file_of.get(original))))
+        file = file_of.get(original)
+        where = " ".join(filter(None, (original if original != name else None, file and f"in {file}")))
         return f"{name} ({where})" if where else name
 
     unknown = [f"{n} (in {file_of[n]})" if n in file_of else n for n in unmatched(state, rules)]

@@ -70,11 +70,11 @@ def _read_indexed(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str
     missing = sorted(f for f in named if not (path / f).is_file())
     if missing:
         tensors = sorted(t for f in missing for t in named[f])
-        raise CheckpointError(f"{path}: {_few(missing)} named by {INDEX} missing (holding {_few(tensors)}); "
-                              "restore the missing shard(s) from the original checkpoint")
+        raise CheckpointError(f"{path}: shard {_few(missing)} named by {INDEX} not found (it holds "
+                              f"{_few(tensors)}); restore the missing shard(s) from the original checkpoint")
     stray = [f.name for f in sorted(path.glob("*.safetensors")) if f.name not in named]
     if stray:
-        raise CheckpointError(f"{path}: {_few(stray)} not named by {INDEX}; remove the stray file(s) or restore "
+        raise CheckpointError(f"{path}: {_few(stray)} not named by {INDEX} (a stray shard); remove the stray file(s) or restore "
                               "the index that lists them")
     state, file_of = {}, {}
     for file, tensors in sorted(named.items()):
@@ -134,6 +134,12 @@ def _read_binary(file: Path, device) -> dict[str, torch.Tensor]:
     if not (isinstance(state, dict) and all(isinstance(t, torch.Tensor) for t in state.values())):
         raise CheckpointError(f"{file} does not hold a state dict of tensors; save the model's state_dict()")
     return state
+
+
+def describe_files(path: Path, files: list[str]) -> str:
+    """`path` and the weight files read from it, for messages."""
+    shown = ", ".join(files) if len(files) <= 2 else f"{files[0]} ... {files[-1]}, {len(files)} files"
+    return f"{path} ({shown})"
 
 
 def _few(names: list[str]) -> str:
