@@ -19,6 +19,10 @@ class CheckpointError(HybridSpecError, ValueError):
     shard index, a shard, or tensors that do not match what the config implies."""
 
 
+class UsageError(HybridSpecError, ValueError):
+    """A command-line argument is invalid (the command exits with status 2)."""
+
+
 class InvalidRequestError(HybridSpecError, ValueError):
     """A prompt or sampling parameter of a request is invalid."""
 
