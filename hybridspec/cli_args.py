@@ -62,8 +62,8 @@ def torch_device(flag: str, text: str) -> str:
         raise UsageError(f"{flag} {text!r} is not a torch device; use cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            reason = "this torch build has no CUDA support" if torch.version.cuda is None and torch.version.hip is None \
-                else "no CUDA GPU is visible"
+            has_gpu_build = torch.version.cuda is not None or torch.version.hip is not None
+            reason = "no CUDA GPU is visible" if has_gpu_build else "this torch build has no CUDA support"
             raise UsageError(f"{flag} {text}: {reason}; use {flag} cpu, or install a CUDA build of torch")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"{flag} {text}: there are {torch.cuda.device_count()} CUDA device(s); use cuda:0 to "

@@ -154,7 +154,7 @@ def test_extra_or_unknown_tensors_are_refused(saved, tmp_path):
     shard = shard_of(path, "lm_head.weight")
     name = "model.layers.0.mamba.in_proj.bias"  # a bias the config (mamba_proj_bias false) does not allow
     edit_shard(path, "lm_head.weight", lambda t: t.update({name: torch.zeros(3)}))
-    with pytest.raises(CheckpointError, match=f"holds {name} the index does not assign"):
+    with pytest.raises(CheckpointError, match=f"holds {name}, which the index does not assign"):
         hs.load(path)
     (path / INDEX).unlink()
     with pytest.raises(CheckpointError, match=r"unused: layers\.0\.mixer\.in_proj\.bias"):
@@ -270,9 +270,11 @@ def _edit_tensor(path: Path, kind: str, tensor: str, update_index: bool, fractio
         edit_shard(path, tensor, lambda t: t.setdefault(name, torch.zeros(3)))
         if update_index:
             index["weight_map"].setdefault(name, index["weight_map"][tensor])
-    else:
-        edit_shard(path, tensor, lambda t: t.update({tensor: t[tensor].flatten()[:max(1, int(fraction * t[tensor].numel()))]
-                                                     if t[tensor].ndim < 2 else t[tensor].flatten()}))
+    else:  # a vector loses entries, a matrix is flattened (same numel, another shape)
+        def reshape(tensors):
+            t = tensors[tensor]
+            tensors[tensor] = t.flatten() if t.ndim >= 2 else t[:max(1, int(fraction * t.numel()))]
+        edit_shard(path, tensor, reshape)
     (path / INDEX).write_text(json.dumps(index))
 
 

@@ -61,9 +61,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
         config = _config(mamba_ssm.config_from_dict, cfg, config_file)
         to_canonical, rules = (lambda state: mamba_ssm.weights_from_state(state, cfg)), mamba_ssm.RULES
     else:
-        model_type = cfg.get("model_type", "<missing>")
+        model_type = str(cfg.get("model_type", "<missing>"))
         architectures = cfg.get("architectures") or [MODEL_TYPES.get(model_type, model_type)]
-        adapter = _adapter(str(architectures[0]) if isinstance(architectures, list) else str(architectures))
+        adapter = _adapter(str(architectures[0] if isinstance(architectures, list) else architectures))
         config = _config(adapter.config_from_dict, cfg, config_file)
         to_canonical, rules = adapter.weights_from_state, adapter.RULES
     state, file_of = read_weights(path, device)

@@ -74,17 +74,16 @@ def _read_indexed(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str
                               f"{_few(tensors)}); restore the missing shard(s) from the original checkpoint")
     stray = [f.name for f in sorted(path.glob("*.safetensors")) if f.name not in named]
     if stray:
-        raise CheckpointError(f"{path}: {_few(stray)} not named by {INDEX} (a stray shard); remove the stray file(s) or restore "
-                              "the index that lists them")
+        raise CheckpointError(f"{path}: {_few(stray)} not named by {INDEX} (a stray shard); remove the stray "
+                              "file(s) or restore the index that lists them")
     state, file_of = {}, {}
     for file, tensors in sorted(named.items()):
         shard = read_shard(path / file, device)
         extra, absent = sorted(set(shard) - tensors), sorted(tensors - set(shard))
         if extra or absent:
-            raise CheckpointError(f"{path / file} disagrees with {INDEX}: "
-                                  + "; ".join(filter(None, (extra and f"it holds {_few(extra)} the index does not "
-                                                                      "assign to it",
-                                                            absent and f"it lacks {_few(absent)}")))
+            problems = [f"it holds {_few(extra)}, which the index does not assign to it"] if extra else []
+            problems += [f"it lacks {_few(absent)}, which the index assigns to it"] if absent else []
+            raise CheckpointError(f"{path / file} disagrees with {INDEX}: " + "; ".join(problems)
                                   + "; restore the shard or the index from the original checkpoint")
         state.update(shard)
         file_of.update(dict.fromkeys(shard, file))

@@ -132,8 +132,8 @@ def check_weights(config: HybridConfig, weights: dict[str, torch.Tensor], unmatc
     weights = dict(weights)
     if config.tie_word_embeddings and _same_tensor(weights.get("lm_head.weight"), weights.get("embed_tokens.weight")):
         del weights["lm_head.weight"]
-    expected = expected_tensors(config) | optional_tensors(config)
     required = expected_tensors(config)
+    expected = required | optional_tensors(config)
     missing = [name for name in required if name not in weights]
     unused = [describe(name) for name in weights if name not in expected] + list(unmatched)
     wrong = [f"{describe(name)} is {list(t.shape)}, expected {list(expected[name].shape)} = {expected[name].formula}"
