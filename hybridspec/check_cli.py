@@ -5,7 +5,7 @@
     hybridspec check --model DIR --draft ngram --quick
 
 Exit status: 0 all checks passed, 1 a check failed, 2 the models could not be
-loaded or do not fit together.
+loaded or do not fit together (one line on stderr says why).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from .errors import ConfigError, HybridSpecError
+from .errors import ConfigError, UsageError
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -38,18 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_models(args: argparse.Namespace):
     """(target, drafter, drafter name) from the arguments."""
     import hybridspec as hs
+    from .cli_args import load_checkpoint, torch_device
     from .rollback import perturbed_copy, tiny_model
 
-    dtype = DTYPES[args.dtype]
+    dtype, device = DTYPES[args.dtype], torch_device("--device", args.device)
     if args.model:
-        target = hs.load(args.model, dtype=dtype, device=args.device)
+        target = load_checkpoint("--model", args.model, dtype=dtype, device=device)
     else:
-        target = tiny_model(args.seed, dtype=dtype, device=args.device)
+        target = tiny_model(args.seed, dtype=dtype, device=device)
     if args.draft == "perturbed":
         return target, perturbed_copy(target, seed=args.seed), "perturbed"
     if args.draft == "ngram":
         return target, hs.NgramDrafter(), "n-gram"
-    draft = hs.load(args.draft, dtype=dtype, device=args.device)
+    draft = load_checkpoint("--draft", args.draft, also=" (or pass --draft ngram or --draft perturbed)",
+                            dtype=dtype, device=device)
     if draft.vocab_size != target.vocab_size:
         raise ConfigError(f"the drafter in {args.draft} has vocabulary {draft.vocab_size}, the target "
                           f"{target.vocab_size}; pass a drafter that shares the target's tokenizer")
@@ -67,12 +69,10 @@ def format_table(results) -> str:
 def run(args: argparse.Namespace) -> int:
     from .rollback import run_suite
 
+    if args.threads < 1:
+        raise UsageError(f"--threads={args.threads} must be >= 1")
     torch.set_num_threads(args.threads)
-    try:
-        target, draft, draft_name = load_models(args)
-    except (HybridSpecError, FileNotFoundError) as error:
-        print(f"hybridspec check: {error}")
-        return 2
+    target, draft, draft_name = load_models(args)
     layers = ", ".join(f"{target.config.layer_types.count(t)} {t}" for t in dict.fromkeys(target.config.layer_types))
     print(f"target: {args.model or 'built-in tiny model'} ({target.config.family}: {layers}; {args.dtype}); "
           f"drafter: {draft_name}")

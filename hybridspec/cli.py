@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from .errors import HybridSpecError
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS = {
@@ -30,8 +33,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand. A user error (any HybridSpecError) ends with exit status 2
+    and one line on stderr, Ctrl-C with 130, a closed stdout (`| head`) quietly
+    with 141 (128 + SIGPIPE, as the shell reports it); any other exception is an
+    internal error and keeps its traceback."""
     args = build_parser().parse_args(argv)
-    return args._run(args)
+    try:
+        return args._run(args)
+    except HybridSpecError as error:
+        print(f"hybridspec {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hybridspec {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _discard_stdout()
+        return 141
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
 
 
 if __name__ == "__main__":

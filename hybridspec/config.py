@@ -8,7 +8,7 @@ one with mixer `"none"`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from .errors import ConfigError
@@ -20,11 +20,35 @@ Activation = Literal["silu", "gelu", "relu2"]
 
 MIXER_TYPES = ("attention", "mamba1", "mamba2", "none")
 FFN_TYPES = ("mlp", "moe", "none")
+ACTIVATIONS = ("silu", "gelu", "relu2")
+
+
+# int fields that may be 0 (every other int field must be >= 1)
+_MINIMUM = {"shared_intermediate_size": 0, "eos_token_id": 0}
 
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def _check_types(config) -> None:
+    """Every `int` field holds an integer (a bool is not one) >= its minimum,
+    every `bool` field a bool, every `float` field a real number."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        kind, optional = f.type.removesuffix(" | None"), f.type.endswith(" | None")
+        if value is None and optional:
+            continue
+        where = f"{type(config).__name__}.{f.name}={value!r}"
+        if kind == "int":
+            minimum = _MINIMUM.get(f.name, 1)
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+                     f"{where} must be an integer >= {minimum}")
+        elif kind == "bool":
+            _require(isinstance(value, bool), f"{where} must be true or false")
+        elif kind == "float":
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where} must be a number")
 
 
 @dataclass(frozen=True)
@@ -38,9 +62,13 @@ class AttentionConfig:
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0
     scale: float | None = None  # None: head_dim ** -0.5
-    bias: bool = False
+    bias: bool = False  # q, k, v (and o unless out_bias says otherwise) have biases
+    out_bias: bool | None = None  # None: the same as bias (mamba_ssm's MHA sets the two apart)
 
     def __post_init__(self):
+        if self.out_bias is None:
+            object.__setattr__(self, "out_bias", self.bias)
+        _check_types(self)
         _require(self.num_heads % self.num_kv_heads == 0,
                  f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
 
@@ -70,6 +98,7 @@ class Mamba2Config:
     chunk_size: int = 64
 
     def __post_init__(self):
+        _check_types(self)
         _require(self.num_heads % self.n_groups == 0,
                  f"mamba2 num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}")
 
@@ -102,6 +131,9 @@ class Mamba1Config:
     proj_bias: bool = False
     inner_layernorms: bool = True
 
+    def __post_init__(self):
+        _check_types(self)
+
     def state_shape(self) -> RecurrentStateShape:
         """SSM state, conv window and input-log sizes per sequence."""
         return mamba1_state_shape(self.d_inner, self.d_state, self.d_conv)
@@ -113,6 +145,10 @@ class MLPConfig:
     activation: Activation = "silu"
     gated: bool = True
     bias: bool = False
+
+    def __post_init__(self):
+        _check_types(self)
+        _require(self.activation in ACTIVATIONS, f"activation={self.activation!r}; expected one of {ACTIVATIONS}")
 
 
 @dataclass(frozen=True)
@@ -129,6 +165,8 @@ class MoEConfig:
     shared_intermediate_size: int = 0  # > 0: a dense shared MLP added to the routed output
 
     def __post_init__(self):
+        _check_types(self)
+        _require(self.activation in ACTIVATIONS, f"activation={self.activation!r}; expected one of {ACTIVATIONS}")
         _require(1 <= self.top_k <= self.num_experts,
                  f"moe top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
 
@@ -157,6 +195,7 @@ class HybridConfig:
     def __post_init__(self):
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
         object.__setattr__(self, "ffn_types", tuple(self.ffn_types))
+        _check_types(self)
         _require(len(self.layer_types) == len(self.ffn_types),
                  f"layer_types has {len(self.layer_types)} entries but ffn_types has {len(self.ffn_types)}")
         _require(len(self.layer_types) > 0, "a model needs at least one layer")
@@ -170,7 +209,6 @@ class HybridConfig:
         for kind, sub in (("mlp", self.mlp), ("moe", self.moe)):
             _require(kind not in self.ffn_types or sub is not None,
                      f"ffn_types uses {kind!r} layers but HybridConfig.{kind} is None")
-        _require(self.vocab_size > 0 and self.hidden_size > 0, "vocab_size and hidden_size must be positive")
 
     @property
     def num_layers(self) -> int:

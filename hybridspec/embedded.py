@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import CheckpointError
+
 EMBEDDED_DIR = Path(__file__).resolve().parent / "assets" / "embedded"
 
 
@@ -14,6 +16,6 @@ def embedded_paths() -> tuple[Path, Path]:
     target, draft = EMBEDDED_DIR / "target", EMBEDDED_DIR / "draft"
     missing = [str(p) for p in (target, draft) if not (p / "config.json").is_file()]
     if missing:
-        raise FileNotFoundError(f"the embedded model pair is missing ({', '.join(missing)}); reinstall hybridspec, "
+        raise CheckpointError(f"the embedded model pair is missing ({', '.join(missing)}); reinstall hybridspec, "
                                 "or rebuild it with `python tools/train_embedded.py` from a source checkout")
     return target, draft

@@ -9,7 +9,6 @@ checkpoint policy, target cache, stats); docs/design.md draws the whole.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Literal
@@ -22,8 +21,9 @@ from hybridspec.checkpoints.policy import validate_gamma
 from hybridspec.state_memory import default_state_dtype
 
 from .cache.hybrid_cache import HybridCache, scratch_cache
-from .errors import ConfigError, InvalidRequestError
+from .errors import ConfigError
 from .models.hybrid import HybridModel
+from .requests import engine_sizes, normalize_requests
 from .sampling import RowParams, SamplingParams, process_logits, sample
 from .spec.drafters import as_drafter
 from .spec.speculator import Speculator
@@ -112,20 +112,17 @@ class Engine:
             raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
         if verify not in ("rejection", "coupled"):
             raise ConfigError(f"verify={verify!r} must be 'rejection' or 'coupled'")
-        if max_batch_size < 1:
-            raise ConfigError(f"max_batch_size={max_batch_size} must be >= 1")
         if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
             raise ConfigError(f"state_dtype={state_dtype!r} must be a floating torch.dtype (e.g. torch.float32) "
                               "or None for the default")
+        sizes = engine_sizes(target.config, max_batch_size, max_model_len, block_size, num_blocks)
         self.target = target
         self.verify = verify
-        self.max_model_len = max_model_len or min(target.config.max_position_embeddings, 4096)
-        self.max_batch_size = max_batch_size
+        self.max_model_len = sizes.max_model_len
+        self.max_batch_size = sizes.max_batch_size
         self.state_dtype = state_dtype or default_state_dtype(target.dtype)
-        blocks_per_seq = math.ceil(self.max_model_len / block_size)
-        self.cache_kwargs = dict(max_seqs=max_batch_size, block_size=block_size,
-                                 num_blocks=num_blocks or max_batch_size * blocks_per_seq,
-                                 dtype=target.dtype, device=target.device)
+        self.cache_kwargs = dict(max_seqs=sizes.max_batch_size, block_size=sizes.block_size,
+                                 num_blocks=sizes.num_blocks, dtype=target.dtype, device=target.device)
         self.stats = EngineStats()
         self.check_invariants = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
         self.speculator: Speculator | None = None
@@ -134,7 +131,7 @@ class Engine:
         else:
             validate_gamma(num_draft_tokens)
             policy = resolve_policy(checkpoint).bind(  # "auto" measures step costs here
-                target, num_draft_tokens, max_batch_size=max_batch_size, state_dtype=self.state_dtype,
+                target, num_draft_tokens, max_batch_size=self.max_batch_size, state_dtype=self.state_dtype,
                 new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
             drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs)
             self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens))
@@ -147,33 +144,6 @@ class Engine:
         return HybridCache(self.target.config, ring_slots=ring_slots, state_dtype=self.state_dtype,
                            **self.cache_kwargs)
 
-    # -- validation ----------------------------------------------------------------------------
-
-    def _validate(self, prompts, params: list[SamplingParams]) -> None:
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise InvalidRequestError("prompts must be a non-empty list of token-id lists")
-        if len(prompts) > self.max_batch_size:
-            raise InvalidRequestError(f"{len(prompts)} prompts exceed max_batch_size={self.max_batch_size}; "
-                                      "split the batch or build the Engine with a larger max_batch_size")
-        if len(params) != len(prompts):
-            raise InvalidRequestError(f"{len(params)} SamplingParams for {len(prompts)} prompts; "
-                                      "pass one SamplingParams or one per prompt")
-        vocab = self.target.vocab_size
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            if len(prompt) == 0:
-                raise InvalidRequestError(f"prompt {i} is empty; every prompt needs at least one token")
-            bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
-            if bad:
-                raise InvalidRequestError(f"prompt {i} holds token id {bad[0]!r} outside the vocabulary "
-                                          f"[0, {vocab}); check the tokenizer matches the model")
-            if len(prompt) + p.max_new_tokens > self.max_model_len:
-                raise InvalidRequestError(
-                    f"prompt {i}: {len(prompt)} prompt tokens + max_new_tokens={p.max_new_tokens} exceed the "
-                    f"model limit max_model_len={self.max_model_len}; shorten the prompt or lower max_new_tokens")
-            bad_stops = [t for t in p.stop_token_ids if not 0 <= t < vocab]
-            if bad_stops:
-                raise InvalidRequestError(f"stop token id {bad_stops[0]} is outside the vocabulary [0, {vocab})")
-
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
@@ -181,9 +151,8 @@ class Engine:
         """Generate for every prompt; returns one Output per prompt, in order.
         `stream(i, token_ids)`, when given, is called as tokens of prompt i are
         emitted (once per round, after its commit)."""
-        params = params if params is not None else SamplingParams()
-        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        self._validate(prompts, params)
+        prompts, params = normalize_requests(prompts, params, self.target.vocab_size, self.max_batch_size,
+                                             self.max_model_len)
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             on_emit = None if stream is None else (lambda tokens, i=i: stream(i, tokens))

@@ -14,6 +14,15 @@ class UnsupportedModelError(HybridSpecError, ValueError):
     """The model architecture or checkpoint layout is not supported."""
 
 
+class CheckpointError(HybridSpecError, ValueError):
+    """A checkpoint directory is unreadable or inconsistent: config.json, the
+    shard index, a shard, or tensors that do not match what the config implies."""
+
+
+class UsageError(HybridSpecError, ValueError):
+    """A command-line argument is invalid (the command exits with status 2)."""
+
+
 class InvalidRequestError(HybridSpecError, ValueError):
     """A prompt or sampling parameter of a request is invalid."""
 

@@ -80,8 +80,8 @@ def byte_codec(vocab_size: int) -> Codec:
 
 
 def tokenizer_codec(path: str) -> Codec:
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    from .cli_args import load_tokenizer
+    tokenizer = load_tokenizer("--tokenizer", path)
     stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
     return Codec(path, lambda text: list(tokenizer.encode(text)), lambda ids: tokenizer.decode(ids), stops)
 
@@ -127,20 +127,22 @@ def set_threads(threads: int | None) -> None:
 def load_models(args: argparse.Namespace):
     """(target, draft or None, target name, draft name) from --model / --draft."""
     import hybridspec as hs
+    from .cli_args import load_checkpoint
     from .embedded import embedded_paths
     if args.model is None:
         target_dir, draft_dir = embedded_paths()
         target, target_name = hs.load(target_dir), "embedded target"
         draft_spec = args.draft if args.draft is not None else str(draft_dir)
     else:
-        target, target_name = hs.load(args.model), args.model
+        target, target_name = load_checkpoint("--model", args.model), args.model
         draft_spec = args.draft if args.draft is not None else "ngram"
     if draft_spec == "none":
         return target, None, target_name, "none"
     if draft_spec == "ngram":
         return target, hs.NgramDrafter(), target_name, "ngram (prompt lookup)"
     name = "embedded draft" if args.model is None and args.draft is None else draft_spec
-    return target, hs.load(draft_spec), target_name, name
+    draft = load_checkpoint("--draft", draft_spec, also=" (or pass --draft ngram or --draft none)")
+    return target, draft, target_name, name
 
 
 class TextStream:
@@ -181,39 +183,34 @@ def warm_up(engine, prompt: list[int], params) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import hybridspec as hs
-    from .errors import HybridSpecError
-    try:
-        set_threads(args.threads if args.threads is not None else 1 if args.model is None else None)
-        target, draft, target_name, draft_name = load_models(args)
-        codec = tokenizer_codec(args.tokenizer) if args.tokenizer else byte_codec(target.vocab_size)
-        prompt_text = DEFAULT_PROMPT if args.prompt is None else args.prompt
-        prompt = codec.encode(prompt_text)
-        seed = args.seed if args.seed is not None or args.temperature == 0 else secrets.randbits(31)
-        params = hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                   top_k=args.top_k, top_p=args.top_p, seed=seed,
-                                   stop_token_ids=codec.stop_token_ids)
-        sizes = dict(max_batch_size=1, max_model_len=min(target.config.max_position_embeddings,
-                                                          len(prompt) + args.max_new_tokens + args.gamma + 1))
-        plain = hs.Engine(target, **sizes)
-        spec = None if draft is None else hs.Engine(target, draft=draft, num_draft_tokens=args.gamma,
-                                                     checkpoint=parse_policy(args.policy), verify=args.verify,
-                                                     **sizes)
-        streaming = sys.stdout.isatty() and not args.json
-        progress = not streaming and not sys.stdout.isatty()
-        runs, stream = {}, None
-        for name, engine in (("speculative", spec), ("plain", plain)):
-            if engine is not None:
-                warm_up(engine, prompt, params)
-                if streaming and not runs:  # the first timed run streams its text
-                    sys.stdout.write(prompt_text)
-                    stream = TextStream(codec, sys.stdout)
-                runs[name] = timed_generate(engine, prompt, params, progress, stream if not runs else None) \
-                    + (engine.stats.as_dict(),)
-                if stream is not None and len(runs) == 1:
-                    stream.finish()
-    except (HybridSpecError, FileNotFoundError, OSError) as error:
-        print(f"hybridspec generate: error: {error}", file=sys.stderr)
-        return 2
+    set_threads(args.threads if args.threads is not None else 1 if args.model is None else None)
+    target, draft, target_name, draft_name = load_models(args)
+    codec = tokenizer_codec(args.tokenizer) if args.tokenizer else byte_codec(target.vocab_size)
+    prompt_text = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    prompt = codec.encode(prompt_text)
+    seed = args.seed if args.seed is not None or args.temperature == 0 else secrets.randbits(31)
+    params = hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                               top_k=args.top_k, top_p=args.top_p, seed=seed,
+                               stop_token_ids=codec.stop_token_ids)
+    sizes = dict(max_batch_size=1, max_model_len=min(target.config.max_position_embeddings,
+                                                      len(prompt) + args.max_new_tokens + args.gamma + 1))
+    plain = hs.Engine(target, **sizes)
+    spec = None if draft is None else hs.Engine(target, draft=draft, num_draft_tokens=args.gamma,
+                                                 checkpoint=parse_policy(args.policy), verify=args.verify,
+                                                 **sizes)
+    streaming = sys.stdout.isatty() and not args.json
+    progress = not streaming and not sys.stdout.isatty()
+    runs, stream = {}, None
+    for name, engine in (("speculative", spec), ("plain", plain)):
+        if engine is not None:
+            warm_up(engine, prompt, params)
+            if streaming and not runs:  # the first timed run streams its text
+                sys.stdout.write(prompt_text)
+                stream = TextStream(codec, sys.stdout)
+            runs[name] = timed_generate(engine, prompt, params, progress, stream if not runs else None) \
+                + (engine.stats.as_dict(),)
+            if stream is not None and len(runs) == 1:
+                stream.finish()
     report = build_report(args, runs, target_name, draft_name, codec, prompt_text, prompt, seed)
     if args.json:
         json.dump(report, sys.stdout, indent=2)

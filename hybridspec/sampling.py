@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from hybridspec.kernels.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
 
 from .errors import InvalidRequestError
+from .validation import integer, real, token_id
 
 
 @dataclass(frozen=True)
@@ -33,18 +35,23 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise InvalidRequestError(f"max_new_tokens={self.max_new_tokens!r} must be an integer >= 1")
+        checked = dict(
+            max_new_tokens=integer("max_new_tokens", self.max_new_tokens, 1, InvalidRequestError),
+            temperature=real("temperature", self.temperature, InvalidRequestError, ">= 0 (0 is greedy)"),
+            top_k=integer("top_k", self.top_k, 0, InvalidRequestError, "; use 0 to turn it off"),
+            top_p=real("top_p", self.top_p, InvalidRequestError, "in (0, 1]; use 1.0 to turn it off"),
+            min_p=real("min_p", self.min_p, InvalidRequestError, "in [0, 1]; use 0.0 to turn it off"),
+            seed=None if self.seed is None else integer("seed", self.seed, 0, InvalidRequestError, " or None"),
+            stop_token_ids=_stop_token_ids(self.stop_token_ids))
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(f"temperature={self.temperature!r} must be finite and >= 0 (0 is greedy)")
         if not (0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p={self.top_p!r} must be in (0, 1]; use 1.0 to turn it off")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidRequestError(f"top_k={self.top_k!r} must be an integer >= 0; use 0 to turn it off")
         if not (0.0 <= self.min_p <= 1.0):
             raise InvalidRequestError(f"min_p={self.min_p!r} must be in [0, 1]; use 0.0 to turn it off")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2 ** 63):
+        if self.seed is not None and self.seed >= 2 ** 63:
             raise InvalidRequestError(f"seed={self.seed!r} must be an integer in [0, 2**63) or None")
 
     @property
@@ -53,6 +60,18 @@ class SamplingParams:
 
     def resolved_seed(self) -> int:
         return self.seed if self.seed is not None else secrets.randbits(63)
+
+
+def _stop_token_ids(values) -> tuple[int, ...]:
+    """stop_token_ids as a tuple of ints: an iterable (not a string) of token ids."""
+    example = "; pass an iterable of token ids such as (2,) or ()"
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidRequestError(f"stop_token_ids={values!r} is not a collection of token ids{example}")
+    ids = tuple(values)
+    bad = [t for t in ids if token_id(t) is None or token_id(t) < 0]
+    if bad:
+        raise InvalidRequestError(f"stop_token_ids holds {bad[0]!r}, not a token id (an integer >= 0){example}")
+    return tuple(token_id(t) for t in ids)
 
 
 @dataclass

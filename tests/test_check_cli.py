@@ -58,7 +58,7 @@ def test_check_fails_when_a_replay_is_skipped(monkeypatch, capsys):
 def test_check_refuses_a_draft_with_another_vocabulary(tmp_path, capsys):
     bamba(seed=1, vocab=101).save_pretrained(tmp_path)
     assert main(["check", "--quick", "--draft", str(tmp_path)]) == 2
-    assert "101" in capsys.readouterr().out
+    assert "101" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("layer_types", [("mamba2", "attention", "mamba2"), ("mamba1",), ("attention", "mamba1")])

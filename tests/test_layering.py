@@ -64,7 +64,8 @@ def test_no_import_cycles_between_packages():
     graph: dict[str, set[str]] = {}
     for name, path in modules().items():
         for target, _ in imports(name, path):
-            if target.startswith("hybridspec") and unit(target) != unit(name):
+            # `import hybridspec as hs` (the front door) in a CLI or bench module is not a layer edge
+            if target.startswith("hybridspec.") and unit(target) != unit(name):
                 graph.setdefault(unit(name), set()).add(unit(target))
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
@@ -73,7 +74,7 @@ def test_no_import_cycles_between_packages():
                 return True
         return False
 
-    cycles = sorted(u for u in graph if reaches(u, u, {u}) and u != "hybridspec")
+    cycles = sorted(u for u in graph if reaches(u, u, {u}))
     assert not cycles, {u: sorted(graph[u]) for u in cycles}
 
 

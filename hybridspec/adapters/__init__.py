@@ -5,13 +5,16 @@
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 import torch
 
-from ..errors import UnsupportedModelError
+from ..config import HybridConfig
+from ..errors import CheckpointError, ConfigError, UnsupportedModelError
 from ..models.hybrid import HybridModel
+from .checkpoint_files import describe_files, read_config, read_weights
+from .common import unmatched
+from .validate import check_weights
 
 # HF architecture name -> adapter module (config_from_dict, weights_from_state)
 HF_ADAPTERS = {
@@ -36,51 +39,73 @@ def from_hf(model) -> HybridModel:
     """A HybridModel that shares `model`'s parameters (no copy)."""
     architecture = type(model).__name__
     adapter = _adapter(architecture)
-    config = adapter.config_from_dict(model.config.to_dict())
+    source = f"{architecture} (from_hf)"
+    config = _config(adapter.config_from_dict, model.config.to_dict(), f"{source} config")
     state = dict(model.named_parameters())
     state.update(model.named_buffers())
-    return HybridModel(config, adapter.weights_from_state(state))
+    weights = _checked(config, adapter.weights_from_state, state, adapter.RULES, source, {})
+    return HybridModel(config, weights)
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> HybridModel:
-    """Load a checkpoint directory: config.json + *.safetensors (or
-    pytorch_model.bin), in HF layout or mamba_ssm's layout."""
+    """Load a checkpoint directory: config.json + safetensors shards (with
+    model.safetensors.index.json when sharded) or pytorch_model.bin, in HF
+    layout or mamba_ssm's layout. Loading is strict: a missing or unreadable
+    file, or weights that differ from what config.json implies, raise
+    CheckpointError (see `checkpoint_files`, `validate`)."""
     path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} not found: hs.load expects a checkpoint directory with "
-                                "config.json and safetensors weights")
-    cfg = json.loads(config_file.read_text(), object_hook=_special_floats)
-    state = _read_weights(path, device)
+    cfg = read_config(path)
+    config_file = str(path / "config.json")
     if "d_model" in cfg and "n_layer" in cfg:
         from . import mamba_ssm
-        config, weights = mamba_ssm.config_from_dict(cfg), mamba_ssm.weights_from_state(state, cfg)
+        config = _config(mamba_ssm.config_from_dict, cfg, config_file)
+        to_canonical, rules = (lambda state: mamba_ssm.weights_from_state(state, cfg)), mamba_ssm.RULES
     else:
-        model_type = cfg.get("model_type", "<missing>")
+        model_type = str(cfg.get("model_type", "<missing>"))
         architectures = cfg.get("architectures") or [MODEL_TYPES.get(model_type, model_type)]
-        adapter = _adapter(architectures[0])
-        config, weights = adapter.config_from_dict(cfg), adapter.weights_from_state(state)
+        adapter = _adapter(str(architectures[0] if isinstance(architectures, list) else architectures))
+        config = _config(adapter.config_from_dict, cfg, config_file)
+        to_canonical, rules = adapter.weights_from_state, adapter.RULES
+    state, file_of = read_weights(path, device)
+    weights = _checked(config, to_canonical, state, rules, describe_files(path, sorted(set(file_of.values()))),
+                       file_of)
     if dtype is not None:
         weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq") else v)
                    for k, v in weights.items()}
     return HybridModel(config, weights)
 
 
-def _special_floats(obj: dict):
-    """transformers writes inf/nan in config.json as {"__float__": "Infinity"}."""
-    return float(obj["__float__"]) if set(obj) == {"__float__"} else obj
+def _config(config_from_dict, cfg: dict, source: str) -> HybridConfig:
+    """config_from_dict(cfg), its failures on missing or malformed fields as CheckpointError naming `source`."""
+    try:
+        return config_from_dict(cfg)
+    except KeyError as error:
+        raise CheckpointError(f"{source} has no {error.args[0]!r} field, which this model family requires; "
+                              "restore it from the original checkpoint") from None
+    except ConfigError as error:
+        raise CheckpointError(f"{source}: {error}; fix the field in the config") from None
+    except UnsupportedModelError:
+        raise
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as error:
+        raise CheckpointError(f"{source} holds a field of the wrong type or value ({type(error).__name__}: "
+                              f"{error}); compare it with the original checkpoint's config") from None
 
 
-def _read_weights(path: Path, device) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _checked(config: HybridConfig, to_canonical, state: dict[str, torch.Tensor], rules, source: str,
+             file_of: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The canonical weights of `state`, checked against `config` (validate.check_weights)."""
+    try:
+        weights = to_canonical(state)
+    except CheckpointError as error:
+        raise CheckpointError(f"{source}: {error}") from None
+    origin = {id(t): name for name, t in state.items()}
 
-    files = sorted(path.glob("*.safetensors"))
-    if files:
-        state = {}
-        for f in files:
-            state.update(load_file(str(f), device=str(device)))
-        return state
-    bin_file = path / "pytorch_model.bin"
-    if bin_file.is_file():
-        return torch.load(bin_file, map_location=device, weights_only=True)
-    raise FileNotFoundError(f"no *.safetensors or pytorch_model.bin in {path}")
+    def describe(name: str) -> str:
+        tensor = weights[name]
+        original = origin.get(id(tensor)) or origin.get(id(tensor._base))
+        file = file_of.get(original)
+        where = " ".join(filter(None, (original if original != name else None, file and f"in {file}")))
+        return f"{name} ({where})" if where else name
+
+    unknown = [f"{n} (in {file_of[n]})" if n in file_of else n for n in unmatched(state, rules)]
+    return check_weights(config, weights, unknown, source, describe)

@@ -8,18 +8,26 @@ import torch
 from ..errors import UnsupportedModelError
 
 
-def rename(state: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+def rename(state: dict[str, torch.Tensor], rules: list[tuple[str, str | None]]) -> dict[str, torch.Tensor]:
     """Map checkpoint names to hybridspec's canonical names with regex rules
-    (first match wins). Names that no rule matches are dropped on purpose
-    (rotary caches, training-only buffers)."""
+    (first match wins). A rule with replacement None drops a known non-weight
+    (a rotary cache); names no rule matches are left out here and listed by
+    `unmatched`, which the loaders reject."""
     out = {}
     for name, tensor in state.items():
-        for pattern, repl in rules:
-            new, count = re.subn(pattern, repl, name)
-            if count:
-                out[new] = tensor
-                break
+        rule = _first_rule(name, rules)
+        if rule is not None and rule[1] is not None:
+            out[re.sub(rule[0], rule[1], name, count=1)] = tensor
     return out
+
+
+def unmatched(state: dict[str, torch.Tensor], rules: list[tuple[str, str | None]]) -> list[str]:
+    """The checkpoint names no rule matches."""
+    return [name for name in state if _first_rule(name, rules) is None]
+
+
+def _first_rule(name: str, rules: list[tuple[str, str | None]]) -> tuple[str, str | None] | None:
+    return next((rule for rule in rules if re.search(rule[0], name)), None)
 
 
 def rope_settings(cfg: dict) -> tuple[float, float]:

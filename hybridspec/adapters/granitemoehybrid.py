@@ -34,6 +34,7 @@ RULES = [
     (r"^model\.norm\.", "final_norm."),
     (r"^lm_head\.", "lm_head."),
     (r"^model\.rotary_emb\.inv_freq$", "rotary.inv_freq"),
+    (r"^model\.rotary_emb\.original_inv_freq$", None),  # a copy kept for dynamic RoPE scaling
     (r"^model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
     (r"^model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
     (r"^model\.layers\.(\d+)\.(mamba|self_attn)\.", r"layers.\1.mixer."),

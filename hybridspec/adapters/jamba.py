@@ -17,7 +17,7 @@ import re
 import torch
 
 from ..config import AttentionConfig, HybridConfig, Mamba1Config, MLPConfig, MoEConfig
-from ..errors import UnsupportedModelError
+from ..errors import CheckpointError, UnsupportedModelError
 from .common import eos_id, rename
 
 ARCHITECTURE = "JambaForCausalLM"
@@ -102,8 +102,13 @@ def stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for prefix, experts in per_expert.items():
         order = sorted(experts)
         if order != list(range(len(order))) or any(len(experts[e]) != 3 for e in order):
-            raise UnsupportedModelError(f"{prefix}: expected gate_proj, up_proj and down_proj for experts "
-                                        f"0..{len(order) - 1}, got experts {order}; the checkpoint is incomplete")
+            raise CheckpointError(f"{prefix}: expected gate_proj, up_proj and down_proj for experts "
+                                  f"0..{len(order) - 1}, got experts {order}; the checkpoint is incomplete")
+        shapes = {proj: {tuple(experts[e][proj].shape) for e in order}
+                  for proj in ("gate_proj", "up_proj", "down_proj")}
+        if any(len(s) > 1 for s in shapes.values()) or shapes["gate_proj"] != shapes["up_proj"]:
+            raise CheckpointError(f"{prefix}: the experts' weights differ in shape ({shapes}); every expert needs "
+                                  "the same gate_proj, up_proj and down_proj shapes: the checkpoint is corrupt")
         out[f"{prefix}.gate_up_proj"] = torch.stack(
             [torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]], dim=0) for e in order])
         out[f"{prefix}.down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])

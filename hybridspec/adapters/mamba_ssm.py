@@ -24,7 +24,7 @@ import re
 import torch
 
 from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
-from ..errors import UnsupportedModelError
+from ..errors import CheckpointError, UnsupportedModelError
 from .common import rename
 
 NORM_EPS = 1e-5
@@ -95,7 +95,8 @@ def _attention(attn: dict, d_model: int) -> AttentionConfig:
         num_heads=heads, num_kv_heads=attn.get("num_heads_kv") or heads, head_dim=head_dim,
         use_rope=rotary_dim > 0, rope_theta=float(attn.get("rotary_emb_base", 10000.0)),
         partial_rotary_factor=_rotary_factor(rotary_dim, head_dim) if rotary_dim else 1.0,
-        scale=attn.get("softmax_scale"), bias=attn.get("qkv_proj_bias", True))
+        scale=attn.get("softmax_scale"), bias=attn.get("qkv_proj_bias", True),
+        out_bias=attn.get("out_proj_bias", True))
 
 
 def config_from_dict(cfg: dict) -> HybridConfig:
@@ -136,8 +137,9 @@ def _split_attention(weights: dict[str, torch.Tensor], layer: int, attn: Attenti
         fused = weights.pop(f"{prefix}.in_proj.{part}", None)
         if fused is not None:
             if fused.shape[0] != sum(sizes):
-                raise _unsupported(f"layer {layer} MHA in_proj with {fused.shape[0]} rows (expected q, k, v: "
-                                   f"{sum(sizes)})")
+                raise CheckpointError(f"layer {layer}: the MHA in_proj.{part} has {fused.shape[0]} rows, but "
+                                      f"attn_cfg implies {sum(sizes)} (q, k, v: {sizes}); check num_heads, "
+                                      "num_heads_kv and head_dim in config.json")
             for name, tensor in zip(("q_proj", "k_proj", "v_proj"), fused.split(sizes, dim=0)):
                 weights[f"{prefix}.{name}.{part}"] = tensor
         out = weights.pop(f"{prefix}.out_proj.{part}", None)
@@ -154,6 +156,4 @@ def weights_from_state(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, t
         weights[f"layers.{layer}.ffn.up_proj.weight"], weights[f"layers.{layer}.ffn.gate_proj.weight"] = up, gate
     for layer in config.attention_layers:
         _split_attention(weights, layer, config.attention)
-    if config.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
     return weights

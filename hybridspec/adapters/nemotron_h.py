@@ -80,7 +80,8 @@ def config_from_dict(cfg: dict) -> HybridConfig:
         # Nemotron-H attention has no positional embedding: order comes from the Mamba layers.
         attention=AttentionConfig(
             num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads, use_rope=False),
+            head_dim=cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads, use_rope=False,
+            bias=cfg.get("attention_bias", False)),
         mamba2=Mamba2Config(
             num_heads=cfg["mamba_num_heads"], head_dim=cfg["mamba_head_dim"], d_state=cfg["ssm_state_size"],
             n_groups=cfg.get("n_groups", 8), d_conv=cfg.get("conv_kernel", 4), expand=cfg.get("expand", 2),

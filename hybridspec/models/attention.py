@@ -39,8 +39,9 @@ class Attention(nn.Module):
         self.kv_layer = kv_layer  # index of this layer in the paged KV cache
         self.q_proj, self.k_proj = param(weights["q_proj.weight"]), param(weights["k_proj.weight"])
         self.v_proj, self.o_proj = param(weights["v_proj.weight"]), param(weights["o_proj.weight"])
-        self.q_bias, self.k_bias = param(weights.get("q_proj.bias")), param(weights.get("k_proj.bias"))
-        self.v_bias, self.o_bias = param(weights.get("v_proj.bias")), param(weights.get("o_proj.bias"))
+        self.q_bias, self.k_bias, self.v_bias = (param(weights[f"{p}_proj.bias"]) if cfg.bias else None
+                                                 for p in "qkv")
+        self.o_bias = param(weights["o_proj.bias"]) if cfg.out_bias else None
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,10 +16,11 @@ class MLP(nn.Module):
     def __init__(self, cfg: MLPConfig, weights: dict[str, torch.Tensor]):
         super().__init__()
         self.cfg = cfg
-        self.gate_proj = param(weights.get("gate_proj.weight"))
+        self.gate_proj = param(weights["gate_proj.weight"]) if cfg.gated else None
         self.up_proj, self.down_proj = param(weights["up_proj.weight"]), param(weights["down_proj.weight"])
-        self.gate_bias = param(weights.get("gate_proj.bias"))
-        self.up_bias, self.down_bias = param(weights.get("up_proj.bias")), param(weights.get("down_proj.bias"))
+        self.gate_bias = param(weights["gate_proj.bias"]) if cfg.gated and cfg.bias else None
+        self.up_bias, self.down_bias = ((param(weights["up_proj.bias"]), param(weights["down_proj.bias"]))
+                                        if cfg.bias else (None, None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         up = F.linear(x, self.up_proj, self.up_bias)

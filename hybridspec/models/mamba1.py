@@ -46,13 +46,15 @@ class Mamba1Mixer(LogReplay, nn.Module):
         super().__init__()
         self.state_shape = cfg.state_shape()
         self.cfg, self.state_layer = cfg, state_layer
-        self.in_proj, self.in_bias = param(weights["in_proj.weight"]), param(weights.get("in_proj.bias"))
+        self.in_proj = param(weights["in_proj.weight"])
+        self.in_bias = param(weights["in_proj.bias"]) if cfg.proj_bias else None
         self.conv_weight = param(weights["conv1d.weight"])  # [d_inner, 1, d_conv]
-        self.conv_bias = param(weights.get("conv1d.bias"))
+        self.conv_bias = param(weights["conv1d.bias"]) if cfg.conv_bias else None
         self.x_proj = param(weights["x_proj.weight"])
         self.dt_proj, self.dt_bias = param(weights["dt_proj.weight"]), param(weights["dt_proj.bias"])
         self.A_log, self.D = param(weights["A_log"]), param(weights["D"])
-        self.out_proj, self.out_bias = param(weights["out_proj.weight"]), param(weights.get("out_proj.bias"))
+        self.out_proj = param(weights["out_proj.weight"])
+        self.out_bias = param(weights["out_proj.bias"]) if cfg.proj_bias else None
         if cfg.inner_layernorms:
             self.dt_norm = RMSNorm(weights["dt_norm.weight"], eps)
             self.b_norm = RMSNorm(weights["b_norm.weight"], eps)

@@ -49,12 +49,14 @@ class Mamba2Mixer(LogReplay, nn.Module):
         super().__init__()
         self.state_shape = cfg.state_shape()
         self.cfg, self.state_layer, self.eps = cfg, state_layer, eps
-        self.in_proj, self.in_bias = param(weights["in_proj.weight"]), param(weights.get("in_proj.bias"))
+        self.in_proj = param(weights["in_proj.weight"])
+        self.in_bias = param(weights["in_proj.bias"]) if cfg.proj_bias else None
         self.conv_weight = param(weights["conv1d.weight"])  # [conv_dim, 1, d_conv]
-        self.conv_bias = param(weights.get("conv1d.bias"))
+        self.conv_bias = param(weights["conv1d.bias"]) if cfg.conv_bias else None
         self.dt_bias, self.A_log, self.D = param(weights["dt_bias"]), param(weights["A_log"]), param(weights["D"])
         self.norm_weight = param(weights["norm.weight"])
-        self.out_proj, self.out_bias = param(weights["out_proj.weight"]), param(weights.get("out_proj.bias"))
+        self.out_proj = param(weights["out_proj.weight"])
+        self.out_bias = param(weights["out_proj.bias"]) if cfg.proj_bias else None
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg

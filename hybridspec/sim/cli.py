@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Callable
 
+from hybridspec.cli_args import output_file, write_text
 from hybridspec.errors import ConfigError
 from hybridspec.sim.measured import load_measured
 from hybridspec.sim.render import render_report
@@ -68,6 +69,8 @@ def _settings(args: argparse.Namespace) -> SimulateSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    json_file = None if args.json in (None, "-") else output_file("--json", args.json)
+    plot_file = None if args.plot is None else output_file("--plot", args.plot)
     try:
         settings = _settings(args)
         measured = None if args.measured is None else (load_measured(args.measured), args.measured)
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         if args.plot is not None:
             from hybridspec.sim.plot import plot_speedup
 
-            plot_speedup(report, settings, args.plot)
+            plot_speedup(report, settings, str(plot_file))
     except (ConfigError, ImportError) as error:
         print(f"hybridspec simulate: error: {error}", file=sys.stderr)
         return 2
@@ -83,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
+    if json_file is not None:
+        write_text("--json", json_file, json.dumps(report, indent=2))
     sys.stdout.write(render_report(report))
-    if args.json is not None:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
+    if json_file is not None:
         print(f"wrote {args.json}")
     if args.plot is not None:
         print(f"wrote {args.plot}")

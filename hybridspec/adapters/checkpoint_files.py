@@ -1,0 +1,146 @@
+"""Reading a checkpoint directory strictly: `config.json`, then the weights —
+the shards `model.safetensors.index.json` names (each one required, holding
+exactly the tensors the index assigns to it), or without an index every
+`*.safetensors` file (no tensor in two of them), or one `pytorch_model.bin`.
+Every problem is a `CheckpointError` that names the file."""
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError
+
+INDEX = "model.safetensors.index.json"
+BINARY = "pytorch_model.bin"
+SHOWN = 4  # names listed in a message
+
+
+def read_config(path: Path) -> dict:
+    """config.json of the checkpoint directory `path`, as a dict."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory; hs.load expects a checkpoint directory holding "
+                              "config.json and *.safetensors weights")
+    config = read_json(path / "config.json", "the model config")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, not an object; "
+                              "restore the model's config.json")
+    return config
+
+
+def read_json(file: Path, what: str):
+    """The JSON in `file` (transformers' {"__float__": "Infinity"} read as floats)."""
+    if not file.is_file():
+        raise CheckpointError(f"{file} not found: a checkpoint directory needs {file.name} ({what})")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"), object_hook=_special_floats)
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{file} cannot be read ({error}); check its permissions or restore it") from None
+    except ValueError as error:
+        raise CheckpointError(f"{file} is not valid JSON ({error}); the file is truncated or was edited by "
+                              "hand: restore it from the original checkpoint") from None
+
+
+def _special_floats(obj: dict):
+    return float(obj["__float__"]) if set(obj) == {"__float__"} else obj
+
+
+def read_weights(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors by checkpoint name, checkpoint name -> file name)."""
+    if (path / INDEX).exists():
+        return _read_indexed(path, device)
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return _read_unindexed(files, device)
+    if (path / BINARY).is_file():
+        state = _read_binary(path / BINARY, device)
+        return state, dict.fromkeys(state, BINARY)
+    raise CheckpointError(f"{path} holds no *.safetensors files and no {BINARY}; a checkpoint directory needs "
+                          "its weights next to config.json")
+
+
+def _read_indexed(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    index_file = path / INDEX
+    weight_map = _weight_map(index_file)
+    named: dict[str, set[str]] = {}
+    for tensor, file in weight_map.items():
+        named.setdefault(file, set()).add(tensor)
+    missing = sorted(f for f in named if not (path / f).is_file())
+    if missing:
+        tensors = sorted(t for f in missing for t in named[f])
+        raise CheckpointError(f"{path}: shard {_few(missing)} named by {INDEX} not found (it holds "
+                              f"{_few(tensors)}); restore the missing shard(s) from the original checkpoint")
+    stray = [f.name for f in sorted(path.glob("*.safetensors")) if f.name not in named]
+    if stray:
+        raise CheckpointError(f"{path}: {_few(stray)} not named by {INDEX} (a stray shard); remove the stray "
+                              "file(s) or restore the index that lists them")
+    state, file_of = {}, {}
+    for file, tensors in sorted(named.items()):
+        shard = read_shard(path / file, device)
+        extra, absent = sorted(set(shard) - tensors), sorted(tensors - set(shard))
+        if extra or absent:
+            problems = [f"it holds {_few(extra)}, which the index does not assign to it"] if extra else []
+            problems += [f"it lacks {_few(absent)}, which the index assigns to it"] if absent else []
+            raise CheckpointError(f"{path / file} disagrees with {INDEX}: " + "; ".join(problems)
+                                  + "; restore the shard or the index from the original checkpoint")
+        state.update(shard)
+        file_of.update(dict.fromkeys(shard, file))
+    return state, file_of
+
+
+def _weight_map(index_file: Path) -> dict[str, str]:
+    index = read_json(index_file, "the shard index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not (isinstance(weight_map, dict) and weight_map
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
+        raise CheckpointError(f"{index_file} has no \"weight_map\" from tensor names to shard files; restore it "
+                              "from the original checkpoint, or delete it to load every *.safetensors file")
+    return weight_map
+
+
+def _read_unindexed(files: list[Path], device) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    state, file_of = {}, {}
+    for file in files:
+        shard = read_shard(file, device)
+        twice = sorted(set(shard) & set(state))
+        if twice:
+            raise CheckpointError(f"{file.parent}: {_few(twice)} in both {file_of[twice[0]]} and {file.name}; "
+                                  "remove the duplicate shard (or add the checkpoint's "
+                                  f"{INDEX} so it says which files belong to the model)")
+        state.update(shard)
+        file_of.update(dict.fromkeys(shard, file.name))
+    return state, file_of
+
+
+def read_shard(file: Path, device) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:
+        return load_file(str(file), device=str(device))
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({error}); it is truncated or "
+                              "corrupt: restore it from the original checkpoint") from None
+
+
+def _read_binary(file: Path, device) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(file, map_location=device, weights_only=True)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
+        raise CheckpointError(f"{file} is not a readable PyTorch state dict ({error}); restore it from the "
+                              "original checkpoint") from None
+    if not (isinstance(state, dict) and all(isinstance(t, torch.Tensor) for t in state.values())):
+        raise CheckpointError(f"{file} does not hold a state dict of tensors; save the model's state_dict()")
+    return state
+
+
+def describe_files(path: Path, files: list[str]) -> str:
+    """`path` and the weight files read from it, for messages."""
+    shown = ", ".join(files) if len(files) <= 2 else f"{files[0]} ... {files[-1]}, {len(files)} files"
+    return f"{path} ({shown})"
+
+
+def _few(names: list[str]) -> str:
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more

@@ -1,0 +1,172 @@
+"""The tensors a `HybridConfig` implies, by canonical name, with their shapes,
+and the strict check of a checkpoint's weights against them: every expected
+tensor present with the expected shape, every tensor used, optional tensors
+(biases, `lm_head`) present exactly when the config says so.
+
+Symbols in the shape formulas: V vocab_size, H hidden_size; attention heads
+h, KV heads h_kv, head dim d; Mamba2 heads n, head dim p, groups g, state N,
+conv kernel k; Mamba1 d_inner, dt_rank r; MLP width I; experts E.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig, MoEConfig
+from ..errors import CheckpointError
+
+SHOWN = 4  # tensors listed per kind of mismatch
+
+
+@dataclass(frozen=True)
+class Expected:
+    shape: tuple[int, ...]
+    formula: str  # where the shape comes from, e.g. "[V, H]"
+
+
+def _attention(a: AttentionConfig, H: int) -> dict[str, Expected]:
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    out = {"q_proj.weight": Expected((q, H), "[h·d, H]"), "k_proj.weight": Expected((kv, H), "[h_kv·d, H]"),
+           "v_proj.weight": Expected((kv, H), "[h_kv·d, H]"), "o_proj.weight": Expected((H, q), "[H, h·d]")}
+    if a.bias:
+        out |= {"q_proj.bias": Expected((q,), "[h·d] (bias)"), "k_proj.bias": Expected((kv,), "[h_kv·d] (bias)"),
+                "v_proj.bias": Expected((kv,), "[h_kv·d] (bias)")}
+    if a.out_bias:
+        out["o_proj.bias"] = Expected((H,), "[H] (bias)")
+    return out
+
+
+def _mamba2(m: Mamba2Config, H: int) -> dict[str, Expected]:
+    n = m.num_heads
+    out = {"in_proj.weight": Expected((m.d_inner + m.conv_dim + n, H), "[2·n·p + 2·g·N + n, H] (z, x, B, C, dt)"),
+           "conv1d.weight": Expected((m.conv_dim, 1, m.d_conv), "[n·p + 2·g·N, 1, k]"),
+           "dt_bias": Expected((n,), "[n]"), "A_log": Expected((n,), "[n]"), "D": Expected((n,), "[n]"),
+           "norm.weight": Expected((m.d_inner,), "[n·p]"), "out_proj.weight": Expected((H, m.d_inner), "[H, n·p]")}
+    if m.conv_bias:
+        out["conv1d.bias"] = Expected((m.conv_dim,), "[n·p + 2·g·N] (conv bias)")
+    if m.proj_bias:
+        out |= {"in_proj.bias": Expected((m.d_inner + m.conv_dim + n,), "[2·n·p + 2·g·N + n] (proj bias)"),
+                "out_proj.bias": Expected((H,), "[H] (proj bias)")}
+    return out
+
+
+def _mamba1(m: Mamba1Config, H: int) -> dict[str, Expected]:
+    d, N, r = m.d_inner, m.d_state, m.dt_rank
+    out = {"in_proj.weight": Expected((2 * d, H), "[2·d_inner, H]"),
+           "conv1d.weight": Expected((d, 1, m.d_conv), "[d_inner, 1, k]"),
+           "x_proj.weight": Expected((r + 2 * N, d), "[r + 2·N, d_inner]"),
+           "dt_proj.weight": Expected((d, r), "[d_inner, r]"), "dt_proj.bias": Expected((d,), "[d_inner]"),
+           "A_log": Expected((d, N), "[d_inner, N]"), "D": Expected((d,), "[d_inner]"),
+           "out_proj.weight": Expected((H, d), "[H, d_inner]")}
+    if m.conv_bias:
+        out["conv1d.bias"] = Expected((d,), "[d_inner] (conv bias)")
+    if m.proj_bias:
+        out |= {"in_proj.bias": Expected((2 * d,), "[2·d_inner] (proj bias)"),
+                "out_proj.bias": Expected((H,), "[H] (proj bias)")}
+    if m.inner_layernorms:
+        out |= {"dt_norm.weight": Expected((r,), "[r]"), "b_norm.weight": Expected((N,), "[N]"),
+                "c_norm.weight": Expected((N,), "[N]")}
+    return out
+
+
+def _mlp(m: MLPConfig, H: int) -> dict[str, Expected]:
+    I = m.intermediate_size
+    out = {"up_proj.weight": Expected((I, H), "[I, H]"), "down_proj.weight": Expected((H, I), "[H, I]")}
+    if m.gated:
+        out["gate_proj.weight"] = Expected((I, H), "[I, H]")
+    if m.bias:
+        out |= {"up_proj.bias": Expected((I,), "[I] (bias)"), "down_proj.bias": Expected((H,), "[H] (bias)")}
+        if m.gated:
+            out["gate_proj.bias"] = Expected((I,), "[I] (bias)")
+    return out
+
+
+def _moe(m: MoEConfig, H: int) -> dict[str, Expected]:
+    E, I = m.num_experts, m.intermediate_size
+    out = {"router.weight": Expected((E, H), "[E, H]"),
+           "experts.gate_up_proj": Expected((E, 2 * I, H), "[E, 2·I, H]"),
+           "experts.down_proj": Expected((E, H, I), "[E, H, I]")}
+    if m.shared_intermediate_size:
+        shared = _mlp(MLPConfig(m.shared_intermediate_size, m.activation), H)
+        out |= {f"shared.{name}": e for name, e in shared.items()}
+    return out
+
+
+def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
+    """Canonical name -> expected shape of every tensor `config` requires."""
+    H, V = config.hidden_size, config.vocab_size
+    out = {"embed_tokens.weight": Expected((V, H), "[V, H]"), "final_norm.weight": Expected((H,), "[H]")}
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = Expected((V, H), "[V, H] (untied lm_head)")
+    mixers = {"attention": lambda: _attention(config.attention, H), "mamba2": lambda: _mamba2(config.mamba2, H),
+              "mamba1": lambda: _mamba1(config.mamba1, H), "none": dict}
+    ffns = {"mlp": lambda: _mlp(config.mlp, H), "moe": lambda: _moe(config.moe, H), "none": dict}
+    for i, (mixer, ffn) in enumerate(zip(config.layer_types, config.ffn_types)):
+        prefix = f"layers.{i}."
+        if mixer != "none":
+            out[prefix + "input_norm.weight"] = Expected((H,), "[H]")
+        if ffn != "none":
+            out[prefix + "ffn_norm.weight"] = Expected((H,), "[H]")
+        out |= {f"{prefix}mixer.{name}": e for name, e in mixers[mixer]().items()}
+        out |= {f"{prefix}ffn.{name}": e for name, e in ffns[ffn]().items()}
+    return out
+
+
+def optional_tensors(config: HybridConfig) -> dict[str, Expected]:
+    """Tensors a checkpoint may carry or leave out: the rotary frequencies
+    (recomputed from the config when absent)."""
+    a = config.attention
+    if a is None or not a.use_rope:
+        return {}
+    return {"rotary.inv_freq": Expected((a.rotary_dim // 2,), "[rotary_dim / 2]")}
+
+
+def check_weights(config: HybridConfig, weights: dict[str, torch.Tensor], unmatched: list[str], source: str,
+                  describe: Callable[[str], str]) -> dict[str, torch.Tensor]:
+    """`weights` (canonical names) if they are exactly what `config` implies, else
+    CheckpointError naming `source` and the first tensors missing, unused
+    (`unmatched`: checkpoint names no naming rule knows) or of the wrong shape.
+    A tied checkpoint may repeat the embedding as lm_head.weight; the copy is dropped."""
+    weights = dict(weights)
+    if config.tie_word_embeddings and _same_tensor(weights.get("lm_head.weight"), weights.get("embed_tokens.weight")):
+        del weights["lm_head.weight"]
+    required = expected_tensors(config)
+    expected = required | optional_tensors(config)
+    missing = [name for name in required if name not in weights]
+    unused = [describe(name) for name in weights if name not in expected] + list(unmatched)
+    wrong = [f"{describe(name)} is {list(t.shape)}, expected {list(expected[name].shape)} = {expected[name].formula}"
+             for name, t in weights.items() if name in expected and tuple(t.shape) != expected[name].shape]
+    if missing or unused or wrong:
+        raise CheckpointError(_mismatch_message(config, source, missing, unused, wrong, weights))
+    return weights
+
+
+def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _listed(kind: str, items: list[str]) -> str:
+    more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
+    return f"{len(items)} {kind}: " + ", ".join(items[:SHOWN]) + more
+
+
+def _mismatch_message(config: HybridConfig, source: str, missing: list[str], unused: list[str], wrong: list[str],
+                      weights: dict[str, torch.Tensor]) -> str:
+    parts = [_listed(kind, items) for kind, items in (("missing", missing), ("unused", unused),
+                                                     ("of the wrong shape", wrong)) if items]
+    hints = []
+    if missing:
+        hints.append("that no shard or tensor is missing")
+    if wrong:
+        hints.append(f"that the config fields that set shapes (vocab_size={config.vocab_size}, "
+                     f"hidden_size={config.hidden_size}, head counts, state sizes, expand) match the weights")
+    if "lm_head.weight" in missing:
+        hints.append("tie_word_embeddings: the config unties the embeddings but there is no lm_head.weight")
+    if config.tie_word_embeddings and "lm_head.weight" in weights:
+        hints.append("tie_word_embeddings: the config ties the embeddings but lm_head.weight differs from them")
+    if unused and not hints:
+        hints.append("that the layer pattern, the layer count and the *_bias flags in the config match the weights")
+    return (f"{source}: the weights do not match the config ({config.family}, {config.num_layers} layers): "
+            + "; ".join(parts) + ". Check " + "; ".join(hints) + ".")

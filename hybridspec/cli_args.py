@@ -1,0 +1,76 @@
+"""Checks of command-line arguments that name things outside the program —
+checkpoint and tokenizer directories, output files, torch devices — each
+failing with a `UsageError` that names the flag, the value and the fix."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import CheckpointError, UsageError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_checkpoint(flag: str, path: str, also: str = "", **kwargs):
+    """hs.load(path, **kwargs), its CheckpointError as a UsageError naming `flag`."""
+    import hybridspec as hs
+    try:
+        return hs.load(path, **kwargs)
+    except CheckpointError as error:
+        raise UsageError(f"{flag} {path}: {error}{also}") from None
+
+
+def load_tokenizer(flag: str, path: str):
+    """The HF tokenizer saved in the local directory `path`."""
+    directory = Path(path)
+    fix = "pass the directory the model's tokenizer was saved to (tokenizer.save_pretrained)"
+    if not directory.is_dir():
+        raise UsageError(f"{flag} {path}: no such directory; {fix}")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise UsageError(f"{flag} {path}: the directory holds none of {', '.join(TOKENIZER_FILES)}; {fix}")
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{flag} {path}: transformers cannot load a tokenizer from it ({reason}); {fix}") from None
+
+
+def output_file(flag: str, path: str) -> Path:
+    """`path` if a file can be created there: its folder exists and it is not a folder itself."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; pass a file name such as {target / 'out'}")
+    if not target.parent.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {target.parent} does not exist; create it first or pass a "
+                         "path in an existing folder")
+    return target
+
+
+def write_text(flag: str, path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({error.strerror or error}); pass a writable path") from None
+
+
+def torch_device(flag: str, text: str) -> str:
+    """`text` if it names a device this torch build can use (cpu, cuda[:N], mps)."""
+    import torch
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"{flag} {text!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            has_gpu_build = torch.version.cuda is not None or torch.version.hip is not None
+            reason = "no CUDA GPU is visible" if has_gpu_build else "this torch build has no CUDA support"
+            raise UsageError(f"{flag} {text}: {reason}; use {flag} cpu, or install a CUDA build of torch")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"{flag} {text}: there are {torch.cuda.device_count()} CUDA device(s); use cuda:0 to "
+                             f"cuda:{torch.cuda.device_count() - 1}")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise UsageError(f"{flag} {text}: MPS is not available in this torch build or on this machine; use cpu")
+    elif device.type != "cpu":
+        raise UsageError(f"{flag} {text}: hybridspec runs on cpu, cuda or mps devices; use one of those")
+    return text

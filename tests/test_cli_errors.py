@@ -1,0 +1,95 @@
+"""Command-line errors: every user error exits with status 2 and one line on
+stderr naming the bad value; Ctrl-C exits 130 and a closed stdout 141, both
+quietly; an internal error keeps its traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hybridspec.sim.cli
+from hybridspec.cli import main
+from oracles import bamba
+
+
+def error_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    bamba(seed=0, vocab=256, dtype=torch.float32).save_pretrained(path)
+    return str(path)
+
+
+def test_bad_checkpoint_paths(capsys, model_dir, tmp_path):
+    line = error_line(capsys, ["generate", "x", "--model", str(tmp_path / "nope"), "-n", "2"])
+    assert line.startswith("hybridspec generate: error: --model ") and "is not a directory" in line
+    line = error_line(capsys, ["generate", "x", "--model", model_dir, "--draft", str(tmp_path), "-n", "2"])
+    assert "--draft" in line and "config.json not found" in line and "--draft ngram" in line
+    line = error_line(capsys, ["check", "--quick", "--model", str(tmp_path / "nope")])
+    assert line.startswith("hybridspec check: error: --model ")
+
+
+def test_bad_tokenizer_directories(capsys, model_dir, tmp_path):
+    line = error_line(capsys, ["generate", "x", "--model", model_dir, "--tokenizer", "/nope", "-n", "2"])
+    assert "--tokenizer /nope: no such directory" in line
+    line = error_line(capsys, ["generate", "x", "--model", model_dir, "--tokenizer", str(tmp_path), "-n", "2"])
+    assert "holds none of tokenizer.json" in line
+    (tmp_path / "tokenizer.json").write_text("{broken")
+    line = error_line(capsys, ["generate", "x", "--model", model_dir, "--tokenizer", str(tmp_path), "-n", "2"])
+    assert "transformers cannot load a tokenizer" in line
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_outputs_into_a_missing_folder_fail_before_any_work(capsys, tmp_path, flag):
+    line = error_line(capsys, ["simulate", "--rounds", "200", flag, str(tmp_path / "missing" / "out")])
+    assert f"{flag} {tmp_path / 'missing' / 'out'}: the folder" in line and "does not exist" in line
+    assert capsys.readouterr().out == ""
+
+
+def test_output_path_that_is_a_folder(capsys, tmp_path):
+    assert "is a folder" in error_line(capsys, ["simulate", "--rounds", "200", "--json", str(tmp_path)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_the_build_lacks(capsys):
+    line = error_line(capsys, ["check", "--quick", "--device", "cuda"])
+    assert "--device cuda:" in line and "--device cpu" in line
+    assert "not a torch device" in error_line(capsys, ["check", "--quick", "--device", "gpu0"])
+
+
+@pytest.mark.parametrize("raised,status", [(KeyboardInterrupt, 130), (BrokenPipeError, 141)])
+def test_interrupt_and_closed_pipe(capsys, monkeypatch, raised, status):
+    def stop(args):
+        raise raised()
+
+    monkeypatch.setattr(hybridspec.sim.cli, "run", stop)
+    assert main(["simulate"]) == status
+    err = capsys.readouterr().err
+    assert err == ("hybridspec simulate: interrupted\n" if raised is KeyboardInterrupt else "")
+
+
+def test_internal_errors_keep_their_traceback(monkeypatch):
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(hybridspec.sim.cli, "run", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["simulate"])
+
+
+def test_closed_stdout_ends_quietly():
+    """`hybridspec simulate --json - | true`: the reader is gone before the report is written."""
+    child = subprocess.Popen([sys.executable, "-m", "hybridspec.cli", "simulate", "--rounds", "200", "--json", "-"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141 and err == "", err
