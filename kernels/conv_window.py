@@ -245,7 +245,9 @@ def conv_window_update_ref(conv_states, src_slot, snap_slot, xs, weight, bias, n
         out = torch.nn.functional.silu(out)
     is_live = torch.arange(num_inputs, device=xs.device) < num_tokens[:, None]  # [batch, T]
     write_snapshots_ref(conv_states, snap_slot, is_live, windows[:, :, :, 1:].transpose(1, 2))
-    return torch.where(is_live[..., None], out, 0.0).to(xs.dtype)
+    if not bool(is_live.all()):
+        out = torch.where(is_live[..., None], out, 0.0)
+    return out.to(xs.dtype)
 
 
 def conv_window_rebuild_ref(conv_states, src_slot, dst_slot, num_steps, xs):

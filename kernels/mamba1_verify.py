@@ -29,8 +29,9 @@ from .mamba2_verify import (
     check_ndim,
     check_tensor,
     state_block_sizes,
+    step_snapshot_plan_ref,
     triton_dtype,
-    write_snapshots_ref,
+    write_step_ref,
 )
 
 
@@ -170,22 +171,24 @@ def mamba1_verify(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens
 
 
 def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
-    """Plain-torch mamba1_verify: same arguments, same in-place writes, same y."""
+    """Plain-torch mamba1_verify: same arguments, same in-place writes, same y.
+    Each step's state goes straight into its snapshot slot (no stack of states)."""
     check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     out_dtype = x.dtype
     x, dt, A, B, C, D = (v.to(acc) for v in (x, dt, A, B, C, D))
+    num_inputs = x.shape[1]
+    inject = (dt * x)[..., None] * B[:, :, None, :]  # [batch, T, d_inner, d_state]: (Δ_t x_t) ⊗ B_t
     state = ssm_states[src_slot].to(acc)  # [batch, d_inner, d_state], a copy
-    y = torch.zeros_like(x)  # [batch, T, d_inner]
-    states = []
-    all_live = bool((num_tokens >= x.shape[1]).all())  # no padded inputs: skip the masking
-    for t in range(x.shape[1]):
-        is_live = t < num_tokens  # [batch]
-        stepped = mamba1_step_ref(state, x[:, t], dt[:, t], A, B[:, t])
-        state = stepped if all_live else torch.where(is_live[:, None, None], stepped, state)
-        y_t = (state @ C[:, t, :, None]).squeeze(-1) + D * x[:, t]  # [batch, d_inner]
-        y[:, t] = y_t if all_live else torch.where(is_live[:, None], y_t, 0.0)
-        states.append(state)
-    is_live = torch.arange(x.shape[1], device=x.device) < num_tokens[:, None]  # [batch, T]
-    write_snapshots_ref(ssm_states, snap_slot, is_live, torch.stack(states, 1) if len(states) > 1 else state[:, None])
+    plan = step_snapshot_plan_ref(snap_slot, num_tokens)
+    all_live = bool((num_tokens >= num_inputs).all())  # no padded inputs: skip the masking
+    y = torch.empty_like(x)  # [batch, T, d_inner]
+    for t in range(num_inputs):
+        stepped = inject[:, t].addcmul_(torch.exp(dt[:, t, :, None] * A), state)  # exp(Δ ⊗ A) ⊙ h + (Δ x) ⊗ B
+        state = stepped if all_live else torch.where((t < num_tokens)[:, None, None], stepped, state)
+        write_step_ref(ssm_states, plan[t], state)
+        torch.matmul(state, C[:, t, :, None], out=y[:, t, :, None])  # y_t = h_t C_t
+    y.addcmul_(D, x)
+    if not all_live:
+        y.masked_fill_((torch.arange(num_inputs, device=x.device) >= num_tokens[:, None])[..., None], 0.0)
     return y.to(out_dtype)

@@ -86,15 +86,48 @@ def triton_dtype(dtype):
 def write_snapshots_ref(pool, snap_slot, is_live, values):
     """pool[snap_slot[b, t]] = values[b, t] for live entries whose slot is not -1,
     in one write; when a row names a slot twice the later input wins (as in
-    the kernels, which write in input order).
+    the kernels, which write in input order). The reference runs on the host,
+    so which entries write is worked out on small Python lists.
     pool [num_slots, ...]; snap_slot, is_live [batch, T]; values [batch, T, ...]."""
-    keep = is_live & (snap_slot >= 0)  # [batch, T]
-    T = snap_slot.shape[1]
-    if T > 1:
-        later = torch.triu(torch.ones(T, T, dtype=torch.bool, device=snap_slot.device), diagonal=1)  # [T, T]
-        rewritten = ((snap_slot[:, :, None] == snap_slot[:, None, :]) & keep[:, None, :] & later).any(2)
-        keep &= ~rewritten
-    pool[snap_slot[keep]] = values[keep].to(pool.dtype)
+    slots, live = snap_slot.tolist(), is_live.tolist()
+    latest = {}  # slot -> (b, t) of the last live write to it
+    for b, (row, row_live) in enumerate(zip(slots, live)):
+        for t, (slot, is_row_live) in enumerate(zip(row, row_live)):
+            if slot >= 0 and is_row_live:
+                latest[slot] = (b, t)
+    if not latest:
+        return
+    rows, steps = zip(*latest.values())
+    index = torch.tensor(list(latest), dtype=torch.long, device=pool.device)
+    pool.index_copy_(0, index, values[list(rows), list(steps)].to(pool.dtype))
+
+
+def step_snapshot_plan_ref(snap_slot, num_tokens):
+    """Per verify input t, the slot tensor of the live rows that snapshot after
+    it and those rows (None: every row), or None when no row does. The
+    references write each step's state into its slot as soon as it is computed
+    (input order, so a later input wins a repeated slot)."""
+    slots, counts = snap_slot.tolist(), num_tokens.tolist()
+    batch = len(slots)
+    plan = []
+    for t in range(snap_slot.shape[1]):
+        rows = [b for b in range(batch) if t < counts[b] and slots[b][t] >= 0]
+        if not rows:
+            plan.append(None)
+        elif len(rows) == batch:
+            plan.append((snap_slot[:, t], None))
+        else:
+            plan.append((torch.tensor([slots[b][t] for b in rows], device=snap_slot.device),
+                         torch.tensor(rows, device=snap_slot.device)))
+    return plan
+
+
+def write_step_ref(pool, step_plan, state):
+    """Write one step's state [batch, ...] into the slots `step_plan` names."""
+    if step_plan is None:
+        return
+    slots, rows = step_plan
+    pool.index_copy_(0, slots, (state if rows is None else state[rows]).to(pool.dtype))
 
 
 def write_slots_ref(pool, slots, is_live, values):
@@ -159,9 +192,9 @@ def mamba2_inputs_ref(x, dt, B, C, acc):
     """Cast the inputs to `acc` and expand B, C from groups to heads:
     [batch, T, ngroups, d_state] -> [batch, T, nheads, d_state]."""
     heads_per_group = x.shape[2] // B.shape[2]
-    B = B.to(acc).repeat_interleave(heads_per_group, dim=2)
-    C = C.to(acc).repeat_interleave(heads_per_group, dim=2)
-    return x.to(acc), dt.to(acc), B, C
+    if heads_per_group > 1:
+        B, C = (t.repeat_interleave(heads_per_group, dim=2) for t in (B, C))
+    return x.to(acc), dt.to(acc), B.to(acc), C.to(acc)
 
 
 # ---------------------------------------------------------------------- kernel
@@ -272,23 +305,27 @@ def mamba2_verify(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens
 
 
 def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
-    """Plain-torch mamba2_verify: same arguments, same in-place writes, same y."""
+    """Plain-torch mamba2_verify: same arguments, same in-place writes, same y.
+    Each step's state goes straight into its snapshot slot (no stack of states)."""
     check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     out_dtype = x.dtype
     x, dt, B, C = mamba2_inputs_ref(x, dt, B, C, acc)  # B, C [batch, T, nheads, d_state]
     A, D = A.to(acc), D.to(acc)
+    num_inputs = x.shape[1]
+    decay = torch.exp(dt * A)  # [batch, T, nheads]: exp(Δ_t A) of every step at once
+    inject = (dt[..., None] * x)[..., None] * B[:, :, :, None, :]  # [batch, T, nheads, headdim, d_state]
+    skip = D[:, None] * x  # [batch, T, nheads, headdim]
     state = ssm_states[src_slot].to(acc)  # [batch, nheads, headdim, d_state], a copy
-    y = torch.zeros_like(x)  # [batch, T, nheads, headdim]
-    states = []
-    all_live = bool((num_tokens >= x.shape[1]).all())  # no padded inputs: skip the masking
-    for t in range(x.shape[1]):
-        is_live = t < num_tokens  # [batch]
-        stepped = mamba2_step_ref(state, x[:, t], dt[:, t], A, B[:, t])
-        state = stepped if all_live else torch.where(is_live[:, None, None, None], stepped, state)
-        y_t = (state @ C[:, t, :, :, None]).squeeze(-1) + D[:, None] * x[:, t]  # [batch, nheads, headdim]
-        y[:, t] = y_t if all_live else torch.where(is_live[:, None, None], y_t, 0.0)
-        states.append(state)
-    is_live = torch.arange(x.shape[1], device=x.device) < num_tokens[:, None]  # [batch, T]
-    write_snapshots_ref(ssm_states, snap_slot, is_live, torch.stack(states, 1) if len(states) > 1 else state[:, None])
+    plan = step_snapshot_plan_ref(snap_slot, num_tokens)
+    all_live = bool((num_tokens >= num_inputs).all())  # no padded inputs: skip the masking
+    y = torch.empty_like(x)  # [batch, T, nheads, headdim]
+    for t in range(num_inputs):
+        stepped = inject[:, t].addcmul_(state, decay[:, t, :, None, None])  # h_t = exp(Δ A) h_{t-1} + Δ x ⊗ B
+        state = stepped if all_live else torch.where((t < num_tokens)[:, None, None, None], stepped, state)
+        write_step_ref(ssm_states, plan[t], state)
+        torch.matmul(state, C[:, t, :, :, None], out=y[:, t, :, :, None])  # y_t = h_t C_t
+    y += skip
+    if not all_live:
+        y.masked_fill_((torch.arange(num_inputs, device=x.device) >= num_tokens[:, None])[..., None, None], 0.0)
     return y.to(out_dtype)
