@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter  # what `timed` and `side_by_side` measure; `--clock` sets it
 
 
 def out_dir() -> Path:
@@ -45,7 +47,16 @@ def bench_parser(description: str | None) -> argparse.ArgumentParser:
                         help="torch.set_num_threads for the whole run (default 1: the machine is shared)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output path (default benches/out/<bench>.json)")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="wall seconds (default) or this process's CPU seconds (steadier on a machine other "
+                             "work shares: waiting for a core is not counted); set with set_clock")
     return parser
+
+
+def set_clock(name: str) -> None:
+    """Time with CLOCKS[name] from now on (see bench_parser's --clock)."""
+    global clock
+    clock = CLOCKS[name]
 
 
 def set_threads(threads: int) -> int:
@@ -61,14 +72,14 @@ def set_threads(threads: int) -> int:
 # -- timing -----------------------------------------------------------------------------------
 
 def timed(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
-    """Median wall-clock seconds of `fn()` over `repeats` calls after `warmup` untimed calls."""
+    """Median seconds (`clock`) of `fn()` over `repeats` calls after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return statistics.median(samples)
 
 
@@ -82,9 +93,9 @@ def side_by_side(fns: dict[str, Callable[[], object]], repeats: int = 3, warmup:
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(clock() - start)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+import common
 from common import bench_parser, describe_machine, print_table, save_png, set_threads, side_by_side, write_json
 from plain_decode import build_bamba, first_mismatch, hf_greedy
 
@@ -160,10 +160,10 @@ def measure(w: Workload, args) -> dict:
         def fn():
             if isinstance(runner, hs.Engine):
                 runner.stats.reset()
-            start = time.perf_counter()
+            start = common.clock()
             results[name] = run_batches(runner, w.prompts, args.batch, args.new_tokens)
             if isinstance(runner, hs.Engine):
-                engine_calls[name].append((time.perf_counter() - start, runner.stats.as_dict()))
+                engine_calls[name].append((common.clock() - start, runner.stats.as_dict()))
         return fn
 
     fns = {"spec": call("spec", spec), "plain": call("plain", plain)}
@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         args.random_prompt_len = min(args.random_prompt_len, 8)
     args.policy = hs.CheckpointPolicy(snapshot_every=int(args.policy[1:]))
     threads = set_threads(args.threads)
+    common.set_clock(args.clock)
     print(describe_machine(), flush=True)
 
     workloads = []
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['plain_tok_s']:.1f}, HF {r['hf_tok_s'] or 0:.1f}; acceptance {r['acceptance_rate']:.3f}", flush=True)
 
     caption = (f"greedy, batch {args.batch}, gamma {args.gamma}, policy k{args.policy.snapshot_every}, "
-               f"{args.prompts} prompts x {args.new_tokens} new tokens, {threads} thread(s), median of {args.repeats}")
+               f"{args.prompts} prompts x {args.new_tokens} new tokens, {threads} thread(s), "
+               f"median of {args.repeats}, {args.clock} clock")
     print_table(rows, [("workload", "workload"), ("drafter", "drafter"), ("acceptance_rate", "accept"),
                        ("tokens_per_round", "tok/round"), ("spec_tok_s", "spec tok/s"), ("plain_tok_s", "plain tok/s"),
                        ("hf_tok_s", "HF tok/s"), ("speedup", "spec/plain"), ("spec_vs_hf", "spec/HF"),

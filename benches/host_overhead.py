@@ -20,7 +20,6 @@ import collections
 import sys
 import time
 
-import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from common import bench_parser, describe_machine, print_table, set_threads, write_json
