@@ -29,6 +29,7 @@ from .mamba2_verify import (
     check_ndim,
     check_tensor,
     state_block_sizes,
+    slot_view_ref,
     step_snapshot_plan_ref,
     triton_dtype,
     write_step_ref,
@@ -184,9 +185,14 @@ def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     all_live = bool((num_tokens >= num_inputs).all())  # no padded inputs: skip the masking
     y = torch.empty_like(x)  # [batch, T, d_inner]
     for t in range(num_inputs):
-        stepped = inject[:, t].addcmul_(torch.exp(dt[:, t, :, None] * A), state)  # exp(Δ ⊗ A) ⊙ h + (Δ x) ⊗ B
-        state = stepped if all_live else torch.where((t < num_tokens)[:, None, None], stepped, state)
-        write_step_ref(ssm_states, plan[t], state)
+        decay = torch.exp(dt[:, t, :, None] * A)  # [batch, d_inner, d_state]
+        into = slot_view_ref(ssm_states, plan[t], acc) if all_live else None
+        if into is not None:  # one row: the step writes its snapshot slot directly
+            state = torch.addcmul(inject[:, t], decay, state, out=into)
+        else:
+            stepped = inject[:, t].addcmul_(decay, state)  # exp(Δ ⊗ A) ⊙ h + (Δ x) ⊗ B
+            state = stepped if all_live else torch.where((t < num_tokens)[:, None, None], stepped, state)
+            write_step_ref(ssm_states, plan[t], state)
         torch.matmul(state, C[:, t, :, None], out=y[:, t, :, None])  # y_t = h_t C_t
     y.addcmul_(D, x)
     if not all_live:

@@ -122,6 +122,16 @@ def step_snapshot_plan_ref(snap_slot, num_tokens):
     return plan
 
 
+def slot_view_ref(pool, step_plan, acc):
+    """The pool slot a one-row step writes, as a [1, ...] view a step can
+    compute into (None when the step has several rows, writes nothing, or the
+    pool's dtype is not the accumulation dtype)."""
+    if step_plan is None or pool.dtype != acc or step_plan[0].numel() != 1:
+        return None
+    slot = int(step_plan[0])
+    return pool[slot:slot + 1]
+
+
 def write_step_ref(pool, step_plan, state):
     """Write one step's state [batch, ...] into the slots `step_plan` names."""
     if step_plan is None:
@@ -321,9 +331,13 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     all_live = bool((num_tokens >= num_inputs).all())  # no padded inputs: skip the masking
     y = torch.empty_like(x)  # [batch, T, nheads, headdim]
     for t in range(num_inputs):
-        stepped = inject[:, t].addcmul_(state, decay[:, t, :, None, None])  # h_t = exp(Δ A) h_{t-1} + Δ x ⊗ B
-        state = stepped if all_live else torch.where((t < num_tokens)[:, None, None, None], stepped, state)
-        write_step_ref(ssm_states, plan[t], state)
+        into = slot_view_ref(ssm_states, plan[t], acc) if all_live else None
+        if into is not None:  # one row: the step writes its snapshot slot directly
+            state = torch.addcmul(inject[:, t], state, decay[:, t, :, None, None], out=into)
+        else:
+            stepped = inject[:, t].addcmul_(state, decay[:, t, :, None, None])  # h_t = exp(Δ A) h_{t-1} + Δ x ⊗ B
+            state = stepped if all_live else torch.where((t < num_tokens)[:, None, None, None], stepped, state)
+            write_step_ref(ssm_states, plan[t], state)
         torch.matmul(state, C[:, t, :, :, None], out=y[:, t, :, :, None])  # y_t = h_t C_t
     y += skip
     if not all_live:
