@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import AttentionConfig
-from ..kernels.paged_attention import paged_attention, paged_attention_ref
+from ..kernels.paged_attention import paged_attention, paged_attention_cpu
 from .batch import ForwardBatch
 from .common import compute_dtype, param
 
@@ -58,7 +58,8 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv = cache.kv
         kv.write(self.kv_layer, batch.kv, k, v)
-        attend = paged_attention if q.is_cuda else paged_attention_ref
-        out = attend(q, kv.k_cache[self.kv_layer], kv.v_cache[self.kv_layer], batch.kv.block_tables,
+        pages = batch.kv.block_tables if q.is_cuda else batch.kv.page_runs
+        attend = paged_attention if q.is_cuda else paged_attention_cpu
+        out = attend(q, kv.k_cache[self.kv_layer], kv.v_cache[self.kv_layer], pages,
                      batch.kv.context_lens, batch.kv.query_lens, cfg.softmax_scale)  # [batch, T, heads, head_dim]
         return F.linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)
