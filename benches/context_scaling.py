@@ -13,13 +13,17 @@ Workloads (greedy, batch 1):
 
 At each length the three implementations take turns call by call (one
 warm-up each, then `--repeats` calls each; median, with min-max). Each call
-generates `--new-tokens` tokens after the prompt. Engine: ms per token is the
-seconds of its decode phases (`EngineStats.seconds`) over the tokens after the
-first; prefill is the rest of the call (for speculative decoding it includes
-the draft's prefill). HF: a logits processor stamps the time after every
-forward; prefill is the time to the first stamp, ms per token the time from
-the first stamp to the last over the tokens after the first. "growth" is the
-ratio to the shortest prompt of the same column.
+generates `--new-tokens` tokens after the prompt and stamps the time as tokens
+arrive: HF through a logits processor (after every forward), the engine
+through its `stream` callback (after every step, or every speculative round).
+Prefill is the time to the first stamp; ms per token is the time from the
+first stamp to the last over the tokens in between. Speculative decoding
+prefills its draft after the first token, so its ms per token starts at the
+end of its first round, and its prefill (target and draft) is the time to that
+stamp less the first round's tokens at that ms per token. Each stamp also
+reads the thread's CPU time (`time.thread_time`; one torch thread): CPU ms
+per token, which other jobs on a shared machine disturb less than wall time.
+"growth" is the ratio to the shortest prompt of the same column.
 
     python benches/context_scaling.py            # the measurement (many minutes)
     python benches/context_scaling.py --quick    # a smoke run
@@ -99,40 +103,62 @@ def no_eos(hf) -> None:
 
 # -- one call each ----------------------------------------------------------------------------
 
-def engine_call(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
-    """(tokens, prefill seconds, decode seconds per token) of one Engine.generate call."""
-    import hybridspec as hs
-    engine.stats.reset()
-    start = time.perf_counter()
-    (out,) = engine.generate([prompt], hs.SamplingParams(max_new_tokens=new_tokens, temperature=0.0))
-    wall = time.perf_counter() - start
-    decode = sum(engine.stats.seconds.values())
-    return out.token_ids, wall - decode, decode / (len(out.token_ids) - 1)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-class _Stamps:
-    """A logits processor that records the time after every forward and changes nothing."""
+class Stamps:
+    """Times at which tokens arrive, on both clocks: `stamp(n)` after n more tokens."""
 
     def __init__(self):
-        self.times: list[float] = []
+        self.start = {name: clock() for name, clock in CLOCKS.items()}
+        self.times: list[dict[str, float]] = []
+        self.counts: list[int] = []  # tokens received by each stamp, cumulative
+
+    def stamp(self, num_tokens: int) -> None:
+        self.times.append({name: clock() for name, clock in CLOCKS.items()})
+        self.counts.append((self.counts[-1] if self.counts else 0) + num_tokens)
+
+    def timings(self, first: int) -> dict[str, tuple[float, float]]:
+        """clock -> (prefill seconds, seconds per token), per token from stamp `first` to the last;
+        prefill is the time to stamp `first` less its tokens after the first at that rate."""
+        tokens = self.counts[-1] - self.counts[first]
+        if tokens == 0:
+            raise ValueError(f"no tokens arrived after stamp {first} of {len(self.counts)}; raise --new-tokens")
+        out = {}
+        for name in CLOCKS:
+            per_token = (self.times[-1][name] - self.times[first][name]) / tokens
+            to_first = self.times[first][name] - self.start[name]
+            out[name] = (to_first - (self.counts[first] - 1) * per_token, per_token)
+        return out
+
+
+def engine_call(engine, prompt: list[int], new_tokens: int) -> tuple[list[int], dict]:
+    """(tokens, timings) of one Engine.generate call; a speculative engine's rate starts after its first round."""
+    import hybridspec as hs
+    stamps = Stamps()
+    (out,) = engine.generate([prompt], hs.SamplingParams(max_new_tokens=new_tokens, temperature=0.0),
+                             stream=lambda i, tokens: stamps.stamp(len(tokens)))
+    return out.token_ids, stamps.timings(first=0 if engine.speculator is None else 1)
+
+
+class LogitsStamps(Stamps):
+    """As a logits processor: a stamp after every forward, scores unchanged."""
 
     def __call__(self, input_ids, scores):
-        self.times.append(time.perf_counter())
+        self.stamp(1)
         return scores
 
 
-def hf_call(model, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
-    """(tokens, prefill seconds, decode seconds per token) of one HF generate call."""
+def hf_call(model, prompt: list[int], new_tokens: int) -> tuple[list[int], dict]:
+    """(tokens, timings) of one HF generate call."""
     from transformers import LogitsProcessorList
-    stamps = _Stamps()
     ids = torch.tensor([prompt])  # [1, prompt_len]
-    start = time.perf_counter()
+    stamps = LogitsStamps()
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                              logits_processor=LogitsProcessorList([stamps]))
-    t = stamps.times
-    return out[0, ids.shape[1]:].tolist(), t[0] - start, (t[-1] - t[0]) / (len(t) - 1)
+    return out[0, ids.shape[1]:].tolist(), stamps.timings(first=0)
 
 
 # -- measurement ------------------------------------------------------------------------------
@@ -150,19 +176,21 @@ def measure_length(w: Workload, length: int, args) -> dict:
                "spec": hs.Engine(w.target, draft=w.draft, num_draft_tokens=args.gamma, **sizes)}
     calls = {name: (lambda e=e: engine_call(e, prompt, args.new_tokens)) for name, e in engines.items()}
     calls["hf"] = lambda: hf_call(w.hf, prompt, args.new_tokens)
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
+    samples: dict[str, list[dict]] = {name: [] for name in calls}
     tokens = {}
     for repeat in range(args.repeats + 1):  # the first round is the warm-up
         for name, call in calls.items():
-            tokens[name], prefill, per_token = call()
+            tokens[name], timings = call()
             if repeat:
-                samples[name].append((prefill, per_token))
+                samples[name].append(timings)
     row = dict(workload=w.name, unit=w.unit, length=length, new_tokens=args.new_tokens,
                plain_equals_hf=first_mismatch([tokens["engine"]], [tokens["hf"]]) is None,
                spec_equals_plain=first_mismatch([tokens["spec"]], [tokens["engine"]]) is None)
-    for name, pairs in samples.items():
-        row[f"{name}_ms_tok"] = summary([1e3 * per_token for _, per_token in pairs])
-        row[f"{name}_prefill_ms"] = summary([1e3 * prefill for prefill, _ in pairs])
+    for name, timings in samples.items():
+        row[f"{name}_ms_tok"] = summary([1e3 * t["wall"][1] for t in timings])
+        row[f"{name}_prefill_ms"] = summary([1e3 * t["wall"][0] for t in timings])
+        row[f"{name}_cpu_ms_tok"] = summary([1e3 * t["cpu"][1] for t in timings])
+        row[f"{name}_cpu_prefill_ms"] = summary([1e3 * t["cpu"][0] for t in timings])
     return row
 
 
@@ -171,11 +199,11 @@ def add_ratios(rows: list[dict]) -> None:
     first = rows[0]
     for row in rows:
         for name in IMPLEMENTATIONS:
-            for metric in ("ms_tok", "prefill_ms"):
+            for metric in ("ms_tok", "prefill_ms", "cpu_ms_tok", "cpu_prefill_ms"):
                 key = f"{name}_{metric}"
                 row[f"{key}_growth"] = row[key]["median"] / first[key]["median"]
-        row["engine_vs_hf_ms_tok"] = row["engine_ms_tok"]["median"] / row["hf_ms_tok"]["median"]
-        row["engine_vs_hf_prefill"] = row["engine_prefill_ms"]["median"] / row["hf_prefill_ms"]["median"]
+        for metric in ("ms_tok", "prefill_ms", "cpu_ms_tok", "cpu_prefill_ms"):
+            row[f"engine_vs_hf_{metric}"] = row[f"engine_{metric}"]["median"] / row[f"hf_{metric}"]["median"]
 
 
 def flat(row: dict) -> dict:
@@ -211,7 +239,7 @@ def plot(groups: dict[str, list[dict]], path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
-    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per call (default 48)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per call (default 48; 16 with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per implementation (default 3)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per speculative round")
     parser.add_argument("--scale", type=float, default=0.03,
@@ -221,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", choices=("embedded", "random"), action="append", default=[],
                         help="leave out a workload")
     args = parser.parse_args(argv)
-    args.new_tokens = args.new_tokens or (4 if args.quick else 48)
+    args.new_tokens = args.new_tokens or (16 if args.quick else 48)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.embedded_lens = args.embedded_lens or (EMBEDDED_LENS_QUICK if args.quick else EMBEDDED_LENS)
     args.random_lens = args.random_lens or (RANDOM_LENS_QUICK if args.quick else RANDOM_LENS)
@@ -255,8 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         print_table([flat(r) for r in rows], [
             ("length", w.unit), ("engine_prefill_ms", "engine prefill ms"), ("spec_prefill_ms", "spec prefill ms"),
             ("hf_prefill_ms", "HF prefill ms"), ("engine_prefill_ms_growth", "engine growth"),
-            ("hf_prefill_ms_growth", "HF growth"), ("engine_vs_hf_prefill", "engine/HF"),
+            ("hf_prefill_ms_growth", "HF growth"), ("engine_vs_hf_prefill_ms", "engine/HF"),
         ], title=f"{w.name}: prefill ms (speculative: target and draft)")
+        print_table(rows, [
+            ("length", w.unit), ("engine_cpu_ms_tok_growth", "engine"), ("spec_cpu_ms_tok_growth", "spec"),
+            ("hf_cpu_ms_tok_growth", "HF"), ("engine_vs_hf_cpu_ms_tok", "engine/HF ms/tok"),
+            ("engine_vs_hf_cpu_prefill_ms", "engine/HF prefill"),
+        ], title=f"{w.name}: the same on CPU time (thread_time): ms/token growth, and engine/HF")
     out = args.out or Path("context_scaling.json")
     write_json(out, dict(bench="context_scaling", quick=args.quick, new_tokens=args.new_tokens, repeats=args.repeats,
                          gamma=args.gamma, scale=args.scale, threads=threads,

@@ -56,10 +56,13 @@ class Attention(nn.Module):
         if cfg.use_rope:
             cos, sin = self.rope(batch.positions, h.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kv = cache.kv
-        kv.write(self.kv_layer, batch.kv, k, v)
-        pages = batch.kv.block_tables if q.is_cuda else batch.kv.page_runs
-        attend = paged_attention if q.is_cuda else paged_attention_cpu
-        out = attend(q, kv.k_cache[self.kv_layer], kv.v_cache[self.kv_layer], pages,
-                     batch.kv.context_lens, batch.kv.query_lens, cfg.softmax_scale)  # [batch, T, heads, head_dim]
+        meta = batch.kv
+        cache.kv.write(self.kv_layer, meta, k, v)
+        k_cache, v_cache = cache.kv.k_cache[self.kv_layer], cache.kv.v_cache[self.kv_layer]
+        if q.is_cuda:
+            out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_lens,
+                                  cfg.softmax_scale)  # [batch, T, heads, head_dim]
+        else:  # a sequence's consecutive pages are read as one view of the cache
+            out = paged_attention_cpu(q, k_cache, v_cache, meta.page_runs, meta.context_lens, meta.query_lens,
+                                      cfg.softmax_scale)
         return F.linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)
