@@ -11,8 +11,9 @@ Workloads (greedy, batch 1):
   1k ... 16k tokens; the speculative draft is its first two layers with the
   later layers' output projections scaled by `--scale` (as in `benches/e2e.py`).
 
-At each length the three implementations take turns call by call (one
-warm-up each, then `--repeats` calls each; median, with min-max). Each call
+At each length the three implementations take turns call by call
+(`--repeats` calls each; median, with min-max), after one warm-up call each
+at the workload's first length. Each call
 generates `--new-tokens` tokens after the prompt and stamps the time as tokens
 arrive: HF through a logits processor (after every forward), the engine
 through its `stream` callback (after every step, or every speculative round).
@@ -167,7 +168,7 @@ def summary(values: list[float]) -> dict:
     return dict(median=statistics.median(values), min=min(values), max=max(values))
 
 
-def measure_length(w: Workload, length: int, args) -> dict:
+def measure_length(w: Workload, length: int, args, warmup: bool) -> dict:
     """One row: the three implementations alternating call by call at one prompt length."""
     import hybridspec as hs
     prompt = w.prompt[:length]
@@ -178,10 +179,10 @@ def measure_length(w: Workload, length: int, args) -> dict:
     calls["hf"] = lambda: hf_call(w.hf, prompt, args.new_tokens)
     samples: dict[str, list[dict]] = {name: [] for name in calls}
     tokens = {}
-    for repeat in range(args.repeats + 1):  # the first round is the warm-up
+    for repeat in range(-int(warmup), args.repeats):  # repeat -1: the warm-up
         for name, call in calls.items():
             tokens[name], timings = call()
-            if repeat:
+            if repeat >= 0:
                 samples[name].append(timings)
     row = dict(workload=w.name, unit=w.unit, length=length, new_tokens=args.new_tokens,
                plain_equals_hf=first_mismatch([tokens["engine"]], [tokens["hf"]]) is None,
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     for w in workloads:
         rows = []
         for length in w.lengths:
-            rows.append(measure_length(w, length, args))
+            rows.append(measure_length(w, length, args, warmup=not rows))
             r = rows[-1]
             print(f"{w.name}, {length} {w.unit}: ms/token engine {r['engine_ms_tok']['median']:.2f}, speculative "
                   f"{r['spec_ms_tok']['median']:.2f}, HF {r['hf_ms_tok']['median']:.2f}; prefill ms engine "
