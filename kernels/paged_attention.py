@@ -114,10 +114,12 @@ def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens) -
         raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}; expected [{q.shape[0]}, max_blocks]")
     if block_tables.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"block_tables has dtype {block_tables.dtype}; expected int32 or int64")
-    _check_tensors(q, k_cache, v_cache, context_lens, query_lens, block_tables.device)
+    _check_tensors(q, k_cache, v_cache, context_lens, query_lens)
+    if block_tables.device != q.device:
+        raise ValueError(f"block_tables is on {block_tables.device} but q on {q.device}; put all inputs on one device")
 
 
-def _check_tensors(q, k_cache, v_cache, context_lens, query_lens, table_device) -> None:
+def _check_tensors(q, k_cache, v_cache, context_lens, query_lens) -> None:
     if q.dim() != 4:
         raise ValueError(f"q has shape {tuple(q.shape)}; expected [batch, T_max, num_q_heads, head_dim]")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
@@ -138,7 +140,7 @@ def _check_tensors(q, k_cache, v_cache, context_lens, query_lens, table_device) 
             raise ValueError(f"{name} has shape {tuple(lens.shape)}; expected [{batch}]")
         if lens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name} has dtype {lens.dtype}; expected int32 or int64")
-    devices = {table_device, *(t.device for t in (q, k_cache, v_cache, context_lens, query_lens))}
+    devices = {t.device for t in (q, k_cache, v_cache, context_lens, query_lens)}
     if len(devices) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
 
@@ -219,7 +221,7 @@ def paged_attention_cpu(
     `scaled_dot_product_attention`, so no step re-gathers or masks the whole padded context."""
     if len(page_runs) != q.shape[0]:
         raise ValueError(f"{len(page_runs)} rows of page_runs for a batch of {q.shape[0]}; pass one per row")
-    _check_tensors(q, k_cache, v_cache, context_lens, query_lens, q.device)
+    _check_tensors(q, k_cache, v_cache, context_lens, query_lens)
     out = torch.zeros_like(q)
     for b, (runs, ctx, n) in enumerate(zip(page_runs, context_lens.tolist(), query_lens.tolist())):
         if n:
