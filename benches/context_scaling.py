@@ -229,11 +229,14 @@ def plot(groups: dict[str, list[dict]], path) -> None:
             for impl in IMPLEMENTATIONS:
                 ax.plot(lengths, [r[f"{impl}_{metric}"]["median"] for r in rows], marker="o", label=labels[impl])
             ax.set_xscale("log")
+            ax.set_xticks(lengths, [f"{n:,}" for n in lengths], fontsize=7)
+            ax.minorticks_off()
             ax.set_xlabel(f"prompt length ({rows[0]['unit']})", fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)
             ax.set_title(name, fontsize=9)
             ax.set_ylim(bottom=0)
             ax.legend(fontsize=7)
+    fig.tight_layout()
     save_png(fig, path)
     plt.close(fig)
 
