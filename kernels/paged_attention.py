@@ -12,11 +12,19 @@ Symbols
 
 The query tokens' own K/V must already be in the cache (write before attend).
 Block table entries past a row's last page are never read (pad them with -1).
+
+Three implementations of the same math:
+  paged_attention       Triton kernel (CUDA): online softmax over key tiles read through the block table
+  paged_attention_cpu   CPU: each row's pages as runs of consecutive pages (`page_runs`), read as one
+                        view of the cache when they form a single run (no copy), then
+                        `scaled_dot_product_attention` per row
+  paged_attention_ref   reference: gather every position, explicit masked softmax
 """
 
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -102,6 +110,16 @@ def _paged_attention_kernel(
 
 
 def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens) -> None:
+    if block_tables.dim() != 2 or block_tables.shape[0] != q.shape[0]:
+        raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}; expected [{q.shape[0]}, max_blocks]")
+    if block_tables.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"block_tables has dtype {block_tables.dtype}; expected int32 or int64")
+    _check_tensors(q, k_cache, v_cache, context_lens, query_lens)
+    if block_tables.device != q.device:
+        raise ValueError(f"block_tables is on {block_tables.device} but q on {q.device}; put all inputs on one device")
+
+
+def _check_tensors(q, k_cache, v_cache, context_lens, query_lens) -> None:
     if q.dim() != 4:
         raise ValueError(f"q has shape {tuple(q.shape)}; expected [batch, T_max, num_q_heads, head_dim]")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
@@ -117,15 +135,12 @@ def _check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens) -
         raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise ValueError(f"dtypes differ: q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch:
-        raise ValueError(f"block_tables has shape {tuple(block_tables.shape)}; expected [{batch}, max_blocks]")
     for name, lens in (("context_lens", context_lens), ("query_lens", query_lens)):
         if lens.shape != (batch,):
             raise ValueError(f"{name} has shape {tuple(lens.shape)}; expected [{batch}]")
-    for name, index in (("block_tables", block_tables), ("context_lens", context_lens), ("query_lens", query_lens)):
-        if index.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} has dtype {index.dtype}; expected int32 or int64")
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, context_lens, query_lens)}
+        if lens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} has dtype {lens.dtype}; expected int32 or int64")
+    devices = {t.device for t in (q, k_cache, v_cache, context_lens, query_lens)}
     if len(devices) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
 
@@ -160,6 +175,58 @@ def paged_attention(
         GROUP=num_q_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
     )
+    return out
+
+
+def row_pages(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    runs: tuple[tuple[int, int], ...],  # (first_page, num_pages) runs of one row's block table
+    length: int,  # positions of the row to return, <= block_size * total pages
+) -> torch.Tensor:  # [length, num_kv_heads, head_dim]
+    """Positions 0..length-1 of one row: a view of `cache` when the pages are one run, else a copy of them."""
+    pages = [cache[first:first + num] for first, num in runs]
+    stored = pages[0] if len(pages) == 1 else torch.cat(pages)  # [num_pages, block_size, heads, dim]
+    return stored.flatten(0, 1)[:length]
+
+
+def _attend_row(
+    q: torch.Tensor,  # [n, num_q_heads, head_dim]: the row's query tokens, at positions ctx - n .. ctx - 1
+    k: torch.Tensor,  # [ctx, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [ctx, num_kv_heads, head_dim]
+    scale: float,
+) -> torch.Tensor:  # [n, num_q_heads, head_dim]
+    n, num_q_heads, head_dim = q.shape
+    ctx, num_kv_heads = k.shape[:2]
+    k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, num_kv_heads, ctx, head_dim], strided views
+    if n == 1:  # decode: the G query heads of one KV head are G query rows of it, and see every key
+        out = F.scaled_dot_product_attention(q.reshape(1, num_kv_heads, -1, head_dim), k, v, scale=scale)
+        return out.reshape(1, num_q_heads, head_dim)
+    # query t sees keys s <= ctx - n + t: plain causal when the row has no earlier context (a prefill)
+    mask = None if n == ctx else torch.ones(n, ctx, dtype=torch.bool, device=q.device).tril(ctx - n)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=mask is None,
+                                         scale=scale, enable_gqa=True)  # [1, num_q_heads, n, head_dim]
+    return out[0].transpose(0, 1)
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,  # [batch, T_max, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    page_runs: tuple[tuple[tuple[int, int], ...], ...],  # per row: its block table as (first_page, num_pages) runs
+    context_lens: torch.Tensor,  # [batch]
+    query_lens: torch.Tensor,  # [batch]
+    scale: float,
+) -> torch.Tensor:  # [batch, T_max, num_q_heads, head_dim], zeros in padding rows
+    """Row by row: K/V through `row_pages` (a view for a single run of pages), then
+    `scaled_dot_product_attention`, so no step re-gathers or masks the whole padded context."""
+    if len(page_runs) != q.shape[0]:
+        raise ValueError(f"{len(page_runs)} rows of page_runs for a batch of {q.shape[0]}; pass one per row")
+    _check_tensors(q, k_cache, v_cache, context_lens, query_lens)
+    out = torch.zeros_like(q)
+    for b, (runs, ctx, n) in enumerate(zip(page_runs, context_lens.tolist(), query_lens.tolist())):
+        if n:
+            k, v = row_pages(k_cache, runs, ctx), row_pages(v_cache, runs, ctx)
+            out[b, :n] = _attend_row(q[b, :n], k, v, scale)
     return out
 
 

@@ -1,6 +1,7 @@
 import pytest
 
 from hybridspec.cache import BlockPool
+from hybridspec.cache.block_pool import consecutive_runs
 from hybridspec.errors import CacheFullError
 
 
@@ -52,6 +53,39 @@ def test_freed_pages_are_reused():
     assert sorted(pool.allocate(2)) == sorted(a)
 
 
+def test_consecutive_runs():
+    assert consecutive_runs([4, 5, 6, 9, 10, 3]) == [(4, 3), (9, 2), (3, 1)]
+    assert consecutive_runs([]) == []
+
+
+def test_pages_after_a_sequence_continue_its_run():
+    pool = BlockPool(16)
+    first = pool.allocate(3)
+    assert first == [0, 1, 2]  # an empty pool: a run from page 0
+    other = pool.allocate(2)  # a second sequence: mid-way into the spare room after the first
+    assert other == [8, 9]
+    assert pool.allocate(2, after=first[-1]) == [3, 4]
+    assert pool.allocate(1, after=other[-1]) == [10]
+    assert pool.free_runs() == [(5, 3), (11, 5)]
+
+
+def test_a_taken_neighbour_starts_a_new_run_in_the_largest_free_stretch():
+    pool = BlockPool(10)
+    pool.allocate(2)  # 0, 1
+    pool.allocate(1, after=9 - 1)  # page 9 (the page after 8 is free)
+    assert pool.free_runs() == [(2, 7)]
+    assert pool.allocate(1, after=9) == [5]  # nothing follows page 9: the middle of 2..8
+
+
+def test_fragmented_pool_takes_pieces_of_the_longest_runs():
+    pool = BlockPool(8)
+    pool.allocate(8)
+    pool.free([1, 2, 4, 6, 7])
+    taken = pool.allocate(4)
+    assert sorted(taken) == [1, 2, 6, 7] and pool.free_runs() == [(4, 1)]
+    assert [pool.ref_count(b) for b in taken] == [1] * 4
+
+
 def test_snapshot_tracks_free_order_and_counts():
     pool = BlockPool(3)
     a, b = pool.allocate(2)
@@ -79,3 +113,5 @@ def test_bad_arguments():
         pool.incref(-1)
     with pytest.raises(ValueError, match="n=-1"):
         pool.allocate(-1)
+    with pytest.raises(ValueError, match="outside the pool"):
+        pool.allocate(1, after=2)

@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from hybridspec.cache import PagedKVCache
+from hybridspec.cache.block_pool import consecutive_runs
 from hybridspec.errors import CacheFullError
 
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM = 2, 1, 2
@@ -61,7 +62,24 @@ def test_prepare_write_meta():
     ]
     assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [t0, t1 + [-1, -1]]
     assert meta.context_lens.tolist() == [9, 1] and meta.query_lens.tolist() == [3, 1]
+    assert meta.page_runs == (tuple(consecutive_runs(t0)), tuple(consecutive_runs(t1)))
     assert cache.kv_len(0) == 6 and cache.kv_len(1) == 0  # prepare_write does not advance kv_len
+
+
+def test_sequences_growing_side_by_side_keep_one_run_of_pages_each():
+    cache = make_cache(num_blocks=16, block_size=2)
+    for s in (0, 1):
+        cache.add_sequence(s)
+    append(cache, 0, [1.0] * 3)
+    append(cache, 1, [2.0] * 3)
+    for _ in range(6):  # decode steps, each sequence crossing page boundaries
+        for s in (0, 1):
+            append(cache, s, [3.0])
+    meta = cache.prepare_write([0, 1], [1, 1])
+    assert [len(runs) for runs in meta.page_runs] == [1, 1]
+    cache.truncate(0, 2)  # a rollback frees pages; growing again takes them back
+    append(cache, 0, [4.0] * 5)
+    assert len(consecutive_runs(cache.block_table(0))) == 1
 
 
 def test_write_then_gather_round_trip_zero_padded():
@@ -290,6 +308,8 @@ class PagedKVMachine(RuleBasedStateMachine):
             assert torch.equal(self.cache.k_cache, contents)
             return
         assert len(before.pool.free_blocks) - self.cache.num_free_blocks == num_taken - num_trimmed
+        tables = [[p for p in row if p >= 0] for row in meta.block_tables.tolist()]
+        assert meta.page_runs == tuple(tuple(consecutive_runs(t)) for t in tables)
         values = [self.fresh_values(n) for n in num_new]
         write_all_layers(self.cache, meta, values)
         if not succeeds:  # the forward raised after writing: nothing is committed

@@ -13,7 +13,9 @@ Terms
 
 One block table serves every attention layer: `k_cache[layer]` and
 `v_cache[layer]` are `[num_blocks, block_size, num_kv_heads, head_dim]` views
-of one `[num_layers, ...]` tensor each.
+of one `[num_layers, ...]` tensor each. New pages go right after a sequence's
+last page where they are free (`BlockPool.allocate`), so its block table is
+usually one run of consecutive pages, which attention on CPU reads as a view.
 
 Flow of one forward:
   meta = cache.prepare_write(seq_ids, num_new)     # admission, pages, copy-on-write
@@ -30,7 +32,7 @@ import torch
 from hybridspec.errors import CacheFullError
 from hybridspec.kernels.paged_attention import gather_pages
 
-from .block_pool import BlockPool, BlockPoolState
+from .block_pool import BlockPool, BlockPoolState, consecutive_runs
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,6 +44,7 @@ class KVWriteMeta:
     block_tables: torch.Tensor  # [batch, max_blocks] int32: pages covering context_lens, padded with -1
     context_lens: torch.Tensor  # [batch] int64: kv_len + num_new, the keys attention sees after the write
     query_lens: torch.Tensor  # [batch] int64: num_new
+    page_runs: tuple[tuple[tuple[int, int], ...], ...]  # per row: block table as (first_page, num_pages) runs
 
 
 @dataclass(frozen=True)
@@ -207,15 +210,16 @@ class PagedKVCache:
         first = self._kv_lens[seq_id] // self.block_size
         for index, block in enumerate(self._pages_written(seq_id, new_len), start=first):
             if self.pool.ref_count(block) > 1:
-                table[index] = self._copy_page(block)
+                table[index] = self._copy_page(block, after=table[index - 1] if index else None)
         num_pages = _cdiv(new_len, self.block_size)
         self.pool.free(table[num_pages:])  # pages an earlier, abandoned prepare_write reserved
         del table[num_pages:]
-        table.extend(self.pool.allocate(num_pages - len(table)))
+        table.extend(self.pool.allocate(num_pages - len(table), after=table[-1] if table else None))
 
-    def _copy_page(self, block: int) -> int:
-        """Copy-on-write: a private copy of a shared page in every layer; the original loses a holder."""
-        (copy,) = self.pool.allocate(1)
+    def _copy_page(self, block: int, after: int | None) -> int:
+        """Copy-on-write: a private copy of a shared page in every layer, placed after page `after`
+        where it is free; the original loses a holder."""
+        (copy,) = self.pool.allocate(1, after=after)
         self.k_cache[:, copy] = self.k_cache[:, block]
         self.v_cache[:, copy] = self.v_cache[:, block]
         self.pool.decref(block)
@@ -240,6 +244,7 @@ class PagedKVCache:
                                       dtype=torch.int32, device=device).reshape(len(seq_ids), max_blocks),
             context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
             query_lens=torch.tensor(num_new, dtype=torch.int64, device=device),
+            page_runs=tuple(tuple(consecutive_runs(r)) for r in table_rows),
         )
 
     def write(self, layer: int, meta: KVWriteMeta, k: torch.Tensor, v: torch.Tensor) -> None:

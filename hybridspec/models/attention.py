@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.kernels.dispatch import pick
-from hybridspec.kernels.paged_attention import paged_attention, paged_attention_ref
+from hybridspec.kernels.dispatch import use_triton
+from hybridspec.kernels.paged_attention import paged_attention, paged_attention_cpu
 
 from ..config import AttentionConfig
 from .batch import ForwardBatch
@@ -59,9 +59,13 @@ class Attention(nn.Module):
         if cfg.use_rope:
             cos, sin = self.rope(batch.positions, h.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kv = cache.kv
-        kv.write(self.kv_layer, batch.kv, k, v)
-        attend = pick(paged_attention, paged_attention_ref, q)
-        out = attend(q, kv.k_cache[self.kv_layer], kv.v_cache[self.kv_layer], batch.kv.block_tables,
-                     batch.kv.context_lens, batch.kv.query_lens, cfg.softmax_scale)  # [batch, T, heads, head_dim]
+        meta = batch.kv
+        cache.kv.write(self.kv_layer, meta, k, v)
+        k_cache, v_cache = cache.kv.k_cache[self.kv_layer], cache.kv.v_cache[self.kv_layer]
+        if use_triton(q):
+            out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_lens,
+                                  cfg.softmax_scale)  # [batch, T, heads, head_dim]
+        else:  # torch: a sequence's consecutive pages are read as one view of the cache
+            out = paged_attention_cpu(q, k_cache, v_cache, meta.page_runs, meta.context_lens, meta.query_lens,
+                                      cfg.softmax_scale)
         return F.linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)

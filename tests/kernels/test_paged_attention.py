@@ -1,5 +1,6 @@
-"""Paged attention: the reference against a dense per-token softmax (float64),
-the Triton kernel against the reference, and both on metadata from PagedKVCache."""
+"""Paged attention: the reference and the CPU path against a dense per-token
+softmax (float64), the Triton kernel against the reference, and all three on
+metadata from PagedKVCache."""
 
 import math
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from hybridspec.cache import PagedKVCache
-from hybridspec.kernels.paged_attention import paged_attention, paged_attention_ref
+from hybridspec.cache.block_pool import consecutive_runs
+from hybridspec.kernels.paged_attention import paged_attention, paged_attention_cpu, paged_attention_ref, row_pages
 
 pytest.importorskip("triton")
 
@@ -19,12 +21,13 @@ TOLERANCES = {
 
 
 def make_case(context_lens, query_lens, num_q_heads, num_kv_heads, head_dim, block_size,
-              dtype=torch.float64, table_dtype=torch.int32, seed=0):
-    """Random K/V per sequence scattered over shuffled pages; unused pages and slots hold NaN."""
+              dtype=torch.float64, table_dtype=torch.int32, seed=0, shuffle=True):
+    """Random K/V per sequence scattered over shuffled pages (consecutive pages from page 1
+    with shuffle=False); unused pages and slots hold NaN."""
     gen = torch.Generator().manual_seed(seed)
     pages_per_row = [math.ceil(c / block_size) for c in context_lens]
     num_blocks = sum(pages_per_row) + 3
-    order = torch.randperm(num_blocks, generator=gen).tolist()
+    order = torch.randperm(num_blocks, generator=gen).tolist() if shuffle else list(range(1, num_blocks))
     k_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=torch.float64)
     v_cache = k_cache.clone()
     keys, values, tables = [], [], []
@@ -61,6 +64,12 @@ def dense_attention(q, keys, values, context_lens, query_lens, scale):
     return out
 
 
+def cpu_args(case):
+    """The case with its block tables as the page runs paged_attention_cpu reads."""
+    runs = tuple(tuple(consecutive_runs([p for p in row if p >= 0])) for row in case["block_tables"].tolist())
+    return {**{n: t for n, t in case.items() if n != "block_tables"}, "page_runs": runs}
+
+
 def to(case, device):
     return {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in case.items()}
 
@@ -80,6 +89,42 @@ def test_reference_matches_dense_attention(name):
     case, keys, values = make_case(context_lens, query_lens, *shape)
     expected = dense_attention(case["q"], keys, values, context_lens, query_lens, case["scale"])
     torch.testing.assert_close(paged_attention_ref(**case), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["scattered_pages", "consecutive_pages"])
+@pytest.mark.parametrize("name", CASES)
+def test_cpu_path_matches_dense_attention(name, shuffle):
+    context_lens, query_lens, *shape = CASES[name]
+    case, keys, values = make_case(context_lens, query_lens, *shape, shuffle=shuffle)
+    expected = dense_attention(case["q"], keys, values, context_lens, query_lens, case["scale"])
+    out = paged_attention_cpu(**cpu_args(case))
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    is_padding = torch.arange(out.shape[1])[None, :] >= case["query_lens"][:, None]  # [batch, T_max]
+    assert torch.all(out[is_padding] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_path_matches_reference_in_low_precision(dtype):
+    case, _, _ = make_case([9, 30, 5], [1, 4, 5], 4, 2, 8, 4, dtype=dtype)
+    torch.testing.assert_close(paged_attention_cpu(**cpu_args(case)), paged_attention_ref(**case),
+                               **TOLERANCES[dtype])
+
+
+def test_row_pages_is_a_view_of_one_run_and_a_copy_of_several():
+    cache = torch.arange(6 * 2 * 1 * 1.0).reshape(6, 2, 1, 1)  # [num_blocks, block_size, heads, dim]: slot ids
+    one = row_pages(cache, ((2, 3),), 5)
+    assert one.flatten().tolist() == [4, 5, 6, 7, 8] and one.data_ptr() == cache[2].data_ptr()
+    several = row_pages(cache, ((4, 1), (0, 2)), 5)
+    assert several.flatten().tolist() == [8, 9, 0, 1, 2]
+    assert several.untyped_storage().data_ptr() != cache.untyped_storage().data_ptr()
+
+
+def test_cpu_path_rejects_bad_inputs():
+    args = cpu_args(make_case([4, 6], [1, 2], 4, 2, 8, 4)[0])
+    with pytest.raises(ValueError, match="1 rows of page_runs for a batch of 2"):
+        paged_attention_cpu(**{**args, "page_runs": args["page_runs"][:1]})
+    with pytest.raises(ValueError, match="num_q_heads=3 is not a multiple"):
+        paged_attention_cpu(**{**args, "q": args["q"][:, :, :3]})
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -127,6 +172,9 @@ def test_cache_metadata_drives_both_paths(triton_device):
     expected = dense_attention(q, seq_k, seq_v, [10, 3], [3, 1], 8**-0.5).float()
     torch.testing.assert_close(paged_attention_ref(*args).cpu(), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(paged_attention(*args).cpu(), expected, rtol=1e-5, atol=1e-5)
+    cpu = paged_attention_cpu(q, cache.k_cache[1].cpu(), cache.v_cache[1].cpu(), meta.page_runs,
+                              meta.context_lens.cpu(), meta.query_lens.cpu(), 8**-0.5)
+    torch.testing.assert_close(cpu, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_launcher_rejects_bad_inputs(triton_device):
