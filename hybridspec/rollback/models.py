@@ -7,6 +7,7 @@ from copy import deepcopy
 
 import torch
 
+from ..adapters.validate import expected_tensors
 from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
 from ..engine import Engine
 from ..models.hybrid import HybridModel
@@ -28,37 +29,9 @@ def tiny_model(seed: int = 0, layer_types=("mamba2", "attention", "mamba2"), dty
         mamba1=Mamba1Config(d_inner=64, d_state=8, dt_rank=4), mlp=MLPConfig(48),
         max_position_embeddings=512, family="tiny")
     g = torch.Generator().manual_seed(seed)
-    weights = {name: _random_weight(name, shape, g).to(device=device, dtype=dtype)
-               for name, shape in _weight_shapes(config).items()}
+    weights = {name: _random_weight(name, expected.shape, g).to(device=device, dtype=dtype)
+               for name, expected in expected_tensors(config).items()}
     return HybridModel(config, weights)
-
-
-def _weight_shapes(cfg: HybridConfig) -> dict[str, tuple[int, ...]]:
-    """Canonical weight names (as the adapters produce them) and shapes."""
-    H, V, I = cfg.hidden_size, cfg.vocab_size, cfg.mlp.intermediate_size
-    a, m2, m1 = cfg.attention, cfg.mamba2, cfg.mamba1
-    mixers = {
-        "attention": {"q_proj.weight": (a.num_heads * a.head_dim, H),
-                      "k_proj.weight": (a.num_kv_heads * a.head_dim, H),
-                      "v_proj.weight": (a.num_kv_heads * a.head_dim, H),
-                      "o_proj.weight": (H, a.num_heads * a.head_dim)},
-        "mamba2": {"in_proj.weight": (m2.d_inner + m2.conv_dim + m2.num_heads, H),  # gate, conv inputs, dt
-                   "conv1d.weight": (m2.conv_dim, 1, m2.d_conv), "conv1d.bias": (m2.conv_dim,),
-                   "dt_bias": (m2.num_heads,), "A_log": (m2.num_heads,), "D": (m2.num_heads,),
-                   "norm.weight": (m2.d_inner,), "out_proj.weight": (H, m2.d_inner)},
-        "mamba1": {"in_proj.weight": (2 * m1.d_inner, H), "conv1d.weight": (m1.d_inner, 1, m1.d_conv),
-                   "conv1d.bias": (m1.d_inner,), "x_proj.weight": (m1.dt_rank + 2 * m1.d_state, m1.d_inner),
-                   "dt_proj.weight": (m1.d_inner, m1.dt_rank), "dt_proj.bias": (m1.d_inner,),
-                   "A_log": (m1.d_inner, m1.d_state), "D": (m1.d_inner,), "out_proj.weight": (H, m1.d_inner),
-                   "dt_norm.weight": (m1.dt_rank,), "b_norm.weight": (m1.d_state,), "c_norm.weight": (m1.d_state,)},
-    }
-    shapes = {"embed_tokens.weight": (V, H), "final_norm.weight": (H,), "lm_head.weight": (V, H)}
-    for i, kind in enumerate(cfg.layer_types):
-        layer = {"input_norm.weight": (H,), "ffn_norm.weight": (H,), "ffn.gate_proj.weight": (I, H),
-                 "ffn.up_proj.weight": (I, H), "ffn.down_proj.weight": (H, I)}
-        layer.update({f"mixer.{name}": shape for name, shape in mixers[kind].items()})
-        shapes.update({f"layers.{i}.{name}": shape for name, shape in layer.items()})
-    return shapes
 
 
 def _random_weight(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
