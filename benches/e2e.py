@@ -142,7 +142,7 @@ def run_batches(engine_or_hf, prompts, batch: int, new_tokens: int) -> list[list
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
         if isinstance(engine_or_hf, hs.Engine):
-            outs = engine_or_hf.generate(chunk, hs.SamplingParams(max_new_tokens=new_tokens))
+            outs = engine_or_hf.generate(chunk, hs.SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
             tokens += [o.token_ids for o in outs]
         else:
             tokens += hf_greedy(engine_or_hf, chunk, new_tokens)

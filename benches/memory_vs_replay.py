@@ -108,7 +108,7 @@ def policies(target, batch: int, costs) -> dict:
 def run_workload(target, batch: int, alpha: float, references, num_tokens: int, costs, repeats: int) -> list[dict]:
     """Every policy on one (α, batch), alternating call by call; fastest of `repeats`."""
     prompts = [ref[:PROMPT_LEN] for ref in references]
-    params = hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0)
+    params = hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     engines = {name: hs.Engine(target, draft=ControlledDrafter(references, alpha, target.vocab_size),
                                num_draft_tokens=GAMMA, checkpoint=policy, max_batch_size=batch,
                                max_model_len=PROMPT_LEN + num_tokens + GAMMA + 2)
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
         plain = hs.Engine(target, max_batch_size=batch, max_model_len=PROMPT_LEN + num_tokens + 2 * GAMMA + 4)
         prompts = prompts_for(batch, target.vocab_size)
         start = time.process_time()
-        outs = plain.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens + GAMMA + 1, temperature=0.0))
+        outs = plain.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens + GAMMA + 1, temperature=0.0, ignore_eos=True))
         plain_tok_s = batch * (num_tokens + GAMMA + 1) / (time.process_time() - start)
         references = [p + o.token_ids for p, o in zip(prompts, outs)]
         measured_costs.append({"batch": batch, **{f"{f[:-2]}_ms": 1e3 * costs.at(f, batch) for f in COST_FIELDS}})

@@ -25,6 +25,7 @@ from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
 from ..cache.hybrid_cache import HybridCache
 from ..errors import ConfigError, InvariantError
 from ..models.hybrid import HybridModel
+from ..penalties import penalty_context
 from ..sampling import RowParams, process_logits, sample
 
 
@@ -147,11 +148,13 @@ class ModelDrafter:
         logits = self.model.extend(self.cache, ids, catch_up, last_only=True)[:, 0]  # [batch, vocab]
         self._record(ids)
         purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
+        context = penalty_context(requests, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
         drafts, probs = [], []
         for i in range(G):
-            q = process_logits(logits, rows)  # [batch, vocab]
+            q = process_logits(logits, rows, context)  # [batch, vocab]
             positions = torch.tensor([len(c) + i for c in committed], device=q.device)
             d = sample(q, rows, positions, purpose)
+            context = None if context is None else context.append(d)
             drafts.append(d)
             probs.append(q)
             if i < G - 1:
