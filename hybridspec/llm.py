@@ -12,6 +12,7 @@ downloaded.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -76,12 +77,19 @@ class LLM:
     threads: torch intra-op threads for CPU runs (a process-wide torch
         setting); default None: `hybridspec.threads.default_threads` (1 for
         the embedded pair).
+    eos_token_ids: the ids that end a request unless `ignore_eos`; default
+        None: the tokenizer's EOS, the config's `eos_token_id` and those of the
+        model directory's generation_config.json.
+
+    `llm.engine` is the id-level `Engine` underneath; `llm.stats` its last
+    call's statistics.
     """
 
     def __init__(self, model: str | Path | HybridModel | None = None, draft=DEFAULT_DRAFT, tokenizer=None, *,
                  num_draft_tokens: int = 4, checkpoint=None, verify: Literal["rejection", "coupled"] = "rejection",
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
-                 max_batch_size: int = 16, max_model_len: int | None = None):
+                 max_batch_size: int = 16, max_model_len: int | None = None,
+                 eos_token_ids: Iterable[int] | None = None):
         dtype = model_dtype(dtype)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
         self.target = as_model(embedded_target if model is None else model, dtype, device)
@@ -89,11 +97,11 @@ class LLM:
             draft = embedded_draft if model is None else "ngram"
         self.codec = as_codec(tokenizer, model, self.target.vocab_size)
         self.threads = use_threads(threads, self.target)
-        drafter = None if draft is None else NgramDrafter() if draft == "ngram" else as_model(draft, dtype, device)
-        eos = set(self.codec.eos_token_ids) | set(model_eos_ids(model, self.target))
-        self.engine = Engine(self.target, draft=drafter, num_draft_tokens=num_draft_tokens, checkpoint=checkpoint,
+        if eos_token_ids is None:
+            eos_token_ids = sorted(set(self.codec.eos_token_ids) | set(model_eos_ids(model, self.target)))
+        self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), num_draft_tokens=num_draft_tokens, checkpoint=checkpoint,
                              verify=verify, max_batch_size=max_batch_size, max_model_len=max_model_len,
-                             eos_token_ids=sorted(eos), decode=self.codec.decode)
+                             eos_token_ids=eos_token_ids, decode=self.codec.decode)
 
     @property
     def stats(self) -> EngineStats:
@@ -158,9 +166,18 @@ def as_model(model, dtype, device) -> HybridModel:
     raise ConfigError(f"expected a checkpoint directory or a HybridModel, got a {type(model).__name__}")
 
 
+def as_draft(draft, dtype, device):
+    """What `Engine(draft=...)` takes for an LLM `draft` argument."""
+    if draft == "ngram":
+        return NgramDrafter()
+    return load(draft, dtype=dtype, device=device) if isinstance(draft, (str, Path)) else draft
+
+
 def as_codec(tokenizer, model, vocab_size: int) -> ByteCodec | TokenizerCodec:
     """The codec of `tokenizer` (a directory or a loaded tokenizer), else the model
     directory's tokenizer, else bytes for a byte-level model."""
+    if isinstance(tokenizer, (ByteCodec, TokenizerCodec)):
+        return tokenizer
     if isinstance(tokenizer, (str, Path)):
         return TokenizerCodec(load_tokenizer(tokenizer, "tokenizer="), str(tokenizer))
     if tokenizer is not None:
