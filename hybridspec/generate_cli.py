@@ -217,13 +217,14 @@ class TextStream:
     could be the start of a stop string until it is decided."""
 
     def __init__(self, codec, out, stop: tuple[str, ...] = ()):
-        self.codec, self.out, self.ids, self.written = codec, out, [], 0
+        self.codec, self.out, self.ids, self.written, self.stop = codec, out, [], 0, stop
         self.hold = max(map(len, stop), default=1) - 1
 
     def __call__(self, index: int, tokens: list[int]) -> None:
         self.ids.extend(tokens)
         text = self.codec.decode(self.ids).rstrip("\ufffd")
-        self._write(text[:len(text) - self.hold])
+        hits = [text.find(s) for s in self.stop if s in text]
+        self._write(text[:min(hits) if hits else len(text) - self.hold])
 
     def finish(self, stop_reason) -> None:
         from .stopping import cut_text
