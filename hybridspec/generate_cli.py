@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
                         help="dtype of the model weights (default: the checkpoint's)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads on CPU (default: 1 for models of hidden size < 1024 such as "
+                        help="torch intra-op threads on CPU (default: 1 for models of hidden size < 2048 such as "
                              "the embedded pair, torch's default otherwise)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the plain-decoding runs (no speedup is measured)")

@@ -90,9 +90,13 @@ class StatelessDrafter:
 
 
 class NgramDrafter(StatelessDrafter):
-    """Prompt-lookup drafting over the committed tokens of each sequence.
+    """Prompt-lookup drafting over the committed tokens of each sequence
+    (prompt and output): find the most recent earlier occurrence of the
+    longest suffix n-gram and propose the tokens that followed it. No model,
+    no probabilities (q is one-hot); a round with no match drafts nothing.
 
-    max_ngram, min_ngram: the longest and shortest suffix n-gram looked up."""
+    max_ngram: the longest suffix n-gram looked up, in tokens (default 3).
+    min_ngram: the shortest (default 1); 1 <= min_ngram <= max_ngram."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
