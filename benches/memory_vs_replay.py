@@ -301,7 +301,8 @@ def main(argv=None) -> int:
         plain = hs.Engine(target, max_batch_size=batch, max_model_len=PROMPT_LEN + num_tokens + 2 * GAMMA + 4)
         prompts = prompts_for(batch, target.vocab_size)
         start = time.process_time()
-        outs = plain.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens + GAMMA + 1, temperature=0.0, ignore_eos=True))
+        outs = plain.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens + GAMMA + 1, temperature=0.0,
+                                                         ignore_eos=True))
         plain_tok_s = batch * (num_tokens + GAMMA + 1) / (time.process_time() - start)
         references = [p + o.token_ids for p, o in zip(prompts, outs)]
         measured_costs.append({"batch": batch, **{f"{f[:-2]}_ms": 1e3 * costs.at(f, batch) for f in COST_FIELDS}})

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
     parser.add_argument("--min-p", type=float, default=0.0,
                         help="drop tokens below min-p times the most likely one's probability (default 0: off)")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="HF's repetition penalty (default 1: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="HF's repetition penalty (default 1: off)")
     parser.add_argument("--stop", action="append", metavar="TEXT", default=[],
                         help="stop when TEXT appears; the output is cut just before it (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="generate past the model's EOS token")

@@ -99,7 +99,8 @@ class LLM:
         self.threads = use_threads(threads, self.target)
         if eos_token_ids is None:
             eos_token_ids = sorted(set(self.codec.eos_token_ids) | set(model_eos_ids(model, self.target)))
-        self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), num_draft_tokens=num_draft_tokens, checkpoint=checkpoint,
+        self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), num_draft_tokens=num_draft_tokens,
+                             checkpoint=checkpoint,
                              verify=verify, max_batch_size=max_batch_size, max_model_len=max_model_len,
                              eos_token_ids=eos_token_ids, decode=self.codec.decode)
 
@@ -119,7 +120,8 @@ class LLM:
         return self._run([self.codec.encode(p) for p in prompts], params, progress)
 
     def chat(self, conversations: list[dict] | list[list[dict]],
-             params: SamplingParams | list[SamplingParams] | None = None, *, progress: bool = False) -> list[Completion]:
+             params: SamplingParams | list[SamplingParams] | None = None, *,
+             progress: bool = False) -> list[Completion]:
         """The assistant's reply to each conversation (a list of {"role", "content"}
         messages, or a list of them), through the tokenizer's chat template."""
         if conversations and isinstance(conversations[0], dict):
