@@ -142,7 +142,7 @@ def run_batches(engine_or_hf, prompts, batch: int, new_tokens: int) -> list[list
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
         if isinstance(engine_or_hf, hs.Engine):
-            outs = engine_or_hf.generate(chunk, hs.SamplingParams(max_new_tokens=new_tokens))
+            outs = engine_or_hf.generate(chunk, hs.SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
             tokens += [o.token_ids for o in outs]
         else:
             tokens += hf_greedy(engine_or_hf, chunk, new_tokens)
@@ -214,22 +214,28 @@ def explain(row: dict, gamma: int, num_prompts: int) -> dict:
 
 # -- output -----------------------------------------------------------------------------------
 
-def plot(rows: list[dict], path: Path) -> None:
-    """Speedup of speculative decoding over plain decoding and over HF generate, per workload."""
+def plot(rows: list[dict], path: Path, title: str = "Speculative decoding speedup per workload") -> None:
+    """Speedup of speculative decoding over plain decoding and over HF generate,
+    one horizontal pair of bars per workload (labels on one line each, never overlapping)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    labels = [f"{r['workload'].replace(', ', chr(10))}\n{r['drafter']} drafter\naccept {r['acceptance_rate']:.2f}"
-              for r in rows]
-    fig, ax = plt.subplots(figsize=(1.2 + 1.3 * len(rows), 3.0))
-    width = 0.38
-    for k, (key, label) in enumerate([("speedup", "over plain (same runtime)"), ("spec_vs_hf", "over HF generate")]):
+    labels = [f"{r['workload']} · {r['drafter']} drafter · acceptance {r['acceptance_rate']:.2f}" for r in rows]
+    fig, ax = plt.subplots(figsize=(8.0, 0.9 + 0.45 * len(rows)))
+    height = 0.38
+    for k, (key, label) in enumerate([("speedup", "over plain decoding (same runtime)"),
+                                      ("spec_vs_hf", "over HF generate")]):
         values = [r[key] or 0.0 for r in rows]
-        ax.bar([i + (k - 0.5) * width for i in range(len(rows))], values, width, label=label)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax.set_ylabel("speculative speedup (tokens/s ratio)", fontsize=8)
-    ax.legend(fontsize=7)
+        y = [i + (k - 0.5) * height for i in range(len(rows))]
+        bars = ax.barh(y, values, height, label=label)
+        ax.bar_label(bars, fmt="%.2f×", fontsize=7, padding=2)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speculative tokens/s ÷ baseline tokens/s (1 = no gain)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.margins(x=0.12)
+    ax.legend(fontsize=7, loc="lower right")
     save_png(fig, path)
     plt.close(fig)
 

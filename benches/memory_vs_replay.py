@@ -108,7 +108,7 @@ def policies(target, batch: int, costs) -> dict:
 def run_workload(target, batch: int, alpha: float, references, num_tokens: int, costs, repeats: int) -> list[dict]:
     """Every policy on one (α, batch), alternating call by call; fastest of `repeats`."""
     prompts = [ref[:PROMPT_LEN] for ref in references]
-    params = hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0)
+    params = hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     engines = {name: hs.Engine(target, draft=ControlledDrafter(references, alpha, target.vocab_size),
                                num_draft_tokens=GAMMA, checkpoint=policy, max_batch_size=batch,
                                max_model_len=PROMPT_LEN + num_tokens + GAMMA + 2)
@@ -208,28 +208,41 @@ def cpu_side_by_side(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def plot_frontier(rows: list[dict], path) -> None:
+    """Per batch size: time per token against checkpoint memory of every policy,
+    one colour per acceptance regime α (with its Pareto frontier) and one
+    marker per policy; the two legends say which is which."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     batches = sorted({r["batch"] for r in rows})
-    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.6), squeeze=False)
+    alphas = sorted({r["alpha"] for r in rows}, reverse=True)
+    colors = dict(zip(alphas, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
     markers = dict(zip(POLICY_NAMES, "os^vDPX*"))
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.8), squeeze=False)
     for ax, batch in zip(axes[0], batches):
-        for color, alpha in zip(("tab:blue", "tab:orange", "tab:green", "tab:red"),
-                                sorted({r["alpha"] for r in rows}, reverse=True)):
+        for alpha in alphas:
             cell = [r for r in rows if r["batch"] == batch and r["alpha"] == alpha]
             for r in cell:
-                ax.scatter(r["peak_mib_per_seq"], 1e3 / r["tokens_per_s"], color=color, marker=markers[r["policy"]],
-                           label=r["policy"] if alpha == rows[0]["alpha"] else None)
+                ax.scatter(r["peak_mib_per_seq"], 1e3 / r["tokens_per_s"], color=colors[alpha],
+                           marker=markers[r["policy"]])
             front, best = [], float("inf")  # Pareto front: faster than every policy holding less memory
             for r in sorted(cell, key=lambda r: r["peak_mib_per_seq"]):
                 if 1e3 / r["tokens_per_s"] < best:
                     best = 1e3 / r["tokens_per_s"]
                     front.append((r["peak_mib_per_seq"], best))
-            ax.step(*zip(*front), where="post", color=color, lw=1, label=f"α={alpha} frontier")
+            ax.step(*zip(*front), where="post", color=colors[alpha], lw=1)
         ax.set(title=f"batch {batch}", xlabel="peak checkpoint MiB per sequence", ylabel="CPU ms per token (whole batch)")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, loc="upper right")
+    used = [p for p in POLICY_NAMES if any(r["policy"] == p for r in rows)]
+    policy_keys = [Line2D([], [], color="dimgray", marker=markers[p], linestyle="", label=p) for p in used]
+    alpha_keys = [Line2D([], [], color=colors[a], marker="o", label=f"α = {a} (line: frontier)") for a in alphas]
+    last = axes[0][-1]  # legends beside the last panel, never over a point
+    last.add_artist(last.legend(handles=policy_keys, title="policy", fontsize=7, title_fontsize=7,
+                                loc="upper left", bbox_to_anchor=(1.02, 1.0)))
+    last.legend(handles=alpha_keys, title="acceptance regime", fontsize=7, title_fontsize=7, loc="lower left",
+                bbox_to_anchor=(1.02, 0.0))
+    fig.suptitle("Checkpoint memory versus time per token, per checkpoint policy", fontsize=10)
     save_png(fig, path)
 
 
@@ -288,7 +301,8 @@ def main(argv=None) -> int:
         plain = hs.Engine(target, max_batch_size=batch, max_model_len=PROMPT_LEN + num_tokens + 2 * GAMMA + 4)
         prompts = prompts_for(batch, target.vocab_size)
         start = time.process_time()
-        outs = plain.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens + GAMMA + 1, temperature=0.0))
+        outs = plain.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens + GAMMA + 1, temperature=0.0,
+                                                         ignore_eos=True))
         plain_tok_s = batch * (num_tokens + GAMMA + 1) / (time.process_time() - start)
         references = [p + o.token_ids for p, o in zip(prompts, outs)]
         measured_costs.append({"batch": batch, **{f"{f[:-2]}_ms": 1e3 * costs.at(f, batch) for f in COST_FIELDS}})

@@ -52,7 +52,7 @@ def hf_greedy(model, prompts: list[list[int]], num_tokens: int) -> list[list[int
 
 def engine_greedy(engine, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
     import hybridspec as hs
-    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0))
+    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True))
     return [o.token_ids for o in outs]
 
 

@@ -104,7 +104,7 @@ def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> 
     """Plain against speculative generate (k = 1) of the same tokens, alternating;
     process CPU seconds of each generate call, fastest of `repeats`."""
     prompts = prompts_for(batch, target.vocab_size)
-    params = hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0)
+    params = hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     length = dict(max_batch_size=batch, max_model_len=len(prompts[0]) + num_tokens + GAMMA + 2)
     plain = hs.Engine(target, **length)
     spec = hs.Engine(target, draft=draft, num_draft_tokens=GAMMA,

@@ -25,6 +25,17 @@ MAX_DRAFT_TOKENS = 32  # verify forwards and input logs are sized for at most 33
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
+    """Where a verify forward snapshots the target's recurrent state (module docstring).
+
+    snapshot_every: k (default 1), in verify inputs: 1 snapshots after every
+        input, k > 1 after inputs 0, k, 2k, … and the last, 0 only the last.
+    ring_slots: slots per sequence and Mamba layer, head included (>= 2);
+        default None: exactly enough for k and γ (`slots_needed`). Each slot
+        holds one SSM state and conv window (`hybridspec.state_memory`).
+    log_inputs: keep the verify forward's mixer inputs (default True), so a
+        boundary without a snapshot is log-replayed instead of token-replayed.
+    """
+
     snapshot_every: int = 1
     ring_slots: int | None = None  # None: exactly enough for the policy and γ
     log_inputs: bool = True

@@ -1,7 +1,9 @@
 """`hybridspec` command line: generate | simulate | bench | check.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
-`run(args) -> int`; this file only wires them together.
+`run(args) -> int`; this file only wires them together. Only the module of
+the subcommand being run is imported (`hybridspec --help` and `--version`
+import none, nor torch).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import importlib
 import os
 import sys
 
+from . import __version__
 from .errors import HybridSpecError
 
 # subcommand -> (module, one-line help)
@@ -21,15 +24,24 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; the subparsers of `commands` (default: all) get their
+    arguments, which imports their modules."""
     parser = argparse.ArgumentParser(prog="hybridspec", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hybridspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(sub_parser)
-        sub_parser.set_defaults(_run=module.run)
+        if commands is None or name in commands:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+            sub_parser.set_defaults(_run=module.run)
     return parser
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is one), or None."""
+    return next((word for word in argv if word in SUBCOMMANDS), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     and one line on stderr, Ctrl-C with 130, a closed stdout (`| head`) quietly
     with 141 (128 + SIGPIPE, as the shell reports it); any other exception is an
     internal error and keeps its traceback."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = chosen_command(argv)
+    args = build_parser([] if command is None else [command]).parse_args(argv)
     try:
         return args._run(args)
     except HybridSpecError as error:

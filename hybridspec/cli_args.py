@@ -7,9 +7,6 @@ from pathlib import Path
 
 from .errors import CheckpointError, UsageError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
 def load_checkpoint(flag: str, path: str, also: str = "", **kwargs):
     """hs.load(path, **kwargs), its CheckpointError as a UsageError naming `flag`."""
     import hybridspec as hs
@@ -17,22 +14,6 @@ def load_checkpoint(flag: str, path: str, also: str = "", **kwargs):
         return hs.load(path, **kwargs)
     except CheckpointError as error:
         raise UsageError(f"{flag} {path}: {error}{also}") from None
-
-
-def load_tokenizer(flag: str, path: str):
-    """The HF tokenizer saved in the local directory `path`."""
-    directory = Path(path)
-    fix = "pass the directory the model's tokenizer was saved to (tokenizer.save_pretrained)"
-    if not directory.is_dir():
-        raise UsageError(f"{flag} {path}: no such directory; {fix}")
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
-        raise UsageError(f"{flag} {path}: the directory holds none of {', '.join(TOKENIZER_FILES)}; {fix}")
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UsageError(f"{flag} {path}: transformers cannot load a tokenizer from it ({reason}); {fix}") from None
 
 
 def output_file(flag: str, path: str) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Callable, Literal
 
 import torch
@@ -21,20 +22,39 @@ from hybridspec.checkpoints.policy import validate_gamma
 from hybridspec.state_memory import default_state_dtype
 
 from .cache.hybrid_cache import HybridCache, scratch_cache
-from .errors import ConfigError
+from .errors import ConfigError, InvalidRequestError
+from .logprobs import TokenLogprob, batch_logprobs
 from .models.hybrid import HybridModel
-from .requests import engine_sizes, normalize_requests
-from .sampling import RowParams, SamplingParams, process_logits, sample
+from .penalties import penalty_context
+from .requests import engine_eos_ids, engine_sizes, normalize_requests
+from .sampling import RowParams, SamplingParams, derived_seed, process_logits, sample
 from .spec.drafters import as_drafter
 from .spec.speculator import Speculator
 from .stats import EngineStats
+from .stopping import Decode, StopRule
 
 
 @dataclass
 class Output:
+    """What `Engine.generate` returns for one prompt (and sample).
+
+    prompt_token_ids: the prompt as given.
+    token_ids: the generated tokens only, the stop token (if any) included.
+    finish_reason: "stop" (a stop token, EOS or stop string) or "length"
+        (max_new_tokens reached).
+    stop_reason: the stop token id or stop string that ended it; None for EOS
+        and for "length" (vLLM's convention).
+    logprobs: with `SamplingParams(logprobs=k)`, one `TokenLogprob` per
+        generated token; None otherwise.
+    sample_index: which of the prompt's n samples this is (0 for n=1).
+    """
+
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)  # generated tokens only
     finish_reason: Literal["stop", "length"] | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    sample_index: int = 0
 
 
 @dataclass
@@ -45,6 +65,7 @@ class Request:
     params: SamplingParams
     seed: int
     output: Output
+    stops: StopRule
     on_emit: Callable[[list[int]], None] | None = None  # called with the tokens each emit keeps
 
     @property
@@ -56,32 +77,27 @@ class Request:
         return self.output.token_ids[-1] if self.output.token_ids else self.output.prompt_token_ids[-1]
 
     def would_keep(self, tokens: list[int]) -> int:
-        """How many of `tokens` `emit` would keep: up to and including the first
-        stop token, and no more than max_new_tokens in all."""
-        room = self.params.max_new_tokens - len(self.output.token_ids)
-        for i, t in enumerate(tokens[:room]):
-            if int(t) in self.params.stop_token_ids:
-                return i + 1
-        return min(len(tokens), room)
+        """How many of `tokens` `emit` would keep: up to and including the token
+        that ends the request (stop token, EOS, stop string, max_new_tokens)."""
+        return self.stops.cut(self.output.token_ids, [int(t) for t in tokens]).kept
 
     def would_finish(self, tokens: list[int]) -> bool:
-        """Whether emitting `tokens` ends the request (stop token or length)."""
-        kept = self.would_keep(tokens)
-        stopped = kept > 0 and int(tokens[kept - 1]) in self.params.stop_token_ids
-        return stopped or len(self.output.token_ids) + kept >= self.params.max_new_tokens
+        """Whether emitting `tokens` ends the request."""
+        return self.stops.cut(self.output.token_ids, [int(t) for t in tokens]).finished
 
-    def emit(self, tokens: list[int]) -> int:
-        """Append the kept prefix of `tokens` (the rest of a round is cut); set
-        finish_reason when a stop token or the length limit is reached."""
-        kept = self.would_keep(tokens)
-        self.output.token_ids.extend(int(t) for t in tokens[:kept])
-        if self.on_emit is not None and kept:
-            self.on_emit([int(t) for t in tokens[:kept]])
-        if kept and int(tokens[kept - 1]) in self.params.stop_token_ids:
-            self.output.finish_reason = "stop"
-        elif len(self.output.token_ids) >= self.params.max_new_tokens:
-            self.output.finish_reason = "length"
-        return kept
+    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
+        """Append the kept prefix of `tokens` (the rest of a round is cut) and
+        of their `logprobs`; set finish_reason and stop_reason when it ends."""
+        tokens = [int(t) for t in tokens]
+        cut = self.stops.cut(self.output.token_ids, tokens)
+        self.output.token_ids.extend(tokens[:cut.kept])
+        if logprobs is not None:
+            self.output.logprobs = (self.output.logprobs or []) + logprobs[:cut.kept]
+        if self.on_emit is not None and cut.kept:
+            self.on_emit(tokens[:cut.kept])
+        if cut.finished:
+            self.output.finish_reason, self.output.stop_reason = cut.finish_reason, cut.stop_reason
+        return cut.kept
 
     @property
     def finished(self) -> bool:
@@ -89,25 +105,41 @@ class Request:
 
 
 class Engine:
-    """Plain or speculative generation over a `HybridModel`.
+    """Plain or speculative generation of token ids over a `HybridModel`
+    (`hs.LLM` is the text-level front end built on it).
 
     target: the model whose distribution is sampled (`hs.from_hf`, `hs.load`).
-    draft: None (plain decoding), a HybridModel sharing the target's
-        vocabulary, `hs.NgramDrafter()`, or any `hybridspec.spec.Drafter`.
-    num_draft_tokens: γ, drafts per sequence per round.
-    checkpoint: a `CheckpointPolicy`, "auto", or None (a snapshot after every input).
-    verify: "rejection" (lossless rejection sampling) or "coupled" (output
-        token-identical to plain decoding with the same seed).
-    max_batch_size, max_model_len, block_size, num_blocks: cache sizes
-        (sequences, tokens per sequence, tokens per KV page, KV pages).
-    state_dtype: dtype of SSM states and conv windows (None: float32, float64
-        for a float64 model).
+    draft: None (default: plain decoding, the baseline), a HybridModel sharing
+        the target's vocabulary, `hs.NgramDrafter()`, or any
+        `hybridspec.spec.Drafter`.
+    num_draft_tokens: γ, drafts per sequence per round (default 4; >= 1).
+    checkpoint: how the target's recurrent state is snapshotted during
+        verification: a `CheckpointPolicy`, "auto" (`AutoCheckpointPolicy`),
+        or None (default: a snapshot after every verify input).
+    verify: "rejection" (default: lossless rejection sampling) or "coupled"
+        (output token-identical to plain decoding with the same seed).
+    max_batch_size: most sequences per `generate` call, samples counted
+        (default 16).
+    max_model_len: most tokens (prompt + generated) per sequence (default: the
+        model's limit, at most 4096).
+    block_size: tokens per KV page (default 16); num_blocks: KV pages in the
+        pool (default: max_model_len tokens for every sequence).
+    state_dtype: dtype of SSM states and conv windows (default None: float32,
+        float64 for a float64 model).
+    eos_token_ids: token ids that end a request unless its `ignore_eos` is set
+        (default None: the target config's `eos_token_id`, if any).
+    decode: token ids -> text, needed by requests with `stop` strings (default
+        None; `hs.LLM` passes its tokenizer's).
+
+    After each `generate`, `stats` (`EngineStats`) describes that call alone;
+    `total_stats` adds up every call of this Engine.
     """
 
     def __init__(self, target: HybridModel, draft=None, num_draft_tokens: int = 4, checkpoint=None,
                  verify: Literal["rejection", "coupled"] = "rejection", *, max_batch_size: int = 16,
                  max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None,
-                 state_dtype: torch.dtype | None = None):
+                 state_dtype: torch.dtype | None = None, eos_token_ids: Iterable[int] | None = None,
+                 decode: Decode | None = None):
         if not isinstance(target, HybridModel):
             raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
         if verify not in ("rejection", "coupled"):
@@ -115,6 +147,10 @@ class Engine:
         if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
             raise ConfigError(f"state_dtype={state_dtype!r} must be a floating torch.dtype (e.g. torch.float32) "
                               "or None for the default")
+        if decode is not None and not callable(decode):
+            raise ConfigError(f"decode={decode!r} must be a function from token ids to text, e.g. tokenizer.decode")
+        self.eos_token_ids = engine_eos_ids(target.config, eos_token_ids)
+        self.decode = decode
         sizes = engine_sizes(target.config, max_batch_size, max_model_len, block_size, num_blocks)
         self.target = target
         self.verify = verify
@@ -124,6 +160,7 @@ class Engine:
         self.cache_kwargs = dict(max_seqs=sizes.max_batch_size, block_size=sizes.block_size,
                                  num_blocks=sizes.num_blocks, dtype=target.dtype, device=target.device)
         self.stats = EngineStats()
+        self.total_stats = EngineStats()
         self.check_invariants = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
         self.speculator: Speculator | None = None
         if draft is None:
@@ -147,23 +184,32 @@ class Engine:
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 progress: bool = False, stream: Callable[[int, list[int]], None] | None = None) -> list[Output]:
-        """Generate for every prompt; returns one Output per prompt, in order.
-        `stream(i, token_ids)`, when given, is called as tokens of prompt i are
-        emitted (once per round, after its commit)."""
+                 progress: bool | str = False, stream: Callable[[int, list[int]], None] | None = None) -> list[Output]:
+        """Generate for every prompt; returns one Output per prompt, in order, or
+        with `n` > 1 n consecutive Outputs per prompt (HF's
+        `num_return_sequences` order), sample i seeded `derived_seed(seed, i)`.
+
+        prompts: token-id lists (or 1-D integer arrays / tensors).
+        params: one SamplingParams for all prompts, one per prompt, or None (the
+            defaults: 64 greedy tokens).
+        progress: a tqdm bar on stderr (a string labels it); default off.
+        stream: when given, `stream(i, token_ids)` is called as tokens of
+            output i are emitted (once per round, after its commit).
+        Raises InvalidRequestError / CacheFullError before anything runs."""
         prompts, params = normalize_requests(prompts, params, self.target.vocab_size, self.max_batch_size,
                                              self.max_model_len)
-        requests = []
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            on_emit = None if stream is None else (lambda tokens, i=i: stream(i, tokens))
-            requests.append(Request(self._next_seq_id, p, p.resolved_seed(), Output(list(prompt)), on_emit))
-            self._next_seq_id += 1
+        if self.decode is None and any(p.stop for p in params):
+            raise InvalidRequestError("stop strings need a detokenizer: use hs.LLM for text, or build the Engine "
+                                      "with decode=tokenizer.decode (or pass stop_token_ids instead)")
+        requests = self._requests(prompts, params, stream)
         kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
         self.cache.check_admission(len(requests), kv_lens)
         if self.speculator is not None:
             self.speculator.drafter.check_admission(requests)
+        self.stats.reset()
         rows = RowParams.of([r.params for r in requests], [r.seed for r in requests], self.target.device)
-        bar = tqdm(total=sum(r.params.max_new_tokens for r in requests), disable=not progress, unit="tok")
+        bar = tqdm(total=sum(r.params.max_new_tokens for r in requests), disable=not progress, unit="tok",
+                   desc=progress if isinstance(progress, str) else None, leave=False)
         try:
             self._prefill(requests, rows)
             bar.update(len(requests))
@@ -174,7 +220,24 @@ class Engine:
             if self.speculator is not None:
                 self.speculator.drafter.release([r.seq_id for r in requests])
             bar.close()
+            self.total_stats.add(self.stats)
         return [r.output for r in requests]
+
+    def _requests(self, prompts: list[list[int]], params: list[SamplingParams], stream) -> list[Request]:
+        """One Request per prompt and sample, with fresh sequence ids."""
+        requests = []
+        for prompt, p in zip(prompts, params):
+            seed = p.resolved_seed()
+            stops = StopRule(p.max_new_tokens, frozenset(p.stop_token_ids),
+                             frozenset() if p.ignore_eos else self.eos_token_ids, p.stop, self.decode)
+            for sample_index in range(p.n):
+                i = len(requests)
+                on_emit = None if stream is None else (lambda tokens, i=i: stream(i, tokens))
+                output = Output(list(prompt), logprobs=None if p.logprobs is None else [], sample_index=sample_index)
+                requests.append(Request(self._next_seq_id, p, derived_seed(seed, sample_index), output, stops,
+                                        on_emit))
+                self._next_seq_id += 1
+        return requests
 
     def _prefill(self, requests: list[Request], rows: RowParams) -> None:
         """Absorb every prompt and emit the first token from the last prompt logits."""
@@ -187,9 +250,11 @@ class Engine:
     def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams) -> None:
         with self.stats.phase("sampling"):
             positions = torch.tensor([r.committed_len for r in requests], device=logits.device)
-            tokens = sample(process_logits(logits, rows), rows, positions).tolist()
-        for r, t in zip(requests, tokens):
-            r.emit([t])
+            probs = process_logits(logits, rows, penalty_context(requests, logits.shape[-1], logits.device))
+            tokens = sample(probs, rows, positions).tolist()
+            logprobs = batch_logprobs(probs[:, None], [[t] for t in tokens], requests)
+        for r, t, lp in zip(requests, tokens, logprobs):
+            r.emit([t], lp)
         self.stats.emitted_tokens += len(requests)
 
     def _decode_loop(self, requests: list[Request], rows: RowParams, bar) -> None:

@@ -1,25 +1,27 @@
-"""`hybridspec generate [PROMPT]`: speculative decoding from the command line.
+"""`hybridspec generate [PROMPT]`: text in, text out, from the command line.
 
 With no arguments it continues a short Python prompt with the embedded
-byte-level pair (`hybridspec.embedded`), then decodes the same prompt plainly
-with the same target and settings, and reports acceptance rate, mean tokens per
-round, tokens/s and the speedup over plain decoding measured in this run.
+byte-level pair (`hybridspec.embedded`) and measures the speedup over plain
+decoding: after one untimed warm-up each, plain and speculative runs of the
+same prompt alternate `--repeats` times (3 by default), and the report gives
+the median tokens/s of each, their ratio and the range of the per-pair
+ratios. `--no-baseline` runs the speculative decoder once and skips the plain
+runs. `PROMPT` `-` reads the prompt from stdin.
 
-On a terminal the speculative run's text streams as rounds commit (through
-`Engine.generate(stream=...)`); with stdout not a terminal the text is written
-once generation ends and a progress bar goes to stderr. The generated text goes
-to stdout (after the prompt); the statistics go to stderr, or to stdout as one
-JSON object with `--json`.
+The generated text goes to stdout after the prompt (on a terminal it streams
+as rounds commit), then the statistics to stderr; `--json` prints one JSON
+object (text and statistics) to stdout instead. Progress bars, labelled with
+the run, appear on stderr only when stderr is a terminal and stdout is not
+streaming, and never with `--json`.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import secrets
+import statistics
 import sys
 import time
-from dataclasses import dataclass
-from typing import Callable
 
 DEFAULT_PROMPT = '''class Stack:
     """A last-in, first-out stack."""
@@ -32,58 +34,56 @@ DEFAULT_PROMPT = '''class Stack:
 
 POLICY_HELP = ("checkpoint policy: k1 (snapshot every verify input), k2, k4, ... (every k-th), k0 (round start "
                "and final only), auto, or key=value pairs such as snapshot_every=2,ring_slots=4,log_inputs=0")
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", default=None,
-                        help="text to continue (default: a short Python class)")
+                        help="text to continue; - reads it from stdin (default: a short Python class)")
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="target checkpoint directory, anything hs.load reads (default: the embedded target)")
     parser.add_argument("--draft", metavar="DIR|ngram|none", default=None,
                         help="draft checkpoint directory, 'ngram' for prompt lookup, or 'none' for plain decoding "
                              "only (default: the embedded draft with the embedded target, else ngram)")
     parser.add_argument("--tokenizer", metavar="DIR", default=None,
-                        help="local HF tokenizer directory for models that are not byte-level")
-    parser.add_argument("-n", "--max-new-tokens", type=int, default=256, help="tokens to generate (default 256)")
+                        help="local HF tokenizer directory (default: the model directory's own, or bytes for a "
+                             "byte-level model)")
+    parser.add_argument("-n", "--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=256,
+                        help="tokens to generate at most (default 256)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
     parser.add_argument("--policy", default="k1", help=POLICY_HELP + " (default k1)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="drop tokens below min-p times the most likely one's probability (default 0: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="HF's repetition penalty (default 1: off)")
+    parser.add_argument("--stop", action="append", metavar="TEXT", default=[],
+                        help="stop when TEXT appears; the output is cut just before it (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true", help="generate past the model's EOS token")
     parser.add_argument("--seed", type=int, default=None,
                         help="sampling seed (default: a random one, printed so the run can be repeated)")
     parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
                         help="'coupled' makes sampled output identical to plain decoding with the same seed")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps (default cpu)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
+                        help="dtype of the model weights (default: the checkpoint's)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: 1 for the embedded pair, whose matrices are too small "
-                             "to gain from more threads; torch's default otherwise)")
+                        help="torch intra-op threads on CPU (default: 1 for models of hidden size < 2048 such as "
+                             "the embedded pair, torch's default otherwise)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the plain-decoding runs (no speedup is measured)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed plain and speculative runs, interleaved, for the speedup (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text and statistics) to stdout")
 
 
-@dataclass(frozen=True)
-class Codec:
-    """Text <-> token ids for one model."""
-
-    name: str
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    stop_token_ids: tuple[int, ...] = ()
-
-
-def byte_codec(vocab_size: int) -> Codec:
-    from .errors import ConfigError
-    if vocab_size != 256:
-        raise ConfigError(f"the model's vocabulary has {vocab_size} tokens, not the 256 bytes of a byte-level "
-                          "model; pass --tokenizer DIR with the model's HF tokenizer")
-    return Codec("bytes", lambda text: list(text.encode("utf-8")),
-                 lambda ids: bytes(ids).decode("utf-8", errors="replace"))
-
-
-def tokenizer_codec(path: str) -> Codec:
-    from .cli_args import load_tokenizer
-    tokenizer = load_tokenizer("--tokenizer", path)
-    stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
-    return Codec(path, lambda text: list(tokenizer.encode(text)), lambda ids: tokenizer.decode(ids), stops)
+def read_prompt(prompt: str | None) -> str:
+    """The prompt text: the argument, stdin for "-", or the default."""
+    if prompt == "-":
+        return sys.stdin.read()
+    return DEFAULT_PROMPT if prompt is None else prompt
 
 
 def parse_policy(text: str):
@@ -115,49 +115,121 @@ def parse_policy(text: str):
     return CheckpointPolicy(**fields)
 
 
-def set_threads(threads: int | None) -> None:
-    import torch
-    from .errors import ConfigError
-    if threads is not None:
-        if threads < 1:
-            raise ConfigError(f"--threads={threads} must be >= 1")
-        torch.set_num_threads(threads)
-
-
-def load_models(args: argparse.Namespace):
-    """(target, draft or None, target name, draft name) from --model / --draft."""
+def load_models(args: argparse.Namespace, dtype, device: str):
+    """(target, draft or None, target directory, target name, draft name) from --model / --draft."""
     import hybridspec as hs
     from .cli_args import load_checkpoint
     from .embedded import embedded_paths
+    kwargs = dict(dtype=dtype, device=device)
     if args.model is None:
         target_dir, draft_dir = embedded_paths()
-        target, target_name = hs.load(target_dir), "embedded target"
+        target, target_name = hs.load(target_dir, **kwargs), "embedded target"
         draft_spec = args.draft if args.draft is not None else str(draft_dir)
     else:
-        target, target_name = load_checkpoint("--model", args.model), args.model
+        target_dir = args.model
+        target, target_name = load_checkpoint("--model", args.model, **kwargs), args.model
         draft_spec = args.draft if args.draft is not None else "ngram"
     if draft_spec == "none":
-        return target, None, target_name, "none"
+        return target, None, target_dir, target_name, "none"
     if draft_spec == "ngram":
-        return target, hs.NgramDrafter(), target_name, "ngram (prompt lookup)"
+        return target, hs.NgramDrafter(), target_dir, target_name, "ngram (prompt lookup)"
     name = "embedded draft" if args.model is None and args.draft is None else draft_spec
-    draft = load_checkpoint("--draft", draft_spec, also=" (or pass --draft ngram or --draft none)")
-    return target, draft, target_name, name
+    draft = load_checkpoint("--draft", draft_spec, also=" (or pass --draft ngram or --draft none)", **kwargs)
+    return target, draft, target_dir, target_name, name
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    from .errors import UsageError
+    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}={value} must be >= 1")
+
+
+def build_llm(args: argparse.Namespace):
+    """(LLM, plain Engine or None, prompt text, prompt ids, names) for the arguments."""
+    import hybridspec as hs
+    from .cli_args import torch_device
+    from .codec import TokenizerCodec, load_tokenizer
+    from .llm import DTYPES, as_codec, model_eos_ids
+    check_counts(args)
+    prompt_text = read_prompt(args.prompt)
+    device = torch_device("--device", args.device)
+    target, draft, target_dir, target_name, draft_name = load_models(
+        args, None if args.dtype is None else DTYPES[args.dtype], device)
+    tokenizer = TokenizerCodec(load_tokenizer(args.tokenizer, "--tokenizer"), args.tokenizer) if args.tokenizer \
+        else None
+    codec = as_codec(tokenizer, args.model, target.vocab_size)
+    prompt = codec.encode(prompt_text)
+    eos = sorted(set(codec.eos_token_ids) | set(model_eos_ids(target_dir, target)))
+    sizes = dict(max_batch_size=1, max_model_len=min(target.config.max_position_embeddings,
+                                                      len(prompt) + args.max_new_tokens + args.gamma + 1))
+    llm = hs.LLM(target, draft=draft, tokenizer=codec, num_draft_tokens=args.gamma,
+                 checkpoint=parse_policy(args.policy), verify=args.verify, threads=args.threads,
+                 eos_token_ids=eos, **sizes)
+    plain = None if draft is None or args.no_baseline else \
+        hs.Engine(target, eos_token_ids=eos, decode=codec.decode, **sizes)
+    return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
+
+
+def sampling_params(args: argparse.Namespace):
+    import hybridspec as hs
+    seed = args.seed if args.seed is not None or args.temperature == 0 else secrets.randbits(31)
+    return hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, min_p=args.min_p, seed=seed, stop=tuple(args.stop),
+                             ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty)
+
+
+def run(args: argparse.Namespace) -> int:
+    llm, plain, prompt_text, prompt, names = build_llm(args)
+    params = sampling_params(args)
+    first = "speculative" if llm.engine.speculator is not None else "plain"
+    engines = [(first, llm.engine)] + ([("plain", plain)] if plain is not None else [])
+    streaming = sys.stdout.isatty() and not args.json
+    bars = sys.stderr.isatty() and not args.json and not streaming
+    repeats = args.repeats if len(engines) == 2 else 1
+    runs = {name: [] for name, _ in engines}
+    for name, engine in engines:
+        warm_up(engine, prompt, params)
+    for i in range(repeats):
+        for name, engine in engines:
+            stream = None
+            if streaming and i == 0 and name == first:
+                sys.stdout.write(prompt_text)
+                stream = TextStream(llm.codec, sys.stdout, params.stop)
+            label = f"{name} run {i + 1}/{repeats}" if bars else False
+            runs[name].append(timed_generate(engine, prompt, params, label, stream))
+            if stream is not None:
+                stream.finish(runs[name][0][0].stop_reason)
+    report = build_report(args, runs, names, llm, prompt_text, prompt, params.seed)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        if not streaming:
+            sys.stdout.write(prompt_text + report["text"] + "\n")
+        sys.stdout.flush()
+        print(render_summary(report), file=sys.stderr)
+    return 0
 
 
 class TextStream:
     """Writes the decoded text of the tokens emitted so far as they arrive,
-    holding back a trailing incomplete character (U+FFFD) until it completes."""
+    holding back a trailing incomplete character (U+FFFD) and anything that
+    could be the start of a stop string until it is decided."""
 
-    def __init__(self, codec: Codec, out):
-        self.codec, self.out, self.ids, self.written = codec, out, [], 0
+    def __init__(self, codec, out, stop: tuple[str, ...] = ()):
+        self.codec, self.out, self.ids, self.written, self.stop = codec, out, [], 0, stop
+        self.hold = max(map(len, stop), default=1) - 1
 
     def __call__(self, index: int, tokens: list[int]) -> None:
         self.ids.extend(tokens)
-        self._write(self.codec.decode(self.ids).rstrip("\ufffd"))
+        text = self.codec.decode(self.ids).rstrip("\ufffd")
+        hits = [text.find(s) for s in self.stop if s in text]
+        self._write(text[:min(hits) if hits else len(text) - self.hold])
 
-    def finish(self) -> None:
-        self._write(self.codec.decode(self.ids) + "\n")
+    def finish(self, stop_reason) -> None:
+        from .stopping import cut_text
+        self._write(cut_text(self.codec.decode(self.ids), stop_reason) + "\n")
 
     def _write(self, text: str) -> None:
         if len(text) > self.written:
@@ -166,102 +238,66 @@ class TextStream:
             self.written = len(text)
 
 
-def timed_generate(engine, prompt: list[int], params, progress: bool, stream=None):
-    """(Output, wall seconds) of one generate call, from fresh statistics."""
-    engine.stats.reset()
+def timed_generate(engine, prompt: list[int], params, progress: bool | str, stream=None):
+    """(Output, wall seconds, the call's statistics) of one generate call."""
     start = time.perf_counter()
     output = engine.generate([prompt], params, progress=progress, stream=stream)[0]
-    return output, time.perf_counter() - start
+    return output, time.perf_counter() - start, engine.stats.as_dict()
 
 
 def warm_up(engine, prompt: list[int], params) -> None:
-    """One short untimed call so the timed one pays no first-call costs."""
+    """One short untimed call so the timed ones pay no first-call costs."""
     import hybridspec as hs
     engine.generate([prompt], hs.SamplingParams(max_new_tokens=min(4, params.max_new_tokens),
                                                 temperature=params.temperature, seed=params.seed))
 
 
-def run(args: argparse.Namespace) -> int:
-    import hybridspec as hs
-    set_threads(args.threads if args.threads is not None else 1 if args.model is None else None)
-    target, draft, target_name, draft_name = load_models(args)
-    codec = tokenizer_codec(args.tokenizer) if args.tokenizer else byte_codec(target.vocab_size)
-    prompt_text = DEFAULT_PROMPT if args.prompt is None else args.prompt
-    prompt = codec.encode(prompt_text)
-    seed = args.seed if args.seed is not None or args.temperature == 0 else secrets.randbits(31)
-    params = hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                               top_k=args.top_k, top_p=args.top_p, seed=seed,
-                               stop_token_ids=codec.stop_token_ids)
-    sizes = dict(max_batch_size=1, max_model_len=min(target.config.max_position_embeddings,
-                                                      len(prompt) + args.max_new_tokens + args.gamma + 1))
-    plain = hs.Engine(target, **sizes)
-    spec = None if draft is None else hs.Engine(target, draft=draft, num_draft_tokens=args.gamma,
-                                                 checkpoint=parse_policy(args.policy), verify=args.verify,
-                                                 **sizes)
-    streaming = sys.stdout.isatty() and not args.json
-    progress = not streaming and not sys.stdout.isatty()
-    runs, stream = {}, None
-    for name, engine in (("speculative", spec), ("plain", plain)):
-        if engine is not None:
-            warm_up(engine, prompt, params)
-            if streaming and not runs:  # the first timed run streams its text
-                sys.stdout.write(prompt_text)
-                stream = TextStream(codec, sys.stdout)
-            runs[name] = timed_generate(engine, prompt, params, progress, stream if not runs else None) \
-                + (engine.stats.as_dict(),)
-            if stream is not None and len(runs) == 1:
-                stream.finish()
-    report = build_report(args, runs, target_name, draft_name, codec, prompt_text, prompt, seed)
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        if stream is None:
-            sys.stdout.write(prompt_text + report["text"] + "\n")
-            sys.stdout.flush()
-        print(render_summary(report), file=sys.stderr)
-    return 0
+def run_summary(runs: list | None) -> dict | None:
+    """Median seconds and tokens/s of repeated runs; the first run's tokens and statistics."""
+    if not runs:
+        return None
+    output, _, stats = runs[0]
+    rates = [len(o.token_ids) / seconds for o, seconds, _ in runs]
+    return dict(seconds=statistics.median(s for _, s, _ in runs), new_tokens=len(output.token_ids),
+                tokens_per_s=statistics.median(rates), tokens_per_s_runs=rates, runs=len(runs), stats=stats)
 
 
-def build_report(args, runs: dict, target_name: str, draft_name: str, codec: Codec, prompt_text: str,
-                 prompt: list[int], seed: int | None) -> dict:
-    import torch
-    main = runs.get("speculative", runs["plain"])
-    output = main[0]
-
-    def timing(name: str) -> dict | None:
-        if name not in runs:
-            return None
-        out, seconds, stats = runs[name]
-        return dict(seconds=seconds, new_tokens=len(out.token_ids), tokens_per_s=len(out.token_ids) / seconds,
-                    stats=stats)
-
-    speculative, plain = timing("speculative"), timing("plain")
+def build_report(args, runs: dict, names: dict, llm, prompt_text: str, prompt: list[int], seed: int | None) -> dict:
+    from .stopping import cut_text
+    output = (runs.get("speculative") or runs["plain"])[0][0]
+    speculative, plain = run_summary(runs.get("speculative")), run_summary(runs.get("plain"))
     exact = args.temperature == 0 or args.verify == "coupled"
+    both = speculative is not None and plain is not None
+    pairs = [s / p for s, p in zip(speculative["tokens_per_s_runs"], plain["tokens_per_s_runs"])] if both else []
     return {
         "schema": "hybridspec.generate/v1",
-        "model": target_name, "draft": draft_name, "tokenizer": codec.name,
-        "gamma": args.gamma, "policy": args.policy, "verify": args.verify, "threads": torch.get_num_threads(),
+        **names,
+        "gamma": args.gamma, "policy": args.policy, "verify": args.verify, "threads": llm.threads,
+        "device": args.device, "dtype": str(llm.target.dtype).removeprefix("torch."),
         "sampling": dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, seed=seed),
+                         top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                         stop=list(args.stop), ignore_eos=args.ignore_eos, seed=seed),
         "prompt": prompt_text, "prompt_tokens": len(prompt),
-        "text": codec.decode(output.token_ids), "token_ids": output.token_ids,
-        "finish_reason": output.finish_reason,
+        "text": cut_text(llm.codec.decode(output.token_ids), output.stop_reason), "token_ids": output.token_ids,
+        "finish_reason": output.finish_reason, "stop_reason": output.stop_reason,
         "speculative": speculative, "plain": plain,
-        "speedup": speculative["tokens_per_s"] / plain["tokens_per_s"] if speculative else None,
+        "speedup": speculative["tokens_per_s"] / plain["tokens_per_s"] if both else None,
+        "speedup_range": [min(pairs), max(pairs)] if pairs else None,
+        "speedup_method": f"median tok/s of {len(pairs)} interleaved plain and speculative runs each" if both
+        else None,
         # greedy and coupled outputs must equal plain decoding; rejection sampling draws differently
-        "same_as_plain": runs["speculative"][0].token_ids == runs["plain"][0].token_ids
-        if speculative and exact else None,
+        "same_as_plain": runs["speculative"][0][0].token_ids == runs["plain"][0][0].token_ids
+        if both and exact else None,
     }
 
 
 def render_summary(report: dict) -> str:
-    plain = report["plain"]
-    lines = [f"--- {report['model']}, {report['prompt_tokens']} prompt tokens, {plain['new_tokens']} new tokens "
-             f"({report['finish_reason']}), {report['threads']} thread(s)"]
+    main = report["speculative"] or report["plain"]
+    lines = [f"--- {report['model']}, {report['prompt_tokens']} prompt tokens, {main['new_tokens']} new tokens "
+             f"({report['finish_reason']}), {report['device']} {report['dtype']}, {report['threads']} thread(s)"]
     if report["sampling"]["seed"] is not None:
         lines[0] += f", seed {report['sampling']['seed']}"
-    spec = report["speculative"]
+    spec, plain = report["speculative"], report["plain"]
     if spec is None:
         lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s")
         return "\n".join(lines)
@@ -269,9 +305,18 @@ def render_summary(report: dict) -> str:
     lines.append(f"speculative: draft {report['draft']}, gamma {report['gamma']}, policy {report['policy']}, "
                  f"verify {report['verify']}")
     lines.append(f"acceptance rate {stats['acceptance_rate']:.3f}, {stats['tokens_per_round']:.2f} tokens per round, "
-                 f"{spec['tokens_per_s']:.1f} tok/s")
+                 f"{spec['tokens_per_s']:.1f} tok/s{_median_note(spec)}")
+    if plain is None:
+        lines.append("plain decoding: skipped (--no-baseline), no speedup measured")
+        return "\n".join(lines)
     same = report["same_as_plain"]
     same_text = "n/a (rejection sampling)" if same is None else ("yes" if same else "NO")
-    lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s; speedup {report['speedup']:.2f}x; "
+    low, high = report["speedup_range"]
+    lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s{_median_note(plain)}; speedup "
+                 f"{report['speedup']:.2f}x ({report['speedup_method']}; per pair {low:.2f}x-{high:.2f}x); "
                  f"same tokens as plain: {same_text}")
     return "\n".join(lines)
+
+
+def _median_note(run: dict) -> str:
+    return f" (median of {run['runs']})" if run["runs"] > 1 else ""

@@ -54,6 +54,21 @@ def engine_sizes(config: HybridConfig, max_batch_size, max_model_len, block_size
     return EngineSizes(batch, length, block, blocks)
 
 
+def engine_eos_ids(config: HybridConfig, eos_token_ids) -> frozenset[int]:
+    """The Engine's EOS ids: `eos_token_ids` checked, or the config's `eos_token_id` (none if it has none)."""
+    if eos_token_ids is None:
+        return frozenset() if config.eos_token_id is None else frozenset((config.eos_token_id,))
+    fix = f"; pass token ids in [0, {config.vocab_size}) such as (2,), or None for the model config's"
+    if isinstance(eos_token_ids, (str, bytes)) or not hasattr(eos_token_ids, "__iter__"):
+        raise ConfigError(f"eos_token_ids={eos_token_ids!r} is not a collection of token ids{fix}")
+    values = list(eos_token_ids)
+    ids = [token_id(t) for t in values]
+    bad = [t for t, i in zip(values, ids) if i is None or not 0 <= i < config.vocab_size]
+    if bad:
+        raise ConfigError(f"eos_token_ids holds {bad[0]!r}, not a token id of the model{fix}")
+    return frozenset(ids)
+
+
 def normalize_requests(prompts, params, vocab_size: int, max_batch_size: int,
                        max_model_len: int) -> tuple[list[list[int]], list[SamplingParams]]:
     """(prompts as lists of ints, one SamplingParams per prompt), or InvalidRequestError."""
@@ -62,6 +77,11 @@ def normalize_requests(prompts, params, vocab_size: int, max_batch_size: int,
         raise InvalidRequestError(f"{len(prompts)} prompts exceed max_batch_size={max_batch_size}; "
                                   "split the batch or build the Engine with a larger max_batch_size")
     params = normalize_params(params, len(prompts))
+    sequences = sum(p.n for p in params)
+    if sequences > max_batch_size:
+        raise InvalidRequestError(f"{len(prompts)} prompts with n samples each make {sequences} sequences, more "
+                                  f"than max_batch_size={max_batch_size}; lower n, split the batch or build the "
+                                  "Engine with a larger max_batch_size")
     for i, (prompt, p) in enumerate(zip(prompts, params)):
         if len(prompt) + p.max_new_tokens > max_model_len:
             raise InvalidRequestError(

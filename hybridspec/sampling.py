@@ -1,8 +1,9 @@
 """`SamplingParams` and the one sampling rule of hybridspec.
 
 Post-processing (applied identically to the target and to any drafter, so
-that verification compares like with like): temperature, then top-k, then
-top-p (nucleus), then min-p, then renormalise.
+that verification compares like with like): the penalties (repetition, then
+frequency and presence, `hybridspec.penalties`), temperature, then top-k,
+then top-p (nucleus), then min-p, then renormalise.
 
 Sampling is Gumbel-max with noise keyed by (request seed, absolute position,
 purpose): token = argmax_v log p(v) + g(seed, position, v). The same key gives
@@ -11,10 +12,12 @@ makes `verify="coupled"` token-identical to plain decoding.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,16 +26,63 @@ from hybridspec.kernels.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
 from .errors import InvalidRequestError
 from .validation import integer, real, token_id
 
+if TYPE_CHECKING:
+    from .penalties import PenaltyContext
+
+MAX_SEED = 2 ** 63
+
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How to sample one request. Every field is checked on construction
+    (`InvalidRequestError` names the bad value and the fix).
+
+    max_new_tokens: most tokens to generate (default 64; `max_tokens` in vLLM).
+    temperature: 0 (default) is greedy; > 0 samples softmax(logits / temperature).
+    top_k: keep the k most likely tokens (0, the default: off).
+    top_p: keep the smallest set of most likely tokens whose mass reaches top_p,
+        in (0, 1] (1.0, the default: off).
+    min_p: drop tokens below min_p times the most likely token's probability,
+        in [0, 1] (0.0, the default: off).
+    seed: the request's sampling seed, an integer in [0, 2**63); None (default)
+        draws a fresh one. Sample i of n uses `derived_seed(seed, i)`.
+    n: samples per prompt (default 1); n > 1 needs temperature > 0.
+    stop: strings that end the request; the output text is cut just before the
+        first one (it may span tokens). Needs a detokenizer (`hs.LLM`, or
+        `Engine(decode=...)`). Default: none.
+    stop_token_ids: token ids that end the request, kept as its last token
+        (default: none).
+    ignore_eos: False (default) stops at the model's EOS token ids
+        (`Engine.eos_token_ids`); True generates past them.
+    logprobs: None (default) records none; k >= 0 records, for every generated
+        token, its log-probability under the target's processed distribution
+        (after penalties, temperature and filters) and the k most likely tokens'.
+    repetition_penalty: > 0, 1.0 (default) is off. Every token of the prompt or
+        the output has its logit divided by it when positive, multiplied when
+        negative (Keskar et al. 2019; HF's `repetition_penalty`).
+    presence_penalty: subtracted from the logit of every token generated so far
+        (default 0.0; vLLM's and OpenAI's `presence_penalty`).
+    frequency_penalty: subtracted from a token's logit once per time it was
+        generated so far (default 0.0).
+    The penalties read each position's own context (for a draft position, the
+    drafts before it too), identically for target and drafter, so speculative
+    decoding stays lossless with them.
+    """
+
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0: greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None  # None: a fresh random seed per request
+    n: int = 1
+    stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):
         checked = dict(
@@ -42,24 +92,72 @@ class SamplingParams:
             top_p=real("top_p", self.top_p, InvalidRequestError, "in (0, 1]; use 1.0 to turn it off"),
             min_p=real("min_p", self.min_p, InvalidRequestError, "in [0, 1]; use 0.0 to turn it off"),
             seed=None if self.seed is None else integer("seed", self.seed, 0, InvalidRequestError, " or None"),
-            stop_token_ids=_stop_token_ids(self.stop_token_ids))
+            n=integer("n", self.n, 1, InvalidRequestError, " (samples per prompt)"),
+            stop=_stop_strings(self.stop),
+            stop_token_ids=_stop_token_ids(self.stop_token_ids),
+            logprobs=None if self.logprobs is None else integer(
+                "logprobs", self.logprobs, 0, InvalidRequestError, " (top tokens to record) or None"),
+            repetition_penalty=real("repetition_penalty", self.repetition_penalty, InvalidRequestError,
+                                    "> 0; use 1.0 to turn it off"),
+            presence_penalty=real("presence_penalty", self.presence_penalty, InvalidRequestError,
+                                  "(finite); use 0.0 to turn it off"),
+            frequency_penalty=real("frequency_penalty", self.frequency_penalty, InvalidRequestError,
+                                   "(finite); use 0.0 to turn it off"))
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos={self.ignore_eos!r} must be True or False")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(f"temperature={self.temperature!r} must be finite and >= 0 (0 is greedy)")
         if not (0.0 < self.top_p <= 1.0):
             raise InvalidRequestError(f"top_p={self.top_p!r} must be in (0, 1]; use 1.0 to turn it off")
         if not (0.0 <= self.min_p <= 1.0):
             raise InvalidRequestError(f"min_p={self.min_p!r} must be in [0, 1]; use 0.0 to turn it off")
-        if self.seed is not None and self.seed >= 2 ** 63:
+        if self.seed is not None and self.seed >= MAX_SEED:
             raise InvalidRequestError(f"seed={self.seed!r} must be an integer in [0, 2**63) or None")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InvalidRequestError(f"repetition_penalty={self.repetition_penalty!r} must be finite and > 0; "
+                                      "use 1.0 to turn it off")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise InvalidRequestError(f"{name}={getattr(self, name)!r} must be finite; use 0.0 to turn it off")
+        if self.n > 1 and self.is_greedy:
+            raise InvalidRequestError(f"n={self.n} with temperature=0 gives {self.n} identical greedy outputs; "
+                                      "set temperature > 0 for distinct samples, or n=1")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
     def resolved_seed(self) -> int:
         return self.seed if self.seed is not None else secrets.randbits(63)
+
+
+def derived_seed(seed: int, sample: int) -> int:
+    """The seed of sample `sample` of a request seeded `seed`: `seed` itself for
+    sample 0 (so n=1 is unchanged), a hash of both for the others."""
+    if sample == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % MAX_SEED
+
+
+def _stop_strings(values) -> tuple[str, ...]:
+    """stop as a tuple of non-empty strings: one string or an iterable of them."""
+    example = '; pass a string or a list of strings such as ["\\n\\n"]'
+    if isinstance(values, str):
+        values = (values,)
+    if not isinstance(values, Iterable) or isinstance(values, bytes):
+        raise InvalidRequestError(f"stop={values!r} is not a string or a collection of strings{example}")
+    strings = tuple(values)
+    bad = [s for s in strings if not isinstance(s, str) or not s]
+    if bad:
+        raise InvalidRequestError(f"stop holds {bad[0]!r}, not a non-empty string{example}")
+    return strings
 
 
 def _stop_token_ids(values) -> tuple[int, ...]:
@@ -83,6 +181,9 @@ class RowParams:
     top_p: torch.Tensor  # [batch] float64
     min_p: torch.Tensor  # [batch] float64
     seeds: torch.Tensor  # [batch] int64
+    repetition_penalty: torch.Tensor  # [batch] float64 (1: off)
+    presence_penalty: torch.Tensor  # [batch] float64 (0: off)
+    frequency_penalty: torch.Tensor  # [batch] float64 (0: off)
 
     @classmethod
     def of(cls, params: list[SamplingParams], seeds: list[int], device) -> "RowParams":
@@ -92,28 +193,34 @@ class RowParams:
                    tensor([p.top_k for p in params], torch.long),
                    tensor([p.top_p for p in params], torch.float64),
                    tensor([p.min_p for p in params], torch.float64),
-                   tensor(seeds, torch.long))
+                   tensor(seeds, torch.long),
+                   tensor([p.repetition_penalty for p in params], torch.float64),
+                   tensor([p.presence_penalty for p in params], torch.float64),
+                   tensor([p.frequency_penalty for p in params], torch.float64))
 
     def select(self, rows: torch.Tensor) -> "RowParams":
-        return RowParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.min_p[rows],
-                         self.seeds[rows])
+        return RowParams(*(getattr(self, f.name)[rows] for f in fields(self)))
 
     def repeat(self, n: int) -> "RowParams":
         """Each row repeated n times (for [batch, n, vocab] logits flattened)."""
-        return RowParams(*(t.repeat_interleave(n) for t in
-                           (self.temperature, self.top_k, self.top_p, self.min_p, self.seeds)))
+        return RowParams(*(getattr(self, f.name).repeat_interleave(n) for f in fields(self)))
 
     @property
     def is_greedy(self) -> torch.Tensor:
         return self.temperature == 0
 
 
-def process_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, rows: RowParams, context: PenaltyContext | None = None) -> torch.Tensor:
     """Post-processed probabilities. logits [N, vocab] -> probs [N, vocab] (float64).
 
-    Greedy rows get the plain softmax (their argmax is all that is used).
-    Filters no row asks for are skipped (sorting the vocabulary is the cost)."""
+    `context` (`hybridspec.penalties.penalty_context`, None when no row has a
+    penalty) holds each row's context token counts for the penalties.
+    Greedy rows get the plain softmax of the penalised logits (their argmax is
+    all that is used). Filters no row asks for are skipped (sorting the
+    vocabulary is the cost)."""
     x = logits.to(torch.float64)
+    if context is not None:
+        x = context.penalize(x, rows)
     temperature = torch.where(rows.is_greedy, torch.ones_like(rows.temperature), rows.temperature)
     x = x / temperature[:, None]
     vocab = x.shape[-1]

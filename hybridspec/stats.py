@@ -10,6 +10,20 @@ PHASES = ("draft", "verify", "commit", "sampling")
 
 @dataclass
 class EngineStats:
+    """Counts and phase times of `Engine.generate` calls: `engine.stats` holds
+    the last call's, `engine.total_stats` the sum over every call.
+
+    rounds: speculative rounds (plain decoding: decode steps) of the batch.
+    drafted_tokens, accepted_tokens: drafts proposed and drafts kept (tokens).
+    emitted_tokens: every generated token, the first of each request included.
+    sequences: requests prefilled; sequence_rounds: (round, sequence) pairs.
+    snapshot_hits: live rows restored by moving the ring head (no copy);
+    log_replayed_tokens, token_replayed_tokens: steps replayed from the input
+        log or by running the model over tokens.
+    peak_checkpoint_bytes: most bytes the snapshots and input log held at once.
+    seconds: wall seconds per phase ("draft", "verify", "commit", "sampling").
+    """
+
     rounds: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -40,6 +54,15 @@ class EngineStats:
             yield
         finally:
             self.seconds[name] += time.perf_counter() - start
+
+    def add(self, other: "EngineStats") -> None:
+        """Add `other`'s counts and seconds to these (peak bytes: the larger)."""
+        for name in ("rounds", "drafted_tokens", "accepted_tokens", "emitted_tokens", "sequences",
+                     "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.peak_checkpoint_bytes = max(self.peak_checkpoint_bytes, other.peak_checkpoint_bytes)
+        for phase, seconds in other.seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     def reset(self) -> None:
         fresh = EngineStats()

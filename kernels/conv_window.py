@@ -18,8 +18,8 @@ same slot, nor a slot another row reads.
 """
 
 import torch
-import triton
-import triton.language as tl
+
+from .triton_import import tl, triton
 
 from .mamba2_verify import (
     FLOAT_DTYPES,

@@ -36,8 +36,8 @@ tensors) and as ``@triton.jit`` device functions (``row_key_dev``,
 """
 
 import torch
-import triton
-import triton.language as tl
+
+from .triton_import import tl, triton
 
 PURPOSE_SAMPLE = 0  # Gumbel noise: plain sampling, the bonus token, both models in coupled mode
 PURPOSE_ACCEPT = 1  # the accept-test uniform of rejection sampling

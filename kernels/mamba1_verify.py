@@ -18,8 +18,8 @@ their y rows are zero. The pool is `ssm_states [num_slots, d_inner, d_state]`.
 """
 
 import torch
-import triton
-import triton.language as tl
+
+from .triton_import import tl, triton
 
 from .mamba2_verify import (
     FLOAT_DTYPES,

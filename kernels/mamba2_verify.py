@@ -29,8 +29,8 @@ the other state-slot kernels (Mamba-1, replay, conv window) share.
 import os
 
 import torch
-import triton
-import triton.language as tl
+
+from .triton_import import tl, triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int64,)

@@ -25,8 +25,8 @@ import os
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+
+from .triton_import import tl, triton
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _BLOCK_N = 64  # key positions per inner step; independent of the page size

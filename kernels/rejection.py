@@ -42,8 +42,8 @@ kernel and ``rejection_ref`` agree token for token.
 """
 
 import torch
-import triton
-import triton.language as tl
+
+from .triton_import import tl, triton
 
 from .keyed_random import (
     PURPOSE_ACCEPT,

@@ -14,8 +14,8 @@ Distinct rows must not write the same slot, nor a slot another row reads.
 """
 
 import torch
-import triton
-import triton.language as tl
+
+from .triton_import import tl, triton
 
 from .mamba1_verify import check_mamba1_inputs, mamba1_state_step, mamba1_step_ref
 from .mamba2_verify import (

@@ -114,7 +114,7 @@ def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_
 
 def hf_greedy(m, prompts, max_new_tokens):
     """HF generate on a left-padded ragged batch, with no stop token (like the
-    engine without stop_token_ids; `min_new_tokens` would instead forbid EOS)."""
+    engine with ignore_eos=True; `min_new_tokens` would instead forbid EOS)."""
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

@@ -43,6 +43,6 @@ def test_engine_greedy_matches_hf_generate_ragged():
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (6, 11, 3)]
     engine = hs.Engine(hs.from_hf(m), max_batch_size=4)
-    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=10))
+    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=10, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(m, prompts, 10)
     assert all(o.finish_reason == "length" for o in outs)

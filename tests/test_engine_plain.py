@@ -93,7 +93,7 @@ def test_every_page_returns_to_the_pool(engine, shapes, seed):
     total = engine.cache.kv.num_free_blocks
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 97, (n,), generator=g).tolist() for n, _ in shapes]
-    params = [hs.SamplingParams(max_new_tokens=k, temperature=1.0, seed=seed) for _, k in shapes]
+    params = [hs.SamplingParams(max_new_tokens=k, temperature=1.0, seed=seed, ignore_eos=True) for _, k in shapes]
     outs = engine.generate(prompts, params)
     assert [len(o.token_ids) for o in outs] == [k for _, k in shapes]
     assert engine.cache.kv.num_free_blocks == total

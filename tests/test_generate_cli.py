@@ -2,8 +2,11 @@
 --tokenizer options, the JSON report and the errors (a few tokens each)."""
 from __future__ import annotations
 
+import io
 import json
 import string
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -62,7 +65,10 @@ def test_json_report_with_model_draft(capsys, pair):
     assert report["speedup"] == pytest.approx(spec["tokens_per_s"] / plain["tokens_per_s"])
     assert report["same_as_plain"] is True  # greedy speculative == greedy plain
     assert plain["stats"]["drafted_tokens"] == 0
-    assert "tok" in err  # stdout is not a terminal: progress bar on stderr
+    assert spec["runs"] == plain["runs"] == 3 and len(spec["tokens_per_s_runs"]) == 3
+    low, high = report["speedup_range"]
+    assert low <= high and "interleaved" in report["speedup_method"]
+    assert err == ""  # stderr is not a terminal: no progress bars
 
 
 def test_ngram_and_plain_only(capsys, pair):
@@ -159,7 +165,8 @@ def test_errors(capsys, pair, tmp_path):
 def test_text_stream_holds_back_incomplete_characters():
     import io
 
-    from hybridspec.generate_cli import TextStream, byte_codec
+    from hybridspec.codec import byte_codec
+    from hybridspec.generate_cli import TextStream
     out = io.StringIO()
     stream = TextStream(byte_codec(256), out)
     data = "héllo wörld ✓".encode()
@@ -167,6 +174,69 @@ def test_text_stream_holds_back_incomplete_characters():
     for i in range(0, len(data), 3):
         stream(0, list(data[i:i + 3]))
         written.append(out.getvalue())
-    stream.finish()
+    stream.finish(None)
     assert out.getvalue() == "héllo wörld ✓\n"
     assert all("\ufffd" not in w for w in written)
+
+
+def test_text_stream_never_shows_a_stop_string():
+    from hybridspec.codec import byte_codec
+    from hybridspec.generate_cli import TextStream
+    out = io.StringIO()
+    stream = TextStream(byte_codec(256), out, stop=("<END>",))
+    for ch in "abc<EN":
+        stream(0, list(ch.encode()))
+    assert out.getvalue() == "ab"  # "c<EN" might still become the stop string
+    stream(0, list(b"D>tail"))
+    stream.finish("<END>")
+    assert out.getvalue() == "abc\n"
+
+
+def test_version():
+    child = subprocess.run([sys.executable, "-m", "hybridspec.cli", "--version"], capture_output=True, text=True,
+                           timeout=60)
+    assert child.returncode == 0 and child.stdout.strip() == f"hybridspec {hs.__version__}" and child.stderr == ""
+
+
+def test_prompt_from_stdin_and_stop_string(capsys, monkeypatch, pair):
+    target, draft = pair
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def g(y):\n"))
+    report, _ = run_json(capsys, ["-", "--model", target, "--draft", draft, "--max-tokens", "12", "--repeats", "1"])
+    assert report["prompt"] == "def g(y):\n" and report["prompt_tokens"] == 10
+    stop = report["text"][3:5]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def g(y):\n"))
+    cut, _ = run_json(capsys, ["-", "--model", target, "--draft", draft, "--max-tokens", "12", "--stop", stop,
+                               "--repeats", "1"])
+    assert cut["text"] == report["text"][:report["text"].index(stop)] and cut["stop_reason"] == stop
+    assert cut["finish_reason"] == "stop" and cut["same_as_plain"] is True
+
+
+def test_no_baseline_skips_the_plain_runs(capsys, pair):
+    target, draft = pair
+    assert main(["generate", "ab", "--model", target, "--draft", draft, "-n", "6", "--no-baseline"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("ab") and "plain decoding: skipped (--no-baseline), no speedup measured" in err
+    assert "x (" not in err
+    report, _ = run_json(capsys, ["ab", "--model", target, "--draft", draft, "-n", "6", "--no-baseline"])
+    assert report["plain"] is None and report["speedup"] is None and report["speculative"]["runs"] == 1
+
+
+def test_bars_only_on_a_terminal_and_never_with_json(capsys, monkeypatch, pair):
+    target, draft = pair
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    argv = ["ab", "--model", target, "--draft", draft, "-n", "6", "--repeats", "2"]
+    assert main(["generate", *argv]) == 0
+    out, err = capsys.readouterr()
+    assert "speculative run 1/2" in err and "plain run 2/2" in err
+    assert err.rindex("run 2/2") < err.index("acceptance rate")  # statistics come after the bars
+    assert out.startswith("ab")
+    report, err = run_json(capsys, argv)
+    assert err == "" and report["speculative"]["runs"] == 2
+
+
+def test_count_flags_are_checked(capsys, pair):
+    target, _ = pair
+    assert main(["generate", "x", "--model", target, "--repeats", "0"]) == 2
+    assert "--repeats=0 must be >= 1" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", target, "--threads", "0"]) == 2
+    assert "--threads=0 must be >= 1" in capsys.readouterr().err

@@ -77,7 +77,7 @@ def test_engine_greedy_matches_hf_generate_ragged(rope, num_experts):
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (6, 11, 3)]
     engine = hs.Engine(hs.from_hf(m), max_batch_size=4)
-    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=8))
+    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(m, prompts, 8)
     assert all(o.finish_reason == "length" for o in outs)
 

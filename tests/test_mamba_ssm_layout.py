@@ -189,7 +189,8 @@ def test_engine_on_loaded_checkpoint_matches_hf_generate(tmp_path):
                    bamba_adapter.weights_from_state(hf_state(m)))
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (6, 11, 3)]
-    outs = hs.Engine(hs.load(tmp_path), max_batch_size=4).generate(prompts, hs.SamplingParams(max_new_tokens=8))
+    outs = hs.Engine(hs.load(tmp_path), max_batch_size=4).generate(
+        prompts, hs.SamplingParams(max_new_tokens=8, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(m, prompts, 8)
 
 

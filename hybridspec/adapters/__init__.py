@@ -36,7 +36,10 @@ def _adapter(architecture: str):
 
 
 def from_hf(model) -> HybridModel:
-    """A HybridModel that shares `model`'s parameters (no copy)."""
+    """A HybridModel from a loaded HF model (`BambaForCausalLM`, `JambaForCausalLM`,
+    `NemotronHForCausalLM` or `GraniteMoeHybridForCausalLM`), sharing its parameters (no copy: same dtype and device).
+    Raises UnsupportedModelError for other architectures and CheckpointError
+    when a tensor is missing or has the wrong shape for the config."""
     architecture = type(model).__name__
     adapter = _adapter(architecture)
     source = f"{architecture} (from_hf)"
@@ -50,9 +53,13 @@ def from_hf(model) -> HybridModel:
 def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> HybridModel:
     """Load a checkpoint directory: config.json + safetensors shards (with
     model.safetensors.index.json when sharded) or pytorch_model.bin, in HF
-    layout or mamba_ssm's layout. Loading is strict: a missing or unreadable
-    file, or weights that differ from what config.json implies, raise
-    CheckpointError (see `checkpoint_files`, `validate`)."""
+    layout or mamba_ssm's layout, from local files only.
+
+    path: the directory. dtype: cast floating weights to it (default None:
+    as stored). device: where the tensors are read to (default "cpu").
+    Loading is strict: a missing or unreadable file, or weights that differ
+    from what config.json implies, raise CheckpointError (see
+    `checkpoint_files`, `validate`)."""
     path = Path(path)
     cfg = read_config(path)
     config_file = str(path / "config.json")

@@ -68,21 +68,22 @@ def workload(vocab_size: int, seed: int = 0, max_new_tokens=(24, 13, 19),
              prompt_lens=(6, 3, 9, 5)) -> tuple[list[list[int]], list[SamplingParams]]:
     """A ragged greedy batch: one prompt per entry of `max_new_tokens` (lengths
     cycling through `prompt_lens`), each a repeated random motif so that prompt
-    lookup finds matches; the limits end rounds at different points."""
+    lookup finds matches; the limits end rounds at different points (EOS is
+    ignored, so every request runs to its limit)."""
     g = torch.Generator().manual_seed(seed)
     prompts = []
     for i in range(len(max_new_tokens)):
         motif = torch.randint(3, vocab_size, (3,), generator=g).tolist()
         prompts.append((motif * 4)[:prompt_lens[i % len(prompt_lens)]])
-    return prompts, [SamplingParams(max_new_tokens=m) for m in max_new_tokens]
+    return prompts, [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in max_new_tokens]
 
 
 def sampled_params(seed: int, max_new_tokens=(20, 14, 17, 11)) -> list[SamplingParams]:
     """Seeded sampled requests (temperature 0.8-1.0, with and without top-k,
-    top-p, min-p) and one greedy request, mixed in one batch."""
+    top-p, min-p) and one greedy request, mixed in one batch; EOS is ignored."""
     kinds = [dict(temperature=0.9), dict(temperature=1.0, top_k=20), dict(temperature=0.8, top_p=0.9, min_p=0.05),
              dict(temperature=0.0)]
-    return [SamplingParams(max_new_tokens=m, seed=seed + i, **kinds[i % len(kinds)])
+    return [SamplingParams(max_new_tokens=m, seed=seed + i, ignore_eos=True, **kinds[i % len(kinds)])
             for i, m in enumerate(max_new_tokens)]
 
 

@@ -25,6 +25,7 @@ from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
 from ..cache.hybrid_cache import HybridCache
 from ..errors import ConfigError, InvariantError
 from ..models.hybrid import HybridModel
+from ..penalties import penalty_context
 from ..sampling import RowParams, process_logits, sample
 
 
@@ -89,9 +90,13 @@ class StatelessDrafter:
 
 
 class NgramDrafter(StatelessDrafter):
-    """Prompt-lookup drafting over the committed tokens of each sequence.
+    """Prompt-lookup drafting over the committed tokens of each sequence
+    (prompt and output): find the most recent earlier occurrence of the
+    longest suffix n-gram and propose the tokens that followed it. No model,
+    no probabilities (q is one-hot); a round with no match drafts nothing.
 
-    max_ngram, min_ngram: the longest and shortest suffix n-gram looked up."""
+    max_ngram: the longest suffix n-gram looked up, in tokens (default 3).
+    min_ngram: the shortest (default 1); 1 <= min_ngram <= max_ngram."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
@@ -147,11 +152,13 @@ class ModelDrafter:
         logits = self.model.extend(self.cache, ids, catch_up, last_only=True)[:, 0]  # [batch, vocab]
         self._record(ids)
         purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
+        context = penalty_context(requests, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
         drafts, probs = [], []
         for i in range(G):
-            q = process_logits(logits, rows)  # [batch, vocab]
+            q = process_logits(logits, rows, context)  # [batch, vocab]
             positions = torch.tensor([len(c) + i for c in committed], device=q.device)
             d = sample(q, rows, positions, purpose)
+            context = None if context is None else context.append(d)
             drafts.append(d)
             probs.append(q)
             if i < G - 1:

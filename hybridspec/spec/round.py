@@ -18,6 +18,8 @@ from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.restore import RestoreDecision
 from hybridspec.checkpoints.ring import SnapshotPlan
 
+from ..logprobs import TokenLogprob
+
 
 @dataclass
 class RoundBatch:
@@ -33,6 +35,7 @@ class RoundBatch:
     accepted: list[int] = field(default_factory=list)  # [batch] n: drafts the verifier kept
     tokens: list[list[int]] = field(default_factory=list)  # [batch][n + 1] accepted drafts + recovered/bonus
     kept: list[int] = field(default_factory=list)  # [batch] of `tokens`, how many the stop rules keep
+    logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)  # [batch] of `tokens`, if asked for
     live: list[int] = field(default_factory=list)  # rows the round does not finish: they commit
     decisions: list[RestoreDecision | None] = field(default_factory=list)  # [batch] how each live row restored
 

@@ -26,7 +26,9 @@ from hybridspec.kernels.dispatch import pick
 from hybridspec.kernels.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, rejection, rejection_ref
 
 from ..errors import InvalidRequestError
+from ..logprobs import batch_logprobs
 from ..models.hybrid import HybridModel
+from ..penalties import penalty_context
 from ..sampling import RowParams, process_logits
 from ..stats import EngineStats
 from .drafters import Drafter, Proposal
@@ -92,8 +94,8 @@ class Speculator:
             self.revert(round)
             self._notify("round_ended", round, error)
             raise
-        for r, tokens, kept in zip(requests, round.tokens, round.kept):
-            r.emit(tokens[:kept])
+        for r, tokens, kept, logprobs in zip(requests, round.tokens, round.kept, round.logprobs):
+            r.emit(tokens[:kept], logprobs)
         self._count(round)
         self._notify("round_ended", round, None)
         return sum(round.kept)
@@ -124,9 +126,12 @@ class Speculator:
             round.tokens, round.accepted = self.accept(logits, round, rows)
 
     def accept(self, logits: torch.Tensor, round: RoundBatch, rows: RowParams) -> tuple[list[list[int]], list[int]]:
-        """Rejection sampling over post-processed p and q: (emitted tokens per row, accepted counts)."""
+        """Rejection sampling over post-processed p and q: (emitted tokens per row, accepted counts);
+        the emitted tokens' log-probabilities go to `round.logprobs`."""
         B, T, V = logits.shape
-        p = process_logits(logits.reshape(B * T, V), rows.repeat(T)).view(B, T, V)  # [batch, G + 1, vocab]
+        context = penalty_context(round.requests, V, logits.device)  # p_{j+1} sees d_1..d_j, as q_{j+1} did
+        context = None if context is None else context.with_drafts(round.drafts, T)
+        p = process_logits(logits.reshape(B * T, V), rows.repeat(T), context).view(B, T, V)  # [batch, G + 1, vocab]
         G = max(T - 1, 1)  # a round without drafts still passes one (unused) draft column
         if T == 1:
             p = torch.cat([p, p], dim=1)
@@ -142,7 +147,9 @@ class Speculator:
         positions = torch.tensor(round.start_lens, dtype=torch.long, device=p.device) + 1  # position m of d_1
         verify = pick(rejection, rejection_ref, p)
         out, n = verify(p, q, draft_tokens, num_draft, mode.to(torch.long), rows.seeds, positions)
-        return out.tolist(), n.tolist()
+        tokens, accepted = out.tolist(), n.tolist()
+        round.logprobs = batch_logprobs(p, [t[:a + 1] for t, a in zip(tokens, accepted)], round.requests)
+        return tokens, accepted
 
     def commit(self, round: RoundBatch) -> None:
         """Cut each row's tokens at its stops, then move the target (every layer)

@@ -1,0 +1,204 @@
+"""`LLM`: text in, text out, over an `Engine` (the id-level API).
+
+    import hybridspec as hs
+    llm = hs.LLM()                                   # the embedded byte-level pair
+    [done] = llm.generate(["def add(a, b):"], hs.SamplingParams(max_new_tokens=40, stop=["\\n\\n"]))
+    print(done.text, done.finish_reason)
+
+`hs.LLM(model_dir)` loads any checkpoint `hs.load` reads, with the HF
+tokenizer saved beside it (or `tokenizer=DIR`); local files only, nothing is
+downloaded.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from .adapters import load
+from .codec import ByteCodec, TokenizerCodec, byte_codec, has_tokenizer, load_tokenizer
+from .embedded import embedded_paths
+from .engine import Engine, Output
+from .errors import ConfigError, InvalidRequestError
+from .logprobs import TokenLogprob
+from .models.hybrid import HybridModel
+from .sampling import SamplingParams
+from .spec.drafters import NgramDrafter
+from .stats import EngineStats
+from .stopping import cut_text
+from .threads import use_threads
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DEFAULT_DRAFT = "default"  # the embedded draft with the embedded target, the n-gram drafter otherwise
+
+
+@dataclass
+class Completion:
+    """One generated text.
+
+    text: the generated text (prompt not included), cut just before a stop string.
+    token_ids: the generated token ids (the one that completed a stop string included).
+    logprobs: with `SamplingParams(logprobs=k)`, a `TokenLogprob` per token; else None.
+    finish_reason: "stop" (EOS, stop token or stop string) or "length".
+    stop_reason: the stop string or stop token id; None for EOS or length.
+    prompt_index, sample_index: which prompt, and which of its n samples.
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: Literal["stop", "length"]
+    stop_reason: int | str | None
+    prompt_index: int = 0
+    sample_index: int = 0
+
+
+class LLM:
+    """A model, its drafter and its tokenizer behind a text API.
+
+    model: a checkpoint directory (`hs.load`), a loaded `HybridModel`, or None
+        (default: the embedded byte-level target).
+    draft: a draft checkpoint directory, "ngram" (prompt lookup,
+        `hs.NgramDrafter`), None (plain decoding), a HybridModel or a `Drafter`;
+        default: the embedded draft with the embedded target, "ngram" otherwise.
+    tokenizer: a local HF tokenizer directory or a loaded tokenizer; default
+        None: the model directory's own tokenizer, or bytes for a byte-level
+        model (vocabulary 256).
+    num_draft_tokens, checkpoint, verify, max_batch_size, max_model_len: as in
+        `Engine` (γ = 4, a snapshot after every verify input, "rejection",
+        16 sequences, the model's limit up to 4096 tokens).
+    device: torch device to load onto (default "cpu"); dtype: "float32",
+        "bfloat16", "float16", "float64" or a torch.dtype (default: the
+        checkpoint's).
+    threads: torch intra-op threads for CPU runs (a process-wide torch
+        setting); default None: `hybridspec.threads.default_threads` (1 for
+        the embedded pair).
+    eos_token_ids: the ids that end a request unless `ignore_eos`; default
+        None: the tokenizer's EOS, the config's `eos_token_id` and those of the
+        model directory's generation_config.json.
+
+    `llm.engine` is the id-level `Engine` underneath; `llm.stats` its last
+    call's statistics.
+    """
+
+    def __init__(self, model: str | Path | HybridModel | None = None, draft=DEFAULT_DRAFT, tokenizer=None, *,
+                 num_draft_tokens: int = 4, checkpoint=None, verify: Literal["rejection", "coupled"] = "rejection",
+                 device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
+                 max_batch_size: int = 16, max_model_len: int | None = None,
+                 eos_token_ids: Iterable[int] | None = None):
+        dtype = model_dtype(dtype)
+        embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
+        self.target = as_model(embedded_target if model is None else model, dtype, device)
+        if draft == DEFAULT_DRAFT:
+            draft = embedded_draft if model is None else "ngram"
+        self.codec = as_codec(tokenizer, model, self.target.vocab_size)
+        self.threads = use_threads(threads, self.target)
+        if eos_token_ids is None:
+            eos_token_ids = sorted(set(self.codec.eos_token_ids) | set(model_eos_ids(model, self.target)))
+        self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), num_draft_tokens=num_draft_tokens,
+                             checkpoint=checkpoint,
+                             verify=verify, max_batch_size=max_batch_size, max_model_len=max_model_len,
+                             eos_token_ids=eos_token_ids, decode=self.codec.decode)
+
+    @property
+    def stats(self) -> EngineStats:
+        """The last call's `EngineStats` (`llm.engine.total_stats`: every call's)."""
+        return self.engine.stats
+
+    def generate(self, prompts: str | list[str], params: SamplingParams | list[SamplingParams] | None = None, *,
+                 progress: bool = False) -> list[Completion]:
+        """One Completion per prompt, in order (n consecutive ones with n > 1).
+        params: one SamplingParams, one per prompt, or None (64 greedy tokens)."""
+        prompts = [prompts] if isinstance(prompts, str) else prompts
+        if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, str) for p in prompts):
+            raise InvalidRequestError(f"prompts must be a string or a list of strings, got {_short(prompts)}; "
+                                      "for token ids use llm.engine.generate")
+        return self._run([self.codec.encode(p) for p in prompts], params, progress)
+
+    def chat(self, conversations: list[dict] | list[list[dict]],
+             params: SamplingParams | list[SamplingParams] | None = None, *,
+             progress: bool = False) -> list[Completion]:
+        """The assistant's reply to each conversation (a list of {"role", "content"}
+        messages, or a list of them), through the tokenizer's chat template."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [self.codec.encode(self.codec.chat_prompt(list(c)), add_special_tokens=False)
+                   for c in conversations]
+        return self._run(prompts, params, progress)
+
+    def _run(self, prompts: list[list[int]], params, progress: bool) -> list[Completion]:
+        outputs = self.engine.generate(prompts, params, progress=progress)
+        return [self.completion(o, i) for o, i in zip(outputs, _prompt_indices(outputs))]
+
+    def completion(self, output: Output, prompt_index: int) -> Completion:
+        """The Completion of one Engine Output."""
+        return Completion(cut_text(self.codec.decode(output.token_ids), output.stop_reason), output.token_ids,
+                          output.logprobs, output.finish_reason, output.stop_reason, prompt_index,
+                          output.sample_index)
+
+
+def _prompt_indices(outputs: list[Output]) -> list[int]:
+    """The prompt each output belongs to: a new prompt starts at every sample 0."""
+    indices, prompt = [], -1
+    for o in outputs:
+        prompt += o.sample_index == 0
+        indices.append(prompt)
+    return indices
+
+
+def model_dtype(dtype) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}, a torch.dtype, or None for the "
+                          "checkpoint's")
+    return DTYPES[dtype]
+
+
+def as_model(model, dtype, device) -> HybridModel:
+    """A HybridModel from a checkpoint directory (or the model itself)."""
+    if isinstance(model, HybridModel):
+        return model
+    if isinstance(model, (str, Path)):
+        return load(model, dtype=dtype, device=device)
+    raise ConfigError(f"expected a checkpoint directory or a HybridModel, got a {type(model).__name__}")
+
+
+def as_draft(draft, dtype, device):
+    """What `Engine(draft=...)` takes for an LLM `draft` argument."""
+    if draft == "ngram":
+        return NgramDrafter()
+    return load(draft, dtype=dtype, device=device) if isinstance(draft, (str, Path)) else draft
+
+
+def as_codec(tokenizer, model, vocab_size: int) -> ByteCodec | TokenizerCodec:
+    """The codec of `tokenizer` (a directory or a loaded tokenizer), else the model
+    directory's tokenizer, else bytes for a byte-level model."""
+    if isinstance(tokenizer, (ByteCodec, TokenizerCodec)):
+        return tokenizer
+    if isinstance(tokenizer, (str, Path)):
+        return TokenizerCodec(load_tokenizer(tokenizer, "tokenizer="), str(tokenizer))
+    if tokenizer is not None:
+        return TokenizerCodec(tokenizer, type(tokenizer).__name__)
+    if isinstance(model, (str, Path)) and has_tokenizer(model):
+        return TokenizerCodec(load_tokenizer(model, "tokenizer in"), str(model))
+    return byte_codec(vocab_size)
+
+
+def model_eos_ids(model, target: HybridModel) -> list[int]:
+    """EOS ids of the model: its config's, and its generation_config.json's (int or list)."""
+    ids = [] if target.config.eos_token_id is None else [target.config.eos_token_id]
+    file = Path(model) / "generation_config.json" if isinstance(model, (str, Path)) else None
+    if file is not None and file.is_file():
+        eos = json.loads(file.read_text()).get("eos_token_id")
+        ids += eos if isinstance(eos, list) else [] if eos is None else [eos]
+    return [int(t) for t in ids if isinstance(t, int) and 0 <= t < target.vocab_size]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
