@@ -114,7 +114,20 @@ class Speculator:
                 if len(d) > g:
                     raise InvalidRequestError(f"the drafter proposed {len(d)} tokens where at most {g} were asked "
                                               "for; no state was changed")
+            self._check_probs(proposal, len(round.requests))
             round.drafts, round.draft_probs = proposal.tokens, proposal.probs
+
+    def _check_probs(self, proposal: Proposal, batch: int) -> None:
+        """q must be [batch, ≥ longest draft, vocab] when a drafter gives it."""
+        q, longest, vocab = proposal.probs, max(map(len, proposal.tokens), default=0), self.target.vocab_size
+        if q is None:
+            return
+        if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[0] != batch or q.shape[2] != vocab \
+                or q.shape[1] < longest:
+            shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+            raise InvalidRequestError(f"the drafter's probabilities have shape {shape}; a Proposal's probs must be "
+                                      f"[batch={batch}, >= {longest} drafts, vocab={vocab}] or None for one-hot "
+                                      "drafts; no state was changed")
 
     def verify(self, round: RoundBatch, rows: RowParams) -> None:
         """The target's forward over the verify inputs, then the accept rule."""
