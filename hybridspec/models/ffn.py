@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import MLPConfig, MoEConfig
-from .common import activation, compute_dtype, param, take
+from .common import activation, compute_dtype, linear, param, take
 
 
 class MLP(nn.Module):
@@ -23,12 +23,12 @@ class MLP(nn.Module):
                                         if cfg.bias else (None, None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up = F.linear(x, self.up_proj, self.up_bias)
+        up = linear(x, self.up_proj, self.up_bias)
         if self.cfg.gated:
-            up = activation(self.cfg.activation, F.linear(x, self.gate_proj, self.gate_bias)) * up
+            up = activation(self.cfg.activation, linear(x, self.gate_proj, self.gate_bias)) * up
         else:
             up = activation(self.cfg.activation, up)
-        return F.linear(up, self.down_proj, self.down_bias)
+        return linear(up, self.down_proj, self.down_bias)
 
 
 class MoE(nn.Module):
