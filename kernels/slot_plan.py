@@ -24,15 +24,24 @@ class StepWrites:
     """The snapshots written after one input t: `slots` [rows] in the pool,
     `rows` [rows] the batch rows that write (None: every row, in order), and
     `single`, the slot when the batch is one row (a step can compute its state
-    straight into `pool[single]`)."""
+    straight into `pool[single]`, and no index tensor is ever made)."""
 
-    __slots__ = ("slots", "rows", "single")
+    def __init__(self, slots: list[int], rows: list[int] | None, single: int | None, device):
+        self.slot_list, self.row_list, self.single, self.device = slots, rows, single, device
 
-    def __init__(self, slots: torch.Tensor, rows: torch.Tensor | None, single: int | None):
-        self.slots, self.rows, self.single = slots, rows, single
+    @functools.cached_property
+    def slots(self) -> torch.Tensor:
+        return torch.tensor(self.slot_list, dtype=torch.long, device=self.device)
+
+    @functools.cached_property
+    def rows(self) -> torch.Tensor | None:
+        return None if self.row_list is None else torch.tensor(self.row_list, dtype=torch.long, device=self.device)
 
     def write(self, pool: torch.Tensor, state: torch.Tensor) -> None:
         """pool[slots] = state [batch, ...] of the writing rows."""
+        if self.single is not None:
+            pool[self.single:self.single + 1] = state
+            return
         pool.index_copy_(0, self.slots, (state if self.rows is None else state.index_select(0, self.rows))
                          .to(pool.dtype))
 
@@ -98,8 +107,8 @@ class SlotPlan:
                 continue
             slots = [self.snap_list[b][t] for b in rows]
             every = rows == list(range(self.batch))
-            out.append(StepWrites(self._tensor(slots), None if every else self._tensor(rows),
-                                  slots[0] if self.batch == 1 else None))
+            out.append(StepWrites(slots, None if every else rows, slots[0] if self.batch == 1 else None,
+                                  self.device))
         return out
 
     @functools.cached_property

@@ -2,13 +2,17 @@
 activations, the compute dtype rule."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+@functools.cache
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Norms, softmax and recurrences run in at least float32 (float64 stays float64)."""
+    """Norms, softmax and recurrences run in at least float32 (float64 stays float64).
+    Cached: `torch.promote_types` is an operation."""
     return torch.promote_types(dtype, torch.float32)
 
 
