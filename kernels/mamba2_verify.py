@@ -285,8 +285,8 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     torch.mul((dt[..., None] * x).view(batch, num_inputs, ngroups, heads_per_group, headdim, 1).transpose(0, 1),
               B.view(batch, num_inputs, ngroups, 1, 1, d_state).transpose(0, 1), out=inject)  # Δ_t x_t ⊗ B_t
     inject = inject.view(num_inputs, batch, nheads, headdim, d_state)  # time-major: each step's slab is contiguous
-    C_steps = C.transpose(0, 1).reshape(num_inputs, batch * ngroups, d_state, 1)  # a view for T = 1
-    y = torch.empty(num_inputs, batch * ngroups, heads_per_group * headdim, 1, dtype=acc, device=x.device)
+    C_steps = C.transpose(0, 1).reshape(num_inputs, batch * ngroups, 1, d_state)  # a view for T = 1
+    y = torch.empty(num_inputs, batch * ngroups, 1, heads_per_group * headdim, dtype=acc, device=x.device)
     state = as_dtype(plan.read(ssm_states), acc)  # [batch, nheads, headdim, d_state]
     direct = plan.all_live and ssm_states.dtype == acc
     for t, writes in enumerate(plan.steps):
@@ -297,7 +297,10 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
             state = stepped if plan.all_live else torch.where(plan.is_live[:, t, None, None, None], stepped, state)
             if writes is not None:
                 writes.write(ssm_states, state)
-        torch.bmm(state.view(batch * ngroups, heads_per_group * headdim, d_state), C_steps[t], out=y[t])  # h_t C_t
+        # y_t = h_t C_t as C_tᵀ h_tᵀ: the row-vector form of this batched product runs several times faster
+        # on CPU than the column form for more than one row
+        torch.bmm(C_steps[t], state.view(batch * ngroups, heads_per_group * headdim, d_state).transpose(1, 2),
+                  out=y[t])
     y = y.view(num_inputs, batch, nheads, headdim).transpose(0, 1)  # [batch, T, nheads, headdim]
     y = torch.addcmul(y, x, D.view(nheads, 1))  # + D x
     if not plan.all_live:
