@@ -26,13 +26,14 @@ from .mamba2_verify import (
     INDEX_DTYPES,
     accumulate_dtype,
     as_dtype,
+    check_slot_tensors,
+    slot_plan_for,
     check_kernel_device,
     check_ndim,
     check_tensor,
     triton_dtype,
     write_slots_ref,
 )
-from .slot_plan import SlotPlan
 
 ACTIVATIONS = (None, "silu")
 
@@ -62,9 +63,7 @@ def check_update_args(conv_states, src_slot, snap_slot, xs, weight, bias, num_to
     check_tensor("weight", weight, (conv_dim, width + 1), FLOAT_DTYPES, device)
     if bias is not None:
         check_tensor("bias", bias, (conv_dim,), FLOAT_DTYPES, device)
-    check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
-    check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
-    check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)
+    check_slot_tensors(src_slot, snap_slot, num_tokens, batch, num_inputs, device)
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} is not supported; use one of {ACTIVATIONS}")
 
@@ -236,7 +235,7 @@ def conv_window_update_ref(conv_states, src_slot, snap_slot, xs, weight, bias, n
     """Plain-torch conv_window_update: same arguments, same in-place writes, same out.
     `plan`: the forward's `SlotPlan` (None: built from the slot tensors)."""
     check_update_args(conv_states, src_slot, snap_slot, xs, weight, bias, num_tokens, activation)
-    plan = plan or SlotPlan.of_tensors(src_slot, snap_slot, num_tokens)
+    plan = slot_plan_for(plan, src_slot, snap_slot, num_tokens, *xs.shape[:2])
     acc = accumulate_dtype(conv_states, xs, weight, bias)
     num_inputs, d_conv = xs.shape[1], weight.shape[1]
     window = as_dtype(plan.read(conv_states), acc)  # [batch, conv_dim, d_conv - 1]

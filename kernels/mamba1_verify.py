@@ -19,7 +19,6 @@ their y rows are zero. The pool is `ssm_states [num_slots, d_inner, d_state]`.
 
 import torch
 
-from .slot_plan import SlotPlan
 from .triton_import import tl, triton
 
 from .mamba2_verify import (
@@ -31,6 +30,8 @@ from .mamba2_verify import (
     check_tensor,
     state_block_sizes,
     as_dtype,
+    check_slot_tensors,
+    slot_plan_for,
     triton_dtype,
 )
 
@@ -62,9 +63,7 @@ def check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D,
     batch, num_inputs, d_inner = x.shape
     device = ssm_states.device
     check_tensor("D", D, (d_inner,), FLOAT_DTYPES, device, f"= [d_inner]{FROM_POOL}")
-    check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
-    check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
-    check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)
+    check_slot_tensors(src_slot, snap_slot, num_tokens, batch, num_inputs, device)
 
 
 def mamba1_step_ref(state, x, dt, A, B):
@@ -175,7 +174,7 @@ def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     `plan`: the forward's `SlotPlan` (None: built from the slot tensors).
     Each step's state goes straight into its snapshot slot (no stack of states)."""
     check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
-    plan = plan or SlotPlan.of_tensors(src_slot, snap_slot, num_tokens)
+    plan = slot_plan_for(plan, src_slot, snap_slot, num_tokens, *x.shape[:2])
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     out_dtype = x.dtype
     x, dt, A, B, C, D = (as_dtype(v, acc) for v in (x, dt, A, B, C, D))

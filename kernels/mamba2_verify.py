@@ -64,6 +64,29 @@ def check_ndim(name, tensor, ndim, layout):
         raise ValueError(f"{name} must be {ndim}-d {layout}, got {got}")
 
 
+def check_slot_tensors(src_slot, snap_slot, num_tokens, batch, num_inputs, device):
+    """src_slot [batch], snap_slot [batch, T], num_tokens [batch], all int64; a
+    torch reference given its forward's `SlotPlan` may get None for all three."""
+    if src_slot is None and snap_slot is None and num_tokens is None:
+        return
+    check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
+    check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
+    check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)
+
+
+def slot_plan_for(plan, src_slot, snap_slot, num_tokens, batch, num_inputs):
+    """The reference's SlotPlan: the one given (checked against the batch) or
+    one read from the slot tensors."""
+    if plan is None:
+        if src_slot is None:
+            raise ValueError("pass src_slot, snap_slot and num_tokens (or the forward's SlotPlan as plan=)")
+        return SlotPlan.of_tensors(src_slot, snap_slot, num_tokens)
+    if (plan.batch, plan.num_inputs) != (batch, num_inputs):
+        raise ValueError(f"plan is for a batch of {plan.batch} rows of {plan.num_inputs} inputs, "
+                         f"the inputs are {batch} rows of {num_inputs}; build the SlotPlan for this forward")
+    return plan
+
+
 def check_kernel_device(tensor, ref_name):
     """Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 on CPU."""
     if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -131,9 +154,7 @@ def check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D,
     batch, num_inputs, nheads = x.shape[:3]
     device = ssm_states.device
     check_tensor("D", D, (nheads,), FLOAT_DTYPES, device, f"= [nheads]{FROM_POOL}")
-    check_tensor("src_slot", src_slot, (batch,), INDEX_DTYPES, device)
-    check_tensor("snap_slot", snap_slot, (batch, num_inputs), INDEX_DTYPES, device)
-    check_tensor("num_tokens", num_tokens, (batch,), INDEX_DTYPES, device)
+    check_slot_tensors(src_slot, snap_slot, num_tokens, batch, num_inputs, device)
 
 
 def mamba2_step_ref(state, x, dt, A, B):
@@ -273,13 +294,15 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     step; no stack of states is formed. Heads of a group share B and C by
     broadcasting, never by copying them per head."""
     check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
-    plan = plan or SlotPlan.of_tensors(src_slot, snap_slot, num_tokens)
+    batch, num_inputs, nheads, headdim = x.shape
+    plan = slot_plan_for(plan, src_slot, snap_slot, num_tokens, batch, num_inputs)
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     out_dtype = x.dtype
-    batch, num_inputs, nheads, headdim = x.shape
     ngroups, d_state = B.shape[2:]
     heads_per_group = nheads // ngroups
     x, dt, A, B, C, D = (as_dtype(v, acc) for v in (x, dt, A, B, C, D))
+    if num_inputs == 1 and plan.all_live:
+        return as_dtype(_decode_step_ref(ssm_states, plan, x, dt, A, B, C, D), out_dtype)
     decay = torch.exp(dt * A).transpose(0, 1).reshape(num_inputs, batch, nheads, 1, 1)  # exp(Δ_t A), time-major
     inject = torch.empty(num_inputs, batch, ngroups, heads_per_group, headdim, d_state, dtype=acc, device=x.device)
     torch.mul((dt[..., None] * x).view(batch, num_inputs, ngroups, heads_per_group, headdim, 1).transpose(0, 1),
@@ -306,3 +329,28 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     if not plan.all_live:
         y.masked_fill_(plan.dead_inputs[..., None], 0.0)
     return as_dtype(y, out_dtype)
+
+
+def _decode_step_ref(ssm_states, plan, x, dt, A, B, C, D):
+    """mamba2_verify_ref for one input per row (plain decode and drafting):
+    h = exp(ΔA)·h + Δx ⊗ B, computed straight into the row's slot when the
+    batch is one row, else in a new tensor then written; no inject buffer."""
+    batch, _, nheads, headdim = x.shape
+    ngroups, d_state = B.shape[2:]
+    heads_per_group = nheads // ngroups
+    writes = plan.steps[0]
+    decay = torch.exp(dt * A).view(batch, nheads, 1, 1)
+    state = plan.read(ssm_states)  # [batch, nheads, headdim, d_state]; a view of the slot for one row
+    direct = writes is not None and writes.single is not None and ssm_states.dtype == x.dtype
+    if direct:
+        new = torch.mul(state, decay, out=ssm_states[writes.single:writes.single + 1])
+    else:
+        new = torch.mul(as_dtype(state, x.dtype), decay)
+    new.view(batch, ngroups, heads_per_group, headdim, d_state).addcmul_(
+        (dt[..., None] * x).view(batch, ngroups, heads_per_group, headdim, 1),
+        B.view(batch, ngroups, 1, 1, d_state))
+    if writes is not None and not direct:
+        writes.write(ssm_states, new)
+    y = torch.bmm(C.view(batch * ngroups, 1, d_state),  # y = C h (row-vector form, as in the loop)
+                  new.view(batch * ngroups, heads_per_group * headdim, d_state).transpose(1, 2))
+    return torch.addcmul(y.view(batch, 1, nheads, headdim), x, D.view(nheads, 1))  # + D x

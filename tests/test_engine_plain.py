@@ -105,3 +105,22 @@ def test_stream_receives_every_emitted_token_in_order(engine):
     outs = engine.generate([[3, 4, 5], [6, 7]], hs.SamplingParams(max_new_tokens=6),
                            stream=lambda i, tokens: chunks[i].extend(tokens))
     assert [chunks[0], chunks[1]] == [o.token_ids for o in outs]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_narrower_state_dtype_tracks_the_full_precision_states(target, batch):
+    """float32 state slots under a float64 model: every decode step still writes
+    the state it computed (a step can compute straight into a slot only of its
+    own dtype; otherwise it writes a cast copy), so the logits follow the
+    float64 states' to float32 precision instead of drifting from stale states."""
+    prompts = [[5, 9, 2, 7][: 3 + b] for b in range(batch)]
+    tokens = [o.token_ids for o in hs.Engine(target, max_batch_size=2, max_model_len=32, block_size=4).generate(
+        prompts, hs.SamplingParams(max_new_tokens=12, ignore_eos=True))]
+    sizes = dict(max_batch_size=2, max_model_len=32, block_size=4)
+    narrow, exact = hs.Engine(target, state_dtype=torch.float32, **sizes).cache, hs.Engine(target, **sizes).cache
+    assert narrow.states.ssm_states[0].dtype == torch.float32
+    ids = list(range(batch))
+    target.prefill(narrow, ids, prompts, last_only=True), target.prefill(exact, ids, prompts, last_only=True)
+    for step in zip(*tokens):
+        logits, reference = target.decode(narrow, ids, list(step)), target.decode(exact, ids, list(step))
+        assert torch.allclose(logits, reference, atol=1e-4, rtol=0), (logits - reference).abs().max()

@@ -26,11 +26,11 @@ from hybridspec.kernels.conv_window import conv_window_update, conv_window_updat
 from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
 from hybridspec.checkpoints.input_log import MambaInputLog
-from hybridspec.kernels.dispatch import pick
+from hybridspec.kernels.dispatch import use_triton
 
 from ..config import Mamba1Config
 from .batch import ForwardBatch
-from .common import RMSNorm, compute_dtype, param
+from .common import RMSNorm, compute_dtype, linear, param
 from .log_replay import LogReplay
 
 
@@ -63,29 +63,34 @@ class Mamba1Mixer(LogReplay, nn.Module):
     def ssm_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(Δ [batch, T, d_inner] in the compute dtype, B, C [batch, T, d_state]) from x [batch, T, d_inner]."""
         cfg = self.cfg
-        dt, B, C = F.linear(x, self.x_proj).split([cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
+        dt, B, C = linear(x, self.x_proj).split([cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
         if cfg.inner_layernorms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
         cd = compute_dtype(x.dtype)
-        dt = F.softplus(F.linear(dt, self.dt_proj).to(cd) + self.dt_bias.to(cd))
+        dt = F.softplus(linear(dt, self.dt_proj).to(cd) + self.dt_bias.to(cd))
         return dt.contiguous(), B.contiguous(), C.contiguous()
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg
         cd = compute_dtype(h.dtype)
-        xs, gate = F.linear(h, self.in_proj, self.in_bias).split([cfg.d_inner, cfg.d_inner], dim=-1)
+        xs, gate = linear(h, self.in_proj, self.in_bias).split([cfg.d_inner, cfg.d_inner], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
-        conv = pick(conv_window_update, conv_window_update_ref, h)
         xs = xs.contiguous()  # [batch, T, d_inner]
-        x = conv(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
-                 self.conv_bias, batch.num_tokens, "silu").contiguous()  # [batch, T, d_inner]
+        if use_triton(h):
+            x = conv_window_update(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
+                                   self.conv_bias, batch.num_tokens, "silu")
+        else:  # the torch paths read the forward's host-side slot plan, no slot tensors
+            x = conv_window_update_ref(conv_states, None, None, xs, self.conv_weight[:, 0], self.conv_bias, None,
+                                       "silu", plan=batch.slots)
+        x = x.contiguous()  # [batch, T, d_inner]
         dt, B, C = self.ssm_params(x)  # [batch, T, d_inner], [batch, T, d_state] x 2
         A = -torch.exp(self.A_log.to(cd))  # [d_inner, d_state]
-        scan = pick(mamba1_verify, mamba1_verify_ref, h)
-        y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
+        if use_triton(h):
+            y = mamba1_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
+        else:
+            y = mamba1_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
         y = y * F.silu(gate)  # [batch, T, d_inner]
-        return F.linear(y, self.out_proj, self.out_bias)
-
+        return linear(y, self.out_proj, self.out_bias)

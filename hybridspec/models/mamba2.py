@@ -68,8 +68,8 @@ class Mamba2Mixer(LogReplay, nn.Module):
             xBC = conv_window_update(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
                                      self.conv_bias, batch.num_tokens, "silu")
         else:
-            xBC = conv_window_update_ref(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_kernel(),
-                                         self.conv_bias, batch.num_tokens, "silu", plan=batch.slots)
+            xBC = conv_window_update_ref(conv_states, None, None, xs, self.conv_kernel(), self.conv_bias, None,
+                                         "silu", plan=batch.slots)  # the host-side slot plan, no slot tensors
         x, B, C = xBC.split([cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state], dim=-1)
         x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()  # the kernels want contiguous inputs
         B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
@@ -84,8 +84,7 @@ class Mamba2Mixer(LogReplay, nn.Module):
         elif use_triton(h):
             y = mamba2_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
         else:
-            y = mamba2_verify_ref(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D,
-                                  batch.num_tokens, plan=batch.slots)
+            y = mamba2_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
         y = gated_rms_norm(y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg.group_size, self.eps)
