@@ -21,6 +21,7 @@ Activation = Literal["silu", "gelu", "relu2"]
 MIXER_TYPES = ("attention", "mamba1", "mamba2", "none")
 FFN_TYPES = ("mlp", "moe", "none")
 ACTIVATIONS = ("silu", "gelu", "relu2")
+MOE_ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_group_topk")
 
 
 # int fields that may be 0 (every other int field must be >= 1)
@@ -154,21 +155,44 @@ class MLPConfig:
 @dataclass(frozen=True)
 class MoEConfig:
     """Routed experts. `router`: "softmax_topk" (softmax over all experts, keep
-    the top-k weights unnormalised: Jamba) or "topk_softmax" (softmax over the
-    top-k logits: GraniteMoeHybrid)."""
+    the top-k weights unnormalised: Jamba), "topk_softmax" (softmax over the
+    top-k logits: GraniteMoeHybrid) or "sigmoid_group_topk" (Nemotron 3 Nano,
+    DeepSeek-V3 style: sigmoid scores s, choice by s + correction bias within
+    the `topk_group` best of `n_group` expert groups, weights s of the chosen
+    experts, renormalised when `norm_topk_prob`, times `routed_scaling_factor`).
+    `gated`: experts (and the shared expert) are act(gate)·up MLPs; ungated
+    ones are act(up) (Nemotron-H's squared ReLU)."""
 
     num_experts: int
     top_k: int
     intermediate_size: int
-    router: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+    router: Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk"] = "softmax_topk"
     activation: Activation = "silu"
     shared_intermediate_size: int = 0  # > 0: a dense shared MLP added to the routed output
+    gated: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self):
         _check_types(self)
         _require(self.activation in ACTIVATIONS, f"activation={self.activation!r}; expected one of {ACTIVATIONS}")
+        _require(self.router in MOE_ROUTERS, f"moe router={self.router!r}; expected one of {MOE_ROUTERS}")
         _require(1 <= self.top_k <= self.num_experts,
                  f"moe top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
+        _require(self.num_experts % self.n_group == 0,
+                 f"moe num_experts={self.num_experts} must be a multiple of n_group={self.n_group}")
+        _require(1 <= self.topk_group <= self.n_group,
+                 f"moe topk_group={self.topk_group} must be in 1..n_group={self.n_group}")
+        if self.router == "sigmoid_group_topk":
+            # groups are ranked by the sum of their two best scores, and the chosen groups must hold top_k experts
+            _require(self.num_experts // self.n_group >= 2,
+                     f"moe num_experts / n_group = {self.num_experts // self.n_group} experts per group; the "
+                     "group ranking needs at least 2: lower n_group")
+            _require(self.topk_group * (self.num_experts // self.n_group) >= self.top_k,
+                     f"moe topk_group={self.topk_group} groups of {self.num_experts // self.n_group} experts "
+                     f"hold fewer than top_k={self.top_k} experts: raise topk_group or lower top_k")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 HF's plain-PyTorch paths downcast to float32 in places even for a float64
 model (`A_log.float()`, `hidden_states.to(torch.float32)` in RMSNorm, the
-chunked scan, `softmax(..., dtype=torch.float32)`). `float64_oracle()` keeps
+chunked scan, `softmax(..., dtype=torch.float32)`, `x.type(torch.float32)` in
+Nemotron-H's MoE router). `float64_oracle()` keeps
 float64 tensors float64 inside those calls, so that a float64 HF forward is a
 float64 oracle; it changes no other behaviour of HF's code.
 """
@@ -13,7 +14,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-_to, _float, _softmax = torch.Tensor.to, torch.Tensor.float, F.softmax
+_to, _float, _type, _softmax = torch.Tensor.to, torch.Tensor.float, torch.Tensor.type, F.softmax
 
 
 def _keep_f64_to(self, *args, **kwargs):
@@ -28,6 +29,12 @@ def _keep_f64_float(self, *args, **kwargs):
     return self if self.dtype == torch.float64 else _float(self, *args, **kwargs)
 
 
+def _keep_f64_type(self, dtype=None, *args, **kwargs):
+    if self.dtype == torch.float64 and dtype in (torch.float32, "torch.FloatTensor"):
+        return self
+    return _type(self, dtype, *args, **kwargs)
+
+
 def _keep_f64_softmax(x, *args, dtype=None, **kwargs):
     if x.dtype == torch.float64 and dtype == torch.float32:
         dtype = torch.float64
@@ -36,11 +43,12 @@ def _keep_f64_softmax(x, *args, dtype=None, **kwargs):
 
 @contextlib.contextmanager
 def float64_oracle():
-    torch.Tensor.to, torch.Tensor.float, F.softmax = _keep_f64_to, _keep_f64_float, _keep_f64_softmax
+    patched = _keep_f64_to, _keep_f64_float, _keep_f64_type, _keep_f64_softmax
+    torch.Tensor.to, torch.Tensor.float, torch.Tensor.type, F.softmax = patched
     try:
         yield
     finally:
-        torch.Tensor.to, torch.Tensor.float, F.softmax = _to, _float, _softmax
+        torch.Tensor.to, torch.Tensor.float, torch.Tensor.type, F.softmax = _to, _float, _type, _softmax
 
 
 def randomize_(model, seed: int, scale: float = 0.5):
@@ -93,6 +101,29 @@ def nemotron_h(seed=0, pattern="M*M-", dtype=torch.float64, vocab=97, kv_heads=2
                           max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     torch.manual_seed(seed)
     return randomize_(NemotronHForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def nemotron_h_moe(seed=0, pattern="ME*EM", dtype=torch.float64, vocab=97, num_experts=8, top_k=3, n_group=4,
+                   topk_group=2, norm_topk_prob=True, scaling=2.5):
+    """Nemotron-H with "E" blocks (Nemotron 3 Nano): squared-ReLU experts, sigmoid group routing with a
+    random correction bias (HF initialises it to zero, which would hide its use), a shared expert."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+    cfg = NemotronHConfig(vocab_size=vocab, hidden_size=32, hybrid_override_pattern=pattern,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+                          mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, chunk_size=8,
+                          n_routed_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=16,
+                          moe_shared_expert_intermediate_size=24, n_group=n_group, topk_group=topk_group,
+                          norm_topk_prob=norm_topk_prob, routed_scaling_factor=scaling,
+                          max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                          experts_implementation="eager")  # grouped_mm has no float64
+    torch.manual_seed(seed)
+    m = randomize_(NemotronHForCausalLM(cfg), seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, buffer in m.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.3 * torch.randn(buffer.shape, generator=g))
+    return m.to(dtype).eval()
 
 
 def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_experts=4, top_k=2,

@@ -85,11 +85,15 @@ def _mlp(m: MLPConfig, H: int) -> dict[str, Expected]:
 
 def _moe(m: MoEConfig, H: int) -> dict[str, Expected]:
     E, I = m.num_experts, m.intermediate_size
-    out = {"router.weight": Expected((E, H), "[E, H]"),
-           "experts.gate_up_proj": Expected((E, 2 * I, H), "[E, 2·I, H]"),
-           "experts.down_proj": Expected((E, H, I), "[E, H, I]")}
+    out = {"router.weight": Expected((E, H), "[E, H]"), "experts.down_proj": Expected((E, H, I), "[E, H, I]")}
+    if m.gated:
+        out["experts.gate_up_proj"] = Expected((E, 2 * I, H), "[E, 2·I, H]")
+    else:
+        out["experts.up_proj"] = Expected((E, I, H), "[E, I, H] (ungated experts)")
+    if m.router == "sigmoid_group_topk":
+        out["router.e_score_correction_bias"] = Expected((E,), "[E] (routing correction bias)")
     if m.shared_intermediate_size:
-        shared = _mlp(MLPConfig(m.shared_intermediate_size, m.activation), H)
+        shared = _mlp(MLPConfig(m.shared_intermediate_size, m.activation, gated=m.gated), H)
         out |= {f"shared.{name}": e for name, e in shared.items()}
     return out
 

@@ -63,6 +63,39 @@ NEMOTRON_H_8B = HybridShape(
     source="assumed: dimensions from the published Nemotron-H-8B config (nvidia/Nemotron-H-8B-Base-8K), fp32 SSM cache",
 )
 
+NEMOTRON_3_NANO_30B = HybridShape(
+    name="Nemotron-3-Nano-30B-A3B-shaped",
+    d_model=2688,
+    vocab_size=131072,
+    num_mamba_layers=23,
+    num_attention_layers=6,
+    num_mlp_blocks=0,  # no dense MLP layers: the 23 "E" layers hold the feed-forward
+    mlp_intermediate=0,
+    mlp_matrices=2,
+    separate_mlp_layers=True,
+    mamba_d_state=128,
+    mamba_headdim=64,  # 64 Mamba heads: d_inner 4096, not an integer expand of 2688
+    mamba_ngroups=8,
+    mamba_expand=2,
+    mamba_d_conv=4,
+    num_heads=32,
+    num_kv_heads=2,
+    head_dim=128,
+    tie_embeddings=False,
+    weight_bytes=2,
+    state_bytes=4,
+    source="assumed: dimensions as recalled from the published Nemotron-3-Nano-30B-A3B config "
+           "(nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B: 52 layers, 23 Mamba2 + 23 MoE + 6 attention, 128 experts top-6), "
+           "not read from the file here; uniform routing assumed for the experts a batch touches",
+    mamba_d_inner=4096,
+    num_moe_blocks=23,
+    moe_num_experts=128,
+    moe_top_k=6,
+    moe_intermediate=1856,
+    moe_shared_intermediate=3712,
+    moe_matrices=2,  # squared-ReLU experts: up, down
+)
+
 
 def small_hybrid_draft(target: HybridShape) -> HybridShape:
     """A hypothetical ~0.43B hybrid drafter sharing the target's vocabulary
@@ -114,4 +147,6 @@ class Preset:
 PRESETS = {
     "bamba-9b": Preset("bamba-9b", BAMBA_9B, small_hybrid_draft(BAMBA_9B), H200),
     "nemotron-h-8b": Preset("nemotron-h-8b", NEMOTRON_H_8B, small_hybrid_draft(NEMOTRON_H_8B), H200),
+    "nemotron-3-nano-30b-a3b": Preset("nemotron-3-nano-30b-a3b", NEMOTRON_3_NANO_30B,
+                                      small_hybrid_draft(NEMOTRON_3_NANO_30B), H200),
 }
