@@ -1,10 +1,13 @@
 """`HybridConfig`: the typed description of a hybrid Mamba/attention model.
 
 One sub-config per concern (attention, Mamba2, Mamba1, MLP, MoE). A layer is a
-pre-norm residual *mixer* (attention, mamba1, mamba2, or none) followed by a
-pre-norm residual *feed-forward* (mlp, moe, or none). Nemotron-H puts the
-mixer and the MLP in separate layers; that is a layer with `ffn="none"` and
-one with mixer `"none"`.
+pre-norm residual *mixer* (attention, mamba1, mamba2, parallel, or none)
+followed by a pre-norm residual *feed-forward* (mlp, moe, or none). Nemotron-H
+puts the mixer and the MLP in separate layers; that is a layer with
+`ffn="none"` and one with mixer `"none"`. A "parallel" mixer (Falcon-H1) runs
+attention and Mamba2 side by side on the same normed input and adds their
+outputs: the layer is an attention layer (KV pages) and a Mamba layer
+(recurrent state) at once, and a round commits both to the same boundary.
 """
 from __future__ import annotations
 
@@ -14,11 +17,15 @@ from typing import Literal
 from .errors import ConfigError
 from .state_memory import RecurrentStateShape, mamba1_state_shape, mamba2_state_shape
 
-MixerType = Literal["attention", "mamba1", "mamba2", "none"]
+MixerType = Literal["attention", "mamba1", "mamba2", "parallel", "none"]
 FfnType = Literal["mlp", "moe", "none"]
 Activation = Literal["silu", "gelu", "relu2"]
 
-MIXER_TYPES = ("attention", "mamba1", "mamba2", "none")
+MIXER_TYPES = ("attention", "mamba1", "mamba2", "parallel", "none")
+MAMBA2_NORMS = ("gate_then_norm", "norm_then_gate", "gate_only")
+# mixer type -> the sub-configs it needs
+_MIXER_NEEDS = {"attention": ("attention",), "mamba1": ("mamba1",), "mamba2": ("mamba2",),
+                "parallel": ("attention", "mamba2"), "none": ()}
 FFN_TYPES = ("mlp", "moe", "none")
 ACTIVATIONS = ("silu", "gelu", "relu2")
 MOE_ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_group_topk")
@@ -97,11 +104,19 @@ class Mamba2Config:
     norm_group_size: int | None = None  # gated RMSNorm group; None: d_inner // n_groups
     time_step_limit: tuple[float, float] = (0.0, float("inf"))
     chunk_size: int = 64
+    # how the output is gated and normed: RMSNorm(y ⊙ silu(z)) (Mamba2), RMSNorm(y) ⊙ silu(z) or y ⊙ silu(z)
+    # with no norm weight (Falcon-H1's mamba_rms_norm / mamba_norm_before_gate)
+    norm: Literal["gate_then_norm", "norm_then_gate", "gate_only"] = "gate_then_norm"
+    # Falcon-H1's µP multipliers of the in_proj output slices (z, x, B, C, dt), times ssm_in_multiplier
+    in_proj_multipliers: tuple[float, float, float, float, float] | None = None
 
     def __post_init__(self):
         _check_types(self)
         _require(self.num_heads % self.n_groups == 0,
                  f"mamba2 num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}")
+        _require(self.norm in MAMBA2_NORMS, f"mamba2 norm={self.norm!r}; expected one of {MAMBA2_NORMS}")
+        _require(self.in_proj_multipliers is None or len(self.in_proj_multipliers) == 5,
+                 f"mamba2 in_proj_multipliers={self.in_proj_multipliers!r} needs 5 numbers (z, x, B, C, dt)")
 
     @property
     def d_inner(self) -> int:
@@ -146,6 +161,8 @@ class MLPConfig:
     activation: Activation = "silu"
     gated: bool = True
     bias: bool = False
+    gate_multiplier: float = 1.0  # Falcon-H1 µP: act(gate_multiplier · gate(x))
+    down_multiplier: float = 1.0  # Falcon-H1 µP: down(...) · down_multiplier
 
     def __post_init__(self):
         _check_types(self)
@@ -196,6 +213,19 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Falcon-H1's µP multipliers around a parallel mixer:
+    m_ssm_out · Mamba2(x) + m_attn_out · Attention(m_attn_in · x)."""
+
+    attention_in_multiplier: float = 1.0
+    attention_out_multiplier: float = 1.0
+    mamba_out_multiplier: float = 1.0
+
+    def __post_init__(self):
+        _check_types(self)
+
+
+@dataclass(frozen=True)
 class HybridConfig:
     vocab_size: int
     hidden_size: int
@@ -207,6 +237,7 @@ class HybridConfig:
     mamba1: Mamba1Config | None = None
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
+    parallel: ParallelConfig | None = None  # multipliers of "parallel" mixers; None: all 1
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     embedding_multiplier: float = 1.0
@@ -227,9 +258,10 @@ class HybridConfig:
             _require(kind in MIXER_TYPES, f"unknown mixer type {kind!r}; expected one of {MIXER_TYPES}")
         for kind in self.ffn_types:
             _require(kind in FFN_TYPES, f"unknown feed-forward type {kind!r}; expected one of {FFN_TYPES}")
-        for kind, sub in (("attention", self.attention), ("mamba2", self.mamba2), ("mamba1", self.mamba1)):
-            _require(kind not in self.layer_types or sub is not None,
-                     f"layer_types uses {kind!r} layers but HybridConfig.{kind} is None")
+        for kind in dict.fromkeys(self.layer_types):
+            for sub in _MIXER_NEEDS[kind]:
+                _require(getattr(self, sub) is not None, f"layer_types uses {kind!r} layers but HybridConfig.{sub} "
+                                                          "is None")
         for kind, sub in (("mlp", self.mlp), ("moe", self.moe)):
             _require(kind not in self.ffn_types or sub is not None,
                      f"ffn_types uses {kind!r} layers but HybridConfig.{kind} is None")
@@ -243,15 +275,17 @@ class HybridConfig:
 
     @property
     def mamba_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t in ("mamba1", "mamba2")]
+        """Layers holding recurrent state (a parallel layer is one of them)."""
+        return [i for i, t in enumerate(self.layer_types) if t in ("mamba1", "mamba2", "parallel")]
 
     @property
     def attention_layers(self) -> list[int]:
-        return self.layers_of("attention")
+        """Layers holding KV pages (a parallel layer is one of them)."""
+        return [i for i, t in enumerate(self.layer_types) if t in ("attention", "parallel")]
 
     def state_shape(self, layer: int) -> RecurrentStateShape:
         """Recurrent-state sizes of Mamba layer `layer` (an index into layer_types)."""
-        sub = self.mamba2 if self.layer_types[layer] == "mamba2" else self.mamba1
+        sub = self.mamba1 if self.layer_types[layer] == "mamba1" else self.mamba2
         return sub.state_shape()
 
     def recurrent_state_shapes(self) -> list[RecurrentStateShape]:

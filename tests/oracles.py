@@ -143,6 +143,43 @@ def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_
     return randomize_(GraniteMoeHybridForCausalLM(cfg), seed).to(dtype).eval()
 
 
+FALCON_MULTIPLIERS = dict(embedding_multiplier=1.7, lm_head_multiplier=0.6, key_multiplier=1.3,
+                         attention_in_multiplier=0.8, attention_out_multiplier=1.2, ssm_in_multiplier=0.9,
+                         ssm_out_multiplier=1.1, mlp_multipliers=[0.7, 1.4], ssm_multipliers=[1.2, 0.8, 0.6, 1.5, 0.7])
+
+
+def falcon_h1(seed=0, num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n_groups=2, rms_norm=True,
+              norm_before_gate=True, multipliers=True):
+    """Falcon-H1: attention (RoPE) and Mamba2 in parallel in every layer, SwiGLU MLP, µP multipliers
+    (none of them 1, so that each one is tested)."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+    cfg = FalconH1Config(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, mamba_d_ssm=48, mamba_n_heads=4,
+                         mamba_d_state=8, mamba_n_groups=n_groups, mamba_chunk_size=8, mamba_rms_norm=rms_norm,
+                         mamba_norm_before_gate=norm_before_gate, max_position_embeddings=512, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=2, **(FALCON_MULTIPLIERS if multipliers else {}))
+    torch.manual_seed(seed)
+    m = randomize_(FalconH1ForCausalLM(cfg), seed).to(dtype).eval()
+    if dtype == torch.float64:
+        _float64_mup_vectors_(m)
+    return m
+
+
+def _float64_mup_vectors_(m):
+    """HF builds the µP vector in float32 (`torch.ones` times the multipliers), so a float64 model holds
+    float32-rounded multipliers; the float64 oracle recomputes it in float64 with HF's own function."""
+    from transformers.models.falcon_h1.modeling_falcon_h1 import compute_mup_vector
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        mup = compute_mup_vector(m.config)
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.mamba.mup_vector.copy_(mup)
+
+
 def hf_greedy(m, prompts, max_new_tokens):
     """HF generate on a left-padded ragged batch, with no stop token (like the
     engine with ignore_eos=True; `min_new_tokens` would instead forbid EOS)."""

@@ -1,6 +1,6 @@
 """Greedy parity: speculative output == plain `Engine(target)` output token for
 token, for every γ, checkpoint policy and drafter, on tiny float64 Bamba,
-Jamba, Nemotron-H and Nemotron-H MoE models; the restore paths counted in engine.stats are
+Jamba, Nemotron-H, Nemotron-H MoE and Falcon-H1 (parallel attention + Mamba2) models; the restore paths counted in engine.stats are
 exactly those the policy implies (`hybridspec.rollback.speculative_parity`), and
 each path runs where the policy says it must."""
 import pytest
@@ -8,13 +8,14 @@ import pytest
 import hybridspec as hs
 from hybridspec.rollback import (GAMMAS, POLICIES, perturbed_copy, plain_outputs, speculative_parity,
                                        stop_inside_accepted_run, workload)
-from oracles import bamba, jamba, nemotron_h, nemotron_h_moe
+from oracles import bamba, falcon_h1, jamba, nemotron_h, nemotron_h_moe
 
 FAMILIES = {
     "bamba": lambda seed: bamba(seed=seed),
     "jamba": lambda seed: jamba(seed=seed),
     "nemotron_h": lambda seed: nemotron_h(seed=seed),
     "nemotron_h_moe": lambda seed: nemotron_h_moe(seed=seed),
+    "falcon_h1": lambda seed: falcon_h1(seed=seed),
 }
 # the restore path each policy must use when a round is partly accepted
 EXPECTED_PATH = {"k=1": "snapshot_hits", "k=2": "log_replayed_tokens", "k=0": "log_replayed_tokens",

@@ -22,9 +22,10 @@ HF_ADAPTERS = {
     "JambaForCausalLM": "jamba",
     "NemotronHForCausalLM": "nemotron_h",
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
+    "FalconH1ForCausalLM": "falcon_h1",
 }
 MODEL_TYPES = {"bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
-               "granitemoehybrid": "GraniteMoeHybridForCausalLM"}
+               "granitemoehybrid": "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM"}
 SUPPORTED = sorted(HF_ADAPTERS) + ["mamba_ssm MambaLMHeadModel (hybrid Mamba2 + MHA)"]
 
 
@@ -37,7 +38,8 @@ def _adapter(architecture: str):
 
 def from_hf(model) -> HybridModel:
     """A HybridModel from a loaded HF model (`BambaForCausalLM`, `JambaForCausalLM`,
-    `NemotronHForCausalLM` or `GraniteMoeHybridForCausalLM`), sharing its parameters (no copy: same dtype and device).
+    `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM` or `FalconH1ForCausalLM`), sharing its parameters
+    (no copy: same dtype and device).
     Raises UnsupportedModelError for other architectures and CheckpointError
     when a tensor is missing or has the wrong shape for the config."""
     architecture = type(model).__name__

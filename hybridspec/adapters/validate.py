@@ -43,7 +43,9 @@ def _mamba2(m: Mamba2Config, H: int) -> dict[str, Expected]:
     out = {"in_proj.weight": Expected((m.d_inner + m.conv_dim + n, H), "[2·n·p + 2·g·N + n, H] (z, x, B, C, dt)"),
            "conv1d.weight": Expected((m.conv_dim, 1, m.d_conv), "[n·p + 2·g·N, 1, k]"),
            "dt_bias": Expected((n,), "[n]"), "A_log": Expected((n,), "[n]"), "D": Expected((n,), "[n]"),
-           "norm.weight": Expected((m.d_inner,), "[n·p]"), "out_proj.weight": Expected((H, m.d_inner), "[H, n·p]")}
+           "out_proj.weight": Expected((H, m.d_inner), "[H, n·p]")}
+    if m.norm != "gate_only":
+        out["norm.weight"] = Expected((m.d_inner,), "[n·p]")
     if m.conv_bias:
         out["conv1d.bias"] = Expected((m.conv_dim,), "[n·p + 2·g·N] (conv bias)")
     if m.proj_bias:
@@ -105,7 +107,9 @@ def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = Expected((V, H), "[V, H] (untied lm_head)")
     mixers = {"attention": lambda: _attention(config.attention, H), "mamba2": lambda: _mamba2(config.mamba2, H),
-              "mamba1": lambda: _mamba1(config.mamba1, H), "none": dict}
+              "mamba1": lambda: _mamba1(config.mamba1, H), "none": dict,
+              "parallel": lambda: {**{f"attention.{k}": e for k, e in _attention(config.attention, H).items()},
+                                   **{f"mamba.{k}": e for k, e in _mamba2(config.mamba2, H).items()}}}
     ffns = {"mlp": lambda: _mlp(config.mlp, H), "moe": lambda: _moe(config.moe, H), "none": dict}
     for i, (mixer, ffn) in enumerate(zip(config.layer_types, config.ffn_types)):
         prefix = f"layers.{i}."

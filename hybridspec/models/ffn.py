@@ -11,7 +11,8 @@ from .common import activation, compute_dtype, param, take
 
 
 class MLP(nn.Module):
-    """gated: down(act(gate(x)) ⊙ up(x)); plain: down(act(up(x)))."""
+    """gated: down(act(gate(x)) ⊙ up(x)); plain: down(act(up(x))); with
+    Falcon-H1's µP multipliers on the gate and the output when set."""
 
     def __init__(self, cfg: MLPConfig, weights: dict[str, torch.Tensor]):
         super().__init__()
@@ -23,12 +24,16 @@ class MLP(nn.Module):
                                         if cfg.bias else (None, None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
         up = F.linear(x, self.up_proj, self.up_bias)
-        if self.cfg.gated:
-            up = activation(self.cfg.activation, F.linear(x, self.gate_proj, self.gate_bias)) * up
+        if cfg.gated:
+            gate = F.linear(x, self.gate_proj, self.gate_bias)
+            gate = gate if cfg.gate_multiplier == 1.0 else gate * cfg.gate_multiplier
+            up = activation(cfg.activation, gate) * up
         else:
-            up = activation(self.cfg.activation, up)
-        return F.linear(up, self.down_proj, self.down_bias)
+            up = activation(cfg.activation, up)
+        out = F.linear(up, self.down_proj, self.down_bias)
+        return out if cfg.down_multiplier == 1.0 else out * cfg.down_multiplier
 
 
 class MoE(nn.Module):

@@ -40,6 +40,9 @@ class DecoderLayer(nn.Module):
             self.mixer = Attention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq)
         elif mixer_type == "mamba2":
             self.mixer = Mamba2Mixer(cfg.mamba2, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
+        elif mixer_type == "parallel":
+            from .parallel import ParallelMixer
+            self.mixer = ParallelMixer(cfg, mixer_weights, index, inv_freq)
         elif mixer_type == "mamba1":
             from .mamba1 import Mamba1Mixer
             self.mixer = Mamba1Mixer(cfg.mamba1, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
@@ -54,6 +57,11 @@ class DecoderLayer(nn.Module):
         if self.ffn is not None:
             h = h + self.scaled(self.ffn(self.ffn_norm(h)))
         return h
+
+    @property
+    def recurrent(self) -> RecurrentLayer:
+        """This layer's recurrent part: the mixer, or the Mamba2 half of a parallel mixer."""
+        return getattr(self.mixer, "mamba", self.mixer)
 
     def scaled(self, update: torch.Tensor) -> torch.Tensor:
         """The residual update times residual_multiplier (GraniteMoeHybrid; 1 elsewhere)."""
@@ -92,7 +100,7 @@ class HybridModel(nn.Module):
     @property
     def recurrent_layers(self) -> list[RecurrentLayer]:
         """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
-        return [self.layers[i].mixer for i in self.config.mamba_layers]
+        return [self.layers[i].recurrent for i in self.config.mamba_layers]
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())

@@ -39,6 +39,28 @@ def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, gr
     return weight * grouped.view_as(h).to(y.dtype)
 
 
+def gate_and_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, cfg: Mamba2Config,
+                  eps: float) -> torch.Tensor:
+    """The mixer's output before out_proj, by `cfg.norm`: RMSNorm(y ⊙ silu(z))
+    (Mamba2), RMSNorm(y) ⊙ silu(z) or y ⊙ silu(z) (Falcon-H1).  # [batch, T, d_inner]"""
+    if cfg.norm == "gate_then_norm":
+        return gated_rms_norm(y, gate, weight, cfg.group_size, eps)
+    cd = compute_dtype(y.dtype)
+    if cfg.norm == "gate_only":
+        return (y.to(cd) * F.silu(gate.to(cd))).to(y.dtype)
+    grouped = y.to(cd).view(*y.shape[:-1], -1, cfg.group_size)
+    normed = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).view_as(y)
+    return (weight.to(cd) * normed * F.silu(gate.to(cd))).to(y.dtype)
+
+
+def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
+    """Falcon-H1's µP vector over the in_proj output [z | x | B | C | dt] (float64; None: no scaling)."""
+    if cfg.in_proj_multipliers is None:
+        return None
+    widths = [cfg.d_inner, cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state, cfg.num_heads]
+    return torch.cat([torch.full((w,), float(m), dtype=torch.float64) for w, m in zip(widths, cfg.in_proj_multipliers)])
+
+
 SSD_MIN_TOKENS = 16  # from this many inputs on, a forward that wants only the final state uses the chunked scan
 
 
@@ -54,7 +76,9 @@ class Mamba2Mixer(LogReplay, nn.Module):
         self.conv_weight = param(weights["conv1d.weight"])  # [conv_dim, 1, d_conv]
         self.conv_bias = param(weights["conv1d.bias"]) if cfg.conv_bias else None
         self.dt_bias, self.A_log, self.D = param(weights["dt_bias"]), param(weights["A_log"]), param(weights["D"])
-        self.norm_weight = param(weights["norm.weight"])
+        self.norm_weight = param(weights["norm.weight"]) if cfg.norm != "gate_only" else None
+        scale = in_proj_scale(cfg)
+        self.register_buffer("in_scale", None if scale is None else scale.to(self.in_proj.dtype), persistent=False)
         self.out_proj = param(weights["out_proj.weight"])
         self.out_bias = param(weights["out_proj.bias"]) if cfg.proj_bias else None
 
@@ -62,8 +86,10 @@ class Mamba2Mixer(LogReplay, nn.Module):
         cfg = self.cfg
         bsz, T, _ = h.shape
         cd = compute_dtype(h.dtype)
-        gate, xs, dt = F.linear(h, self.in_proj, self.in_bias).split(
-            [cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
+        projected = F.linear(h, self.in_proj, self.in_bias)  # [batch, T, d_inner + conv_dim + nheads]
+        if self.in_scale is not None:
+            projected = projected * self.in_scale
+        gate, xs, dt = projected.split([cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
         conv = pick(conv_window_update, conv_window_update_ref, h)
@@ -83,7 +109,7 @@ class Mamba2Mixer(LogReplay, nn.Module):
             y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
-        y = gated_rms_norm(y.reshape(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg.group_size, self.eps)
+        y = gate_and_norm(y.reshape(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
         return F.linear(y, self.out_proj, self.out_bias)
 
 

@@ -96,6 +96,34 @@ NEMOTRON_3_NANO_30B = HybridShape(
     moe_matrices=2,  # squared-ReLU experts: up, down
 )
 
+FALCON_H1_7B = HybridShape(
+    name="Falcon-H1-7B-shaped",
+    d_model=3072,
+    vocab_size=130048,
+    num_mamba_layers=44,
+    num_attention_layers=44,  # every layer runs attention and Mamba2 side by side
+    num_mlp_blocks=44,  # every layer: SwiGLU MLP after the parallel mixer
+    mlp_intermediate=12288,
+    mlp_matrices=3,
+    separate_mlp_layers=False,
+    mamba_d_state=256,
+    mamba_headdim=128,  # 24 Mamba heads over mamba_d_ssm 3072
+    mamba_ngroups=1,
+    mamba_expand=1,
+    mamba_d_conv=4,
+    num_heads=12,
+    num_kv_heads=2,
+    head_dim=128,
+    tie_embeddings=False,
+    weight_bytes=2,
+    state_bytes=4,
+    source="assumed: dimensions as recalled from the published Falcon-H1-7B config (tiiuae/Falcon-H1-7B-Base: "
+           "44 layers, hidden 3072, 12/2 attention heads of 128, 24 Mamba heads of 128, d_state 256), "
+           "not read from the file here",
+    mamba_d_inner=3072,
+    parallel_mixers=True,
+)
+
 
 def small_hybrid_draft(target: HybridShape) -> HybridShape:
     """A hypothetical ~0.43B hybrid drafter sharing the target's vocabulary
@@ -149,4 +177,5 @@ PRESETS = {
     "nemotron-h-8b": Preset("nemotron-h-8b", NEMOTRON_H_8B, small_hybrid_draft(NEMOTRON_H_8B), H200),
     "nemotron-3-nano-30b-a3b": Preset("nemotron-3-nano-30b-a3b", NEMOTRON_3_NANO_30B,
                                       small_hybrid_draft(NEMOTRON_3_NANO_30B), H200),
+    "falcon-h1-7b": Preset("falcon-h1-7b", FALCON_H1_7B, small_hybrid_draft(FALCON_H1_7B), H200),
 }
