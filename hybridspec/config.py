@@ -226,6 +226,33 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class SharedBlockConfig:
+    """Zamba2's shared transformer blocks: `num_blocks` blocks of weights, run
+    at the layers in `occurrences` (occurrence j uses block j % num_blocks)
+    before that layer's mixer. Each occurrence has its own KV pages (it is an
+    attention layer of its own for the cache), its own output linear and its
+    own LoRA adapters (rank `adapter_rank`) on the MLP's gate/up projection and,
+    with `attention_adapters`, on q, k and v. The block reads [h, embeddings]
+    (2·hidden wide); `mlp` is its gated MLP."""
+
+    num_blocks: int
+    occurrences: tuple[int, ...]
+    mlp: MLPConfig
+    adapter_rank: int
+    attention_adapters: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "occurrences", tuple(self.occurrences))
+        _check_types(self)
+        _require(len(self.occurrences) > 0 and list(self.occurrences) == sorted(set(self.occurrences)),
+                 f"shared block occurrences={self.occurrences} must be distinct layer indices in ascending order")
+
+    def block_of(self, layer: int) -> int:
+        """The shared block run at `layer` (one of `occurrences`)."""
+        return self.occurrences.index(layer) % self.num_blocks
+
+
+@dataclass(frozen=True)
 class HybridConfig:
     vocab_size: int
     hidden_size: int
@@ -238,6 +265,7 @@ class HybridConfig:
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
     parallel: ParallelConfig | None = None  # multipliers of "parallel" mixers; None: all 1
+    shared_blocks: SharedBlockConfig | None = None  # Zamba2: shared transformer blocks before some mixers
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     embedding_multiplier: float = 1.0
@@ -262,6 +290,12 @@ class HybridConfig:
             for sub in _MIXER_NEEDS[kind]:
                 _require(getattr(self, sub) is not None, f"layer_types uses {kind!r} layers but HybridConfig.{sub} "
                                                           "is None")
+        if self.shared_blocks is not None:
+            _require(self.attention is not None, "shared_blocks run attention but HybridConfig.attention is None")
+            bad = [i for i in self.shared_blocks.occurrences
+                   if not 0 <= i < len(self.layer_types) or self.layer_types[i] != "mamba2"]
+            _require(not bad, f"shared block occurrences {bad} are not Mamba2 layers; a shared block runs before a "
+                              "Mamba2 mixer (Zamba2's hybrid layer)")
         for kind, sub in (("mlp", self.mlp), ("moe", self.moe)):
             _require(kind not in self.ffn_types or sub is not None,
                      f"ffn_types uses {kind!r} layers but HybridConfig.{kind} is None")
@@ -280,8 +314,10 @@ class HybridConfig:
 
     @property
     def attention_layers(self) -> list[int]:
-        """Layers holding KV pages (a parallel layer is one of them)."""
-        return [i for i, t in enumerate(self.layer_types) if t in ("attention", "parallel")]
+        """Layers holding KV pages: attention, parallel, and the layers a shared block runs at (one set of KV
+        pages per occurrence)."""
+        shared = set(self.shared_blocks.occurrences) if self.shared_blocks is not None else set()
+        return [i for i, t in enumerate(self.layer_types) if t in ("attention", "parallel") or i in shared]
 
     def state_shape(self, layer: int) -> RecurrentStateShape:
         """Recurrent-state sizes of Mamba layer `layer` (an index into layer_types)."""

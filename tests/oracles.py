@@ -180,6 +180,20 @@ def _float64_mup_vectors_(m):
             layer.mamba.mup_vector.copy_(mup)
 
 
+def zamba2(seed=0, block_types=("mamba", "hybrid", "mamba", "hybrid", "hybrid"), num_mem_blocks=2, adapters=True,
+           rope=True, dtype=torch.float64, vocab=97, kv_heads=4):
+    """Zamba2: Mamba2 layers; at "hybrid" layers a shared transformer block (num_mem_blocks weight sets used in
+    turn, per-occurrence LoRA adapters, input [h, embeddings]) feeds the Mamba2 input."""
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+    cfg = Zamba2Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=len(block_types),
+                       layers_block_type=list(block_types), mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=2,
+                       chunk_size=8, num_attention_heads=4, num_key_value_heads=kv_heads, num_mem_blocks=num_mem_blocks,
+                       use_shared_attention_adapter=adapters, adapter_rank=4, use_mem_rope=rope, intermediate_size=48,
+                       max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    torch.manual_seed(seed)
+    return randomize_(Zamba2ForCausalLM(cfg), seed).to(dtype).eval()
+
+
 def hf_greedy(m, prompts, max_new_tokens):
     """HF generate on a left-padded ragged batch, with no stop token (like the
     engine with ignore_eos=True; `min_new_tokens` would instead forbid EOS)."""

@@ -100,6 +100,36 @@ def _moe(m: MoEConfig, H: int) -> dict[str, Expected]:
     return out
 
 
+def _shared_blocks(config: HybridConfig) -> dict[str, Expected]:
+    """Zamba2: each shared block's weights once, each occurrence's linear and adapters (rank r, input 2·H)."""
+    shared, H = config.shared_blocks, config.hidden_size
+    a, r, I = config.attention, shared.adapter_rank, shared.mlp.intermediate_size
+    out = {}
+    for b in range(shared.num_blocks):
+        prefix = f"shared_blocks.{b}."
+        out[prefix + "input_norm.weight"] = Expected((2 * H,), "[2·H] (norm of [h, embeddings])")
+        out[prefix + "ffn_norm.weight"] = Expected((H,), "[H]")
+        out |= {f"{prefix}attention.{n}": e for n, e in _attention(a, H).items()
+                if n not in ("q_proj.weight", "k_proj.weight", "v_proj.weight")}
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        out |= {prefix + "attention.q_proj.weight": Expected((q, 2 * H), "[h·d, 2·H]"),
+                prefix + "attention.k_proj.weight": Expected((kv, 2 * H), "[h_kv·d, 2·H]"),
+                prefix + "attention.v_proj.weight": Expected((kv, 2 * H), "[h_kv·d, 2·H]")}
+        out |= {f"{prefix}ffn.{n}": e for n, e in _mlp(shared.mlp, H).items()}
+    for layer in shared.occurrences:
+        prefix = f"layers.{layer}.shared."
+        out[prefix + "linear.weight"] = Expected((H, H), "[H, H] (per occurrence)")
+        out[prefix + "adapters.gate_up.down.weight"] = Expected((r, H), "[r, H] (MLP adapter)")
+        out[prefix + "adapters.gate_up.up.weight"] = Expected((2 * I, r), "[2·I, r] (MLP adapter)")
+        if shared.attention_adapters:
+            widths = {"q": a.num_heads * a.head_dim, "k": a.num_kv_heads * a.head_dim,
+                      "v": a.num_kv_heads * a.head_dim}
+            for p, width in widths.items():
+                out[f"{prefix}adapters.{p}.down.weight"] = Expected((r, 2 * H), f"[r, 2·H] ({p} adapter)")
+                out[f"{prefix}adapters.{p}.up.weight"] = Expected((width, r), f"[{p} width, r] ({p} adapter)")
+    return out
+
+
 def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
     """Canonical name -> expected shape of every tensor `config` requires."""
     H, V = config.hidden_size, config.vocab_size
@@ -119,6 +149,8 @@ def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
             out[prefix + "ffn_norm.weight"] = Expected((H,), "[H]")
         out |= {f"{prefix}mixer.{name}": e for name, e in mixers[mixer]().items()}
         out |= {f"{prefix}ffn.{name}": e for name, e in ffns[ffn]().items()}
+    if config.shared_blocks is not None:
+        out |= _shared_blocks(config)
     return out
 
 

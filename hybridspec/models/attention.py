@@ -50,12 +50,18 @@ class Attention(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [batch, T, h·d], k, v [batch, T, h_kv·d] (Zamba2's occurrences add their adapters here)."""
+        return (F.linear(h, self.q_proj, self.q_bias), F.linear(h, self.k_proj, self.k_bias),
+                F.linear(h, self.v_proj, self.v_bias))
+
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg
         bsz, T, _ = h.shape
-        q = F.linear(h, self.q_proj, self.q_bias).view(bsz, T, cfg.num_heads, cfg.head_dim)
-        k = F.linear(h, self.k_proj, self.k_bias).view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
-        v = F.linear(h, self.v_proj, self.v_bias).view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.project(h)
+        q = q.view(bsz, T, cfg.num_heads, cfg.head_dim)
+        k = k.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.use_rope:
             cos, sin = self.rope(batch.positions, h.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

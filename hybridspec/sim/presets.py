@@ -124,6 +124,40 @@ FALCON_H1_7B = HybridShape(
     parallel_mixers=True,
 )
 
+_ZAMBA2_7B_OCCURRENCES = 13  # hybrid layers, each running one of the 2 shared blocks
+_ZAMBA2_7B_RANK = 128
+ZAMBA2_7B = HybridShape(
+    name="Zamba2-7B-shaped",
+    d_model=3584,
+    vocab_size=32000,
+    num_mamba_layers=81,
+    num_attention_layers=_ZAMBA2_7B_OCCURRENCES,  # KV pages per occurrence
+    num_mlp_blocks=_ZAMBA2_7B_OCCURRENCES,  # each occurrence runs its block's gated MLP
+    mlp_intermediate=4 * 3584,
+    mlp_matrices=3,
+    separate_mlp_layers=False,
+    mamba_d_state=64,
+    mamba_headdim=64,  # 112 Mamba heads
+    mamba_ngroups=2,
+    mamba_expand=2,
+    mamba_d_conv=4,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=224,  # 2·d_model / heads: the block attends over [h, embeddings]
+    tie_embeddings=True,
+    weight_bytes=2,
+    state_bytes=4,
+    source="assumed: dimensions as recalled from the published Zamba2-7B config (Zyphra/Zamba2-7B: 81 Mamba2 "
+           "layers, 13 hybrid layers over 2 shared blocks, LoRA rank 128), not read from the file here",
+    attention_weight_copies=2,
+    mlp_weight_copies=2,
+    attention_input_dim=2 * 3584,
+    # per occurrence: its [d, d] linear, q/k/v adapters [2d -> r -> 2d] and the MLP adapter [d -> r -> 2·I]
+    extra_params=_ZAMBA2_7B_OCCURRENCES * (3584 * 3584 + 3 * 2 * (2 * 3584 * _ZAMBA2_7B_RANK)
+                                           + _ZAMBA2_7B_RANK * (3584 + 2 * 4 * 3584)),
+    stack_layers=81,
+)
+
 
 def small_hybrid_draft(target: HybridShape) -> HybridShape:
     """A hypothetical ~0.43B hybrid drafter sharing the target's vocabulary
@@ -178,4 +212,5 @@ PRESETS = {
     "nemotron-3-nano-30b-a3b": Preset("nemotron-3-nano-30b-a3b", NEMOTRON_3_NANO_30B,
                                       small_hybrid_draft(NEMOTRON_3_NANO_30B), H200),
     "falcon-h1-7b": Preset("falcon-h1-7b", FALCON_H1_7B, small_hybrid_draft(FALCON_H1_7B), H200),
+    "zamba2-7b": Preset("zamba2-7b", ZAMBA2_7B, small_hybrid_draft(ZAMBA2_7B), H200),
 }

@@ -41,7 +41,9 @@ class HybridShape:
     when attention/MLP blocks share weights across occurrences (Zamba2: KV per
     occurrence, weights per shared block); attention_input_dim: the width
     q, k, v read (Zamba2's shared block reads [h, embeddings], 2·d_model);
-    extra_params: other per-forward weights (Zamba2's per-occurrence linears).
+    extra_params: other per-forward weights (Zamba2's per-occurrence linears
+    and adapters). stack_layers: the layer count when the block counts do not
+    give it (Zamba2's shared blocks run inside Mamba layers).
     """
 
     name: str
@@ -77,6 +79,7 @@ class HybridShape:
     mlp_weight_copies: int | None = None
     attention_input_dim: int | None = None
     extra_params: int = 0
+    stack_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.parallel_mixers and self.num_mamba_layers != self.num_attention_layers:
@@ -105,6 +108,8 @@ class HybridShape:
 
     @property
     def num_layers(self) -> int:
+        if self.stack_layers is not None:
+            return self.stack_layers
         if self.parallel_mixers:
             return self.num_mamba_layers
         mixers = self.num_mamba_layers + self.num_attention_layers
