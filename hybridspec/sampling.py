@@ -172,6 +172,31 @@ def _stop_token_ids(values) -> tuple[int, ...]:
     return tuple(token_id(t) for t in ids)
 
 
+@dataclass(frozen=True)
+class RowFlags:
+    """What some or all rows of a RowParams ask for, known on the host, so that
+    the sampling path skips unused filters without reading tensors back. A
+    subset of rows (`select`) keeps its parent's flags: "any" stays a safe
+    over-approximation, "all" stays true."""
+
+    all_greedy: bool
+    any_greedy: bool
+    any_temperature: bool  # some sampled row has a temperature other than 1
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+
+    @classmethod
+    def of(cls, params: list[SamplingParams]) -> "RowFlags":
+        return cls(all(p.is_greedy for p in params), any(p.is_greedy for p in params),
+                   any(not p.is_greedy and p.temperature != 1.0 for p in params),
+                   any(p.top_k > 0 for p in params), any(p.top_p < 1 for p in params),
+                   any(p.min_p > 0 for p in params))
+
+
+ALL_FLAGS = RowFlags(False, True, True, True, True, True)  # nothing known: every filter is checked
+
+
 @dataclass
 class RowParams:
     """SamplingParams of a batch as tensors, one row per sequence."""
@@ -184,6 +209,7 @@ class RowParams:
     repetition_penalty: torch.Tensor  # [batch] float64 (1: off)
     presence_penalty: torch.Tensor  # [batch] float64 (0: off)
     frequency_penalty: torch.Tensor  # [batch] float64 (0: off)
+    flags: RowFlags = ALL_FLAGS  # host-side summary of the rows
 
     @classmethod
     def of(cls, params: list[SamplingParams], seeds: list[int], device) -> "RowParams":
@@ -196,14 +222,22 @@ class RowParams:
                    tensor(seeds, torch.long),
                    tensor([p.repetition_penalty for p in params], torch.float64),
                    tensor([p.presence_penalty for p in params], torch.float64),
-                   tensor([p.frequency_penalty for p in params], torch.float64))
+                   tensor([p.frequency_penalty for p in params], torch.float64),
+                   RowFlags.of(params))
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in fields(self) if f.name != "flags"]
 
     def select(self, rows: torch.Tensor) -> "RowParams":
-        return RowParams(*(getattr(self, f.name)[rows] for f in fields(self)))
+        if rows.numel() == self.seeds.numel() and rows.numel() <= 1:  # the same single row (or none)
+            return self
+        return RowParams(*(t[rows] for t in self._tensors()), flags=self.flags)
 
     def repeat(self, n: int) -> "RowParams":
         """Each row repeated n times (for [batch, n, vocab] logits flattened)."""
-        return RowParams(*(getattr(self, f.name).repeat_interleave(n) for f in fields(self)))
+        if n == 1:
+            return self
+        return RowParams(*(t.repeat_interleave(n) for t in self._tensors()), flags=self.flags)
 
     @property
     def is_greedy(self) -> torch.Tensor:
@@ -217,26 +251,28 @@ def process_logits(logits: torch.Tensor, rows: RowParams, context: PenaltyContex
     penalty) holds each row's context token counts for the penalties.
     Greedy rows get the plain softmax of the penalised logits (their argmax is
     all that is used). Filters no row asks for are skipped (sorting the
-    vocabulary is the cost)."""
+    vocabulary is the cost), known from `rows.flags` without a readback."""
+    flags = rows.flags
     x = logits.to(torch.float64)
     if context is not None:
         x = context.penalize(x, rows)
-    temperature = torch.where(rows.is_greedy, torch.ones_like(rows.temperature), rows.temperature)
-    x = x / temperature[:, None]
+    if flags.any_temperature:
+        temperature = torch.where(rows.is_greedy, torch.ones_like(rows.temperature), rows.temperature)
+        x = x / temperature[:, None]
     vocab = x.shape[-1]
-    if bool((rows.top_k > 0).any()):  # keep the k largest logits (ties at the k-th value are kept)
+    if flags.any_top_k and bool((rows.top_k > 0).any()):  # keep the k largest logits (ties at the k-th value are kept)
         k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
         kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
         x = x.masked_fill(x < kth, -math.inf)
     probs = torch.softmax(x, dim=-1)
     drop = None
-    if bool((rows.top_p < 1).any()):  # keep the smallest prefix (by descending prob) whose mass reaches p
+    if flags.any_top_p and bool((rows.top_p < 1).any()):  # keep the smallest prefix (by descending prob) whose mass reaches p
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         drop_sorted = (mass_before >= rows.top_p[:, None]) & (rows.top_p < 1)[:, None]  # top_p = 1: off
         drop_sorted[:, 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    if bool((rows.min_p > 0).any()):  # drop tokens below min_p times the top probability
+    if flags.any_min_p and bool((rows.min_p > 0).any()):  # drop tokens below min_p times the top probability
         below = probs < rows.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         drop = below if drop is None else drop | below
     if drop is None:
@@ -249,7 +285,7 @@ def sample(probs: torch.Tensor, rows: RowParams, positions: torch.Tensor, purpos
     """One token per row: argmax for greedy rows, keyed Gumbel-max otherwise.
     probs [N, vocab], positions [N] (absolute position of the sampled token) -> [N]."""
     greedy = probs.argmax(dim=-1)
-    if bool(rows.is_greedy.all()):
+    if rows.flags.all_greedy or bool(rows.is_greedy.all()):
         return greedy
     sampled = gumbel_argmax(probs, rows.seeds, positions, purpose)
     return torch.where(rows.is_greedy, greedy, sampled)

@@ -25,13 +25,14 @@ from .mamba2_verify import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     accumulate_dtype,
+    as_dtype,
     check_kernel_device,
     check_ndim,
     check_tensor,
     triton_dtype,
     write_slots_ref,
-    write_snapshots_ref,
 )
+from .slot_plan import SlotPlan
 
 ACTIVATIONS = (None, "silu")
 
@@ -231,23 +232,30 @@ def extended_inputs_ref(conv_states, src_slot, xs, acc):
     return torch.cat([window, xs.to(acc).transpose(1, 2)], dim=2)
 
 
-def conv_window_update_ref(conv_states, src_slot, snap_slot, xs, weight, bias, num_tokens, activation):
-    """Plain-torch conv_window_update: same arguments, same in-place writes, same out."""
+def conv_window_update_ref(conv_states, src_slot, snap_slot, xs, weight, bias, num_tokens, activation, plan=None):
+    """Plain-torch conv_window_update: same arguments, same in-place writes, same out.
+    `plan`: the forward's `SlotPlan` (None: built from the slot tensors)."""
     check_update_args(conv_states, src_slot, snap_slot, xs, weight, bias, num_tokens, activation)
+    plan = plan or SlotPlan.of_tensors(src_slot, snap_slot, num_tokens)
     acc = accumulate_dtype(conv_states, xs, weight, bias)
     num_inputs, d_conv = xs.shape[1], weight.shape[1]
-    ext = extended_inputs_ref(conv_states, src_slot, xs, acc)  # [batch, conv_dim, d_conv - 1 + T]
-    windows = ext.unfold(2, d_conv, 1)  # [batch, conv_dim, T, d_conv]
-    out = (windows * weight.to(acc)[:, None, :]).sum(-1).transpose(1, 2)  # [batch, T, conv_dim]
+    window = as_dtype(plan.read(conv_states), acc)  # [batch, conv_dim, d_conv - 1]
+    ext = torch.cat([window, as_dtype(xs, acc).transpose(1, 2)], dim=2)  # [batch, conv_dim, d_conv - 1 + T]
+    if num_inputs == 1:  # decode: the extended window is the conv's one window
+        out = (ext * as_dtype(weight, acc)).sum(-1)[:, None]  # [batch, 1, conv_dim]
+        if plan.steps[0] is not None:
+            plan.steps[0].write(conv_states, ext[:, :, 1:])
+    else:
+        windows = ext.unfold(2, d_conv, 1)  # [batch, conv_dim, T, d_conv]
+        out = (windows * as_dtype(weight, acc)[:, None, :]).sum(-1).transpose(1, 2)  # [batch, T, conv_dim]
+        plan.write_all(conv_states, windows[:, :, :, 1:].transpose(1, 2))
     if bias is not None:
-        out = out + bias.to(acc)
+        out = out + as_dtype(bias, acc)
     if activation == "silu":
         out = torch.nn.functional.silu(out)
-    is_live = torch.arange(num_inputs, device=xs.device) < num_tokens[:, None]  # [batch, T]
-    write_snapshots_ref(conv_states, snap_slot, is_live, windows[:, :, :, 1:].transpose(1, 2))
-    if not bool(is_live.all()):
-        out = torch.where(is_live[..., None], out, 0.0)
-    return out.to(xs.dtype)
+    if not plan.all_live:
+        out = out.masked_fill(plan.dead_inputs, 0.0)
+    return as_dtype(out, xs.dtype)
 
 
 def conv_window_rebuild_ref(conv_states, src_slot, dst_slot, num_steps, xs):

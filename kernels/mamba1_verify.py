@@ -19,6 +19,7 @@ their y rows are zero. The pool is `ssm_states [num_slots, d_inner, d_state]`.
 
 import torch
 
+from .slot_plan import SlotPlan
 from .triton_import import tl, triton
 
 from .mamba2_verify import (
@@ -29,10 +30,8 @@ from .mamba2_verify import (
     check_ndim,
     check_tensor,
     state_block_sizes,
-    slot_view_ref,
-    step_snapshot_plan_ref,
+    as_dtype,
     triton_dtype,
-    write_step_ref,
 )
 
 
@@ -171,30 +170,31 @@ def mamba1_verify(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens
 # ------------------------------------------------------------------- reference
 
 
-def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens, plan=None):
     """Plain-torch mamba1_verify: same arguments, same in-place writes, same y.
+    `plan`: the forward's `SlotPlan` (None: built from the slot tensors).
     Each step's state goes straight into its snapshot slot (no stack of states)."""
     check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
+    plan = plan or SlotPlan.of_tensors(src_slot, snap_slot, num_tokens)
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     out_dtype = x.dtype
-    x, dt, A, B, C, D = (v.to(acc) for v in (x, dt, A, B, C, D))
+    x, dt, A, B, C, D = (as_dtype(v, acc) for v in (x, dt, A, B, C, D))
     num_inputs = x.shape[1]
     inject = (dt * x)[..., None] * B[:, :, None, :]  # [batch, T, d_inner, d_state]: (Δ_t x_t) ⊗ B_t
-    state = ssm_states[src_slot].to(acc)  # [batch, d_inner, d_state], a copy
-    plan = step_snapshot_plan_ref(snap_slot, num_tokens)
-    all_live = bool((num_tokens >= num_inputs).all())  # no padded inputs: skip the masking
+    state = as_dtype(plan.read(ssm_states), acc)  # [batch, d_inner, d_state]
+    direct = plan.all_live and ssm_states.dtype == acc
     y = torch.empty_like(x)  # [batch, T, d_inner]
-    for t in range(num_inputs):
+    for t, writes in enumerate(plan.steps):
         decay = torch.exp(dt[:, t, :, None] * A)  # [batch, d_inner, d_state]
-        into = slot_view_ref(ssm_states, plan[t], acc) if all_live else None
-        if into is not None:  # one row: the step writes its snapshot slot directly
-            state = torch.addcmul(inject[:, t], decay, state, out=into)
+        if direct and writes is not None and writes.single is not None:  # compute into the snapshot slot
+            state = torch.addcmul(inject[:, t], decay, state, out=ssm_states[writes.single:writes.single + 1])
         else:
             stepped = inject[:, t].addcmul_(decay, state)  # exp(Δ ⊗ A) ⊙ h + (Δ x) ⊗ B
-            state = stepped if all_live else torch.where((t < num_tokens)[:, None, None], stepped, state)
-            write_step_ref(ssm_states, plan[t], state)
+            state = stepped if plan.all_live else torch.where(plan.is_live[:, t, None, None], stepped, state)
+            if writes is not None:
+                writes.write(ssm_states, state)
         torch.matmul(state, C[:, t, :, None], out=y[:, t, :, None])  # y_t = h_t C_t
     y.addcmul_(D, x)
-    if not all_live:
-        y.masked_fill_((torch.arange(num_inputs, device=x.device) >= num_tokens[:, None])[..., None], 0.0)
-    return y.to(out_dtype)
+    if not plan.all_live:
+        y.masked_fill_(plan.dead_inputs, 0.0)
+    return as_dtype(y, out_dtype)

@@ -30,6 +30,7 @@ import os
 
 import torch
 
+from .slot_plan import SlotPlan
 from .triton_import import tl, triton
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -72,6 +73,12 @@ def check_kernel_device(tensor, ref_name):
         )
 
 
+def as_dtype(tensor, dtype):
+    """`tensor` in `dtype`, without an operation when it already is (`.to` is
+    an operation even then)."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
 def accumulate_dtype(*tensors):
     """float64 if any floating input is float64, else float32."""
     if any(t is not None and t.dtype == torch.float64 for t in tensors):
@@ -81,63 +88,6 @@ def accumulate_dtype(*tensors):
 
 def triton_dtype(dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
-
-
-def write_snapshots_ref(pool, snap_slot, is_live, values):
-    """pool[snap_slot[b, t]] = values[b, t] for live entries whose slot is not -1,
-    in one write; when a row names a slot twice the later input wins (as in
-    the kernels, which write in input order). The reference runs on the host,
-    so which entries write is worked out on small Python lists.
-    pool [num_slots, ...]; snap_slot, is_live [batch, T]; values [batch, T, ...]."""
-    slots, live = snap_slot.tolist(), is_live.tolist()
-    latest = {}  # slot -> (b, t) of the last live write to it
-    for b, (row, row_live) in enumerate(zip(slots, live)):
-        for t, (slot, is_row_live) in enumerate(zip(row, row_live)):
-            if slot >= 0 and is_row_live:
-                latest[slot] = (b, t)
-    if not latest:
-        return
-    rows, steps = zip(*latest.values())
-    index = torch.tensor(list(latest), dtype=torch.long, device=pool.device)
-    pool.index_copy_(0, index, values[list(rows), list(steps)].to(pool.dtype))
-
-
-def step_snapshot_plan_ref(snap_slot, num_tokens):
-    """Per verify input t, the slot tensor of the live rows that snapshot after
-    it and those rows (None: every row), or None when no row does. The
-    references write each step's state into its slot as soon as it is computed
-    (input order, so a later input wins a repeated slot)."""
-    slots, counts = snap_slot.tolist(), num_tokens.tolist()
-    batch = len(slots)
-    plan = []
-    for t in range(snap_slot.shape[1]):
-        rows = [b for b in range(batch) if t < counts[b] and slots[b][t] >= 0]
-        if not rows:
-            plan.append(None)
-        elif len(rows) == batch:
-            plan.append((snap_slot[:, t], None))
-        else:
-            plan.append((torch.tensor([slots[b][t] for b in rows], device=snap_slot.device),
-                         torch.tensor(rows, device=snap_slot.device)))
-    return plan
-
-
-def slot_view_ref(pool, step_plan, acc):
-    """The pool slot a one-row step writes, as a [1, ...] view a step can
-    compute into (None when the step has several rows, writes nothing, or the
-    pool's dtype is not the accumulation dtype)."""
-    if step_plan is None or pool.dtype != acc or step_plan[0].numel() != 1:
-        return None
-    slot = int(step_plan[0])
-    return pool[slot:slot + 1]
-
-
-def write_step_ref(pool, step_plan, state):
-    """Write one step's state [batch, ...] into the slots `step_plan` names."""
-    if step_plan is None:
-        return
-    slots, rows = step_plan
-    pool.index_copy_(0, slots, (state if rows is None else state[rows]).to(pool.dtype))
 
 
 def write_slots_ref(pool, slots, is_live, values):
@@ -314,32 +264,42 @@ def mamba2_verify(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens
 # ------------------------------------------------------------------- reference
 
 
-def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens):
+def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens, plan=None):
     """Plain-torch mamba2_verify: same arguments, same in-place writes, same y.
-    Each step's state goes straight into its snapshot slot (no stack of states)."""
+    `plan`: the forward's `SlotPlan` (None: built from the slot tensors).
+
+    Each step's state goes straight into its snapshot slot when the batch is
+    one row (the step computes into the slot), else one `index_copy_` per
+    step; no stack of states is formed. Heads of a group share B and C by
+    broadcasting, never by copying them per head."""
     check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
+    plan = plan or SlotPlan.of_tensors(src_slot, snap_slot, num_tokens)
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     out_dtype = x.dtype
-    x, dt, B, C = mamba2_inputs_ref(x, dt, B, C, acc)  # B, C [batch, T, nheads, d_state]
-    A, D = A.to(acc), D.to(acc)
-    num_inputs = x.shape[1]
-    decay = torch.exp(dt * A)  # [batch, T, nheads]: exp(Δ_t A) of every step at once
-    inject = (dt[..., None] * x)[..., None] * B[:, :, :, None, :]  # [batch, T, nheads, headdim, d_state]
-    skip = D[:, None] * x  # [batch, T, nheads, headdim]
-    state = ssm_states[src_slot].to(acc)  # [batch, nheads, headdim, d_state], a copy
-    plan = step_snapshot_plan_ref(snap_slot, num_tokens)
-    all_live = bool((num_tokens >= num_inputs).all())  # no padded inputs: skip the masking
-    y = torch.empty_like(x)  # [batch, T, nheads, headdim]
-    for t in range(num_inputs):
-        into = slot_view_ref(ssm_states, plan[t], acc) if all_live else None
-        if into is not None:  # one row: the step writes its snapshot slot directly
-            state = torch.addcmul(inject[:, t], state, decay[:, t, :, None, None], out=into)
+    batch, num_inputs, nheads, headdim = x.shape
+    ngroups, d_state = B.shape[2:]
+    heads_per_group = nheads // ngroups
+    x, dt, A, B, C, D = (as_dtype(v, acc) for v in (x, dt, A, B, C, D))
+    decay = torch.exp(dt * A).transpose(0, 1).reshape(num_inputs, batch, nheads, 1, 1)  # exp(Δ_t A), time-major
+    inject = torch.empty(num_inputs, batch, ngroups, heads_per_group, headdim, d_state, dtype=acc, device=x.device)
+    torch.mul((dt[..., None] * x).view(batch, num_inputs, ngroups, heads_per_group, headdim, 1).transpose(0, 1),
+              B.view(batch, num_inputs, ngroups, 1, 1, d_state).transpose(0, 1), out=inject)  # Δ_t x_t ⊗ B_t
+    inject = inject.view(num_inputs, batch, nheads, headdim, d_state)  # time-major: each step's slab is contiguous
+    C_steps = C.transpose(0, 1).reshape(num_inputs, batch * ngroups, d_state, 1)  # a view for T = 1
+    y = torch.empty(num_inputs, batch * ngroups, heads_per_group * headdim, 1, dtype=acc, device=x.device)
+    state = as_dtype(plan.read(ssm_states), acc)  # [batch, nheads, headdim, d_state]
+    direct = plan.all_live and ssm_states.dtype == acc
+    for t, writes in enumerate(plan.steps):
+        if direct and writes is not None and writes.single is not None:  # compute into the snapshot slot
+            state = torch.addcmul(inject[t], state, decay[t], out=ssm_states[writes.single:writes.single + 1])
         else:
-            stepped = inject[:, t].addcmul_(state, decay[:, t, :, None, None])  # h_t = exp(Δ A) h_{t-1} + Δ x ⊗ B
-            state = stepped if all_live else torch.where((t < num_tokens)[:, None, None, None], stepped, state)
-            write_step_ref(ssm_states, plan[t], state)
-        torch.matmul(state, C[:, t, :, :, None], out=y[:, t, :, :, None])  # y_t = h_t C_t
-    y += skip
-    if not all_live:
-        y.masked_fill_((torch.arange(num_inputs, device=x.device) >= num_tokens[:, None])[..., None, None], 0.0)
-    return y.to(out_dtype)
+            stepped = inject[t].addcmul_(state, decay[t])  # h_t = exp(Δ A) h_{t-1} + Δ x ⊗ B
+            state = stepped if plan.all_live else torch.where(plan.is_live[:, t, None, None, None], stepped, state)
+            if writes is not None:
+                writes.write(ssm_states, state)
+        torch.bmm(state.view(batch * ngroups, heads_per_group * headdim, d_state), C_steps[t], out=y[t])  # h_t C_t
+    y = y.view(num_inputs, batch, nheads, headdim).transpose(0, 1)  # [batch, T, nheads, headdim]
+    y = torch.addcmul(y, x, D.view(nheads, 1))  # + D x
+    if not plan.all_live:
+        y.masked_fill_(plan.dead_inputs[..., None], 0.0)
+    return as_dtype(y, out_dtype)

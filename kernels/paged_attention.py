@@ -197,8 +197,14 @@ def _attend_row(
 ) -> torch.Tensor:  # [n, num_q_heads, head_dim]
     n, num_q_heads, head_dim = q.shape
     ctx, num_kv_heads = k.shape[:2]
+    if n == 1 and q.dtype in (torch.float32, torch.float64):
+        # decode: the G query heads of one KV head are G query rows of it, and see every key; two bmm
+        # and a softmax dispatch a third of the operations scaled_dot_product_attention does here
+        scores = torch.bmm(q.view(num_kv_heads, -1, head_dim), k.permute(1, 2, 0))  # [kv_heads, G, ctx]
+        weights = torch.softmax(scores.mul_(_scale_constant(scale, q)), dim=-1)
+        return torch.bmm(weights, v.transpose(0, 1)).view(1, num_q_heads, head_dim)
     k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, num_kv_heads, ctx, head_dim], strided views
-    if n == 1:  # decode: the G query heads of one KV head are G query rows of it, and see every key
+    if n == 1:
         out = F.scaled_dot_product_attention(q.reshape(1, num_kv_heads, -1, head_dim), k, v, scale=scale)
         return out.reshape(1, num_q_heads, head_dim)
     # query t sees keys s <= ctx - n + t: plain causal when the row has no earlier context (a prefill)
@@ -208,22 +214,38 @@ def _attend_row(
     return out[0].transpose(0, 1)
 
 
+_SCALES: dict[tuple, torch.Tensor] = {}
+
+
+def _scale_constant(scale: float, like: torch.Tensor) -> torch.Tensor:
+    """The softmax scale as a cached 0-d tensor (a Python float costs four more operations)."""
+    key = (scale, like.dtype, str(like.device))
+    if key not in _SCALES:
+        _SCALES[key] = torch.tensor(scale, dtype=like.dtype, device=like.device)
+    return _SCALES[key]
+
+
 def paged_attention_cpu(
     q: torch.Tensor,  # [batch, T_max, num_q_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     page_runs: tuple[tuple[tuple[int, int], ...], ...],  # per row: its block table as (first_page, num_pages) runs
-    context_lens: torch.Tensor,  # [batch]
-    query_lens: torch.Tensor,  # [batch]
+    context_lens,  # [batch] tensor, or the same on the host (a list: nothing is read back)
+    query_lens,  # [batch] tensor or list
     scale: float,
 ) -> torch.Tensor:  # [batch, T_max, num_q_heads, head_dim], zeros in padding rows
     """Row by row: K/V through `row_pages` (a view for a single run of pages), then
-    `scaled_dot_product_attention`, so no step re-gathers or masks the whole padded context."""
+    attention over them, so no step re-gathers or masks the whole padded context."""
     if len(page_runs) != q.shape[0]:
         raise ValueError(f"{len(page_runs)} rows of page_runs for a batch of {q.shape[0]}; pass one per row")
-    _check_tensors(q, k_cache, v_cache, context_lens, query_lens)
+    if isinstance(context_lens, torch.Tensor):
+        _check_tensors(q, k_cache, v_cache, context_lens, query_lens)
+        context_lens, query_lens = context_lens.tolist(), query_lens.tolist()
+    if q.shape[0] == 1 and query_lens[0] == q.shape[1]:  # one full row: its attention is the output
+        return _attend_row(q[0], row_pages(k_cache, page_runs[0], context_lens[0]),
+                           row_pages(v_cache, page_runs[0], context_lens[0]), scale)[None]
     out = torch.zeros_like(q)
-    for b, (runs, ctx, n) in enumerate(zip(page_runs, context_lens.tolist(), query_lens.tolist())):
+    for b, (runs, ctx, n) in enumerate(zip(page_runs, context_lens, query_lens)):
         if n:
             k, v = row_pages(k_cache, runs, ctx), row_pages(v_cache, runs, ctx)
             out[b, :n] = _attend_row(q[b, :n], k, v, scale)

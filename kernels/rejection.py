@@ -344,40 +344,43 @@ def rejection_ref(
     token_positions = positions[:, None] + steps  # [B, G + 1]: position of the token sampled from p_{j+1}
 
     greedy_tokens = torch.argmax(p, dim=2)  # [B, G + 1]
-    is_random = bool((row_mode != MODE_GREEDY).any())  # noise is drawn only when some row samples
+    modes = row_mode.tolist()  # the reference decides on the host which parts any row needs
+    is_random = any(m != MODE_GREEDY for m in modes)  # noise is drawn only when some row samples
+    any_rejection = any(m == MODE_REJECTION for m in modes)
     sampled_tokens = (_gumbel_argmax_3d(p, seeds, token_positions, PURPOSE_SAMPLE)
                       if is_random else greedy_tokens)  # [B, G + 1]
+    target_tokens = (torch.where(mode == MODE_GREEDY, greedy_tokens, sampled_tokens)
+                     if is_random else greedy_tokens)  # [B, G + 1]
+    is_draft = steps[None, :G] < num_draft[:, None]  # [B, G]
+    is_accepted = draft_tokens == target_tokens[:, :G]  # greedy and coupled rows: the draft is the target's token
 
     # Rejection: accept d with probability min(1, p(d) / q(d)).
-    is_draft = steps[None, :G] < num_draft[:, None]  # [B, G]
     safe_tokens = torch.where(is_draft, draft_tokens, 0)[:, :, None]  # [B, G, 1]: padding may be any value
-    p_draft = p[:, :G].gather(2, safe_tokens).squeeze(2)  # [B, G]
-    if draft_probs is None:  # one-hot q: q(d) = 1
-        q_draft = torch.ones_like(p_draft)  # [B, G]
-    else:
-        q_draft = draft_probs.to(torch.float64).gather(2, safe_tokens).squeeze(2)  # [B, G]
-    u = keyed_uniform(seeds[:, None], token_positions[:, :G], PURPOSE_ACCEPT)  # [B, G]
-    is_accepted_rejection = (q_draft > 0) & (u * q_draft < p_draft)  # [B, G]
-
-    target_tokens = torch.where(mode == MODE_GREEDY, greedy_tokens, sampled_tokens)  # [B, G + 1]
-    is_accepted = torch.where(
-        mode == MODE_REJECTION, is_accepted_rejection, draft_tokens == target_tokens[:, :G]
-    )  # [B, G]
+    if any_rejection:
+        p_draft = p[:, :G].gather(2, safe_tokens).squeeze(2)  # [B, G]
+        if draft_probs is None:  # one-hot q: q(d) = 1
+            q_draft = torch.ones_like(p_draft)  # [B, G]
+        else:
+            q_draft = draft_probs.to(torch.float64).gather(2, safe_tokens).squeeze(2)  # [B, G]
+        u = keyed_uniform(seeds[:, None], token_positions[:, :G], PURPOSE_ACCEPT)  # [B, G]
+        is_accepted_rejection = (q_draft > 0) & (u * q_draft < p_draft)  # [B, G]
+        is_accepted = torch.where(mode == MODE_REJECTION, is_accepted_rejection, is_accepted)  # [B, G]
     is_accepted &= is_draft
     num_accepted = torch.cumprod(is_accepted.to(torch.int64), dim=1).sum(1)  # [B]
 
     final_tokens = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)  # [B]: mismatch target or bonus
-    is_recovered = (row_mode == MODE_REJECTION) & (num_accepted < num_draft)  # [B]
-    if G > 0 and bool(is_recovered.any()):
-        if draft_probs is None:  # max(0, p - one_hot(d)) is p without d
-            residual = p[:, :G].scatter(2, safe_tokens, 0.0)  # [B, G, V]
-        else:
-            residual = torch.clamp(p[:, :G] - draft_probs.to(torch.float64), min=0.0)  # [B, G, V]: max(0, p - q)
-        is_residual_zero = residual.sum(2) <= RESIDUAL_EPS * p[:, :G].sum(2)  # [B, G]
-        residual = torch.where(is_residual_zero[:, :, None], p[:, :G], residual)
-        recovered_tokens = _gumbel_argmax_3d(residual, seeds, token_positions[:, :G], PURPOSE_RECOVER)  # [B, G]
-        recovered = recovered_tokens.gather(1, num_accepted.clamp(max=G - 1)[:, None]).squeeze(1)  # [B]
-        final_tokens = torch.where(is_recovered, recovered, final_tokens)
+    if G > 0 and any_rejection:
+        is_recovered = (row_mode == MODE_REJECTION) & (num_accepted < num_draft)  # [B]
+        if bool(is_recovered.any()):
+            if draft_probs is None:  # max(0, p - one_hot(d)) is p without d
+                residual = p[:, :G].scatter(2, safe_tokens, 0.0)  # [B, G, V]
+            else:
+                residual = torch.clamp(p[:, :G] - draft_probs.to(torch.float64), min=0.0)  # [B, G, V]: max(0, p - q)
+            is_residual_zero = residual.sum(2) <= RESIDUAL_EPS * p[:, :G].sum(2)  # [B, G]
+            residual = torch.where(is_residual_zero[:, :, None], p[:, :G], residual)
+            recovered_tokens = _gumbel_argmax_3d(residual, seeds, token_positions[:, :G], PURPOSE_RECOVER)  # [B, G]
+            recovered = recovered_tokens.gather(1, num_accepted.clamp(max=G - 1)[:, None]).squeeze(1)  # [B]
+            final_tokens = torch.where(is_recovered, recovered, final_tokens)
 
     output_tokens = torch.full((B, G1), -1, dtype=torch.int64, device=device)  # [B, G + 1]
     output_tokens[:, :G] = torch.where(steps[None, :G] < num_accepted[:, None], draft_tokens, -1)

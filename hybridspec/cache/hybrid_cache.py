@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hybridspec.checkpoints.state_pool import StatePool
+from hybridspec.kernels.slot_plan import SlotPlan
 from hybridspec.state_memory import default_state_dtype
 
 from ..config import HybridConfig
@@ -115,19 +116,16 @@ class HybridCache:
             raise ValueError(f"every row needs at least one new token, got {num_new}")
         start = [self.computed_len[s] for s in seq_ids]
         T = max(num_new)
-        positions = torch.tensor(start, device=self.device)[:, None] + torch.arange(T, device=self.device)
-        counts = torch.tensor(num_new, device=self.device)
-        src = torch.tensor([self.head(s) for s in seq_ids], dtype=torch.long, device=self.device)
         final_state_only = snap_slot is None
         if final_state_only:
             final = [self.spare_slot(s) for s in seq_ids]
-            snap_slot = torch.full((len(seq_ids), T), -1, dtype=torch.long, device=self.device)
-            snap_slot[torch.arange(len(seq_ids)), counts - 1] = torch.tensor(final, device=self.device)
+            snap = [[slot if t == n - 1 else -1 for t in range(T)] for slot, n in zip(final, num_new)]
         else:
             final = [-1] * len(seq_ids)
+            snap = snap_slot.tolist() if isinstance(snap_slot, torch.Tensor) else [list(r) for r in snap_slot]
+        slots = SlotPlan.of_lists([self.head(s) for s in seq_ids], snap, num_new, self.device)
         kv_meta = self.kv.prepare_write(seq_ids, num_new) if self.kv is not None else None
-        batch = ForwardBatch(positions=positions, num_tokens=counts, kv=kv_meta, src_slot=src, snap_slot=snap_slot,
-                             final_state_only=final_state_only)
+        batch = ForwardBatch(slots=slots, start_lens=start, kv=kv_meta, final_state_only=final_state_only)
         return ForwardPlan(seq_ids, start, list(num_new), final, batch)
 
     def abort_forward(self, plan: ForwardPlan) -> None:

@@ -27,6 +27,8 @@ A forward that raises leaves every kv_len as it was.
 from collections import Counter
 from dataclasses import dataclass
 
+import functools
+
 import torch
 
 from hybridspec.errors import CacheFullError
@@ -35,16 +37,56 @@ from hybridspec.kernels.paged_attention import gather_pages
 from .block_pool import BlockPool, BlockPoolState, consecutive_runs
 
 
-@dataclass(frozen=True, eq=False)
 class KVWriteMeta:
-    """Where one forward writes its new tokens and what its attention reads."""
+    """Where one forward writes its new tokens and what its attention reads.
+    Kept as host lists; the tensors (for the Triton kernel and the gathers)
+    are made on first use, once per forward."""
 
-    seq_ids: tuple[int, ...]
-    slot_mapping: torch.Tensor  # [batch, T_max] int64: page * block_size + offset per new token, -1 for padding
-    block_tables: torch.Tensor  # [batch, max_blocks] int32: pages covering context_lens, padded with -1
-    context_lens: torch.Tensor  # [batch] int64: kv_len + num_new, the keys attention sees after the write
-    query_lens: torch.Tensor  # [batch] int64: num_new
-    page_runs: tuple[tuple[tuple[int, int], ...], ...]  # per row: block table as (first_page, num_pages) runs
+    def __init__(self, seq_ids, slot_rows: list[list[int]], table_rows: list[list[int]], context_lens: list[int],
+                 num_new: list[int], device):
+        self.seq_ids: tuple[int, ...] = tuple(seq_ids)
+        self.slot_rows, self.table_rows, self.device = slot_rows, table_rows, device
+        self.context_list: tuple[int, ...] = tuple(context_lens)  # kv_len + num_new per row
+        self.query_list: tuple[int, ...] = tuple(num_new)
+        self.t_max = max(num_new, default=0)
+        # per row: block table as (first_page, num_pages) runs
+        self.page_runs: tuple[tuple[tuple[int, int], ...], ...] = tuple(tuple(consecutive_runs(r)) for r in table_rows)
+
+    def _tensor(self, values, dtype=torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    @functools.cached_property
+    def slot_mapping(self) -> torch.Tensor:  # [batch, T_max] int64: page * block_size + offset, -1 for padding
+        return self._tensor(self.slot_rows).reshape(len(self.seq_ids), self.t_max)
+
+    @functools.cached_property
+    def block_tables(self) -> torch.Tensor:  # [batch, max_blocks] int32: pages covering context_lens, -1 padded
+        width = max(1, max((len(r) for r in self.table_rows), default=0))
+        return self._tensor([r + [-1] * (width - len(r)) for r in self.table_rows],
+                            torch.int32).reshape(len(self.seq_ids), width)
+
+    @functools.cached_property
+    def context_lens(self) -> torch.Tensor:  # [batch] int64: the keys attention sees after the write
+        return self._tensor(list(self.context_list))
+
+    @functools.cached_property
+    def query_lens(self) -> torch.Tensor:  # [batch] int64: num_new
+        return self._tensor(list(self.query_list))
+
+    @functools.cached_property
+    def _live(self) -> list[tuple[int, int]]:
+        return [(b * self.t_max + t, slot) for b, row in enumerate(self.slot_rows) for t, slot in enumerate(row)
+                if slot >= 0]
+
+    @functools.cached_property
+    def write_index(self) -> torch.Tensor:  # [live tokens] slot of every new token, row by row
+        return self._tensor([slot for _, slot in self._live])
+
+    @functools.cached_property
+    def write_rows(self) -> torch.Tensor | None:  # [live tokens] index in the flattened [batch · T_max]; None: all
+        if len(self._live) == len(self.seq_ids) * self.t_max:
+            return None
+        return self._tensor([i for i, _ in self._live])
 
 
 @dataclass(frozen=True)
@@ -84,6 +126,7 @@ class PagedKVCache:
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self._flat_views: dict[int, list[torch.Tensor]] = {}  # id(k_cache | v_cache) -> per-layer flat views
         self._block_tables: dict[int, list[int]] = {}
         self._kv_lens: dict[int, int] = {}
         self._reserved_lens: dict[int, int] = {}
@@ -235,31 +278,30 @@ class PagedKVCache:
             slot_rows.append(slots + [-1] * (t_max - n))
             table_rows.append(table[: _cdiv(kv_len + n, bs)])
             context_lens.append(kv_len + n)
-        max_blocks = max(1, max((len(r) for r in table_rows), default=0))
-        device = self.k_cache.device
-        return KVWriteMeta(
-            seq_ids=tuple(seq_ids),
-            slot_mapping=torch.tensor(slot_rows, dtype=torch.int64, device=device).reshape(len(seq_ids), t_max),
-            block_tables=torch.tensor([r + [-1] * (max_blocks - len(r)) for r in table_rows],
-                                      dtype=torch.int32, device=device).reshape(len(seq_ids), max_blocks),
-            context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
-            query_lens=torch.tensor(num_new, dtype=torch.int64, device=device),
-            page_runs=tuple(tuple(consecutive_runs(r)) for r in table_rows),
-        )
+        return KVWriteMeta(seq_ids, slot_rows, table_rows, context_lens, num_new, self.k_cache.device)
 
     def write(self, layer: int, meta: KVWriteMeta, k: torch.Tensor, v: torch.Tensor) -> None:
         """Scatter the new tokens' K/V `[batch, T_max, num_kv_heads, head_dim]` into `layer`'s pages."""
-        expected = (*meta.slot_mapping.shape, self.num_kv_heads, self.head_dim)
+        expected = (len(meta.seq_ids), meta.t_max, self.num_kv_heads, self.head_dim)
         for name, x in (("k", k), ("v", v)):
             if tuple(x.shape) != expected:
                 raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {expected} [batch, T_max, heads, dim]")
             if x.dtype != self.k_cache.dtype:
                 raise ValueError(f"{name} has dtype {x.dtype}; the cache holds {self.k_cache.dtype}")
-        slots = meta.slot_mapping.reshape(-1)  # [batch * T_max]
-        is_new = slots >= 0
         flat_shape = (-1, self.num_kv_heads, self.head_dim)
-        self.k_cache[layer].view(flat_shape)[slots[is_new]] = k.reshape(flat_shape)[is_new]
-        self.v_cache[layer].view(flat_shape)[slots[is_new]] = v.reshape(flat_shape)[is_new]
+        for cache, x in ((self.k_cache, k), (self.v_cache, v)):
+            new = x.reshape(flat_shape)  # [batch * T_max, heads, dim]
+            if meta.write_rows is not None:
+                new = new.index_select(0, meta.write_rows)
+            self._flat_layers(cache)[layer].index_copy_(0, meta.write_index, new)
+
+    def _flat_layers(self, cache: torch.Tensor) -> list[torch.Tensor]:
+        """Per layer, `cache[layer]` as [num_blocks * block_size, heads, dim] views, made once."""
+        views = self._flat_views.get(id(cache))
+        if views is None:
+            views = self._flat_views[id(cache)] = [cache[i].view(-1, self.num_kv_heads, self.head_dim)
+                                                   for i in range(cache.shape[0])]
+        return views
 
     def gather(self, layer: int, meta: KVWriteMeta) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V `[batch, max(context_lens), num_kv_heads, head_dim]`, zeros past each row's context."""

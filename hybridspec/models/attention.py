@@ -11,7 +11,7 @@ from hybridspec.kernels.paged_attention import paged_attention, paged_attention_
 
 from ..config import AttentionConfig
 from .batch import ForwardBatch
-from .common import compute_dtype, param
+from .common import as_dtype, compute_dtype, linear, param
 
 
 def rope_inv_freq(cfg: AttentionConfig) -> torch.Tensor:
@@ -20,15 +20,47 @@ def rope_inv_freq(cfg: AttentionConfig) -> torch.Tensor:
     return 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first `rotary_dim` dims of x by position (rotate-half layout).
-    x: [batch, T, heads, head_dim]; cos/sin: [batch, T, rotary_dim]."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    half = rot // 2
-    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-    x_rot = x_rot * cos[:, :, None] + rotated * sin[:, :, None]
-    return torch.cat((x_rot, x_pass), dim=-1)
+_ROTATE_HALF: dict[tuple, torch.Tensor] = {}
+
+
+def rotate_half_matrix(head_dim: int, rotary_dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """R [head_dim, head_dim] with x @ R = (-x2, x1, 0) over the rotary dims (x1, x2
+    their halves) and 0 on the rest: an exact signed permutation. Cached."""
+    key = (head_dim, rotary_dim, dtype, str(device))
+    if key not in _ROTATE_HALF:
+        _ROTATE_HALF[key] = _rotate_half_matrix(head_dim, rotary_dim, dtype, device)
+    return _ROTATE_HALF[key]
+
+
+def _rotate_half_matrix(head_dim: int, rotary_dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    half = rotary_dim // 2
+    R = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
+    i = torch.arange(half, device=device)
+    R[i + half, i] = -1.0
+    R[i, i + half] = 1.0
+    return R
+
+
+class Rotation:
+    """One forward's rotary angles, shared by every attention layer: cos and sin
+    padded to the whole head (1 and 0 past rotary_dim), so that rope(x) is
+    x·cos + (x R)·sin: HF's rotate-half rotation, bit for bit, in eight
+    operations per tensor."""
+
+    def __init__(self, cfg: AttentionConfig, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+        cd = compute_dtype(dtype)
+        freqs = positions.to(cd)[..., None] * as_dtype(inv_freq, cd)  # [batch, T, rotary_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = as_dtype(emb.cos(), dtype), as_dtype(emb.sin(), dtype)
+        if cfg.rotary_dim < cfg.head_dim:  # the dims past rotary_dim pass through: cos 1, sin 0
+            pad = cos.new_zeros(*cos.shape[:-1], cfg.head_dim - cfg.rotary_dim)
+            cos, sin = torch.cat((cos, pad + 1), dim=-1), torch.cat((sin, pad), dim=-1)
+        self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, T, 1, head_dim]
+        self.R = rotate_half_matrix(cfg.head_dim, cfg.rotary_dim, dtype, positions.device)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:  # [batch, T, heads, head_dim]
+        rotated = torch.mm(x.reshape(-1, x.shape[-1]), self.R).view(x.shape)
+        return x * self.cos + rotated * self.sin
 
 
 class Attention(nn.Module):
@@ -44,16 +76,10 @@ class Attention(nn.Module):
         self.o_bias = param(weights["o_proj.bias"]) if cfg.out_bias else None
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        cd = compute_dtype(dtype)
-        freqs = positions.to(cd)[..., None] * self.inv_freq.to(cd)  # [batch, T, rotary_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [batch, T, h·d], k, v [batch, T, h_kv·d] (Zamba2's occurrences add their adapters here)."""
-        return (F.linear(h, self.q_proj, self.q_bias), F.linear(h, self.k_proj, self.k_bias),
-                F.linear(h, self.v_proj, self.v_bias))
+        return (linear(h, self.q_proj, self.q_bias), linear(h, self.k_proj, self.k_bias),
+                linear(h, self.v_proj, self.v_bias))
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg
@@ -63,8 +89,11 @@ class Attention(nn.Module):
         k = k.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.use_rope:
-            cos, sin = self.rope(batch.positions, h.dtype)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            key = ("rope", h.dtype, id(self.inv_freq))
+            if key not in batch.shared:
+                batch.shared[key] = Rotation(cfg, self.inv_freq, batch.positions, h.dtype)
+            rotation = batch.shared[key]
+            q, k = rotation.apply(q), rotation.apply(k)
         meta = batch.kv
         cache.kv.write(self.kv_layer, meta, k, v)
         k_cache, v_cache = cache.kv.k_cache[self.kv_layer], cache.kv.v_cache[self.kv_layer]
@@ -72,6 +101,6 @@ class Attention(nn.Module):
             out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_lens,
                                   cfg.softmax_scale)  # [batch, T, heads, head_dim]
         else:  # torch: a sequence's consecutive pages are read as one view of the cache
-            out = paged_attention_cpu(q, k_cache, v_cache, meta.page_runs, meta.context_lens, meta.query_lens,
+            out = paged_attention_cpu(q, k_cache, v_cache, meta.page_runs, meta.context_list, meta.query_list,
                                       cfg.softmax_scale)
-        return F.linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)
+        return linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)

@@ -2,13 +2,17 @@
 activations, the compute dtype rule."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+@functools.cache
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Norms, softmax and recurrences run in at least float32 (float64 stays float64)."""
+    """Norms, softmax and recurrences run in at least float32 (float64 stays float64).
+    Cached: `torch.promote_types` is an operation."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -25,11 +29,60 @@ def take(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tenso
     return {name[len(start):]: t for name, t in weights.items() if name.startswith(start)}
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = w · x / sqrt(mean(x²) + eps), statistics in the compute dtype.  # [..., hidden]"""
-    h = x.to(compute_dtype(x.dtype))
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+# Host operations. Every torch call is a dispatch on the host (and a kernel
+# launch on a GPU), so the per-token paths count them: a Python float in
+# arithmetic costs four more operations (it is wrapped into a tensor and cast
+# each time), `.to` to the dtype a tensor already has is still an operation,
+# `F.linear` on a 3-d input dispatches eleven and `mean` nine. The helpers
+# below give the same numbers with fewer: cached 0-d constants, `mm` on a
+# cached transposed view, `sum` then `div_` (which is what `mean` runs).
+
+
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in `dtype`; no operation when it already is."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def constant(value: float, dtype: torch.dtype, device) -> torch.Tensor:
+    """`value` as a cached 0-d tensor: arithmetic with it is one operation."""
+    key = (value, dtype, str(device))
+    c = _CONSTANTS.get(key)
+    if c is None:
+        c = _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
+    return c
+
+
+def transposed(weight: torch.Tensor) -> torch.Tensor:
+    """weight.t(), a view made once per parameter and remade if its storage
+    changes (`model.to(device)` swaps it)."""
+    view = getattr(weight, "_hs_transposed", None)
+    if view is None or view.data_ptr() != weight.data_ptr() or view.device != weight.device:
+        view = weight.t()
+        weight._hs_transposed = view
+    return view
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) as one `mm` over the flattened rows.  # [..., out]"""
+    rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
+    out = torch.mm(rows, transposed(weight))
+    if bias is not None:
+        out += bias
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """y = w · x / sqrt(mean(x²) + eps), statistics in the compute dtype.  # [..., hidden]
+    Bit for bit what `h * rsqrt(h.pow(2).mean(-1) + eps)` gives (pow(·, 2) is
+    h·h and mean is sum then divide), in a third of the operations."""
+    cd = compute_dtype(x.dtype)
+    h = as_dtype(x, cd)
+    var = torch.sum(h * h, -1, keepdim=True).div_(constant(float(h.shape[-1]), cd, h.device))
+    h = h * var.add_(constant(eps, cd, h.device)).rsqrt_()
+    return as_dtype(h, x.dtype) if weight is None else weight * as_dtype(h, x.dtype)
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import MLPConfig, MoEConfig
-from .common import activation, compute_dtype, param, take
+from .common import activation, compute_dtype, linear, param, take
 
 
 class MLP(nn.Module):
@@ -25,14 +25,14 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        up = F.linear(x, self.up_proj, self.up_bias)
+        up = linear(x, self.up_proj, self.up_bias)
         if cfg.gated:
-            gate = F.linear(x, self.gate_proj, self.gate_bias)
+            gate = linear(x, self.gate_proj, self.gate_bias)
             gate = gate if cfg.gate_multiplier == 1.0 else gate * cfg.gate_multiplier
             up = activation(cfg.activation, gate) * up
         else:
             up = activation(cfg.activation, up)
-        out = F.linear(up, self.down_proj, self.down_bias)
+        out = linear(up, self.down_proj, self.down_bias)
         return out if cfg.down_multiplier == 1.0 else out * cfg.down_multiplier
 
 

@@ -21,7 +21,7 @@ from ..config import HybridConfig
 from ..errors import NumericalError
 from .attention import Attention, rope_inv_freq
 from .batch import ForwardBatch
-from .common import RMSNorm, param, take
+from .common import RMSNorm, linear, param, take
 from .ffn import MLP, MoE
 from .mamba2 import Mamba2Mixer
 
@@ -126,16 +126,16 @@ class HybridModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache, last_only: bool = False) -> torch.Tensor:
         """input_ids [batch, T] -> logits [batch, T or 1, vocab]; `last_only` keeps
         each row's logits at its last valid input."""
-        h = F.embedding(input_ids, self.embed)  # [batch, T, hidden]
+        bsz, T = input_ids.shape
+        h = self.embed.index_select(0, input_ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
         if self.config.embedding_multiplier != 1.0:
             h = h * self.config.embedding_multiplier
         embeddings = h
         for layer in self.layers:
             h = layer(h, batch, cache, embeddings)
-        if last_only:
-            rows = torch.arange(h.shape[0], device=h.device)
-            h = h[rows, batch.num_tokens - 1][:, None]
-        logits = F.linear(self.final_norm(h), self.lm_head)
+        if last_only and T > 1:
+            h = h.view(bsz * T, -1).index_select(0, batch.slots.last_index).view(bsz, 1, -1)
+        logits = linear(self.final_norm(h), self.lm_head)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
         return logits
@@ -184,6 +184,8 @@ class HybridModel(nn.Module):
 
 def check_finite(logits: torch.Tensor, num_tokens: torch.Tensor, last_only: bool) -> None:
     """Raise NumericalError if any valid row of `logits` holds NaN or inf."""
+    if bool(torch.isfinite(logits).all()):  # the common case, in three operations
+        return
     if last_only:
         bad = ~torch.isfinite(logits).all(dim=(1, 2))
     else:

@@ -20,11 +20,11 @@ from hybridspec.kernels.conv_window import conv_window_update, conv_window_updat
 from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
 from hybridspec.kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
 from hybridspec.checkpoints.input_log import MambaInputLog
-from hybridspec.kernels.dispatch import pick
+from hybridspec.kernels.dispatch import use_triton
 
 from ..config import Mamba2Config
 from .batch import ForwardBatch
-from .common import compute_dtype, param
+from .common import as_dtype, compute_dtype, linear, param, rms_norm
 from .log_replay import LogReplay
 from .ssd import ssd_chunk_scan
 
@@ -33,10 +33,8 @@ def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, gr
                    eps: float) -> torch.Tensor:
     """RMSNorm(y ⊙ silu(gate)) over groups of `group_size` channels.  # [batch, T, d_inner]"""
     cd = compute_dtype(y.dtype)
-    h = y.to(cd) * F.silu(gate.to(cd))
-    grouped = h.view(*h.shape[:-1], -1, group_size)
-    grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * grouped.view_as(h).to(y.dtype)
+    h = as_dtype(y, cd) * F.silu(as_dtype(gate, cd))
+    return weight * as_dtype(rms_norm(h.view(*h.shape[:-1], -1, group_size), None, eps).view_as(h), y.dtype)
 
 
 def gate_and_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, cfg: Mamba2Config,
@@ -46,11 +44,11 @@ def gate_and_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | No
     if cfg.norm == "gate_then_norm":
         return gated_rms_norm(y, gate, weight, cfg.group_size, eps)
     cd = compute_dtype(y.dtype)
+    h, g = as_dtype(y, cd), F.silu(as_dtype(gate, cd))
     if cfg.norm == "gate_only":
-        return (y.to(cd) * F.silu(gate.to(cd))).to(y.dtype)
-    grouped = y.to(cd).view(*y.shape[:-1], -1, cfg.group_size)
-    normed = (grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)).view_as(y)
-    return (weight.to(cd) * normed * F.silu(gate.to(cd))).to(y.dtype)
+        return as_dtype(h * g, y.dtype)
+    normed = rms_norm(h.view(*h.shape[:-1], -1, cfg.group_size), None, eps).view_as(h)
+    return as_dtype(as_dtype(weight, cd) * normed * g, y.dtype)
 
 
 def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
@@ -86,32 +84,53 @@ class Mamba2Mixer(LogReplay, nn.Module):
         cfg = self.cfg
         bsz, T, _ = h.shape
         cd = compute_dtype(h.dtype)
-        projected = F.linear(h, self.in_proj, self.in_bias)  # [batch, T, d_inner + conv_dim + nheads]
+        projected = linear(h, self.in_proj, self.in_bias)  # [batch, T, d_inner + conv_dim + nheads]
         if self.in_scale is not None:
             projected = projected * self.in_scale
         gate, xs, dt = projected.split([cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
-        conv = pick(conv_window_update, conv_window_update_ref, h)
         xs = xs.contiguous()  # [batch, T, conv_dim]
-        xBC = conv(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
-                   self.conv_bias, batch.num_tokens, "silu")  # [batch, T, conv_dim]
+        if use_triton(h):
+            xBC = conv_window_update(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
+                                     self.conv_bias, batch.num_tokens, "silu")
+        else:
+            xBC = conv_window_update_ref(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_kernel(),
+                                         self.conv_bias, batch.num_tokens, "silu", plan=batch.slots)
         x, B, C = xBC.split([cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state], dim=-1)
-        x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()
+        x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()  # the kernels want contiguous inputs
         B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
         C = C.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
-        dt = F.softplus(dt.to(cd) + self.dt_bias.to(cd)).clamp(*cfg.time_step_limit)  # [batch, T, nheads]
-        A = -torch.exp(self.A_log.to(cd))  # [nheads]
+        dt = F.softplus(as_dtype(dt, cd) + as_dtype(self.dt_bias, cd))  # [batch, T, nheads]
+        low, high = cfg.time_step_limit
+        if low > 0.0 or high != float("inf"):  # softplus is already >= 0: the default limits change nothing
+            dt = dt.clamp(low, high)
+        A = self.decay_rate(cd)  # [nheads]
         if batch.final_state_only and T >= SSD_MIN_TOKENS:
             y = self.chunked_scan(ssm_states, batch, x, dt, A, B, C)
+        elif use_triton(h):
+            y = mamba2_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
         else:
-            scan = pick(mamba2_verify, mamba2_verify_ref, h)
-            y = scan(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
+            y = mamba2_verify_ref(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D,
+                                  batch.num_tokens, plan=batch.slots)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
-        y = gate_and_norm(y.reshape(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
-        return F.linear(y, self.out_proj, self.out_bias)
+        y = gate_and_norm(y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
+        return linear(y, self.out_proj, self.out_bias)
 
+    def decay_rate(self, dtype: torch.dtype) -> torch.Tensor:
+        """A = -exp(A_log) in `dtype`, kept until A_log changes."""
+        key = (self.A_log._version, self.A_log.data_ptr(), dtype)
+        if getattr(self, "_decay_key", None) != key:
+            self._decay, self._decay_key = -torch.exp(as_dtype(self.A_log, dtype)), key
+        return self._decay
+
+    def conv_kernel(self) -> torch.Tensor:
+        """conv1d.weight [conv_dim, 1, d_conv] as [conv_dim, d_conv], a view kept per storage."""
+        view = getattr(self, "_conv_kernel", None)
+        if view is None or view.data_ptr() != self.conv_weight.data_ptr():
+            view = self._conv_kernel = self.conv_weight[:, 0]
+        return view
 
     def chunked_scan(self, ssm_states: torch.Tensor, batch: ForwardBatch, x, dt, A, B, C) -> torch.Tensor:
         """SSD over the whole batch from the head states; writes each row's final

@@ -152,14 +152,15 @@ class Speculator:
         if round.draft_probs is not None:
             q = torch.zeros(B, G, V, dtype=p.dtype, device=p.device)  # [batch, G, vocab]
             q[:, :min(G, round.draft_probs.shape[1])] = round.draft_probs[:, :G].to(p.dtype)
-        draft_tokens = torch.zeros(B, G, dtype=torch.long, device=p.device)  # [batch, G]
-        for b, d in enumerate(round.drafts):
-            draft_tokens[b, :len(d)] = torch.tensor(d, dtype=torch.long)
-        num_draft = torch.tensor([len(d) for d in round.drafts], dtype=torch.long, device=p.device)  # [batch]
-        mode = torch.where(rows.is_greedy, MODE_GREEDY, MODE_COUPLED if self.coupled else MODE_REJECTION)
-        positions = torch.tensor(round.start_lens, dtype=torch.long, device=p.device) + 1  # position m of d_1
+        def tensor(values):  # one host-to-device copy per index tensor
+            return torch.tensor(values, dtype=torch.long, device=p.device)
+        draft_tokens = tensor([list(d) + [0] * (G - len(d)) for d in round.drafts]).view(B, G)  # [batch, G]
+        num_draft = tensor([len(d) for d in round.drafts])  # [batch]
+        sampled_mode = MODE_COUPLED if self.coupled else MODE_REJECTION
+        mode = tensor([MODE_GREEDY if r.params.is_greedy else sampled_mode for r in round.requests])  # [batch]
+        positions = tensor([m + 1 for m in round.start_lens])  # [batch]: position m of d_1
         verify = pick(rejection, rejection_ref, p)
-        out, n = verify(p, q, draft_tokens, num_draft, mode.to(torch.long), rows.seeds, positions)
+        out, n = verify(p, q, draft_tokens, num_draft, mode, rows.seeds, positions)
         tokens, accepted = out.tolist(), n.tolist()
         round.logprobs = batch_logprobs(p, [t[:a + 1] for t, a in zip(tokens, accepted)], round.requests)
         return tokens, accepted
