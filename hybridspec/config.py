@@ -1,10 +1,13 @@
 """`HybridConfig`: the typed description of a hybrid Mamba/attention model.
 
 One sub-config per concern (attention, Mamba2, Mamba1, MLP, MoE). A layer is a
-pre-norm residual *mixer* (attention, mamba1, mamba2, or none) followed by a
-pre-norm residual *feed-forward* (mlp, moe, or none). Nemotron-H puts the
-mixer and the MLP in separate layers; that is a layer with `ffn="none"` and
-one with mixer `"none"`.
+pre-norm residual *mixer* (attention, mamba1, mamba2, parallel, or none)
+followed by a pre-norm residual *feed-forward* (mlp, moe, or none). Nemotron-H
+puts the mixer and the MLP in separate layers; that is a layer with
+`ffn="none"` and one with mixer `"none"`. A "parallel" mixer (Falcon-H1) runs
+attention and Mamba2 side by side on the same normed input and adds their
+outputs: the layer is an attention layer (KV pages) and a Mamba layer
+(recurrent state) at once, and a round commits both to the same boundary.
 """
 from __future__ import annotations
 
@@ -14,13 +17,18 @@ from typing import Literal
 from .errors import ConfigError
 from .state_memory import RecurrentStateShape, mamba1_state_shape, mamba2_state_shape
 
-MixerType = Literal["attention", "mamba1", "mamba2", "none"]
+MixerType = Literal["attention", "mamba1", "mamba2", "parallel", "none"]
 FfnType = Literal["mlp", "moe", "none"]
 Activation = Literal["silu", "gelu", "relu2"]
 
-MIXER_TYPES = ("attention", "mamba1", "mamba2", "none")
+MIXER_TYPES = ("attention", "mamba1", "mamba2", "parallel", "none")
+MAMBA2_NORMS = ("gate_then_norm", "norm_then_gate", "gate_only")
+# mixer type -> the sub-configs it needs
+_MIXER_NEEDS = {"attention": ("attention",), "mamba1": ("mamba1",), "mamba2": ("mamba2",),
+                "parallel": ("attention", "mamba2"), "none": ()}
 FFN_TYPES = ("mlp", "moe", "none")
 ACTIVATIONS = ("silu", "gelu", "relu2")
+MOE_ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_group_topk")
 
 
 # int fields that may be 0 (every other int field must be >= 1)
@@ -96,11 +104,19 @@ class Mamba2Config:
     norm_group_size: int | None = None  # gated RMSNorm group; None: d_inner // n_groups
     time_step_limit: tuple[float, float] = (0.0, float("inf"))
     chunk_size: int = 64
+    # how the output is gated and normed: RMSNorm(y ⊙ silu(z)) (Mamba2), RMSNorm(y) ⊙ silu(z) or y ⊙ silu(z)
+    # with no norm weight (Falcon-H1's mamba_rms_norm / mamba_norm_before_gate)
+    norm: Literal["gate_then_norm", "norm_then_gate", "gate_only"] = "gate_then_norm"
+    # Falcon-H1's µP multipliers of the in_proj output slices (z, x, B, C, dt), times ssm_in_multiplier
+    in_proj_multipliers: tuple[float, float, float, float, float] | None = None
 
     def __post_init__(self):
         _check_types(self)
         _require(self.num_heads % self.n_groups == 0,
                  f"mamba2 num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}")
+        _require(self.norm in MAMBA2_NORMS, f"mamba2 norm={self.norm!r}; expected one of {MAMBA2_NORMS}")
+        _require(self.in_proj_multipliers is None or len(self.in_proj_multipliers) == 5,
+                 f"mamba2 in_proj_multipliers={self.in_proj_multipliers!r} needs 5 numbers (z, x, B, C, dt)")
 
     @property
     def d_inner(self) -> int:
@@ -145,6 +161,8 @@ class MLPConfig:
     activation: Activation = "silu"
     gated: bool = True
     bias: bool = False
+    gate_multiplier: float = 1.0  # Falcon-H1 µP: act(gate_multiplier · gate(x))
+    down_multiplier: float = 1.0  # Falcon-H1 µP: down(...) · down_multiplier
 
     def __post_init__(self):
         _check_types(self)
@@ -154,21 +172,84 @@ class MLPConfig:
 @dataclass(frozen=True)
 class MoEConfig:
     """Routed experts. `router`: "softmax_topk" (softmax over all experts, keep
-    the top-k weights unnormalised: Jamba) or "topk_softmax" (softmax over the
-    top-k logits: GraniteMoeHybrid)."""
+    the top-k weights unnormalised: Jamba), "topk_softmax" (softmax over the
+    top-k logits: GraniteMoeHybrid) or "sigmoid_group_topk" (Nemotron 3 Nano,
+    DeepSeek-V3 style: sigmoid scores s, choice by s + correction bias within
+    the `topk_group` best of `n_group` expert groups, weights s of the chosen
+    experts, renormalised when `norm_topk_prob`, times `routed_scaling_factor`).
+    `gated`: experts (and the shared expert) are act(gate)·up MLPs; ungated
+    ones are act(up) (Nemotron-H's squared ReLU)."""
 
     num_experts: int
     top_k: int
     intermediate_size: int
-    router: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+    router: Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk"] = "softmax_topk"
     activation: Activation = "silu"
     shared_intermediate_size: int = 0  # > 0: a dense shared MLP added to the routed output
+    gated: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self):
         _check_types(self)
         _require(self.activation in ACTIVATIONS, f"activation={self.activation!r}; expected one of {ACTIVATIONS}")
+        _require(self.router in MOE_ROUTERS, f"moe router={self.router!r}; expected one of {MOE_ROUTERS}")
         _require(1 <= self.top_k <= self.num_experts,
                  f"moe top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
+        _require(self.num_experts % self.n_group == 0,
+                 f"moe num_experts={self.num_experts} must be a multiple of n_group={self.n_group}")
+        _require(1 <= self.topk_group <= self.n_group,
+                 f"moe topk_group={self.topk_group} must be in 1..n_group={self.n_group}")
+        if self.router == "sigmoid_group_topk":
+            # groups are ranked by the sum of their two best scores, and the chosen groups must hold top_k experts
+            _require(self.num_experts // self.n_group >= 2,
+                     f"moe num_experts / n_group = {self.num_experts // self.n_group} experts per group; the "
+                     "group ranking needs at least 2: lower n_group")
+            _require(self.topk_group * (self.num_experts // self.n_group) >= self.top_k,
+                     f"moe topk_group={self.topk_group} groups of {self.num_experts // self.n_group} experts "
+                     f"hold fewer than top_k={self.top_k} experts: raise topk_group or lower top_k")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Falcon-H1's µP multipliers around a parallel mixer:
+    m_ssm_out · Mamba2(x) + m_attn_out · Attention(m_attn_in · x)."""
+
+    attention_in_multiplier: float = 1.0
+    attention_out_multiplier: float = 1.0
+    mamba_out_multiplier: float = 1.0
+
+    def __post_init__(self):
+        _check_types(self)
+
+
+@dataclass(frozen=True)
+class SharedBlockConfig:
+    """Zamba2's shared transformer blocks: `num_blocks` blocks of weights, run
+    at the layers in `occurrences` (occurrence j uses block j % num_blocks)
+    before that layer's mixer. Each occurrence has its own KV pages (it is an
+    attention layer of its own for the cache), its own output linear and its
+    own LoRA adapters (rank `adapter_rank`) on the MLP's gate/up projection and,
+    with `attention_adapters`, on q, k and v. The block reads [h, embeddings]
+    (2·hidden wide); `mlp` is its gated MLP."""
+
+    num_blocks: int
+    occurrences: tuple[int, ...]
+    mlp: MLPConfig
+    adapter_rank: int
+    attention_adapters: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "occurrences", tuple(self.occurrences))
+        _check_types(self)
+        _require(len(self.occurrences) > 0 and list(self.occurrences) == sorted(set(self.occurrences)),
+                 f"shared block occurrences={self.occurrences} must be distinct layer indices in ascending order")
+
+    def block_of(self, layer: int) -> int:
+        """The shared block run at `layer` (one of `occurrences`)."""
+        return self.occurrences.index(layer) % self.num_blocks
 
 
 @dataclass(frozen=True)
@@ -183,6 +264,8 @@ class HybridConfig:
     mamba1: Mamba1Config | None = None
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
+    parallel: ParallelConfig | None = None  # multipliers of "parallel" mixers; None: all 1
+    shared_blocks: SharedBlockConfig | None = None  # Zamba2: shared transformer blocks before some mixers
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     embedding_multiplier: float = 1.0
@@ -203,9 +286,16 @@ class HybridConfig:
             _require(kind in MIXER_TYPES, f"unknown mixer type {kind!r}; expected one of {MIXER_TYPES}")
         for kind in self.ffn_types:
             _require(kind in FFN_TYPES, f"unknown feed-forward type {kind!r}; expected one of {FFN_TYPES}")
-        for kind, sub in (("attention", self.attention), ("mamba2", self.mamba2), ("mamba1", self.mamba1)):
-            _require(kind not in self.layer_types or sub is not None,
-                     f"layer_types uses {kind!r} layers but HybridConfig.{kind} is None")
+        for kind in dict.fromkeys(self.layer_types):
+            for sub in _MIXER_NEEDS[kind]:
+                _require(getattr(self, sub) is not None, f"layer_types uses {kind!r} layers but HybridConfig.{sub} "
+                                                          "is None")
+        if self.shared_blocks is not None:
+            _require(self.attention is not None, "shared_blocks run attention but HybridConfig.attention is None")
+            bad = [i for i in self.shared_blocks.occurrences
+                   if not 0 <= i < len(self.layer_types) or self.layer_types[i] != "mamba2"]
+            _require(not bad, f"shared block occurrences {bad} are not Mamba2 layers; a shared block runs before a "
+                              "Mamba2 mixer (Zamba2's hybrid layer)")
         for kind, sub in (("mlp", self.mlp), ("moe", self.moe)):
             _require(kind not in self.ffn_types or sub is not None,
                      f"ffn_types uses {kind!r} layers but HybridConfig.{kind} is None")
@@ -219,15 +309,19 @@ class HybridConfig:
 
     @property
     def mamba_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.layer_types) if t in ("mamba1", "mamba2")]
+        """Layers holding recurrent state (a parallel layer is one of them)."""
+        return [i for i, t in enumerate(self.layer_types) if t in ("mamba1", "mamba2", "parallel")]
 
     @property
     def attention_layers(self) -> list[int]:
-        return self.layers_of("attention")
+        """Layers holding KV pages: attention, parallel, and the layers a shared block runs at (one set of KV
+        pages per occurrence)."""
+        shared = set(self.shared_blocks.occurrences) if self.shared_blocks is not None else set()
+        return [i for i, t in enumerate(self.layer_types) if t in ("attention", "parallel") or i in shared]
 
     def state_shape(self, layer: int) -> RecurrentStateShape:
         """Recurrent-state sizes of Mamba layer `layer` (an index into layer_types)."""
-        sub = self.mamba2 if self.layer_types[layer] == "mamba2" else self.mamba1
+        sub = self.mamba1 if self.layer_types[layer] == "mamba1" else self.mamba2
         return sub.state_shape()
 
     def recurrent_state_shapes(self) -> list[RecurrentStateShape]:

@@ -2,7 +2,8 @@
 
 HF's plain-PyTorch paths downcast to float32 in places even for a float64
 model (`A_log.float()`, `hidden_states.to(torch.float32)` in RMSNorm, the
-chunked scan, `softmax(..., dtype=torch.float32)`). `float64_oracle()` keeps
+chunked scan, `softmax(..., dtype=torch.float32)`, `x.type(torch.float32)` in
+Nemotron-H's MoE router). `float64_oracle()` keeps
 float64 tensors float64 inside those calls, so that a float64 HF forward is a
 float64 oracle; it changes no other behaviour of HF's code.
 """
@@ -13,7 +14,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-_to, _float, _softmax = torch.Tensor.to, torch.Tensor.float, F.softmax
+_to, _float, _type, _softmax = torch.Tensor.to, torch.Tensor.float, torch.Tensor.type, F.softmax
 
 
 def _keep_f64_to(self, *args, **kwargs):
@@ -28,6 +29,12 @@ def _keep_f64_float(self, *args, **kwargs):
     return self if self.dtype == torch.float64 else _float(self, *args, **kwargs)
 
 
+def _keep_f64_type(self, dtype=None, *args, **kwargs):
+    if self.dtype == torch.float64 and dtype in (torch.float32, "torch.FloatTensor"):
+        return self
+    return _type(self, dtype, *args, **kwargs)
+
+
 def _keep_f64_softmax(x, *args, dtype=None, **kwargs):
     if x.dtype == torch.float64 and dtype == torch.float32:
         dtype = torch.float64
@@ -36,11 +43,12 @@ def _keep_f64_softmax(x, *args, dtype=None, **kwargs):
 
 @contextlib.contextmanager
 def float64_oracle():
-    torch.Tensor.to, torch.Tensor.float, F.softmax = _keep_f64_to, _keep_f64_float, _keep_f64_softmax
+    patched = _keep_f64_to, _keep_f64_float, _keep_f64_type, _keep_f64_softmax
+    torch.Tensor.to, torch.Tensor.float, torch.Tensor.type, F.softmax = patched
     try:
         yield
     finally:
-        torch.Tensor.to, torch.Tensor.float, F.softmax = _to, _float, _softmax
+        torch.Tensor.to, torch.Tensor.float, torch.Tensor.type, F.softmax = _to, _float, _type, _softmax
 
 
 def randomize_(model, seed: int, scale: float = 0.5):
@@ -95,6 +103,29 @@ def nemotron_h(seed=0, pattern="M*M-", dtype=torch.float64, vocab=97, kv_heads=2
     return randomize_(NemotronHForCausalLM(cfg), seed).to(dtype).eval()
 
 
+def nemotron_h_moe(seed=0, pattern="ME*EM", dtype=torch.float64, vocab=97, num_experts=8, top_k=3, n_group=4,
+                   topk_group=2, norm_topk_prob=True, scaling=2.5):
+    """Nemotron-H with "E" blocks (Nemotron 3 Nano): squared-ReLU experts, sigmoid group routing with a
+    random correction bias (HF initialises it to zero, which would hide its use), a shared expert."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+    cfg = NemotronHConfig(vocab_size=vocab, hidden_size=32, hybrid_override_pattern=pattern,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+                          mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, chunk_size=8,
+                          n_routed_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=16,
+                          moe_shared_expert_intermediate_size=24, n_group=n_group, topk_group=topk_group,
+                          norm_topk_prob=norm_topk_prob, routed_scaling_factor=scaling,
+                          max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                          experts_implementation="eager")  # grouped_mm has no float64
+    torch.manual_seed(seed)
+    m = randomize_(NemotronHForCausalLM(cfg), seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, buffer in m.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.3 * torch.randn(buffer.shape, generator=g))
+    return m.to(dtype).eval()
+
+
 def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_experts=4, top_k=2,
             dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1, multipliers=(3.0, 0.6, 0.2, 2.5)):
     """GraniteMoeHybrid (Granite-4.0-H); multipliers = (embedding, residual, attention, logits_scaling)."""
@@ -110,6 +141,57 @@ def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_
         eos_token_id=1, bos_token_id=2, experts_implementation="eager")  # grouped_mm has no float64
     torch.manual_seed(seed)
     return randomize_(GraniteMoeHybridForCausalLM(cfg), seed).to(dtype).eval()
+
+
+FALCON_MULTIPLIERS = dict(embedding_multiplier=1.7, lm_head_multiplier=0.6, key_multiplier=1.3,
+                         attention_in_multiplier=0.8, attention_out_multiplier=1.2, ssm_in_multiplier=0.9,
+                         ssm_out_multiplier=1.1, mlp_multipliers=[0.7, 1.4], ssm_multipliers=[1.2, 0.8, 0.6, 1.5, 0.7])
+
+
+def falcon_h1(seed=0, num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n_groups=2, rms_norm=True,
+              norm_before_gate=True, multipliers=True):
+    """Falcon-H1: attention (RoPE) and Mamba2 in parallel in every layer, SwiGLU MLP, µP multipliers
+    (none of them 1, so that each one is tested)."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+    cfg = FalconH1Config(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, mamba_d_ssm=48, mamba_n_heads=4,
+                         mamba_d_state=8, mamba_n_groups=n_groups, mamba_chunk_size=8, mamba_rms_norm=rms_norm,
+                         mamba_norm_before_gate=norm_before_gate, max_position_embeddings=512, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=2, **(FALCON_MULTIPLIERS if multipliers else {}))
+    torch.manual_seed(seed)
+    m = randomize_(FalconH1ForCausalLM(cfg), seed).to(dtype).eval()
+    if dtype == torch.float64:
+        _float64_mup_vectors_(m)
+    return m
+
+
+def _float64_mup_vectors_(m):
+    """HF builds the µP vector in float32 (`torch.ones` times the multipliers), so a float64 model holds
+    float32-rounded multipliers; the float64 oracle recomputes it in float64 with HF's own function."""
+    from transformers.models.falcon_h1.modeling_falcon_h1 import compute_mup_vector
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        mup = compute_mup_vector(m.config)
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.mamba.mup_vector.copy_(mup)
+
+
+def zamba2(seed=0, block_types=("mamba", "hybrid", "mamba", "hybrid", "hybrid"), num_mem_blocks=2, adapters=True,
+           rope=True, dtype=torch.float64, vocab=97, kv_heads=4):
+    """Zamba2: Mamba2 layers; at "hybrid" layers a shared transformer block (num_mem_blocks weight sets used in
+    turn, per-occurrence LoRA adapters, input [h, embeddings]) feeds the Mamba2 input."""
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+    cfg = Zamba2Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=len(block_types),
+                       layers_block_type=list(block_types), mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=2,
+                       chunk_size=8, num_attention_heads=4, num_key_value_heads=kv_heads, num_mem_blocks=num_mem_blocks,
+                       use_shared_attention_adapter=adapters, adapter_rank=4, use_mem_rope=rope, intermediate_size=48,
+                       max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    torch.manual_seed(seed)
+    return randomize_(Zamba2ForCausalLM(cfg), seed).to(dtype).eval()
 
 
 def hf_greedy(m, prompts, max_new_tokens):

@@ -64,7 +64,7 @@ def test_shares_hf_parameters():
     assert target.layers[1].mixer.q_proj.data_ptr() == m.model.layers[1].self_attn.q_proj.weight.data_ptr()
     moe = target.layers[0].ffn
     assert moe.router.data_ptr() == hf_layer.block_sparse_moe.router.weight.data_ptr()
-    assert moe.gate_up.data_ptr() == hf_layer.block_sparse_moe.experts.gate_up_proj.data_ptr()
+    assert moe.up.data_ptr() == hf_layer.block_sparse_moe.experts.gate_up_proj.data_ptr()
     fused = hf_layer.shared_mlp.input_linear.weight  # [2·I, hidden]: gate rows, then up rows
     assert moe.shared.gate_proj.data_ptr() == fused.data_ptr()
     assert moe.shared.up_proj.data_ptr() == fused[fused.shape[0] // 2:].data_ptr()

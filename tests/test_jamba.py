@@ -130,7 +130,7 @@ def test_parameters_are_shared_not_copied():
     assert mixer.A_log.data_ptr() == hf_mixer.A_log.data_ptr()
     assert mixer.dt_norm.weight.data_ptr() == hf_mixer.dt_layernorm.weight.data_ptr()
     ffn, hf_ffn = target.layers[0].ffn, m.model.layers[0].feed_forward
-    assert ffn.gate_up.data_ptr() == hf_ffn.experts.gate_up_proj.data_ptr()
+    assert ffn.up.data_ptr() == hf_ffn.experts.gate_up_proj.data_ptr()
     assert ffn.router.data_ptr() == hf_ffn.router.weight.data_ptr()
 
 

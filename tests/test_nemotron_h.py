@@ -85,7 +85,7 @@ def test_load_hub_layout(tmp_path):
     assert max_err(loaded.prefill(make_cache(loaded), [0, 1], ids.tolist()), ref) <= 1e-9
 
 
-def test_moe_layers_are_refused_by_name():
-    with pytest.raises(UnsupportedModelError, match="'E'"):
-        adapter.config_from_dict({"hybrid_override_pattern": "ME*", "vocab_size": 97, "hidden_size": 32,
+def test_unknown_layer_characters_are_refused_by_name():
+    with pytest.raises(UnsupportedModelError, match="'X'"):
+        adapter.config_from_dict({"hybrid_override_pattern": "MX*", "vocab_size": 97, "hidden_size": 32,
                                   "num_attention_heads": 4})

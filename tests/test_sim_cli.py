@@ -10,6 +10,7 @@ from hybridspec.errors import ConfigError
 from hybridspec.sim import cli as simulate_cli
 from hybridspec.sim import expected_tokens, measured_crossover, parse_measured
 from hybridspec.sim.measured import measured_rows
+from hybridspec.sim.presets import PRESETS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "simulator_measured_example.json"
 FAST = ["--rounds", "2000"]
@@ -44,7 +45,7 @@ def test_json_file_holds_everything(tmp_path, capsys):
     row = next(r for r in report["table"] if r["alpha"] == 0.8 and r["gamma"] == 4)
     assert row["expected_tokens"] == pytest.approx(expected_tokens(0.8, 4))
     assert abs(row["simulated_tokens"] - row["expected_tokens"]) < 5 * row["simulated_stderr"]
-    assert {p["name"] for p in report["presets"]} == {"bamba-9b", "nemotron-h-8b"}
+    assert {p["name"] for p in report["presets"]} == set(PRESETS)
     assert all(len(p["crossover"]) == 5 * 4 for p in report["presets"])
 
 

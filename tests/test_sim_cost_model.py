@@ -136,7 +136,8 @@ def test_presets_match_the_published_shapes():
 def test_preset_draft_costs_about_a_twentieth_of_the_target():
     for preset in PRESETS.values():
         costs = preset.cost_model().step_costs(1, 4)
-        assert 0.02 < costs.draft_step_s / costs.plain_step_s < 0.1
+        upper = 0.15 if preset.target.num_moe_blocks else 0.1  # a MoE target reads only ~3.6B active weights
+        assert 0.02 < costs.draft_step_s / costs.plain_step_s < upper
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 import hybridspec as hs
 from hybridspec.rollback import (POLICIES, batch_invariance, perturbed_copy, plain_outputs, sampled_params,
                                        speculative_parity, workload)
-from oracles import bamba, jamba, nemotron_h
+from oracles import bamba, falcon_h1, jamba, nemotron_h, nemotron_h_moe, zamba2
 
 CASES = [  # (seed, drafter, γ, policy)
     (11, "perturbed copy", 1, "k=1"),
@@ -58,7 +58,8 @@ def test_coupled_sampling_differs_across_seeds(bamba_models):
     assert all(a[i].token_ids == b[i].token_ids for i in greedy)
 
 
-@pytest.mark.parametrize("build", [jamba, nemotron_h], ids=["jamba", "nemotron_h"])
+@pytest.mark.parametrize("build", [jamba, nemotron_h, nemotron_h_moe, falcon_h1, zamba2],
+                         ids=["jamba", "nemotron_h", "nemotron_h_moe", "falcon_h1", "zamba2"])
 def test_coupled_parity_other_families(build):
     target = hs.from_hf(build(seed=0))
     prompts, params = sampled_batch(target.vocab_size, 21)

@@ -1,6 +1,7 @@
 """Greedy parity: speculative output == plain `Engine(target)` output token for
 token, for every γ, checkpoint policy and drafter, on tiny float64 Bamba,
-Jamba and Nemotron-H models; the restore paths counted in engine.stats are
+Jamba, Nemotron-H, Nemotron-H MoE, Falcon-H1 (parallel attention + Mamba2) and
+Zamba2 (shared transformer blocks, KV per occurrence) models; the restore paths counted in engine.stats are
 exactly those the policy implies (`hybridspec.rollback.speculative_parity`), and
 each path runs where the policy says it must."""
 import pytest
@@ -8,12 +9,15 @@ import pytest
 import hybridspec as hs
 from hybridspec.rollback import (GAMMAS, POLICIES, perturbed_copy, plain_outputs, speculative_parity,
                                        stop_inside_accepted_run, workload)
-from oracles import bamba, jamba, nemotron_h
+from oracles import bamba, falcon_h1, jamba, nemotron_h, nemotron_h_moe, zamba2
 
 FAMILIES = {
     "bamba": lambda seed: bamba(seed=seed),
     "jamba": lambda seed: jamba(seed=seed),
     "nemotron_h": lambda seed: nemotron_h(seed=seed),
+    "nemotron_h_moe": lambda seed: nemotron_h_moe(seed=seed),
+    "falcon_h1": lambda seed: falcon_h1(seed=seed),
+    "zamba2": lambda seed: zamba2(seed=seed + 1),  # seed 0 emits EOS inside test_max_new_tokens_ends_mid_round
 }
 # the restore path each policy must use when a round is partly accepted
 EXPECTED_PATH = {"k=1": "snapshot_hits", "k=2": "log_replayed_tokens", "k=0": "log_replayed_tokens",

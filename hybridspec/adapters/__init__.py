@@ -22,9 +22,12 @@ HF_ADAPTERS = {
     "JambaForCausalLM": "jamba",
     "NemotronHForCausalLM": "nemotron_h",
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
+    "FalconH1ForCausalLM": "falcon_h1",
+    "Zamba2ForCausalLM": "zamba2",
 }
 MODEL_TYPES = {"bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
-               "granitemoehybrid": "GraniteMoeHybridForCausalLM"}
+               "granitemoehybrid": "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
+               "zamba2": "Zamba2ForCausalLM"}
 SUPPORTED = sorted(HF_ADAPTERS) + ["mamba_ssm MambaLMHeadModel (hybrid Mamba2 + MHA)"]
 
 
@@ -37,16 +40,18 @@ def _adapter(architecture: str):
 
 def from_hf(model) -> HybridModel:
     """A HybridModel from a loaded HF model (`BambaForCausalLM`, `JambaForCausalLM`,
-    `NemotronHForCausalLM` or `GraniteMoeHybridForCausalLM`), sharing its parameters (no copy: same dtype and device).
+    `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM`, `FalconH1ForCausalLM` or `Zamba2ForCausalLM`), sharing its parameters
+    (no copy: same dtype and device).
     Raises UnsupportedModelError for other architectures and CheckpointError
     when a tensor is missing or has the wrong shape for the config."""
     architecture = type(model).__name__
     adapter = _adapter(architecture)
     source = f"{architecture} (from_hf)"
-    config = _config(adapter.config_from_dict, model.config.to_dict(), f"{source} config")
+    cfg = model.config.to_dict()
+    config = _config(adapter.config_from_dict, cfg, f"{source} config")
     state = dict(model.named_parameters())
     state.update(model.named_buffers())
-    weights = _checked(config, adapter.weights_from_state, state, adapter.RULES, source, {})
+    weights = _checked(config, _to_canonical(adapter, cfg), state, adapter.RULES, source, {})
     return HybridModel(config, weights)
 
 
@@ -72,7 +77,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
         architectures = cfg.get("architectures") or [MODEL_TYPES.get(model_type, model_type)]
         adapter = _adapter(str(architectures[0] if isinstance(architectures, list) else architectures))
         config = _config(adapter.config_from_dict, cfg, config_file)
-        to_canonical, rules = adapter.weights_from_state, adapter.RULES
+        to_canonical, rules = _to_canonical(adapter, cfg), adapter.RULES
     state, file_of = read_weights(path, device)
     weights = _checked(config, to_canonical, state, rules, describe_files(path, sorted(set(file_of.values()))),
                        file_of)
@@ -80,6 +85,14 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
         weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq") else v)
                    for k, v in weights.items()}
     return HybridModel(config, weights)
+
+
+def _to_canonical(adapter, cfg: dict):
+    """The adapter's checkpoint-names -> canonical-names function; Zamba2's also
+    reads the config (which layers run which shared block)."""
+    if getattr(adapter, "WEIGHTS_NEED_CONFIG", False):
+        return lambda state: adapter.weights_from_state(state, cfg)
+    return adapter.weights_from_state
 
 
 def _config(config_from_dict, cfg: dict, source: str) -> HybridConfig:

@@ -43,7 +43,9 @@ def _mamba2(m: Mamba2Config, H: int) -> dict[str, Expected]:
     out = {"in_proj.weight": Expected((m.d_inner + m.conv_dim + n, H), "[2·n·p + 2·g·N + n, H] (z, x, B, C, dt)"),
            "conv1d.weight": Expected((m.conv_dim, 1, m.d_conv), "[n·p + 2·g·N, 1, k]"),
            "dt_bias": Expected((n,), "[n]"), "A_log": Expected((n,), "[n]"), "D": Expected((n,), "[n]"),
-           "norm.weight": Expected((m.d_inner,), "[n·p]"), "out_proj.weight": Expected((H, m.d_inner), "[H, n·p]")}
+           "out_proj.weight": Expected((H, m.d_inner), "[H, n·p]")}
+    if m.norm != "gate_only":
+        out["norm.weight"] = Expected((m.d_inner,), "[n·p]")
     if m.conv_bias:
         out["conv1d.bias"] = Expected((m.conv_dim,), "[n·p + 2·g·N] (conv bias)")
     if m.proj_bias:
@@ -85,12 +87,46 @@ def _mlp(m: MLPConfig, H: int) -> dict[str, Expected]:
 
 def _moe(m: MoEConfig, H: int) -> dict[str, Expected]:
     E, I = m.num_experts, m.intermediate_size
-    out = {"router.weight": Expected((E, H), "[E, H]"),
-           "experts.gate_up_proj": Expected((E, 2 * I, H), "[E, 2·I, H]"),
-           "experts.down_proj": Expected((E, H, I), "[E, H, I]")}
+    out = {"router.weight": Expected((E, H), "[E, H]"), "experts.down_proj": Expected((E, H, I), "[E, H, I]")}
+    if m.gated:
+        out["experts.gate_up_proj"] = Expected((E, 2 * I, H), "[E, 2·I, H]")
+    else:
+        out["experts.up_proj"] = Expected((E, I, H), "[E, I, H] (ungated experts)")
+    if m.router == "sigmoid_group_topk":
+        out["router.e_score_correction_bias"] = Expected((E,), "[E] (routing correction bias)")
     if m.shared_intermediate_size:
-        shared = _mlp(MLPConfig(m.shared_intermediate_size, m.activation), H)
+        shared = _mlp(MLPConfig(m.shared_intermediate_size, m.activation, gated=m.gated), H)
         out |= {f"shared.{name}": e for name, e in shared.items()}
+    return out
+
+
+def _shared_blocks(config: HybridConfig) -> dict[str, Expected]:
+    """Zamba2: each shared block's weights once, each occurrence's linear and adapters (rank r, input 2·H)."""
+    shared, H = config.shared_blocks, config.hidden_size
+    a, r, I = config.attention, shared.adapter_rank, shared.mlp.intermediate_size
+    out = {}
+    for b in range(shared.num_blocks):
+        prefix = f"shared_blocks.{b}."
+        out[prefix + "input_norm.weight"] = Expected((2 * H,), "[2·H] (norm of [h, embeddings])")
+        out[prefix + "ffn_norm.weight"] = Expected((H,), "[H]")
+        out |= {f"{prefix}attention.{n}": e for n, e in _attention(a, H).items()
+                if n not in ("q_proj.weight", "k_proj.weight", "v_proj.weight")}
+        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        out |= {prefix + "attention.q_proj.weight": Expected((q, 2 * H), "[h·d, 2·H]"),
+                prefix + "attention.k_proj.weight": Expected((kv, 2 * H), "[h_kv·d, 2·H]"),
+                prefix + "attention.v_proj.weight": Expected((kv, 2 * H), "[h_kv·d, 2·H]")}
+        out |= {f"{prefix}ffn.{n}": e for n, e in _mlp(shared.mlp, H).items()}
+    for layer in shared.occurrences:
+        prefix = f"layers.{layer}.shared."
+        out[prefix + "linear.weight"] = Expected((H, H), "[H, H] (per occurrence)")
+        out[prefix + "adapters.gate_up.down.weight"] = Expected((r, H), "[r, H] (MLP adapter)")
+        out[prefix + "adapters.gate_up.up.weight"] = Expected((2 * I, r), "[2·I, r] (MLP adapter)")
+        if shared.attention_adapters:
+            widths = {"q": a.num_heads * a.head_dim, "k": a.num_kv_heads * a.head_dim,
+                      "v": a.num_kv_heads * a.head_dim}
+            for p, width in widths.items():
+                out[f"{prefix}adapters.{p}.down.weight"] = Expected((r, 2 * H), f"[r, 2·H] ({p} adapter)")
+                out[f"{prefix}adapters.{p}.up.weight"] = Expected((width, r), f"[{p} width, r] ({p} adapter)")
     return out
 
 
@@ -101,7 +137,9 @@ def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = Expected((V, H), "[V, H] (untied lm_head)")
     mixers = {"attention": lambda: _attention(config.attention, H), "mamba2": lambda: _mamba2(config.mamba2, H),
-              "mamba1": lambda: _mamba1(config.mamba1, H), "none": dict}
+              "mamba1": lambda: _mamba1(config.mamba1, H), "none": dict,
+              "parallel": lambda: {**{f"attention.{k}": e for k, e in _attention(config.attention, H).items()},
+                                   **{f"mamba.{k}": e for k, e in _mamba2(config.mamba2, H).items()}}}
     ffns = {"mlp": lambda: _mlp(config.mlp, H), "moe": lambda: _moe(config.moe, H), "none": dict}
     for i, (mixer, ffn) in enumerate(zip(config.layer_types, config.ffn_types)):
         prefix = f"layers.{i}."
@@ -111,6 +149,8 @@ def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
             out[prefix + "ffn_norm.weight"] = Expected((H,), "[H]")
         out |= {f"{prefix}mixer.{name}": e for name, e in mixers[mixer]().items()}
         out |= {f"{prefix}ffn.{name}": e for name, e in ffns[ffn]().items()}
+    if config.shared_blocks is not None:
+        out |= _shared_blocks(config)
     return out
 
 

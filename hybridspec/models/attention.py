@@ -76,12 +76,18 @@ class Attention(nn.Module):
         self.o_bias = param(weights["o_proj.bias"]) if cfg.out_bias else None
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [batch, T, h·d], k, v [batch, T, h_kv·d] (Zamba2's occurrences add their adapters here)."""
+        return (linear(h, self.q_proj, self.q_bias), linear(h, self.k_proj, self.k_bias),
+                linear(h, self.v_proj, self.v_bias))
+
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg
         bsz, T, _ = h.shape
-        q = linear(h, self.q_proj, self.q_bias).view(bsz, T, cfg.num_heads, cfg.head_dim)
-        k = linear(h, self.k_proj, self.k_bias).view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
-        v = linear(h, self.v_proj, self.v_bias).view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.project(h)
+        q = q.view(bsz, T, cfg.num_heads, cfg.head_dim)
+        k = k.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.use_rope:
             key = ("rope", h.dtype, id(self.inv_freq))
             if key not in batch.shared:

@@ -11,7 +11,8 @@ from .common import activation, compute_dtype, linear, param, take
 
 
 class MLP(nn.Module):
-    """gated: down(act(gate(x)) ⊙ up(x)); plain: down(act(up(x)))."""
+    """gated: down(act(gate(x)) ⊙ up(x)); plain: down(act(up(x))); with
+    Falcon-H1's µP multipliers on the gate and the output when set."""
 
     def __init__(self, cfg: MLPConfig, weights: dict[str, torch.Tensor]):
         super().__init__()
@@ -23,51 +24,93 @@ class MLP(nn.Module):
                                         if cfg.bias else (None, None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
         up = linear(x, self.up_proj, self.up_bias)
-        if self.cfg.gated:
-            up = activation(self.cfg.activation, linear(x, self.gate_proj, self.gate_bias)) * up
+        if cfg.gated:
+            gate = linear(x, self.gate_proj, self.gate_bias)
+            gate = gate if cfg.gate_multiplier == 1.0 else gate * cfg.gate_multiplier
+            up = activation(cfg.activation, gate) * up
         else:
-            up = activation(self.cfg.activation, up)
-        return linear(up, self.down_proj, self.down_bias)
+            up = activation(cfg.activation, up)
+        out = linear(up, self.down_proj, self.down_bias)
+        return out if cfg.down_multiplier == 1.0 else out * cfg.down_multiplier
 
 
 class MoE(nn.Module):
     """Routed experts (+ an optional dense shared MLP).
 
-    weights: router.weight [E, hidden], experts.gate_up_proj [E, 2·I, hidden]
-    (gate rows first), experts.down_proj [E, hidden, I], shared.* as MLP.
+    weights: router.weight [E, hidden] (+ router.e_score_correction_bias [E]
+    for the sigmoid group router), experts.gate_up_proj [E, 2·I, hidden]
+    (gate rows first; gated experts) or experts.up_proj [E, I, hidden]
+    (ungated), experts.down_proj [E, hidden, I], shared.* as MLP.
     """
 
     def __init__(self, cfg: MoEConfig, weights: dict[str, torch.Tensor]):
         super().__init__()
         self.cfg = cfg
         self.router = param(weights["router.weight"])
-        self.gate_up = param(weights["experts.gate_up_proj"])
+        self.score_bias = (param(weights["router.e_score_correction_bias"])
+                           if cfg.router == "sigmoid_group_topk" else None)
+        self.up = param(weights["experts.gate_up_proj" if cfg.gated else "experts.up_proj"])
         self.down = param(weights["experts.down_proj"])
         shared = take(weights, "shared")
-        self.shared = (MLP(MLPConfig(cfg.shared_intermediate_size, cfg.activation), shared)
+        self.shared = (MLP(MLPConfig(cfg.shared_intermediate_size, cfg.activation, gated=cfg.gated), shared)
                        if cfg.shared_intermediate_size else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [tokens, k], expert ids [tokens, k])."""
-        logits = F.linear(x, self.router)  # [tokens, E]
         cd = compute_dtype(x.dtype)
-        if self.cfg.router == "softmax_topk":
-            weights, ids = torch.topk(torch.softmax(logits.to(cd), dim=-1), self.cfg.top_k, dim=-1)
+        if self.cfg.router == "sigmoid_group_topk":
+            weights, ids = sigmoid_group_topk(F.linear(x.to(cd), self.router.to(cd)), self.score_bias.to(cd), self.cfg)
+        elif self.cfg.router == "softmax_topk":
+            weights, ids = torch.topk(torch.softmax(F.linear(x, self.router).to(cd), dim=-1), self.cfg.top_k, dim=-1)
         else:
-            top_logits, ids = torch.topk(logits, self.cfg.top_k, dim=-1)
+            top_logits, ids = torch.topk(F.linear(x, self.router), self.cfg.top_k, dim=-1)
             weights = torch.softmax(top_logits.to(cd), dim=-1)
         return weights.to(x.dtype), ids
+
+    def expert(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert `index` on x [tokens, hidden]: down(act(gate)·up) or down(act(up))."""
+        up = F.linear(x, self.up[index])
+        if self.cfg.gated:
+            gate, up = up.chunk(2, dim=-1)
+            up = activation(self.cfg.activation, gate) * up
+        else:
+            up = activation(self.cfg.activation, up)
+        return F.linear(up, self.down[index])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [tokens, hidden]
         weights, ids = self.route(flat)
         out = torch.zeros_like(flat)
-        for expert in torch.unique(ids).tolist():
+        for expert in torch.unique(ids).tolist():  # ascending, so sums run in the same order for any batch
             token_idx, slot = torch.where(ids == expert)
-            gate, up = F.linear(flat[token_idx], self.gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(activation(self.cfg.activation, gate) * up, self.down[expert])
-            out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
+            out.index_add_(0, token_idx, self.expert(expert, flat[token_idx]) * weights[token_idx, slot, None])
         out = out.view(shape)
         return out + self.shared(x) if self.shared is not None else out
+
+
+def sigmoid_group_topk(logits: torch.Tensor, score_bias: torch.Tensor,
+                       cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-limited sigmoid routing (DeepSeek-V3 §2.1.2; Nemotron 3 Nano).
+
+    s = sigmoid(logits); the choice score s + b (b: the load-balancing
+    correction bias) picks experts, but the weights are s itself:
+        groups   = the topk_group groups with the largest sum of their 2 best s + b
+        chosen   = top_k experts by s + b inside those groups
+        w        = s[chosen] / (Σ s[chosen] + 1e-20) if norm_topk_prob else s[chosen]
+        w       *= routed_scaling_factor
+    logits: [tokens, E] -> (w [tokens, k], expert ids [tokens, k])."""
+    scores = logits.sigmoid()
+    choice = scores + score_bias  # [tokens, E]
+    grouped = choice.view(-1, cfg.n_group, cfg.num_experts // cfg.n_group)  # [tokens, groups, E / groups]
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [tokens, groups]
+    groups = torch.topk(group_scores, k=cfg.topk_group, dim=-1).indices
+    in_group = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)  # [tokens, groups]
+    in_group = in_group[..., None].expand_as(grouped).reshape_as(choice)  # [tokens, E]
+    ids = torch.topk(choice.masked_fill(~in_group, float("-inf")), k=cfg.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if cfg.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, ids

@@ -27,10 +27,18 @@ from .mamba2 import Mamba2Mixer
 
 
 class DecoderLayer(nn.Module):
-    """h += r·mixer(norm(h)); h += r·ffn(norm(h))  (either part may be absent)."""
+    """h += r·mixer(norm(h)); h += r·ffn(norm(h))  (either part may be absent).
+    At a shared block's occurrence (Zamba2) the mixer reads norm(h + t), t the
+    occurrence's output, and the residual stays h."""
 
-    def __init__(self, cfg: HybridConfig, index: int, weights: dict[str, torch.Tensor], inv_freq):
+    def __init__(self, cfg: HybridConfig, index: int, weights: dict[str, torch.Tensor], inv_freq,
+                 shared_blocks=None):
         super().__init__()
+        self.shared = None
+        if cfg.shared_blocks is not None and index in cfg.shared_blocks.occurrences:
+            from .shared_block import SharedBlockOccurrence
+            self.shared = SharedBlockOccurrence(cfg, shared_blocks[cfg.shared_blocks.block_of(index)],
+                                                take(weights, "shared"), index, inv_freq)
         mixer_type, ffn_type = cfg.layer_types[index], cfg.ffn_types[index]
         self.residual_multiplier = cfg.residual_multiplier
         self.input_norm = RMSNorm(weights["input_norm.weight"], cfg.rms_norm_eps) if mixer_type != "none" else None
@@ -40,6 +48,9 @@ class DecoderLayer(nn.Module):
             self.mixer = Attention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq)
         elif mixer_type == "mamba2":
             self.mixer = Mamba2Mixer(cfg.mamba2, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
+        elif mixer_type == "parallel":
+            from .parallel import ParallelMixer
+            self.mixer = ParallelMixer(cfg, mixer_weights, index, inv_freq)
         elif mixer_type == "mamba1":
             from .mamba1 import Mamba1Mixer
             self.mixer = Mamba1Mixer(cfg.mamba1, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
@@ -48,12 +59,19 @@ class DecoderLayer(nn.Module):
         ffn_weights = take(weights, "ffn")
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
+        """h, embeddings (the scaled token embeddings, read by shared blocks) [batch, T, hidden]."""
         if self.mixer is not None:
-            h = h + self.scaled(self.mixer(self.input_norm(h), batch, cache))
+            x = h if self.shared is None else h + self.shared(h, embeddings, batch, cache)
+            h = h + self.scaled(self.mixer(self.input_norm(x), batch, cache))
         if self.ffn is not None:
             h = h + self.scaled(self.ffn(self.ffn_norm(h)))
         return h
+
+    @property
+    def recurrent(self) -> RecurrentLayer:
+        """This layer's recurrent part: the mixer, or the Mamba2 half of a parallel mixer."""
+        return getattr(self.mixer, "mamba", self.mixer)
 
     def scaled(self, update: torch.Tensor) -> torch.Tensor:
         """The residual update times residual_multiplier (GraniteMoeHybrid; 1 elsewhere)."""
@@ -71,8 +89,15 @@ class HybridModel(nn.Module):
         inv_freq = None
         if config.attention is not None and config.attention.use_rope:
             inv_freq = weights.get("rotary.inv_freq", rope_inv_freq(config.attention))
+        shared_blocks = None
+        if config.shared_blocks is not None:
+            from .shared_block import SharedBlock
+            shared_blocks = nn.ModuleList(SharedBlock(config, take(weights, f"shared_blocks.{b}"))
+                                          for b in range(config.shared_blocks.num_blocks))
+        self.shared_blocks = shared_blocks
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, take(weights, f"layers.{i}"), inv_freq) for i in range(config.num_layers))
+            DecoderLayer(config, i, take(weights, f"layers.{i}"), inv_freq, shared_blocks)
+            for i in range(config.num_layers))
         self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps)
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
@@ -92,10 +117,11 @@ class HybridModel(nn.Module):
     @property
     def recurrent_layers(self) -> list[RecurrentLayer]:
         """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
-        return [self.layers[i].mixer for i in self.config.mamba_layers]
+        return [self.layers[i].recurrent for i in self.config.mamba_layers]
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+        # by storage: a shared block's weights back one Parameter per occurrence
+        return sum(p.numel() for p in {(p.data_ptr(), p.shape): p for p in self.parameters()}.values())
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache, last_only: bool = False) -> torch.Tensor:
         """input_ids [batch, T] -> logits [batch, T or 1, vocab]; `last_only` keeps
@@ -104,8 +130,9 @@ class HybridModel(nn.Module):
         h = self.embed.index_select(0, input_ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
         if self.config.embedding_multiplier != 1.0:
             h = h * self.config.embedding_multiplier
+        embeddings = h
         for layer in self.layers:
-            h = layer(h, batch, cache)
+            h = layer(h, batch, cache, embeddings)
         if last_only and T > 1:
             h = h.view(bsz * T, -1).index_select(0, batch.slots.last_index).view(bsz, 1, -1)
         logits = linear(self.final_norm(h), self.lm_head)

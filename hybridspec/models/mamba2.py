@@ -37,6 +37,28 @@ def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, gr
     return weight * as_dtype(rms_norm(h.view(*h.shape[:-1], -1, group_size), None, eps).view_as(h), y.dtype)
 
 
+def gate_and_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, cfg: Mamba2Config,
+                  eps: float) -> torch.Tensor:
+    """The mixer's output before out_proj, by `cfg.norm`: RMSNorm(y ⊙ silu(z))
+    (Mamba2), RMSNorm(y) ⊙ silu(z) or y ⊙ silu(z) (Falcon-H1).  # [batch, T, d_inner]"""
+    if cfg.norm == "gate_then_norm":
+        return gated_rms_norm(y, gate, weight, cfg.group_size, eps)
+    cd = compute_dtype(y.dtype)
+    h, g = as_dtype(y, cd), F.silu(as_dtype(gate, cd))
+    if cfg.norm == "gate_only":
+        return as_dtype(h * g, y.dtype)
+    normed = rms_norm(h.view(*h.shape[:-1], -1, cfg.group_size), None, eps).view_as(h)
+    return as_dtype(as_dtype(weight, cd) * normed * g, y.dtype)
+
+
+def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
+    """Falcon-H1's µP vector over the in_proj output [z | x | B | C | dt] (float64; None: no scaling)."""
+    if cfg.in_proj_multipliers is None:
+        return None
+    widths = [cfg.d_inner, cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state, cfg.num_heads]
+    return torch.cat([torch.full((w,), float(m), dtype=torch.float64) for w, m in zip(widths, cfg.in_proj_multipliers)])
+
+
 SSD_MIN_TOKENS = 16  # from this many inputs on, a forward that wants only the final state uses the chunked scan
 
 
@@ -52,7 +74,9 @@ class Mamba2Mixer(LogReplay, nn.Module):
         self.conv_weight = param(weights["conv1d.weight"])  # [conv_dim, 1, d_conv]
         self.conv_bias = param(weights["conv1d.bias"]) if cfg.conv_bias else None
         self.dt_bias, self.A_log, self.D = param(weights["dt_bias"]), param(weights["A_log"]), param(weights["D"])
-        self.norm_weight = param(weights["norm.weight"])
+        self.norm_weight = param(weights["norm.weight"]) if cfg.norm != "gate_only" else None
+        scale = in_proj_scale(cfg)
+        self.register_buffer("in_scale", None if scale is None else scale.to(self.in_proj.dtype), persistent=False)
         self.out_proj = param(weights["out_proj.weight"])
         self.out_bias = param(weights["out_proj.bias"]) if cfg.proj_bias else None
 
@@ -60,7 +84,10 @@ class Mamba2Mixer(LogReplay, nn.Module):
         cfg = self.cfg
         bsz, T, _ = h.shape
         cd = compute_dtype(h.dtype)
-        gate, xs, dt = linear(h, self.in_proj, self.in_bias).split([cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
+        projected = linear(h, self.in_proj, self.in_bias)  # [batch, T, d_inner + conv_dim + nheads]
+        if self.in_scale is not None:
+            projected = projected * self.in_scale
+        gate, xs, dt = projected.split([cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
         xs = xs.contiguous()  # [batch, T, conv_dim]
@@ -87,7 +114,7 @@ class Mamba2Mixer(LogReplay, nn.Module):
             y = mamba2_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
-        y = gated_rms_norm(y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg.group_size, self.eps)
+        y = gate_and_norm(y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
         return linear(y, self.out_proj, self.out_bias)
 
     def decay_rate(self, dtype: torch.dtype) -> torch.Tensor:

@@ -3,6 +3,8 @@
 A forward of `tokens` tokens per sequence at batch B takes
     max(bytes_moved / memory_bandwidth, flops / peak_flops)
 with bytes_moved = weights + B·(KV read + KV written + state read + state written)
+(for a MoE model, weights = the dense weights + the routed experts the B·tokens
+tokens are expected to touch: `ModelCost.experts_read_bytes`)
 and flops = B·tokens·(flops_per_token + attention over the context).
 The checkpoint traffic a policy adds on top (extra snapshot writes, the input
 log, replay) is charged as separate memory time: it is done by the Mamba scan
@@ -59,6 +61,13 @@ class ModelCost:
     state_bytes: recurrent state (SSM state + conv window) of every Mamba layer.
     log_bytes_per_token: input log of every Mamba layer per verify input.
     replay_flops_per_token: FLOPs of one log-replayed step (recurrence only).
+    expert_bytes, num_experts, experts_per_token: routed experts (MoE models;
+        0 for dense ones). expert_bytes is one expert's weights summed over
+        every MoE layer; param_bytes excludes the routed experts, and a forward
+        of n tokens reads the experts they touch (`experts_read_bytes`).
+    resident_param_bytes: the dense weights held in memory when they differ
+        from param_bytes (Zamba2's shared block is read per occurrence but held
+        once); 0: the same as param_bytes.
     """
 
     name: str
@@ -70,12 +79,36 @@ class ModelCost:
     log_bytes_per_token: float
     replay_flops_per_token: float
     source: str = "assumed"
+    expert_bytes: float = 0.0
+    resident_param_bytes: float = 0.0
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     def __post_init__(self) -> None:
         for field in fields(self):
-            if field.name not in ("name", "source"):
+            if field.name not in ("name", "source", "num_experts", "experts_per_token"):
                 check_cost(getattr(self, field.name), f"{self.name}.{field.name}")
         check_cost(self.param_bytes, f"{self.name}.param_bytes", positive=True)
+        check_int(self.num_experts, f"{self.name}.num_experts", minimum=0)
+        check_int(self.experts_per_token, f"{self.name}.experts_per_token", minimum=0)
+        if self.experts_per_token > self.num_experts:
+            raise ConfigError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
+                              f"num_experts={self.num_experts}; a token picks at most every expert")
+
+    @property
+    def resident_bytes(self) -> float:
+        """Every weight byte held in memory, routed experts included."""
+        return (self.resident_param_bytes or self.param_bytes) + self.expert_bytes * self.num_experts
+
+    def experts_read_bytes(self, num_tokens) -> Union[float, np.ndarray]:
+        """Expected routed-expert bytes a forward of `num_tokens` tokens (whole
+        batch) reads, assuming each token picks k of E experts uniformly and
+        independently: an expert is touched with probability 1 − (1 − k/E)^n.
+        Skewed routing touches fewer; this is the upper end for a balanced router."""
+        if self.num_experts == 0:
+            return 0.0
+        untouched = (1.0 - self.experts_per_token / self.num_experts) ** np.asarray(num_tokens, dtype=float)
+        return self.expert_bytes * self.num_experts * (1.0 - untouched)
 
 
 @dataclass(frozen=True)
@@ -191,7 +224,7 @@ class CostModel:
             (self.context_len + tokens) * model.kv_bytes_per_token  # KV read + new KV written
             + 2 * model.state_bytes  # state read, final state written
         )
-        moved = model.param_bytes + batch * per_sequence_bytes
+        moved = model.param_bytes + model.experts_read_bytes(batch * tokens) + batch * per_sequence_bytes
         attended = self.context_len + (tokens + 1) / 2  # mean cached tokens a new token attends to
         flops = batch * tokens * (model.flops_per_token + attended * model.attention_flops_per_context_token)
         return np.maximum(moved / self.hardware.memory_bandwidth, flops / self.hardware.peak_flops)
@@ -212,7 +245,8 @@ class CostModel:
             log_write_s=batch * target.log_bytes_per_token / bandwidth,
             restore_s=2 * target.state_bytes / bandwidth,
             log_replay_step_s=max(target.log_bytes_per_token / bandwidth, target.replay_flops_per_token / peak),
-            token_replay_fixed_s=target.param_bytes / bandwidth,
+            # a token replay re-reads the weights: the dense ones and (MoE) the experts of ~one token per sequence
+            token_replay_fixed_s=(target.param_bytes + target.experts_read_bytes(batch)) / bandwidth,
             token_replay_step_s=(target.flops_per_token + attention_flops) / peak,
         )
 
@@ -231,7 +265,7 @@ class CostModel:
             per_sequence += (gamma + 1) * self.draft.state_bytes
         if per_sequence <= 0:
             raise ConfigError("the models keep no KV and no state per sequence, so memory bounds no batch size")
-        free = self.hardware.memory_bytes - sum(model.param_bytes for model in models)
+        free = self.hardware.memory_bytes - sum(model.resident_bytes for model in models)
         return max(int(free // per_sequence), 0)
 
     def round_time(

@@ -63,6 +63,101 @@ NEMOTRON_H_8B = HybridShape(
     source="assumed: dimensions from the published Nemotron-H-8B config (nvidia/Nemotron-H-8B-Base-8K), fp32 SSM cache",
 )
 
+NEMOTRON_3_NANO_30B = HybridShape(
+    name="Nemotron-3-Nano-30B-A3B-shaped",
+    d_model=2688,
+    vocab_size=131072,
+    num_mamba_layers=23,
+    num_attention_layers=6,
+    num_mlp_blocks=0,  # no dense MLP layers: the 23 "E" layers hold the feed-forward
+    mlp_intermediate=0,
+    mlp_matrices=2,
+    separate_mlp_layers=True,
+    mamba_d_state=128,
+    mamba_headdim=64,  # 64 Mamba heads: d_inner 4096, not an integer expand of 2688
+    mamba_ngroups=8,
+    mamba_expand=2,
+    mamba_d_conv=4,
+    num_heads=32,
+    num_kv_heads=2,
+    head_dim=128,
+    tie_embeddings=False,
+    weight_bytes=2,
+    state_bytes=4,
+    source="assumed: dimensions as recalled from the published Nemotron-3-Nano-30B-A3B config "
+           "(nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B: 52 layers, 23 Mamba2 + 23 MoE + 6 attention, 128 experts top-6), "
+           "not read from the file here; uniform routing assumed for the experts a batch touches",
+    mamba_d_inner=4096,
+    num_moe_blocks=23,
+    moe_num_experts=128,
+    moe_top_k=6,
+    moe_intermediate=1856,
+    moe_shared_intermediate=3712,
+    moe_matrices=2,  # squared-ReLU experts: up, down
+)
+
+FALCON_H1_7B = HybridShape(
+    name="Falcon-H1-7B-shaped",
+    d_model=3072,
+    vocab_size=130048,
+    num_mamba_layers=44,
+    num_attention_layers=44,  # every layer runs attention and Mamba2 side by side
+    num_mlp_blocks=44,  # every layer: SwiGLU MLP after the parallel mixer
+    mlp_intermediate=12288,
+    mlp_matrices=3,
+    separate_mlp_layers=False,
+    mamba_d_state=256,
+    mamba_headdim=128,  # 24 Mamba heads over mamba_d_ssm 3072
+    mamba_ngroups=1,
+    mamba_expand=1,
+    mamba_d_conv=4,
+    num_heads=12,
+    num_kv_heads=2,
+    head_dim=128,
+    tie_embeddings=False,
+    weight_bytes=2,
+    state_bytes=4,
+    source="assumed: dimensions as recalled from the published Falcon-H1-7B config (tiiuae/Falcon-H1-7B-Base: "
+           "44 layers, hidden 3072, 12/2 attention heads of 128, 24 Mamba heads of 128, d_state 256), "
+           "not read from the file here",
+    mamba_d_inner=3072,
+    parallel_mixers=True,
+)
+
+_ZAMBA2_7B_OCCURRENCES = 13  # hybrid layers, each running one of the 2 shared blocks
+_ZAMBA2_7B_RANK = 128
+ZAMBA2_7B = HybridShape(
+    name="Zamba2-7B-shaped",
+    d_model=3584,
+    vocab_size=32000,
+    num_mamba_layers=81,
+    num_attention_layers=_ZAMBA2_7B_OCCURRENCES,  # KV pages per occurrence
+    num_mlp_blocks=_ZAMBA2_7B_OCCURRENCES,  # each occurrence runs its block's gated MLP
+    mlp_intermediate=4 * 3584,
+    mlp_matrices=3,
+    separate_mlp_layers=False,
+    mamba_d_state=64,
+    mamba_headdim=64,  # 112 Mamba heads
+    mamba_ngroups=2,
+    mamba_expand=2,
+    mamba_d_conv=4,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=224,  # 2·d_model / heads: the block attends over [h, embeddings]
+    tie_embeddings=True,
+    weight_bytes=2,
+    state_bytes=4,
+    source="assumed: dimensions as recalled from the published Zamba2-7B config (Zyphra/Zamba2-7B: 81 Mamba2 "
+           "layers, 13 hybrid layers over 2 shared blocks, LoRA rank 128), not read from the file here",
+    attention_weight_copies=2,
+    mlp_weight_copies=2,
+    attention_input_dim=2 * 3584,
+    # per occurrence: its [d, d] linear, q/k/v adapters [2d -> r -> 2d] and the MLP adapter [d -> r -> 2·I]
+    extra_params=_ZAMBA2_7B_OCCURRENCES * (3584 * 3584 + 3 * 2 * (2 * 3584 * _ZAMBA2_7B_RANK)
+                                           + _ZAMBA2_7B_RANK * (3584 + 2 * 4 * 3584)),
+    stack_layers=81,
+)
+
 
 def small_hybrid_draft(target: HybridShape) -> HybridShape:
     """A hypothetical ~0.43B hybrid drafter sharing the target's vocabulary
@@ -114,4 +209,8 @@ class Preset:
 PRESETS = {
     "bamba-9b": Preset("bamba-9b", BAMBA_9B, small_hybrid_draft(BAMBA_9B), H200),
     "nemotron-h-8b": Preset("nemotron-h-8b", NEMOTRON_H_8B, small_hybrid_draft(NEMOTRON_H_8B), H200),
+    "nemotron-3-nano-30b-a3b": Preset("nemotron-3-nano-30b-a3b", NEMOTRON_3_NANO_30B,
+                                      small_hybrid_draft(NEMOTRON_3_NANO_30B), H200),
+    "falcon-h1-7b": Preset("falcon-h1-7b", FALCON_H1_7B, small_hybrid_draft(FALCON_H1_7B), H200),
+    "zamba2-7b": Preset("zamba2-7b", ZAMBA2_7B, small_hybrid_draft(ZAMBA2_7B), H200),
 }

@@ -29,6 +29,21 @@ class HybridShape:
     for a plain one (up, down). weight_bytes: bytes per weight, KV and logged
     activation (the model dtype); state_bytes: bytes per SSM state and conv
     window element (the state dtype: float32 by default, as `Engine` keeps it).
+
+    Optional, for the newer families (defaults describe Bamba/Nemotron-H):
+    mamba_d_inner: the Mamba2 width when it is not mamba_expand·d_model
+    (Nemotron 3 Nano, Falcon-H1's mamba_d_ssm). num_moe_blocks > 0: MoE layers
+    of their own with moe_num_experts routed experts of width moe_intermediate
+    (moe_top_k per token, moe_matrices each) plus a shared expert of width
+    moe_shared_intermediate. parallel_mixers: each layer runs attention and
+    Mamba2 side by side (Falcon-H1), so layers = Mamba layers = attention
+    layers. attention_weight_copies / mlp_weight_copies: distinct weight sets
+    when attention/MLP blocks share weights across occurrences (Zamba2: KV per
+    occurrence, weights per shared block); attention_input_dim: the width
+    q, k, v read (Zamba2's shared block reads [h, embeddings], 2·d_model);
+    extra_params: other per-forward weights (Zamba2's per-occurrence linears
+    and adapters). stack_layers: the layer count when the block counts do not
+    give it (Zamba2's shared blocks run inside Mamba layers).
     """
 
     name: str
@@ -52,8 +67,27 @@ class HybridShape:
     weight_bytes: int = 2
     state_bytes: int = 4
     source: str = "assumed"
+    mamba_d_inner: int | None = None
+    num_moe_blocks: int = 0
+    moe_num_experts: int = 0
+    moe_top_k: int = 0
+    moe_intermediate: int = 0
+    moe_shared_intermediate: int = 0
+    moe_matrices: int = 2
+    parallel_mixers: bool = False
+    attention_weight_copies: int | None = None
+    mlp_weight_copies: int | None = None
+    attention_input_dim: int | None = None
+    extra_params: int = 0
+    stack_layers: int | None = None
 
     def __post_init__(self) -> None:
+        if self.parallel_mixers and self.num_mamba_layers != self.num_attention_layers:
+            raise ConfigError(f"{self.name}: parallel_mixers needs one attention per Mamba layer, got "
+                              f"{self.num_mamba_layers} Mamba and {self.num_attention_layers} attention layers")
+        if self.num_moe_blocks and not 1 <= self.moe_top_k <= self.moe_num_experts:
+            raise ConfigError(f"{self.name}: moe_top_k={self.moe_top_k} must be in 1..moe_num_experts="
+                              f"{self.moe_num_experts}")
         if self.d_inner % self.mamba_headdim:
             raise ConfigError(
                 f"{self.name}: mamba_expand·d_model={self.d_inner} is not a multiple of "
@@ -62,7 +96,7 @@ class HybridShape:
 
     @property
     def d_inner(self) -> int:
-        return self.mamba_expand * self.d_model
+        return self.mamba_d_inner or self.mamba_expand * self.d_model
 
     @property
     def mamba_nheads(self) -> int:
@@ -74,8 +108,12 @@ class HybridShape:
 
     @property
     def num_layers(self) -> int:
+        if self.stack_layers is not None:
+            return self.stack_layers
+        if self.parallel_mixers:
+            return self.num_mamba_layers
         mixers = self.num_mamba_layers + self.num_attention_layers
-        return mixers + self.num_mlp_blocks if self.separate_mlp_layers else mixers
+        return mixers + self.num_mlp_blocks + self.num_moe_blocks if self.separate_mlp_layers else mixers
 
     def mamba_params(self) -> int:
         """One Mamba2 mixer: in_proj (z, xBC, dt), conv weights, out_proj."""
@@ -84,19 +122,37 @@ class HybridShape:
 
     def attention_params(self) -> int:
         """One attention mixer: q, k, v, o projections."""
-        q_and_o = 2 * self.d_model * self.num_heads * self.head_dim
-        return q_and_o + 2 * self.d_model * self.num_kv_heads * self.head_dim
+        d_in = self.attention_input_dim or self.d_model
+        q_and_o = (d_in + self.d_model) * self.num_heads * self.head_dim
+        return q_and_o + 2 * d_in * self.num_kv_heads * self.head_dim
 
     def mlp_params(self) -> int:
         return self.mlp_matrices * self.d_model * self.mlp_intermediate
 
+    def expert_params(self) -> int:
+        """One routed expert of one MoE layer."""
+        return self.moe_matrices * self.d_model * self.moe_intermediate
+
+    def dense_params(self, per_occurrence: bool = True) -> int:
+        """Every weight but the routed experts and the embeddings. A shared block
+        counts once per occurrence (each occurrence reads and runs it again),
+        or once per weight copy with per_occurrence=False (memory held)."""
+        attention, mlp = self.num_attention_layers, self.num_mlp_blocks
+        if not per_occurrence:
+            attention = attention if self.attention_weight_copies is None else self.attention_weight_copies
+            mlp = mlp if self.mlp_weight_copies is None else self.mlp_weight_copies
+        shared_experts = self.num_moe_blocks * self.moe_matrices * self.d_model * self.moe_shared_intermediate
+        routers = self.num_moe_blocks * self.moe_num_experts * self.d_model
+        return (self.num_mamba_layers * self.mamba_params() + attention * self.attention_params()
+                + mlp * self.mlp_params() + shared_experts + routers + self.extra_params)
+
     def block_params(self) -> int:
-        """Every mixer and MLP weight, embeddings excluded."""
-        return (
-            self.num_mamba_layers * self.mamba_params()
-            + self.num_attention_layers * self.attention_params()
-            + self.num_mlp_blocks * self.mlp_params()
-        )
+        """Every mixer, MLP and expert weight held (shared blocks once), embeddings excluded."""
+        return self.dense_params(per_occurrence=False) + self.num_moe_blocks * self.moe_num_experts * self.expert_params()
+
+    def active_block_params(self) -> int:
+        """The block weights one token runs through (top-k of the routed experts)."""
+        return self.dense_params() + self.num_moe_blocks * self.moe_top_k * self.expert_params()
 
     def total_params(self) -> int:
         embeddings = self.vocab_size * self.d_model
@@ -122,13 +178,14 @@ class HybridShape:
     def model_cost(self) -> ModelCost:
         """Bytes and FLOPs of one forward; the input embedding is a row gather
         (not read whole), the LM head is read whole."""
-        read_params = self.block_params() + self.vocab_size * self.d_model  # blocks + LM head
+        read_params = self.dense_params() + self.vocab_size * self.d_model  # dense blocks + LM head
+        active_params = self.active_block_params() + self.vocab_size * self.d_model
         conv_flops = 2 * self.conv_dim * self.mamba_d_conv
         replay_flops = self.num_mamba_layers * (self.scan_flops_per_token_per_layer() + conv_flops)
         return ModelCost(
             name=self.name,
             param_bytes=float(read_params * self.weight_bytes),
-            flops_per_token=float(2 * read_params + self.num_mamba_layers * self.scan_flops_per_token_per_layer()),
+            flops_per_token=float(2 * active_params + self.num_mamba_layers * self.scan_flops_per_token_per_layer()),
             attention_flops_per_context_token=float(4 * self.num_attention_layers * self.num_heads * self.head_dim),
             kv_bytes_per_token=float(
                 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * self.weight_bytes
@@ -137,4 +194,9 @@ class HybridShape:
             log_bytes_per_token=float(self.num_mamba_layers * self.log_bytes_per_token_per_layer()),
             replay_flops_per_token=float(replay_flops),
             source=self.source,
+            expert_bytes=float(self.num_moe_blocks * self.expert_params() * self.weight_bytes),
+            resident_param_bytes=float((self.dense_params(per_occurrence=False) + self.vocab_size * self.d_model)
+                                       * self.weight_bytes),
+            num_experts=self.moe_num_experts if self.num_moe_blocks else 0,
+            experts_per_token=self.moe_top_k if self.num_moe_blocks else 0,
         )
