@@ -36,6 +36,18 @@ def _as_state_shape(spec: RecurrentStateShape | Sequence[Sequence[int]]) -> Recu
 
 
 @dataclass(frozen=True)
+class SlotState:
+    """A copy of one slot in every Mamba layer, held outside the pool (a prefix-cache checkpoint)."""
+
+    ssm: tuple[torch.Tensor, ...]  # per layer [*ssm_shape]
+    conv: tuple[torch.Tensor, ...]  # per layer [*conv_shape]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.ssm, *self.conv))
+
+
+@dataclass(frozen=True)
 class StatePoolBookkeeping:
     """A copy of the pool's indices, comparable with `==` ("the pool is unchanged")."""
 
@@ -134,6 +146,17 @@ class StatePool:
             )
         self._heads[seq_id] = slot
         self._head_positions[seq_id] = position
+
+    def read_slot(self, slot: int) -> SlotState:
+        """A copy of `slot`'s state in every layer."""
+        return SlotState(tuple(s[slot].clone() for s in self.ssm_states),
+                         tuple(c[slot].clone() for c in self.conv_states))
+
+    def write_slot(self, slot: int, state: SlotState) -> None:
+        """Copy `state` into `slot` of every layer."""
+        for states, values in ((self.ssm_states, state.ssm), (self.conv_states, state.conv)):
+            for layer, value in zip(states, values):
+                layer[slot].copy_(value)
 
     def snapshot_bookkeeping(self) -> StatePoolBookkeeping:
         return StatePoolBookkeeping(tuple(self._free_rings), dict(self._rings), dict(self._heads),

@@ -27,6 +27,7 @@ _HOMES = {
     "LLM": "hybridspec.llm",
     "NgramDrafter": "hybridspec.spec.drafters",
     "Output": "hybridspec.engine",
+    "PrefixCache": "hybridspec.cache.prefix_cache",
     "Proposal": "hybridspec.spec.drafters",
     "SamplingParams": "hybridspec.sampling",
     "StatelessDrafter": "hybridspec.spec.drafters",

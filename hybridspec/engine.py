@@ -22,6 +22,7 @@ from hybridspec.checkpoints.policy import validate_gamma
 from hybridspec.state_memory import default_state_dtype
 
 from .cache.hybrid_cache import HybridCache, scratch_cache
+from .cache.prefix_cache import PrefixCache, PrefixStore, as_prefix_settings
 from .errors import ConfigError, InvalidRequestError
 from .logprobs import TokenLogprob, batch_logprobs
 from .models.hybrid import HybridModel
@@ -130,6 +131,11 @@ class Engine:
         (default None: the target config's `eos_token_id`, if any).
     decode: token ids -> text, needed by requests with `stop` strings (default
         None; `hs.LLM` passes its tokenizer's).
+    prefix_cache: reuse cached prefixes across requests and `generate` calls
+        (attention K/V pages shared, recurrent state from the nearest state
+        checkpoint, the tail replayed; `hybridspec.cache.prefix_cache`): True
+        for the defaults, an `hs.PrefixCache(...)` for settings, or None / False
+        (default: off). A model drafter gets a prefix cache of its own.
 
     After each `generate`, `stats` (`EngineStats`) describes that call alone;
     `total_stats` adds up every call of this Engine.
@@ -139,7 +145,7 @@ class Engine:
                  verify: Literal["rejection", "coupled"] = "rejection", *, max_batch_size: int = 16,
                  max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None,
                  state_dtype: torch.dtype | None = None, eos_token_ids: Iterable[int] | None = None,
-                 decode: Decode | None = None):
+                 decode: Decode | None = None, prefix_cache: bool | PrefixCache | None = None):
         if not isinstance(target, HybridModel):
             raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
         if verify not in ("rejection", "coupled"):
@@ -149,6 +155,7 @@ class Engine:
                               "or None for the default")
         if decode is not None and not callable(decode):
             raise ConfigError(f"decode={decode!r} must be a function from token ids to text, e.g. tokenizer.decode")
+        prefix_settings = as_prefix_settings(prefix_cache)
         self.eos_token_ids = engine_eos_ids(target.config, eos_token_ids)
         self.decode = decode
         sizes = engine_sizes(target.config, max_batch_size, max_model_len, block_size, num_blocks)
@@ -170,10 +177,13 @@ class Engine:
             policy = resolve_policy(checkpoint).bind(  # "auto" measures step costs here
                 target, num_draft_tokens, max_batch_size=self.max_batch_size, state_dtype=self.state_dtype,
                 new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
-            drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs)
+            drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
             self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens))
             self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache, self.stats,
-                                         coupled=verify == "coupled", check_invariants=self.check_invariants)
+                                         coupled=verify == "coupled", check_invariants=self.check_invariants,
+                                         release=self._release)
+        self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings,
+                                                                        self.stats)
         self._next_seq_id = 0
 
     def _new_cache(self, ring_slots: int) -> HybridCache:
@@ -203,6 +213,8 @@ class Engine:
                                       "with decode=tokenizer.decode (or pass stop_token_ids instead)")
         requests = self._requests(prompts, params, stream)
         kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
+        if self.prefix is not None:  # cached pages give way; each request may copy two shared pages on write
+            self.prefix.make_room(sum(-(-n // self.cache.block_size) + 2 for n in kv_lens.values()))
         self.cache.check_admission(len(requests), kv_lens)
         if self.speculator is not None:
             self.speculator.drafter.check_admission(requests)
@@ -216,7 +228,7 @@ class Engine:
             loop = self.speculator.run if self.speculator is not None else self._decode_loop
             loop(requests, rows, bar)
         finally:
-            self.cache.free_sequences([r.seq_id for r in requests])
+            self._release(requests)
             if self.speculator is not None:
                 self.speculator.drafter.release([r.seq_id for r in requests])
             bar.close()
@@ -241,11 +253,23 @@ class Engine:
 
     def _prefill(self, requests: list[Request], rows: RowParams) -> None:
         """Absorb every prompt and emit the first token from the last prompt logits."""
-        ids = [r.seq_id for r in requests]
-        logits = self.target.prefill(self.cache, ids, [r.output.prompt_token_ids for r in requests],
-                                     last_only=True)[:, 0]  # [batch, vocab]
+        ids, prompts = [r.seq_id for r in requests], [r.output.prompt_token_ids for r in requests]
+        if self.prefix is None:
+            logits = self.target.prefill(self.cache, ids, prompts, last_only=True)[:, 0]  # [batch, vocab]
+            self.stats.prefill_computed_tokens += sum(map(len, prompts))
+        else:
+            logits = self.prefix.prefill(ids, prompts, [r.params.cache_checkpoints for r in requests])
         self.stats.sequences += len(requests)
         self._sample_and_emit(requests, logits, rows)
+
+    def _release(self, requests: list[Request]) -> None:
+        """Requests leave the target's cache; with the prefix cache on, a finished
+        one's committed tokens stay indexed (an unfinished one was aborted)."""
+        if self.prefix is not None:
+            self.prefix.release([r.seq_id for r in requests],
+                                [r.output.prompt_token_ids + r.output.token_ids if r.finished else None
+                                 for r in requests])
+        self.cache.free_sequences([r.seq_id for r in requests])
 
     def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams) -> None:
         with self.stats.phase("sampling"):
@@ -262,7 +286,7 @@ class Engine:
         index = {r.seq_id: i for i, r in enumerate(requests)}
         active = [r for r in requests if not r.finished]
         while active:
-            self.cache.free_sequences([r.seq_id for r in requests if r.finished])
+            self._release([r for r in active if r.finished])
             with self.stats.phase("verify"):
                 logits = self.target.decode(self.cache, [r.seq_id for r in active], [r.last_token for r in active])
             select = torch.tensor([index[r.seq_id] for r in active], device=logits.device)

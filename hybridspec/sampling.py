@@ -64,6 +64,9 @@ class SamplingParams:
         (default 0.0; vLLM's and OpenAI's `presence_penalty`).
     frequency_penalty: subtracted from a token's logit once per time it was
         generated so far (default 0.0).
+    cache_checkpoints: prompt positions (token counts, 1..len(prompt)) where the
+        prefix cache (`Engine(prefix_cache=...)`) stores a state checkpoint, e.g.
+        where a shared system prompt or document ends (default: none).
     The penalties read each position's own context (for a draft position, the
     drafts before it too), identically for target and drafter, so speculative
     decoding stays lossless with them.
@@ -83,6 +86,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    cache_checkpoints: tuple[int, ...] = ()
 
     def __post_init__(self):
         checked = dict(
@@ -102,7 +106,8 @@ class SamplingParams:
             presence_penalty=real("presence_penalty", self.presence_penalty, InvalidRequestError,
                                   "(finite); use 0.0 to turn it off"),
             frequency_penalty=real("frequency_penalty", self.frequency_penalty, InvalidRequestError,
-                                   "(finite); use 0.0 to turn it off"))
+                                   "(finite); use 0.0 to turn it off"),
+            cache_checkpoints=_cache_checkpoints(self.cache_checkpoints))
         for name, value in checked.items():
             object.__setattr__(self, name, value)
         if not isinstance(self.ignore_eos, bool):
@@ -158,6 +163,18 @@ def _stop_strings(values) -> tuple[str, ...]:
     if bad:
         raise InvalidRequestError(f"stop holds {bad[0]!r}, not a non-empty string{example}")
     return strings
+
+
+def _cache_checkpoints(values) -> tuple[int, ...]:
+    """cache_checkpoints as a sorted tuple of positions >= 1."""
+    example = "; pass prompt positions (token counts) such as (512,) or ()"
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidRequestError(f"cache_checkpoints={values!r} is not a collection of positions{example}")
+    positions = tuple(values)
+    bad = [p for p in positions if token_id(p) is None or token_id(p) < 1]
+    if bad:
+        raise InvalidRequestError(f"cache_checkpoints holds {bad[0]!r}, not a position (an integer >= 1){example}")
+    return tuple(sorted(set(token_id(p) for p in positions)))
 
 
 def _stop_token_ids(values) -> tuple[int, ...]:

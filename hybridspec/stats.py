@@ -21,6 +21,13 @@ class EngineStats:
     log_replayed_tokens, token_replayed_tokens: steps replayed from the input
         log or by running the model over tokens.
     peak_checkpoint_bytes: most bytes the snapshots and input log held at once.
+    prefill_computed_tokens: prompt tokens the target's prefill ran the model over
+        (with the prefix cache: from each prompt's restored checkpoint on).
+    prefix_hit_tokens: prompt tokens found in the prefix cache (K/V shared);
+    prefix_replayed_tokens: of those, the tail from the checkpoint to the hit,
+        replayed for the recurrent layers over the cached K/V;
+    prefix_checkpoint_hits: prompts started from a stored state checkpoint;
+    prefix_evictions: cached pages and checkpoints evicted.
     seconds: wall seconds per phase ("draft", "verify", "commit", "sampling").
     """
 
@@ -34,6 +41,11 @@ class EngineStats:
     log_replayed_tokens: int = 0
     token_replayed_tokens: int = 0
     peak_checkpoint_bytes: int = 0
+    prefill_computed_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_replayed_tokens: int = 0
+    prefix_checkpoint_hits: int = 0
+    prefix_evictions: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
@@ -58,7 +70,9 @@ class EngineStats:
     def add(self, other: "EngineStats") -> None:
         """Add `other`'s counts and seconds to these (peak bytes: the larger)."""
         for name in ("rounds", "drafted_tokens", "accepted_tokens", "emitted_tokens", "sequences",
-                     "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens"):
+                     "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens",
+                     "prefill_computed_tokens", "prefix_hit_tokens", "prefix_replayed_tokens",
+                     "prefix_checkpoint_hits", "prefix_evictions"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.peak_checkpoint_bytes = max(self.peak_checkpoint_bytes, other.peak_checkpoint_bytes)
         for phase, seconds in other.seconds.items():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from hybridspec.checkpoints.state_pool import StatePool
+from hybridspec.checkpoints.state_pool import SlotState, StatePool
 from hybridspec.kernels.slot_plan import SlotPlan
 from hybridspec.state_memory import default_state_dtype
 
@@ -27,6 +27,7 @@ class ForwardPlan:
 
     seq_ids: list[int]
     start_lens: list[int]  # computed_len of each row before the forward
+    kv_start_lens: list[int]  # kv_len of each row before the forward (> start_lens: replay over cached K/V)
     num_new: list[int]
     final_slots: list[int]  # slot receiving each row's final state
     batch: ForwardBatch
@@ -124,20 +125,49 @@ class HybridCache:
             final = [-1] * len(seq_ids)
             snap = snap_slot.tolist() if isinstance(snap_slot, torch.Tensor) else [list(r) for r in snap_slot]
         slots = SlotPlan.of_lists([self.head(s) for s in seq_ids], snap, num_new, self.device)
-        kv_meta = self.kv.prepare_write(seq_ids, num_new) if self.kv is not None else None
+        kv_meta = self.kv.prepare_write(seq_ids, num_new, start) if self.kv is not None else None
+        kv_start = [self.kv.kv_len(s) for s in seq_ids] if self.kv is not None else list(start)
         batch = ForwardBatch(slots=slots, start_lens=start, kv=kv_meta, final_state_only=final_state_only)
-        return ForwardPlan(seq_ids, start, list(num_new), final, batch)
+        return ForwardPlan(seq_ids, start, kv_start, list(num_new), final, batch)
 
     def abort_forward(self, plan: ForwardPlan) -> None:
-        """Undo `plan_forward`: free pages reserved past each row's old length."""
+        """Undo `plan_forward`: free pages reserved past each row's old KV length."""
         if self.kv is not None:
-            for s, n in zip(plan.seq_ids, plan.start_lens):
+            for s, n in zip(plan.seq_ids, plan.kv_start_lens):
                 self.kv.truncate(s, n)
 
     def commit_forward(self, plan: ForwardPlan) -> None:
-        """Advance every row by all its new tokens (plain prefill/extend/decode)."""
-        for s, start, n, slot in zip(plan.seq_ids, plan.start_lens, plan.num_new, plan.final_slots):
-            self.commit(s, start + n, slot)
+        """Advance every row by all its new tokens (plain prefill/extend/decode). A row
+        replaying over cached K/V (`restore_prefix`) keeps its KV length until it passes it."""
+        for s, start, n, slot, kv_start in zip(plan.seq_ids, plan.start_lens, plan.num_new, plan.final_slots,
+                                               plan.kv_start_lens):
+            if start + n < kv_start:
+                self.states.set_head(s, slot, start + n)
+                self.computed_len[s] = start + n
+            else:
+                self.commit(s, start + n, slot)
+
+    def restore_prefix(self, seq_id: int, pages: list[int], num_cached: int, state_position: int,
+                       state: "SlotState | None") -> None:
+        """Start an empty sequence from a prefix-cache hit: `pages` hold the K/V of positions
+        [0, num_cached) (shared, one more holder each), `state` (None: the zero state) the
+        recurrent state after `state_position` <= num_cached tokens, copied into the head.
+        computed_len becomes `state_position`: the next forwards replay the tail over the
+        cached K/V up to num_cached, then continue as usual."""
+        if self.computed_len.get(seq_id) != 0:
+            raise ValueError(f"sequence {seq_id} must be freshly added (computed_len 0) to restore a prefix")
+        if not 0 <= state_position <= num_cached:
+            raise ValueError(f"state position {state_position} must lie in [0, num_cached={num_cached}]")
+        if self.states is None and state_position != num_cached:
+            raise ValueError("a cache without recurrent layers restores a prefix at its whole cached length")
+        if self.kv is not None:
+            self.kv.share_prefix(seq_id, pages, num_cached)
+        if self.states is not None:
+            head = self.states.head(seq_id)
+            if state is not None:
+                self.states.write_slot(head, state)
+            self.states.set_head(seq_id, head, state_position)
+        self.computed_len[seq_id] = state_position
 
     def commit(self, seq_id: int, boundary: int, head_slot: int) -> None:
         """Move every layer of `seq_id` to `boundary`: KV length (pages wholly

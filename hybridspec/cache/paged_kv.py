@@ -8,8 +8,12 @@ Terms
   reserved_len  positions the last `prepare_write` made room for; `commit` may move
                 kv_len up to it once the forward has written them. The block table
                 always holds exactly the pages covering [0, reserved_len).
-  shared page   a page with reference count > 1 (after `fork`); the first write to it
-                copies it (copy-on-write), so no sequence sees another's writes
+  shared page   a page with reference count > 1 (after `fork`, `share_prefix`, or held by
+                the prefix cache); the first write to it copies it (copy-on-write), so no
+                sequence sees another's writes
+  cached K/V    a forward may start before kv_len (`prepare_write(..., starts=)`: a prefix-cache
+                replay of the recurrent layers): positions [start, kv_len) already hold valid
+                K/V, so they are read, never written
 
 One block table serves every attention layer: `k_cache[layer]` and
 `v_cache[layer]` are `[num_blocks, block_size, num_kv_heads, head_dim]` views
@@ -163,6 +167,21 @@ class PagedKVCache:
         self._kv_lens[dst_seq_id] = kv_len
         self._reserved_lens[dst_seq_id] = kv_len
 
+    def share_prefix(self, seq_id: int, pages: list[int], kv_len: int) -> None:
+        """An empty sequence takes `pages` (one more holder each) as the pages of positions
+        [0, kv_len): a prefix-cache hit. Its first write into a shared page copies it."""
+        self._check_known(seq_id)
+        if self._block_tables[seq_id]:
+            raise ValueError(f"sequence {seq_id} already holds pages; share a prefix only into an empty sequence")
+        if len(pages) != _cdiv(kv_len, self.block_size):
+            raise ValueError(f"{len(pages)} pages cannot hold exactly kv_len={kv_len} positions of "
+                             f"{self.block_size} per page")
+        for block in pages:
+            self.pool.incref(block)
+        self._block_tables[seq_id] = list(pages)
+        self._kv_lens[seq_id] = kv_len
+        self._reserved_lens[seq_id] = kv_len
+
     def kv_len(self, seq_id: int) -> int:
         self._check_known(seq_id)
         return self._kv_lens[seq_id]
@@ -230,8 +249,10 @@ class PagedKVCache:
 
     # ---- one forward -----------------------------------------------------
 
-    def prepare_write(self, seq_ids: list[int], num_new: list[int]) -> KVWriteMeta:
-        """Make room for positions [kv_len, kv_len + num_new) of each sequence; all or nothing.
+    def prepare_write(self, seq_ids: list[int], num_new: list[int], starts: list[int] | None = None) -> KVWriteMeta:
+        """Make room for positions [start, start + num_new) of each sequence; all or nothing.
+        `starts` default to each kv_len; a start below kv_len (never above) means positions
+        [start, kv_len) already hold valid K/V: the forward reads them and writes only from kv_len.
 
         Does not move kv_len: call `commit` after the forward has written the K/V.
         """
@@ -241,12 +262,18 @@ class PagedKVCache:
             raise ValueError(f"seq_ids {seq_ids} repeat a sequence; list each sequence once")
         if any(n < 0 for n in num_new):
             raise ValueError(f"num_new {num_new} has a negative count")
-        requests = {s: self.kv_len(s) + n for s, n in zip(seq_ids, num_new)}
+        starts = [self.kv_len(s) for s in seq_ids] if starts is None else list(starts)
+        bad = [(s, start) for s, start in zip(seq_ids, starts) if not 0 <= start <= self.kv_len(s)]
+        if bad:
+            s, start = bad[0]
+            raise ValueError(f"start={start} of sequence {s} lies outside [0, kv_len={self.kv_len(s)}]; a forward "
+                             "starts at or before kv_len (before it: over cached K/V)")
+        requests = {s: max(self.kv_len(s), start + n) for s, start, n in zip(seq_ids, starts, num_new)}
         self.check_admission(requests)
         for seq_id, new_len in requests.items():
             self._make_writable(seq_id, new_len)
             self._reserved_lens[seq_id] = new_len
-        return self._write_meta(seq_ids, num_new)
+        return self._write_meta(seq_ids, num_new, starts)
 
     def _make_writable(self, seq_id: int, new_len: int) -> None:
         table = self._block_tables[seq_id]
@@ -268,16 +295,17 @@ class PagedKVCache:
         self.pool.decref(block)
         return copy
 
-    def _write_meta(self, seq_ids: list[int], num_new: list[int]) -> KVWriteMeta:
+    def _write_meta(self, seq_ids: list[int], num_new: list[int], starts: list[int]) -> KVWriteMeta:
         bs = self.block_size
         t_max = max(num_new, default=0)
         slot_rows, table_rows, context_lens = [], [], []
-        for seq_id, n in zip(seq_ids, num_new):
+        for seq_id, n, start in zip(seq_ids, num_new, starts):
             table, kv_len = self._block_tables[seq_id], self._kv_lens[seq_id]
-            slots = [table[p // bs] * bs + p % bs for p in range(kv_len, kv_len + n)]
+            # -1: cached K/V (p < kv_len) read in place, or padding
+            slots = [table[p // bs] * bs + p % bs if p >= kv_len else -1 for p in range(start, start + n)]
             slot_rows.append(slots + [-1] * (t_max - n))
-            table_rows.append(table[: _cdiv(kv_len + n, bs)])
-            context_lens.append(kv_len + n)
+            table_rows.append(table[: _cdiv(start + n, bs)])
+            context_lens.append(start + n)
         return KVWriteMeta(seq_ids, slot_rows, table_rows, context_lens, num_new, self.k_cache.device)
 
     def write(self, layer: int, meta: KVWriteMeta, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -23,10 +23,12 @@ import torch
 from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
 
 from ..cache.hybrid_cache import HybridCache
+from ..cache.prefix_cache import PrefixCache, PrefixStore
 from ..errors import ConfigError, InvariantError
 from ..models.hybrid import HybridModel
 from ..penalties import penalty_context
 from ..sampling import RowParams, process_logits, sample
+from ..stats import EngineStats
 
 
 @dataclass
@@ -121,24 +123,36 @@ class NgramDrafter(StatelessDrafter):
 
 
 class ModelDrafter:
-    """A HybridModel used as drafter, with its own cache and ring."""
+    """A HybridModel used as drafter, with its own cache and ring, and with
+    `prefix_cache` settings its own prefix cache (`PrefixStore`, stats in
+    `prefix_stats`)."""
 
-    def __init__(self, model: HybridModel, gamma: int, cache_kwargs: dict):
+    def __init__(self, model: HybridModel, gamma: int, cache_kwargs: dict, prefix_cache: PrefixCache | None = None):
         self.model = model
         kwargs = dict(cache_kwargs, dtype=model.dtype, device=model.device)
         # γ steps per round (catch-up + γ-1 drafts) each write a new slot; the head stays intact
         self.cache = HybridCache(model.config, ring_slots=gamma + 1, **kwargs)
         self.slot_at: dict[int, dict[int, int]] = {}  # seq -> computed_len -> slot holding that state
         self.round_start: dict[int, tuple[int, int]] = {}  # seq -> (computed_len, head) before the last propose
+        self.prefix_stats = EngineStats()
+        self.prefix = None if prefix_cache is None else PrefixStore(model, self.cache, prefix_cache,
+                                                                     self.prefix_stats)
+        self.requests: dict[int, object] = {}  # seq -> its request, for the committed tokens at release
 
     def check_admission(self, requests) -> None:
         kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
+        if self.prefix is not None:
+            self.prefix.make_room(sum(-(-n // self.cache.block_size) + 2 for n in kv_lens.values()))
         self.cache.check_admission(len(requests), kv_lens)
 
     def start(self, requests) -> None:
-        """Absorb the prompts."""
-        ids = [r.seq_id for r in requests]
-        self.model.prefill(self.cache, ids, [r.output.prompt_token_ids for r in requests], last_only=True)
+        """Absorb the prompts (from their prefix hits, with the prefix cache)."""
+        ids, prompts = [r.seq_id for r in requests], [r.output.prompt_token_ids for r in requests]
+        if self.prefix is None:
+            self.model.prefill(self.cache, ids, prompts, last_only=True)
+            return
+        self.prefix.prefill(ids, prompts, [r.params.cache_checkpoints for r in requests])
+        self.requests.update((r.seq_id, r) for r in requests)
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
         ids = [r.seq_id for r in requests]
@@ -185,6 +199,12 @@ class ModelDrafter:
                 self.cache.commit(s, length, head)
 
     def release(self, seq_ids: list[int]) -> None:
+        if self.prefix is not None:
+            # a finished row's last propose was never committed: back to its round start, a boundary
+            self.revert([s for s in seq_ids if self.cache.has_sequence(s)])
+            requests = [self.requests.pop(s, None) for s in seq_ids]
+            self.prefix.release(seq_ids, [None if r is None or not r.finished else
+                                          r.output.prompt_token_ids + r.output.token_ids for r in requests])
         self.cache.free_sequences(seq_ids)
         for s in seq_ids:
             self.round_start.pop(s, None)
@@ -198,14 +218,16 @@ class ModelDrafter:
                                  f"{boundary}")
 
 
-def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict) -> Drafter:
+def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
+               prefix_cache: PrefixCache | None = None) -> Drafter:
     """The drafter an `Engine(draft=...)` argument names: a HybridModel (run as a
-    `ModelDrafter`) or any object answering the `Drafter` protocol."""
+    `ModelDrafter`, with its own prefix cache when `prefix_cache` is set) or any
+    object answering the `Drafter` protocol."""
     if isinstance(draft, HybridModel):
         if draft.vocab_size != target.vocab_size:
             raise ConfigError(f"draft vocabulary ({draft.vocab_size}) differs from the target's "
                               f"({target.vocab_size}); the drafter must share the target's tokenizer")
-        return ModelDrafter(draft, gamma, cache_kwargs)
+        return ModelDrafter(draft, gamma, cache_kwargs, prefix_cache)
     if isinstance(draft, Drafter):
         return draft
     raise ConfigError(f"draft must be a HybridModel (hs.from_hf / hs.load), hs.NgramDrafter or a Drafter "

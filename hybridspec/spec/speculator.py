@@ -16,7 +16,7 @@ Everything the round knows travels in one `RoundBatch`.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -51,11 +51,14 @@ class Speculator:
     """Runs speculative rounds of `target` against `drafter` with γ = `gamma`
     drafts per sequence, snapshots placed by `policy`, the target's caches in
     `cache`, counts in `stats`. `coupled`: verify="coupled"; `check_invariants`:
-    assert the boundary invariant after every commit."""
+    assert the boundary invariant after every commit; `release(requests)`: how
+    finished requests leave the target's cache (default: freed)."""
 
     def __init__(self, target: HybridModel, drafter: Drafter, gamma: int, policy: CheckpointPolicy, cache,
-                 stats: EngineStats, coupled: bool = False, check_invariants: bool = False):
+                 stats: EngineStats, coupled: bool = False, check_invariants: bool = False,
+                 release: Callable[[list], None] | None = None):
         self.target, self.drafter, self.gamma, self.policy = target, drafter, gamma, policy
+        self.release = release or (lambda requests: cache.free_sequences([r.seq_id for r in requests]))
         self.cache, self.stats, self.coupled, self.check = cache, stats, coupled, check_invariants
         self.checkpointer = Checkpointer(target, cache)
         self.acceptance_history: list[float] = []  # accepted / drafted of every round so far
@@ -71,9 +74,9 @@ class Speculator:
         while active:
             select = torch.tensor([index[r.seq_id] for r in active], device=self.target.device)
             bar.update(self.round(active, rows.select(select)))
-            finished = [r.seq_id for r in active if r.finished]
-            self.cache.free_sequences(finished)
-            self.drafter.release(finished)
+            finished = [r for r in active if r.finished]
+            self.release(finished)
+            self.drafter.release([r.seq_id for r in finished])
             active = [r for r in active if not r.finished]
 
     # -- one round ----------------------------------------------------------------------------

@@ -1,0 +1,324 @@
+"""Prefix cache for a hybrid model: reuse the attention K/V pages of a cached
+prefix and restart the recurrent layers from a stored state checkpoint.
+
+Attention layers can reuse any prefix's K/V; Mamba layers cannot, because
+their state is one point at one position. So a request finds the longest
+cached prefix H of its prompt (`PrefixIndex`, a token radix tree of KV pages)
+and the nearest valid checkpoint C <= H, copies the checkpoint into its ring
+head, and runs the model over the tail C..H reading the tail's cached K/V
+(those positions are never written: the pages stay shared), then over the
+rest of its prompt as a plain prefill. Nothing is skipped at the end: the
+last prompt token is always computed, so the first token's logits are the
+ones a prefill from scratch gives (C <= len(prompt) - 1).
+
+Checkpoints are taken where the forward passes them (the prefill runs in
+chunks ending there):
+  - at len(prompt) - 1: the state with the last prompt token pending, which
+    an identical prompt (or any longer one) restores with a one-token tail;
+  - every `checkpoint_every` tokens of a prompt;
+  - at each position the request marks (`SamplingParams(cache_checkpoints=...)`);
+  - at the end of a finished request (computed_len = committed - 1), so the
+    next chat turn, which re-sends the conversation, hits.
+Checkpoints live under `memory_budget_bytes`, evicted least recently used;
+cached pages live in the model's block pool, evicted (leaves first, least
+recently used) when a batch needs room. What a running request holds (its
+hit's deepest node, the checkpoint it restored from) is locked.
+
+Cost model. The tail C..H is replayed by token replay (no input log exists
+for a prefix), a forward over H - C tokens that a prefill from C would run
+anyway; replaying only saves the tail's K/V writes and keeps its pages
+shared, so it never costs more than stopping the hit at C. What can make it
+not worth it is its length: with `max_replay_tokens` set, a tail longer than
+that stops the hit at C (`plan_hit`); `max_replay_tokens=0` makes hits land
+only on checkpoints, which with `checkpoint_every=N` and no end checkpoints
+is the block-grid scheme of vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+from .prefix_index import Checkpoint, Node, PrefixIndex
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """Settings of an Engine's prefix cache (`hs.Engine(..., prefix_cache=hs.PrefixCache(...))`).
+
+    memory_budget_bytes: most bytes of state checkpoints kept per model (the
+        target's and a model drafter's each; default 256 MiB); KV pages are
+        bounded by the block pool (`Engine(num_blocks=...)`).
+    checkpoint_every: also checkpoint every N prompt tokens (positions N, 2N, …);
+        None (default): only at prompt ends, request ends and marks.
+    at_prompt_end: checkpoint at len(prompt) - 1 (default True).
+    at_request_end: checkpoint a finished request's committed tokens (default True).
+    max_replay_tokens: longest tail replayed from a checkpoint; a longer one
+        stops the hit at the checkpoint. None (default): no limit; 0: no replay.
+    """
+
+    memory_budget_bytes: int = 256 * 2 ** 20
+    checkpoint_every: int | None = None
+    at_prompt_end: bool = True
+    at_request_end: bool = True
+    max_replay_tokens: int | None = None
+
+    def __post_init__(self):
+        def integer(name, value, low, fix):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"PrefixCache({name}={value!r}): must be an integer >= {low}{fix}")
+        integer("memory_budget_bytes", self.memory_budget_bytes, 0, " (bytes of state checkpoints)")
+        if self.checkpoint_every is not None:
+            integer("checkpoint_every", self.checkpoint_every, 1, ", or None for no grid of checkpoints")
+        if self.max_replay_tokens is not None:
+            integer("max_replay_tokens", self.max_replay_tokens, 0, ", or None for no limit")
+        for name in ("at_prompt_end", "at_request_end"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"PrefixCache({name}={getattr(self, name)!r}): must be True or False")
+
+
+def as_prefix_settings(value) -> PrefixCache | None:
+    """`Engine(prefix_cache=...)`: None/False (off), True (the defaults) or a PrefixCache."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return PrefixCache()
+    if isinstance(value, PrefixCache):
+        return value
+    raise ConfigError(f"prefix_cache={value!r} must be True, False, None or hs.PrefixCache(...)")
+
+
+@dataclass
+class PrefixHit:
+    """Where a prompt starts: the K/V of [0, num_cached) from `nodes`' pages, the
+    recurrent state after `state_position` tokens from `checkpoint` (None: zeros)."""
+
+    num_cached: int
+    state_position: int
+    nodes: list[Node]
+    checkpoint: Checkpoint | None
+
+    @property
+    def num_replayed(self) -> int:
+        return self.num_cached - self.state_position
+
+
+def plan_hit(num_cached: int, checkpoint_position: int, max_replay_tokens: int | None) -> int:
+    """The hit length to use: `num_cached`, or `checkpoint_position` when the tail
+    between them is longer than `max_replay_tokens` (see the module's cost model)."""
+    if max_replay_tokens is not None and num_cached - checkpoint_position > max_replay_tokens:
+        return checkpoint_position
+    return num_cached
+
+
+def checkpoint_positions(prompt_len: int, start: int, settings: PrefixCache, marks=()) -> list[int]:
+    """Positions in (start, prompt_len] where the prefill of a prompt stores a checkpoint."""
+    wanted = set(m for m in marks if start < m <= prompt_len)
+    if settings.checkpoint_every is not None:
+        wanted.update(range(settings.checkpoint_every, prompt_len + 1, settings.checkpoint_every))
+    if settings.at_prompt_end and prompt_len >= 2:
+        wanted.add(prompt_len - 1)
+    return sorted(p for p in wanted if start < p)
+
+
+@dataclass
+class _Held:
+    """What a running sequence locks in the index."""
+
+    nodes: list[Node]
+    checkpoint: Checkpoint | None
+
+
+class PrefixStore:
+    """The prefix cache of one model and its `HybridCache` (the target's, or a
+    model drafter's): index, checkpoints, lookup/restore, insertion, eviction.
+    `stats` receives prefix_hit_tokens, prefix_replayed_tokens,
+    prefix_checkpoint_hits, prefix_evictions and prefill_computed_tokens.
+
+    Hooks (plain inputs, callable from any scheduler):
+      prefill(seq_ids, prompts, marks) -> first-token logits   instead of model.prefill
+      release(seq_ids, token_lists)     before freeing finished (tokens) or aborted (None) sequences
+      make_room(num_pages)              before admitting a batch
+    """
+
+    def __init__(self, model, cache, settings: PrefixCache, stats):
+        self.model, self.cache, self.settings, self.stats = model, cache, settings, stats
+        self.index = PrefixIndex(cache.block_size)
+        self.checkpoint_bytes = 0
+        self._held: dict[int, _Held] = {}
+
+    # -- lookup and restore -------------------------------------------------------------------
+
+    def lookup(self, tokens: list[int]) -> PrefixHit:
+        """Where `tokens` (a prompt) can start: the longest cached prefix, at most the whole
+        prompt, and the nearest checkpoint at or before it and before the last token."""
+        match = self.index.match(tokens)
+        limit = min(match.num_cached, len(tokens) - 1)
+        if self.cache.states is None:  # no recurrent state: every position is a checkpoint
+            checkpoint, position = None, limit
+        else:
+            checkpoint = match.nearest_checkpoint(limit)
+            position = 0 if checkpoint is None else checkpoint.position
+        num_cached = plan_hit(match.num_cached, position, self.settings.max_replay_tokens)
+        if self.cache.kv is None:
+            num_cached = position  # without K/V there is nothing to share past the state
+        return PrefixHit(num_cached, position, match.nodes_for(num_cached, self.cache.block_size), checkpoint)
+
+    def prefill(self, seq_ids: list[int], token_lists: list[list[int]], marks=None) -> torch.Tensor:
+        """Absorb each prompt, from its prefix hit on; returns each row's logits at its
+        last prompt token [batch, vocab]. A row that raises leaves no trace of itself."""
+        marks = marks or [()] * len(seq_ids)
+        logits = []
+        for s, tokens, m in zip(seq_ids, token_lists, marks):
+            logits.append(self._prefill_one(s, list(tokens), tuple(m)))
+        return torch.cat(logits, 0)
+
+    def _prefill_one(self, seq_id: int, tokens: list[int], marks: tuple[int, ...]) -> torch.Tensor:
+        hit = self.lookup(tokens)
+        self.cache.add_sequences([seq_id])
+        try:
+            state = None if hit.checkpoint is None else hit.checkpoint.state
+            self.cache.restore_prefix(seq_id, [n.page for n in hit.nodes], hit.num_cached, hit.state_position,
+                                      state)
+            self._hold(seq_id, hit)
+            logits, states = self._forward_from(seq_id, tokens, hit.state_position, marks)
+        except Exception:
+            self.release([seq_id], [None])
+            self.cache.free_sequences([seq_id])
+            raise
+        self._count_hit(hit, len(tokens))
+        self._insert(tokens, seq_id, states)
+        return logits
+
+    def _forward_from(self, seq_id: int, tokens: list[int], start: int, marks) -> tuple[torch.Tensor, list]:
+        """The model over tokens[start:] in chunks ending at each checkpoint position;
+        returns the last logits [1, vocab] and the (position, state) checkpoints taken."""
+        stops = checkpoint_positions(len(tokens), start, self.settings, marks)
+        ends = sorted(set(stops) | {len(tokens)})
+        taken, logits = [], None
+        for end in ends:
+            logits = self.model.extend(self.cache, [seq_id], [tokens[start:end]], last_only=True)[:, 0]
+            if end in stops and self.cache.states is not None:
+                taken.append((end, self.cache.states.read_slot(self.cache.head(seq_id))))
+            start = end
+        return logits, taken
+
+    def _count_hit(self, hit: PrefixHit, prompt_len: int) -> None:
+        stats = self.stats
+        stats.prefix_hit_tokens += hit.num_cached
+        stats.prefix_replayed_tokens += hit.num_replayed
+        stats.prefix_checkpoint_hits += int(hit.checkpoint is not None)
+        stats.prefill_computed_tokens += prompt_len - hit.state_position
+
+    # -- insertion and release ----------------------------------------------------------------
+
+    def _insert(self, tokens: list[int], seq_id: int, states: list) -> None:
+        """Index the sequence's first computed_len tokens (its pages) and hang `states`
+        [(position, SlotState)] on the path."""
+        n = self.cache.computed_len[seq_id]
+        if n == 0:
+            return
+        kv = self.cache.kv
+        pages = kv.block_table(seq_id)[: -(-n // kv.block_size)] if kv is not None else \
+            [None] * -(-n // self.cache.block_size)
+        path, taken = self.index.insert(tokens[:n], pages)
+        for page in taken:
+            kv.pool.incref(page)
+        for position, state in states:
+            if 0 < position <= n:
+                self._add_checkpoint(path[(position - 1) // self.cache.block_size], position, state)
+
+    def _add_checkpoint(self, node: Node, position: int, state) -> None:
+        nbytes = state.nbytes
+        if position in node.checkpoints:
+            self.index.add_checkpoint(node, position, state, nbytes)  # already kept: only touched
+            return
+        if nbytes > self.settings.memory_budget_bytes:
+            return
+        while self.checkpoint_bytes + nbytes > self.settings.memory_budget_bytes:
+            victim = self.index.evictable_checkpoint()
+            if victim is None:
+                return  # everything stored is in use: this one is not kept
+            self._drop_checkpoint(victim)
+        if self.index.add_checkpoint(node, position, state, nbytes) is not None:
+            self.checkpoint_bytes += nbytes
+
+    def release(self, seq_ids: list[int], token_lists: list[list[int] | None]) -> None:
+        """Sequences about to be freed: a finished one (its committed tokens given) is
+        indexed up to its computed_len, with an end checkpoint; an aborted one (None)
+        only gives back its locks. Call before `HybridCache.free_sequences`."""
+        for s, tokens in zip(seq_ids, token_lists):
+            held = self._held.pop(s, None)
+            if held is not None:
+                self.index.lock(held.nodes, held.checkpoint, -1)
+            if tokens is None or not self.cache.has_sequence(s) or not self._is_consistent(s):
+                continue
+            n = self.cache.computed_len[s]
+            end = [] if not self.settings.at_request_end or self.cache.states is None or n == 0 else \
+                [(n, self.cache.states.read_slot(self.cache.head(s)))]
+            self._insert(list(tokens), s, end)
+
+    def _is_consistent(self, seq_id: int) -> bool:
+        """KV holds computed_len positions and the head state sits there (a sequence at a boundary)."""
+        n = self.cache.computed_len[seq_id]
+        kv_ok = self.cache.kv is None or self.cache.kv.kv_len(seq_id) == n
+        state_ok = self.cache.states is None or self.cache.states.head_position(seq_id) == n
+        return kv_ok and state_ok
+
+    def _hold(self, seq_id: int, hit: PrefixHit) -> None:
+        deepest = hit.nodes[-1:]
+        own = [hit.checkpoint.node] if hit.checkpoint is not None else []
+        held = _Held(deepest + own, hit.checkpoint)
+        self.index.lock(held.nodes, held.checkpoint)
+        self.index.touch(hit.nodes, hit.checkpoint)
+        self._held[seq_id] = held
+
+    # -- eviction -----------------------------------------------------------------------------
+
+    def make_room(self, num_pages: int) -> None:
+        """Evict cached pages (least recently used unlocked leaves first) until the block
+        pool has `num_pages` free, or nothing more can be evicted."""
+        kv = self.cache.kv
+        if kv is None:
+            return
+        while kv.pool.num_free < num_pages:
+            leaf = self.index.evictable_leaf()
+            if leaf is None:
+                return
+            self._drop_leaf(leaf)
+
+    def _drop_leaf(self, node: Node) -> None:
+        for checkpoint in self.index.remove_leaf(node):
+            self.checkpoint_bytes -= checkpoint.nbytes
+            self.stats.prefix_evictions += 1
+        if node.page is not None:
+            self.cache.kv.pool.decref(node.page)
+        self.stats.prefix_evictions += 1
+
+    def _drop_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.index.remove_checkpoint(checkpoint)
+        self.checkpoint_bytes -= checkpoint.nbytes
+        self.stats.prefix_evictions += 1
+        node = checkpoint.node
+        while node.parent is not None and node.page is None and not node.children and not node.checkpoints \
+                and node.lock_count == 0:  # a page-less node (no attention layers) only carried checkpoints
+            parent = node.parent
+            self.index.remove_leaf(node)
+            node = parent
+
+    def clear(self) -> None:
+        """Evict everything not locked."""
+        while (checkpoint := self.index.evictable_checkpoint()) is not None:
+            self._drop_checkpoint(checkpoint)
+        while (leaf := self.index.evictable_leaf()) is not None:
+            self._drop_leaf(leaf)
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def cached_pages(self) -> list[int]:
+        """Every page the index holds (one holder each)."""
+        return [n.page for n in self.index.nodes() if n.page is not None]
+
+    def num_checkpoints(self) -> int:
+        return len(self.index.checkpoints())
