@@ -222,7 +222,7 @@ def test_prefix_inside_a_page_past_the_last_grid_point_hits_with_replay(target):
     stats = engine.stats
     assert (stats.prefix_hit_tokens, stats.prefix_replayed_tokens, stats.prefix_checkpoint_hits) == (21, 5, 1)
     grid = hs.Engine(target, block_size=16, prefix_cache=hs.PrefixCache(
-        checkpoint_every=8, at_prompt_end=False, at_request_end=False, max_replay_tokens=0))
+        checkpoint_every=8, at_prompt_end=False, at_request_end=False, at_hit=False, max_replay_tokens=0))
     grid.generate([a], params)
     assert grid.generate([b], params)[0].token_ids == want[1]
     assert (grid.stats.prefix_hit_tokens, grid.stats.prefix_replayed_tokens) == (16, 0)
@@ -281,6 +281,22 @@ def test_a_tiny_budget_evicts_checkpoints_and_outputs_stay_equal(target):
     assert run_workload(engine, params) == want
     assert engine.total_stats.prefix_evictions > 0 and engine.prefix.checkpoint_bytes <= 2 * slot_bytes
     assert engine.prefix.num_checkpoints() <= 2
+
+
+def test_branch_point_checkpoint_serves_the_next_question(target):
+    """Questions over one document: the second replays the document from 0 and leaves a
+    checkpoint where it branches off; the third restores it with no replay."""
+    document, questions = chat_and_document_prompts(doc_len=30)
+    params = hs.SamplingParams(max_new_tokens=3, ignore_eos=True)
+    want = [o.token_ids for o in hs.Engine(target, block_size=4).generate(questions, params)]
+    engine = hs.Engine(target, block_size=4, prefix_cache=True)
+    got, seen = [], []
+    for q in questions:
+        got.append(engine.generate([q], params)[0].token_ids)
+        seen.append((engine.stats.prefix_hit_tokens, engine.stats.prefix_replayed_tokens,
+                     engine.stats.prefill_computed_tokens))
+    assert got == want
+    assert seen[1] == (30, 30, len(questions[1])) and seen[2] == (30, 0, len(questions[2]) - 30)
 
 
 def test_marked_checkpoint_serves_a_shared_system_prompt(target):

@@ -17,6 +17,9 @@ chunks ending there):
     an identical prompt (or any longer one) restores with a one-token tail;
   - every `checkpoint_every` tokens of a prompt;
   - at each position the request marks (`SamplingParams(cache_checkpoints=...)`);
+  - at the hit H when the prompt leaves the cached path there past its
+    checkpoint (a branch point: the next prompt sharing that prefix, e.g. the
+    next question over the same document, restores it with no replay);
   - at the end of a finished request (computed_len = committed - 1), so the
     next chat turn, which re-sends the conversation, hits.
 Checkpoints live under `memory_budget_bytes`, evicted least recently used;
@@ -31,7 +34,7 @@ shared, so it never costs more than stopping the hit at C. What can make it
 not worth it is its length: with `max_replay_tokens` set, a tail longer than
 that stops the hit at C (`plan_hit`); `max_replay_tokens=0` makes hits land
 only on checkpoints, which with `checkpoint_every=N` and no end checkpoints
-is the block-grid scheme of vLLM.
+(and `at_hit=False`) is the block-grid scheme of vLLM.
 """
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ class PrefixCache:
         None (default): only at prompt ends, request ends and marks.
     at_prompt_end: checkpoint at len(prompt) - 1 (default True).
     at_request_end: checkpoint a finished request's committed tokens (default True).
+    at_hit: checkpoint a prompt at its hit when the hit lies past the checkpoint it
+        restored (the replayed tail's end, where the prompt branches off; default True).
     max_replay_tokens: longest tail replayed from a checkpoint; a longer one
         stops the hit at the checkpoint. None (default): no limit; 0: no replay.
     """
@@ -62,6 +67,7 @@ class PrefixCache:
     checkpoint_every: int | None = None
     at_prompt_end: bool = True
     at_request_end: bool = True
+    at_hit: bool = True
     max_replay_tokens: int | None = None
 
     def __post_init__(self):
@@ -73,7 +79,7 @@ class PrefixCache:
             integer("checkpoint_every", self.checkpoint_every, 1, ", or None for no grid of checkpoints")
         if self.max_replay_tokens is not None:
             integer("max_replay_tokens", self.max_replay_tokens, 0, ", or None for no limit")
-        for name in ("at_prompt_end", "at_request_end"):
+        for name in ("at_prompt_end", "at_request_end", "at_hit"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"PrefixCache({name}={getattr(self, name)!r}): must be True or False")
 
@@ -112,9 +118,12 @@ def plan_hit(num_cached: int, checkpoint_position: int, max_replay_tokens: int |
     return num_cached
 
 
-def checkpoint_positions(prompt_len: int, start: int, settings: PrefixCache, marks=()) -> list[int]:
-    """Positions in (start, prompt_len] where the prefill of a prompt stores a checkpoint."""
+def checkpoint_positions(prompt_len: int, start: int, settings: PrefixCache, marks=(), hit: int = 0) -> list[int]:
+    """Positions in (start, prompt_len] where the prefill of a prompt restored at `start`
+    with a cached prefix of `hit` tokens stores a checkpoint."""
     wanted = set(m for m in marks if start < m <= prompt_len)
+    if settings.at_hit and hit > start:
+        wanted.add(hit)
     if settings.checkpoint_every is not None:
         wanted.update(range(settings.checkpoint_every, prompt_len + 1, settings.checkpoint_every))
     if settings.at_prompt_end and prompt_len >= 2:
@@ -182,7 +191,7 @@ class PrefixStore:
             self.cache.restore_prefix(seq_id, [n.page for n in hit.nodes], hit.num_cached, hit.state_position,
                                       state)
             self._hold(seq_id, hit)
-            logits, states = self._forward_from(seq_id, tokens, hit.state_position, marks)
+            logits, states = self._forward_from(seq_id, tokens, hit, marks)
         except Exception:
             self.release([seq_id], [None])
             self.cache.free_sequences([seq_id])
@@ -191,10 +200,12 @@ class PrefixStore:
         self._insert(tokens, seq_id, states)
         return logits
 
-    def _forward_from(self, seq_id: int, tokens: list[int], start: int, marks) -> tuple[torch.Tensor, list]:
-        """The model over tokens[start:] in chunks ending at each checkpoint position;
-        returns the last logits [1, vocab] and the (position, state) checkpoints taken."""
-        stops = checkpoint_positions(len(tokens), start, self.settings, marks)
+    def _forward_from(self, seq_id: int, tokens: list[int], hit: PrefixHit, marks) -> tuple[torch.Tensor, list]:
+        """The model over the prompt from the hit's state position, in chunks ending at each
+        checkpoint position; returns the last logits [1, vocab] and the (position, state)
+        checkpoints taken."""
+        start = hit.state_position
+        stops = checkpoint_positions(len(tokens), start, self.settings, marks, hit.num_cached)
         ends = sorted(set(stops) | {len(tokens)})
         taken, logits = [], None
         for end in ends:
