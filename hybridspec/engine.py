@@ -182,8 +182,7 @@ class Engine:
             self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache, self.stats,
                                          coupled=verify == "coupled", check_invariants=self.check_invariants,
                                          release=self._release)
-        self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings,
-                                                                        self.stats)
+        self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings)
         self._next_seq_id = 0
 
     def _new_cache(self, ring_slots: int) -> HybridCache:
@@ -231,6 +230,8 @@ class Engine:
             self._release(requests)
             if self.speculator is not None:
                 self.speculator.drafter.release([r.seq_id for r in requests])
+            if self.prefix is not None:
+                self.prefix.move_counts(self.stats)
             bar.close()
             self.total_stats.add(self.stats)
         return [r.output for r in requests]

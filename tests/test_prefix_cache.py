@@ -15,7 +15,6 @@ from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.prefix_cache import PrefixStore, checkpoint_positions, plan_hit
 from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.rollback import perturbed_copy
-from hybridspec.stats import EngineStats
 from oracles import bamba, jamba, nemotron_h
 
 FAMILIES = {"bamba": bamba, "jamba": jamba, "nemotron_h": nemotron_h}
@@ -107,13 +106,13 @@ def test_state_parity_at_every_tail_length(target, block_size):
     settings = hs.PrefixCache(checkpoint_every=None, at_prompt_end=False, at_request_end=False)
     for t in range(0, 2 * N + 1):
         cache = new_cache(target, block_size)
-        store = PrefixStore(target, cache, settings, EngineStats())
+        store = PrefixStore(target, cache, settings)
         first = base[:C + t + 3]
         store.prefill([0], [first], [(C,)])
         second = base[:C + t] + [(base[C + t] + 1 - 3) % 94 + 3] + random_tokens(4, seed=t)
         logits = store.prefill([1], [second])
-        assert (store.stats.prefix_hit_tokens, store.stats.prefix_replayed_tokens) == (C + t, t)
-        assert store.stats.prefix_checkpoint_hits == 1 and store.stats.prefill_computed_tokens == len(first) + len(second) - C
+        assert (store.counts.prefix_hit_tokens, store.counts.prefix_replayed_tokens) == (C + t, t)
+        assert store.counts.prefix_checkpoint_hits == 1 and store.counts.prefill_computed_tokens == len(first) + len(second) - C
         assert_matches_fresh_prefill(target, cache, 1, second, logits)
         assert_matches_fresh_prefill(target, cache, 0, first, target.prefill(new_cache(target, block_size, 1), [0],
                                                                               [first], last_only=True)[:, 0])
@@ -123,25 +122,25 @@ def test_whole_prompt_cached_still_computes_the_last_token(target):
     """The same prompt again: every position's K/V is cached, the checkpoint at
     len - 1 is restored and the last token is run for the first-token logits."""
     cache = new_cache(target, 4)
-    store = PrefixStore(target, cache, hs.PrefixCache(), EngineStats())
+    store = PrefixStore(target, cache, hs.PrefixCache())
     prompt = random_tokens(11, seed=2)
     store.prefill([0], [prompt])
     free_before = cache.kv.num_free_blocks
     logits = store.prefill([1], [prompt])
-    assert (store.stats.prefix_hit_tokens, store.stats.prefix_replayed_tokens) == (11, 1)
-    assert store.stats.prefill_computed_tokens == 11 + 1 and cache.kv.num_free_blocks == free_before
+    assert (store.counts.prefix_hit_tokens, store.counts.prefix_replayed_tokens) == (11, 1)
+    assert store.counts.prefill_computed_tokens == 11 + 1 and cache.kv.num_free_blocks == free_before
     assert cache.kv.block_table(1) == cache.kv.block_table(0)  # every page shared, none written
     assert_matches_fresh_prefill(target, cache, 1, prompt, logits)
 
 
 def test_replay_budget_stops_the_hit_at_the_checkpoint(target):
     cache = new_cache(target, 4)
-    store = PrefixStore(target, cache, hs.PrefixCache(checkpoint_every=4, max_replay_tokens=2), EngineStats())
+    store = PrefixStore(target, cache, hs.PrefixCache(checkpoint_every=4, max_replay_tokens=2))
     base = random_tokens(20, seed=3)
     store.prefill([0], [base])
     second = base[:15] + [(base[15] + 1 - 3) % 94 + 3, 50]
     logits = store.prefill([1], [second])
-    assert (store.stats.prefix_hit_tokens, store.stats.prefix_replayed_tokens) == (12, 0)  # tail 15 - 12 > 2
+    assert (store.counts.prefix_hit_tokens, store.counts.prefix_replayed_tokens) == (12, 0)  # tail 15 - 12 > 2
     assert_matches_fresh_prefill(target, cache, 1, second, logits)
 
 
@@ -193,7 +192,7 @@ def test_speculative_outputs_equal_with_the_cache_on(target, verify):
     assert run_workload(engine, params) == want
     assert engine.total_stats.prefix_hit_tokens > 0
     drafter = engine.speculator.drafter
-    assert drafter.prefix_stats.prefix_hit_tokens > 0 and drafter.prefix_stats.prefix_checkpoint_hits > 0
+    assert drafter.prefix.counts.prefix_hit_tokens > 0 and drafter.prefix.counts.prefix_checkpoint_hits > 0
 
 
 def test_same_prompt_twice_hits_on_the_second_send(target):

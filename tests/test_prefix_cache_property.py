@@ -16,7 +16,6 @@ import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.prefix_cache import PrefixStore
 from hybridspec.errors import CacheFullError
-from hybridspec.stats import EngineStats
 from oracles import bamba, jamba
 
 FAMILIES = {"bamba": bamba, "jamba": jamba}
@@ -81,8 +80,7 @@ def test_random_streams_never_free_what_a_request_holds(target, ops, block_size,
     cache = HybridCache(target.config, max_seqs=MAX_SEQS, num_blocks=num_blocks, block_size=block_size,
                         dtype=target.dtype)
     budget = budget_slots * cache.states.bytes_per_slot
-    store = PrefixStore(target, cache, hs.PrefixCache(memory_budget_bytes=budget, checkpoint_every=every),
-                        EngineStats())
+    store = PrefixStore(target, cache, hs.PrefixCache(memory_budget_bytes=budget, checkpoint_every=every))
     g = torch.Generator().manual_seed(seed)
     prefixes = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (9, 6, 13)]
     running: dict[int, list[int]] = {}  # seq -> tokens absorbed

@@ -38,7 +38,7 @@ only on checkpoints, which with `checkpoint_every=N` and no end checkpoints
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -132,6 +132,18 @@ def checkpoint_positions(prompt_len: int, start: int, settings: PrefixCache, mar
 
 
 @dataclass
+class PrefixCounts:
+    """What a PrefixStore did since its counts were last moved (`move_counts`); the
+    names are `EngineStats`'s."""
+
+    prefill_computed_tokens: int = 0  # prompt tokens run through the model (from each restored state on)
+    prefix_hit_tokens: int = 0  # prompt tokens whose K/V was found cached
+    prefix_replayed_tokens: int = 0  # of those, the tails replayed from a checkpoint
+    prefix_checkpoint_hits: int = 0  # prompts started from a stored checkpoint
+    prefix_evictions: int = 0  # cached pages and checkpoints evicted
+
+
+@dataclass
 class _Held:
     """What a running sequence locks in the index."""
 
@@ -142,8 +154,8 @@ class _Held:
 class PrefixStore:
     """The prefix cache of one model and its `HybridCache` (the target's, or a
     model drafter's): index, checkpoints, lookup/restore, insertion, eviction.
-    `stats` receives prefix_hit_tokens, prefix_replayed_tokens,
-    prefix_checkpoint_hits, prefix_evictions and prefill_computed_tokens.
+    `counts` (`PrefixCounts`) add up what it did until `move_counts` hands them
+    to an `EngineStats`.
 
     Hooks (plain inputs, callable from any scheduler):
       prefill(seq_ids, prompts, marks) -> first-token logits   instead of model.prefill
@@ -151,8 +163,9 @@ class PrefixStore:
       make_room(num_pages)              before admitting a batch
     """
 
-    def __init__(self, model, cache, settings: PrefixCache, stats):
-        self.model, self.cache, self.settings, self.stats = model, cache, settings, stats
+    def __init__(self, model, cache, settings: PrefixCache):
+        self.model, self.cache, self.settings = model, cache, settings
+        self.counts = PrefixCounts()
         self.index = PrefixIndex(cache.block_size)
         self.checkpoint_bytes = 0
         self._held: dict[int, _Held] = {}
@@ -215,8 +228,14 @@ class PrefixStore:
             start = end
         return logits, taken
 
+    def move_counts(self, stats) -> None:
+        """Add the counts to `stats` (an EngineStats) and start them again from zero."""
+        for f in fields(PrefixCounts):
+            setattr(stats, f.name, getattr(stats, f.name) + getattr(self.counts, f.name))
+        self.counts = PrefixCounts()
+
     def _count_hit(self, hit: PrefixHit, prompt_len: int) -> None:
-        stats = self.stats
+        stats = self.counts
         stats.prefix_hit_tokens += hit.num_cached
         stats.prefix_replayed_tokens += hit.num_replayed
         stats.prefix_checkpoint_hits += int(hit.checkpoint is not None)
@@ -289,12 +308,14 @@ class PrefixStore:
 
     def make_room(self, num_pages: int) -> None:
         """Evict cached pages (least recently used unlocked leaves first) until the block
-        pool has `num_pages` free, or nothing more can be evicted."""
+        pool has `num_pages` free, or nothing more can be evicted. Only leaves whose page
+        the index alone holds are taken: evicting a page a running sequence also holds
+        would free nothing."""
         kv = self.cache.kv
         if kv is None:
             return
         while kv.pool.num_free < num_pages:
-            leaf = self.index.evictable_leaf()
+            leaf = self.index.evictable_leaf(lambda node: kv.pool.ref_count(node.page) == 1)
             if leaf is None:
                 return
             self._drop_leaf(leaf)
@@ -302,15 +323,15 @@ class PrefixStore:
     def _drop_leaf(self, node: Node) -> None:
         for checkpoint in self.index.remove_leaf(node):
             self.checkpoint_bytes -= checkpoint.nbytes
-            self.stats.prefix_evictions += 1
+            self.counts.prefix_evictions += 1
         if node.page is not None:
             self.cache.kv.pool.decref(node.page)
-        self.stats.prefix_evictions += 1
+        self.counts.prefix_evictions += 1
 
     def _drop_checkpoint(self, checkpoint: Checkpoint) -> None:
         self.index.remove_checkpoint(checkpoint)
         self.checkpoint_bytes -= checkpoint.nbytes
-        self.stats.prefix_evictions += 1
+        self.counts.prefix_evictions += 1
         node = checkpoint.node
         while node.parent is not None and node.page is None and not node.children and not node.checkpoints \
                 and node.lock_count == 0:  # a page-less node (no attention layers) only carried checkpoints

@@ -185,10 +185,11 @@ class PrefixIndex:
     def checkpoints(self) -> list[Checkpoint]:
         return [c for n in self.nodes() for c in n.checkpoints.values()]
 
-    def evictable_leaf(self) -> Node | None:
-        """The least recently used unlocked leaf holding no locked checkpoint."""
+    def evictable_leaf(self, worth=None) -> Node | None:
+        """The least recently used unlocked leaf holding no locked checkpoint (and, with
+        `worth`, for which `worth(node)` holds)."""
         leaves = [n for n in self.nodes() if not n.children and n.lock_count == 0
-                  and all(c.lock_count == 0 for c in n.checkpoints.values())]
+                  and all(c.lock_count == 0 for c in n.checkpoints.values()) and (worth is None or worth(n))]
         return min(leaves, key=lambda n: n.last_access, default=None)
 
     def evictable_checkpoint(self) -> Checkpoint | None:

@@ -28,7 +28,6 @@ from ..errors import ConfigError, InvariantError
 from ..models.hybrid import HybridModel
 from ..penalties import penalty_context
 from ..sampling import RowParams, process_logits, sample
-from ..stats import EngineStats
 
 
 @dataclass
@@ -124,8 +123,8 @@ class NgramDrafter(StatelessDrafter):
 
 class ModelDrafter:
     """A HybridModel used as drafter, with its own cache and ring, and with
-    `prefix_cache` settings its own prefix cache (`PrefixStore`, stats in
-    `prefix_stats`)."""
+    `prefix_cache` settings its own prefix cache (`PrefixStore`; what it did
+    adds up in `prefix.counts`)."""
 
     def __init__(self, model: HybridModel, gamma: int, cache_kwargs: dict, prefix_cache: PrefixCache | None = None):
         self.model = model
@@ -134,9 +133,7 @@ class ModelDrafter:
         self.cache = HybridCache(model.config, ring_slots=gamma + 1, **kwargs)
         self.slot_at: dict[int, dict[int, int]] = {}  # seq -> computed_len -> slot holding that state
         self.round_start: dict[int, tuple[int, int]] = {}  # seq -> (computed_len, head) before the last propose
-        self.prefix_stats = EngineStats()
-        self.prefix = None if prefix_cache is None else PrefixStore(model, self.cache, prefix_cache,
-                                                                     self.prefix_stats)
+        self.prefix = None if prefix_cache is None else PrefixStore(model, self.cache, prefix_cache)
         self.requests: dict[int, object] = {}  # seq -> its request, for the committed tokens at release
 
     def check_admission(self, requests) -> None:
