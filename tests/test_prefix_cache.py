@@ -309,7 +309,18 @@ def test_marked_checkpoint_serves_a_shared_system_prompt(target):
     assert engine.stats.prefill_computed_tokens == 3
 
 
-def test_pure_mamba_and_sampled_n(target):
+def test_pure_attention_model():
+    """Without recurrent layers every position is a checkpoint: a resend computes only its last token."""
+    attention = hs.from_hf(bamba(seed=4, attn_layers=(0, 1), num_layers=2))
+    assert not attention.config.mamba_layers
+    prompt, params = random_tokens(10, seed=13), hs.SamplingParams(max_new_tokens=4, ignore_eos=True)
+    want = hs.Engine(attention, block_size=4).generate([prompt], params)[0].token_ids
+    engine = hs.Engine(attention, block_size=4, prefix_cache=True)
+    assert [engine.generate([prompt], params)[0].token_ids for _ in range(2)] == [want, want]
+    assert (engine.stats.prefix_hit_tokens, engine.stats.prefill_computed_tokens) == (10, 1)
+
+
+def test_pure_mamba_and_sampled_n():
     """A model without attention layers (checkpoints only, no pages) and n > 1 samples."""
     mamba = hs.from_hf(bamba(seed=3, attn_layers=(), num_layers=2))
     prompt = random_tokens(12, seed=12)

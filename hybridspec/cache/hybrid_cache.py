@@ -142,13 +142,14 @@ class HybridCache:
         for s, start, n, slot, kv_start in zip(plan.seq_ids, plan.start_lens, plan.num_new, plan.final_slots,
                                                plan.kv_start_lens):
             if start + n < kv_start:
-                self.states.set_head(s, slot, start + n)
+                if self.states is not None:
+                    self.states.set_head(s, slot, start + n)
                 self.computed_len[s] = start + n
             else:
                 self.commit(s, start + n, slot)
 
     def restore_prefix(self, seq_id: int, pages: list[int], num_cached: int, state_position: int,
-                       state: "SlotState | None") -> None:
+                       state: SlotState | None) -> None:
         """Start an empty sequence from a prefix-cache hit: `pages` hold the K/V of positions
         [0, num_cached) (shared, one more holder each), `state` (None: the zero state) the
         recurrent state after `state_position` <= num_cached tokens, copied into the head.
@@ -158,8 +159,6 @@ class HybridCache:
             raise ValueError(f"sequence {seq_id} must be freshly added (computed_len 0) to restore a prefix")
         if not 0 <= state_position <= num_cached:
             raise ValueError(f"state position {state_position} must lie in [0, num_cached={num_cached}]")
-        if self.states is None and state_position != num_cached:
-            raise ValueError("a cache without recurrent layers restores a prefix at its whole cached length")
         if self.kv is not None:
             self.kv.share_prefix(seq_id, pages, num_cached)
         if self.states is not None:
