@@ -21,6 +21,9 @@ class EngineStats:
     log_replayed_tokens, token_replayed_tokens: steps replayed from the input
         log or by running the model over tokens.
     peak_checkpoint_bytes: most bytes the snapshots and input log held at once.
+    preemptions: running requests the scheduler preempted (freed, to be recomputed).
+    gamma_counts: γ (drafts asked for) -> sequence-rounds that drafted that many
+        (speculative rounds only; 0 is a plain step inside a round).
     seconds: wall seconds per phase ("draft", "verify", "commit", "sampling").
     """
 
@@ -34,6 +37,8 @@ class EngineStats:
     log_replayed_tokens: int = 0
     token_replayed_tokens: int = 0
     peak_checkpoint_bytes: int = 0
+    preemptions: int = 0
+    gamma_counts: dict[int, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
@@ -58,9 +63,11 @@ class EngineStats:
     def add(self, other: "EngineStats") -> None:
         """Add `other`'s counts and seconds to these (peak bytes: the larger)."""
         for name in ("rounds", "drafted_tokens", "accepted_tokens", "emitted_tokens", "sequences",
-                     "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens"):
+                     "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens", "preemptions"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.peak_checkpoint_bytes = max(self.peak_checkpoint_bytes, other.peak_checkpoint_bytes)
+        for gamma, count in other.gamma_counts.items():
+            self.gamma_counts[gamma] = self.gamma_counts.get(gamma, 0) + count
         for phase, seconds in other.seconds.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 

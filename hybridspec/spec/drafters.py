@@ -175,7 +175,9 @@ class ModelDrafter:
         """Move to each boundary, clamped to what was absorbed."""
         for s, boundary in zip(seq_ids, boundaries):
             length = min(boundary, self.cache.computed_len[s])
-            self.cache.commit(s, length, self.slot_at[s][length])
+            start_len, start_head = self.round_start[s]
+            slot = start_head if length == start_len else self.slot_at[s][length]  # a round that drafted nothing
+            self.cache.commit(s, length, slot)
 
     def revert(self, seq_ids: list[int]) -> None:
         """Back to where the last propose began (its head slot was never written)."""
