@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator
@@ -447,6 +448,7 @@ class Engine:
     def _round(self, requests: list[Request], stats: EngineStats) -> None:
         """One round of the running batch: speculative, or a plain decode step
         (plain engines, and adaptive rounds that give every row γ = 0)."""
+        began = time.perf_counter()
         rows, ids = self._rows(requests), [r.seq_id for r in requests]
         controller, gammas = self.gamma_controller, None
         if controller is not None:
@@ -462,6 +464,7 @@ class Engine:
                 stats.gamma_counts[0] = stats.gamma_counts.get(0, 0) + len(requests)
         if controller is not None:
             seconds = {phase: stats.seconds[phase] - before.get(phase, 0.0) for phase in stats.seconds}
+            seconds["round"] = time.perf_counter() - began
             controller.observe(ids, drafted, accepted, asked, seconds)
 
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:

@@ -17,10 +17,11 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   + residual_B: a target forward of G + 1 tokens per row at batch B (with the
   engine's snapshot writes, measured at start-up on scratch caches, linear
   between the measured batches and token counts), G drafter steps, and the
-  sampling, commit and replay time of the round. The scales and residuals are
-  learned online per measured batch size from each round's phase times
-  (exponential averages), separately for rounds that draft (G > 0) and plain
-  ones, so costs follow the machine's load and what start-up missed.
+  rest of the round's wall time (sampling, commit, replay, host bookkeeping). The scales (1 until a round
+  is seen) and residuals (0) are learned online per measured batch size from
+  each round's phase times (exponential averages), apart for rounds that
+  draft (G > 0) and plain ones (until a kind is seen, the other's values
+  stand in), so costs follow the machine's load and what start-up missed.
 - cap_b: drafts the request can still use (max_new_tokens − generated − 1).
 - g_b: a row's own cost. The forward pads every row to G + 1 inputs and the
   drafter steps the whole batch, so a row's drafts add only their snapshot
@@ -189,18 +190,22 @@ class _Acceptance:
 class _Learned:
     """Online corrections at one measured batch size."""
 
-    forward_scale: float = 1.0
     draft_scale: float = 1.0
-    residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})  # drafted? -> s
+    # keyed by whether the round drafted: plain steps and verify forwards are learned apart
+    forward_scale: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
+    residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
 
     @staticmethod
     def mix(old: float | None, new: float) -> float:
         return new if old is None else DECAY * old + (1.0 - DECAY) * new
 
-    def residual(self, drafted: bool) -> float:
-        """Learned sampling + commit seconds of a round (the other kind's until one is seen)."""
-        own, other = self.residual_s[drafted], self.residual_s[not drafted]
-        return own if own is not None else (other or 0.0)
+    @staticmethod
+    def get(values: dict[bool, float | None], drafted: bool, default: float) -> float:
+        """The learned value of this kind of round, else the other kind's, else `default`."""
+        for value in (values[drafted], values[not drafted]):
+            if value is not None:
+                return value
+        return default
 
 
 class GammaController:
@@ -217,6 +222,8 @@ class GammaController:
         self.learned = [_Learned() for _ in costs.batches]
         self.goodput = 0.0  # λ: tokens per second of the last round's choice
         self.idle_rounds = 0  # rounds in a row that drafted nothing
+        self._measured_at: dict[int, list[tuple[float, float]]] = {}  # batch -> start-up seconds per G
+        self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
 
     # -- the choice ---------------------------------------------------------------------------
 
@@ -227,29 +234,46 @@ class GammaController:
 
     def round_cost(self, batch: int, G: int) -> float:
         """Predicted seconds of a round of `batch` rows drafting at most G."""
-        learned = self.learned[self.costs.bucket(batch)]
-        return (learned.forward_scale * self.costs.forward(batch, G + 1)
-                + learned.draft_scale * G * self.costs.draft_step(batch) + learned.residual(G > 0))
+        forward, draft = self._measured(batch)[G]
+        learned = self._learned_at[batch]
+        drafted = G > 0
+        return (learned.get(learned.forward_scale, drafted, 1.0) * forward + learned.draft_scale * draft
+                + learned.get(learned.residual_s, drafted, 0.0))
+
+    def _measured(self, batch: int) -> list[tuple[float, float]]:
+        """[(forward of G + 1 tokens, G drafter steps) for G in 0..γ_max] at `batch`, start-up seconds."""
+        if batch not in self._measured_at:
+            step = self.costs.draft_step(batch)
+            self._measured_at[batch] = [(self.costs.forward(batch, G + 1), G * step)
+                                        for G in range(self.gamma_max + 1)]
+            self._learned_at[batch] = self.learned[self.costs.bucket(batch)]
+        return self._measured_at[batch]
 
     def choose(self, seq_ids: list[int], caps: list[int]) -> list[int]:
         """γ_b for each row (caps[b]: most drafts row b can use)."""
         batch = len(seq_ids)
         alphas = [self.alpha(s) for s in seq_ids]
-        row_cost = self.costs.row_draft(batch) * self.goodput  # in tokens per draft: λ · row_draft_s
-        own = [self._own_limit(a, row_cost) for a in alphas]
-        options = []  # (goodput, G, gammas)
-        for G in range(0, min(self.gamma_max, max(caps, default=0)) + 1):
-            gammas = [max(0, min(G, cap, limit)) for cap, limit in zip(caps, own)]
-            top = max(gammas, default=0)
-            cost = self.round_cost(batch, top) + self.costs.row_draft(batch) * sum(gammas)
-            tokens = sum(expected_tokens(a, g) for a, g in zip(alphas, gammas))
-            options.append((tokens / cost if cost > 0 else tokens, G, gammas))
-        best = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
-        if max(best[2], default=0) == 0 and self.idle_rounds + 1 >= PROBE_EVERY:
-            drafting = [option for option in options if max(option[2], default=0) > 0]
-            best = max(drafting, key=lambda option: option[0]) if drafting else best
-        self.goodput = best[0]
-        return best[2]
+        row_draft = self.costs.row_draft(batch)
+        row_cost = row_draft * self.goodput  # in tokens per draft: λ · row_draft_s
+        limits = [max(0, min(cap, self._own_limit(a, row_cost))) for a, cap in zip(alphas, caps)]
+        top = min(self.gamma_max, max(limits, default=0))
+        tokens = [0.0] * (top + 1)  # tokens[G] = Σ_b E[tokens](α_b, min(G, limit_b))
+        drafts = [0] * (top + 1)  # Σ_b min(G, limit_b)
+        for alpha, limit in zip(alphas, limits):
+            term = total = 1.0
+            for G in range(top + 1):
+                if 0 < G <= limit:
+                    term *= alpha
+                    total += term
+                tokens[G] += total
+                drafts[G] += min(G, limit)
+        options = [(tokens[G] / cost if (cost := self.round_cost(batch, G) + row_draft * drafts[G]) > 0
+                    else tokens[G], G) for G in range(top + 1)]
+        goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
+        if G == 0 and top > 0 and self.idle_rounds + 1 >= PROBE_EVERY:
+            goodput, G = max(options[1:])
+        self.goodput = goodput
+        return [min(G, limit) for limit in limits]
 
     def _own_limit(self, alpha: float, row_cost: float) -> int:
         """Most drafts j with α^j ≥ row_cost (the row's marginal gain covers its own cost)."""
@@ -264,9 +288,11 @@ class GammaController:
     # -- learning -----------------------------------------------------------------------------
 
     def observe(self, seq_ids: list[int], drafted: list[int], accepted: list[int], gammas: list[int],
-                seconds: dict[str, float]) -> None:
-        """One round's outcome: per row the drafts proposed and accepted; the
-        round's phase seconds ("draft", "verify", "sampling", "commit")."""
+                seconds: dict[str, float] | None = None) -> None:
+        """One round's outcome: per row the drafts asked for (`gammas`),
+        proposed and accepted; the round's phase seconds ("draft", "verify",
+        "sampling", "commit") and "round", its whole wall time (default: the
+        phases' sum); None: learn acceptance only."""
         total_accepted = total_tried = 0
         for s, d, n in zip(seq_ids, drafted, accepted):
             own = self.sequences.setdefault(s, _Acceptance())
@@ -281,20 +307,21 @@ class GammaController:
         else:
             self.engine_acceptance.decay(IDLE_DECAY)
         self.idle_rounds = 0 if max(gammas, default=0) else self.idle_rounds + 1
-        self._learn_costs(len(seq_ids), max(gammas, default=0), seconds)
+        if seconds is not None:
+            self._learn_costs(len(seq_ids), max(gammas, default=0), seconds)
 
     def _learn_costs(self, batch: int, G: int, seconds: dict[str, float]) -> None:
-        learned = self.learned[self.costs.bucket(batch)]
-        forward = self.costs.forward(batch, G + 1)
-        if forward > 0:
-            learned.forward_scale = learned.mix(learned.forward_scale, seconds.get("verify", 0.0) / forward)
-        draft = G * self.costs.draft_step(batch)
-        if draft > 0:
+        forward, draft = self._measured(batch)[G]
+        learned = self._learned_at[batch]
+        if forward > 0 and seconds.get("verify", 0.0) > 0:
+            learned.forward_scale[G > 0] = learned.mix(learned.forward_scale[G > 0], seconds["verify"] / forward)
+        if draft > 0 and seconds.get("draft", 0.0) > 0:
             learned.draft_scale = learned.mix(learned.draft_scale, seconds.get("draft", 0.0) / draft)
-        residual = seconds.get("sampling", 0.0) + seconds.get("commit", 0.0)
-        if G == 0:
-            residual += seconds.get("draft", 0.0)  # the drafter's bookkeeping of a round that drafts nothing
-        learned.residual_s[G > 0] = learned.mix(learned.residual_s[G > 0], residual)
+        phases = seconds.get("draft", 0.0) + seconds.get("verify", 0.0) + seconds.get("sampling", 0.0) \
+            + seconds.get("commit", 0.0)
+        total = seconds.get("round", phases)  # the whole round, host bookkeeping included
+        residual = total - seconds.get("verify", 0.0) - (seconds.get("draft", 0.0) if G > 0 else 0.0)
+        learned.residual_s[G > 0] = learned.mix(learned.residual_s[G > 0], max(residual, 0.0))
 
     def forget(self, seq_ids: list[int]) -> None:
         """Finished sequences leave the estimates (the engine-wide one keeps what they taught)."""
