@@ -147,7 +147,7 @@ def _measure_at(model, gamma: int, batch: int, new_cache, repeats: int, clock) -
         for layer in model.recurrent_layers:
             layer.replay(cache.states, src, dst, first, num_steps, log[layer.state_layer])
 
-    t = _fastest({
+    t = fastest({
         "final": lambda: forward(num_inputs),
         "every": lambda: forward(num_inputs, every_input=True),
         "log": lambda: forward(num_inputs, input_log={}),
@@ -173,7 +173,7 @@ def _measure_at(model, gamma: int, batch: int, new_cache, repeats: int, clock) -
     }
 
 
-def _fastest(fns: dict, repeats: int, device: torch.device, clock) -> dict[str, float]:
+def fastest(fns: dict, repeats: int, device: torch.device, clock) -> dict[str, float]:
     """Fastest of `repeats` calls of each function (the cost without
     interference), interleaved call by call after one warm-up round so that a
     load change on a shared machine hits all alike."""

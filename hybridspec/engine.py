@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import os
+import time
+from collections import Counter
 from dataclasses import dataclass, field
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Callable, Literal
 
 import torch
@@ -28,8 +30,10 @@ from .logprobs import TokenLogprob, batch_logprobs
 from .models.hybrid import HybridModel
 from .penalties import penalty_context
 from .requests import engine_eos_ids, engine_sizes, normalize_requests
+from .scheduler import Scheduler
 from .sampling import RowParams, SamplingParams, derived_seed, process_logits, sample
-from .spec.drafters import as_drafter
+from .spec.drafters import ModelDrafter, as_drafter
+from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController, measure_round_costs, measured_batches
 from .spec.speculator import Speculator
 from .stats import EngineStats
 from .stopping import Decode, StopRule
@@ -41,8 +45,8 @@ class Output:
 
     prompt_token_ids: the prompt as given.
     token_ids: the generated tokens only, the stop token (if any) included.
-    finish_reason: "stop" (a stop token, EOS or stop string) or "length"
-        (max_new_tokens reached).
+    finish_reason: "stop" (a stop token, EOS or stop string), "length"
+        (max_new_tokens reached) or "abort" (`Engine.abort`).
     stop_reason: the stop token id or stop string that ended it; None for EOS
         and for "length" (vLLM's convention).
     logprobs: with `SamplingParams(logprobs=k)`, one `TokenLogprob` per
@@ -52,9 +56,21 @@ class Output:
 
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)  # generated tokens only
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "abort"] | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprob] | None = None
+    sample_index: int = 0
+
+
+@dataclass
+class StepOutput:
+    """What one sequence gained in an `Engine.step`: the tokens its round
+    committed (after the stop rules) and whether it has ended. `request_id`
+    is the id `add_request` returned (`Engine.stream`: the prompt's index)."""
+
+    request_id: int
+    token_ids: list[int]
+    finished: bool
     sample_index: int = 0
 
 
@@ -68,6 +84,7 @@ class Request:
     output: Output
     stops: StopRule
     on_emit: Callable[[list[int]], None] | None = None  # called with the tokens each emit keeps
+    request_id: int = -1  # the `add_request` id; the n samples of one prompt share it
 
     @property
     def committed_len(self) -> int:
@@ -88,7 +105,10 @@ class Request:
 
     def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
         """Append the kept prefix of `tokens` (the rest of a round is cut) and
-        of their `logprobs`; set finish_reason and stop_reason when it ends."""
+        of their `logprobs`; set finish_reason and stop_reason when it ends.
+        An ended (e.g. aborted) request keeps nothing."""
+        if self.finished:
+            return 0
         tokens = [int(t) for t in tokens]
         cut = self.stops.cut(self.output.token_ids, tokens)
         self.output.token_ids.extend(tokens[:cut.kept])
@@ -113,14 +133,19 @@ class Engine:
     draft: None (default: plain decoding, the baseline), a HybridModel sharing
         the target's vocabulary, `hs.NgramDrafter()`, or any
         `hybridspec.spec.Drafter`.
-    num_draft_tokens: γ, drafts per sequence per round (default 4; >= 1).
+    num_draft_tokens: γ, drafts per sequence per round (default 4; >= 1), or
+        "auto": γ per sequence per round in 0 … max_draft_tokens, chosen for
+        the most expected tokens per second from acceptance estimates and
+        costs measured on this engine (`hybridspec.spec.gamma`; measured when
+        the Engine is built).
+    max_draft_tokens: γ_max of "auto" (default 8).
     checkpoint: how the target's recurrent state is snapshotted during
         verification: a `CheckpointPolicy`, "auto" (`AutoCheckpointPolicy`),
         or None (default: a snapshot after every verify input).
     verify: "rejection" (default: lossless rejection sampling) or "coupled"
         (output token-identical to plain decoding with the same seed).
-    max_batch_size: most sequences per `generate` call, samples counted
-        (default 16).
+    max_batch_size: most sequences running at once, samples counted (default
+        16); more requests wait in the scheduler's queue.
     max_model_len: most tokens (prompt + generated) per sequence (default: the
         model's limit, at most 4096).
     block_size: tokens per KV page (default 16); num_blocks: KV pages in the
@@ -137,12 +162,18 @@ class Engine:
         for the defaults, an `hs.PrefixCache(...)` for settings, or None / False
         (default: off). A model drafter gets a prefix cache of its own.
 
-    After each `generate`, `stats` (`EngineStats`) describes that call alone;
-    `total_stats` adds up every call of this Engine.
+    Requests: `generate` (a list in, a list out), `stream` (an iterator of
+    new tokens), or `add_request` / `step` / `abort` for a server's own loop;
+    `hybridspec.scheduler` decides who runs each step (admission by free KV
+    pages, preemption of the newest request when the pool runs out).
+
+    After each `generate`, `stats` (`EngineStats`) describes that call alone
+    (`step` adds to it); `total_stats` adds up every step of this Engine.
     """
 
-    def __init__(self, target: HybridModel, draft=None, num_draft_tokens: int = 4, checkpoint=None,
-                 verify: Literal["rejection", "coupled"] = "rejection", *, max_batch_size: int = 16,
+    def __init__(self, target: HybridModel, draft=None, num_draft_tokens: int | Literal["auto"] = 4, checkpoint=None,
+                 verify: Literal["rejection", "coupled"] = "rejection", *, max_draft_tokens: int | None = None,
+                 max_batch_size: int = 16,
                  max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None,
                  state_dtype: torch.dtype | None = None, eos_token_ids: Iterable[int] | None = None,
                  decode: Decode | None = None, prefix_cache: bool | PrefixCache | None = None):
@@ -170,6 +201,15 @@ class Engine:
         self.total_stats = EngineStats()
         self.check_invariants = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
         self.speculator: Speculator | None = None
+        self.gamma_controller: GammaController | None = None
+        adaptive = num_draft_tokens == "auto"
+        if max_draft_tokens is not None and not adaptive:
+            raise ConfigError(f"max_draft_tokens={max_draft_tokens!r} is for num_draft_tokens='auto'; with a fixed "
+                              f"num_draft_tokens={num_draft_tokens!r} leave it out")
+        if adaptive:
+            num_draft_tokens = DEFAULT_MAX_DRAFT_TOKENS if max_draft_tokens is None else max_draft_tokens
+            if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
+                raise ConfigError(f"max_draft_tokens={max_draft_tokens!r} must be an integer >= 1 (8 is typical)")
         if draft is None:
             self.cache = self._new_cache(ring_slots=2)
         else:
@@ -180,15 +220,120 @@ class Engine:
             drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
             self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens))
             self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache, self.stats,
-                                         coupled=verify == "coupled", check_invariants=self.check_invariants,
-                                         release=self._release)
+                                         coupled=verify == "coupled", check_invariants=self.check_invariants)
+            if adaptive:
+                self.gamma_controller = self._gamma_controller(drafter, num_draft_tokens)
         self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings)
+        caches, stores = [self.cache], [self.prefix]
+        if self.speculator is not None and isinstance(self.speculator.drafter, ModelDrafter):
+            caches.append(self.speculator.drafter.cache)
+            stores.append(self.speculator.drafter.prefix)
+        reclaim = None if self.prefix is None else functools.partial(make_room, dict(zip(map(id, caches), stores)))
+        self.scheduler = Scheduler(caches, self.max_batch_size, self._release, reclaim)
+        self._requests: dict[int, Request] = {}  # seq_id -> every queued or running sequence
+        self._rows_cache: tuple[tuple[int, ...], RowParams] | None = None
+        self._preemptions_seen = 0
         self._next_seq_id = 0
+        self._next_request_id = 0
+
+    def _gamma_controller(self, drafter, gamma_max: int) -> GammaController:
+        """γ per round from costs measured now on scratch caches of this engine's models."""
+        draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
+        new_draft_cache = None if draft_model is None else functools.partial(scratch_cache, draft_model)
+        costs = measure_round_costs(self.target, draft_model, gamma_max, measured_batches(self.max_batch_size),
+                                    functools.partial(scratch_cache, self.target, state_dtype=self.state_dtype),
+                                    new_draft_cache)
+        return GammaController(gamma_max, costs)
 
     def _new_cache(self, ring_slots: int) -> HybridCache:
         """The target's cache with this engine's sizes."""
         return HybridCache(self.target.config, ring_slots=ring_slots, state_dtype=self.state_dtype,
                            **self.cache_kwargs)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def add_request(self, prompt, params: SamplingParams | None = None) -> int:
+        """Queue one prompt; returns its request id. With `params.n` > 1 the
+        request runs n sequences (samples), reported under the same id with
+        their `sample_index`. Nothing runs until `step`. Raises
+        InvalidRequestError (a bad prompt or params, or a request longer than
+        the whole KV pool could ever hold) before anything is queued."""
+        [prompt], [params] = normalize_requests([prompt], None if params is None else [params],
+                                                self.target.vocab_size, self.max_model_len)
+        return self._submit([prompt], [params], None)[0]
+
+    def step(self) -> list[StepOutput]:
+        """One engine step: admit waiting requests the caches can take and
+        prefill them (each emits its first token), then one round (a
+        speculative round, or a plain decode step) of every running sequence.
+        Returns what each sequence gained this step, in batch order;
+        `finished` marks its last report. Requests that finished or were
+        aborted leave every cache before it returns."""
+        step_stats = EngineStats()
+        if self.speculator is not None:
+            self.speculator.stats = step_stats
+        before = {}
+        try:
+            admitted = self.scheduler.admit(self._round_tokens)
+            for r in admitted:
+                before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
+            if admitted:
+                self._prefill(admitted, step_stats)
+            running = [r for r in self.scheduler.running if not r.finished]
+            self.scheduler.reserve(self._round_tokens)
+            running = [r for r in self.scheduler.running if not r.finished]
+            for r in running:
+                before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
+            if running:
+                self._round(running, step_stats)
+        finally:
+            if self.prefix is not None:
+                self.prefix.move_counts(step_stats)
+            step_stats.preemptions = self.scheduler.preemptions - self._preemptions_seen
+            self._preemptions_seen = self.scheduler.preemptions
+            ended = [r for r in self.scheduler.running if r.finished]
+            self.scheduler.finish(ended)
+            for r in ended:
+                self._requests.pop(r.seq_id, None)
+            self.stats.add(step_stats)
+            self.total_stats.add(step_stats)
+        return [StepOutput(r.request_id, r.output.token_ids[start:], r.finished, r.output.sample_index)
+                for r, start in before.values() if len(r.output.token_ids) > start or r.finished]
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request (every sample of it) now: its pages and rings return to
+        the pools at once; its output so far keeps finish_reason "abort". The
+        other sequences are untouched. Unknown or finished ids are ignored."""
+        ended = [r for r in self._requests.values() if r.request_id == request_id]
+        for r in ended:
+            if not r.finished:
+                r.output.finish_reason = "abort"
+            self._requests.pop(r.seq_id, None)
+        self.scheduler.finish(ended)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work
+
+    def stream(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> Iterator[StepOutput]:
+        """Generate for `prompts` and yield each sequence's new tokens as its
+        rounds commit: `StepOutput(index, token_ids, finished, sample_index)`
+        with `index` the prompt's position in `prompts`. Closing the iterator
+        early aborts what is still running."""
+        ids = self._submit(*self._normalize(prompts, params), None)
+        index = {request_id: i for i, request_id in enumerate(ids)}
+        live = Counter(r.request_id for r in self._requests.values() if r.request_id in index)  # sequences left
+        try:
+            while live:
+                for out in self.step():
+                    if out.request_id in index:
+                        yield StepOutput(index[out.request_id], out.token_ids, out.finished, out.sample_index)
+                        if out.finished:
+                            live[out.request_id] -= 1
+                            if not live[out.request_id]:
+                                del live[out.request_id]
+        finally:
+            for request_id in live:
+                self.abort(request_id)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -197,6 +342,8 @@ class Engine:
         """Generate for every prompt; returns one Output per prompt, in order, or
         with `n` > 1 n consecutive Outputs per prompt (HF's
         `num_return_sequences` order), sample i seeded `derived_seed(seed, i)`.
+        Any number of prompts: at most `max_batch_size` sequences run at once
+        and the rest wait their turn (continuous batching).
 
         prompts: token-id lists (or 1-D integer arrays / tensors).
         params: one SamplingParams for all prompts, one per prompt, or None (the
@@ -204,98 +351,154 @@ class Engine:
         progress: a tqdm bar on stderr (a string labels it); default off.
         stream: when given, `stream(i, token_ids)` is called as tokens of
             output i are emitted (once per round, after its commit).
-        Raises InvalidRequestError / CacheFullError before anything runs."""
-        prompts, params = normalize_requests(prompts, params, self.target.vocab_size, self.max_batch_size,
-                                             self.max_model_len)
-        if self.decode is None and any(p.stop for p in params):
-            raise InvalidRequestError("stop strings need a detokenizer: use hs.LLM for text, or build the Engine "
-                                      "with decode=tokenizer.decode (or pass stop_token_ids instead)")
-        requests = self._requests(prompts, params, stream)
-        kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
-        if self.prefix is not None:  # cached pages give way; each request may copy two shared pages on write
-            self.prefix.make_room(sum(-(-n // self.cache.block_size) + 2 for n in kv_lens.values()))
-        self.cache.check_admission(len(requests), kv_lens)
-        if self.speculator is not None:
-            self.speculator.drafter.check_admission(requests)
+        Raises InvalidRequestError before anything runs; if a step fails, every
+        request of the call is aborted (its pages and rings freed) and the
+        error is raised."""
+        prompts, params = self._normalize(prompts, params)
         self.stats.reset()
-        rows = RowParams.of([r.params for r in requests], [r.seed for r in requests], self.target.device)
+        ids = self._submit(prompts, params, stream)
+        requests = [r for r in self._requests.values() if r.request_id in set(ids)]
         bar = tqdm(total=sum(r.params.max_new_tokens for r in requests), disable=not progress, unit="tok",
                    desc=progress if isinstance(progress, str) else None, leave=False)
         try:
-            self._prefill(requests, rows)
-            bar.update(len(requests))
-            loop = self.speculator.run if self.speculator is not None else self._decode_loop
-            loop(requests, rows, bar)
+            while any(not r.finished for r in requests):
+                for out in self.step():
+                    bar.update(len(out.token_ids))
         finally:
-            self._release(requests)
-            if self.speculator is not None:
-                self.speculator.drafter.release([r.seq_id for r in requests])
-            if self.prefix is not None:
-                self.prefix.move_counts(self.stats)
+            for request_id in ids:
+                self.abort(request_id)
             bar.close()
-            self.total_stats.add(self.stats)
         return [r.output for r in requests]
 
-    def _requests(self, prompts: list[list[int]], params: list[SamplingParams], stream) -> list[Request]:
-        """One Request per prompt and sample, with fresh sequence ids."""
-        requests = []
+    def _normalize(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams]]:
+        prompts, params = normalize_requests(prompts, params, self.target.vocab_size, self.max_model_len)
+        return prompts, params
+
+    def _submit(self, prompts: list[list[int]], params: list[SamplingParams], stream) -> list[int]:
+        """Queue one request per prompt (n sequences each, fresh sequence ids);
+        returns the request ids. Checks everything first: nothing is queued
+        if any prompt is refused."""
+        if self.decode is None and any(p.stop for p in params):
+            raise InvalidRequestError("stop strings need a detokenizer: use hs.LLM for text, or build the Engine "
+                                      "with decode=tokenizer.decode (or pass stop_token_ids instead)")
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            self.scheduler.check_fits(len(prompt), p.max_new_tokens, f"prompt {i}")
+        ids, requests, output_index = [], [], 0
         for prompt, p in zip(prompts, params):
+            request_id = self._next_request_id
+            self._next_request_id += 1
+            ids.append(request_id)
             seed = p.resolved_seed()
             stops = StopRule(p.max_new_tokens, frozenset(p.stop_token_ids),
                              frozenset() if p.ignore_eos else self.eos_token_ids, p.stop, self.decode)
             for sample_index in range(p.n):
-                i = len(requests)
-                on_emit = None if stream is None else (lambda tokens, i=i: stream(i, tokens))
+                on_emit = None if stream is None else (lambda tokens, i=output_index: stream(i, tokens))
+                output_index += 1
                 output = Output(list(prompt), logprobs=None if p.logprobs is None else [], sample_index=sample_index)
-                requests.append(Request(self._next_seq_id, p, derived_seed(seed, sample_index), output, stops,
-                                        on_emit))
+                request = Request(self._next_seq_id, p, derived_seed(seed, sample_index), output, stops, on_emit,
+                                  request_id=request_id)
                 self._next_seq_id += 1
-        return requests
+                requests.append(request)
+        for r in requests:
+            self._requests[r.seq_id] = r
+        self.scheduler.add(requests)
+        return ids
 
-    def _prefill(self, requests: list[Request], rows: RowParams) -> None:
-        """Absorb every prompt and emit the first token from the last prompt logits."""
-        ids, prompts = [r.seq_id for r in requests], [r.output.prompt_token_ids for r in requests]
-        if self.prefix is None:
-            logits = self.target.prefill(self.cache, ids, prompts, last_only=True)[:, 0]  # [batch, vocab]
-            self.stats.prefill_computed_tokens += sum(map(len, prompts))
-        else:
-            logits = self.prefix.prefill(ids, prompts, [r.params.cache_checkpoints for r in requests])
-        self.stats.sequences += len(requests)
-        self._sample_and_emit(requests, logits, rows)
+    def _round_tokens(self, request: Request) -> int:
+        """Positions the next round of `request` writes at most (verify inputs: γ_max + 1)."""
+        remaining = request.params.max_new_tokens - len(request.output.token_ids)
+        gamma = 0 if self.speculator is None else self.speculator.max_gamma
+        return max(1, min(gamma + 1, remaining))
 
     def _release(self, requests: list[Request]) -> None:
-        """Requests leave the target's cache; with the prefix cache on, a finished
-        one's committed tokens stay indexed (an unfinished one was aborted)."""
+        """Free the sequences of `requests` in the target's cache and the drafter;
+        with the prefix cache on, what each computed stays indexed first."""
+        ids = [r.seq_id for r in requests]
         if self.prefix is not None:
-            self.prefix.release([r.seq_id for r in requests],
-                                [r.output.prompt_token_ids + r.output.token_ids if r.finished else None
-                                 for r in requests])
-        self.cache.free_sequences([r.seq_id for r in requests])
+            self.prefix.release(ids, [r.output.prompt_token_ids + r.output.token_ids for r in requests])
+        self.cache.free_sequences(ids)
+        if self.speculator is not None:
+            self.speculator.drafter.release(ids)
+        if self.gamma_controller is not None:
+            self.gamma_controller.forget(ids)
 
-    def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams) -> None:
-        with self.stats.phase("sampling"):
+    def _rows(self, requests: list[Request]) -> RowParams:
+        """The batch's sampling parameters as tensors (rebuilt when the batch changes)."""
+        key = tuple(r.seq_id for r in requests)
+        if self._rows_cache is None or self._rows_cache[0] != key:
+            rows = RowParams.of([r.params for r in requests], [r.seed for r in requests], self.target.device)
+            self._rows_cache = (key, rows)
+        return self._rows_cache[1]
+
+    def _prefill(self, requests: list[Request], stats: EngineStats) -> None:
+        """Absorb the prompts of newly admitted requests and emit each first
+        token from the last prompt logits; a preempted request resumes: its
+        committed tokens but the pending last one are absorbed again (nothing
+        is sampled)."""
+        ids = [r.seq_id for r in requests]
+        committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
+        absorbed = [c[:r.committed_len - (1 if r.output.token_ids else 0)] for c, r in zip(committed, requests)]
+        if self.prefix is None:
+            logits = self.target.prefill(self.cache, ids, absorbed, last_only=True)[:, 0]  # [batch, vocab]
+            stats.prefill_computed_tokens += sum(map(len, absorbed))
+        else:
+            logits = self.prefix.prefill(ids, absorbed, [r.params.cache_checkpoints for r in requests])
+        if self.speculator is not None:
+            self.speculator.drafter.start(requests)
+        fresh = [b for b, r in enumerate(requests) if not r.output.token_ids]
+        stats.sequences += len(fresh)
+        if fresh:
+            fresh_requests = [requests[b] for b in fresh]
+            select = torch.tensor(fresh, device=logits.device)
+            self._sample_and_emit(fresh_requests, logits[select], self._rows(fresh_requests), stats)
+
+    def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams,
+                         stats: EngineStats) -> None:
+        with stats.phase("sampling"):
             positions = torch.tensor([r.committed_len for r in requests], device=logits.device)
             probs = process_logits(logits, rows, penalty_context(requests, logits.shape[-1], logits.device))
             tokens = sample(probs, rows, positions).tolist()
             logprobs = batch_logprobs(probs[:, None], [[t] for t in tokens], requests)
         for r, t, lp in zip(requests, tokens, logprobs):
             r.emit([t], lp)
-        self.stats.emitted_tokens += len(requests)
+        stats.emitted_tokens += len(requests)
 
-    def _decode_loop(self, requests: list[Request], rows: RowParams, bar) -> None:
-        """Plain decoding: one target step per token for every unfinished sequence."""
-        index = {r.seq_id: i for i, r in enumerate(requests)}
-        active = [r for r in requests if not r.finished]
-        while active:
-            self._release([r for r in active if r.finished])
-            with self.stats.phase("verify"):
-                logits = self.target.decode(self.cache, [r.seq_id for r in active], [r.last_token for r in active])
-            select = torch.tensor([index[r.seq_id] for r in active], device=logits.device)
-            self._sample_and_emit(active, logits, rows.select(select))
-            if self.check_invariants:
-                for r in active:
+    def _round(self, requests: list[Request], stats: EngineStats) -> None:
+        """One round of the running batch: speculative, or a plain decode step
+        (plain engines, and adaptive rounds that give every row γ = 0)."""
+        began = time.perf_counter()
+        rows, ids = self._rows(requests), [r.seq_id for r in requests]
+        controller, gammas = self.gamma_controller, None
+        if controller is not None:
+            gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests])
+        before = dict(stats.seconds)
+        if self.speculator is not None and (gammas is None or any(gammas)):
+            round = self.speculator.round(requests, rows, gammas)
+            drafted, accepted, asked = [len(d) for d in round.drafts], round.accepted, round.gammas
+        else:
+            self._decode_step(requests, rows, stats)
+            drafted = accepted = asked = [0] * len(requests)
+            if self.speculator is not None:  # the drafter catches up in the next round that drafts
+                stats.gamma_counts[0] = stats.gamma_counts.get(0, 0) + len(requests)
+        if controller is not None:
+            seconds = {phase: stats.seconds[phase] - before.get(phase, 0.0) for phase in stats.seconds}
+            seconds["round"] = time.perf_counter() - began
+            controller.observe(ids, drafted, accepted, asked, seconds)
+
+    def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:
+        """One target step per sequence, sampled as plain decoding does."""
+        with stats.phase("verify"):
+            logits = self.target.decode(self.cache, [r.seq_id for r in requests], [r.last_token for r in requests])
+        self._sample_and_emit(requests, logits, rows, stats)
+        if self.check_invariants:
+            for r in requests:
+                if not r.finished:
                     self.cache.check_invariant(r.seq_id, r.committed_len)
-            self.stats.rounds += 1
-            self.stats.sequence_rounds += len(active)
-            bar.update(len(active))
-            active = [r for r in active if not r.finished]
+        stats.rounds += 1
+        stats.sequence_rounds += len(requests)
+
+
+def make_room(stores: dict, cache: HybridCache, num_pages: int) -> None:
+    """The scheduler's `reclaim`: cached prefixes of `cache` give up pages until
+    `num_pages` are free (`stores`: id(cache) -> its PrefixStore)."""
+    stores[id(cache)].make_room(num_pages)

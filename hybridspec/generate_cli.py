@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "byte-level model)")
     parser.add_argument("-n", "--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=256,
                         help="tokens to generate at most (default 256)")
-    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument("--gamma", type=gamma_arg, default=4,
+                        help="draft tokens per round (default 4), or 'auto': chosen per round, 0..8")
     parser.add_argument("--policy", default="k1", help=POLICY_HELP + " (default k1)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
@@ -162,13 +163,32 @@ def build_llm(args: argparse.Namespace):
     prompt = codec.encode(prompt_text)
     eos = sorted(set(codec.eos_token_ids) | set(model_eos_ids(target_dir, target)))
     sizes = dict(max_batch_size=1, max_model_len=min(target.config.max_position_embeddings,
-                                                      len(prompt) + args.max_new_tokens + args.gamma + 1))
+                                                      len(prompt) + args.max_new_tokens + max_gamma(args.gamma) + 1))
     llm = hs.LLM(target, draft=draft, tokenizer=codec, num_draft_tokens=args.gamma,
                  checkpoint=parse_policy(args.policy), verify=args.verify, threads=args.threads,
                  eos_token_ids=eos, **sizes)
     plain = None if draft is None or args.no_baseline else \
         hs.Engine(target, eos_token_ids=eos, decode=codec.decode, **sizes)
     return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
+
+
+def gamma_arg(text: str) -> int | str:
+    """--gamma: a positive integer or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'")
+    return value
+
+
+def max_gamma(gamma: int | str) -> int:
+    """The most drafts a round may verify under --gamma."""
+    from hybridspec.spec.gamma import DEFAULT_MAX_DRAFT_TOKENS
+    return DEFAULT_MAX_DRAFT_TOKENS if gamma == "auto" else gamma
 
 
 def sampling_params(args: argparse.Namespace):

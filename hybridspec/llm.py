@@ -68,7 +68,8 @@ class LLM:
     tokenizer: a local HF tokenizer directory or a loaded tokenizer; default
         None: the model directory's own tokenizer, or bytes for a byte-level
         model (vocabulary 256).
-    num_draft_tokens, checkpoint, verify, max_batch_size, max_model_len: as in
+    num_draft_tokens ("auto": adaptive γ), max_draft_tokens, checkpoint, verify,
+    max_batch_size, max_model_len: as in
         `Engine` (γ = 4, a snapshot after every verify input, "rejection",
         16 sequences, the model's limit up to 4096 tokens).
     device: torch device to load onto (default "cpu"); dtype: "float32",
@@ -86,7 +87,8 @@ class LLM:
     """
 
     def __init__(self, model: str | Path | HybridModel | None = None, draft=DEFAULT_DRAFT, tokenizer=None, *,
-                 num_draft_tokens: int = 4, checkpoint=None, verify: Literal["rejection", "coupled"] = "rejection",
+                 num_draft_tokens: int | Literal["auto"] = 4, max_draft_tokens: int | None = None, checkpoint=None,
+                 verify: Literal["rejection", "coupled"] = "rejection",
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
                  max_batch_size: int = 16, max_model_len: int | None = None,
                  eos_token_ids: Iterable[int] | None = None):
@@ -100,7 +102,7 @@ class LLM:
         if eos_token_ids is None:
             eos_token_ids = sorted(set(self.codec.eos_token_ids) | set(model_eos_ids(model, self.target)))
         self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), num_draft_tokens=num_draft_tokens,
-                             checkpoint=checkpoint,
+                             max_draft_tokens=max_draft_tokens, checkpoint=checkpoint,
                              verify=verify, max_batch_size=max_batch_size, max_model_len=max_model_len,
                              eos_token_ids=eos_token_ids, decode=self.codec.decode)
 

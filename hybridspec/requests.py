@@ -69,19 +69,11 @@ def engine_eos_ids(config: HybridConfig, eos_token_ids) -> frozenset[int]:
     return frozenset(ids)
 
 
-def normalize_requests(prompts, params, vocab_size: int, max_batch_size: int,
+def normalize_requests(prompts, params, vocab_size: int,
                        max_model_len: int) -> tuple[list[list[int]], list[SamplingParams]]:
     """(prompts as lists of ints, one SamplingParams per prompt), or InvalidRequestError."""
     prompts = normalize_prompts(prompts, vocab_size)
-    if len(prompts) > max_batch_size:
-        raise InvalidRequestError(f"{len(prompts)} prompts exceed max_batch_size={max_batch_size}; "
-                                  "split the batch or build the Engine with a larger max_batch_size")
     params = normalize_params(params, len(prompts))
-    sequences = sum(p.n for p in params)
-    if sequences > max_batch_size:
-        raise InvalidRequestError(f"{len(prompts)} prompts with n samples each make {sequences} sequences, more "
-                                  f"than max_batch_size={max_batch_size}; lower n, split the batch or build the "
-                                  "Engine with a larger max_batch_size")
     for i, (prompt, p) in enumerate(zip(prompts, params)):
         if len(prompt) + p.max_new_tokens > max_model_len:
             raise InvalidRequestError(

@@ -28,6 +28,9 @@ class EngineStats:
         replayed for the recurrent layers over the cached K/V;
     prefix_checkpoint_hits: prompts started from a stored state checkpoint;
     prefix_evictions: cached pages and checkpoints evicted.
+    preemptions: running requests the scheduler preempted (freed, to be recomputed).
+    gamma_counts: γ (drafts asked for) -> sequence-rounds that drafted that many
+        (speculative rounds only; 0 is a plain step inside a round).
     seconds: wall seconds per phase ("draft", "verify", "commit", "sampling").
     """
 
@@ -46,6 +49,8 @@ class EngineStats:
     prefix_replayed_tokens: int = 0
     prefix_checkpoint_hits: int = 0
     prefix_evictions: int = 0
+    preemptions: int = 0
+    gamma_counts: dict[int, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
@@ -70,11 +75,13 @@ class EngineStats:
     def add(self, other: "EngineStats") -> None:
         """Add `other`'s counts and seconds to these (peak bytes: the larger)."""
         for name in ("rounds", "drafted_tokens", "accepted_tokens", "emitted_tokens", "sequences",
-                     "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens",
+                     "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens", "preemptions",
                      "prefill_computed_tokens", "prefix_hit_tokens", "prefix_replayed_tokens",
                      "prefix_checkpoint_hits", "prefix_evictions"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.peak_checkpoint_bytes = max(self.peak_checkpoint_bytes, other.peak_checkpoint_bytes)
+        for gamma, count in other.gamma_counts.items():
+            self.gamma_counts[gamma] = self.gamma_counts.get(gamma, 0) + count
         for phase, seconds in other.seconds.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 

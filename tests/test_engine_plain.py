@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hybridspec as hs
-from hybridspec.errors import CacheFullError, InvalidRequestError, NumericalError
+from hybridspec.errors import InvalidRequestError, NumericalError
 from oracles import bamba
 
 
@@ -58,12 +58,26 @@ def test_nan_logits_raise_and_leave_caches_unchanged(target):
     assert engine.cache.bookkeeping() == before
 
 
-def test_batch_that_does_not_fit_the_pool_is_refused(target):
+def test_a_request_longer_than_the_whole_pool_is_refused_at_submission(target):
     engine = hs.Engine(target, max_batch_size=4, max_model_len=64, block_size=4, num_blocks=6)
     before = engine.cache.bookkeeping()
-    with pytest.raises(CacheFullError):
-        engine.generate([[3] * 10, [4] * 10], hs.SamplingParams(max_new_tokens=8))
-    assert engine.cache.bookkeeping() == before
+    with pytest.raises(InvalidRequestError, match=r"prompt 1: 20 prompt tokens \+ max_new_tokens=8 need 7 KV pages "
+                                                  r"of 4 tokens but the whole pool holds 6"):
+        engine.generate([[3] * 10, [4] * 20], hs.SamplingParams(max_new_tokens=8))
+    assert engine.cache.bookkeeping() == before and not engine.has_unfinished_requests()
+    with pytest.raises(InvalidRequestError, match="whole pool holds 6"):
+        engine.add_request([4] * 20, hs.SamplingParams(max_new_tokens=8))
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_batch_larger_than_the_pool_waits_its_turn(target):
+    """Two prompts of 5 pages each in a 6-page pool run one after the other."""
+    prompts, params = [[3] * 10, [4] * 10], hs.SamplingParams(max_new_tokens=8)
+    small = hs.Engine(target, max_batch_size=4, max_model_len=64, block_size=4, num_blocks=6)
+    outs = small.generate(prompts, params)
+    alone = [hs.Engine(target, max_model_len=64, block_size=4).generate([p], params)[0].token_ids for p in prompts]
+    assert [o.token_ids for o in outs] == alone
+    assert small.cache.kv.num_free_blocks == 6 and small.cache.computed_len == {}
 
 
 def test_stop_tokens_and_lengths_finish_independently(engine):

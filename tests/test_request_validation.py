@@ -57,7 +57,7 @@ def test_integer_ids_of_every_kind_are_token_ids(engine, expected, prompt):
     ([[1, 2], []], "prompt 1 is empty"),
     ([[1, VOCAB]], f"token id {VOCAB} outside the vocabulary"),
     ([[1, -1]], "token id -1 outside the vocabulary"),
-    ([[1]] * 4, "4 prompts exceed max_batch_size=3"),
+    ([[1], [2], [3], "x"], "prompt 3 is a str"),
     ([list(range(1, 31))], "exceed the model limit max_model_len=32"),
 ])
 def test_malformed_prompts(engine, prompts, fragment):
@@ -148,7 +148,7 @@ def malformed_requests(draw):
                                 st.just(torch.ones(2, dtype=torch.bool)), st.just({"ids": [1]})))
     if kind == "bad prompts":
         prompts = draw(st.one_of(st.just([]), st.just([1, 2]), st.text(max_size=3), st.just(np.ones((1, 3), int)),
-                                 st.just([[1]] * 4)))
+                                 st.just([[1], [2], "x"])))
     else:
         prompts = [prompt]
     params = PARAMS

@@ -96,8 +96,8 @@ def test_n_samples_are_distinct_and_reproducible(engines):
         alone = engine.generate([[5, 6]], hs.SamplingParams(max_new_tokens=8, temperature=1.0, seed=11,
                                                            ignore_eos=True))[0]
         assert tuple(alone.token_ids) == first[0]  # sample 0 keeps the request's seed
-    with pytest.raises(InvalidRequestError, match="make 9 sequences"):
-        plain.generate([[5]], hs.SamplingParams(temperature=1.0, n=9))  # more than max_batch_size=8
+    nine = plain.generate([[5]], hs.SamplingParams(max_new_tokens=4, temperature=1.0, seed=3, n=9))
+    assert [o.sample_index for o in nine] == list(range(9))  # more than max_batch_size=8: they queue
     with pytest.raises(InvalidRequestError, match="identical greedy"):
         hs.SamplingParams(n=2)
 

@@ -24,7 +24,7 @@ chunks ending there):
     next chat turn, which re-sends the conversation, hits.
 Checkpoints live under `memory_budget_bytes`, evicted least recently used;
 cached pages live in the model's block pool, evicted (leaves first, least
-recently used) when a batch needs room. What a running request holds (its
+recently used) when the scheduler needs room. What a running request holds (its
 hit's deepest node, the checkpoint it restored from) is locked.
 
 Cost model. The tail C..H is replayed by token replay (no input log exists
@@ -159,8 +159,8 @@ class PrefixStore:
 
     Hooks (plain inputs, callable from any scheduler):
       prefill(seq_ids, prompts, marks) -> first-token logits   instead of model.prefill
-      release(seq_ids, token_lists)     before freeing finished (tokens) or aborted (None) sequences
-      make_room(num_pages)              before admitting a batch
+      release(seq_ids, token_lists)     before freeing sequences (Engine._release)
+      make_room(num_pages)              when the scheduler needs pages (its `reclaim`)
     """
 
     def __init__(self, model, cache, settings: PrefixCache):
@@ -275,9 +275,10 @@ class PrefixStore:
             self.checkpoint_bytes += nbytes
 
     def release(self, seq_ids: list[int], token_lists: list[list[int] | None]) -> None:
-        """Sequences about to be freed: a finished one (its committed tokens given) is
-        indexed up to its computed_len, with an end checkpoint; an aborted one (None)
-        only gives back its locks. Call before `HybridCache.free_sequences`."""
+        """Sequences about to be freed (finished, preempted or aborted): each one given its
+        committed tokens and standing at a boundary is indexed up to its computed_len,
+        with an end checkpoint; with None it only gives back its locks. Call before
+        `HybridCache.free_sequences`."""
         for s, tokens in zip(seq_ids, token_lists):
             held = self._held.pop(s, None)
             if held is not None:

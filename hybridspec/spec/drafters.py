@@ -186,7 +186,9 @@ class ModelDrafter:
         """Move to each boundary, clamped to what was absorbed."""
         for s, boundary in zip(seq_ids, boundaries):
             length = min(boundary, self.cache.computed_len[s])
-            self.cache.commit(s, length, self.slot_at[s][length])
+            start_len, start_head = self.round_start[s]
+            slot = start_head if length == start_len else self.slot_at[s][length]  # a round that drafted nothing
+            self.cache.commit(s, length, slot)
 
     def revert(self, seq_ids: list[int]) -> None:
         """Back to where the last propose began (its head slot was never written)."""
@@ -200,8 +202,8 @@ class ModelDrafter:
             # a finished row's last propose was never committed: back to its round start, a boundary
             self.revert([s for s in seq_ids if self.cache.has_sequence(s)])
             requests = [self.requests.pop(s, None) for s in seq_ids]
-            self.prefix.release(seq_ids, [None if r is None or not r.finished else
-                                          r.output.prompt_token_ids + r.output.token_ids for r in requests])
+            self.prefix.release(seq_ids, [None if r is None else r.output.prompt_token_ids + r.output.token_ids
+                                          for r in requests])
         self.cache.free_sequences(seq_ids)
         for s in seq_ids:
             self.round_start.pop(s, None)

@@ -27,6 +27,7 @@ class RoundBatch:
     seq_ids: list[int]  # [batch]
     start_lens: list[int]  # [batch] computed_len m-1 at the round start
     start_heads: list[int]  # [batch] ring head at the round start (-1: no recurrent layers); never written
+    gammas: list[int] = field(default_factory=list)  # [batch] drafts asked of the drafter (clamped to the request)
     drafts: list[list[int]] = field(default_factory=list)  # [batch][g_b] d_1..d_g, g_b <= γ
     draft_probs: torch.Tensor | None = None  # [batch, G, vocab] q, post-processed; None: one-hot drafts
     plans: list[SnapshotPlan | None] = field(default_factory=list)  # [batch] where the snapshots go

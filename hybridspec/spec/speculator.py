@@ -16,7 +16,7 @@ Everything the round knows travels in one `RoundBatch`.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -29,7 +29,7 @@ from ..errors import InvalidRequestError
 from ..logprobs import batch_logprobs
 from ..models.hybrid import HybridModel
 from ..penalties import penalty_context
-from ..sampling import RowParams, process_logits
+from ..sampling import RowParams, process_logits, sample
 from ..stats import EngineStats
 from .drafters import Drafter, Proposal
 from .round import RoundBatch
@@ -51,44 +51,35 @@ class Speculator:
     """Runs speculative rounds of `target` against `drafter` with γ = `gamma`
     drafts per sequence, snapshots placed by `policy`, the target's caches in
     `cache`, counts in `stats`. `coupled`: verify="coupled"; `check_invariants`:
-    assert the boundary invariant after every commit; `release(requests)`: how
-    finished requests leave the target's cache (default: freed)."""
+    assert the boundary invariant after every commit."""
 
     def __init__(self, target: HybridModel, drafter: Drafter, gamma: int, policy: CheckpointPolicy, cache,
-                 stats: EngineStats, coupled: bool = False, check_invariants: bool = False,
-                 release: Callable[[list], None] | None = None):
+                 stats: EngineStats, coupled: bool = False, check_invariants: bool = False):
         self.target, self.drafter, self.gamma, self.policy = target, drafter, gamma, policy
-        self.release = release or (lambda requests: cache.free_sequences([r.seq_id for r in requests]))
         self.cache, self.stats, self.coupled, self.check = cache, stats, coupled, check_invariants
         self.checkpointer = Checkpointer(target, cache)
         self.acceptance_history: list[float] = []  # accepted / drafted of every round so far
         self.hooks: list[RoundHook] = []
 
-    # -- lifecycle ----------------------------------------------------------------------------
-
-    def run(self, requests, rows: RowParams, bar) -> None:
-        """Rounds until every request finishes; finished sequences leave both caches."""
-        active = [r for r in requests if not r.finished]
-        self.drafter.start(requests)
-        index = {r.seq_id: i for i, r in enumerate(requests)}
-        while active:
-            select = torch.tensor([index[r.seq_id] for r in active], device=self.target.device)
-            bar.update(self.round(active, rows.select(select)))
-            finished = [r for r in active if r.finished]
-            self.release(finished)
-            self.drafter.release([r.seq_id for r in finished])
-            active = [r for r in active if not r.finished]
-
     # -- one round ----------------------------------------------------------------------------
 
-    def round(self, requests, rows: RowParams) -> int:
-        """One draft → verify → accept → commit cycle; returns the number of emitted tokens."""
+    @property
+    def max_gamma(self) -> int:
+        """The most drafts a row may be asked for in one round."""
+        return self.gamma
+
+    def round(self, requests, rows: RowParams, gammas: list[int] | None = None) -> RoundBatch:
+        """One draft → verify → accept → commit cycle over `requests` (every
+        one unfinished, each in the target's cache and started in the
+        drafter); `gammas`: drafts to ask for per row (default γ each; 0 makes
+        the row a plain step inside the round). Returns the round's RoundBatch
+        (drafts, accepted counts, kept tokens)."""
         ids = [r.seq_id for r in requests]
         round = RoundBatch(requests, ids, [r.committed_len - 1 for r in requests], [self.cache.head(s) for s in ids])
         self._notify("round_started", round)
         try:
             self._phase("draft")
-            self.propose(round, rows)
+            self.propose(round, rows, gammas)
             self._phase("verify")
             self.verify(round, rows)
             self._phase("commit")
@@ -101,12 +92,15 @@ class Speculator:
             r.emit(tokens[:kept], logprobs)
         self._count(round)
         self._notify("round_ended", round, None)
-        return sum(round.kept)
+        return round
 
-    def propose(self, round: RoundBatch, rows: RowParams) -> None:
+    def propose(self, round: RoundBatch, rows: RowParams, gammas: list[int] | None = None) -> None:
         """Drafts per row (γ clamped so a round never passes max_new_tokens) and q."""
         with self.stats.phase("draft"):
-            gammas = [min(self.gamma, r.params.max_new_tokens - len(r.output.token_ids) - 1) for r in round.requests]
+            asked = [self.gamma] * len(round.requests) if gammas is None else gammas
+            gammas = [max(0, min(g, r.params.max_new_tokens - len(r.output.token_ids) - 1))
+                      for g, r in zip(asked, round.requests)]
+            round.gammas = gammas
             proposal: Proposal = self.drafter.propose(round.requests, gammas, rows, self.coupled)
             vocab = self.target.vocab_size
             for d, g in zip(proposal.tokens, gammas):
@@ -148,9 +142,12 @@ class Speculator:
         context = penalty_context(round.requests, V, logits.device)  # p_{j+1} sees d_1..d_j, as q_{j+1} did
         context = None if context is None else context.with_drafts(round.drafts, T)
         p = process_logits(logits.reshape(B * T, V), rows.repeat(T), context).view(B, T, V)  # [batch, G + 1, vocab]
-        G = max(T - 1, 1)  # a round without drafts still passes one (unused) draft column
-        if T == 1:
-            p = torch.cat([p, p], dim=1)
+        if T == 1:  # no row drafted: a plain step's sampling (the same keyed noise at the same position)
+            positions = torch.tensor([m + 1 for m in round.start_lens], device=p.device)
+            tokens = [[t] for t in sample(p[:, 0], rows, positions).tolist()]
+            round.logprobs = batch_logprobs(p, tokens, round.requests)
+            return tokens, [0] * B
+        G = T - 1
         q = None
         if round.draft_probs is not None:
             q = torch.zeros(B, G, V, dtype=p.dtype, device=p.device)  # [batch, G, vocab]
@@ -209,6 +206,8 @@ class Speculator:
                 stats.log_replayed_tokens += d.num_steps
             else:
                 stats.token_replayed_tokens += d.num_steps
+        for g in round.gammas:
+            stats.gamma_counts[g] = stats.gamma_counts.get(g, 0) + 1
         stats.peak_checkpoint_bytes = max(stats.peak_checkpoint_bytes, self.checkpointer.held_bytes(round))
         if drafted:
             self.acceptance_history.append(sum(round.accepted) / drafted)

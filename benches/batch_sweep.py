@@ -1,0 +1,180 @@
+"""Batch sweep: tokens/s of plain decoding, fixed γ (2, 4) and adaptive γ
+(`num_draft_tokens="auto"`) at concurrency 1 … 64, side by side, with the
+speedup the simulator predicts from this engine's measured costs.
+
+Workloads (greedy, so every variant emits the same tokens, which is checked):
+- the embedded pair (byte-level target and its small draft), prompts cut from
+  held-out standard-library files;
+- a larger random Bamba pair with controlled acceptance (benches/e2e.py's
+  construction): the draft is the target's first layers; the target's later
+  layers have their output projections scaled by λ (small λ: high
+  acceptance, larger: medium and low).
+
+Per workload and concurrency B, `--requests-per-slot` × B requests (2 by
+default) go through one `generate` call of an Engine with max_batch_size = B
+(continuous batching). The four variants alternate call by call (one warm-up,
+median of `--repeats`); tokens/s counts new tokens over wall seconds (prefill
+included, the same for every variant). The predicted speedup at B is
+`hs.sim.speedup(α, γ, c, verify_cost)` at the best γ ≤ 8, with α from the
+fixed-γ = 4 run's acceptance rate at B (`alpha_from_acceptance_rate`), and c
+and verify_cost from the adaptive engine's start-up measurements
+(`RoundCosts`): c = draft step / plain step, verify_cost = forward of γ + 1
+tokens / plain step. The predicted crossover is the first B where it falls
+below 1.
+
+Targets (issue 12): adaptive ≥ 0.97 × plain at every point, and ≥ 0.95 × the
+best fixed γ.
+
+    python benches/batch_sweep.py            # the measurement (tens of minutes)
+    python benches/batch_sweep.py --quick    # a smoke run
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from common import bench_parser, describe_machine, print_table, save_png, set_threads, side_by_side, write_json
+from e2e import heldout_prompts, layer_skip_draft, scale_later_layers_
+from plain_decode import build_bamba
+
+RANDOM_PAIR = dict(hidden_size=256, num_hidden_layers=8, attn_layer_indices=[1, 5], intermediate_size=768,
+                   num_attention_heads=8, num_key_value_heads=4, mamba_n_heads=8, mamba_d_head=64,
+                   mamba_d_state=32, vocab_size=4096)
+RANDOM_PAIR_QUICK = dict(hidden_size=64, num_hidden_layers=4, attn_layer_indices=[1], intermediate_size=128,
+                         num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=32,
+                         mamba_d_state=16, vocab_size=512)
+VARIANTS = ("plain", "gamma=2", "gamma=4", "auto")
+
+
+def workloads(args) -> list[tuple[str, object, object, list[list[int]]]]:
+    """(name, target, draft, prompt pool) per workload."""
+    import hybridspec as hs
+    from hybridspec.embedded import embedded_paths
+    most = max(args.batches) * args.requests_per_slot
+    target_dir, draft_dir = embedded_paths()
+    text_prompts = heldout_prompts(min(most, 24), args.prompt_len)
+    pool = [text_prompts[i % len(text_prompts)][i // len(text_prompts):] for i in range(most)]  # distinct cuts
+    out = [("embedded", hs.load(target_dir), hs.load(draft_dir), pool)]
+    shape = RANDOM_PAIR_QUICK if args.quick else RANDOM_PAIR
+    g = torch.Generator().manual_seed(2)
+    random_prompts = torch.randint(1, shape["vocab_size"], (most, args.prompt_len), generator=g).tolist()
+    for scale, level in zip(args.scales, ("high", "medium", "low")):
+        hf = build_bamba(shape, seed=3)
+        draft = layer_skip_draft(hf, args.draft_layers)
+        scale_later_layers_(hf, args.draft_layers, scale)
+        target = hs.from_hf(hf)
+        out.append((f"random {target.num_parameters() / 1e6:.3g}M, {level} (lambda={scale:g})", target,
+                    hs.from_hf(draft), random_prompts))
+    return out
+
+
+def predicted(costs, batch: int, alpha: float) -> tuple[float, int]:
+    """(best predicted speedup over plain, its γ) at `batch` from measured costs."""
+    from hybridspec.sim import speedup
+    plain = costs.forward(batch, 1)
+    c = costs.draft_step(batch) / plain
+    options = [(speedup(alpha, g, c, costs.forward(batch, g + 1) / plain), g) for g in range(1, 9)
+               if g + 1 <= costs.tokens[-1]]
+    return max(options)
+
+
+def measure(name, target, draft, pool, batch: int, args) -> dict:
+    import hybridspec as hs
+    from hybridspec.sim import alpha_from_acceptance_rate
+    prompts = pool[:batch * args.requests_per_slot]
+    params = hs.SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    sizes = dict(max_batch_size=batch, max_model_len=args.prompt_len + args.new_tokens + 16)
+    engines = {"plain": hs.Engine(target, **sizes),
+               "gamma=2": hs.Engine(target, draft=draft, num_draft_tokens=2, **sizes),
+               "gamma=4": hs.Engine(target, draft=draft, num_draft_tokens=4, **sizes),
+               "auto": hs.Engine(target, draft=draft, num_draft_tokens="auto", **sizes)}
+    outputs = {}
+
+    def run(variant):
+        def fn():
+            outputs[variant] = [o.token_ids for o in engines[variant].generate(prompts, params)]
+        return fn
+    seconds = side_by_side({v: run(v) for v in VARIANTS}, repeats=args.repeats)
+    same = all(outputs[v] == outputs["plain"] for v in VARIANTS)
+    tokens = sum(map(len, outputs["plain"]))
+    rate = {v: tokens / seconds[v] for v in VARIANTS}
+    fixed4 = engines["gamma=4"].stats.acceptance_rate
+    costs = engines["auto"].gamma_controller.costs
+    alpha = alpha_from_acceptance_rate(fixed4, 4) if fixed4 > 0 else 0.0
+    pred, pred_gamma = predicted(costs, batch, alpha)
+    counts = engines["auto"].stats.gamma_counts
+    best_fixed = max(rate["gamma=2"], rate["gamma=4"])
+    return {"workload": name, "batch": batch, "requests": len(prompts), **{f"{v} tok/s": rate[v] for v in VARIANTS},
+            "gamma=2 / plain": rate["gamma=2"] / rate["plain"], "gamma=4 / plain": rate["gamma=4"] / rate["plain"],
+            "auto / plain": rate["auto"] / rate["plain"], "auto / best fixed": rate["auto"] / best_fixed,
+            "predicted speedup": pred, "predicted gamma": pred_gamma, "acceptance (gamma=4)": fixed4,
+            "auto mean gamma": sum(g * n for g, n in counts.items()) / max(sum(counts.values()), 1),
+            "auto gamma counts": dict(sorted(counts.items())), "same tokens": same}
+
+
+def plot(rows: list[dict], path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        own = [r for r in rows if r["workload"] == name]
+        batches = [r["batch"] for r in own]
+        for key, style in (("gamma=2 / plain", "s--"), ("gamma=4 / plain", "^--"), ("auto / plain", "o-")):
+            ax.plot(batches, [r[key] for r in own], style, label=key.split(" /")[0])
+        ax.plot(batches, [r["predicted speedup"] for r in own], "k:", label="predicted (best γ)")
+        crossing = next((r["batch"] for r in own if r["predicted speedup"] < 1), None)
+        if crossing is not None:
+            ax.axvline(crossing, color="grey", lw=0.8)
+            ax.text(crossing, ax.get_ylim()[1], " predicted crossover", va="top", fontsize=7, color="grey")
+        ax.axhline(1.0, color="black", lw=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("concurrency (max_batch_size)")
+        ax.set_ylabel("speedup over plain")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def main(argv=None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--requests-per-slot", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.3, 1.0],
+                        help="λ of the random pair's later layers: high, medium, low acceptance")
+    parser.add_argument("--draft-layers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.new_tokens, args.prompt_len, args.scales, args.repeats = [1, 2], 8, 16, [0.0], 1
+    threads = set_threads(args.threads)
+    rows = []
+    began = time.perf_counter()
+    for name, target, draft, pool in workloads(args):
+        for batch in args.batches:
+            row = measure(name, target, draft, pool, batch, args)
+            rows.append(row)
+            print(f"[{time.perf_counter() - began:6.0f} s] {name} B={batch}: auto/plain {row['auto / plain']:.2f}, "
+                  f"auto/best fixed {row['auto / best fixed']:.2f}", file=sys.stderr, flush=True)
+    columns = ["workload", "batch", "plain tok/s", "gamma=2 / plain", "gamma=4 / plain", "auto / plain",
+               "auto / best fixed", "auto mean gamma", "acceptance (gamma=4)", "predicted speedup", "same tokens"]
+    print_table(rows, columns)
+    misses = [r for r in rows if r["auto / plain"] < 0.97 or r["auto / best fixed"] < 0.95]
+    print(f"targets (auto >= 0.97 x plain and >= 0.95 x best fixed): met at {len(rows) - len(misses)} of "
+          f"{len(rows)} points")
+    path = write_json(args.out or "batch_sweep.json",
+                      {"machine": describe_machine(), "threads": threads, "args": {k: str(v) for k, v in vars(args).items()},
+                       "rows": rows})
+    plot(rows, path.with_suffix(".png"))
+    return 0 if all(r["same tokens"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

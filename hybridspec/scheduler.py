@@ -1,0 +1,147 @@
+"""`Scheduler`: which requests run in the next engine step (continuous batching).
+
+Requests wait in a FIFO queue and run in a batch of at most `max_running`
+sequences. Every step the engine asks the scheduler two things:
+
+- `admit(tokens_per_round)`: waiting requests to start now. A request is
+  admitted while a state ring is free and every cache it occupies (the
+  target's, a model drafter's) has the pages for its committed tokens plus one
+  round, on top of what the running sequences need for their next round.
+  Admission stops at the first request that does not fit (FIFO: no request
+  overtakes an earlier one).
+- `reserve(tokens_per_round)`: make room for the next round of every running
+  sequence. While the pages it needs exceed the free pages, the newest running
+  request is preempted: its pages and ring go back to the pools and it returns
+  to the front of the queue with its committed tokens, to be prefilled again
+  later (recompute). Nothing committed is lost: tokens are only ever appended
+  to a request at a commit.
+
+A request that could never run (its longest sequence, prompt plus
+max_new_tokens, needs more pages than a whole pool) is refused at submission
+(`check_fits`), so the oldest running request always fits alone and the
+preemption loop ends; the queue never deadlocks.
+
+The scheduler is bookkeeping over lengths and page counts: the engine runs the
+forwards, frees caches through `release`, and owns the requests.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from .cache.hybrid_cache import HybridCache
+from .errors import InvalidRequestError
+
+
+def pages_for(cache: HybridCache, num_tokens: int) -> int:
+    """KV pages that `num_tokens` positions of one sequence occupy in `cache`."""
+    return -(-num_tokens // cache.block_size) if cache.kv is not None else 0
+
+
+class Scheduler:
+    """caches: every HybridCache a running sequence occupies (the target's
+    first, then a model drafter's); max_running: the concurrency limit, at
+    most each cache's `max_seqs` (one state ring per running sequence);
+    release(requests): frees the sequences of `requests` in every cache (the
+    engine's, since the drafter's state is the drafter's business);
+    reclaim(cache, num_pages): None, or a way to free pages held by cached
+    prefixes (the prefix cache) until `num_pages` are free, tried before a
+    request waits or a running one is preempted."""
+
+    def __init__(self, caches: list[HybridCache], max_running: int, release: Callable[[list], None],
+                 reclaim: Callable[[HybridCache, int], None] | None = None):
+        self.caches = caches
+        self.max_running = max_running
+        self.release = release
+        self.reclaim = reclaim
+        self.waiting: deque = deque()  # FIFO; preempted requests return to the front
+        self.running: list = []  # in admission order: the last is the newest
+        self.preemptions = 0  # over the scheduler's life
+
+    # -- submission --------------------------------------------------------------------------
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int, what: str = "the request") -> None:
+        """InvalidRequestError if one sequence of `prompt_len + max_new_tokens`
+        tokens needs more KV pages than a whole pool holds (it could never run)."""
+        for cache in self.caches:
+            if cache.kv is None:
+                continue
+            needed = pages_for(cache, prompt_len + max_new_tokens)
+            if needed > cache.kv.num_blocks:
+                raise InvalidRequestError(
+                    f"{what}: {prompt_len} prompt tokens + max_new_tokens={max_new_tokens} need {needed} KV pages "
+                    f"of {cache.block_size} tokens but the whole pool holds {cache.kv.num_blocks}; shorten the "
+                    "prompt, lower max_new_tokens or build the Engine with a larger num_blocks")
+
+    def add(self, requests: Iterable) -> None:
+        self.waiting.extend(requests)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- every step ---------------------------------------------------------------------------
+
+    def admit(self, tokens_per_round: Callable[[object], int]) -> list:
+        """Waiting requests to start this step (already moved to `running`), in queue order."""
+        admitted = []
+        reserved = [self._round_pages(cache, self.running, tokens_per_round) for cache in self.caches]
+        while self.waiting and len(self.running) < self.max_running:
+            request = self.waiting[0]
+            need = [pages_for(cache, request.committed_len + tokens_per_round(request)) for cache in self.caches]
+            if not self._make_free([r + n for r, n in zip(reserved, need)]):
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            admitted.append(request)
+            reserved = [r + n for r, n in zip(reserved, need)]
+        return admitted
+
+    def reserve(self, tokens_per_round: Callable[[object], int]) -> list:
+        """Preempt the newest running requests until the next round of the rest
+        fits every cache; returns the preempted ones (now first in the queue)."""
+        preempted = []
+        while not self._make_free([self._round_pages(cache, self.running, tokens_per_round) for cache in self.caches]) \
+                and len(self.running) > 1:
+            request = self.running.pop()
+            self.release([request])
+            self.waiting.appendleft(request)
+            preempted.append(request)
+            self.preemptions += 1
+        return preempted
+
+    def finish(self, requests: list) -> None:
+        """Requests that ended (finished or aborted) leave the batch; their caches are freed."""
+        done = {id(r) for r in requests}
+        self.running = [r for r in self.running if id(r) not in done]
+        waiting = [r for r in self.waiting if id(r) in done]
+        for r in waiting:
+            self.waiting.remove(r)
+        self.release([r for r in requests])
+
+    # -- page arithmetic ----------------------------------------------------------------------
+
+    def _make_free(self, pages: list[int]) -> bool:
+        """Whether every cache has `pages[i]` free pages, after reclaiming cached prefixes' pages if needed."""
+        for cache, n in zip(self.caches, pages):
+            if n > self._free_pages(cache) and self.reclaim is not None:
+                self.reclaim(cache, n)
+        return all(n <= self._free_pages(cache) for cache, n in zip(self.caches, pages))
+
+    @staticmethod
+    def _round_pages(cache: HybridCache, requests: list, tokens_per_round) -> int:
+        """Pages the next round of `requests` takes from `cache`'s pool (they already hold the rest)."""
+        if cache.kv is None:
+            return 0
+        total = 0
+        for r in requests:
+            if cache.has_sequence(r.seq_id):
+                total += cache.kv.blocks_needed(r.seq_id, max(r.committed_len - 1 + tokens_per_round(r),
+                                                              cache.kv.kv_len(r.seq_id)))
+            else:  # admitted but not prefilled yet
+                total += pages_for(cache, r.committed_len + tokens_per_round(r))
+        return total
+
+    @staticmethod
+    def _free_pages(cache: HybridCache) -> int:
+        return cache.kv.num_free_blocks if cache.kv is not None else 0

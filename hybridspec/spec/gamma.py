@@ -1,0 +1,338 @@
+"""Adaptive speculation (`Engine(num_draft_tokens="auto")`): each round, γ for
+each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
+
+    goodput(G) = Σ_b E[tokens](α̂_b, γ_b) / cost(B, G),   γ_b = min(G, cap_b, g_b)
+
+- E[tokens](α, γ) = 1 + α + … + α^γ (`hs.sim.expected_tokens`, capped-geometric
+  acceptance); γ = 0 is a plain step inside the round (one token).
+- α̂_b: the sequence's acceptance estimate, an exponentially weighted count of
+  accepted drafts over drafts tried (a draft is tried up to the first
+  rejection), shrunk toward the engine-wide estimate, which is itself shrunk
+  toward `prior_alpha`. Rounds that draft nothing decay the counts slowly
+  (`IDLE_DECAY`), so an estimate drifts back to the prior; and after
+  `PROBE_EVERY` rounds in a row without drafts one round drafts the best
+  G ≥ 1 anyway, so a pessimistic estimate is put to the test instead of
+  freezing (at most one round in PROBE_EVERY pays for it).
+- cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B · G · draft_step(B)
+  + residual_B: a target forward of G + 1 tokens per row at batch B (with the
+  engine's snapshot writes, measured at start-up on scratch caches, linear
+  between the measured batches and token counts), G drafter steps, and the
+  rest of the round's wall time (sampling, commit, replay, host bookkeeping). The scales (1 until a round
+  is seen) and residuals (0) are learned online per measured batch size from
+  each round's phase times (exponential averages), apart for rounds that
+  draft (G > 0) and plain ones (until a kind is seen, the other's values
+  stand in), so costs follow the machine's load and what start-up missed.
+- cap_b: drafts the request can still use (max_new_tokens − generated − 1).
+- g_b: a row's own cost. The forward pads every row to G + 1 inputs and the
+  drafter steps the whole batch, so a row's drafts add only their snapshot
+  writes (`row_draft_s`, 0 unless measured): a row keeps draft j while
+  α̂_b^j ≥ λ · row_draft_s, λ the best goodput (tokens per second) of the
+  previous round. With row_draft_s = 0 every row drafts G.
+
+The batch's G is searched exhaustively (γ_max + 1 candidates); the whole
+choice is O(B · γ_max) host arithmetic per round.
+"""
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridspec.checkpoints.costs import fastest
+
+from ..errors import ConfigError
+
+DEFAULT_MAX_DRAFT_TOKENS = 8
+PRIOR_ALPHA = 0.6  # acceptance assumed before anything was measured
+DECAY = 0.85  # weight of the past per round in the acceptance counts and learned costs
+IDLE_DECAY = 0.98  # the same for acceptance counts in rounds that draft nothing
+PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts
+PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide estimate
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """1 + α + … + α^γ (the closed form's E[tokens])."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def _interpolate(xs: tuple[int, ...], ys: list[float], x: float) -> float:
+    """Piecewise-linear through (xs, ys), extended linearly past the ends."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    return max(ys[i] + slope * (x - xs[i]), 0.0)
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Seconds measured on this engine's models, per batch size in `batches`:
+    forward_s[i][j]: a target forward of tokens[j] tokens per row at
+    batches[i] rows, writing a snapshot after every input (tokens[0] = 1 is a
+    plain decode step); draft_step_s[i]: one drafter step (0 for drafters
+    without a model); row_draft_s[i]: what one more draft of one row adds
+    beyond the padded forward (its snapshot write)."""
+
+    batches: tuple[int, ...]
+    tokens: tuple[int, ...]
+    forward_s: tuple[tuple[float, ...], ...]
+    draft_step_s: tuple[float, ...]
+    row_draft_s: tuple[float, ...]
+
+    def __post_init__(self):
+        ok = (self.batches and list(self.batches) == sorted(set(self.batches)) and self.tokens
+              and list(self.tokens) == sorted(set(self.tokens)) and len(self.forward_s) == len(self.batches)
+              and all(len(row) == len(self.tokens) for row in self.forward_s)
+              and len(self.draft_step_s) == len(self.row_draft_s) == len(self.batches))
+        values = [v for row in self.forward_s for v in row] + list(self.draft_step_s) + list(self.row_draft_s)
+        if not ok or any(not math.isfinite(v) or v < 0 for v in values):
+            raise ConfigError("RoundCosts needs ascending batches and tokens, one forward time per (batch, tokens) "
+                              "and one draft step and row draft time per batch, all finite seconds >= 0")
+
+    def forward(self, batch: int, tokens: int) -> float:
+        per_batch = [_interpolate(self.tokens, list(row), tokens) for row in self.forward_s]
+        return _interpolate(self.batches, per_batch, batch)
+
+    def draft_step(self, batch: int) -> float:
+        return _interpolate(self.batches, list(self.draft_step_s), batch)
+
+    def row_draft(self, batch: int) -> float:
+        return _interpolate(self.batches, list(self.row_draft_s), batch)
+
+    def bucket(self, batch: int) -> int:
+        """Index of the measured batch nearest to `batch` (where online corrections are kept)."""
+        return min(range(len(self.batches)), key=lambda i: abs(self.batches[i] - batch))
+
+
+def measure_round_costs(target, draft_model, gamma_max: int, batches, new_cache, new_draft_cache=None,
+                        repeats: int = 3, clock=time.perf_counter) -> RoundCosts:
+    """Time target forwards of 1, 2, 3, ⌈(γ_max + 1)/2⌉ … γ_max + 1 tokens per
+    row and one drafter step at each batch size, on scratch caches
+    (`new_cache(max_seqs, ring_slots)`), fastest of `repeats`, interleaved."""
+    batches = sorted(set(batches))
+    tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
+    forward_s, draft_s, row_s = [], [], []
+    for batch in batches:
+        t = _measure_at(target, draft_model, tokens, batch, new_cache, new_draft_cache, repeats, clock)
+        forward_s.append(tuple(t[f"forward {n}"] for n in tokens))
+        draft_s.append(t.get("draft", 0.0))
+        top = tokens[-1]
+        row_s.append(max(t[f"forward {top}"] - t[f"final only {top}"], 0.0) / max(top - 1, 1) / batch)
+    return RoundCosts(tuple(batches), tuple(tokens), tuple(forward_s), tuple(draft_s), tuple(row_s))
+
+
+def _measure_at(target, draft_model, tokens, batch, new_cache, new_draft_cache, repeats, clock) -> dict:
+    vocab, top = target.vocab_size, max(tokens)
+    cache = new_cache(batch, top + 1)
+    ids = list(range(batch))
+    prompts = [[(7 * b + i) % vocab for i in range(8)] for b in ids]
+    target.prefill(cache, ids, prompts, last_only=True)
+    start = [cache.computed_len[s] for s in ids]
+    heads = [cache.head(s) for s in ids]
+    spare = [[slot for slot in cache.states.ring_slots(s) if slot != h] if cache.states is not None else []
+             for s, h in zip(ids, heads)]
+    inputs = [[(3 * b + 5 * i + 1) % vocab for i in range(top)] for b in ids]
+
+    def forward(count: int, every_input: bool = True) -> None:
+        snap = None
+        if cache.states is not None:
+            snap = torch.full((batch, count), -1, dtype=torch.long, device=target.device)  # [batch, count]
+            for b in ids:
+                if every_input:
+                    snap[b] = torch.tensor(spare[b][:count])
+                else:
+                    snap[b, -1] = spare[b][count - 1]
+        target.extend(cache, ids, [t[:count] for t in inputs], last_only=False, snap_slot=snap)
+        for s, length, head in zip(ids, start, heads):
+            cache.commit(s, length, head)  # back to where it was: KV truncated, head untouched
+
+    fns = {f"forward {n}": (lambda n=n: forward(n)) for n in tokens}
+    fns[f"final only {top}"] = lambda: forward(top, every_input=False)
+    if draft_model is not None:
+        draft_cache = new_draft_cache(batch, 2)
+        draft_model.prefill(draft_cache, ids, prompts, last_only=True)
+        d_start, d_heads = [draft_cache.computed_len[s] for s in ids], [draft_cache.head(s) for s in ids]
+
+        def draft_step() -> None:
+            draft_model.decode(draft_cache, ids, [1] * batch)
+            for s, length, head in zip(ids, d_start, d_heads):
+                draft_cache.commit(s, length, head)
+        fns["draft"] = draft_step
+    return fastest(fns, repeats, target.device, clock)
+
+
+@dataclass
+class _Acceptance:
+    """Exponentially weighted accepted drafts / drafts tried."""
+
+    accepted: float = 0.0
+    tried: float = 0.0
+
+    def decay(self, weight: float = DECAY) -> None:
+        self.accepted *= weight
+        self.tried *= weight
+
+    def add(self, accepted: int, tried: int) -> None:
+        self.decay()
+        self.accepted += accepted
+        self.tried += tried
+
+    def estimate(self, prior: float, strength: float = PRIOR_TRIALS) -> float:
+        return (self.accepted + strength * prior) / (self.tried + strength)
+
+
+@dataclass
+class _Learned:
+    """Online corrections at one measured batch size."""
+
+    draft_scale: float = 1.0
+    # keyed by whether the round drafted: plain steps and verify forwards are learned apart
+    forward_scale: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
+    residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
+
+    @staticmethod
+    def mix(old: float | None, new: float) -> float:
+        return new if old is None else DECAY * old + (1.0 - DECAY) * new
+
+    @staticmethod
+    def get(values: dict[bool, float | None], drafted: bool, default: float) -> float:
+        """The learned value of this kind of round, else the other kind's, else `default`."""
+        for value in (values[drafted], values[not drafted]):
+            if value is not None:
+                return value
+        return default
+
+
+class GammaController:
+    """Chooses γ per sequence per round (module docstring) and learns from what
+    each round cost and accepted. gamma_max: the most drafts per row; costs:
+    the start-up measurements; prior_alpha: acceptance before any is seen."""
+
+    def __init__(self, gamma_max: int, costs: RoundCosts, prior_alpha: float = PRIOR_ALPHA):
+        if not isinstance(gamma_max, int) or isinstance(gamma_max, bool) or gamma_max < 1:
+            raise ConfigError(f"max_draft_tokens={gamma_max!r} must be an integer >= 1 (8 is typical)")
+        self.gamma_max, self.costs, self.prior_alpha = gamma_max, costs, prior_alpha
+        self.engine_acceptance = _Acceptance()
+        self.sequences: dict[int, _Acceptance] = {}
+        self.learned = [_Learned() for _ in costs.batches]
+        self.goodput = 0.0  # λ: tokens per second of the last round's choice
+        self.idle_rounds = 0  # rounds in a row that drafted nothing
+        self._measured_at: dict[int, list[tuple[float, float]]] = {}  # batch -> start-up seconds per G
+        self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
+
+    # -- the choice ---------------------------------------------------------------------------
+
+    def alpha(self, seq_id: int) -> float:
+        engine = self.engine_acceptance.estimate(self.prior_alpha)
+        own = self.sequences.get(seq_id)
+        return engine if own is None else own.estimate(engine)
+
+    def round_cost(self, batch: int, G: int) -> float:
+        """Predicted seconds of a round of `batch` rows drafting at most G."""
+        forward, draft = self._measured(batch)[G]
+        learned = self._learned_at[batch]
+        drafted = G > 0
+        return (learned.get(learned.forward_scale, drafted, 1.0) * forward + learned.draft_scale * draft
+                + learned.get(learned.residual_s, drafted, 0.0))
+
+    def _measured(self, batch: int) -> list[tuple[float, float]]:
+        """[(forward of G + 1 tokens, G drafter steps) for G in 0..γ_max] at `batch`, start-up seconds."""
+        if batch not in self._measured_at:
+            step = self.costs.draft_step(batch)
+            self._measured_at[batch] = [(self.costs.forward(batch, G + 1), G * step)
+                                        for G in range(self.gamma_max + 1)]
+            self._learned_at[batch] = self.learned[self.costs.bucket(batch)]
+        return self._measured_at[batch]
+
+    def choose(self, seq_ids: list[int], caps: list[int]) -> list[int]:
+        """γ_b for each row (caps[b]: most drafts row b can use)."""
+        batch = len(seq_ids)
+        alphas = [self.alpha(s) for s in seq_ids]
+        row_draft = self.costs.row_draft(batch)
+        row_cost = row_draft * self.goodput  # in tokens per draft: λ · row_draft_s
+        limits = [max(0, min(cap, self._own_limit(a, row_cost))) for a, cap in zip(alphas, caps)]
+        top = min(self.gamma_max, max(limits, default=0))
+        tokens = [0.0] * (top + 1)  # tokens[G] = Σ_b E[tokens](α_b, min(G, limit_b))
+        drafts = [0] * (top + 1)  # Σ_b min(G, limit_b)
+        for alpha, limit in zip(alphas, limits):
+            term = total = 1.0
+            for G in range(top + 1):
+                if 0 < G <= limit:
+                    term *= alpha
+                    total += term
+                tokens[G] += total
+                drafts[G] += min(G, limit)
+        options = [(tokens[G] / cost if (cost := self.round_cost(batch, G) + row_draft * drafts[G]) > 0
+                    else tokens[G], G) for G in range(top + 1)]
+        goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
+        if G == 0 and top > 0 and self.idle_rounds + 1 >= PROBE_EVERY:
+            goodput, G = max(options[1:])
+        self.goodput = goodput
+        return [min(G, limit) for limit in limits]
+
+    def _own_limit(self, alpha: float, row_cost: float) -> int:
+        """Most drafts j with α^j ≥ row_cost (the row's marginal gain covers its own cost)."""
+        if row_cost <= 0:
+            return self.gamma_max
+        if alpha <= 0 or row_cost > 1:
+            return 0
+        if alpha >= 1:
+            return self.gamma_max
+        return min(self.gamma_max, int(math.log(row_cost) / math.log(alpha)))
+
+    # -- learning -----------------------------------------------------------------------------
+
+    def observe(self, seq_ids: list[int], drafted: list[int], accepted: list[int], gammas: list[int],
+                seconds: dict[str, float] | None = None) -> None:
+        """One round's outcome: per row the drafts asked for (`gammas`),
+        proposed and accepted; the round's phase seconds ("draft", "verify",
+        "sampling", "commit") and "round", its whole wall time (default: the
+        phases' sum); None: learn acceptance only."""
+        total_accepted = total_tried = 0
+        for s, d, n in zip(seq_ids, drafted, accepted):
+            own = self.sequences.setdefault(s, _Acceptance())
+            if d == 0:
+                own.decay(IDLE_DECAY)
+                continue
+            tried = n + (1 if n < d else 0)  # drafts up to the first rejection
+            own.add(n, tried)
+            total_accepted, total_tried = total_accepted + n, total_tried + tried
+        if total_tried:
+            self.engine_acceptance.add(total_accepted, total_tried)
+        else:
+            self.engine_acceptance.decay(IDLE_DECAY)
+        self.idle_rounds = 0 if max(gammas, default=0) else self.idle_rounds + 1
+        if seconds is not None:
+            self._learn_costs(len(seq_ids), max(gammas, default=0), seconds)
+
+    def _learn_costs(self, batch: int, G: int, seconds: dict[str, float]) -> None:
+        forward, draft = self._measured(batch)[G]
+        learned = self._learned_at[batch]
+        if forward > 0 and seconds.get("verify", 0.0) > 0:
+            learned.forward_scale[G > 0] = learned.mix(learned.forward_scale[G > 0], seconds["verify"] / forward)
+        if draft > 0 and seconds.get("draft", 0.0) > 0:
+            learned.draft_scale = learned.mix(learned.draft_scale, seconds.get("draft", 0.0) / draft)
+        phases = seconds.get("draft", 0.0) + seconds.get("verify", 0.0) + seconds.get("sampling", 0.0) \
+            + seconds.get("commit", 0.0)
+        total = seconds.get("round", phases)  # the whole round, host bookkeeping included
+        residual = total - seconds.get("verify", 0.0) - (seconds.get("draft", 0.0) if G > 0 else 0.0)
+        learned.residual_s[G > 0] = learned.mix(learned.residual_s[G > 0], max(residual, 0.0))
+
+    def forget(self, seq_ids: list[int]) -> None:
+        """Finished sequences leave the estimates (the engine-wide one keeps what they taught)."""
+        for s in seq_ids:
+            self.sequences.pop(s, None)
+
+
+def measured_batches(max_batch_size: int) -> list[int]:
+    """Batch sizes measured at start-up: powers of two up to the concurrency limit, and the limit."""
+    batches, b = [], 1
+    while b < max_batch_size:
+        batches.append(b)
+        b *= 2
+    return batches + [max_batch_size]

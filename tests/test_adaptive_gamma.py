@@ -1,0 +1,137 @@
+"""Adaptive γ (`num_draft_tokens="auto"`, `hybridspec.spec.gamma`): the
+choice follows acceptance and costs, γ = 0 rounds (all rows, or some rows of
+a drafting round) keep greedy and coupled parity, and the histogram of
+chosen γ is reported."""
+import random
+
+import pytest
+
+import hybridspec as hs
+from hybridspec.errors import ConfigError
+from hybridspec.rollback import perturbed_copy
+from hybridspec.spec.gamma import PROBE_EVERY, GammaController, RoundCosts, expected_tokens
+from oracles import bamba, nemotron_h
+
+GAMMA_MAX = 4
+
+
+def costs(forward=(1.0, 1.1, 1.2, 1.3, 1.4), draft_step=0.05, row_draft=0.0, batches=(1, 8)) -> RoundCosts:
+    """Hand-made costs: a forward of 1..5 tokens per row, the same at every batch."""
+    return RoundCosts(batches, (1, 2, 3, 4, 5), tuple(tuple(forward) for _ in batches),
+                      tuple(draft_step for _ in batches), tuple(row_draft for _ in batches))
+
+
+def teach(controller, seq_ids, alpha_hits: int, rounds: int = 20) -> None:
+    """Rounds in which every row drafts 4 and keeps `alpha_hits` of them."""
+    for _ in range(rounds):
+        controller.observe(seq_ids, [4] * len(seq_ids), [alpha_hits] * len(seq_ids), [4] * len(seq_ids))
+
+
+def test_cheap_drafts_with_high_acceptance_draft_the_most():
+    controller = GammaController(GAMMA_MAX, costs())
+    teach(controller, [0, 1], alpha_hits=4)
+    assert controller.choose([0, 1], [10, 10]) == [4, 4]
+    assert controller.choose([0, 1], [10, 2]) == [4, 2]  # a row near max_new_tokens is capped
+
+
+def test_expensive_drafts_or_low_acceptance_give_plain_steps():
+    assert GammaController(GAMMA_MAX, costs(draft_step=2.0)).choose([0], [10]) == [0]
+    controller = GammaController(GAMMA_MAX, costs())
+    teach(controller, [0], alpha_hits=0)
+    assert controller.choose([0], [10]) == [0]
+
+
+def test_the_choice_maximises_expected_tokens_per_second():
+    c = costs(draft_step=0.2)
+    controller = GammaController(GAMMA_MAX, c)
+    teach(controller, [0], alpha_hits=2)  # each draft tried is accepted 2 times in 3
+    alpha = controller.alpha(0)
+    rates = [expected_tokens(alpha, g) / (c.forward(1, g + 1) + g * 0.2) for g in range(GAMMA_MAX + 1)]
+    assert controller.choose([0], [10]) == [max(range(GAMMA_MAX + 1), key=rates.__getitem__)]
+
+
+def test_a_row_whose_own_cost_outweighs_its_gain_stops_drafting():
+    """With per-row draft costs, a low-acceptance row drafts less than a high one in the same round."""
+    controller = GammaController(GAMMA_MAX, costs(row_draft=0.02))
+    teach(controller, [0], alpha_hits=4)
+    teach(controller, [1], alpha_hits=0, rounds=40)
+    controller.choose([0, 1], [10, 10])  # sets λ
+    good, bad = controller.choose([0, 1], [10, 10])
+    assert good == GAMMA_MAX and bad < good
+
+
+def test_pessimism_is_probed_again():
+    controller = GammaController(GAMMA_MAX, costs(draft_step=0.4))
+    teach(controller, [0], alpha_hits=0)
+    choices = []
+    for _ in range(PROBE_EVERY):
+        gammas = controller.choose([0], [10])
+        choices.append(gammas[0])
+        controller.observe([0], gammas, [0], gammas)
+    assert choices[:-1] == [0] * (PROBE_EVERY - 1) and choices[-1] >= 1
+
+
+def test_online_costs_follow_the_measured_rounds():
+    controller = GammaController(GAMMA_MAX, costs())
+    for _ in range(30):  # drafting rounds really cost twice what start-up measured
+        controller.observe([0], [4], [2], [4], {"verify": 2 * 1.4, "draft": 4 * 0.05, "sampling": 0.1})
+    assert controller.round_cost(1, 4) == pytest.approx(2 * 1.4 + 4 * 0.05 + 0.1, rel=0.02)
+
+
+def test_engine_arguments_are_checked():
+    target = hs.from_hf(bamba(seed=0))
+    with pytest.raises(ConfigError, match="max_draft_tokens=3 is for num_draft_tokens='auto'"):
+        hs.Engine(target, draft=hs.NgramDrafter(), num_draft_tokens=4, max_draft_tokens=3)
+    with pytest.raises(ConfigError, match="max_draft_tokens=0 must be an integer >= 1"):
+        hs.Engine(target, draft=hs.NgramDrafter(), num_draft_tokens="auto", max_draft_tokens=0)
+    with pytest.raises(ConfigError, match="num_draft_tokens='four'"):
+        hs.Engine(target, draft=hs.NgramDrafter(), num_draft_tokens="four")
+
+
+class ScriptedGammas(GammaController):
+    """Random γ per row in 0..γ_max, every round (all-zero rounds included)."""
+
+    def __init__(self, gamma_max: int, seed: int):
+        super().__init__(gamma_max, costs())
+        self.rng = random.Random(seed)
+        self.chosen: list[list[int]] = []
+
+    def choose(self, seq_ids, caps):
+        gammas = [self.rng.choice([0, 0, 1, self.gamma_max]) if self.rng.random() < 0.7 else 0 for _ in seq_ids]
+        self.chosen.append(gammas)
+        return gammas
+
+
+@pytest.mark.parametrize("family", [bamba, nemotron_h])
+@pytest.mark.parametrize("verify", ["rejection", "coupled"])
+def test_zero_and_mixed_gamma_rounds_keep_parity(family, verify):
+    target = hs.from_hf(family(seed=0))
+    draft = perturbed_copy(target, seed=2)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(target.vocab_size) for _ in range(rng.randint(1, 8))] for _ in range(6)]
+    params = [hs.SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.9 if verify == "coupled" and i % 2
+                                else 0.0, seed=i) for i in range(6)]
+    expected = [o.token_ids for o in hs.Engine(target).generate(prompts, params)]
+    engine = hs.Engine(target, draft=draft, num_draft_tokens="auto", max_draft_tokens=GAMMA_MAX, verify=verify,
+                       max_batch_size=3, block_size=4)
+    engine.check_invariants = True
+    engine.gamma_controller = scripted = ScriptedGammas(GAMMA_MAX, seed=5)
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected
+    rounds = scripted.chosen
+    assert any(not any(g) for g in rounds) and any(0 in g and any(g) for g in rounds)  # all-zero and mixed rounds
+    stats = engine.stats
+    assert sum(stats.gamma_counts.values()) == stats.sequence_rounds
+    assert stats.gamma_counts.get(0, 0) > 0 and stats.gamma_counts.get(GAMMA_MAX, 0) > 0
+
+
+def test_auto_measures_costs_and_keeps_greedy_parity():
+    target = hs.from_hf(bamba(seed=0))
+    draft = perturbed_copy(target, seed=2)
+    prompts, params = [[3, 4, 5], [6, 7], [8]], hs.SamplingParams(max_new_tokens=10, ignore_eos=True)
+    expected = [o.token_ids for o in hs.Engine(target).generate(prompts, params)]
+    engine = hs.Engine(target, draft=draft, num_draft_tokens="auto", max_draft_tokens=3, max_batch_size=4)
+    measured = engine.gamma_controller.costs
+    assert measured.batches == (1, 2, 4) and measured.tokens == (1, 2, 3, 4)
+    assert all(t > 0 for row in measured.forward_s for t in row) and all(t > 0 for t in measured.draft_step_s)
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected
+    assert sum(engine.stats.gamma_counts.values()) == engine.stats.sequence_rounds
