@@ -15,12 +15,14 @@ as vLLM keeps it ("grid-256": states only every 256 tokens, no end
 checkpoints, hits only at a grid point, no replay).
 
 Per variant and workload: mean time to first token (TTFT: generate call to
-the first emitted token), prompt tokens the target's prefill actually ran,
-tokens replayed from checkpoints, the hit rate (prompt tokens found in the
-cache / prompt tokens; their K/V is shared), the prefill saved (1 - computed /
-prompt tokens: what the checkpoints saved), state checkpoint memory (target + drafter, at the
-end), and generated tokens/s over the whole run. Every variant's outputs
-must equal the cache-off outputs.
+the first emitted token; also over the second and later requests), prompt
+tokens the target's prefill actually ran, tokens replayed from checkpoints,
+the hit rate (prompt tokens found in the cache / prompt tokens; their K/V is
+shared), the prefill saved (1 - computed / prompt tokens: what the
+checkpoints saved), state checkpoint memory (target + drafter, at the end),
+and generated tokens/s over the whole run. Times are wall seconds, or this
+process's CPU seconds with --clock cpu (steadier where other work shares the
+machine). Every variant's outputs must equal the cache-off outputs.
 
     python benches/prefix_cache.py            # the measurement (a few minutes)
     python benches/prefix_cache.py --quick    # a smoke run
@@ -28,12 +30,12 @@ must equal the cache-off outputs.
 from __future__ import annotations
 
 import sysconfig
-import time
 from pathlib import Path
 
 import torch
 
-from common import bench_parser, describe_machine, print_table, save_png, set_threads, write_json
+import common
+from common import bench_parser, describe_machine, print_table, save_png, set_clock, set_threads, write_json
 
 GRID = 256
 
@@ -92,16 +94,16 @@ def generate_timed(engine, prompt, params, clock) -> tuple[list[int], float]:
     return out.token_ids, first[0] - start
 
 
-def measure(target, draft, settings, workload, params, repeats: int) -> dict:
-    """Run `workload` on a fresh Engine `repeats` times; the run of median wall time counts."""
+def measure(target, draft, settings, workload, params, repeats: int, clock) -> dict:
+    """Run `workload` on a fresh Engine `repeats` times; the run of median time counts."""
     import hybridspec as hs
     runs = []
     for _ in range(repeats):
         engine = hs.Engine(target, draft=draft, num_draft_tokens=4, prefix_cache=settings, max_batch_size=1,
                            max_model_len=4096)
-        start = time.perf_counter()
+        start = clock()
         outputs, ttfts, prompt_tokens = workload(engine, params)
-        wall = time.perf_counter() - start
+        wall = clock() - start
         runs.append((wall, engine, outputs, ttfts, prompt_tokens))
     wall, engine, outputs, ttfts, prompt_tokens = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     stats = engine.total_stats
@@ -141,6 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="fresh-engine runs per variant (median wall)")
     args = parser.parse_args(argv)
     set_threads(args.threads)
+    set_clock(args.clock)
     import hybridspec as hs
     from hybridspec.embedded import embedded_paths
 
@@ -154,7 +157,7 @@ def main(argv=None) -> int:
     params = hs.SamplingParams(max_new_tokens=sizes["new"], ignore_eos=True)
     system, messages = chat_messages(sizes["turns"], sizes["system"], sizes["message"])
     questions = document_prompts(sizes["questions"], sizes["doc"], sizes["question"])
-    clock = time.perf_counter
+    clock = lambda: common.clock()  # noqa: E731 (--clock: wall or this process's CPU seconds)
     workloads = {"chat": lambda e, p: run_chat(e, p, system, messages, clock),
                  "document": lambda e, p: run_document(e, p, questions, clock)}
     hs.Engine(target, draft=draft).generate([questions[0][:64]], params)  # warm-up
@@ -162,7 +165,7 @@ def main(argv=None) -> int:
     for workload, run in workloads.items():
         baseline = None
         for name, settings in variants().items():
-            row = measure(target, draft, settings, run, params, repeats)
+            row = measure(target, draft, settings, run, params, repeats, clock)
             outputs = row.pop("outputs")
             baseline = outputs if baseline is None else baseline
             rows.append(dict(workload=workload, variant=name, equal_to_off=outputs == baseline, **row))
@@ -172,9 +175,10 @@ def main(argv=None) -> int:
                ("computed", "prefill computed"), ("prompt_tokens", "prompt tokens"), ("replayed", "replayed"),
                ("hit_rate", "hit rate"), ("saved", "prefill saved"), ("checkpoint_hits", "ckpt hits"), ("checkpoint_mib", "ckpt MiB"),
                ("tok_s", "tok/s"), ("equal_to_off", "= off")]
-    print_table(rows, columns, title=f"prefix cache, embedded pair, γ=4, greedy ({describe_machine()})")
+    print_table(rows, columns, title=f"prefix cache, embedded pair, γ=4, greedy, {args.clock} clock "
+                                     f"({describe_machine()})")
     out = args.out or Path("prefix_cache.json")
-    write_json(out, {"sizes": sizes, "repeats": repeats, "grid": GRID, "rows": rows})
+    write_json(out, {"sizes": sizes, "repeats": repeats, "grid": GRID, "clock": args.clock, "rows": rows})
     plot(rows, Path(out).with_suffix(".png"))
     return 0 if all(r["equal_to_off"] for r in rows) else 1
 

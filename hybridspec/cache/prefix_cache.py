@@ -235,11 +235,11 @@ class PrefixStore:
         self.counts = PrefixCounts()
 
     def _count_hit(self, hit: PrefixHit, prompt_len: int) -> None:
-        stats = self.counts
-        stats.prefix_hit_tokens += hit.num_cached
-        stats.prefix_replayed_tokens += hit.num_replayed
-        stats.prefix_checkpoint_hits += int(hit.checkpoint is not None)
-        stats.prefill_computed_tokens += prompt_len - hit.state_position
+        counts = self.counts
+        counts.prefix_hit_tokens += hit.num_cached
+        counts.prefix_replayed_tokens += hit.num_replayed
+        counts.prefix_checkpoint_hits += int(hit.checkpoint is not None)
+        counts.prefill_computed_tokens += prompt_len - hit.state_position
 
     # -- insertion and release ----------------------------------------------------------------
 
