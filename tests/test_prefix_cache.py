@@ -330,3 +330,13 @@ def test_pure_mamba_and_sampled_n():
     assert [o.token_ids for o in engine.generate([prompt], params)] == want
     assert engine.stats.prefix_checkpoint_hits == 1 and engine.stats.prefill_computed_tokens == 12 + 1
     assert [o.token_ids for o in engine.generate([prompt], replace(params, n=1))] == want[:1]
+
+
+def test_llm_text_resent_hits():
+    """`hs.LLM(prefix_cache=True)` on the embedded pair: the same text twice, the second from the cache."""
+    llm = hs.LLM(prefix_cache=True)
+    params = hs.SamplingParams(max_new_tokens=6)
+    text = "def read_config(path):\n    with open(path) as f:\n"
+    first = llm.generate([text], params)[0].text
+    assert llm.generate([text], params)[0].text == first
+    assert llm.stats.prefix_hit_tokens == len(text.encode()) and llm.stats.prefill_computed_tokens == 1
