@@ -89,7 +89,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
             need = [pages_for(cache, request.committed_len + tokens_per_round(request)) for cache in self.caches]
-            if not self._make_free([r + n for r, n in zip(reserved, need)]):
+            if not self._make_free(lambda: [r + n for r, n in zip(reserved, need)]):
                 break
             self.waiting.popleft()
             self.running.append(request)
@@ -101,8 +101,8 @@ class Scheduler:
         """Preempt the newest running requests until the next round of the rest
         fits every cache; returns the preempted ones (now first in the queue)."""
         preempted = []
-        while not self._make_free([self._round_pages(cache, self.running, tokens_per_round) for cache in self.caches]) \
-                and len(self.running) > 1:
+        while not self._make_free(lambda: [self._round_pages(cache, self.running, tokens_per_round)
+                                           for cache in self.caches]) and len(self.running) > 1:
             request = self.running.pop()
             self.release([request])
             self.waiting.appendleft(request)
@@ -121,11 +121,18 @@ class Scheduler:
 
     # -- page arithmetic ----------------------------------------------------------------------
 
-    def _make_free(self, pages: list[int]) -> bool:
-        """Whether every cache has `pages[i]` free pages, after reclaiming cached prefixes' pages if needed."""
-        for cache, n in zip(self.caches, pages):
-            if n > self._free_pages(cache) and self.reclaim is not None:
-                self.reclaim(cache, n)
+    def _make_free(self, need: Callable[[], list[int]]) -> bool:
+        """Whether every cache has the `need()[i]` pages free, reclaiming cached prefixes' pages first
+        if not (which can also lower the need: a page no longer shared is written without a copy)."""
+        pages = need()
+        if self.reclaim is not None and not self._fits(pages):
+            for cache, n in zip(self.caches, pages):
+                if n > self._free_pages(cache):
+                    self.reclaim(cache, n)
+            pages = need()
+        return self._fits(pages)
+
+    def _fits(self, pages: list[int]) -> bool:
         return all(n <= self._free_pages(cache) for cache, n in zip(self.caches, pages))
 
     @staticmethod

@@ -125,3 +125,60 @@ def test_random_streams_never_free_what_a_request_holds(target, ops, block_size,
     assert all(c.lock_count == 0 for c in store.index.checkpoints())
     store.clear()
     assert cache.kv.pool.num_free == num_blocks and store.checkpoint_bytes == 0 and store.index.nodes() == []
+
+
+REFERENCE: dict = {}
+
+
+def alone(model, prompt: list[int], max_new: int) -> list[int]:
+    """Greedy output of `prompt` by itself with the cache off (memoised across examples)."""
+    key = (id(model), tuple(prompt), max_new)
+    if key not in REFERENCE:
+        params = hs.SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+        REFERENCE[key] = hs.Engine(model, block_size=4).generate([prompt], params)[0].token_ids
+    return REFERENCE[key]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None, phases=[Phase.generate, Phase.shrink],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(requests=st.lists(st.tuples(st.integers(0, 2), st.integers(3, 14), st.integers(1, 5), st.integers(2, 9),
+                                   st.one_of(st.none(), st.integers(0, 4))), min_size=2, max_size=7),
+       max_running=st.integers(1, 3), spare_pages=st.integers(0, 6), budget_slots=st.integers(0, 3),
+       every=st.one_of(st.none(), st.integers(2, 5)), spec=st.booleans())
+def test_engine_streams_equal_cache_off_outputs(target, requests, max_running, spare_pages, budget_slots, every,
+                                                spec):
+    """Requests over shared prefixes through the Engine's scheduler (admission, preemption,
+    reclaim) with random aborts (after k steps): every request not aborted gives its
+    cache-off output, an aborted one a prefix of it; afterwards only cached pages remain."""
+    g = torch.Generator().manual_seed(len(requests))
+    prefixes = [torch.randint(3, 97, (14,), generator=g).tolist() for _ in range(3)]
+    prompts = [prefixes[f][:cut] + torch.randint(3, 97, (own,), generator=g).tolist()
+               for f, cut, own, _, _ in requests]
+    pages = max(-(-(len(p) + r[3]) // 4) for p, r in zip(prompts, requests)) + spare_pages
+    slot_bytes = HybridCache(target.config, max_seqs=1, num_blocks=1, block_size=4, dtype=target.dtype).states \
+        .bytes_per_slot
+    settings_ = hs.PrefixCache(memory_budget_bytes=budget_slots * slot_bytes, checkpoint_every=every)
+    engine = hs.Engine(target, draft=target if spec else None, num_draft_tokens=2, max_batch_size=max_running,
+                       block_size=4, num_blocks=pages, prefix_cache=settings_)
+    engine.check_invariants = True
+    ids = [engine.add_request(p, hs.SamplingParams(max_new_tokens=r[3], ignore_eos=True))
+           for p, r in zip(prompts, requests)]
+    got = {i: [] for i in ids}
+    step = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got[out.request_id] += out.token_ids
+        step += 1
+        for i, r in zip(ids, requests):
+            if r[4] == step:
+                engine.abort(i)
+    for i, p, r in zip(ids, prompts, requests):
+        want = alone(target, p, r[3])
+        assert got[i] == want if r[4] is None else got[i] == want[:len(got[i])]
+    stores = [engine.prefix] + ([engine.speculator.drafter.prefix] if spec else [])
+    for store in stores:
+        pool = store.cache.kv.pool
+        used = set(range(pool.num_blocks)) - set(pool.snapshot().free_blocks)
+        assert sorted(store.cached_pages()) == sorted(used) and all(pool.ref_count(p) == 1 for p in used)
+        assert store.checkpoint_bytes <= store.settings.memory_budget_bytes
+        assert all(n.lock_count == 0 for n in store.index.nodes())

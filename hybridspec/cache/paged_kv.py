@@ -182,6 +182,12 @@ class PagedKVCache:
         self._kv_lens[seq_id] = kv_len
         self._reserved_lens[seq_id] = kv_len
 
+    def pages_written_next(self) -> set[int]:
+        """Pages holding some sequence's position kv_len (a partial last page): its next
+        forward writes there, copying the page first if it is shared."""
+        bs = self.block_size
+        return {self._block_tables[s][n // bs] for s, n in self._kv_lens.items() if n % bs}
+
     def kv_len(self, seq_id: int) -> int:
         self._check_known(seq_id)
         return self._kv_lens[seq_id]

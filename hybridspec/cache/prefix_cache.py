@@ -309,14 +309,19 @@ class PrefixStore:
 
     def make_room(self, num_pages: int) -> None:
         """Evict cached pages (least recently used unlocked leaves first) until the block
-        pool has `num_pages` free, or nothing more can be evicted. Only leaves whose page
-        the index alone holds are taken: evicting a page a running sequence also holds
-        would free nothing."""
+        pool has `num_pages` free, or nothing more can be evicted. Leaves whose page the
+        index alone holds go first (each frees a page); then leaves holding a page a
+        running sequence writes next: that frees none, but the sequence then writes it in
+        place instead of taking a page for a copy (a running sequence's pages are indexed
+        again when it leaves)."""
         kv = self.cache.kv
         if kv is None:
             return
         while kv.pool.num_free < num_pages:
             leaf = self.index.evictable_leaf(lambda node: kv.pool.ref_count(node.page) == 1)
+            if leaf is None:
+                written = kv.pages_written_next()
+                leaf = self.index.evictable_leaf(lambda node: node.page in written)
             if leaf is None:
                 return
             self._drop_leaf(leaf)
