@@ -438,19 +438,20 @@ class Engine:
         ids = [r.seq_id for r in requests]
         committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
         absorbed = [c[:r.committed_len - (1 if r.output.token_ids else 0)] for c, r in zip(committed, requests)]
+        fresh = [b for b, r in enumerate(requests) if not r.output.token_ids]
         if self.prefix is None:
             logits = self.target.prefill(self.cache, ids, absorbed, last_only=True)[:, 0]  # [batch, vocab]
+            logits = logits[torch.tensor(fresh, dtype=torch.long, device=logits.device)]  # [fresh, vocab]
             stats.prefill_computed_tokens += sum(map(len, absorbed))
-        else:
-            logits = self.prefix.prefill(ids, absorbed, [r.params.cache_checkpoints for r in requests])
+        else:  # a resumed sequence may be restored whole from its own cached tokens
+            logits = self.prefix.prefill(ids, absorbed, [r.params.cache_checkpoints for r in requests],
+                                         [not r.output.token_ids for r in requests])  # [fresh, vocab]
         if self.speculator is not None:
             self.speculator.drafter.start(requests)
-        fresh = [b for b, r in enumerate(requests) if not r.output.token_ids]
         stats.sequences += len(fresh)
         if fresh:
             fresh_requests = [requests[b] for b in fresh]
-            select = torch.tensor(fresh, device=logits.device)
-            self._sample_and_emit(fresh_requests, logits[select], self._rows(fresh_requests), stats)
+            self._sample_and_emit(fresh_requests, logits, self._rows(fresh_requests), stats)
 
     def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams,
                          stats: EngineStats) -> None:

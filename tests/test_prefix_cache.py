@@ -133,6 +133,29 @@ def test_whole_prompt_cached_still_computes_the_last_token(target):
     assert_matches_fresh_prefill(target, cache, 1, prompt, logits)
 
 
+def test_a_resumed_sequence_is_restored_whole(target):
+    """Rows that want no logits (a preempted sequence absorbing its committed tokens again)
+    restore the end checkpoint of their own cached tokens: nothing is run."""
+    cache = new_cache(target, 4)
+    store = PrefixStore(target, cache, hs.PrefixCache())
+    prompt = random_tokens(9, seed=14)
+    store.prefill([0], [prompt])
+    committed = prompt + [50]  # the first token, sampled from the prefill's logits
+    for token in random_tokens(4, seed=15):
+        target.decode(cache, [0], [committed[-1]])
+        committed.append(token)
+    store.release([0], [committed])  # indexed up to computed_len = len(committed) - 1, end checkpoint there
+    cache.free_sequences([0])
+    logits = store.prefill([0, 1], [committed[:-1], prompt], None, [False, True])
+    assert logits.shape == (1, target.vocab_size)
+    assert store.counts.prefill_computed_tokens == 9 + 0 + 1  # the resend of the prompt runs its last token
+    assert_matches_fresh_prefill(target, cache, 1, prompt, logits)
+    fresh = new_cache(target, 4, max_seqs=1)
+    target.prefill(fresh, [0], [committed[:-1]])
+    for label, got in layer_states(cache, 0, len(committed) - 1).items():
+        assert (got - layer_states(fresh, 0, len(committed) - 1)[label]).abs().max().item() <= ATOL, label
+
+
 def test_replay_budget_stops_the_hit_at_the_checkpoint(target):
     cache = new_cache(target, 4)
     store = PrefixStore(target, cache, hs.PrefixCache(checkpoint_every=4, max_replay_tokens=2))

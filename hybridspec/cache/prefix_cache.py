@@ -172,11 +172,12 @@ class PrefixStore:
 
     # -- lookup and restore -------------------------------------------------------------------
 
-    def lookup(self, tokens: list[int]) -> PrefixHit:
+    def lookup(self, tokens: list[int], wants_logits: bool = True) -> PrefixHit:
         """Where `tokens` (a prompt) can start: the longest cached prefix, at most the whole
-        prompt, and the nearest checkpoint at or before it and before the last token."""
+        prompt, and the nearest checkpoint at or before it and, when the last token's logits
+        are wanted, before the last token."""
         match = self.index.match(tokens)
-        limit = min(match.num_cached, len(tokens) - 1)
+        limit = min(match.num_cached, len(tokens) - int(wants_logits))
         if self.cache.states is None:  # no recurrent state: every position is a checkpoint
             checkpoint, position = None, limit
         else:
@@ -187,17 +188,24 @@ class PrefixStore:
             num_cached = position  # without K/V there is nothing to share past the state
         return PrefixHit(num_cached, position, match.nodes_for(num_cached, self.cache.block_size), checkpoint)
 
-    def prefill(self, seq_ids: list[int], token_lists: list[list[int]], marks=None) -> torch.Tensor:
-        """Absorb each prompt, from its prefix hit on; returns each row's logits at its
-        last prompt token [batch, vocab]. A row that raises leaves no trace of itself."""
+    def prefill(self, seq_ids: list[int], token_lists: list[list[int]], marks=None,
+                wants_logits: list[bool] | None = None) -> torch.Tensor:
+        """Absorb each prompt, from its prefix hit on; returns the logits at the last prompt
+        token of each row that wants them (default: every row) [rows wanting logits, vocab].
+        A row that wants none (a preempted sequence resuming) may be restored whole, with
+        no forward. A row that raises leaves no trace of itself."""
         marks = marks or [()] * len(seq_ids)
-        logits = []
-        for s, tokens, m in zip(seq_ids, token_lists, marks):
-            logits.append(self._prefill_one(s, list(tokens), tuple(m)))
+        wants_logits = [True] * len(seq_ids) if wants_logits is None else wants_logits
+        logits = [torch.empty(0, self.model.vocab_size, dtype=self.model.dtype, device=self.model.device)]
+        for s, tokens, m, wants in zip(seq_ids, token_lists, marks, wants_logits):
+            row = self._prefill_one(s, list(tokens), tuple(m), wants)
+            if wants:
+                logits.append(row)
         return torch.cat(logits, 0)
 
-    def _prefill_one(self, seq_id: int, tokens: list[int], marks: tuple[int, ...]) -> torch.Tensor:
-        hit = self.lookup(tokens)
+    def _prefill_one(self, seq_id: int, tokens: list[int], marks: tuple[int, ...],
+                     wants_logits: bool) -> torch.Tensor | None:
+        hit = self.lookup(tokens, wants_logits)
         self.cache.add_sequences([seq_id])
         try:
             state = None if hit.checkpoint is None else hit.checkpoint.state
@@ -213,13 +221,14 @@ class PrefixStore:
         self._insert(tokens, seq_id, states)
         return logits
 
-    def _forward_from(self, seq_id: int, tokens: list[int], hit: PrefixHit, marks) -> tuple[torch.Tensor, list]:
+    def _forward_from(self, seq_id: int, tokens: list[int], hit: PrefixHit,
+                      marks) -> tuple[torch.Tensor | None, list]:
         """The model over the prompt from the hit's state position, in chunks ending at each
-        checkpoint position; returns the last logits [1, vocab] and the (position, state)
-        checkpoints taken."""
+        checkpoint position; returns the last logits [1, vocab] (None: nothing to run) and
+        the (position, state) checkpoints taken."""
         start = hit.state_position
         stops = checkpoint_positions(len(tokens), start, self.settings, marks, hit.num_cached)
-        ends = sorted(set(stops) | {len(tokens)})
+        ends = sorted(set(stops) | {len(tokens)}) if start < len(tokens) else []
         taken, logits = [], None
         for end in ends:
             logits = self.model.extend(self.cache, [seq_id], [tokens[start:end]], last_only=True)[:, 0]

@@ -148,7 +148,7 @@ class ModelDrafter:
         if self.prefix is None:
             self.model.prefill(self.cache, ids, prompts, last_only=True)
             return
-        self.prefix.prefill(ids, prompts, [r.params.cache_checkpoints for r in requests])
+        self.prefix.prefill(ids, prompts, [r.params.cache_checkpoints for r in requests], [False] * len(ids))
         self.requests.update((r.seq_id, r) for r in requests)
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
