@@ -147,8 +147,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests-per-slot", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.3, 1.0],
-                        help="λ of the random pair's later layers: high, medium, low acceptance")
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.05, 0.15],
+                        help="λ of the random pair's later layers: high, medium, low acceptance (about 1.0, 0.6, 0.2 at γ = 4)")
     parser.add_argument("--draft-layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)

@@ -156,6 +156,22 @@ def test_a_resumed_sequence_is_restored_whole(target):
         assert (got - layer_states(fresh, 0, len(committed) - 1)[label]).abs().max().item() <= ATOL, label
 
 
+def test_the_checkpoint_being_restored_is_not_evicted(target):
+    """A budget of one checkpoint: the checkpoints a prompt's own prefill takes cannot
+    evict the one it restored from (locked while in use); the next prompt can."""
+    cache = new_cache(target, 4)
+    store = PrefixStore(target, cache, hs.PrefixCache(memory_budget_bytes=cache.states.bytes_per_slot,
+                                                      at_request_end=False))
+    base = random_tokens(30, seed=16)
+    store.prefill([0], [base[:10]])
+    (first,) = store.index.checkpoints()
+    assert first.position == 9
+    store.prefill([1], [base[:20]])  # restores 9; its own checkpoint at 19 does not fit
+    assert store.index.checkpoints() == [first] and store.counts.prefix_evictions == 0
+    store.prefill([2], [random_tokens(8, seed=17)])  # unrelated: its checkpoint at 7 evicts 9
+    assert [c.position for c in store.index.checkpoints()] == [7] and store.counts.prefix_evictions == 1
+
+
 def test_replay_budget_stops_the_hit_at_the_checkpoint(target):
     cache = new_cache(target, 4)
     store = PrefixStore(target, cache, hs.PrefixCache(checkpoint_every=4, max_replay_tokens=2))

@@ -43,10 +43,8 @@ def check_holders(store: PrefixStore, cache: HybridCache, running: dict[int, lis
     holders.update(store.cached_pages())
     assert [pool.ref_count(b) for b in range(pool.num_blocks)] == [holders[b] for b in range(pool.num_blocks)]
     assert set(pool.snapshot().free_blocks) == {b for b in range(pool.num_blocks) if holders[b] == 0}
-    stored = {id(c) for c in store.index.checkpoints()}
-    for s in running:
-        held = store._held.get(s)
-        assert held is None or held.checkpoint is None or id(held.checkpoint) in stored
+    assert all(n.lock_count == 0 for n in store.index.nodes())  # locks live only while a prompt is restored
+    assert all(c.lock_count == 0 for c in store.index.checkpoints())
     assert store.checkpoint_bytes == sum(c.nbytes for c in store.index.checkpoints())
     assert store.checkpoint_bytes <= store.settings.memory_budget_bytes
 

@@ -24,8 +24,10 @@ chunks ending there):
     next chat turn, which re-sends the conversation, hits.
 Checkpoints live under `memory_budget_bytes`, evicted least recently used;
 cached pages live in the model's block pool, evicted (leaves first, least
-recently used) when the scheduler needs room. What a running request holds (its
-hit's deepest node, the checkpoint it restored from) is locked.
+recently used) when the scheduler needs room. While a prompt is restored and
+replayed, its hit (the deepest node, the checkpoint) is locked; afterwards the
+sequence holds its own reference to every page it shares and its own copy of
+the state, so evicting an index entry never frees what a running sequence uses.
 
 Cost model. The tail C..H is replayed by token replay (no input log exists
 for a prefix), a forward over H - C tokens that a prefill from C would run
@@ -143,14 +145,6 @@ class PrefixCounts:
     prefix_evictions: int = 0  # cached pages and checkpoints evicted
 
 
-@dataclass
-class _Held:
-    """What a running sequence locks in the index."""
-
-    nodes: list[Node]
-    checkpoint: Checkpoint | None
-
-
 class PrefixStore:
     """The prefix cache of one model and its `HybridCache` (the target's, or a
     model drafter's): index, checkpoints, lookup/restore, insertion, eviction.
@@ -168,7 +162,6 @@ class PrefixStore:
         self.counts = PrefixCounts()
         self.index = PrefixIndex(cache.block_size)
         self.checkpoint_bytes = 0
-        self._held: dict[int, _Held] = {}
 
     # -- lookup and restore -------------------------------------------------------------------
 
@@ -207,18 +200,22 @@ class PrefixStore:
                      wants_logits: bool) -> torch.Tensor | None:
         hit = self.lookup(tokens, wants_logits)
         self.cache.add_sequences([seq_id])
+        locked = hit.nodes[-1:] + ([hit.checkpoint.node] if hit.checkpoint is not None else [])
+        self.index.lock(locked, hit.checkpoint)  # in use until the prompt is absorbed and indexed
+        self.index.touch(hit.nodes, hit.checkpoint)
         try:
-            state = None if hit.checkpoint is None else hit.checkpoint.state
-            self.cache.restore_prefix(seq_id, [n.page for n in hit.nodes], hit.num_cached, hit.state_position,
-                                      state)
-            self._hold(seq_id, hit)
-            logits, states = self._forward_from(seq_id, tokens, hit, marks)
-        except Exception:
-            self.release([seq_id], [None])
-            self.cache.free_sequences([seq_id])
-            raise
-        self._count_hit(hit, len(tokens))
-        self._insert(tokens, seq_id, states)
+            try:
+                state = None if hit.checkpoint is None else hit.checkpoint.state
+                self.cache.restore_prefix(seq_id, [n.page for n in hit.nodes], hit.num_cached,
+                                          hit.state_position, state)
+                logits, states = self._forward_from(seq_id, tokens, hit, marks)
+            except Exception:
+                self.cache.free_sequences([seq_id])
+                raise
+            self._count_hit(hit, len(tokens))
+            self._insert(tokens, seq_id, states)
+        finally:
+            self.index.lock(locked, hit.checkpoint, -1)
         return logits
 
     def _forward_from(self, seq_id: int, tokens: list[int], hit: PrefixHit,
@@ -286,12 +283,9 @@ class PrefixStore:
     def release(self, seq_ids: list[int], token_lists: list[list[int] | None]) -> None:
         """Sequences about to be freed (finished, preempted or aborted): each one given its
         committed tokens and standing at a boundary is indexed up to its computed_len,
-        with an end checkpoint; with None it only gives back its locks. Call before
+        with an end checkpoint (None: nothing is indexed). Call before
         `HybridCache.free_sequences`."""
         for s, tokens in zip(seq_ids, token_lists):
-            held = self._held.pop(s, None)
-            if held is not None:
-                self.index.lock(held.nodes, held.checkpoint, -1)
             if tokens is None or not self.cache.has_sequence(s) or not self._is_consistent(s):
                 continue
             n = self.cache.computed_len[s]
@@ -305,14 +299,6 @@ class PrefixStore:
         kv_ok = self.cache.kv is None or self.cache.kv.kv_len(seq_id) == n
         state_ok = self.cache.states is None or self.cache.states.head_position(seq_id) == n
         return kv_ok and state_ok
-
-    def _hold(self, seq_id: int, hit: PrefixHit) -> None:
-        deepest = hit.nodes[-1:]
-        own = [hit.checkpoint.node] if hit.checkpoint is not None else []
-        held = _Held(deepest + own, hit.checkpoint)
-        self.index.lock(held.nodes, held.checkpoint)
-        self.index.touch(hit.nodes, hit.checkpoint)
-        self._held[seq_id] = held
 
     # -- eviction -----------------------------------------------------------------------------
 

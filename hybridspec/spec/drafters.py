@@ -6,9 +6,11 @@ the round never asks which kind it holds.
   the longest suffix n-gram of the committed tokens; no probabilities (q is
   one-hot: `Proposal.probs` is None and the rejection kernel takes it so).
 - `ModelDrafter`: any HybridModel (hybrid, pure Mamba or pure attention) with
-  its own cache. Each round it feeds the committed tokens it has not absorbed
-  (one, or two after a fully accepted round) and then its own drafts, never
-  d_γ; at commit its head moves to the boundary (clamped to what it absorbed).
+  its own cache. Each round that drafts it feeds the committed tokens it has
+  not absorbed (one, or two after a fully accepted round; a prompt, or the
+  tokens of rounds that drafted nothing, in a forward of their own first) and
+  then its own drafts, never d_γ; at commit its head moves to the boundary
+  (clamped to what it absorbed).
 
 Lengths: `commit(seq_ids, boundaries)` takes the target's boundary of each
 row, a computed length (m + n in docs/design.md's round indices).
@@ -129,8 +131,9 @@ class ModelDrafter:
     def __init__(self, model: HybridModel, gamma: int, cache_kwargs: dict, prefix_cache: PrefixCache | None = None):
         self.model = model
         kwargs = dict(cache_kwargs, dtype=model.dtype, device=model.device)
-        # γ steps per round (catch-up + γ-1 drafts) each write a new slot; the head stays intact
-        self.cache = HybridCache(model.config, ring_slots=gamma + 1, **kwargs)
+        # up to γ + 1 forwards per round (backlog, catch-up, γ - 1 drafts) each write a new slot;
+        # the round-start head stays intact
+        self.cache = HybridCache(model.config, ring_slots=gamma + 2, **kwargs)
         self.slot_at: dict[int, dict[int, int]] = {}  # seq -> computed_len -> slot holding that state
         self.round_start: dict[int, tuple[int, int]] = {}  # seq -> (computed_len, head) before the last propose
         self.prefix = None if prefix_cache is None else PrefixStore(model, self.cache, prefix_cache)
@@ -138,17 +141,21 @@ class ModelDrafter:
 
     def check_admission(self, requests) -> None:
         kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
-        if self.prefix is not None:
-            self.prefix.make_room(sum(-(-n // self.cache.block_size) + 2 for n in kv_lens.values()))
         self.cache.check_admission(len(requests), kv_lens)
 
     def start(self, requests) -> None:
-        """Absorb the prompts (from their prefix hits, with the prefix cache)."""
-        ids, prompts = [r.seq_id for r in requests], [r.output.prompt_token_ids for r in requests]
+        """Take the sequences on; their prompts are absorbed by the first round
+        that drafts for them (a sequence that never drafts costs nothing). With
+        the prefix cache they are absorbed now, from their prefix hits (a resumed
+        sequence: all its committed tokens but the pending one), so that the pages
+        they share are known before the scheduler reserves the next round."""
         if self.prefix is None:
-            self.model.prefill(self.cache, ids, prompts, last_only=True)
+            self.cache.add_sequences([r.seq_id for r in requests])
             return
-        self.prefix.prefill(ids, prompts, [r.params.cache_checkpoints for r in requests], [False] * len(ids))
+        committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
+        self.prefix.prefill([r.seq_id for r in requests],
+                            [c[:-1] if r.output.token_ids else c for c, r in zip(committed, requests)],
+                            [r.params.cache_checkpoints for r in requests], [False] * len(requests))
         self.requests.update((r.seq_id, r) for r in requests)
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
@@ -157,6 +164,8 @@ class ModelDrafter:
         committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
         self.round_start = {s: (self.cache.computed_len[s], self.cache.head(s)) for s in ids}
         self.slot_at = {s: {} for s in ids}
+        if G > 0:
+            self._absorb_backlog(ids, committed)
         if G == 0:  # the round only samples the target's next token
             return Proposal([[] for _ in ids], None)
         catch_up = [c[self.cache.computed_len[s]:] for s, c in zip(ids, committed)]
@@ -177,6 +186,17 @@ class ModelDrafter:
                 self._record(ids)
         tokens = torch.stack(drafts, 1).tolist()  # [batch, G]
         return Proposal([t[:g] for t, g in zip(tokens, gammas)], torch.stack(probs, 1))
+
+    def _absorb_backlog(self, ids: list[int], committed: list[list[int]]) -> None:
+        """Rows more than two committed tokens behind (a new prompt, or rounds
+        that drafted nothing) absorb all but their last committed token in a
+        forward of their own, so the round's catch-up pads no row to a prompt's
+        length. Like the catch-up it writes a fresh ring slot: a revert still
+        returns to the round start."""
+        behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c in zip(ids, committed)
+                  if len(c) - self.cache.computed_len[s] > 2]
+        if behind:
+            self.model.extend(self.cache, [s for s, _ in behind], [t for _, t in behind], last_only=True)
 
     def _record(self, ids) -> None:
         for s in ids:
