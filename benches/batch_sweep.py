@@ -60,12 +60,14 @@ def workloads(args) -> list[tuple[str, object, object, list[list[int]]]]:
     shape = RANDOM_PAIR_QUICK if args.quick else RANDOM_PAIR
     g = torch.Generator().manual_seed(2)
     random_prompts = torch.randint(1, shape["vocab_size"], (most, args.prompt_len), generator=g).tolist()
-    for scale, level in zip(args.scales, ("high", "medium", "low")):
+    levels = ("high", "medium", "low") if len(args.scales) == 3 else ("",) * len(args.scales)
+    for scale, level in zip(args.scales, levels):
         hf = build_bamba(shape, seed=3)
         draft = layer_skip_draft(hf, args.draft_layers)
         scale_later_layers_(hf, args.draft_layers, scale)
         target = hs.from_hf(hf)
-        out.append((f"random {target.num_parameters() / 1e6:.3g}M, {level} (lambda={scale:g})", target,
+        label = f"{level} (lambda={scale:g})" if level else f"lambda={scale:g}"
+        out.append((f"random {target.num_parameters() / 1e6:.3g}M, {label}", target,
                     hs.from_hf(draft), random_prompts))
     return out
 

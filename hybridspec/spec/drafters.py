@@ -159,33 +159,46 @@ class ModelDrafter:
         self.requests.update((r.seq_id, r) for r in requests)
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+        """Drafts for the rows with gammas[b] > 0 only (the others cost nothing
+        and get none); q is [batch, G, vocab], zero on rows without drafts."""
         ids = [r.seq_id for r in requests]
         G = max(gammas)
-        committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
         self.round_start = {s: (self.cache.computed_len[s], self.cache.head(s)) for s in ids}
         self.slot_at = {s: {} for s in ids}
-        if G > 0:
-            self._absorb_backlog(ids, committed)
         if G == 0:  # the round only samples the target's next token
             return Proposal([[] for _ in ids], None)
-        catch_up = [c[self.cache.computed_len[s]:] for s, c in zip(ids, committed)]
-        logits = self.model.extend(self.cache, ids, catch_up, last_only=True)[:, 0]  # [batch, vocab]
-        self._record(ids)
+        active = [b for b, g in enumerate(gammas) if g > 0]
+        drafting = [requests[b] for b in active]
+        if len(active) < len(requests):
+            rows = rows.select(torch.tensor(active, device=self.model.device))
+        ids_active = [r.seq_id for r in drafting]
+        committed = [r.output.prompt_token_ids + r.output.token_ids for r in drafting]
+        self._absorb_backlog(ids_active, committed)
+        catch_up = [c[self.cache.computed_len[s]:] for s, c in zip(ids_active, committed)]
+        logits = self.model.extend(self.cache, ids_active, catch_up, last_only=True)[:, 0]  # [active, vocab]
+        self._record(ids_active)
         purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
-        context = penalty_context(requests, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
+        context = penalty_context(drafting, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
         drafts, probs = [], []
         for i in range(G):
-            q = process_logits(logits, rows, context)  # [batch, vocab]
+            q = process_logits(logits, rows, context)  # [active, vocab]
             positions = torch.tensor([len(c) + i for c in committed], device=q.device)
             d = sample(q, rows, positions, purpose)
             context = None if context is None else context.append(d)
             drafts.append(d)
             probs.append(q)
             if i < G - 1:
-                logits = self.model.decode(self.cache, ids, d.tolist())
-                self._record(ids)
-        tokens = torch.stack(drafts, 1).tolist()  # [batch, G]
-        return Proposal([t[:g] for t, g in zip(tokens, gammas)], torch.stack(probs, 1))
+                logits = self.model.decode(self.cache, ids_active, d.tolist())
+                self._record(ids_active)
+        tokens = [[] for _ in ids]
+        for b, t in zip(active, torch.stack(drafts, 1).tolist()):  # [active, G]
+            tokens[b] = t[:gammas[b]]
+        q = torch.stack(probs, 1)  # [active, G, vocab]
+        if len(active) < len(requests):
+            full = q.new_zeros(len(requests), *q.shape[1:])  # [batch, G, vocab]
+            full[torch.tensor(active, device=q.device)] = q
+            q = full
+        return Proposal(tokens, q)
 
     def _absorb_backlog(self, ids: list[int], committed: list[list[int]]) -> None:
         """Rows more than two committed tokens behind (a new prompt, or rounds

@@ -12,7 +12,9 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   (`IDLE_DECAY`), so an estimate drifts back to the prior; and after
   `PROBE_EVERY` rounds in a row without drafts one round drafts the best
   G ≥ 1 anyway, so a pessimistic estimate is put to the test instead of
-  freezing (at most one round in PROBE_EVERY pays for it).
+  freezing. The wait doubles after every probe (up to `MAX_PROBE_EVERY`) and
+  returns to `PROBE_EVERY` once drafting is chosen on its merits, so where
+  speculation does not pay, probing costs less and less.
 - cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B · G · draft_step(B)
   + residual_B: a target forward of G + 1 tokens per row at batch B (with the
   engine's snapshot writes, measured at start-up on scratch caches, linear
@@ -49,7 +51,8 @@ DEFAULT_MAX_DRAFT_TOKENS = 8
 PRIOR_ALPHA = 0.6  # acceptance assumed before anything was measured
 DECAY = 0.85  # weight of the past per round in the acceptance counts and learned costs
 IDLE_DECAY = 0.98  # the same for acceptance counts in rounds that draft nothing
-PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts
+PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts ...
+MAX_PROBE_EVERY = 1024  # ... doubled after each probe, up to this, while drafting does not pay
 PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide estimate
 
 
@@ -222,6 +225,7 @@ class GammaController:
         self.learned = [_Learned() for _ in costs.batches]
         self.goodput = 0.0  # λ: tokens per second of the last round's choice
         self.idle_rounds = 0  # rounds in a row that drafted nothing
+        self.probe_every = PROBE_EVERY  # idle rounds before the next probe
         self._measured_at: dict[int, list[tuple[float, float]]] = {}  # batch -> start-up seconds per G
         self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
 
@@ -270,8 +274,11 @@ class GammaController:
         options = [(tokens[G] / cost if (cost := self.round_cost(batch, G) + row_draft * drafts[G]) > 0
                     else tokens[G], G) for G in range(top + 1)]
         goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
-        if G == 0 and top > 0 and self.idle_rounds + 1 >= PROBE_EVERY:
+        if G == 0 and top > 0 and self.idle_rounds + 1 >= self.probe_every:
             goodput, G = max(options[1:])
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+        elif G > 0:
+            self.probe_every = PROBE_EVERY
         self.goodput = goodput
         return [min(G, limit) for limit in limits]
 
