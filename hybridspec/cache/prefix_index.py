@@ -16,9 +16,9 @@ Terms
                kept on the node holding position - 1. A checkpoint is valid for a
                prompt iff the prompt's first `position` tokens are the path's, so a
                partial sibling's checkpoints count as far as the prompt agrees with it.
-  lock         a running request holds the deepest node of its hit and the checkpoint it
-               restored from; locked nodes and checkpoints are never evicted (only
-               leaves are evicted, so a locked node keeps its ancestors too).
+  lock         a prompt being restored and replayed holds the deepest node of its hit and
+               the checkpoint it restores from; locked nodes and checkpoints are never
+               evicted (only leaves are evicted, so a locked node keeps its ancestors too).
 
 Why a token radix tree rather than chained hashes of full pages (vLLM's
 block hashes): a hash names only a full page, so a shared prefix that ends
