@@ -173,16 +173,14 @@ def build_llm(args: argparse.Namespace):
 
 
 def gamma_arg(text: str) -> int | str:
-    """--gamma: a positive integer or 'auto'."""
+    """--gamma: an integer or 'auto' (the Engine checks the integer: its error names
+    num_draft_tokens and the fix)."""
     if text == "auto":
         return text
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'")
-    return value
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
 
 
 def max_gamma(gamma: int | str) -> int:
