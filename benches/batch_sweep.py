@@ -36,15 +36,12 @@ import time
 import torch
 
 from common import bench_parser, describe_machine, print_table, save_png, set_threads, side_by_side, write_json
-from e2e import heldout_prompts, layer_skip_draft, scale_later_layers_
+from e2e import RANDOM_PAIR_QUICK, heldout_prompts, layer_skip_draft, scale_later_layers_
 from plain_decode import build_bamba
 
 RANDOM_PAIR = dict(hidden_size=256, num_hidden_layers=8, attn_layer_indices=[1, 5], intermediate_size=768,
                    num_attention_heads=8, num_key_value_heads=4, mamba_n_heads=8, mamba_d_head=64,
                    mamba_d_state=32, vocab_size=4096)
-RANDOM_PAIR_QUICK = dict(hidden_size=64, num_hidden_layers=4, attn_layer_indices=[1], intermediate_size=128,
-                         num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=32,
-                         mamba_d_state=16, vocab_size=512)
 VARIANTS = ("plain", "gamma=2", "gamma=4", "auto")
 
 

@@ -89,3 +89,12 @@ def test_e2e_exact_draft_is_always_accepted(benches, tmp_path):
     assert bench_main("e2e")(["--quick", "--skip", "embedded", "--scales", "0", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["acceptance_rate"] == 1.0 and row["spec_equals_plain"] is True
+
+
+def test_batch_sweep_quick(benches, tmp_path):
+    out = tmp_path / "sweep.json"
+    assert bench_main("batch_sweep")(["--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["batch"] for r in rows} == {1, 2} and all(r["same tokens"] for r in rows)
+    assert all(r["plain tok/s"] > 0 and r["auto / plain"] > 0 for r in rows)
+    assert (tmp_path / "sweep.png").is_file()
