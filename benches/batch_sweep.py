@@ -13,8 +13,11 @@ Workloads (greedy, so every variant emits the same tokens, which is checked):
 Per workload and concurrency B, `--requests-per-slot` × B requests (2 by
 default) go through one `generate` call of an Engine with max_batch_size = B
 (continuous batching). The four variants alternate call by call (one warm-up,
-median of `--repeats`); tokens/s counts new tokens over wall seconds (prefill
-included, the same for every variant). The predicted speedup at B is
+median of `--repeats`); tokens/s counts new tokens over wall seconds, or this
+process's CPU seconds with `--clock cpu` (steadier on a shared machine);
+prefill is included, the same for every variant. Each variant keeps one
+Engine for the warm-up and the repeats, so the adaptive one has learned from
+the warm-up call when it is timed. The predicted speedup at B is
 `hs.sim.speedup(α, γ, c, verify_cost)` at the best γ ≤ 8, with α from the
 fixed-γ = 4 run's acceptance rate at B (`alpha_from_acceptance_rate`), and c
 and verify_cost from the adaptive engine's start-up measurements
@@ -35,7 +38,8 @@ import time
 
 import torch
 
-from common import bench_parser, describe_machine, print_table, save_png, set_threads, side_by_side, write_json
+from common import (bench_parser, describe_machine, print_table, save_png, set_clock, set_threads, side_by_side,
+                    write_json)
 from e2e import RANDOM_PAIR_QUICK, heldout_prompts, layer_skip_draft, scale_later_layers_
 from plain_decode import build_bamba
 
@@ -154,6 +158,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.batches, args.new_tokens, args.prompt_len, args.scales, args.repeats = [1, 2], 8, 16, [0.0], 1
     threads = set_threads(args.threads)
+    set_clock(args.clock)
     rows = []
     began = time.perf_counter()
     for name, target, draft, pool in workloads(args):

@@ -484,6 +484,9 @@ class Engine:
         if controller is not None:
             seconds = {phase: stats.seconds[phase] - before.get(phase, 0.0) for phase in stats.seconds}
             seconds["round"] = time.perf_counter() - began
+            backlog = getattr(self.speculator.drafter, "backlog_seconds", 0.0) if any(asked) else 0.0
+            seconds["draft"] -= backlog  # a prompt's one-off absorption is not what a round costs
+            seconds["round"] -= backlog
             controller.observe(ids, drafted, accepted, asked, seconds)
 
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:

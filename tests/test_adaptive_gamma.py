@@ -35,7 +35,10 @@ def test_cheap_drafts_with_high_acceptance_draft_the_most():
 
 
 def test_expensive_drafts_or_low_acceptance_give_plain_steps():
-    assert GammaController(GAMMA_MAX, costs(draft_step=2.0)).choose([0], [10]) == [0]
+    expensive = GammaController(GAMMA_MAX, costs(draft_step=2.0))
+    assert expensive.choose([0], [10]) == [GAMMA_MAX // 2]  # the first round probes
+    expensive.observe([0], [2], [1], [2])
+    assert expensive.choose([0], [10]) == [0]
     controller = GammaController(GAMMA_MAX, costs())
     teach(controller, [0], alpha_hits=0)
     assert controller.choose([0], [10]) == [0]
@@ -64,6 +67,7 @@ def test_pessimism_is_probed_again():
     controller = GammaController(GAMMA_MAX, costs(draft_step=0.4))
     teach(controller, [0], alpha_hits=0)
     choices = []
+    controller.idle_rounds = 0  # past the first round's probe
     for _ in range(PROBE_EVERY):
         gammas = controller.choose([0], [10])
         choices.append(gammas[0])

@@ -17,6 +17,7 @@ row, a computed length (m + n in docs/design.md's round indices).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -136,6 +137,7 @@ class ModelDrafter:
         self.cache = HybridCache(model.config, ring_slots=gamma + 2, **kwargs)
         self.slot_at: dict[int, dict[int, int]] = {}  # seq -> computed_len -> slot holding that state
         self.round_start: dict[int, tuple[int, int]] = {}  # seq -> (computed_len, head) before the last propose
+        self.backlog_seconds = 0.0  # of the last propose: absorbing prompts and skipped rounds (one-off work)
         self.prefix = None if prefix_cache is None else PrefixStore(model, self.cache, prefix_cache)
         self.requests: dict[int, object] = {}  # seq -> its request, for the committed tokens at release
 
@@ -165,6 +167,7 @@ class ModelDrafter:
         G = max(gammas)
         self.round_start = {s: (self.cache.computed_len[s], self.cache.head(s)) for s in ids}
         self.slot_at = {s: {} for s in ids}
+        self.backlog_seconds = 0.0
         if G == 0:  # the round only samples the target's next token
             return Proposal([[] for _ in ids], None)
         active = [b for b, g in enumerate(gammas) if g > 0]
@@ -208,8 +211,10 @@ class ModelDrafter:
         returns to the round start."""
         behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c in zip(ids, committed)
                   if len(c) - self.cache.computed_len[s] > 2]
+        began = time.perf_counter()
         if behind:
             self.model.extend(self.cache, [s for s, _ in behind], [t for _, t in behind], last_only=True)
+        self.backlog_seconds = time.perf_counter() - began
 
     def _record(self, ids) -> None:
         for s in ids:

@@ -10,9 +10,9 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   rejection), shrunk toward the engine-wide estimate, which is itself shrunk
   toward `prior_alpha`. Rounds that draft nothing decay the counts slowly
   (`IDLE_DECAY`), so an estimate drifts back to the prior; and after
-  `PROBE_EVERY` rounds in a row without drafts one round drafts the best
-  G ≥ 1 anyway, so a pessimistic estimate is put to the test instead of
-  freezing. The wait doubles after every probe (up to `MAX_PROBE_EVERY`) and
+  `PROBE_EVERY` rounds in a row without drafts (and in the very first round)
+  one round drafts G = γ_max / 2 anyway, so a pessimistic estimate is put to
+  the test instead of freezing. The wait doubles after every probe (up to `MAX_PROBE_EVERY`) and
   returns to `PROBE_EVERY` once drafting is chosen on its merits, so where
   speculation does not pay, probing costs less and less.
 - cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B · G · draft_step(B)
@@ -21,7 +21,8 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   between the measured batches and token counts), G drafter steps, and the
   rest of the round's wall time (sampling, commit, replay, host bookkeeping). The scales (1 until a round
   is seen) and residuals (0) are learned online per measured batch size from
-  each round's phase times (exponential averages), apart for rounds that
+  each round's phase times (exponential averages, the scales in log space),
+  apart for rounds that
   draft (G > 0) and plain ones (until a kind is seen, the other's values
   stand in), so costs follow the machine's load and what start-up missed.
 - cap_b: drafts the request can still use (max_new_tokens − generated − 1).
@@ -49,7 +50,8 @@ from ..errors import ConfigError
 
 DEFAULT_MAX_DRAFT_TOKENS = 8
 PRIOR_ALPHA = 0.6  # acceptance assumed before anything was measured
-DECAY = 0.85  # weight of the past per round in the acceptance counts and learned costs
+DECAY = 0.85  # weight of the past per round in the acceptance counts
+COST_DECAY = 0.9  # the same for the learned cost scales and residuals
 IDLE_DECAY = 0.98  # the same for acceptance counts in rounds that draft nothing
 PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts ...
 MAX_PROBE_EVERY = 1024  # ... doubled after each probe, up to this, while drafting does not pay
@@ -200,7 +202,14 @@ class _Learned:
 
     @staticmethod
     def mix(old: float | None, new: float) -> float:
-        return new if old is None else DECAY * old + (1.0 - DECAY) * new
+        return new if old is None else COST_DECAY * old + (1.0 - COST_DECAY) * new
+
+    @staticmethod
+    def mix_ratio(old: float | None, new: float) -> float:
+        """A scale's average in log space: one slow round (a pause, a busy core) moves it little."""
+        if old is None:
+            return new
+        return math.exp(COST_DECAY * math.log(old) + (1.0 - COST_DECAY) * math.log(new))
 
     @staticmethod
     def get(values: dict[bool, float | None], drafted: bool, default: float) -> float:
@@ -224,8 +233,8 @@ class GammaController:
         self.sequences: dict[int, _Acceptance] = {}
         self.learned = [_Learned() for _ in costs.batches]
         self.goodput = 0.0  # λ: tokens per second of the last round's choice
-        self.idle_rounds = 0  # rounds in a row that drafted nothing
         self.probe_every = PROBE_EVERY  # idle rounds before the next probe
+        self.idle_rounds = PROBE_EVERY - 1  # rounds in a row that drafted nothing: the first round probes
         self._measured_at: dict[int, list[tuple[float, float]]] = {}  # batch -> start-up seconds per G
         self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
 
@@ -275,7 +284,8 @@ class GammaController:
                     else tokens[G], G) for G in range(top + 1)]
         goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
         if G == 0 and top > 0 and self.idle_rounds + 1 >= self.probe_every:
-            goodput, G = max(options[1:])
+            G = max(1, min(top, self.gamma_max // 2))  # enough drafts to learn from
+            goodput = options[G][0]
             self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
         elif G > 0:
             self.probe_every = PROBE_EVERY
@@ -321,9 +331,9 @@ class GammaController:
         forward, draft = self._measured(batch)[G]
         learned = self._learned_at[batch]
         if forward > 0 and seconds.get("verify", 0.0) > 0:
-            learned.forward_scale[G > 0] = learned.mix(learned.forward_scale[G > 0], seconds["verify"] / forward)
+            learned.forward_scale[G > 0] = learned.mix_ratio(learned.forward_scale[G > 0], seconds["verify"] / forward)
         if draft > 0 and seconds.get("draft", 0.0) > 0:
-            learned.draft_scale = learned.mix(learned.draft_scale, seconds.get("draft", 0.0) / draft)
+            learned.draft_scale = learned.mix_ratio(learned.draft_scale, seconds["draft"] / draft)
         phases = seconds.get("draft", 0.0) + seconds.get("verify", 0.0) + seconds.get("sampling", 0.0) \
             + seconds.get("commit", 0.0)
         total = seconds.get("round", phases)  # the whole round, host bookkeeping included
