@@ -324,6 +324,9 @@ def render_summary(report: dict) -> str:
                  f"verify {report['verify']}")
     lines.append(f"acceptance rate {stats['acceptance_rate']:.3f}, {stats['tokens_per_round']:.2f} tokens per round, "
                  f"{spec['tokens_per_s']:.1f} tok/s{_median_note(spec)}")
+    if report["gamma"] == "auto" and stats.get("gamma_counts"):
+        counts = sorted((int(g), n) for g, n in stats["gamma_counts"].items())
+        lines.append("gamma chosen (rounds): " + ", ".join(f"{g}: {n}" for g, n in counts))
     if plain is None:
         lines.append("plain decoding: skipped (--no-baseline), no speedup measured")
         return "\n".join(lines)
