@@ -343,7 +343,9 @@ class Engine:
         with `n` > 1 n consecutive Outputs per prompt (HF's
         `num_return_sequences` order), sample i seeded `derived_seed(seed, i)`.
         Any number of prompts: at most `max_batch_size` sequences run at once
-        and the rest wait their turn (continuous batching).
+        and the rest wait their turn (continuous batching). Requests queued
+        earlier with `add_request` run alongside; their step reports are not
+        returned here (their tokens still reach their outputs).
 
         prompts: token-id lists (or 1-D integer arrays / tensors).
         params: one SamplingParams for all prompts, one per prompt, or None (the
