@@ -165,28 +165,27 @@ def _stop_strings(values) -> tuple[str, ...]:
     return strings
 
 
+def _int_collection(name: str, values, minimum: int, what: str, example: str) -> tuple[int, ...]:
+    """`values` as a tuple of ints >= minimum: an iterable (not a string) of `what`s."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidRequestError(f"{name}={values!r} is not a collection of {what}s{example}")
+    items = tuple(values)
+    bad = [v for v in items if token_id(v) is None or token_id(v) < minimum]
+    if bad:
+        raise InvalidRequestError(f"{name} holds {bad[0]!r}, not a {what} (an integer >= {minimum}){example}")
+    return tuple(token_id(v) for v in items)
+
+
 def _cache_checkpoints(values) -> tuple[int, ...]:
     """cache_checkpoints as a sorted tuple of positions >= 1."""
-    example = "; pass prompt positions (token counts) such as (512,) or ()"
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise InvalidRequestError(f"cache_checkpoints={values!r} is not a collection of positions{example}")
-    positions = tuple(values)
-    bad = [p for p in positions if token_id(p) is None or token_id(p) < 1]
-    if bad:
-        raise InvalidRequestError(f"cache_checkpoints holds {bad[0]!r}, not a position (an integer >= 1){example}")
-    return tuple(sorted(set(token_id(p) for p in positions)))
+    positions = _int_collection("cache_checkpoints", values, 1, "position",
+                                "; pass prompt positions (token counts) such as (512,) or ()")
+    return tuple(sorted(set(positions)))
 
 
 def _stop_token_ids(values) -> tuple[int, ...]:
     """stop_token_ids as a tuple of ints: an iterable (not a string) of token ids."""
-    example = "; pass an iterable of token ids such as (2,) or ()"
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise InvalidRequestError(f"stop_token_ids={values!r} is not a collection of token ids{example}")
-    ids = tuple(values)
-    bad = [t for t in ids if token_id(t) is None or token_id(t) < 0]
-    if bad:
-        raise InvalidRequestError(f"stop_token_ids holds {bad[0]!r}, not a token id (an integer >= 0){example}")
-    return tuple(token_id(t) for t in ids)
+    return _int_collection("stop_token_ids", values, 0, "token id", "; pass an iterable of token ids such as (2,) or ()")
 
 
 @dataclass(frozen=True)
