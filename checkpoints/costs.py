@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,16 @@ class CheckpointFootprint:
         """bytes(k, log, B) of the module docstring."""
         writes = snapshot_writes_per_round(gamma, snapshot_every)
         return batch * (writes * self.bytes_per_slot + int(log_inputs) * (gamma + 1) * self.log_bytes_per_input)
+
+
+def interpolate(xs, ys, x: float) -> float:
+    """Piecewise-linear through (xs, ys) (xs ascending), extended linearly past
+    the ends and clamped at 0; one point is a constant."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+    return max(ys[i] + slope * (x - xs[i]), 0.0)
 
 
 @dataclass(frozen=True)
@@ -80,11 +91,9 @@ class CheckpointCosts:
     def at(self, name: str, batch: int) -> float:
         """Field `name` at `batch`, linear between the two nearest measured batches."""
         xs, ys = self.batches, getattr(self, name)
-        if len(xs) == 1:
-            return ys[0] * batch / xs[0] if name in WHOLE_BATCH_FIELDS else ys[0]
-        i = min(max(sum(x <= batch for x in xs) - 1, 0), len(xs) - 2)
-        slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
-        return max(ys[i] + slope * (batch - xs[i]), 0.0)
+        if len(xs) == 1 and name in WHOLE_BATCH_FIELDS:
+            return ys[0] * batch / xs[0]
+        return interpolate(xs, ys, batch)
 
     def step_costs(self, batch: int) -> StepCosts:
         """`hs.sim.StepCosts` at `batch`; the draft, plain and verify steps every
@@ -112,28 +121,51 @@ def measure_checkpoint_costs(model, gamma: int, batches, new_cache, repeats: int
     return CheckpointCosts(batches=tuple(batches), **{name: tuple(r[name] for r in rows) for name in COST_FIELDS})
 
 
+class ScratchForwards:
+    """Repeatable forwards of `model` for measurements: a scratch cache
+    (`new_cache(batch, num_inputs + 1)`) of `batch` sequences that absorbed an
+    8-token prompt each, and `num_inputs` verify inputs per row. Each
+    `forward` is undone afterwards (KV truncated, head untouched), so every
+    call starts from the same state, as a verify forward does."""
+
+    def __init__(self, model, batch: int, num_inputs: int, new_cache):
+        vocab = model.vocab_size
+        self.model, self.batch = model, batch
+        self.cache = new_cache(batch, num_inputs + 1)
+        self.ids = list(range(batch))
+        model.prefill(self.cache, self.ids, [[(7 * b + i) % vocab for i in range(8)] for b in self.ids],
+                      last_only=True)
+        self.start = [self.cache.computed_len[s] for s in self.ids]
+        self.heads = [self.cache.head(s) for s in self.ids]
+        states = self.cache.states
+        self.spare = [[slot for slot in states.ring_slots(s) if slot != h] if states is not None else []
+                      for s, h in zip(self.ids, self.heads)]  # every ring slot but the head
+        self.inputs = [[(3 * b + 5 * i + 1) % vocab for i in range(num_inputs)] for b in self.ids]
+
+    def forward(self, count: int, every_input: bool = False, input_log: dict | None = None,
+                last_only: bool = True) -> None:
+        """The first `count` inputs of every row, with a snapshot after every
+        input or the final state only (into the last spare slot)."""
+        snap = None
+        if self.cache.states is not None:
+            snap = torch.full((self.batch, count), -1, dtype=torch.long, device=self.model.device)  # [batch, count]
+            for b in self.ids:
+                if every_input:
+                    snap[b] = torch.tensor(self.spare[b][:count])
+                else:
+                    snap[b, -1] = self.spare[b][-1]
+        self.model.extend(self.cache, self.ids, [t[:count] for t in self.inputs], last_only=last_only,
+                          snap_slot=snap, input_log=input_log)
+        for s, length, head in zip(self.ids, self.start, self.heads):
+            self.cache.commit(s, length, head)  # back to the start: KV truncated, head untouched
+
+
 def _measure_at(model, gamma: int, batch: int, new_cache, repeats: int, clock) -> dict[str, float]:
     if not model.recurrent_layers:
         return dict.fromkeys(COST_FIELDS, 0.0)
-    prompt_len, num_inputs, vocab, device = 8, gamma + 1, model.vocab_size, model.device
-    cache = new_cache(batch, gamma + 2)
-    ids = list(range(batch))
-    model.prefill(cache, ids, [[(7 * b + i) % vocab for i in range(prompt_len)] for b in ids], last_only=True)
-    start, heads = [cache.computed_len[s] for s in ids], [cache.head(s) for s in ids]
-    spare = [[slot for slot in cache.states.ring_slots(s) if slot != h] for s, h in zip(ids, heads)]
-    tokens = [[(3 * b + 5 * i + 1) % vocab for i in range(num_inputs)] for b in ids]
-
-    def forward(count: int, every_input: bool = False, input_log: dict | None = None) -> None:
-        snap = torch.full((batch, count), -1, dtype=torch.long, device=device)  # [batch, count]
-        for b in ids:
-            if every_input:
-                snap[b] = torch.tensor(spare[b][:count])
-            else:
-                snap[b, -1] = spare[b][-1]
-        model.extend(cache, ids, [t[:count] for t in tokens], last_only=True, snap_slot=snap, input_log=input_log)
-        for s, length, head in zip(ids, start, heads):
-            cache.commit(s, length, head)  # back to the round start: KV truncated, head untouched
-
+    num_inputs, device = gamma + 1, model.device
+    scratch = ScratchForwards(model, batch, num_inputs, new_cache)
+    cache, heads, spare, forward = scratch.cache, scratch.heads, scratch.spare, scratch.forward
     log: dict = {}
     forward(num_inputs, input_log=log)
     src = torch.tensor(heads, device=device)  # [batch]

@@ -258,8 +258,7 @@ class Engine:
         their `sample_index`. Nothing runs until `step`. Raises
         InvalidRequestError (a bad prompt or params, or a request longer than
         the whole KV pool could ever hold) before anything is queued."""
-        [prompt], [params] = normalize_requests([prompt], None if params is None else [params],
-                                                self.target.vocab_size, self.max_model_len)
+        [prompt], [params] = self._normalize([prompt], None if params is None else [params])
         return self._submit([prompt], [params], None)[0]
 
     def step(self) -> list[StepOutput]:
@@ -279,7 +278,6 @@ class Engine:
                 before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
             if admitted:
                 self._prefill(admitted, step_stats)
-            running = [r for r in self.scheduler.running if not r.finished]
             self.scheduler.reserve(self._round_tokens)
             running = [r for r in self.scheduler.running if not r.finished]
             for r in running:
@@ -359,7 +357,8 @@ class Engine:
         prompts, params = self._normalize(prompts, params)
         self.stats.reset()
         ids = self._submit(prompts, params, stream)
-        requests = [r for r in self._requests.values() if r.request_id in set(ids)]
+        own = set(ids)
+        requests = [r for r in self._requests.values() if r.request_id in own]
         bar = tqdm(total=sum(r.params.max_new_tokens for r in requests), disable=not progress, unit="tok",
                    desc=progress if isinstance(progress, str) else None, leave=False)
         try:
@@ -373,8 +372,7 @@ class Engine:
         return [r.output for r in requests]
 
     def _normalize(self, prompts, params) -> tuple[list[list[int]], list[SamplingParams]]:
-        prompts, params = normalize_requests(prompts, params, self.target.vocab_size, self.max_model_len)
-        return prompts, params
+        return normalize_requests(prompts, params, self.target.vocab_size, self.max_model_len)
 
     def _submit(self, prompts: list[list[int]], params: list[SamplingParams], stream) -> list[int]:
         """Queue one request per prompt (n sequences each, fresh sequence ids);
@@ -409,7 +407,7 @@ class Engine:
     def _round_tokens(self, request: Request) -> int:
         """Positions the next round of `request` writes at most (verify inputs: γ_max + 1)."""
         remaining = request.params.max_new_tokens - len(request.output.token_ids)
-        gamma = 0 if self.speculator is None else self.speculator.max_gamma
+        gamma = 0 if self.speculator is None else self.speculator.gamma  # γ_max with "auto"
         return max(1, min(gamma + 1, remaining))
 
     def _release(self, requests: list[Request]) -> None:

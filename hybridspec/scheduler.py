@@ -117,7 +117,7 @@ class Scheduler:
         waiting = [r for r in self.waiting if id(r) in done]
         for r in waiting:
             self.waiting.remove(r)
-        self.release([r for r in requests])
+        self.release(list(requests))
 
     # -- page arithmetic ----------------------------------------------------------------------
 

@@ -62,24 +62,19 @@ class HybridCache:
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self.computed_len
 
-    def check_admission(self, num_new_seqs: int, kv_lens: dict[int, int]) -> None:
-        """Raise CacheFullError if `num_new_seqs` more sequences, growing to
-        `kv_lens[seq_id]` tokens each, do not fit. Allocates nothing."""
+    def check_admission(self, num_new_seqs: int) -> None:
+        """Raise CacheFullError if `num_new_seqs` more sequences do not fit the
+        sequence slots. Allocates nothing; KV pages are the scheduler's to count."""
         free = self.max_seqs - len(self.computed_len)
         if num_new_seqs > free:
             raise CacheFullError(f"{num_new_seqs} new sequences but only {free} of max_seqs={self.max_seqs} "
                                  "sequence slots are free; raise max_seqs or submit a smaller batch")
-        if self.kv is not None:
-            needed = sum(-(-n // self.block_size) for n in kv_lens.values())
-            if needed > self.kv.num_free_blocks:
-                raise CacheFullError(f"the batch needs {needed} KV pages but {self.kv.num_free_blocks} of "
-                                     f"{self.kv.num_blocks} are free; raise num_blocks or submit a smaller batch")
 
     def add_sequences(self, seq_ids: list[int]) -> None:
         for s in seq_ids:
             if self.has_sequence(s):
                 raise ValueError(f"sequence {s} is already in the cache")
-        self.check_admission(len(seq_ids), {})
+        self.check_admission(len(seq_ids))
         for s in seq_ids:
             if self.kv is not None:
                 self.kv.add_sequence(s)

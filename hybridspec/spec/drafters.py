@@ -44,9 +44,6 @@ class Drafter(Protocol):
     """What the speculative round asks of a drafter. `requests` are the
     engine's requests (committed tokens = `prompt_token_ids + token_ids`)."""
 
-    def check_admission(self, requests) -> None:
-        """Raise CacheFullError if these requests would not fit; allocates nothing."""
-
     def start(self, requests) -> None:
         """Take on new requests (absorb their prompts)."""
 
@@ -70,9 +67,6 @@ class Drafter(Protocol):
 
 class StatelessDrafter:
     """Base for drafters that keep nothing per sequence: only `propose` is theirs."""
-
-    def check_admission(self, requests) -> None:
-        pass
 
     def start(self, requests) -> None:
         pass
@@ -140,10 +134,6 @@ class ModelDrafter:
         self.backlog_seconds = 0.0  # of the last propose: absorbing prompts and skipped rounds (one-off work)
         self.prefix = None if prefix_cache is None else PrefixStore(model, self.cache, prefix_cache)
         self.requests: dict[int, object] = {}  # seq -> its request, for the committed tokens at release
-
-    def check_admission(self, requests) -> None:
-        kv_lens = {r.seq_id: len(r.output.prompt_token_ids) + r.params.max_new_tokens for r in requests}
-        self.cache.check_admission(len(requests), kv_lens)
 
     def start(self, requests) -> None:
         """Take the sequences on; their prompts are absorbed by the first round

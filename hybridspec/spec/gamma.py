@@ -39,12 +39,9 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_right
 from dataclasses import dataclass, field
 
-import torch
-
-from hybridspec.checkpoints.costs import fastest
+from hybridspec.checkpoints.costs import ScratchForwards, fastest, interpolate
 
 from ..errors import ConfigError
 
@@ -56,22 +53,6 @@ IDLE_DECAY = 0.98  # the same for acceptance counts in rounds that draft nothing
 PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts ...
 MAX_PROBE_EVERY = 1024  # ... doubled after each probe, up to this, while drafting does not pay
 PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide estimate
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """1 + α + … + α^γ (the closed form's E[tokens])."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def _interpolate(xs: tuple[int, ...], ys: list[float], x: float) -> float:
-    """Piecewise-linear through (xs, ys), extended linearly past the ends."""
-    if len(xs) == 1:
-        return ys[0]
-    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
-    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
-    return max(ys[i] + slope * (x - xs[i]), 0.0)
 
 
 @dataclass(frozen=True)
@@ -100,14 +81,14 @@ class RoundCosts:
                               "and one draft step and row draft time per batch, all finite seconds >= 0")
 
     def forward(self, batch: int, tokens: int) -> float:
-        per_batch = [_interpolate(self.tokens, list(row), tokens) for row in self.forward_s]
-        return _interpolate(self.batches, per_batch, batch)
+        per_batch = [interpolate(self.tokens, row, tokens) for row in self.forward_s]
+        return interpolate(self.batches, per_batch, batch)
 
     def draft_step(self, batch: int) -> float:
-        return _interpolate(self.batches, list(self.draft_step_s), batch)
+        return interpolate(self.batches, self.draft_step_s, batch)
 
     def row_draft(self, batch: int) -> float:
-        return _interpolate(self.batches, list(self.row_draft_s), batch)
+        return interpolate(self.batches, self.row_draft_s, batch)
 
     def bucket(self, batch: int) -> int:
         """Index of the measured batch nearest to `batch` (where online corrections are kept)."""
@@ -132,42 +113,13 @@ def measure_round_costs(target, draft_model, gamma_max: int, batches, new_cache,
 
 
 def _measure_at(target, draft_model, tokens, batch, new_cache, new_draft_cache, repeats, clock) -> dict:
-    vocab, top = target.vocab_size, max(tokens)
-    cache = new_cache(batch, top + 1)
-    ids = list(range(batch))
-    prompts = [[(7 * b + i) % vocab for i in range(8)] for b in ids]
-    target.prefill(cache, ids, prompts, last_only=True)
-    start = [cache.computed_len[s] for s in ids]
-    heads = [cache.head(s) for s in ids]
-    spare = [[slot for slot in cache.states.ring_slots(s) if slot != h] if cache.states is not None else []
-             for s, h in zip(ids, heads)]
-    inputs = [[(3 * b + 5 * i + 1) % vocab for i in range(top)] for b in ids]
-
-    def forward(count: int, every_input: bool = True) -> None:
-        snap = None
-        if cache.states is not None:
-            snap = torch.full((batch, count), -1, dtype=torch.long, device=target.device)  # [batch, count]
-            for b in ids:
-                if every_input:
-                    snap[b] = torch.tensor(spare[b][:count])
-                else:
-                    snap[b, -1] = spare[b][count - 1]
-        target.extend(cache, ids, [t[:count] for t in inputs], last_only=False, snap_slot=snap)
-        for s, length, head in zip(ids, start, heads):
-            cache.commit(s, length, head)  # back to where it was: KV truncated, head untouched
-
-    fns = {f"forward {n}": (lambda n=n: forward(n)) for n in tokens}
-    fns[f"final only {top}"] = lambda: forward(top, every_input=False)
+    top = max(tokens)
+    verify = ScratchForwards(target, batch, top, new_cache)
+    fns = {f"forward {n}": (lambda n=n: verify.forward(n, every_input=True, last_only=False)) for n in tokens}
+    fns[f"final only {top}"] = lambda: verify.forward(top, last_only=False)
     if draft_model is not None:
-        draft_cache = new_draft_cache(batch, 2)
-        draft_model.prefill(draft_cache, ids, prompts, last_only=True)
-        d_start, d_heads = [draft_cache.computed_len[s] for s in ids], [draft_cache.head(s) for s in ids]
-
-        def draft_step() -> None:
-            draft_model.decode(draft_cache, ids, [1] * batch)
-            for s, length, head in zip(ids, d_start, d_heads):
-                draft_cache.commit(s, length, head)
-        fns["draft"] = draft_step
+        draft = ScratchForwards(draft_model, batch, 1, new_draft_cache)
+        fns["draft"] = lambda: draft.forward(1)
     return fastest(fns, repeats, target.device, clock)
 
 

@@ -63,11 +63,6 @@ class Speculator:
 
     # -- one round ----------------------------------------------------------------------------
 
-    @property
-    def max_gamma(self) -> int:
-        """The most drafts a row may be asked for in one round."""
-        return self.gamma
-
     def round(self, requests, rows: RowParams, gammas: list[int] | None = None) -> RoundBatch:
         """One draft → verify → accept → commit cycle over `requests` (every
         one unfinished, each in the target's cache and started in the
