@@ -165,32 +165,33 @@ def summarize(name, engine, walls, cpus, phases, alpha, batch, costs) -> dict:
     return row
 
 
-def snapshot_overhead(target, batch: int, repeats: int) -> dict:
+def snapshot_overhead(target, batch: int, repeats: int, ring_slots: int = GAMMA + 2) -> dict:
     """Verify forward of γ + 1 inputs with a snapshot after every input against
-    the same forward writing only the final state, alternating call by call."""
+    the same forward writing only the final state, alternating call by call.
+    The slots are the engine's (`plan_snapshots` over rings of `ring_slots`):
+    γ + 2 is the smallest ring for k = 1; 2(γ + 1) gives ring halves, where a
+    batch's snapshot slots line up and the recurrence runs in them."""
     from hybridspec.cache.hybrid_cache import HybridCache
+    from hybridspec.checkpoints.ring import plan_snapshots
     cache = HybridCache(target.config, max_seqs=batch, num_blocks=batch * 2, block_size=16,
-                        ring_slots=GAMMA + 2, dtype=target.dtype, device=target.device)
+                        ring_slots=ring_slots, dtype=target.dtype, device=target.device)
     ids = list(range(batch))
     target.prefill(cache, ids, prompts_for(batch, target.vocab_size), last_only=True)
     start, heads = [cache.computed_len[s] for s in ids], [cache.head(s) for s in ids]
-    spare = [[slot for slot in cache.states.ring_slots(s) if slot != h] for s, h in zip(ids, heads)]
+    every = torch.tensor([plan_snapshots(cache.states.ring_slots(s), h, list(range(GAMMA + 1)), GAMMA + 1).snap_slot
+                          for s, h in zip(ids, heads)])  # [batch, γ + 1]
+    final = torch.full_like(every, -1)
+    final[:, -1] = every[:, -1]
     tokens = [[(5 * i + b) % target.vocab_size for i in range(GAMMA + 1)] for b in ids]
 
-    def verify(every_input: bool):
-        snap = torch.full((batch, GAMMA + 1), -1, dtype=torch.long)  # [batch, gamma + 1]
-        for b in ids:
-            if every_input:
-                snap[b] = torch.tensor(spare[b][:GAMMA + 1])
-            else:
-                snap[b, -1] = spare[b][-1]
+    def verify(snap: torch.Tensor):
         target.extend(cache, ids, tokens, snap_slot=snap)
         for s, length, head in zip(ids, start, heads):
             cache.commit(s, length, head)
 
-    t = cpu_side_by_side({"final only": lambda: verify(False), "every input": lambda: verify(True)}, repeats)
-    return {"batch": batch, "final_only_ms": 1e3 * t["final only"], "every_input_ms": 1e3 * t["every input"],
-            "extra_fraction": t["every input"] / t["final only"] - 1.0}
+    t = cpu_side_by_side({"final only": lambda: verify(final), "every input": lambda: verify(every)}, repeats)
+    return {"batch": batch, "ring_slots": ring_slots, "final_only_ms": 1e3 * t["final only"],
+            "every_input_ms": 1e3 * t["every input"], "extra_fraction": t["every input"] / t["final only"] - 1.0}
 
 
 def cpu_side_by_side(fns: dict, repeats: int) -> dict[str, float]:
@@ -321,11 +322,12 @@ def main(argv=None) -> int:
                                ("equals_plain", "= plain")],
                         title=f"α = {alpha}, batch {batch}, {num_tokens} new tokens per sequence "
                               f"(plain decoding: {plain_tok_s:.1f} tok/s)")
-        overheads.append(snapshot_overhead(target, batch, repeats=3 if args.quick else 15))
+        for ring_slots in (GAMMA + 2, 2 * (GAMMA + 1)):  # the smallest ring for k = 1; ring halves
+            overheads.append(snapshot_overhead(target, batch, repeats=3 if args.quick else 15, ring_slots=ring_slots))
     hits = [{"alpha": r["alpha"], "batch": r["batch"], "restore_hit_ms": r["commit_ms"],
              "round_ms": r["round_ms"], "fraction": r["commit_ms"] / r["round_ms"]}
             for r in rows if r["policy"] == "k=1"]
-    print_table(overheads, ["batch", ("final_only_ms", "verify, final only ms cpu"),
+    print_table(overheads, ["batch", "ring_slots", ("final_only_ms", "verify, final only ms cpu"),
                             ("every_input_ms", "snapshot every input ms"), ("extra_fraction", "extra")],
                 title="Snapshot writes: verify forward with a snapshot after every input vs final state only")
     print_table(hits, ["alpha", "batch", ("restore_hit_ms", "commit by head move ms"), ("round_ms", "round ms"),

@@ -74,17 +74,19 @@ class ScratchCache:
     def __init__(self, model, batch: int):
         from hybridspec.cache.hybrid_cache import HybridCache
         self.model, self.ids = model, list(range(batch))
+        ring_slots = hs.CheckpointPolicy().ring_size(GAMMA, halves=True)  # the engine's default ring on CPU
         self.cache = HybridCache(model.config, max_seqs=batch, num_blocks=batch * 2, block_size=16,
-                                 ring_slots=GAMMA + 2, dtype=model.dtype, device=model.device)
+                                 ring_slots=ring_slots, dtype=model.dtype, device=model.device)
         model.prefill(self.cache, self.ids, prompts_for(batch, model.vocab_size), last_only=True)
         self.start = [self.cache.computed_len[s] for s in self.ids]
         self.heads = [self.cache.head(s) for s in self.ids]
-        self.spare = [[slot for slot in self.cache.states.ring_slots(s) if slot != h]
-                      for s, h in zip(self.ids, self.heads)]
 
     def forward(self, num_inputs: int) -> None:
-        """One forward of `num_inputs` tokens per sequence with a snapshot after every input."""
-        snap = torch.tensor([slots[:num_inputs] for slots in self.spare])  # [batch, num_inputs]
+        """One forward of `num_inputs` tokens per sequence with a snapshot after
+        every input, in the slots a round would use (`plan_snapshots`)."""
+        from hybridspec.checkpoints.ring import plan_snapshots
+        snap = torch.tensor([plan_snapshots(self.cache.states.ring_slots(s), h, list(range(num_inputs)),
+                                            num_inputs).snap_slot for s, h in zip(self.ids, self.heads)])
         tokens = [[(3 * b + 5 * i + 1) % self.model.vocab_size for i in range(num_inputs)] for b in self.ids]
         self.model.extend(self.cache, self.ids, tokens, last_only=num_inputs == 1, snap_slot=snap)
         for s, length, head in zip(self.ids, self.start, self.heads):

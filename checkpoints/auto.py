@@ -154,8 +154,9 @@ class AutoCheckpointPolicy(CheckpointPolicy):
         binding = AutoBinding(gamma, footprint, costs, ring_slots=1 + max(fitting))
         return dataclasses.replace(self, binding=binding)
 
-    def ring_size(self, gamma: int) -> int:
-        """The head plus the most snapshots any k within the budget writes (γ + 2 unbound)."""
+    def ring_size(self, gamma: int, halves: bool = False) -> int:
+        """The head plus the most snapshots any k within the budget writes (γ + 2
+        unbound); `halves` is not taken: the ring stays within the memory budget."""
         return self.binding.ring_slots if self.binding is not None else gamma + 2
 
     def decide(self, acceptance_history: list[float], batch: int) -> RoundChoice:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridspec.checkpoints.policy import validate_gamma
+from hybridspec.checkpoints.policy import CheckpointPolicy, validate_gamma
+from hybridspec.checkpoints.ring import plan_snapshots
+from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.errors import ConfigError
 from hybridspec.sim import StepCosts, snapshot_writes_per_round
 from hybridspec.state_memory import bytes_per_slot, log_bytes_per_input
@@ -123,37 +125,39 @@ def measure_checkpoint_costs(model, gamma: int, batches, new_cache, repeats: int
 
 class ScratchForwards:
     """Repeatable forwards of `model` for measurements: a scratch cache
-    (`new_cache(batch, num_inputs + 1)`) of `batch` sequences that absorbed an
-    8-token prompt each, and `num_inputs` verify inputs per row. Each
-    `forward` is undone afterwards (KV truncated, head untouched), so every
-    call starts from the same state, as a verify forward does."""
+    (`new_cache(batch, ring_slots)`, the ring an engine would give k = 1 with
+    γ = num_inputs - 1) of `batch` sequences that absorbed an 8-token prompt
+    each, and `num_inputs` verify inputs per row. Each `forward` is undone
+    afterwards (KV truncated, head untouched), so every call starts from the
+    same state, as a verify forward does."""
 
     def __init__(self, model, batch: int, num_inputs: int, new_cache):
         vocab = model.vocab_size
         self.model, self.batch = model, batch
-        self.cache = new_cache(batch, num_inputs + 1)
+        ring_slots = CheckpointPolicy().ring_size(num_inputs - 1, halves=not triton_runs_on(model.device))
+        self.cache = new_cache(batch, ring_slots)
         self.ids = list(range(batch))
         model.prefill(self.cache, self.ids, [[(7 * b + i) % vocab for i in range(8)] for b in self.ids],
                       last_only=True)
         self.start = [self.cache.computed_len[s] for s in self.ids]
         self.heads = [self.cache.head(s) for s in self.ids]
-        states = self.cache.states
-        self.spare = [[slot for slot in states.ring_slots(s) if slot != h] if states is not None else []
-                      for s, h in zip(self.ids, self.heads)]  # every ring slot but the head
         self.inputs = [[(3 * b + 5 * i + 1) % vocab for i in range(num_inputs)] for b in self.ids]
+
+    def snapshot_slots(self, count: int) -> list[list[int]]:
+        """Per row, the slot after each of `count` inputs, placed as a round would (`plan_snapshots`)."""
+        states = self.cache.states
+        return [plan_snapshots(states.ring_slots(s), h, list(range(count)), count).snap_slot
+                for s, h in zip(self.ids, self.heads)]
 
     def forward(self, count: int, every_input: bool = False, input_log: dict | None = None,
                 last_only: bool = True) -> None:
         """The first `count` inputs of every row, with a snapshot after every
-        input or the final state only (into the last spare slot)."""
+        input or the final state only (into the slot of the last snapshot)."""
         snap = None
         if self.cache.states is not None:
-            snap = torch.full((self.batch, count), -1, dtype=torch.long, device=self.model.device)  # [batch, count]
-            for b in self.ids:
-                if every_input:
-                    snap[b] = torch.tensor(self.spare[b][:count])
-                else:
-                    snap[b, -1] = self.spare[b][-1]
+            snap = torch.tensor(self.snapshot_slots(count), dtype=torch.long, device=self.model.device)
+            if not every_input:
+                snap[:, :-1] = -1  # [batch, count]: the final state only
         self.model.extend(self.cache, self.ids, [t[:count] for t in self.inputs], last_only=last_only,
                           snap_slot=snap, input_log=input_log)
         for s, length, head in zip(self.ids, self.start, self.heads):
@@ -165,11 +169,11 @@ def _measure_at(model, gamma: int, batch: int, new_cache, repeats: int, clock) -
         return dict.fromkeys(COST_FIELDS, 0.0)
     num_inputs, device = gamma + 1, model.device
     scratch = ScratchForwards(model, batch, num_inputs, new_cache)
-    cache, heads, spare, forward = scratch.cache, scratch.heads, scratch.spare, scratch.forward
+    cache, heads, forward = scratch.cache, scratch.heads, scratch.forward
     log: dict = {}
     forward(num_inputs, input_log=log)
     src = torch.tensor(heads, device=device)  # [batch]
-    every_dst = torch.tensor([slots[0] for slots in spare], device=device)  # [batch]
+    every_dst = torch.tensor([slots[0] for slots in scratch.snapshot_slots(num_inputs)], device=device)  # [batch]
     first_dst = torch.full_like(every_dst, -1)  # [batch]: only row 0 replays
     first_dst[0] = every_dst[0]
     first = torch.zeros(batch, dtype=torch.long, device=device)  # [batch]

@@ -30,14 +30,15 @@ class CheckpointPolicy:
     snapshot_every: k (default 1), in verify inputs: 1 snapshots after every
         input, k > 1 after inputs 0, k, 2k, … and the last, 0 only the last.
     ring_slots: slots per sequence and Mamba layer, head included (>= 2);
-        default None: exactly enough for k and γ (`slots_needed`). Each slot
-        holds one SSM state and conv window (`hybridspec.state_memory`).
+        default None: enough for k and γ (`slots_needed`), doubled into ring
+        halves where the torch recurrence runs (CPU: see `ring_size`). Each
+        slot holds one SSM state and conv window (`hybridspec.state_memory`).
     log_inputs: keep the verify forward's mixer inputs (default True), so a
         boundary without a snapshot is log-replayed instead of token-replayed.
     """
 
     snapshot_every: int = 1
-    ring_slots: int | None = None  # None: exactly enough for the policy and γ
+    ring_slots: int | None = None  # None: enough for the policy and γ (`ring_size`)
     log_inputs: bool = True
 
     def __post_init__(self):
@@ -63,8 +64,16 @@ class CheckpointPolicy:
         """Ring slots that hold every snapshot of a γ-draft round plus the head."""
         return len(self.snapshot_inputs(gamma + 1)) + 1
 
-    def ring_size(self, gamma: int) -> int:
-        return self.ring_slots if self.ring_slots is not None else self.slots_needed(gamma)
+    def ring_size(self, gamma: int, halves: bool = False) -> int:
+        """`ring_slots`, or by default the fewest that hold a round's snapshots
+        and the head (`slots_needed`) — or with `halves` two slots per
+        snapshot, the ring halves of `plan_snapshots`: a batch's snapshot
+        slots then line up and the torch recurrence computes in them instead of
+        copying each state (the Triton kernels write in place either way)."""
+        if self.ring_slots is not None:
+            return self.ring_slots
+        needed = self.slots_needed(gamma)
+        return max(needed, 2 * (needed - 1)) if halves else needed
 
     def for_round(self, acceptance_history: list[float], batch: int) -> "CheckpointPolicy":
         """The policy of a round of `batch` sequences after rounds with these

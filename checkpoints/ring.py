@@ -3,6 +3,15 @@
 The head slot (state at the round start, position m-1) is pinned: snapshot
 writes go to the other slots in order, wrapping around so that, with too few
 slots, a later snapshot overwrites the oldest one.
+
+Ring halves: when the ring holds at least two slots per snapshot (2S for S
+snapshots), the i-th snapshot goes to ring offset S + i if the head lies in
+the first half (offsets < S), else to offset i. The head after a round is
+always one of the round's snapshots (or a replay over one), so it lies in the
+half just written, and every row that started in the same half writes the
+same offsets every round: with the pool's offset-major layout, the rows'
+step-t slots form one span and the torch recurrence computes into them in
+place instead of copying each state after computing it.
 """
 from __future__ import annotations
 
@@ -29,11 +38,14 @@ class SnapshotPlan:
 def plan_snapshots(ring: list[int], head: int, snapshot_inputs: list[int], num_inputs: int) -> SnapshotPlan:
     """Assign `snapshot_inputs` (ascending verify-input indices) to the ring
     slots other than `head`, oldest overwritten first."""
-    free = [s for s in ring if s != head]
     snap_slot = [-1] * num_inputs
     holder: dict[int, int] = {}  # slot -> input index it holds
-    start = ring.index(head) + 1
-    ordered = free[start - 1:] + free[:start - 1]  # walk the ring from just after the head
+    at, count = ring.index(head), len(snapshot_inputs)
+    if count and len(ring) >= 2 * count:  # ring halves (module docstring)
+        ordered = ring[count:2 * count] if at < count else ring[:count]
+    else:
+        free = [s for s in ring if s != head]
+        ordered = free[at:] + free[:at]  # walk the ring from just after the head
     for i, t in enumerate(snapshot_inputs):
         slot = ordered[i % len(ordered)]
         snap_slot[t] = slot

@@ -2,8 +2,11 @@
 
 Terms
   slot   one copy of a layer's state: SSM state plus conv window
-  ring   the `ring_slots` consecutive slots a sequence owns, the same slot
-         indices in every Mamba layer: ring r holds slots r*R .. r*R + R - 1
+  ring   the `ring_slots` slots a sequence owns, the same slot indices in
+         every Mamba layer: ring r holds slots r, r + S, …, r + (R-1)*S for
+         S = max_seqs (offset-major: offset k of every ring is one block, so
+         the slots of consecutive rings at one offset form a contiguous span
+         that a batched step reads and writes in place)
   head   the slot holding the state at the sequence's boundary; the model
          reads and advances it, the checkpoint policy writes snapshots into the
          other slots of the ring and moves the head on restore (no copy)
@@ -104,9 +107,9 @@ class StatePool:
             raise ValueError(f"sequence {seq_id} already owns a state ring; free it first or use a new id")
         self.check_admission(1)
         ring = self._free_rings.popleft()
-        base = ring * self.num_ring_slots
+        base = ring  # offset 0 of the ring
         for states in (*self.ssm_states, *self.conv_states):
-            states[base : base + self.num_ring_slots].zero_()
+            states[ring::self.max_seqs].zero_()
         self._rings[seq_id] = ring
         self._heads[seq_id] = base
         self._head_positions[seq_id] = 0
@@ -124,8 +127,8 @@ class StatePool:
     def ring_slots(self, seq_id: int) -> list[int]:
         """The R absolute slot indices of the sequence's ring, in order."""
         self._check_known(seq_id)
-        base = self._rings[seq_id] * self.num_ring_slots
-        return list(range(base, base + self.num_ring_slots))
+        ring = self._rings[seq_id]
+        return [ring + k * self.max_seqs for k in range(self.num_ring_slots)]
 
     def head(self, seq_id: int) -> int:
         self._check_known(seq_id)

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from hybridspec.checkpoints.auto import resolve_policy
 from hybridspec.checkpoints.policy import validate_gamma
+from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.state_memory import default_state_dtype
 
 from .cache.hybrid_cache import HybridCache, scratch_cache
@@ -218,7 +219,9 @@ class Engine:
                 target, num_draft_tokens, max_batch_size=self.max_batch_size, state_dtype=self.state_dtype,
                 new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
             drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
-            self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens))
+            # ring halves where the torch references run (CPU): snapshot writes in place at batch > 1
+            halves = not triton_runs_on(target.device)
+            self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens, halves=halves))
             self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache, self.stats,
                                          coupled=verify == "coupled", check_invariants=self.check_invariants)
             if adaptive:

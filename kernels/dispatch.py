@@ -20,10 +20,15 @@ F = TypeVar("F", bound=Callable)
 
 def use_triton(tensor: torch.Tensor) -> bool:
     """Whether the Triton kernel should run for tensors on `tensor`'s device."""
+    return triton_runs_on(tensor.device)
+
+
+def triton_runs_on(device: torch.device | str) -> bool:
+    """Whether the Triton kernels (not the torch references) run on `device`."""
     choice = os.environ.get(KERNELS_ENV, "auto")
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"{KERNELS_ENV}={choice!r} must be one of {KERNEL_CHOICES}; unset it for 'auto'")
-    return tensor.is_cuda and choice == "auto"
+    return torch.device(device).type == "cuda" and choice == "auto"
 
 
 def pick(kernel: F, reference: F, tensor: torch.Tensor) -> F:

@@ -172,21 +172,28 @@ def mamba1_verify(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens
 def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens, plan=None):
     """Plain-torch mamba1_verify: same arguments, same in-place writes, same y.
     `plan`: the forward's `SlotPlan` (None: built from the slot tensors).
-    Each step's state goes straight into its snapshot slot (no stack of states)."""
+    Each step's state goes straight into its snapshot slots (no stack of
+    states): the recurrence runs in them when they form one grid of the pool
+    (`SlotPlan.snapshot_grid`), else computes into them when they form a span."""
     check_mamba1_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
     plan = slot_plan_for(plan, src_slot, snap_slot, num_tokens, *x.shape[:2])
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     out_dtype = x.dtype
     x, dt, A, B, C, D = (as_dtype(v, acc) for v in (x, dt, A, B, C, D))
     num_inputs = x.shape[1]
-    inject = (dt * x)[..., None] * B[:, :, None, :]  # [batch, T, d_inner, d_state]: (Δ_t x_t) ⊗ B_t
+    grid = plan.grid_view(ssm_states, time_major=False) if ssm_states.dtype == acc else None
+    # (Δ_t x_t) ⊗ B_t [batch, T, d_inner, d_state], written straight into the snapshot slots when they form a grid
+    inject = torch.mul((dt * x)[..., None], B[:, :, None, :], **({} if grid is None else {"out": grid}))
     state = as_dtype(plan.read(ssm_states), acc)  # [batch, d_inner, d_state]
     direct = plan.all_live and ssm_states.dtype == acc
     y = torch.empty_like(x)  # [batch, T, d_inner]
     for t, writes in enumerate(plan.steps):
         decay = torch.exp(dt[:, t, :, None] * A)  # [batch, d_inner, d_state]
-        if direct and writes is not None and writes.single is not None:  # compute into the snapshot slot
-            state = torch.addcmul(inject[:, t], decay, state, out=ssm_states[writes.single:writes.single + 1])
+        slots = writes.view(ssm_states) if direct and writes is not None and grid is None else None
+        if grid is not None:  # inject[:, t] is the slots of input t: h_t computed in place
+            state = inject[:, t].addcmul_(decay, state)
+        elif slots is not None:  # compute into the snapshot slots (they form a span of the pool)
+            state = torch.addcmul(inject[:, t], decay, state, out=slots)
         else:
             stepped = inject[:, t].addcmul_(decay, state)  # exp(Δ ⊗ A) ⊙ h + (Δ x) ⊗ B
             state = stepped if plan.all_live else torch.where(plan.is_live[:, t, None, None], stepped, state)

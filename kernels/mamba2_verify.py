@@ -289,9 +289,14 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     """Plain-torch mamba2_verify: same arguments, same in-place writes, same y.
     `plan`: the forward's `SlotPlan` (None: built from the slot tensors).
 
-    Each step's state goes straight into its snapshot slot when the batch is
-    one row (the step computes into the slot), else one `index_copy_` per
-    step; no stack of states is formed. Heads of a group share B and C by
+    When every row snapshots every input into slots that form one grid of the
+    pool (`SlotPlan.snapshot_grid`: aligned ring halves), the Δ x ⊗ B terms
+    are written into those slots and each step updates them in place: the
+    recurrence runs in the ring. Otherwise each step's states go straight into
+    their snapshot slots when those form a span of the pool (`StepWrites.span`: one row, or rows whose rings are
+    consecutive with the heads at one ring offset — the ring halves of
+    `plan_snapshots`), else one `index_copy_` per step; no stack of states
+    is formed. Heads of a group share B and C by
     broadcasting, never by copying them per head."""
     check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
     batch, num_inputs, nheads, headdim = x.shape
@@ -304,7 +309,10 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     if num_inputs == 1 and plan.all_live:
         return as_dtype(_decode_step_ref(ssm_states, plan, x, dt, A, B, C, D), out_dtype)
     decay = torch.exp(dt * A).transpose(0, 1).reshape(num_inputs, batch, nheads, 1, 1)  # exp(Δ_t A), time-major
-    inject = torch.empty(num_inputs, batch, ngroups, heads_per_group, headdim, d_state, dtype=acc, device=x.device)
+    grid = plan.grid_view(ssm_states, time_major=True) if ssm_states.dtype == acc else None
+    in_ring = grid is not None and groups_view_ok(grid[0], ngroups)  # the recurrence runs in the snapshot slots
+    shape = (num_inputs, batch, ngroups, heads_per_group, headdim, d_state)
+    inject = grid.view(shape) if in_ring else torch.empty(shape, dtype=acc, device=x.device)
     torch.mul((dt[..., None] * x).view(batch, num_inputs, ngroups, heads_per_group, headdim, 1).transpose(0, 1),
               B.view(batch, num_inputs, ngroups, 1, 1, d_state).transpose(0, 1), out=inject)  # Δ_t x_t ⊗ B_t
     inject = inject.view(num_inputs, batch, nheads, headdim, d_state)  # time-major: each step's slab is contiguous
@@ -313,8 +321,11 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     state = as_dtype(plan.read(ssm_states), acc)  # [batch, nheads, headdim, d_state]
     direct = plan.all_live and ssm_states.dtype == acc
     for t, writes in enumerate(plan.steps):
-        if direct and writes is not None and writes.single is not None:  # compute into the snapshot slot
-            state = torch.addcmul(inject[t], state, decay[t], out=ssm_states[writes.single:writes.single + 1])
+        slots = writes.view(ssm_states) if direct and writes is not None and not in_ring else None
+        if in_ring:  # inject[t] is the slots of input t: h_t computed in place, nothing to write
+            state = inject[t].addcmul_(state, decay[t])
+        elif slots is not None and groups_view_ok(slots, ngroups):  # compute into the snapshot slots
+            state = torch.addcmul(inject[t], state, decay[t], out=slots)
         else:
             stepped = inject[t].addcmul_(state, decay[t])  # h_t = exp(Δ A) h_{t-1} + Δ x ⊗ B
             state = stepped if plan.all_live else torch.where(plan.is_live[:, t, None, None, None], stepped, state)
@@ -331,19 +342,28 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     return as_dtype(y, out_dtype)
 
 
+def groups_view_ok(states, ngroups):
+    """Whether `states` [batch, nheads, headdim, d_state] (slots of a pool) can be
+    viewed as [batch * ngroups, heads_per_group * headdim, d_state] for the
+    y product: always for one group, else only for consecutive slots."""
+    return ngroups == 1 or states.is_contiguous()
+
+
 def _decode_step_ref(ssm_states, plan, x, dt, A, B, C, D):
     """mamba2_verify_ref for one input per row (plain decode and drafting):
-    h = exp(ΔA)·h + Δx ⊗ B, computed straight into the row's slot when the
-    batch is one row, else in a new tensor then written; no inject buffer."""
+    h = exp(ΔA)·h + Δx ⊗ B, computed straight into the rows' slots when they
+    form a span of the pool (one row, or aligned rings), else in a new tensor
+    then written; no inject buffer."""
     batch, _, nheads, headdim = x.shape
     ngroups, d_state = B.shape[2:]
     heads_per_group = nheads // ngroups
     writes = plan.steps[0]
     decay = torch.exp(dt * A).view(batch, nheads, 1, 1)
-    state = plan.read(ssm_states)  # [batch, nheads, headdim, d_state]; a view of the slot for one row
-    direct = writes is not None and writes.single is not None and ssm_states.dtype == x.dtype
+    state = plan.read(ssm_states)  # [batch, nheads, headdim, d_state]; a view when the sources form a span
+    slots = writes.view(ssm_states) if writes is not None and ssm_states.dtype == x.dtype else None
+    direct = slots is not None and groups_view_ok(slots, ngroups)
     if direct:
-        new = torch.mul(state, decay, out=ssm_states[writes.single:writes.single + 1])
+        new = torch.mul(state, decay, out=slots)
     else:
         new = torch.mul(as_dtype(state, x.dtype), decay)
     new.view(batch, ngroups, heads_per_group, headdim, d_state).addcmul_(

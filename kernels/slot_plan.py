@@ -20,14 +20,30 @@ import functools
 import torch
 
 
+def slot_span(slots: list[int]) -> slice | None:
+    """The slice of the pool that is exactly `slots`, in order: an increasing
+    arithmetic run (one slot, consecutive rings, or rings whose heads sit at
+    the same ring offset); None otherwise."""
+    step = slots[1] - slots[0] if len(slots) > 1 else 1
+    if step <= 0 or any(b - a != step for a, b in zip(slots, slots[1:])):
+        return None
+    return slice(slots[0], slots[-1] + 1, step)
+
+
 class StepWrites:
     """The snapshots written after one input t: `slots` [rows] in the pool,
     `rows` [rows] the batch rows that write (None: every row, in order), and
-    `single`, the slot when the batch is one row (a step can compute its state
-    straight into `pool[single]`, and no index tensor is ever made)."""
+    `span`, the slice of the pool those slots form when every row writes and
+    they run evenly (`slot_span`): a step can then compute its states straight
+    into `pool[span]`, and no index tensor is ever made."""
 
-    def __init__(self, slots: list[int], rows: list[int] | None, single: int | None, device):
-        self.slot_list, self.row_list, self.single, self.device = slots, rows, single, device
+    def __init__(self, slots: list[int], rows: list[int] | None, device):
+        self.slot_list, self.row_list, self.device = slots, rows, device
+        self.span = slot_span(slots) if rows is None else None
+
+    def view(self, pool: torch.Tensor) -> torch.Tensor | None:
+        """pool[slots] as a view [batch, ...] (None: the slots do not form a span)."""
+        return None if self.span is None else pool[self.span]
 
     @functools.cached_property
     def slots(self) -> torch.Tensor:
@@ -39,8 +55,8 @@ class StepWrites:
 
     def write(self, pool: torch.Tensor, state: torch.Tensor) -> None:
         """pool[slots] = state [batch, ...] of the writing rows."""
-        if self.single is not None:
-            pool[self.single:self.single + 1] = state
+        if self.span is not None:
+            pool[self.span].copy_(state)
             return
         pool.index_copy_(0, self.slots, (state if self.rows is None else state.index_select(0, self.rows))
                          .to(pool.dtype))
@@ -107,8 +123,7 @@ class SlotPlan:
                 continue
             slots = [self.snap_list[b][t] for b in rows]
             every = rows == list(range(self.batch))
-            out.append(StepWrites(slots, None if every else rows, slots[0] if self.batch == 1 else None,
-                                  self.device))
+            out.append(StepWrites(slots, None if every else rows, self.device))
         return out
 
     @functools.cached_property
@@ -141,9 +156,44 @@ class SlotPlan:
         flat = values.reshape(self.batch * self.num_inputs, *values.shape[2:])
         pool.index_copy_(0, slots, flat.index_select(0, flat_index).to(pool.dtype))
 
+    @functools.cached_property
+    def snapshot_grid(self) -> tuple[int, int, int] | None:
+        """(first, per_input, per_row) when every row snapshots every input into
+        slot first + t·per_input + b·per_row, all distinct and none a source
+        slot (aligned ring halves in the offset-major pool); None otherwise."""
+        snap, T = self.snap_list, self.num_inputs
+        if not self.all_live or not T or any(s < 0 for row in snap for s in row):
+            return None
+        first = snap[0][0]
+        per_input = snap[0][1] - first if T > 1 else 1
+        per_row = snap[1][0] - first if self.batch > 1 else 1
+        slots = {s for row in snap for s in row}
+        if per_input <= 0 or per_row <= 0 or len(slots) != self.batch * T or slots & set(self.src_list):
+            return None
+        if any(snap[b][t] != first + t * per_input + b * per_row for b in range(self.batch) for t in range(T)):
+            return None
+        return first, per_input, per_row
+
+    def grid_view(self, pool: torch.Tensor, time_major: bool) -> torch.Tensor | None:
+        """The snapshot slots as one view of the pool, [T, batch, ...] (time_major)
+        or [batch, T, ...]; a step computing into view[t] writes its snapshots
+        in place. None without a `snapshot_grid`."""
+        if self.snapshot_grid is None:
+            return None
+        first, per_input, per_row = self.snapshot_grid
+        dims, strides = (self.num_inputs, self.batch), (per_input * pool.stride(0), per_row * pool.stride(0))
+        if not time_major:
+            dims, strides = dims[::-1], strides[::-1]
+        return pool.as_strided((*dims, *pool.shape[1:]), (*strides, *pool.stride()[1:]),
+                               pool.storage_offset() + first * pool.stride(0))
+
+    @functools.cached_property
+    def src_span(self) -> slice | None:
+        return slot_span(self.src_list) if self.src_list else None
+
     def read(self, pool: torch.Tensor) -> torch.Tensor:
-        """The rows' source states pool[src] [batch, ...]: a view for one row, else a copy."""
-        if self.batch == 1:
-            s = self.src_list[0]
-            return pool[s:s + 1]
+        """The rows' source states pool[src] [batch, ...]: a view when the
+        source slots form a span (one row, or aligned rings), else a copy."""
+        if self.src_span is not None:
+            return pool[self.src_span]
         return pool.index_select(0, self.src)

@@ -142,13 +142,18 @@ def test_input_log_replays_every_snapshot():
     cache = new_cache(target, ring_slots=T + 2)
     target.prefill(cache, [0, 1], prompts_of([5, 3], seed=4))
     heads = [cache.head(0), cache.head(1)]
-    snap = torch.tensor([[h + 1 + t for t in range(T)] for h in heads])  # [2, T], ring slots after the head
+    rings = [cache.states.ring_slots(0), cache.states.ring_slots(1)]
+
+    def after_head(b: int, i: int) -> int:  # the ring slot i places after row b's head
+        return rings[b][(rings[b].index(heads[b]) + i) % len(rings[b])]
+
+    snap = torch.tensor([[after_head(b, 1 + t) for t in range(T)] for b in range(2)])  # [2, T]
     log = {}
     drafts = prompts_of([T, 2], seed=5)
     target.extend(cache, [0, 1], drafts, snap_slot=snap, input_log=log)
     assert sorted(log) == list(range(len(target.config.mamba_layers)))
     num_tokens = torch.tensor([T, 2])
-    scratch = torch.tensor([h + T + 1 for h in heads])  # the ring's last slot
+    scratch = torch.tensor([after_head(b, T + 1) for b in range(2)])  # the ring's one slot left
     for layer, entry in log.items():
         mixer = target.layers[target.config.mamba_layers[layer]].mixer
         A = -torch.exp(mixer.A_log)

@@ -30,7 +30,9 @@ def test_rings_are_disjoint_and_head_starts_at_base():
     pool = make_pool()
     base_a, base_b = pool.add_sequence(7), pool.add_sequence(9)
     slots_a, slots_b = pool.ring_slots(7), pool.ring_slots(9)
-    assert slots_a == list(range(base_a, base_a + 4)) and slots_b == list(range(base_b, base_b + 4))
+    # offset-major: offset k of every ring is one block of max_seqs slots
+    assert slots_a == [base_a + k * pool.max_seqs for k in range(4)]
+    assert slots_b == [base_b + k * pool.max_seqs for k in range(4)] and base_b == base_a + 1
     assert set(slots_a).isdisjoint(slots_b)
     assert pool.head(7) == base_a and pool.head(9) == base_b
     assert pool.num_free_rings == 1 and pool.has_sequence(7) and not pool.has_sequence(8)

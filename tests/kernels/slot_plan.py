@@ -14,3 +14,11 @@ TOLERANCES = {
     torch.float64: dict(rtol=1e-12, atol=1e-12),
     torch.bfloat16: dict(rtol=1.6e-2, atol=1e-3),
 }
+
+# Aligned rings (the pool's offset-major layout with ring halves): each step's
+# snapshot slots form one span of the pool, contiguous (consecutive rings) or
+# strided, so the references compute the states in place.
+SPANNED = {
+    "contiguous": ([0, 1, 2], [[3 + 3 * t + b for t in range(4)] for b in range(3)]),
+    "strided": ([0, 4, 8], [[1 + t + 4 * b for t in range(3)] for b in range(3)]),
+}

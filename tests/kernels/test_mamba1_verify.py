@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
-from slot_plan import NUM_TOKENS, SNAP, SRC, TOLERANCES, WRITTEN
+from hybridspec.kernels.slot_plan import SlotPlan
+from slot_plan import NUM_TOKENS, SNAP, SPANNED, SRC, TOLERANCES, WRITTEN
 
 NUM_SLOTS = 16
 
@@ -130,3 +131,20 @@ def test_bad_arguments_raise_before_writing(verify, triton_device):
         with pytest.raises(ValueError, match=message):
             verify(**work)
         assert torch.equal(work["ssm_states"], states_before)
+
+
+@pytest.mark.parametrize("layout", sorted(SPANNED))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reference_writes_spanned_slots_in_place(dtype, layout):
+    """Step-t slots that form a span of the pool (aligned rings) are computed
+    into in place, with the naive loop's y and writes; nothing else is touched."""
+    src, snap = SPANNED[layout]
+    case = make_case(dtype, "cpu", src=src, snap=snap, num_tokens=[len(snap[0])] * len(src))
+    plan = SlotPlan.of_tensors(case["src_slot"], case["snap_slot"], case["num_tokens"])
+    assert plan.src_span is not None and all(w.span is not None for w in plan.steps)
+    expected_y, expected_states = naive_mamba1(case)
+    work = clone_case(case)
+    y = mamba1_verify_ref(**work)
+    torch.testing.assert_close(y.double(), expected_y, **TOLERANCES[dtype])
+    torch.testing.assert_close(work["ssm_states"].double(), expected_states, **TOLERANCES[dtype])
+    assert_untouched(case["ssm_states"], work["ssm_states"], {s for row in snap for s in row})
