@@ -98,3 +98,12 @@ def test_batch_sweep_quick(benches, tmp_path):
     assert {r["batch"] for r in rows} == {1, 2} and all(r["same tokens"] for r in rows)
     assert all(r["plain tok/s"] > 0 and r["auto / plain"] > 0 for r in rows)
     assert (tmp_path / "sweep.png").is_file()
+
+
+def test_compile_probe_quick(benches, tmp_path):
+    out = tmp_path / "compile.json"
+    assert bench_main("compile_probe")(["--quick", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["part"] for r in rows] == ["verify recurrence, 5 inputs", "decode recurrence, 1 input", "gated RMSNorm"]
+    assert all(r["eager_ms"] > 0 and r["compiled_ms"] > 0 for r in rows)
+    assert all(r["max_abs_diff"] < 1e-4 for r in rows)  # the compiled math is the eager math

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,8 +28,10 @@ def interpreter(checkout: Path) -> str:
 
 
 def run_once(checkout: Path, command: list[str], out: Path) -> dict:
+    # the checkout first on the path: an editable install would otherwise import one package for both
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))}
     subprocess.run([interpreter(checkout), *command, "--out", str(out)], cwd=checkout, check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, env=env)
     return json.loads(out.read_text())
 
 
