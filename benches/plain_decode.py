@@ -3,7 +3,9 @@
 A Bamba-shaped random model (float32, CPU, ~185M parameters: hidden 768, 16
 layers with one attention layer in eight, Mamba2 headdim 64 and d_state 128,
 vocabulary 32000) is built with `transformers.BambaForCausalLM` (random
-weights, nothing downloaded). At batch 1 and 4 the two implementations decode
+weights, nothing downloaded). The engine runs it twice: sharing HF's weights
+(`hs.from_hf`) and with its linear weights packed input-major
+(`HybridModel.pack_for_cpu`, what `hs.load` does on CPU). At batch 1 and 4 the implementations decode
 the same greedy continuation of the same prompts, alternating call by call
 (one warm-up each, median of `--repeats`); the table gives tokens/s
 (batch * new tokens / wall seconds of the whole generate call, prefill
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     params = target.num_parameters()
     print(f"Bamba-shaped random model: {params / 1e6:.1f}M parameters, float32; {describe_machine()}", flush=True)
 
-    engine = hs.Engine(target, max_batch_size=max(args.batches), max_model_len=args.prompt_len + num_tokens + 1)
+    sizes = dict(max_batch_size=max(args.batches), max_model_len=args.prompt_len + num_tokens + 1)
+    engine = hs.Engine(target, **sizes)  # shares HF's weights (from_hf)
+    packed = hs.Engine(hs.from_hf(model).pack_for_cpu(), **sizes)  # input-major weights, as hs.load gives on CPU
     g = torch.Generator().manual_seed(1)
     rows = []
     for batch in args.batches:
@@ -89,18 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         seconds = side_by_side({
             "engine": lambda: results.__setitem__("engine", engine_greedy(engine, prompts, num_tokens)),
+            "packed": lambda: results.__setitem__("packed", engine_greedy(packed, prompts, num_tokens)),
             "hf": lambda: results.__setitem__("hf", hf_greedy(model, prompts, num_tokens)),
         }, repeats=repeats)
         mismatch = first_mismatch(results["engine"], results["hf"])
+        packed_mismatch = first_mismatch(results["packed"], results["hf"])
         engine_tps, hf_tps = batch * num_tokens / seconds["engine"], batch * num_tokens / seconds["hf"]
-        rows.append(dict(batch=batch, new_tokens=num_tokens, engine_tok_s=engine_tps, hf_tok_s=hf_tps,
-                         ratio=engine_tps / hf_tps, engine_s=seconds["engine"], hf_s=seconds["hf"],
-                         tokens_equal=mismatch is None, first_mismatch=mismatch))
-        print(f"batch {batch}: engine {engine_tps:.1f} tok/s, HF {hf_tps:.1f} tok/s, tokens equal: "
-              f"{'yes' if mismatch is None else f'no (first difference at new token {mismatch})'}", flush=True)
+        packed_tps = batch * num_tokens / seconds["packed"]
+        rows.append(dict(batch=batch, new_tokens=num_tokens, engine_tok_s=engine_tps, packed_tok_s=packed_tps,
+                         hf_tok_s=hf_tps, ratio=engine_tps / hf_tps, packed_ratio=packed_tps / hf_tps,
+                         engine_s=seconds["engine"], packed_s=seconds["packed"], hf_s=seconds["hf"],
+                         tokens_equal=mismatch is None and packed_mismatch is None,
+                         first_mismatch=mismatch if mismatch is not None else packed_mismatch))
+        print(f"batch {batch}: engine {engine_tps:.1f} tok/s (packed weights {packed_tps:.1f}), HF {hf_tps:.1f} "
+              f"tok/s, tokens equal: {'yes' if rows[-1]['tokens_equal'] else 'no'}", flush=True)
 
-    print_table(rows, [("batch", "batch"), ("engine_tok_s", "engine tok/s"), ("hf_tok_s", "HF tok/s"),
-                       ("ratio", "engine/HF"), ("tokens_equal", "tokens equal")],
+    print_table(rows, [("batch", "batch"), ("engine_tok_s", "engine tok/s"), ("packed_tok_s", "packed tok/s"),
+                       ("hf_tok_s", "HF tok/s"), ("ratio", "engine/HF"), ("packed_ratio", "packed/HF"),
+                       ("tokens_equal", "tokens equal")],
                 title=f"plain greedy decoding, {num_tokens} new tokens after a {args.prompt_len}-token prompt, "
                       f"{threads} thread(s), median of {repeats}")
     write_json(args.out or "plain_decode.json", dict(

@@ -55,13 +55,15 @@ def from_hf(model) -> HybridModel:
     return HybridModel(config, weights)
 
 
-def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> HybridModel:
+def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None) -> HybridModel:
     """Load a checkpoint directory: config.json + safetensors shards (with
     model.safetensors.index.json when sharded) or pytorch_model.bin, in HF
     layout or mamba_ssm's layout, from local files only.
 
     path: the directory. dtype: cast floating weights to it (default None:
     as stored). device: where the tensors are read to (default "cpu").
+    pack: lay linear weights out for CPU decoding (`HybridModel.pack_for_cpu`;
+    default None: on CPU).
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise CheckpointError (see
     `checkpoint_files`, `validate`)."""
@@ -84,7 +86,10 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Hy
     if dtype is not None:
         weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq") else v)
                    for k, v in weights.items()}
-    return HybridModel(config, weights)
+    model = HybridModel(config, weights)
+    if pack if pack is not None else torch.device(device).type == "cpu":
+        model.pack_for_cpu()
+    return model
 
 
 def _to_canonical(adapter, cfg: dict):

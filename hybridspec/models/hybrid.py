@@ -26,6 +26,11 @@ from .ffn import MLP, MoE
 from .mamba2 import Mamba2Mixer
 
 
+# the 2-d weights the layers multiply through `linear` (pack_for_cpu lays them out input-major)
+LINEAR_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj", "in_proj",
+                            "out_proj", "x_proj", "dt_proj", "lm_head"})
+
+
 class DecoderLayer(nn.Module):
     """h += r·mixer(norm(h)); h += r·ffn(norm(h))  (either part may be absent).
     At a shared block's occurrence (Zamba2) the mixer reads norm(h + t), t the
@@ -118,6 +123,32 @@ class HybridModel(nn.Module):
     def recurrent_layers(self) -> list[RecurrentLayer]:
         """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
         return [self.layers[i].recurrent for i in self.config.mamba_layers]
+
+    def pack_for_cpu(self) -> "HybridModel":
+        """Store every linear weight input-major ([out, in] with its transpose
+        contiguous): one-row products (decode, drafting) then stream the weight
+        in the order MKL's kernel reads fastest — a 185M-parameter Bamba decodes
+        about 1.2–1.35× faster at batch 1 on this project's CPU; at 4+ rows it is
+        the same. Values, shapes and outputs' meaning are unchanged.
+        The packed weights are copies: a model from `from_hf` stops sharing them
+        with the HF model (one more copy while that lives); `load` packs on CPU
+        by default, where nothing else holds them. Tied weights stay tied. Returns self."""
+        def key(weight):  # one tensor's memory, a view of another included
+            return weight.data_ptr(), tuple(weight.shape), weight.stride()
+
+        packed: dict[tuple, nn.Parameter] = {}
+        for module in self.modules():
+            for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+                if name in LINEAR_WEIGHTS and weight.dim() == 2 and not weight.t().is_contiguous():
+                    new = packed.get(key(weight))
+                    if new is None:
+                        new = packed[key(weight)] = param(weight.detach().t().contiguous().t())
+                    setattr(module, name, new)
+        for module in self.modules():  # weights tied to a packed one (an embedding tied to lm_head)
+            for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+                if key(weight) in packed:
+                    setattr(module, name, packed[key(weight)])
+        return self
 
     def num_parameters(self) -> int:
         # by storage: a shared block's weights back one Parameter per occurrence
