@@ -11,7 +11,9 @@ always one of the round's snapshots (or a replay over one), so it lies in the
 half just written, and every row that started in the same half writes the
 same offsets every round: with the pool's offset-major layout, the rows'
 step-t slots form one span and the torch recurrence computes into them in
-place instead of copying each state after computing it.
+place instead of copying each state after computing it. A row that joins
+with its head in the other half is moved once (`Checkpointer.align_heads`:
+its head state copied into the majority's half).
 """
 from __future__ import annotations
 
@@ -35,14 +37,25 @@ class SnapshotPlan:
         return j, self.survivors[j]
 
 
+def head_half(ring: list[int], head: int, count: int) -> str | None:
+    """For a round of `count` snapshots under ring halves: "low" when the head
+    lies at an offset < count (the round writes offsets count … 2·count-1),
+    "high" otherwise (it writes 0 … count-1); None when the ring has fewer than
+    2·count slots (no halves) or there is nothing to snapshot."""
+    if not count or len(ring) < 2 * count:
+        return None
+    return "low" if ring.index(head) < count else "high"
+
+
 def plan_snapshots(ring: list[int], head: int, snapshot_inputs: list[int], num_inputs: int) -> SnapshotPlan:
     """Assign `snapshot_inputs` (ascending verify-input indices) to the ring
     slots other than `head`, oldest overwritten first."""
     snap_slot = [-1] * num_inputs
     holder: dict[int, int] = {}  # slot -> input index it holds
     at, count = ring.index(head), len(snapshot_inputs)
-    if count and len(ring) >= 2 * count:  # ring halves (module docstring)
-        ordered = ring[count:2 * count] if at < count else ring[:count]
+    half = head_half(ring, head, count)
+    if half is not None:  # ring halves (module docstring)
+        ordered = ring[count:2 * count] if half == "low" else ring[:count]
     else:
         free = [s for s in ring if s != head]
         ordered = free[at:] + free[:at]  # walk the ring from just after the head

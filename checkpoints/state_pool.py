@@ -20,7 +20,7 @@ placement and restore are `ring.py` and `restore.py`, run by `Checkpointer`.
 """
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -54,7 +54,7 @@ class SlotState:
 class StatePoolBookkeeping:
     """A copy of the pool's indices, comparable with `==` ("the pool is unchanged")."""
 
-    free_rings: tuple[int, ...]  # in allocation order
+    free_rings: tuple[int, ...]  # ascending (the order they are taken in)
     rings: dict[int, int]  # seq_id -> ring index
     heads: dict[int, int]  # seq_id -> absolute head slot
     head_positions: dict[int, int]  # seq_id -> position of the state in the head slot
@@ -80,7 +80,7 @@ class StatePool:
         num_slots = max_seqs * ring_slots
         self.ssm_states = [torch.zeros(num_slots, *s.ssm, dtype=dtype, device=device) for s in self.layer_shapes]
         self.conv_states = [torch.zeros(num_slots, *s.conv, dtype=dtype, device=device) for s in self.layer_shapes]
-        self._free_rings: deque[int] = deque(range(max_seqs))
+        self._free_rings: list[int] = list(range(max_seqs))  # a heap: the lowest free ring is taken first
         self._rings: dict[int, int] = {}
         self._heads: dict[int, int] = {}
         self._head_positions: dict[int, int] = {}
@@ -106,7 +106,7 @@ class StatePool:
         if seq_id in self._rings:
             raise ValueError(f"sequence {seq_id} already owns a state ring; free it first or use a new id")
         self.check_admission(1)
-        ring = self._free_rings.popleft()
+        ring = heapq.heappop(self._free_rings)  # lowest first: running rings stay compact, so aligned spans
         base = ring  # offset 0 of the ring
         for states in (*self.ssm_states, *self.conv_states):
             states[ring::self.max_seqs].zero_()
@@ -120,7 +120,7 @@ class StatePool:
 
     def free_sequence(self, seq_id: int) -> None:
         self._check_known(seq_id)
-        self._free_rings.append(self._rings.pop(seq_id))
+        heapq.heappush(self._free_rings, self._rings.pop(seq_id))
         del self._heads[seq_id]
         del self._head_positions[seq_id]
 
@@ -129,6 +129,21 @@ class StatePool:
         self._check_known(seq_id)
         ring = self._rings[seq_id]
         return [ring + k * self.max_seqs for k in range(self.num_ring_slots)]
+
+    def ring_index(self, seq_id: int) -> int:
+        """The ring `seq_id` owns (its slot at ring offset k is ring + k·max_seqs)."""
+        self._check_known(seq_id)
+        return self._rings[seq_id]
+
+    def move_head(self, seq_id: int, slot: int) -> None:
+        """Copy the head's state into `slot` (another slot of the ring) in every
+        Mamba layer and make it the head, at the same position."""
+        if slot == self.head(seq_id):
+            return
+        src = self.head(seq_id)
+        self.set_head(seq_id, slot, self.head_position(seq_id))  # checks the slot is in the ring first
+        for states in (*self.ssm_states, *self.conv_states):
+            states[slot].copy_(states[src])
 
     def head(self, seq_id: int) -> int:
         self._check_known(seq_id)
@@ -162,7 +177,7 @@ class StatePool:
                 layer[slot].copy_(value)
 
     def snapshot_bookkeeping(self) -> StatePoolBookkeeping:
-        return StatePoolBookkeeping(tuple(self._free_rings), dict(self._rings), dict(self._heads),
+        return StatePoolBookkeeping(tuple(sorted(self._free_rings)), dict(self._rings), dict(self._heads),
                                     dict(self._head_positions))
 
     def _check_known(self, seq_id: int) -> None:

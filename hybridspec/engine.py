@@ -286,7 +286,7 @@ class Engine:
             for r in running:
                 before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
             if running:
-                self._round(running, step_stats)
+                self._round(self._in_ring_order(running), step_stats)
         finally:
             if self.prefix is not None:
                 self.prefix.move_counts(step_stats)
@@ -467,6 +467,13 @@ class Engine:
             r.emit([t], lp)
         stats.emitted_tokens += len(requests)
 
+    def _in_ring_order(self, requests: list[Request]) -> list[Request]:
+        """The batch by state ring: consecutive rings make each step's slots one
+        span of the pool (states computed in place; `kernels/slot_plan.py`).
+        Tokens do not depend on row order (batch invariance)."""
+        states = self.cache.states
+        return requests if states is None else sorted(requests, key=lambda r: states.ring_index(r.seq_id))
+
     def _round(self, requests: list[Request], stats: EngineStats) -> None:
         """One round of the running batch: speculative, or a plain decode step
         (plain engines, and adaptive rounds that give every row γ = 0)."""
@@ -495,7 +502,9 @@ class Engine:
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:
         """One target step per sequence, sampled as plain decoding does."""
         with stats.phase("verify"):
-            logits = self.target.decode(self.cache, [r.seq_id for r in requests], [r.last_token for r in requests])
+            ids = [r.seq_id for r in requests]
+            self.cache.align_heads(ids)  # one span of sources and of spare slots: the step runs in place
+            logits = self.target.decode(self.cache, ids, [r.last_token for r in requests])
         self._sample_and_emit(requests, logits, rows, stats)
         if self.check_invariants:
             for r in requests:

@@ -96,6 +96,20 @@ class HybridCache:
     def head(self, seq_id: int) -> int:
         return self.states.head(seq_id) if self.states is not None else -1
 
+    def align_heads(self, seq_ids: list[int]) -> None:
+        """Move every head of `seq_ids` to the ring offset most of them are at (a
+        copy for the others, `StatePool.move_head`), so that a plain forward's
+        sources and spare slots form spans of the pool (states computed in
+        place). Outside a round no ring slot but the head holds anything needed."""
+        if self.states is None or len(seq_ids) < 2:
+            return
+        rings = [self.states.ring_slots(s) for s in seq_ids]
+        offsets = [ring.index(self.states.head(s)) for s, ring in zip(seq_ids, rings)]
+        offset = max(set(offsets), key=offsets.count)
+        for s, ring, at in zip(seq_ids, rings, offsets):
+            if at != offset:
+                self.states.move_head(s, ring[offset])
+
     def spare_slot(self, seq_id: int) -> int:
         """The ring slot after the head (the head itself with a one-slot ring)."""
         if self.states is None:
