@@ -503,7 +503,8 @@ class Engine:
         """One target step per sequence, sampled as plain decoding does."""
         with stats.phase("verify"):
             ids = [r.seq_id for r in requests]
-            self.cache.align_heads(ids)  # one span of sources and of spare slots: the step runs in place
+            if not triton_runs_on(self.target.device):  # the torch step runs in place on spans (Triton needs no help)
+                self.cache.align_heads(ids)
             logits = self.target.decode(self.cache, ids, [r.last_token for r in requests])
         self._sample_and_emit(requests, logits, rows, stats)
         if self.check_invariants:
