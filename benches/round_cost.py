@@ -74,7 +74,8 @@ class ScratchCache:
     def __init__(self, model, batch: int):
         from hybridspec.cache.hybrid_cache import HybridCache
         self.model, self.ids = model, list(range(batch))
-        ring_slots = hs.CheckpointPolicy().ring_size(GAMMA, halves=True)  # the engine's default ring on CPU
+        from hybridspec.checkpoints.policy import ring_halves_by_default
+        ring_slots = hs.CheckpointPolicy().ring_size(GAMMA, halves=ring_halves_by_default(model.device))  # as an engine
         self.cache = HybridCache(model.config, max_seqs=batch, num_blocks=batch * 2, block_size=16,
                                  ring_slots=ring_slots, dtype=model.dtype, device=model.device)
         model.prefill(self.cache, self.ids, prompts_for(batch, model.vocab_size), last_only=True)

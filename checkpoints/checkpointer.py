@@ -40,9 +40,10 @@ class Checkpointer:
         round.input_log = {} if policy.log_inputs and self.has_state else None
         if not self.has_state:
             return
-        self.align_heads(round, [len(policy.snapshot_inputs(len(inputs))) for inputs in round.verify_inputs])
-        for b, (s, head, inputs) in enumerate(zip(round.seq_ids, round.start_heads, round.verify_inputs)):
-            plan = plan_snapshots(self.cache.states.ring_slots(s), head, policy.snapshot_inputs(len(inputs)), T)
+        snapshots = [policy.snapshot_inputs(len(inputs)) for inputs in round.verify_inputs]
+        self.align_heads(round, [len(inputs) for inputs in snapshots])
+        for b, (s, head, inputs) in enumerate(zip(round.seq_ids, round.start_heads, snapshots)):
+            plan = plan_snapshots(self.cache.states.ring_slots(s), head, inputs, T)
             round.plans[b] = plan
             round.snap_slot[b] = torch.tensor(plan.snap_slot, device=device)
 

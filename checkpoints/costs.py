@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridspec.checkpoints.policy import CheckpointPolicy, validate_gamma
+from hybridspec.checkpoints.policy import CheckpointPolicy, ring_halves_by_default, validate_gamma
 from hybridspec.checkpoints.ring import plan_snapshots
-from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.errors import ConfigError
 from hybridspec.sim import StepCosts, snapshot_writes_per_round
 from hybridspec.state_memory import bytes_per_slot, log_bytes_per_input
@@ -134,7 +133,7 @@ class ScratchForwards:
     def __init__(self, model, batch: int, num_inputs: int, new_cache):
         vocab = model.vocab_size
         self.model, self.batch = model, batch
-        ring_slots = CheckpointPolicy().ring_size(num_inputs - 1, halves=not triton_runs_on(model.device))
+        ring_slots = CheckpointPolicy().ring_size(num_inputs - 1, halves=ring_halves_by_default(model.device))
         self.cache = new_cache(batch, ring_slots)
         self.ids = list(range(batch))
         model.prefill(self.cache, self.ids, [[(7 * b + i) % vocab for i in range(8)] for b in self.ids],

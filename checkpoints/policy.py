@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridspec.errors import ConfigError
+from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.state_memory import snapshot_inputs
 
 MAX_DRAFT_TOKENS = 32  # verify forwards and input logs are sized for at most 33 inputs
@@ -79,6 +80,13 @@ class CheckpointPolicy:
         """The policy of a round of `batch` sequences after rounds with these
         acceptance rates (fixed policies do not adapt)."""
         return self
+
+
+def ring_halves_by_default(device) -> bool:
+    """Whether an engine on `device` sizes rings in halves (`ring_size(γ, halves=True)`):
+    where the torch references run, which write snapshots in place only on aligned slots;
+    the Triton kernels write them from registers whatever the slots."""
+    return not triton_runs_on(device)
 
 
 def validate_gamma(gamma: int) -> None:

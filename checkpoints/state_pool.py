@@ -138,9 +138,9 @@ class StatePool:
     def move_head(self, seq_id: int, slot: int) -> None:
         """Copy the head's state into `slot` (another slot of the ring) in every
         Mamba layer and make it the head, at the same position."""
-        if slot == self.head(seq_id):
-            return
         src = self.head(seq_id)
+        if slot == src:
+            return
         self.set_head(seq_id, slot, self.head_position(seq_id))  # checks the slot is in the ring first
         for states in (*self.ssm_states, *self.conv_states):
             states[slot].copy_(states[src])

@@ -20,8 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hybridspec.checkpoints.auto import resolve_policy
-from hybridspec.checkpoints.policy import validate_gamma
-from hybridspec.kernels.dispatch import triton_runs_on
+from hybridspec.checkpoints.policy import ring_halves_by_default, validate_gamma
 from hybridspec.state_memory import default_state_dtype
 
 from .cache.hybrid_cache import HybridCache, scratch_cache
@@ -219,8 +218,7 @@ class Engine:
                 target, num_draft_tokens, max_batch_size=self.max_batch_size, state_dtype=self.state_dtype,
                 new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
             drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
-            # ring halves where the torch references run (CPU): snapshot writes in place at batch > 1
-            halves = not triton_runs_on(target.device)
+            halves = ring_halves_by_default(target.device)  # CPU: batched snapshot writes in place
             self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens, halves=halves))
             self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache, self.stats,
                                          coupled=verify == "coupled", check_invariants=self.check_invariants)
@@ -503,8 +501,7 @@ class Engine:
         """One target step per sequence, sampled as plain decoding does."""
         with stats.phase("verify"):
             ids = [r.seq_id for r in requests]
-            if not triton_runs_on(self.target.device):  # the torch step runs in place on spans (Triton needs no help)
-                self.cache.align_heads(ids)
+            self.cache.align_heads(ids)  # one span of sources and of spare slots: the torch step runs in place
             logits = self.target.decode(self.cache, ids, [r.last_token for r in requests])
         self._sample_and_emit(requests, logits, rows, stats)
         if self.check_invariants:

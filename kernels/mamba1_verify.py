@@ -189,7 +189,7 @@ def mamba1_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     y = torch.empty_like(x)  # [batch, T, d_inner]
     for t, writes in enumerate(plan.steps):
         decay = torch.exp(dt[:, t, :, None] * A)  # [batch, d_inner, d_state]
-        slots = writes.view(ssm_states) if direct and writes is not None and grid is None else None
+        slots = None if grid is not None or not direct or writes is None else writes.view(ssm_states)
         if grid is not None:  # inject[:, t] is the slots of input t: h_t computed in place
             state = inject[:, t].addcmul_(decay, state)
         elif slots is not None:  # compute into the snapshot slots (they form a span of the pool)

@@ -293,11 +293,11 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     pool (`SlotPlan.snapshot_grid`: aligned ring halves), the Δ x ⊗ B terms
     are written into those slots and each step updates them in place: the
     recurrence runs in the ring. Otherwise each step's states go straight into
-    their snapshot slots when those form a span of the pool (`StepWrites.span`: one row, or rows whose rings are
-    consecutive with the heads at one ring offset — the ring halves of
-    `plan_snapshots`), else one `index_copy_` per step; no stack of states
-    is formed. Heads of a group share B and C by
-    broadcasting, never by copying them per head."""
+    their snapshot slots when those form a span of the pool (`StepWrites.span`:
+    one row, or rows whose rings are consecutive with the heads at one ring
+    offset), else one `index_copy_` per step; no stack of states is formed.
+    Heads of a group share B and C by broadcasting, never by copying them per
+    head."""
     check_mamba2_verify_args(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_tokens)
     batch, num_inputs, nheads, headdim = x.shape
     plan = slot_plan_for(plan, src_slot, snap_slot, num_tokens, batch, num_inputs)
@@ -321,7 +321,7 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
     state = as_dtype(plan.read(ssm_states), acc)  # [batch, nheads, headdim, d_state]
     direct = plan.all_live and ssm_states.dtype == acc
     for t, writes in enumerate(plan.steps):
-        slots = writes.view(ssm_states) if direct and writes is not None and not in_ring else None
+        slots = None if in_ring or not direct or writes is None else writes.view(ssm_states)
         if in_ring:  # inject[t] is the slots of input t: h_t computed in place, nothing to write
             state = inject[t].addcmul_(state, decay[t])
         elif slots is not None and groups_view_ok(slots, ngroups):  # compute into the snapshot slots

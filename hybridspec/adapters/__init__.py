@@ -87,7 +87,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
         weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq") else v)
                    for k, v in weights.items()}
     model = HybridModel(config, weights)
-    if pack if pack is not None else torch.device(device).type == "cpu":
+    if pack is None:
+        pack = torch.device(device).type == "cpu"
+    if pack:
         model.pack_for_cpu()
     return model
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hybridspec.checkpoints.state_pool import SlotState, StatePool
+from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.kernels.slot_plan import SlotPlan
 from hybridspec.state_memory import default_state_dtype
 
@@ -100,8 +101,9 @@ class HybridCache:
         """Move every head of `seq_ids` to the ring offset most of them are at (a
         copy for the others, `StatePool.move_head`), so that a plain forward's
         sources and spare slots form spans of the pool (states computed in
-        place). Outside a round no ring slot but the head holds anything needed."""
-        if self.states is None or len(seq_ids) < 2:
+        place). Outside a round no ring slot but the head holds anything needed.
+        Nothing moves where the Triton kernels run: they take any slots."""
+        if self.states is None or len(seq_ids) < 2 or triton_runs_on(self.device):
             return
         rings = [self.states.ring_slots(s) for s in seq_ids]
         offsets = [ring.index(self.states.head(s)) for s, ring in zip(seq_ids, rings)]
