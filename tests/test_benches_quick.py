@@ -107,3 +107,17 @@ def test_compile_probe_quick(benches, tmp_path):
     assert [r["part"] for r in rows] == ["verify recurrence, 5 inputs", "decode recurrence, 1 input", "gated RMSNorm"]
     assert all(r["eager_ms"] > 0 and r["compiled_ms"] > 0 for r in rows)
     assert all(r["max_abs_diff"] < 1e-4 for r in rows)  # the compiled math is the eager math
+
+
+def test_cpu_matmul_quick(benches, tmp_path):
+    from hybridspec.kernels import cpu_rows
+    if not cpu_rows.available():
+        pytest.skip("the few-row kernel cannot run on this machine")
+    out = tmp_path / "cpu_matmul.json"
+    assert bench_main("cpu_matmul")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = {r["rows"]: r for r in payload["products"]}
+    assert rows[1]["kernel_us"] > 0 and rows[5]["speedup"] > 0
+    assert "kernel_us" not in rows[16]  # past MAX_ROWS only MKL runs
+    assert [s["matmul"] for s in payload["steps"]] == ["torch.mm", "kernel"]
+    assert all(s["step_ms"] > 0 and s["verify_ms"] > 0 for s in payload["steps"])

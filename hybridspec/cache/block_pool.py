@@ -73,6 +73,8 @@ class BlockPool:
                 f"need {n} free KV pages but only {len(self._free)} of {self.num_blocks} are free; "
                 "raise num_blocks or run a smaller batch"
             )
+        if n == 0:  # most forwards: the last page has room (no placement search over the free pages)
+            return []
         following = [] if after is None else list(range(after + 1, after + 1 + n))
         blocks = following if following and self._free.issuperset(following) else self._place(n)
         self._free.difference_update(blocks)

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels.cpu_rows import applies, rows_matmul
+
 
 @functools.cache
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -66,9 +68,11 @@ def transposed(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) as one `mm` over the flattened rows.  # [..., out]"""
+    """F.linear(x, weight, bias) as one product over the flattened rows: the
+    few-row CPU kernel where it applies (`kernels.cpu_rows`), else `torch.mm`.  # [..., out]"""
     rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
-    out = torch.mm(rows, transposed(weight))
+    weight_t = transposed(weight)
+    out = rows_matmul(rows, weight_t) if applies(rows, weight_t) else torch.mm(rows, weight_t)
     if bias is not None:
         out += bias
     return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])

@@ -1,0 +1,149 @@
+"""The few-row CPU matmul kernel (`kernels/cpu_rows.c`): values against a
+float64 product, a row's bits independent of the other rows of the call, when
+`linear` takes it, and the fall-back to torch.mm when it cannot be built."""
+from __future__ import annotations
+
+import platform
+import shutil
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.kernels import cpu_rows
+from hybridspec.models import common
+from oracles import bamba
+
+x86_with_compiler = pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64") or not (shutil.which("cc") or shutil.which("gcc"))
+    or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+    reason="the kernel is AVX2 C code built with the system's compiler")
+
+SHAPES = [(1, 1), (3, 7), (5, 13), (64, 8), (129, 257), (256, 1160), (7, 4101), (2, 9000)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@x86_with_compiler
+def test_kernel_is_built_and_runs_here():
+    assert cpu_rows.available()
+    assert cpu_rows.build().is_file()
+
+
+@x86_with_compiler
+@pytest.mark.parametrize("K,N", SHAPES)
+def test_values_match_a_float64_product(K, N):
+    g = torch.Generator().manual_seed(K * 1000 + N)
+    w = torch.randn(K, N, generator=g)
+    for M in range(1, cpu_rows.MAX_ROWS + 1):
+        x = torch.randn(M, K, generator=g)
+        got = cpu_rows.rows_matmul(x, w).double()
+        want = x.double() @ w.double()
+        bound = 1e-6 * (x.double().abs() @ w.double().abs()) + 1e-30  # float32 rounding over K terms
+        assert ((got - want).abs() <= bound * max(K, 1)).all(), (M, K, N)
+
+
+@x86_with_compiler
+@pytest.mark.parametrize("K,N", SHAPES[2:])
+def test_a_rows_bits_do_not_depend_on_the_other_rows(K, N):
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(K, N, generator=g)
+    x = torch.randn(cpu_rows.MAX_ROWS, K, generator=g)
+    alone = [cpu_rows.rows_matmul(x[m:m + 1], w)[0] for m in range(len(x))]
+    for M in range(2, len(x) + 1):
+        for start in (0, len(x) - M):
+            out = cpu_rows.rows_matmul(x[start:start + M], w)
+            for m in range(M):
+                assert torch.equal(out[m], alone[start + m]), (M, start, m)
+
+
+@x86_with_compiler
+def test_strided_rows_and_one_row_views():
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(6, 300, generator=g)
+    w = torch.randn(256, 40, generator=g)
+    x = base[:, 10:266]  # row stride 300
+    assert cpu_rows.applies(x, w)
+    assert torch.allclose(cpu_rows.rows_matmul(x, w), x @ w, rtol=1e-5, atol=1e-5)
+    col = torch.randn(256, 1, generator=g).t()  # one row, row stride 1
+    assert cpu_rows.applies(col, w)
+    assert torch.allclose(cpu_rows.rows_matmul(col, w), col @ w, rtol=1e-5, atol=1e-5)
+
+
+@x86_with_compiler
+def test_linear_takes_the_kernel_only_where_it_applies(monkeypatch):
+    calls = []
+    real = common.rows_matmul
+    monkeypatch.setattr(common, "rows_matmul", lambda x, w: calls.append(x.shape) or real(x, w))
+    g = torch.Generator().manual_seed(2)
+    packed = torch.randn(24, 16, generator=g).t().contiguous().t()  # [out, in], input-major
+    plain = torch.randn(24, 16, generator=g)                       # [out, in] as HF keeps it
+    x = torch.randn(2, 3, 16, generator=g)
+    assert torch.allclose(common.linear(x, packed), x @ packed.t(), rtol=1e-5, atol=1e-5)
+    assert calls == [(6, 16)]
+    common.linear(x, plain)                                          # weight not input-major
+    common.linear(torch.randn(9, 16), packed)                        # more than MAX_ROWS rows
+    common.linear(x.double(), packed.double())                      # float64
+    monkeypatch.setattr(cpu_rows, "_enabled", False)                 # set_enabled(False)
+    common.linear(x, packed)
+    monkeypatch.setattr(cpu_rows, "_enabled", True)
+    torch.set_num_threads(2)
+    common.linear(x, packed)
+    torch.set_num_threads(1)
+    assert calls == [(6, 16)]
+
+
+def test_the_environment_switch(monkeypatch):
+    monkeypatch.setattr(cpu_rows, "_enabled", None)
+    monkeypatch.setenv(cpu_rows.MATMUL_ENV, "torch")
+    assert not cpu_rows.enabled() and not cpu_rows.available()
+    monkeypatch.setattr(cpu_rows, "_enabled", None)
+    monkeypatch.setenv(cpu_rows.MATMUL_ENV, "fast")
+    with pytest.raises(ValueError, match="HYBRIDSPEC_CPU_MATMUL='fast' must be one of"):
+        cpu_rows.enabled()
+    cpu_rows.set_enabled(True)
+    assert cpu_rows.enabled()
+    cpu_rows.set_enabled(None)
+    monkeypatch.setenv(cpu_rows.MATMUL_ENV, "auto")
+    assert cpu_rows.enabled()
+
+
+def test_no_compiler_falls_back_to_torch_mm_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv(cpu_rows.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(cpu_rows.CpuRowsUnavailable):
+        cpu_rows.build()
+    monkeypatch.setattr(cpu_rows, "_library", None)
+    with pytest.warns(RuntimeWarning, match="torch.mm runs instead"):
+        assert not cpu_rows.available()
+    assert not cpu_rows.available()  # decided once: no second warning, no second build
+    x, w = torch.randn(3, 8), torch.randn(8, 5)
+    assert torch.equal(common.linear(x, w.t()), torch.mm(x, w))  # an input-major weight, torch.mm all the same
+
+
+@x86_with_compiler
+def test_float32_model_greedy_tokens_with_and_without_the_kernel(monkeypatch):
+    """A packed float32 model through the kernel gives the tokens torch.mm gives,
+    plain and speculative, alone and in a batch."""
+    model = hs.from_hf(bamba(seed=5, dtype=torch.float32)).pack_for_cpu()
+    draft = hs.from_hf(bamba(seed=6, num_layers=1, attn_layers=(), dtype=torch.float32)).pack_for_cpu()
+    prompts = [[5, 17, 3, 42, 8, 11, 2], [9, 4, 4, 60], [33, 1, 70, 12, 12, 5]]
+    params = hs.SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+
+    def tokens(**kwargs):
+        engine = hs.Engine(model, max_batch_size=3, max_model_len=32, **kwargs)
+        batched = [o.token_ids for o in engine.generate(prompts, params)]
+        alone = [engine.generate([p], params)[0].token_ids for p in prompts]
+        assert batched == alone
+        return batched
+
+    with_kernel = tokens(), tokens(draft=draft, num_draft_tokens=3)
+    monkeypatch.setattr(cpu_rows, "_enabled", False)
+    assert with_kernel == (tokens(), tokens(draft=draft, num_draft_tokens=3))
+    assert with_kernel[0] == with_kernel[1]
