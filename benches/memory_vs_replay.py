@@ -291,7 +291,7 @@ def main(argv=None) -> int:
     shape = QUICK if args.quick else FULL
     batches = args.batches or ([1] if args.quick else [1, 4, 16])
     alphas = args.alphas or ([0.9, 0.4] if args.quick else [0.9, 0.7, 0.4])
-    target = hs.from_hf(build_bamba(shape))
+    target = hs.from_hf(build_bamba(shape)).pack_for_cpu()  # as hs.load on CPU
     print(f"target: {target.num_parameters() / 1e6:.1f}M parameters, Mamba layers {target.config.mamba_layers}; "
           f"γ = {GAMMA}; {describe_machine()}", flush=True)
     rows, overheads, measured_costs = [], [], []

@@ -11,6 +11,8 @@ embeddings, final norm and LM head (a one-layer Mamba model). The target's
 other layers have their output projections (Mamba out_proj, attention o_proj,
 MLP down_proj) scaled by ε, so they perturb the drafter's residual stream by
 an amount ε controls; the acceptance it gives is measured. Nothing is downloaded.
+Both are packed as `hs.load` packs on CPU (input-major linear weights, so the
+few-row kernel of `kernels/cpu_rows.c` takes products of up to 8 rows).
 
 Per batch B, alternating call by call (fastest of the repeats, process CPU
 time: the machine is shared): a plain decode step of the target, one drafter
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     set_threads(args.threads)
     batches = args.batches or ([1, 2] if args.quick else [1, 2, 4, 8, 16, 32])
     hf_target, hf_draft = build_pair(QUICK if args.quick else FULL, args.epsilon)
-    target, draft = hs.from_hf(hf_target), hs.from_hf(hf_draft)
+    target, draft = hs.from_hf(hf_target).pack_for_cpu(), hs.from_hf(hf_draft).pack_for_cpu()  # as hs.load on CPU
     machine = describe_machine()
     print(f"target {target.num_parameters() / 1e6:.1f}M parameters, drafter {draft.num_parameters() / 1e6:.1f}M "
           f"(its first {DRAFT_LAYERS} layers), ε = {args.epsilon}, γ = {GAMMA}; {machine}", flush=True)

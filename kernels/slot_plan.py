@@ -98,6 +98,10 @@ class SlotPlan:
         return self._tensor(self.src_list)
 
     @functools.cached_property
+    def snap(self) -> torch.Tensor:  # [batch, T], -1 where nothing is written
+        return self._tensor(self.snap_list)
+
+    @functools.cached_property
     def num_tokens(self) -> torch.Tensor:  # [batch]
         return self._tensor(self.num_tokens_list)
 

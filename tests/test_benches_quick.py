@@ -109,15 +109,15 @@ def test_compile_probe_quick(benches, tmp_path):
     assert all(r["max_abs_diff"] < 1e-4 for r in rows)  # the compiled math is the eager math
 
 
-def test_cpu_matmul_quick(benches, tmp_path):
-    from hybridspec.kernels import cpu_rows
-    if not cpu_rows.available():
+def test_cpu_kernels_quick(benches, tmp_path):
+    from hybridspec.kernels import cpu_native, cpu_rows
+    if not cpu_native.available():
         pytest.skip("the few-row kernel cannot run on this machine")
-    out = tmp_path / "cpu_matmul.json"
-    assert bench_main("cpu_matmul")(["--quick", "--out", str(out)]) == 0
+    out = tmp_path / "cpu_kernels.json"
+    assert bench_main("cpu_kernels")(["--quick", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     rows = {r["rows"]: r for r in payload["products"]}
     assert rows[1]["kernel_us"] > 0 and rows[5]["speedup"] > 0
     assert "kernel_us" not in rows[16]  # past MAX_ROWS only MKL runs
-    assert [s["matmul"] for s in payload["steps"]] == ["torch.mm", "kernel"]
+    assert [s["kernels"] for s in payload["steps"]] == ["torch", "native"]
     assert all(s["step_ms"] > 0 and s["verify_ms"] > 0 for s in payload["steps"])

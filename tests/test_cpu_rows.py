@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.kernels import cpu_rows
+from hybridspec.kernels import cpu_native, cpu_rows
 from hybridspec.models import common
 from oracles import bamba
 
@@ -32,8 +32,8 @@ def one_thread():
 
 @x86_with_compiler
 def test_kernel_is_built_and_runs_here():
-    assert cpu_rows.available()
-    assert cpu_rows.build().is_file()
+    assert cpu_native.available()
+    assert cpu_native.build().is_file()
 
 
 @x86_with_compiler
@@ -90,9 +90,9 @@ def test_linear_takes_the_kernel_only_where_it_applies(monkeypatch):
     common.linear(x, plain)                                          # weight not input-major
     common.linear(torch.randn(9, 16), packed)                        # more than MAX_ROWS rows
     common.linear(x.double(), packed.double())                      # float64
-    monkeypatch.setattr(cpu_rows, "_enabled", False)                 # set_enabled(False)
+    monkeypatch.setattr(cpu_native, "_enabled", False)                 # set_enabled(False)
     common.linear(x, packed)
-    monkeypatch.setattr(cpu_rows, "_enabled", True)
+    monkeypatch.setattr(cpu_native, "_enabled", True)
     torch.set_num_threads(2)
     common.linear(x, packed)
     torch.set_num_threads(1)
@@ -100,29 +100,29 @@ def test_linear_takes_the_kernel_only_where_it_applies(monkeypatch):
 
 
 def test_the_environment_switch(monkeypatch):
-    monkeypatch.setattr(cpu_rows, "_enabled", None)
-    monkeypatch.setenv(cpu_rows.MATMUL_ENV, "torch")
-    assert not cpu_rows.enabled() and not cpu_rows.available()
-    monkeypatch.setattr(cpu_rows, "_enabled", None)
-    monkeypatch.setenv(cpu_rows.MATMUL_ENV, "fast")
-    with pytest.raises(ValueError, match="HYBRIDSPEC_CPU_MATMUL='fast' must be one of"):
-        cpu_rows.enabled()
-    cpu_rows.set_enabled(True)
-    assert cpu_rows.enabled()
-    cpu_rows.set_enabled(None)
-    monkeypatch.setenv(cpu_rows.MATMUL_ENV, "auto")
-    assert cpu_rows.enabled()
+    monkeypatch.setattr(cpu_native, "_enabled", None)
+    monkeypatch.setenv(cpu_native.KERNELS_ENV, "torch")
+    assert not cpu_native.enabled() and not cpu_native.available()
+    monkeypatch.setattr(cpu_native, "_enabled", None)
+    monkeypatch.setenv(cpu_native.KERNELS_ENV, "fast")
+    with pytest.raises(ValueError, match="HYBRIDSPEC_CPU_KERNELS='fast' must be one of"):
+        cpu_native.enabled()
+    cpu_native.set_enabled(True)
+    assert cpu_native.enabled()
+    cpu_native.set_enabled(None)
+    monkeypatch.setenv(cpu_native.KERNELS_ENV, "auto")
+    assert cpu_native.enabled()
 
 
-def test_no_compiler_falls_back_to_torch_mm_with_one_warning(monkeypatch, tmp_path):
-    monkeypatch.setenv(cpu_rows.CACHE_ENV, str(tmp_path))
+def test_no_compiler_falls_back_to_the_torch_paths_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv(cpu_native.CACHE_ENV, str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    with pytest.raises(cpu_rows.CpuRowsUnavailable):
-        cpu_rows.build()
-    monkeypatch.setattr(cpu_rows, "_library", None)
-    with pytest.warns(RuntimeWarning, match="torch.mm runs instead"):
-        assert not cpu_rows.available()
-    assert not cpu_rows.available()  # decided once: no second warning, no second build
+    with pytest.raises(cpu_native.CpuKernelsUnavailable):
+        cpu_native.build()
+    monkeypatch.setattr(cpu_native, "_library", None)
+    with pytest.warns(RuntimeWarning, match="the torch paths run instead"):
+        assert not cpu_native.available()
+    assert not cpu_native.available()  # decided once: no second warning, no second build
     x, w = torch.randn(3, 8), torch.randn(8, 5)
     assert torch.equal(common.linear(x, w.t()), torch.mm(x, w))  # an input-major weight, torch.mm all the same
 
@@ -144,6 +144,6 @@ def test_float32_model_greedy_tokens_with_and_without_the_kernel(monkeypatch):
         return batched
 
     with_kernel = tokens(), tokens(draft=draft, num_draft_tokens=3)
-    monkeypatch.setattr(cpu_rows, "_enabled", False)
+    monkeypatch.setattr(cpu_native, "_enabled", False)
     assert with_kernel == (tokens(), tokens(draft=draft, num_draft_tokens=3))
     assert with_kernel[0] == with_kernel[1]

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.kernels.conv_window import conv_window_update, conv_window_update_ref
+from hybridspec.kernels.conv_window import conv_window_update
+from hybridspec.kernels.cpu_conv import conv_window_update_cpu
 from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
 from hybridspec.checkpoints.input_log import MambaInputLog
@@ -81,8 +82,7 @@ class Mamba1Mixer(LogReplay, nn.Module):
             x = conv_window_update(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
                                    self.conv_bias, batch.num_tokens, "silu")
         else:  # the torch paths read the forward's host-side slot plan, no slot tensors
-            x = conv_window_update_ref(conv_states, None, None, xs, self.conv_weight[:, 0], self.conv_bias, None,
-                                       "silu", plan=batch.slots)
+            x = conv_window_update_cpu(conv_states, xs, self.conv_weight[:, 0], self.conv_bias, "silu", batch.slots)
         x = x.contiguous()  # [batch, T, d_inner]
         dt, B, C = self.ssm_params(x)  # [batch, T, d_inner], [batch, T, d_state] x 2
         A = -torch.exp(self.A_log.to(cd))  # [d_inner, d_state]

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.kernels.conv_window import conv_window_update, conv_window_update_ref
+from hybridspec.kernels import cpu_mamba2
+from hybridspec.kernels.conv_window import conv_window_update
+from hybridspec.kernels.cpu_conv import conv_window_update_cpu
 from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
 from hybridspec.kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
 from hybridspec.checkpoints.input_log import MambaInputLog
@@ -95,8 +97,8 @@ class Mamba2Mixer(LogReplay, nn.Module):
             xBC = conv_window_update(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
                                      self.conv_bias, batch.num_tokens, "silu")
         else:
-            xBC = conv_window_update_ref(conv_states, None, None, xs, self.conv_kernel(), self.conv_bias, None,
-                                         "silu", plan=batch.slots)  # the host-side slot plan, no slot tensors
+            xBC = conv_window_update_cpu(conv_states, xs, self.conv_kernel(), self.conv_bias, "silu",
+                                         batch.slots)  # the host-side slot plan, no slot tensors
         x, B, C = xBC.split([cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state], dim=-1)
         x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()  # the kernels want contiguous inputs
         B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
@@ -110,6 +112,8 @@ class Mamba2Mixer(LogReplay, nn.Module):
             y = self.chunked_scan(ssm_states, batch, x, dt, A, B, C)
         elif use_triton(h):
             y = mamba2_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
+        elif cpu_mamba2.applies(ssm_states, x, batch.slots):  # float32 on CPU: the recurrence in C
+            y = cpu_mamba2.mamba2_steps(ssm_states, batch.slots, x, dt, A, B, C, self.D)
         else:
             y = mamba2_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
         if batch.input_log is not None:

@@ -1,7 +1,9 @@
-"""Few-row CPU products: `torch.mm` (MKL) against the kernel `linear` takes
-for 1 … 8 rows (`hybridspec/kernels/cpu_rows.c`), with the weights out of cache
-as in a decode step, and what that makes of one model step and of a verify
-forward of γ + 1 = 5 tokens.
+"""The native CPU kernels (`hybridspec/kernels/cpu_native.py`): few-row products,
+`torch.mm` (MKL) against the kernel `linear` takes for 1 … 8 rows
+(`cpu_rows.c`), with the weights out of cache as in a decode step; then what
+the three kernels together (products, the Mamba-2 recurrence `cpu_mamba2.c`,
+the conv window `cpu_conv.c`) make of one model step and of a verify forward
+of γ + 1 = 5 tokens.
 
 Products: the weight shapes of the embedded target (hidden 256) and of the
 random Bamba of `benches/round_cost.py` (hidden 512), input-major float32.
@@ -12,10 +14,11 @@ from memory); µs per product. The two implementations alternate call by call,
 
 Steps: the embedded target's plain decode step (1 input) and a forward of 5
 inputs with a snapshot after every input (what a verify does), at batch 1,
-with the kernel on and off (`cpu_rows.set_enabled`), alternating.
+with the native kernels on and off (`cpu_native.set_enabled`), alternating;
+ms per forward and by mixer.
 
-    python benches/cpu_matmul.py            # about a minute
-    python benches/cpu_matmul.py --quick    # seconds
+    python benches/cpu_kernels.py            # about a minute
+    python benches/cpu_kernels.py --quick    # seconds
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ COPIES_BYTES = 96 << 20  # weights per timed call: past any last-level cache thi
 
 
 def product_rows(shapes: dict, rows: tuple, repeats: int, copies_bytes: int) -> list[dict]:
-    from hybridspec.kernels import cpu_rows
+    from hybridspec.kernels import cpu_native, cpu_rows
     out = []
     for name, (K, N) in shapes.items():
         g = torch.Generator().manual_seed(K + N)
@@ -81,32 +84,32 @@ def step_rows(repeats: int) -> list[dict]:
         target.extend(cache, [0], [prompt[-n:]], last_only=n == 1, snap_slot=snap)
         cache.commit(0, length, head)
 
-    from hybridspec.kernels import cpu_rows
+    from hybridspec.kernels import cpu_native
     cases = [(on, n) for on in (False, True) for n in (1, 5)]
     samples = {key: [] for key in cases}
     try:
         for _ in range(repeats + 1):
             for on, n in cases:
-                cpu_rows.set_enabled(on)
+                cpu_native.set_enabled(on)
                 start = time.process_time()
                 forward(n)
                 samples[(on, n)].append(time.process_time() - start)
     finally:
-        cpu_rows.set_enabled(None)
+        cpu_native.set_enabled(None)
     rows = []
-    for mode, label in ((False, "torch.mm"), (True, "kernel")):
+    for mode, label in ((False, "torch"), (True, "native")):
         step, verify = (statistics.median(samples[(mode, n)][1:]) for n in (1, 5))
-        rows.append({"matmul": label, "step_ms": 1e3 * step, "verify_ms": 1e3 * verify, "verify_steps": verify / step})
+        rows.append({"kernels": label, "step_ms": 1e3 * step, "verify_ms": 1e3 * verify, "verify_steps": verify / step})
     return rows
 
 
 def main(argv=None) -> int:
     args = bench_parser(__doc__).parse_args(argv)
-    from hybridspec.kernels import cpu_rows
+    from hybridspec.kernels import cpu_native
     threads = set_threads(args.threads)
     print(describe_machine(), flush=True)
-    if not cpu_rows.available():
-        print("the few-row kernel cannot run here (see the warning); nothing to compare")
+    if not cpu_native.available():
+        print("the native CPU kernels cannot run here (see the warning); nothing to compare")
         return 1
     shapes = dict(list(SHAPES.items())[:1]) if args.quick else SHAPES
     products = product_rows(shapes, (1, 5, 16) if args.quick else ROWS, 2 if args.quick else 7,
@@ -117,11 +120,11 @@ def main(argv=None) -> int:
                 title=f"products with weights out of cache, float32, {threads} thread(s), median of "
                       f"{2 if args.quick else 7} alternating calls (min–max)")
     steps = step_rows(3 if args.quick else 15)
-    print_table(steps, ["matmul", ("step_ms", "decode step ms"), ("verify_ms", "5-input forward ms"),
+    print_table(steps, ["kernels", ("step_ms", "decode step ms"), ("verify_ms", "5-input forward ms"),
                         ("verify_steps", "forward / step")],
                 title="embedded target, batch 1, CPU ms (median, alternating)")
-    write_json(args.out or ("cpu_matmul_quick.json" if args.quick else "cpu_matmul.json"),
-               {"bench": "cpu_matmul", "quick": args.quick, "threads": threads, "products": products,
+    write_json(args.out or ("cpu_kernels_quick.json" if args.quick else "cpu_kernels.json"),
+               {"bench": "cpu_kernels", "quick": args.quick, "threads": threads, "products": products,
                 "steps": steps})
     return 0
 

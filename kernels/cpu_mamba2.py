@@ -1,0 +1,57 @@
+"""The Mamba-2 recurrence of one forward on CPU in C (`cpu_mamba2.c`), the
+counterpart of the Triton `mamba2_verify` for float32 CPU runs.
+
+Why: the torch reference (`mamba2_verify_ref`) runs each input as a few
+whole-state operations, so every step reads and writes every head's state in
+memory (128 KiB per layer for 8 heads of 64 × 64); the C loop keeps one head's
+state in L1 across the inputs and touches memory only to read the source
+state and write the snapshots. Same arguments and writes as the reference:
+each input's state goes into the slot its plan names (the ring), and y
+comes back [batch, T, nheads, headdim].
+
+Used by the Mamba-2 mixer when every condition holds: float32 CPU tensors, a
+host-side `SlotPlan` whose rows run all their inputs (`all_live`; padded
+batches take the reference), a contiguous state pool, one torch thread, and
+the native kernels on (`cpu_native.available`).
+"""
+from __future__ import annotations
+
+import torch
+
+from hybridspec.kernels import cpu_native
+from hybridspec.kernels.slot_plan import SlotPlan
+
+_SCRATCH: dict[int, torch.Tensor] = {}  # one head's state for inputs with no snapshot, by size
+
+
+def applies(ssm_states: torch.Tensor, x: torch.Tensor, plan: SlotPlan | None) -> bool:
+    return (plan is not None and plan.all_live and plan.batch > 0 and ssm_states.dtype is torch.float32
+            and x.dtype is torch.float32 and x.is_cpu and ssm_states.is_cpu and ssm_states.is_contiguous()
+            and torch.get_num_threads() == 1 and cpu_native.available())
+
+
+def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
+    """ssm_states [slots, nheads, headdim, d_state] (written in place at the
+    plan's snapshot slots); x [batch, T, nheads, headdim], dt [batch, T,
+    nheads], A, D [nheads], B, C [batch, T, ngroups, d_state], all float32 ->
+    y [batch, T, nheads, headdim]. The caller checked `applies`."""
+    batch, T, nheads, headdim = x.shape
+    ngroups, d_state = B.shape[2:]
+    x, dt, B, C = (v if v.stride(-1) == 1 else v.contiguous() for v in (x, dt, B, C))
+    A, D = A.contiguous(), D.contiguous()
+    head_size = headdim * d_state
+    scratch = _SCRATCH.get(head_size)
+    if scratch is None:
+        scratch = _SCRATCH[head_size] = torch.empty(head_size, dtype=torch.float32)
+    y = torch.empty(batch, T, nheads, headdim, dtype=torch.float32)
+    status = cpu_native.library().hs_mamba2_steps(
+        ssm_states.data_ptr(), plan.src.data_ptr(), plan.snap.data_ptr(), scratch.data_ptr(),
+        x.data_ptr(), x.stride(0), x.stride(1), x.stride(2),
+        dt.data_ptr(), dt.stride(0), dt.stride(1),
+        A.data_ptr(), D.data_ptr(),
+        B.data_ptr(), B.stride(0), B.stride(1), B.stride(2),
+        C.data_ptr(), C.stride(0), C.stride(1), C.stride(2),
+        y.data_ptr(), batch, T, nheads, headdim, d_state, ngroups)
+    if status != 0:
+        raise ValueError(f"mamba2_steps: shapes not taken: x {tuple(x.shape)}, B {tuple(B.shape)}")
+    return y

@@ -1,0 +1,128 @@
+"""The CPU's native kernels: plain C (AVX2 + FMA) built on first use and
+called through ctypes.
+
+Three kernels, each used by its own module where it applies:
+- `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`;
+- `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
+  inputs, straight into the ring slots, for the Mamba-2 mixer;
+- `cpu_conv.c` (`cpu_conv.py`): the causal conv window over a forward's
+  inputs, straight into the ring slots, for the Mamba mixers.
+
+They are compiled together with the system's C compiler (`CC`, else `cc`,
+`gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
+`~/.cache/hybridspec`; about a second, once per source version) and loaded
+with ctypes: no torch headers, no build step at install. Where they cannot be
+built or run (no compiler, no AVX2, not x86) the torch paths run, after one
+warning. `HYBRIDSPEC_CPU_KERNELS=torch` (read on first use) or
+`set_enabled(False)` turns them off; float64 (the parity suites) never takes them.
+Both are single-threaded: they run when torch uses one thread (the default
+for the small models they help, `hybridspec.threads`).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
+KERNEL_CHOICES = ("auto", "torch")
+CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_conv.c"))
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-std=c99")
+
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+SIGNATURES = {  # function: argument types (all return int: 0, or -1 for arguments it does not take)
+    "hs_rows_matmul": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr],
+    "hs_mamba2_steps": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr,
+                        _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
+    "hs_conv_window_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
+}
+
+_library = None  # the loaded ctypes library, False when it cannot run here
+_enabled = None  # None: not decided yet (see `enabled`)
+
+
+class CpuKernelsUnavailable(RuntimeError):
+    """The C kernels cannot be built or loaded on this machine (the reason in the message)."""
+
+
+def enabled() -> bool:
+    """Whether the kernels may run: `HYBRIDSPEC_CPU_KERNELS`, read on first use, or what `set_enabled` said."""
+    global _enabled
+    if _enabled is None:
+        choice = os.environ.get(KERNELS_ENV, "auto")
+        if choice not in KERNEL_CHOICES:
+            raise ValueError(f"{KERNELS_ENV}={choice!r} must be one of {KERNEL_CHOICES}; unset it for 'auto'")
+        _enabled = choice == "auto"
+    return _enabled
+
+
+def set_enabled(flag: bool | None) -> None:
+    """Turn the kernels on or off for this process (None: back to `HYBRIDSPEC_CPU_KERNELS`)."""
+    global _enabled
+    _enabled = None if flag is None else bool(flag)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hybridspec") / "kernels"
+
+
+def build(directory: Path | None = None) -> Path:
+    """Compile the C sources into one shared library in `directory` (default
+    `cache_dir()`) unless a build of the same sources and flags is there;
+    returns its path. Raises CpuKernelsUnavailable with the reason when it cannot."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise CpuKernelsUnavailable(f"the kernels are x86 (AVX2) code; this machine is {platform.machine()}")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise CpuKernelsUnavailable(f"the CPU lacks AVX2/FMA (torch reports {torch.backends.cpu.get_cpu_capability()})")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise CpuKernelsUnavailable("no C compiler found (set CC, or install gcc)")
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    directory = Path(directory) if directory is not None else cache_dir()
+    target = directory / f"hybridspec_cpu-{digest}.so"
+    if target.is_file():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:  # built aside, then renamed: no half-written library
+        built = Path(tmp) / target.name
+        try:
+            result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"],
+                                    capture_output=True, text=True)
+        except OSError as exc:
+            raise CpuKernelsUnavailable(f"the C compiler {compiler!r} cannot run: {exc}") from exc
+        if result.returncode != 0:
+            raise CpuKernelsUnavailable(f"{compiler} failed on the CPU kernels: {result.stderr.strip()[:2000]}")
+        os.replace(built, target)
+    return target
+
+
+def library():
+    """The loaded library (its functions typed by SIGNATURES), or False where it cannot run."""
+    global _library
+    if _library is None:
+        try:
+            lib = ctypes.CDLL(str(build()))
+            for name, argtypes in SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = ctypes.c_int, argtypes
+        except (CpuKernelsUnavailable, OSError, AttributeError) as exc:
+            warnings.warn(f"hybridspec: the native CPU kernels are off, the torch paths run instead: {exc}",
+                          RuntimeWarning, stacklevel=3)
+            _library = False
+        else:
+            _library = lib
+    return _library
+
+
+def available() -> bool:
+    """Whether the kernels run here (built and loaded, and not turned off)."""
+    return (_enabled if _enabled is not None else enabled()) and bool(_library if _library is not None else library())

@@ -1,0 +1,127 @@
+"""The state kernels in C against the torch references they stand in for:
+the Mamba-2 recurrence (`kernels/cpu_mamba2.c`) and the conv window
+(`kernels/cpu_conv.c`) give the same outputs and the same snapshot writes,
+for decode and multi-input forwards, groups, steps without a snapshot, and
+in a model run whose states match the torch paths'."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.kernels import cpu_conv, cpu_mamba2, cpu_native
+from hybridspec.kernels.conv_window import conv_window_update_ref
+from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
+from hybridspec.kernels.slot_plan import SlotPlan
+from oracles import bamba, jamba
+from test_cpu_rows import x86_with_compiler
+
+pytestmark = x86_with_compiler
+
+CASES = [  # batch, T, nheads, headdim, d_state, ngroups
+    (1, 1, 8, 64, 64, 1), (1, 5, 8, 64, 64, 1), (3, 5, 4, 16, 12, 2), (2, 3, 6, 8, 5, 3), (4, 1, 2, 4, 8, 1)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def inputs(batch, T, nheads, headdim, d_state, ngroups, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    per_row = T + 3
+    pool = torch.randn(batch * per_row, nheads, headdim, d_state, generator=g)
+    src = [b * per_row for b in range(batch)]
+    # a snapshot after every other input and after the last; the others stay in scratch
+    snap = [[b * per_row + 1 + t if t % 2 == 0 or t == T - 1 else -1 for t in range(T)] for b in range(batch)]
+    x = torch.randn(batch, T, nheads, headdim, generator=g)
+    dt = torch.rand(batch, T, nheads, generator=g)
+    A = -torch.rand(nheads, generator=g) - 0.1
+    B = torch.randn(batch, T, ngroups, d_state, generator=g)
+    C = torch.randn(batch, T, ngroups, d_state, generator=g)
+    D = torch.randn(nheads, generator=g)
+    return pool, src, snap, (x, dt, A, B, C, D)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_outputs_and_snapshot_writes_as_the_reference(case):
+    batch, T = case[:2]
+    pool, src, snap, args = inputs(*case)
+    ref_pool, native_pool = pool.clone(), pool.clone()
+    want = mamba2_verify_ref(ref_pool, None, None, *args, None, plan=SlotPlan(src, snap, [T] * batch, "cpu"))
+    plan = SlotPlan(src, snap, [T] * batch, "cpu")
+    assert cpu_mamba2.applies(native_pool, args[0], plan)
+    got = cpu_mamba2.mamba2_steps(native_pool, plan, *args)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(native_pool, ref_pool, rtol=1e-5, atol=1e-5)
+    written = {s for row in snap for s in row if s >= 0}
+    untouched = [s for s in range(len(pool)) if s not in written]
+    assert torch.equal(native_pool[untouched], pool[untouched])  # sources and unplanned slots kept
+
+
+CONV_CASES = [  # batch, T, conv_dim, d_conv, bias, activation
+    (1, 1, 640, 4, True, "silu"), (1, 5, 640, 4, True, "silu"), (3, 4, 7, 3, False, None), (2, 2, 5, 4, True, None)]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_window_same_outputs_and_windows_as_the_reference(case):
+    batch, T, conv_dim, d_conv, has_bias, activation = case
+    g = torch.Generator().manual_seed(conv_dim + T)
+    per_row = T + 3
+    pool = torch.randn(batch * per_row, conv_dim, d_conv - 1, generator=g)
+    src = [b * per_row for b in range(batch)]
+    snap = [[b * per_row + 1 + t if t % 2 == 0 or t == T - 1 else -1 for t in range(T)] for b in range(batch)]
+    xs = torch.randn(batch, T, conv_dim, generator=g)
+    weight = torch.randn(conv_dim, d_conv, generator=g)
+    bias = torch.randn(conv_dim, generator=g) if has_bias else None
+    ref_pool, native_pool = pool.clone(), pool.clone()
+    want = conv_window_update_ref(ref_pool, None, None, xs, weight, bias, None, activation,
+                                  plan=SlotPlan(src, snap, [T] * batch, "cpu"))
+    plan = SlotPlan(src, snap, [T] * batch, "cpu")
+    assert cpu_conv.applies(native_pool, xs, weight, bias, activation, plan)
+    got = cpu_conv.conv_window_steps(native_pool, plan, xs, weight, bias, activation)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(native_pool, ref_pool)  # windows are copies of inputs: bit for bit
+
+
+def test_padded_rows_float64_and_no_plan_take_the_reference():
+    pool, src, snap, args = inputs(2, 3, 2, 4, 8, 1)
+    assert not cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 2], "cpu"))  # a padded row
+    assert not cpu_mamba2.applies(pool.double(), args[0].double(), SlotPlan(src, snap, [3, 3], "cpu"))
+    assert not cpu_mamba2.applies(pool, args[0], None)
+    conv_pool, xs, weight = torch.zeros(8, 4, 3), torch.zeros(2, 3, 4), torch.zeros(4, 4)
+    assert not cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 2], "cpu"))
+    assert cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 3], "cpu"))
+    torch.set_num_threads(2)
+    assert not cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 3], "cpu"))
+    assert not cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 3], "cpu"))
+
+
+@pytest.mark.parametrize("build", [bamba, jamba])
+def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
+    """Prefill, then decode and a 4-input snapshotted forward through the C
+    recurrence and conv: the ring holds what the torch paths write, to float32 rounding."""
+    model = hs.from_hf(build(seed=4, dtype=torch.float32)).pack_for_cpu()
+    prompt = [5, 17, 3, 42, 8, 11, 2, 9, 30]
+
+    def run():
+        cache = HybridCache(model.config, max_seqs=1, num_blocks=4, block_size=16, ring_slots=8, dtype=model.dtype)
+        model.prefill(cache, [0], [prompt], last_only=True)
+        decoded = model.decode(cache, [0], [7])
+        head = cache.head(0)
+        snap = torch.tensor([[head + 1 + t if head + 1 + t < 8 else head + 1 + t - 8 for t in range(4)]])
+        verified = model.extend(cache, [0], [[1, 2, 3, 4]], snap_slot=snap)
+        return decoded, verified, [s.clone() for s in (*cache.states.ssm_states, *cache.states.conv_states)]
+
+    native = run()
+    monkeypatch.setattr(cpu_native, "_enabled", False)
+    reference = run()
+    for a, b in zip(native[:2], reference[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for a, b in zip(native[2], reference[2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
