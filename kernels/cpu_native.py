@@ -1,22 +1,24 @@
 """The CPU's native kernels: plain C (AVX2 + FMA) built on first use and
 called through ctypes.
 
-Three kernels, each used by its own module where it applies:
+Four kernels, each used by its own module where it applies:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`;
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
+- `cpu_mamba1.c` (`cpu_mamba1.py`): the same for the Mamba-1 mixer;
 - `cpu_conv.c` (`cpu_conv.py`): the causal conv window over a forward's
   inputs, straight into the ring slots, for the Mamba mixers.
 
 They are compiled together with the system's C compiler (`CC`, else `cc`,
 `gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
-`~/.cache/hybridspec`; about a second, once per source version) and loaded
-with ctypes: no torch headers, no build step at install. Where they cannot be
-built or run (no compiler, no AVX2, not x86) the torch paths run, after one
-warning. `HYBRIDSPEC_CPU_KERNELS=torch` (read on first use) or
-`set_enabled(False)` turns them off; float64 (the parity suites) never takes them.
-Both are single-threaded: they run when torch uses one thread (the default
-for the small models they help, `hybridspec.threads`).
+`~/.cache/hybridspec`, else a folder of the temporary directory; about a
+second, once per source version) and loaded with ctypes: no torch headers,
+no build step at install. Where they cannot be built (no compiler) the torch
+paths run after one warning; on a CPU without AVX2 and FMA (ARM, old x86)
+they run without one. `HYBRIDSPEC_CPU_KERNELS=torch` (read on first use) or
+`set_enabled(False)` turns them off; float64 (the parity suites) never takes
+them. All are single-threaded: they run when torch uses one thread (the
+default for the small models they help, `hybridspec.threads`).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ import torch
 KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
 KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_conv.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-std=c99")
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -43,6 +45,8 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
     "hs_rows_matmul": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr],
     "hs_mamba2_steps": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr,
                         _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
+    "hs_mamba1_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64,
+                        _i64, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "hs_conv_window_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
 }
 
@@ -71,6 +75,12 @@ def set_enabled(flag: bool | None) -> None:
     _enabled = None if flag is None else bool(flag)
 
 
+def cpu_supported() -> bool:
+    """Whether this CPU runs the kernels' code (x86-64 with AVX2 and FMA)."""
+    return (platform.machine().lower() in ("x86_64", "amd64")
+            and torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")))
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hybridspec") / "kernels"
 
@@ -79,10 +89,9 @@ def build(directory: Path | None = None) -> Path:
     """Compile the C sources into one shared library in `directory` (default
     `cache_dir()`) unless a build of the same sources and flags is there;
     returns its path. Raises CpuKernelsUnavailable with the reason when it cannot."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise CpuKernelsUnavailable(f"the kernels are x86 (AVX2) code; this machine is {platform.machine()}")
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise CpuKernelsUnavailable(f"the CPU lacks AVX2/FMA (torch reports {torch.backends.cpu.get_cpu_capability()})")
+    if not cpu_supported():
+        raise CpuKernelsUnavailable(f"the kernels are x86 AVX2 + FMA code; this CPU is {platform.machine()} "
+                                    f"(torch reports {torch.backends.cpu.get_cpu_capability()})")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         raise CpuKernelsUnavailable("no C compiler found (set CC, or install gcc)")
@@ -91,7 +100,14 @@ def build(directory: Path | None = None) -> Path:
     target = directory / f"hybridspec_cpu-{digest}.so"
     if target.is_file():
         return target
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: a per-user folder of the temporary directory
+        directory = Path(tempfile.gettempdir()) / f"hybridspec-kernels-{os.getuid()}"
+        target = directory / target.name
+        if target.is_file():
+            return target
+        directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:  # built aside, then renamed: no half-written library
         built = Path(tmp) / target.name
         try:
@@ -108,6 +124,8 @@ def build(directory: Path | None = None) -> Path:
 def library():
     """The loaded library (its functions typed by SIGNATURES), or False where it cannot run."""
     global _library
+    if _library is None and not cpu_supported():  # expected on ARM and old x86: the torch paths, quietly
+        _library = False
     if _library is None:
         try:
             lib = ctypes.CDLL(str(build()))

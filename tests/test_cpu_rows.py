@@ -3,6 +3,7 @@ float64 product, a row's bits independent of the other rows of the call, when
 `linear` takes it, and the fall-back to torch.mm when it cannot be built."""
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 
@@ -147,3 +148,23 @@ def test_float32_model_greedy_tokens_with_and_without_the_kernel(monkeypatch):
     monkeypatch.setattr(cpu_native, "_enabled", False)
     assert with_kernel == (tokens(), tokens(draft=draft, num_draft_tokens=3))
     assert with_kernel[0] == with_kernel[1]
+
+
+@x86_with_compiler
+def test_a_read_only_cache_builds_in_the_temporary_directory(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv(cpu_native.CACHE_ENV, str(blocked))  # cache_dir() lies under a file: mkdir fails
+    monkeypatch.setattr(cpu_native.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    built = cpu_native.build()
+    assert built.is_file() and built.parent == tmp_path / "tmp" / f"hybridspec-kernels-{os.getuid()}"
+    assert cpu_native.build() == built  # found again, not rebuilt
+
+
+def test_an_unsupported_cpu_takes_the_torch_paths_quietly(monkeypatch, recwarn):
+    monkeypatch.setattr(cpu_native, "_library", None)
+    monkeypatch.setattr(cpu_native.platform, "machine", lambda: "aarch64")
+    assert not cpu_native.available()
+    assert not [w for w in recwarn if "native CPU kernels" in str(w.message)]
+    with pytest.raises(cpu_native.CpuKernelsUnavailable, match="aarch64"):
+        cpu_native.build()

@@ -1,6 +1,6 @@
 """The state kernels in C against the torch references they stand in for:
-the Mamba-2 recurrence (`kernels/cpu_mamba2.c`) and the conv window
-(`kernels/cpu_conv.c`) give the same outputs and the same snapshot writes,
+the Mamba-2 and Mamba-1 recurrences (`kernels/cpu_mamba2.c`, `cpu_mamba1.c`)
+and the conv window (`kernels/cpu_conv.c`) give the same outputs and the same snapshot writes,
 for decode and multi-input forwards, groups, steps without a snapshot, and
 in a model run whose states match the torch paths'."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_conv, cpu_mamba2, cpu_native
+from hybridspec.kernels import cpu_conv, cpu_mamba1, cpu_mamba2, cpu_native
+from hybridspec.kernels.mamba1_verify import mamba1_verify_ref
 from hybridspec.kernels.conv_window import conv_window_update_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
@@ -62,6 +63,31 @@ def test_same_outputs_and_snapshot_writes_as_the_reference(case):
     written = {s for row in snap for s in row if s >= 0}
     untouched = [s for s in range(len(pool)) if s not in written]
     assert torch.equal(native_pool[untouched], pool[untouched])  # sources and unplanned slots kept
+
+
+MAMBA1_CASES = [(1, 1, 64, 16), (1, 5, 512, 16), (3, 4, 12, 8), (2, 3, 7, 64)]  # batch, T, d_inner, d_state
+
+
+@pytest.mark.parametrize("case", MAMBA1_CASES)
+def test_mamba1_same_outputs_and_snapshot_writes_as_the_reference(case):
+    batch, T, d_inner, d_state = case
+    g = torch.Generator().manual_seed(d_inner + T)
+    per_row = T + 3
+    pool = torch.randn(batch * per_row, d_inner, d_state, generator=g)
+    src = [b * per_row for b in range(batch)]
+    snap = [[b * per_row + 1 + t if t % 2 == 0 or t == T - 1 else -1 for t in range(T)] for b in range(batch)]
+    x, dt = torch.randn(batch, T, d_inner, generator=g), 2 * torch.rand(batch, T, d_inner, generator=g)
+    A = -8 * torch.rand(d_inner, d_state, generator=g)  # exp(Δ·A) down to e^-16
+    B, C = torch.randn(batch, T, d_state, generator=g), torch.randn(batch, T, d_state, generator=g)
+    D = torch.randn(d_inner, generator=g)
+    ref_pool, native_pool = pool.clone(), pool.clone()
+    want = mamba1_verify_ref(ref_pool, None, None, x, dt, A, B, C, D, None, plan=SlotPlan(src, snap, [T] * batch, "cpu"))
+    plan = SlotPlan(src, snap, [T] * batch, "cpu")
+    assert cpu_mamba1.applies(native_pool, x, plan)
+    got = cpu_mamba1.mamba1_steps(native_pool, plan, x, dt, A, B, C, D)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(native_pool, ref_pool, rtol=1e-5, atol=1e-6)
+    assert not cpu_mamba1.applies(torch.zeros(4, 3, 12), x, plan)  # d_state 12: not a multiple of 8
 
 
 CONV_CASES = [  # batch, T, conv_dim, d_conv, bias, activation

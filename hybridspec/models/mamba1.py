@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels import cpu_mamba1
 from hybridspec.kernels.conv_window import conv_window_update
 from hybridspec.kernels.cpu_conv import conv_window_update_cpu
 from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
@@ -88,6 +89,8 @@ class Mamba1Mixer(LogReplay, nn.Module):
         A = -torch.exp(self.A_log.to(cd))  # [d_inner, d_state]
         if use_triton(h):
             y = mamba1_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
+        elif cpu_mamba1.applies(ssm_states, x, batch.slots):  # float32 on CPU: the recurrence in C
+            y = cpu_mamba1.mamba1_steps(ssm_states, batch.slots, x, dt, A, B, C, self.D)
         else:
             y = mamba1_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
         if batch.input_log is not None:
