@@ -71,10 +71,16 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                 s = _mm_add_ss(s, _mm_movehdup_ps(s));
                 y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, _mm_cvtss_f32(s));
                 const int64_t slot = dst[b * T + t];
-                if (slot >= 0)
-                    for (int64_t v = 0; v < nv; ++v) _mm256_storeu_ps(states + slot * slot_size + c * d_state + 8 * v, h[v]);
+                if (slot >= 0) {
+                    float *snap = states + slot * slot_size + c * d_state;
+                    if (((uintptr_t)snap & 31) == 0)  /* streaming stores: the slot's lines are not read first */
+                        for (int64_t v = 0; v < nv; ++v) _mm256_stream_ps(snap + 8 * v, h[v]);
+                    else
+                        for (int64_t v = 0; v < nv; ++v) _mm256_storeu_ps(snap + 8 * v, h[v]);
+                }
             }
         }
     }
+    _mm_sfence(); /* the streamed snapshots are visible before the call returns */
     return 0;
 }

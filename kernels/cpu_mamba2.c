@@ -5,10 +5,11 @@
  * state in slot src[b], for t = 0 … T - 1:
  *     h_t = exp(Δ_t A_h) · h_{t-1} + (Δ_t x_t) ⊗ B_t        [headdim, d_state]
  *     y_t = h_t · C_t + D_h x_t                              [headdim]
- * h_t is computed into slot dst[b·T + t] (its snapshot) when that is ≥ 0,
- * else into a scratch head, and read from there by step t + 1: one head's
- * state (16 KiB for 64 × 64) stays in L1 across the steps, and the only
- * memory traffic is reading the source state and writing the snapshots.
+ * h_t is computed into a scratch head, read from there by step t + 1, and
+ * copied to slot dst[b·T + t] (its snapshot) when that is ≥ 0 with streaming
+ * stores, which skip reading the slot's lines first: one head's state (16 KiB
+ * for 64 × 64) stays in L1 across the steps, and the only memory traffic is
+ * reading the source state and writing the snapshots once.
  * Built and loaded by `cpu_native.py`; used through `cpu_mamba2.py`.
  *
  * states: [num_slots, nheads, headdim, d_state] contiguous. x: [batch, T,
@@ -44,7 +45,8 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
             const float *prev = states + src[b] * slot_size + h * head_size;
             for (int64_t t = 0; t < T; ++t) {
                 const int64_t slot = dst[b * T + t];
-                float *out = slot >= 0 ? states + slot * slot_size + h * head_size : scratch;
+                float *snap = slot >= 0 ? states + slot * slot_size + h * head_size : 0;
+                const int stream = snap && ((uintptr_t)snap & 31) == 0 && d_state % 8 == 0;
                 const float dtv = dt[b * sdb + t * sdt + h];
                 const float decay = expf(dtv * A[h]);
                 const __m256 decay8 = _mm256_set1_ps(decay);
@@ -56,25 +58,29 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                     const float xdt = dtv * xv[p];
                     const __m256 xdt8 = _mm256_set1_ps(xdt);
                     const float *hp = prev + p * d_state;
-                    float *op = out + p * d_state;
+                    float *op = scratch + p * d_state, *sp = snap ? snap + p * d_state : 0;
                     __m256 acc = _mm256_setzero_ps();
                     for (int64_t n = 0; n < vec_end; n += 8) {
                         __m256 inject = _mm256_mul_ps(xdt8, _mm256_loadu_ps(Bv + n));
                         __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(hp + n), decay8, inject);
                         _mm256_storeu_ps(op + n, next);
+                        if (stream) _mm256_stream_ps(sp + n, next);
+                        else if (sp) _mm256_storeu_ps(sp + n, next);
                         acc = _mm256_fmadd_ps(next, _mm256_loadu_ps(Cv + n), acc);
                     }
                     float tail = 0.0f;
                     for (int64_t n = vec_end; n < d_state; ++n) {
                         float next = fmaf(hp[n], decay, xdt * Bv[n]);
                         op[n] = next;
+                        if (sp) sp[n] = next;
                         tail = fmaf(next, Cv[n], tail);
                     }
                     yv[p] = fmaf(D[h], xv[p], hsum(acc) + tail);
                 }
-                prev = out;
+                prev = scratch;
             }
         }
     }
+    _mm_sfence(); /* the streamed snapshots are visible before the call returns */
     return 0;
 }
