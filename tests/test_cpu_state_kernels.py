@@ -16,20 +16,12 @@ from hybridspec.kernels.conv_window import conv_window_update_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba, jamba
-from test_cpu_rows import x86_with_compiler
+from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
 
 CASES = [  # batch, T, nheads, headdim, d_state, ngroups
     (1, 1, 8, 64, 64, 1), (1, 5, 8, 64, 64, 1), (3, 5, 4, 16, 12, 2), (2, 3, 6, 8, 5, 3), (4, 1, 2, 4, 8, 1)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def inputs(batch, T, nheads, headdim, d_state, ngroups, seed=0):
