@@ -144,7 +144,11 @@ def test_float32_model_greedy_tokens_with_and_without_the_kernel(monkeypatch):
         assert batched == alone
         return batched
 
+    calls = []
+    real = common.rows_matmul
+    monkeypatch.setattr(common, "rows_matmul", lambda x, w: calls.append(x.shape[0]) or real(x, w))
     with_kernel = tokens(), tokens(draft=draft, num_draft_tokens=3)
+    assert 1 in calls and 4 in calls  # decode rows and a verify of γ + 1 = 4 inputs took the kernel
     monkeypatch.setattr(cpu_native, "_enabled", False)
     assert with_kernel == (tokens(), tokens(draft=draft, num_draft_tokens=3))
     assert with_kernel[0] == with_kernel[1]

@@ -136,9 +136,17 @@ def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
         verified = model.extend(cache, [0], [[1, 2, 3, 4]], snap_slot=snap)
         return decoded, verified, [s.clone() for s in (*cache.states.ssm_states, *cache.states.conv_states)]
 
+    calls = []
+    for module, name in ((cpu_mamba2, "mamba2_steps"), (cpu_mamba1, "mamba1_steps"), (cpu_conv, "conv_window_steps")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     native = run()
+    recurrence = "mamba2_steps" if build is bamba else "mamba1_steps"
+    assert recurrence in calls and "conv_window_steps" in calls  # the C paths ran (decode and the 4 inputs)
+    calls.clear()
     monkeypatch.setattr(cpu_native, "_enabled", False)
     reference = run()
+    assert not calls
     for a, b in zip(native[:2], reference[:2]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for a, b in zip(native[2], reference[2]):
