@@ -165,6 +165,11 @@ def machine_info() -> dict:
         "git_commit": _git_commit(),
     }
     try:
+        from hybridspec.kernels import cpu_native
+        info["native_cpu_kernels"] = cpu_native.available()  # the C paths float32 CPU runs take on one thread
+    except ImportError:
+        info["native_cpu_kernels"] = None
+    try:
         import transformers
         info["transformers"] = transformers.__version__
     except ImportError:
@@ -198,8 +203,11 @@ def _git_commit() -> str | None:
 def describe_machine(info: dict | None = None) -> str:
     """One line naming the machine, for table captions."""
     info = info or machine_info()
+    native = info.get("native_cpu_kernels")  # they run on one torch thread only
+    native = ("" if native is None else ", native CPU kernels off" if not native
+              else ", native CPU kernels on" if info["torch_threads"] == 1 else ", native CPU kernels idle (> 1 thread)")
     return (f"{info['processor']}, {info['cpu_count']} CPUs ({info['torch_threads']} torch threads), "
-            f"torch {info['torch']}, Python {info['python']}")
+            f"torch {info['torch']}, Python {info['python']}{native}")
 
 
 def write_json(path: str | Path, payload: dict) -> Path:
