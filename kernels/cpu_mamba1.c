@@ -7,9 +7,7 @@
  *     y_t,c = h_t · C_t + D_c x_t,c
  * h_t goes into slot dst[b·T + t] when that is ≥ 0. A channel's state row
  * (d_state floats, 16 in most models) stays in registers across the inputs;
- * memory sees the source state once and each snapshot once. exp is a
- * vectorised Cody–Waite reduction with a degree-5 minimax polynomial (about
- * 1 ulp on the arguments Δ·A ≤ 0 gives).
+ * memory sees the source state once and each snapshot once (exp: `exp8`).
  *
  * states: [num_slots, d_inner, d_state] contiguous; x, dt: [batch, T,
  * d_inner] with unit channel stride (row and time strides passed); A:
@@ -21,25 +19,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#define MAX_STATE 64
+#include "cpu_simd.h"
 
-static inline __m256 exp8(__m256 v) {
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447504019f);
-    v = _mm256_max_ps(_mm256_min_ps(v, hi), lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), v);  /* v - n ln2, in two parts */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));  /* · 2^n */
-}
+#define MAX_STATE 64
 
 int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                     const float *x, int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
@@ -66,10 +48,7 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                     h[v] = _mm256_fmadd_ps(exp8(_mm256_mul_ps(dt8, a[v])), h[v], inject);
                     acc = _mm256_fmadd_ps(h[v], _mm256_loadu_ps(Ct + 8 * v), acc);
                 }
-                __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-                s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, _mm_cvtss_f32(s));
+                y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, hsum8(acc));
                 const int64_t slot = dst[b * T + t];
                 if (slot >= 0) {
                     float *snap = states + slot * slot_size + c * d_state;

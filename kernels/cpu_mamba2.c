@@ -21,12 +21,7 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "cpu_simd.h"
 
 int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float *scratch,
                     const float *x, int64_t sxb, int64_t sxt, int64_t sxh,
@@ -75,7 +70,7 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                         if (sp) sp[n] = next;
                         tail = fmaf(next, Cv[n], tail);
                     }
-                    yv[p] = fmaf(D[h], xv[p], hsum(acc) + tail);
+                    yv[p] = fmaf(D[h], xv[p], hsum8(acc) + tail);
                 }
                 prev = scratch;
             }

@@ -1,13 +1,14 @@
 """The CPU's native kernels: plain C (AVX2 + FMA) built on first use and
 called through ctypes.
 
-Four kernels, each used by its own module where it applies:
+Five kernels, each used by its own module where it applies:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`;
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu_mamba1.c` (`cpu_mamba1.py`): the same for the Mamba-1 mixer;
 - `cpu_conv.c` (`cpu_conv.py`): the causal conv window over a forward's
-  inputs, straight into the ring slots, for the Mamba mixers.
+  inputs, straight into the ring slots, for the Mamba mixers;
+- `cpu_norm.c` (`cpu_norm.py`): RMSNorm, plain and gated.
 
 They are compiled together with the system's C compiler (`CC`, else `cc`,
 `gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
@@ -37,7 +38,8 @@ import torch
 KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
 KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c"))
+HEADER = Path(__file__).with_name("cpu_simd.h")  # shared helpers the sources include
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-std=c99")
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -47,6 +49,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
                         _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
     "hs_mamba1_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64,
                         _i64, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "hs_rms_norm": [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_float],
     "hs_conv_window_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
 }
 
@@ -95,7 +98,8 @@ def build(directory: Path | None = None) -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         raise CpuKernelsUnavailable("no C compiler found (set CC, or install gcc)")
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    code = b"".join(s.read_bytes() for s in (*SOURCES, HEADER)) + " ".join(FLAGS).encode()
+    digest = hashlib.sha256(code).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
     target = directory / f"hybridspec_cpu-{digest}.so"
     if target.is_file():

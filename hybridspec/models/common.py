@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels import cpu_norm
 from hybridspec.kernels.cpu_rows import applies, rows_matmul
 
 
@@ -80,8 +81,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """y = w · x / sqrt(mean(x²) + eps), statistics in the compute dtype.  # [..., hidden]
-    Bit for bit what `h * rsqrt(h.pow(2).mean(-1) + eps)` gives (pow(·, 2) is
-    h·h and mean is sum then divide), in a third of the operations."""
+    float32 on CPU: one C call (`kernels.cpu_norm`). Otherwise bit for bit what
+    `h * rsqrt(h.pow(2).mean(-1) + eps)` gives (pow(·, 2) is h·h and mean is
+    sum then divide), in a third of the operations."""
+    if cpu_norm.applies(x, weight):  # float32 on CPU: one C call
+        out = cpu_norm.rms_norm(x, weight, eps)
+        if out is not None:
+            return out
     cd = compute_dtype(x.dtype)
     h = as_dtype(x, cd)
     var = torch.sum(h * h, -1, keepdim=True).div_(constant(float(h.shape[-1]), cd, h.device))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.kernels import cpu_mamba2
+from hybridspec.kernels import cpu_mamba2, cpu_norm
 from hybridspec.kernels.conv_window import conv_window_update
 from hybridspec.kernels.cpu_conv import conv_window_update_cpu
 from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
@@ -34,6 +34,10 @@ from .ssd import ssd_chunk_scan
 def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int,
                    eps: float) -> torch.Tensor:
     """RMSNorm(y ⊙ silu(gate)) over groups of `group_size` channels.  # [batch, T, d_inner]"""
+    if cpu_norm.applies(y, weight) and gate.dtype is torch.float32:  # float32 on CPU: one C call
+        out = cpu_norm.rms_norm(y, weight, eps, gate=gate, group=group_size)
+        if out is not None:
+            return out
     cd = compute_dtype(y.dtype)
     h = as_dtype(y, cd) * F.silu(as_dtype(gate, cd))
     return weight * as_dtype(rms_norm(h.view(*h.shape[:-1], -1, group_size), None, eps).view_as(h), y.dtype)
