@@ -86,3 +86,22 @@ def test_checkpoints_reach_models_only_through_the_recurrent_layer_protocol():
             assert ".mixer" not in path.read_text(), name
     policy = modules()["hybridspec.checkpoints.policy"]
     assert not any("auto" in t for t, _ in imports("hybridspec.checkpoints.policy", policy))
+
+
+def test_the_top_level_kernels_folder_never_shadows_the_kernels_distribution():
+    """transformers (5.25+) imports the `kernels` distribution at import time when it
+    is installed. Run from a checkout, the repository's top-level kernels/ comes first
+    on sys.path, so it must not be a regular package: without an __init__.py it is only a
+    namespace portion, and an installed `kernels` wins (hybridspec.kernels still imports)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert not (REPO / "kernels" / "__init__.py").exists()
+    probe = ("import importlib.util, hybridspec.kernels.cpu_native; spec = importlib.util.find_spec('kernels'); "
+             "print(spec.origin if spec else None)")
+    origin = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    found = origin.stdout.strip()
+    assert found in ("None", "") or not found.startswith(str(REPO)), found  # a namespace portion has no origin
+    if importlib.util.find_spec("kernels") is not None and found not in ("None", ""):
+        assert "site-packages" in found or "dist-packages" in found
