@@ -2,7 +2,7 @@
  *
  * x is [M, K] (rows `ldx` floats apart, unit column stride), w is [K, N]
  * contiguous (input-major: what `HybridModel.pack_for_cpu` stores), y is
- * [M, N] contiguous. Built and loaded by `cpu_rows.py`; see there for why.
+ * [M, N] contiguous. Built by `cpu_native.py`, used through `cpu_rows.py` (see there for why).
  *
  * The weight is streamed once per block of up to ROW_BLOCK rows, in memory
  * order, four rows of w at a time; each row of x keeps its chunk of y in L1

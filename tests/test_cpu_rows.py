@@ -1,6 +1,8 @@
 """The few-row CPU matmul kernel (`kernels/cpu_rows.c`): values against a
 float64 product, a row's bits independent of the other rows of the call, when
-`linear` takes it, and the fall-back to torch.mm when it cannot be built."""
+`linear` takes it; and the loader of the native kernels (`cpu_native`): the
+environment switch, the torch paths when they cannot be built or run, a
+read-only cache."""
 from __future__ import annotations
 
 import os
