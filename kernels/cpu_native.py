@@ -38,9 +38,11 @@ import torch
 KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
 KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c"))
 HEADER = Path(__file__).with_name("cpu_simd.h")  # shared helpers the sources include
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-std=c99")
+BUILD_TIMEOUT_S = 300  # a compiler that has not finished by then is taken as failed
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {  # function: argument types (all return int: 0, or -1 for arguments it does not take)
@@ -107,7 +109,7 @@ def build(directory: Path | None = None) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:  # a read-only home: a per-user folder of the temporary directory
-        directory = Path(tempfile.gettempdir()) / f"hybridspec-kernels-{os.getuid()}"
+        directory = Path(tempfile.gettempdir()) / f"hybridspec-kernels-{getattr(os, 'getuid', lambda: 'user')()}"
         target = directory / target.name
         if target.is_file():
             return target
@@ -116,8 +118,8 @@ def build(directory: Path | None = None) -> Path:
         built = Path(tmp) / target.name
         try:
             result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"],
-                                    capture_output=True, text=True)
-        except OSError as exc:
+                                    capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
             raise CpuKernelsUnavailable(f"the C compiler {compiler!r} cannot run: {exc}") from exc
         if result.returncode != 0:
             raise CpuKernelsUnavailable(f"{compiler} failed on the CPU kernels: {result.stderr.strip()[:2000]}")

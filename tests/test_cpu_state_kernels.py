@@ -73,7 +73,8 @@ def test_mamba1_same_outputs_and_snapshot_writes_as_the_reference(case):
     B, C = torch.randn(batch, T, d_state, generator=g), torch.randn(batch, T, d_state, generator=g)
     D = torch.randn(d_inner, generator=g)
     ref_pool, native_pool = pool.clone(), pool.clone()
-    want = mamba1_verify_ref(ref_pool, None, None, x, dt, A, B, C, D, None, plan=SlotPlan(src, snap, [T] * batch, "cpu"))
+    want = mamba1_verify_ref(ref_pool, None, None, x, dt, A, B, C, D, None,
+                             plan=SlotPlan(src, snap, [T] * batch, "cpu"))
     plan = SlotPlan(src, snap, [T] * batch, "cpu")
     assert cpu_mamba1.applies(native_pool, x, plan)
     got = cpu_mamba1.mamba1_steps(native_pool, plan, x, dt, A, B, C, D)
