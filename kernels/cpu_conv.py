@@ -5,9 +5,9 @@ Why: the torch reference (`conv_window_update_ref`) concatenates the window
 and the inputs, unfolds, multiplies, sums, adds the bias, applies SiLU and
 writes the windows, each a whole-tensor operation; one C loop over rows and
 channels does it with the window in registers. Same arguments and writes as
-the reference. Used by the Mamba mixers under the same conditions as the
-Mamba-2 recurrence (`cpu_mamba2.applies`), with a contiguous [conv_dim,
-d_conv] float32 weight.
+the reference. Used by the Mamba mixers under the conditions of
+`cpu_native.takes_forward`, for a contiguous window pool and a contiguous
+[conv_dim, d_conv] float32 weight.
 """
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ ACTIVATIONS = {"silu": 1, None: 0}
 
 def applies(conv_states: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, bias, activation,
             plan: SlotPlan | None) -> bool:
-    return (plan is not None and plan.all_live and plan.batch > 0 and activation in ACTIVATIONS
-            and conv_states.dtype is torch.float32 and xs.dtype is torch.float32 and weight.dtype is torch.float32
-            and (bias is None or bias.dtype is torch.float32) and xs.is_cpu and conv_states.is_cpu
-            and conv_states.is_contiguous() and weight.is_contiguous() and xs.stride(2) == 1
-            and torch.get_num_threads() == 1 and cpu_native.available())
+    return (activation in ACTIVATIONS and conv_states.is_contiguous() and weight.is_contiguous()
+            and xs.stride(2) == 1 and cpu_native.takes_forward(plan, conv_states, xs, weight,
+                                                                *(() if bias is None else (bias,))))
 
 
 def conv_window_steps(conv_states, plan: SlotPlan, xs, weight, bias, activation) -> torch.Tensor:

@@ -7,7 +7,8 @@ writing the layer's [d_inner, d_state] state in memory; the C loop keeps a
 channel's state row in registers across the inputs and touches memory only
 to read the source state and write the snapshots. Same arguments and writes
 as the reference. Used by the Mamba-1 mixer under the conditions of
-`cpu_mamba2.applies`, for d_state a multiple of 8 up to 64.
+`cpu_native.takes_forward`, for a contiguous state pool and d_state a
+multiple of 8 up to 64.
 """
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ from hybridspec.kernels.slot_plan import SlotPlan
 
 def applies(ssm_states: torch.Tensor, x: torch.Tensor, plan: SlotPlan | None) -> bool:
     d_state = ssm_states.shape[-1]
-    return (plan is not None and plan.all_live and plan.batch > 0 and d_state % 8 == 0 and 8 <= d_state <= 64
-            and ssm_states.dtype is torch.float32 and x.dtype is torch.float32 and x.is_cpu and ssm_states.is_cpu
-            and ssm_states.is_contiguous() and torch.get_num_threads() == 1 and cpu_native.available())
+    return (d_state % 8 == 0 and 8 <= d_state <= 64 and ssm_states.is_contiguous()
+            and cpu_native.takes_forward(plan, ssm_states, x))
 
 
 def mamba1_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
@@ -31,7 +31,7 @@ def mamba1_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
     The caller checked `applies`."""
     batch, T, d_inner = x.shape
     d_state = A.shape[1]
-    x, dt, B, C = (v if v.stride(-1) == 1 else v.contiguous() for v in (x, dt, B, C))
+    x, dt, B, C = cpu_native.unit_inner_stride(x, dt, B, C)
     A, D = A.contiguous(), D.contiguous()
     y = torch.empty(batch, T, d_inner, dtype=torch.float32)
     status = cpu_native.library().hs_mamba1_steps(

@@ -25,9 +25,7 @@ _SCRATCH: dict[int, torch.Tensor] = {}  # one head's state for inputs with no sn
 
 
 def applies(ssm_states: torch.Tensor, x: torch.Tensor, plan: SlotPlan | None) -> bool:
-    return (plan is not None and plan.all_live and plan.batch > 0 and ssm_states.dtype is torch.float32
-            and x.dtype is torch.float32 and x.is_cpu and ssm_states.is_cpu and ssm_states.is_contiguous()
-            and torch.get_num_threads() == 1 and cpu_native.available())
+    return ssm_states.is_contiguous() and cpu_native.takes_forward(plan, ssm_states, x)
 
 
 def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
@@ -37,7 +35,7 @@ def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
     y [batch, T, nheads, headdim]. The caller checked `applies`."""
     batch, T, nheads, headdim = x.shape
     ngroups, d_state = B.shape[2:]
-    x, dt, B, C = (v if v.stride(-1) == 1 else v.contiguous() for v in (x, dt, B, C))
+    x, dt, B, C = cpu_native.unit_inner_stride(x, dt, B, C)
     A, D = A.contiguous(), D.contiguous()
     head_size = headdim * d_state
     scratch = _SCRATCH.get(head_size)

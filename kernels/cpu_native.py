@@ -150,3 +150,24 @@ def library():
 def available() -> bool:
     """Whether the kernels run here (built and loaded, and not turned off)."""
     return (_enabled if _enabled is not None else enabled()) and bool(_library if _library is not None else library())
+
+
+def takes(*tensors: torch.Tensor) -> bool:
+    """The conditions every kernel shares: each tensor float32 on the CPU, torch
+    on one thread (the kernels are single-threaded), the kernels built and on."""
+    for t in tensors:
+        if t.dtype is not torch.float32 or not t.is_cpu:
+            return False
+    return torch.get_num_threads() == 1 and available()
+
+
+def takes_forward(plan, *tensors: torch.Tensor) -> bool:
+    """`takes`, for a state kernel over a forward: its host-side `SlotPlan`
+    runs every input of every row (padded batches take the references)."""
+    return plan is not None and plan.all_live and plan.batch > 0 and takes(*tensors)
+
+
+def unit_inner_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each tensor as it is when its last dimension has unit stride (the kernels
+    take the other strides), else a contiguous copy."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)

@@ -4,8 +4,7 @@ Why: the torch form (`models.common.rms_norm`, and the gated one of the
 Mamba-2 mixer) is seven to nine operations per call, and a small model calls
 it two or three times per layer per forward; one C call reads the row once
 for the statistics and once to write. Used under the conditions of the other
-native kernels (`cpu_native`): float32 CPU tensors, one torch thread, rows
-with a unit channel stride.
+native kernels (`cpu_native.takes`), for rows with a unit channel stride.
 """
 from __future__ import annotations
 
@@ -24,11 +23,10 @@ def as_rows(t: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
-    return (x.dtype is torch.float32 and x.is_cpu and x.numel() > 0 and x.stride(-1) == 1
-            and (weight is None or (weight.dtype is torch.float32 and weight.is_contiguous()
-                                    and weight.numel() == x.shape[-1]))
-            and torch.get_num_threads() == 1 and cpu_native.available())
+def applies(x: torch.Tensor, weight: torch.Tensor | None, gate: torch.Tensor | None = None) -> bool:
+    return (x.numel() > 0 and x.stride(-1) == 1
+            and (weight is None or (weight.is_contiguous() and weight.numel() == x.shape[-1]))
+            and cpu_native.takes(x, *(t for t in (weight, gate) if t is not None)))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,

@@ -33,12 +33,10 @@ MAX_ROWS = 8
 
 def applies(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
     """Whether `rows_matmul(x, weight_t)` runs for these operands (see the module docstring)."""
-    return (0 < x.shape[0] <= MAX_ROWS and x.dtype is torch.float32 and weight_t.dtype is torch.float32
-            and x.is_cpu and weight_t.is_cpu and x.dim() == 2 and x.stride(1) == 1
+    return (0 < x.shape[0] <= MAX_ROWS and x.dim() == 2 and x.stride(1) == 1
             and (x.shape[0] == 1 or x.stride(0) >= x.shape[1]) and weight_t.is_contiguous()
-            and torch.get_num_threads() == 1
             and not (torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad))
-            and cpu_native.available())
+            and cpu_native.takes(x, weight_t))
 
 
 def rows_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:

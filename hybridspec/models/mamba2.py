@@ -34,7 +34,7 @@ from .ssd import ssd_chunk_scan
 def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int,
                    eps: float) -> torch.Tensor:
     """RMSNorm(y ⊙ silu(gate)) over groups of `group_size` channels.  # [batch, T, d_inner]"""
-    if cpu_norm.applies(y, weight) and gate.dtype is torch.float32:  # float32 on CPU: one C call
+    if cpu_norm.applies(y, weight, gate):  # float32 on CPU: one C call
         out = cpu_norm.rms_norm(y, weight, eps, gate=gate, group=group_size)
         if out is not None:
             return out
