@@ -202,6 +202,11 @@ class RowFlags:
     any_top_p: bool
     any_min_p: bool
 
+    @property
+    def any_filter(self) -> bool:
+        """Whether `process_logits` reads any row's tensors (besides penalties)."""
+        return self.any_temperature or self.any_top_k or self.any_top_p or self.any_min_p
+
     @classmethod
     def of(cls, params: list[SamplingParams]) -> "RowFlags":
         return cls(all(p.is_greedy for p in params), any(p.is_greedy for p in params),

@@ -1,14 +1,15 @@
 """The CPU's native kernels: plain C (AVX2 + FMA) built on first use and
 called through ctypes.
 
-Five kernels, each used by its own module where it applies:
+Six kernels, each used by its own module where it applies:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`;
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu_mamba1.c` (`cpu_mamba1.py`): the same for the Mamba-1 mixer;
 - `cpu_conv.c` (`cpu_conv.py`): the causal conv window over a forward's
   inputs, straight into the ring slots, for the Mamba mixers;
-- `cpu_norm.c` (`cpu_norm.py`): RMSNorm, plain and gated.
+- `cpu_norm.c` (`cpu_norm.py`): RMSNorm, plain and gated;
+- `cpu_rope.c` (`cpu_rope.py`): the rotary embedding of queries and keys.
 
 They are compiled together with the system's C compiler (`CC`, else `cc`,
 `gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
@@ -39,9 +40,11 @@ KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
 KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c"))
+                for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c"))
 HEADER = Path(__file__).with_name("cpu_simd.h")  # shared helpers the sources include
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-std=c99")
+# no contraction into FMA where the source does not ask for it: the kernels that promise torch's
+# rounding (cpu_rope.c) keep it under any compiler's default
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-std=c99")
 BUILD_TIMEOUT_S = 300  # a compiler that has not finished by then is taken as failed
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -53,6 +56,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
                         _i64, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "hs_rms_norm": [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_float],
     "hs_conv_window_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
+    "hs_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
 }
 
 _library = None  # the loaded ctypes library, False when it cannot run here

@@ -312,6 +312,30 @@ def rejection(
     return output_tokens, num_accepted
 
 
+def greedy_accept(
+    target_probs: torch.Tensor,  # [B, G + 1, V] float32/float64
+    drafts: list[list[int]],  # [B][γ_b] d_1..d_γ_b of each row, γ_b <= G
+) -> tuple[list[list[int]], list[int]]:
+    """MODE_GREEDY for a batch whose every row is greedy, on the host: the
+    output_tokens and num_accepted of ``rejection`` as lists, from one argmax
+    and one readback (the kernels' argument checks and float64 copies are what
+    a greedy round would otherwise pay for). argmax takes the lowest index on
+    ties, in any dtype, as the kernels do."""
+    if target_probs.dim() != 3 or len(drafts) != target_probs.shape[0] \
+            or any(len(d) >= target_probs.shape[1] for d in drafts):
+        raise ValueError(f"greedy_accept: {len(drafts)} rows of up to {max(map(len, drafts), default=0)} drafts "
+                         f"do not fit target_probs of shape {tuple(target_probs.shape)} ([B, G + 1, V])")
+    width = target_probs.shape[1]
+    tokens, accepted = [], []
+    for d, target in zip(drafts, target_probs.argmax(dim=2).tolist()):
+        n = 0
+        while n < len(d) and d[n] == target[n]:
+            n += 1
+        tokens.append(d[:n] + [target[n]] + [-1] * (width - n - 1))
+        accepted.append(n)
+    return tokens, accepted
+
+
 # ----------------------------------------------------------------------------
 # torch reference
 # ----------------------------------------------------------------------------

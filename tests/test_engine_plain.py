@@ -58,6 +58,17 @@ def test_nan_logits_raise_and_leave_caches_unchanged(target):
     assert engine.cache.bookkeeping() == before
 
 
+def test_finite_logits_whose_sum_overflows_pass_the_finite_check():
+    from hybridspec.models.hybrid import check_finite
+    huge = torch.full((2, 3, 4), 3e38, dtype=torch.float32)  # every value finite, their sum is not
+    check_finite(huge, torch.tensor([3, 3]), last_only=False)
+    check_finite(huge[:, :1], torch.tensor([1, 1]), last_only=True)
+    huge[1, 2, 0] = math.inf
+    with pytest.raises(NumericalError, match=r"batch rows \[1\]"):
+        check_finite(huge, torch.tensor([3, 3]), last_only=False)
+    check_finite(huge, torch.tensor([3, 2]), last_only=False)  # the inf sits in row 1's padding
+
+
 def test_a_request_longer_than_the_whole_pool_is_refused_at_submission(target):
     engine = hs.Engine(target, max_batch_size=4, max_model_len=64, block_size=4, num_blocks=6)
     before = engine.cache.bookkeeping()

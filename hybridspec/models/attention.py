@@ -2,10 +2,13 @@
 rotary position embeddings (Su et al. 2021)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels import cpu_rope
 from hybridspec.kernels.dispatch import use_triton
 from hybridspec.kernels.paged_attention import paged_attention, paged_attention_cpu
 
@@ -43,24 +46,35 @@ def _rotate_half_matrix(head_dim: int, rotary_dim: int, dtype: torch.dtype, devi
 
 class Rotation:
     """One forward's rotary angles, shared by every attention layer: cos and sin
-    padded to the whole head (1 and 0 past rotary_dim), so that rope(x) is
-    x·cos + (x R)·sin: HF's rotate-half rotation, bit for bit, in eight
-    operations per tensor."""
+    of each input's position over the rotary half [batch, T, rotary_dim / 2]
+    (four operations per forward). `apply` is HF's rotate-half rotation with
+    its products and sums: in C for float32 on CPU (`kernels.cpu_rope`, the
+    same bits), else as x·cos + (x R)·sin with cos and sin padded to the whole
+    head (1 and 0 past rotary_dim), in four operations per tensor."""
 
     def __init__(self, cfg: AttentionConfig, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
         cd = compute_dtype(dtype)
         freqs = positions.to(cd)[..., None] * as_dtype(inv_freq, cd)  # [batch, T, rotary_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = as_dtype(emb.cos(), dtype), as_dtype(emb.sin(), dtype)
+        self.cos_half, self.sin_half = as_dtype(freqs.cos(), dtype), as_dtype(freqs.sin(), dtype)
+        self.cfg, self.device = cfg, positions.device
+
+    @functools.cached_property
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin [batch, T, 1, head_dim], R) for the torch form."""
+        cfg = self.cfg
+        cos, sin = torch.cat((self.cos_half, self.cos_half), dim=-1), torch.cat((self.sin_half, self.sin_half), dim=-1)
         if cfg.rotary_dim < cfg.head_dim:  # the dims past rotary_dim pass through: cos 1, sin 0
             pad = cos.new_zeros(*cos.shape[:-1], cfg.head_dim - cfg.rotary_dim)
             cos, sin = torch.cat((cos, pad + 1), dim=-1), torch.cat((sin, pad), dim=-1)
-        self.cos, self.sin = cos[:, :, None], sin[:, :, None]  # [batch, T, 1, head_dim]
-        self.R = rotate_half_matrix(cfg.head_dim, cfg.rotary_dim, dtype, positions.device)
+        return cos[:, :, None], sin[:, :, None], rotate_half_matrix(cfg.head_dim, cfg.rotary_dim, cos.dtype,
+                                                                    self.device)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:  # [batch, T, heads, head_dim]
-        rotated = torch.mm(x.reshape(-1, x.shape[-1]), self.R).view(x.shape)
-        return x * self.cos + rotated * self.sin
+        if cpu_rope.applies(x, self.cos_half, self.sin_half):
+            return cpu_rope.rope(x, self.cos_half, self.sin_half)
+        cos, sin, R = self.padded
+        rotated = torch.mm(x.reshape(-1, x.shape[-1]), R).view(x.shape)
+        return x * cos + rotated * sin
 
 
 class Attention(nn.Module):

@@ -23,7 +23,8 @@ import torch
 from hybridspec.checkpoints.checkpointer import Checkpointer
 from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.kernels.dispatch import pick
-from hybridspec.kernels.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, rejection, rejection_ref
+from hybridspec.kernels.rejection import (MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept, rejection,
+                                          rejection_ref)
 
 from ..errors import InvalidRequestError
 from ..logprobs import batch_logprobs
@@ -136,12 +137,18 @@ class Speculator:
         B, T, V = logits.shape
         context = penalty_context(round.requests, V, logits.device)  # p_{j+1} sees d_1..d_j, as q_{j+1} did
         context = None if context is None else context.with_drafts(round.drafts, T)
-        p = process_logits(logits.reshape(B * T, V), rows.repeat(T), context).view(B, T, V)  # [batch, G + 1, vocab]
+        # each row's parameters once per input; not needed when no filter or penalty reads them
+        flat_rows = rows.repeat(T) if context is not None or rows.flags.any_filter else rows
+        p = process_logits(logits.reshape(B * T, V), flat_rows, context).view(B, T, V)  # [batch, G + 1, vocab]
         if T == 1:  # no row drafted: a plain step's sampling (the same keyed noise at the same position)
             positions = torch.tensor([m + 1 for m in round.start_lens], device=p.device)
             tokens = [[t] for t in sample(p[:, 0], rows, positions).tolist()]
             round.logprobs = batch_logprobs(p, tokens, round.requests)
             return tokens, [0] * B
+        if rows.flags.all_greedy:  # one argmax and one readback (the greedy rule needs no q and no noise)
+            tokens, accepted = greedy_accept(p, round.drafts)
+            round.logprobs = batch_logprobs(p, [t[:a + 1] for t, a in zip(tokens, accepted)], round.requests)
+            return tokens, accepted
         G = T - 1
         q = None
         if round.draft_probs is not None:

@@ -8,6 +8,7 @@ from hybridspec.kernels.rejection import (
     MODE_COUPLED,
     MODE_GREEDY,
     MODE_REJECTION,
+    greedy_accept,
     rejection,
     rejection_ref,
 )
@@ -123,6 +124,29 @@ def test_greedy_exact_cases(triton_device):
     expected = [[2, 4, 1, 0], [2, 4, -1, -1], [2, -1, -1, -1], [0, -1, -1, -1], [3, -1, -1, -1], [2, 4, 1, -1]]
     assert tokens.tolist() == expected
     assert num_accepted.tolist() == [3, 1, 0, 0, 0, 2]
+
+
+@pytest.mark.parametrize("B, G, V, dtype", [(7, 4, 30, torch.float32), (5, 3, 2500, torch.float64), (3, 0, 9, torch.float32)])
+def test_greedy_accept_on_the_host_equals_the_reference(B, G, V, dtype):
+    """The all-greedy host path gives rejection_ref's tokens and counts: drafts
+    that match argmax p half the time, rows with fewer drafts, ties."""
+    generator = torch.Generator().manual_seed(B * 100 + G)
+    for trial in range(3):
+        p, _, draft_tokens, num_draft, _, seeds, positions = random_batch(B, G, V, dtype, generator)
+        if trial == 2:  # ties everywhere: the lowest index wins on both paths
+            p = torch.full_like(p, 1.0 / V)
+            draft_tokens[draft_tokens >= 0] = 0
+        drafts = [row[:n].tolist() for row, n in zip(draft_tokens, num_draft.tolist())]
+        expected_tokens, expected_accepted = rejection_ref(p, None, draft_tokens, num_draft,
+                                                           torch.full((B,), MODE_GREEDY), seeds, positions)
+        tokens, accepted = greedy_accept(p, drafts)
+        assert tokens == expected_tokens.tolist()
+        assert accepted == expected_accepted.tolist()
+
+
+def test_greedy_accept_refuses_drafts_longer_than_the_verify():
+    with pytest.raises(ValueError, match="do not fit"):
+        greedy_accept(torch.rand(1, 2, 5), [[1, 2]])
 
 
 def test_greedy_ties_across_vocab_blocks(triton_device):
