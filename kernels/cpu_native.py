@@ -1,7 +1,8 @@
 """The CPU's native kernels: plain C (AVX2 + FMA) built on first use and
 called through ctypes.
 
-Six kernels, each used by its own module where it applies:
+Six kernels, each used by its own module where it applies, and whole blocks
+chaining them:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`;
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
@@ -9,7 +10,9 @@ Six kernels, each used by its own module where it applies:
 - `cpu_conv.c` (`cpu_conv.py`): the causal conv window over a forward's
   inputs, straight into the ring slots, for the Mamba mixers;
 - `cpu_norm.c` (`cpu_norm.py`): RMSNorm, plain and gated;
-- `cpu_rope.c` (`cpu_rope.py`): the rotary embedding of queries and keys.
+- `cpu_rope.c` (`cpu_rope.py`): the rotary embedding of queries and keys;
+- `cpu_blocks.c` (`cpu_blocks.py`): a decoder layer's MLP block and Mamba-2
+  mixer block (norm to residual) in one call each.
 
 They are compiled together with the system's C compiler (`CC`, else `cc`,
 `gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
@@ -40,7 +43,8 @@ KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
 KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c"))
+                for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
+                             "cpu_blocks.c"))
 HEADER = Path(__file__).with_name("cpu_simd.h")  # shared helpers the sources include
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu_rope.c) keep it under any compiler's default
@@ -56,7 +60,13 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
                         _i64, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "hs_rms_norm": [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_float],
     "hs_conv_window_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
-    "hs_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "hs_rope": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
+    "hs_mlp_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
+    "hs_mamba2_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
+                        _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64],
+    "hs_attention_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr,
+                           _ptr, _i64, _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
+                           _i64],
 }
 
 _library = None  # the loaded ctypes library, False when it cannot run here

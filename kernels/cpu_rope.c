@@ -3,21 +3,21 @@
  *     out[i]        = x[i] · cos[i] − x[i + half] · sin[i]          (i < half)
  *     out[i + half] = x[i + half] · cos[i] + x[i] · sin[i]          (i < half)
  *     out[i]        = x[i]                                          (i >= 2 · half)
- * with cos, sin [rows, half] the angles of the row's position. Each value is
+ * with cos, sin [rows, half] (row stride ldc) the angles of the row's position. Each value is
  * rounded as torch rounds `x·cos + rotate_half(x)·sin` (two products, then
  * their sum; the build turns contraction into FMA off), so the C path and the
  * torch path of `models.attention.Rotation` give the same bits. x and out are
- * contiguous; out may not alias x. Built by `cpu_native.py`, used through
- * `cpu_rope.py`.
+ * contiguous; out may be x (every value is read before it is written). Built
+ * by `cpu_native.py`, used through `cpu_rope.py` and `cpu_blocks.c`.
  */
 #include <immintrin.h>
 #include <stdint.h>
 
-int hs_rope(const float *x, const float *cos, const float *sin, float *out, int64_t rows, int64_t heads,
-            int64_t head_dim, int64_t half) {
-    if (rows < 0 || heads < 1 || half < 1 || 2 * half > head_dim) return -1;
+int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
+            int64_t heads, int64_t head_dim, int64_t half) {
+    if (rows < 0 || heads < 1 || half < 1 || 2 * half > head_dim || ldc < half) return -1;
     for (int64_t r = 0; r < rows; ++r) {
-        const float *c = cos + r * half, *s = sin + r * half;
+        const float *c = cos + r * ldc, *s = sin + r * ldc;
         for (int64_t h = 0; h < heads; ++h) {
             const float *x1 = x + (r * heads + h) * head_dim, *x2 = x1 + half;
             float *o1 = out + (r * heads + h) * head_dim, *o2 = o1 + half;

@@ -95,11 +95,18 @@ class SlotPlan:
 
     @functools.cached_property
     def src(self) -> torch.Tensor:  # [batch]
-        return self._tensor(self.src_list)
+        return self._src_and_snap[0]
 
     @functools.cached_property
     def snap(self) -> torch.Tensor:  # [batch, T], -1 where nothing is written
-        return self._tensor(self.snap_list)
+        return self._src_and_snap[1]
+
+    @functools.cached_property
+    def _src_and_snap(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """src and snap as views of one tensor (one host-to-device copy)."""
+        flat = self._tensor(self.src_list + [slot for row in self.snap_list for slot in row])
+        src, snap = flat.split([self.batch, self.batch * self.num_inputs])
+        return src, snap.view(self.batch, self.num_inputs)
 
     @functools.cached_property
     def num_tokens(self) -> torch.Tensor:  # [batch]

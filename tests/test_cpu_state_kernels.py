@@ -10,7 +10,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_conv, cpu_mamba1, cpu_mamba2, cpu_native
+from hybridspec.kernels import cpu_blocks, cpu_conv, cpu_mamba1, cpu_mamba2, cpu_native
 from hybridspec.kernels.mamba1_verify import mamba1_verify_ref
 from hybridspec.kernels.conv_window import conv_window_update_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
@@ -138,6 +138,8 @@ def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
         return decoded, verified, [s.clone() for s in (*cache.states.ssm_states, *cache.states.conv_states)]
 
     calls = []
+    monkeypatch.setattr(cpu_blocks, "mixer_block", lambda *a: None)  # the modules' C paths (test_cpu_blocks: blocks)
+    monkeypatch.setattr(cpu_blocks, "mlp_block", lambda *a: None)
     for module, name in ((cpu_mamba2, "mamba2_steps"), (cpu_mamba1, "mamba1_steps"), (cpu_conv, "conv_window_steps")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))

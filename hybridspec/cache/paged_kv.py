@@ -61,7 +61,19 @@ class KVWriteMeta:
 
     @functools.cached_property
     def slot_mapping(self) -> torch.Tensor:  # [batch, T_max] int64: page * block_size + offset, -1 for padding
-        return self._tensor(self.slot_rows).reshape(len(self.seq_ids), self.t_max)
+        return self.packed[0]
+
+    @functools.cached_property
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(slot_mapping, context_lens, query_lens, block tables [batch, max_blocks] int64)
+        as views of one tensor: one host-to-device copy for the forward's CPU blocks."""
+        batch = len(self.seq_ids)
+        width = max(1, max((len(r) for r in self.table_rows), default=0))
+        values = [slot for row in self.slot_rows for slot in row] + list(self.context_list) + list(self.query_list)
+        values += [page for r in self.table_rows for page in r + [-1] * (width - len(r))]
+        flat = self._tensor(values)
+        slots, context, query, tables = flat.split([batch * self.t_max, batch, batch, batch * width])
+        return slots.view(batch, self.t_max), context, query, tables.view(batch, width)
 
     @functools.cached_property
     def block_tables(self) -> torch.Tensor:  # [batch, max_blocks] int32: pages covering context_lens, -1 padded
@@ -71,11 +83,11 @@ class KVWriteMeta:
 
     @functools.cached_property
     def context_lens(self) -> torch.Tensor:  # [batch] int64: the keys attention sees after the write
-        return self._tensor(list(self.context_list))
+        return self.packed[1]
 
     @functools.cached_property
     def query_lens(self) -> torch.Tensor:  # [batch] int64: num_new
-        return self._tensor(list(self.query_list))
+        return self.packed[2]
 
     @functools.cached_property
     def _live(self) -> list[tuple[int, int]]:

@@ -44,18 +44,36 @@ def _rotate_half_matrix(head_dim: int, rotary_dim: int, dtype: torch.dtype, devi
     return R
 
 
+_PADDED_INV_FREQ: dict[tuple, torch.Tensor] = {}
+
+
+def padded_inv_freq(inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """inv_freq in `dtype`, zero-padded to a multiple of 16 values; cached per storage."""
+    key = (inv_freq.data_ptr(), inv_freq.numel(), dtype, str(inv_freq.device))
+    padded = _PADDED_INV_FREQ.get(key)
+    if padded is None:
+        padded = inv_freq.new_zeros(-(-inv_freq.numel() // 16) * 16, dtype=dtype)
+        padded[:inv_freq.numel()] = as_dtype(inv_freq, dtype)
+        _PADDED_INV_FREQ[key] = padded
+    return padded
+
+
 class Rotation:
     """One forward's rotary angles, shared by every attention layer: cos and sin
     of each input's position over the rotary half [batch, T, rotary_dim / 2]
-    (four operations per forward). `apply` is HF's rotate-half rotation with
+    (views of rows padded to 16 values; four operations per forward). `apply` is HF's rotate-half rotation with
     its products and sums: in C for float32 on CPU (`kernels.cpu_rope`, the
     same bits), else as x·cos + (x R)·sin with cos and sin padded to the whole
     head (1 and 0 past rotary_dim), in four operations per tensor."""
 
     def __init__(self, cfg: AttentionConfig, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
         cd = compute_dtype(dtype)
-        freqs = positions.to(cd)[..., None] * as_dtype(inv_freq, cd)  # [batch, T, rotary_dim / 2]
-        self.cos_half, self.sin_half = as_dtype(freqs.cos(), dtype), as_dtype(freqs.sin(), dtype)
+        # each position's angles padded to a multiple of 16: torch's vectorised cos and sin then take
+        # every value in full vectors, so a position's bits do not depend on how many inputs the forward has
+        freqs = positions.to(cd)[..., None] * padded_inv_freq(inv_freq, cd)  # [batch, T, ≥ rotary_dim / 2]
+        half = cfg.rotary_dim // 2
+        self.cos_half = as_dtype(freqs.cos(), dtype)[..., :half]  # [batch, T, rotary_dim / 2] views
+        self.sin_half = as_dtype(freqs.sin(), dtype)[..., :half]
         self.cfg, self.device = cfg, positions.device
 
     @functools.cached_property
@@ -95,6 +113,13 @@ class Attention(nn.Module):
         return (linear(h, self.q_proj, self.q_bias), linear(h, self.k_proj, self.k_bias),
                 linear(h, self.v_proj, self.v_bias))
 
+    def rotation(self, batch: ForwardBatch, dtype: torch.dtype) -> Rotation:
+        """The forward's rotary angles, made by the first attention layer that asks."""
+        key = ("rope", dtype, id(self.inv_freq))
+        if key not in batch.shared:
+            batch.shared[key] = Rotation(self.cfg, self.inv_freq, batch.positions, dtype)
+        return batch.shared[key]
+
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg
         bsz, T, _ = h.shape
@@ -103,10 +128,7 @@ class Attention(nn.Module):
         k = k.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.use_rope:
-            key = ("rope", h.dtype, id(self.inv_freq))
-            if key not in batch.shared:
-                batch.shared[key] = Rotation(cfg, self.inv_freq, batch.positions, h.dtype)
-            rotation = batch.shared[key]
+            rotation = self.rotation(batch, h.dtype)
             q, k = rotation.apply(q), rotation.apply(k)
         meta = batch.kv
         cache.kv.write(self.kv_layer, meta, k, v)

@@ -18,6 +18,7 @@ from torch import nn
 
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
+from hybridspec.kernels import cpu_blocks
 
 from ..config import HybridConfig
 from ..errors import NumericalError
@@ -65,14 +66,22 @@ class DecoderLayer(nn.Module):
             self.mixer = None
         ffn_weights = take(weights, "ffn")
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
+        # the blocks `kernels.cpu_blocks` may run whole (one C call each, float32 CPU decoding)
+        self.mamba2, self.attention = mixer_type == "mamba2", type(self.mixer) is Attention
+        plain = self.shared is None and self.residual_multiplier == 1.0
+        self.whole_mixer, self.whole_mlp = plain and (self.mamba2 or self.attention), plain and ffn_type == "mlp"
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
         """h, embeddings (the scaled token embeddings, read by shared blocks) [batch, T, hidden]."""
         if self.mixer is not None:
-            x = h if self.shared is None else h + self.shared(h, embeddings, batch, cache)
-            h = h + self.scaled(self.mixer(self.input_norm(x), batch, cache))
+            out = cpu_blocks.mixer_block(self, h, batch, cache) if self.whole_mixer else None  # one C call
+            if out is None:
+                x = h if self.shared is None else h + self.shared(h, embeddings, batch, cache)
+                out = h + self.scaled(self.mixer(self.input_norm(x), batch, cache))
+            h = out
         if self.ffn is not None:
-            h = h + self.scaled(self.ffn(self.ffn_norm(h)))
+            out = cpu_blocks.mlp_block(self, h) if self.whole_mlp else None  # one C call
+            h = out if out is not None else h + self.scaled(self.ffn(self.ffn_norm(h)))
         return h
 
     @property
@@ -150,6 +159,7 @@ class HybridModel(nn.Module):
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if key(weight) in packed:
                     setattr(module, name, packed[key(weight)])
+        cpu_blocks.forget(self)  # the blocks' cached weight pointers name the old tensors
         return self
 
     def num_parameters(self) -> int:

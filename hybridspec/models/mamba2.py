@@ -120,10 +120,16 @@ class Mamba2Mixer(LogReplay, nn.Module):
             y = cpu_mamba2.mamba2_steps(ssm_states, batch.slots, x, dt, A, B, C, self.D)
         else:
             y = mamba2_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
-        if batch.input_log is not None:
-            batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
+        self.log_inputs(batch, xs, x, dt, B, C)
         y = gate_and_norm(y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
         return linear(y, self.out_proj, self.out_bias)
+
+    def log_inputs(self, batch: ForwardBatch, xs, x, dt, B, C) -> None:
+        """Keep this forward's inputs for log replay when the forward asks for them
+        (`batch.input_log`): xs [batch, T, conv_dim], x [batch, T, nheads, headdim],
+        dt [batch, T, nheads], B, C [batch, T, ngroups, d_state]."""
+        if batch.input_log is not None:
+            batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
 
     def decay_rate(self, dtype: torch.dtype) -> torch.Tensor:
         """A = -exp(A_log) in `dtype`, kept until A_log changes."""

@@ -1,0 +1,237 @@
+/* Whole residual blocks of a decoder layer for few rows (decode, drafting, a
+ * verify), on x86 CPUs: the other native kernels chained in one call, so
+ * a block costs one call from Python instead of twenty-odd operations.
+ *
+ * hs_mlp_block:     out = h + down · (silu(gate · n) ⊙ (up · n)),   n = rmsnorm(h) ⊙ w
+ * hs_mamba2_block:  out = h + out_proj · gated_rmsnorm(ssm(conv(x B C)), z),
+ *                   [z | x B C | dt] = in_proj · n,   n = rmsnorm(h) ⊙ w
+ * with the Mamba-2 mixer's conv window and recurrence written into the ring
+ * slots of the plan exactly as `hs_conv_window_steps` and `hs_mamba2_steps`
+ * write them (it calls them). h and out are [rows, hidden] contiguous;
+ * weights are input-major ([in, out] contiguous, what `pack_for_cpu` stores);
+ * `work` is scratch memory of the size the Python side computes. Built by
+ * `cpu_native.py`, used through `cpu_blocks.py`.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cpu_simd.h"
+
+int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
+int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
+                int64_t rows, int64_t n, int64_t group, float eps);
+int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,
+                         const float *xs, int64_t sxb, int64_t sxt, const float *weight, const float *bias,
+                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv);
+int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float *scratch,
+                    const float *x, int64_t sxb, int64_t sxt, int64_t sxh,
+                    const float *dt, int64_t sdb, int64_t sdt,
+                    const float *A, const float *D,
+                    const float *B, int64_t sBb, int64_t sBt, int64_t sBg,
+                    const float *C, int64_t sCb, int64_t sCt, int64_t sCg,
+                    float *y, int64_t batch, int64_t T, int64_t nheads, int64_t headdim, int64_t d_state,
+                    int64_t ngroups);
+
+/* out[i] += h[i] over n values (the residual) */
+static void add_into(float *out, const float *h, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(out + i)));
+    for (; i < n; ++i) out[i] = h[i] + out[i];
+}
+
+/* work: rows · (hidden + 2 · inter) floats */
+int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *gate_t, const float *up_t,
+                 const float *down_t, float *work, float *out, int64_t rows, int64_t hidden, int64_t inter) {
+    if (rows < 1 || hidden < 1 || inter < 1) return -1;
+    float *n = work, *g = n + rows * hidden, *u = g + rows * inter;
+    if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
+    if (hs_rows_matmul(n, hidden, gate_t, rows, hidden, inter, g)) return -1;
+    if (hs_rows_matmul(n, hidden, up_t, rows, hidden, inter, u)) return -1;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t r = 0; r < rows; ++r) {  /* row by row: a value takes the same path in any batch */
+        float *gr = g + r * inter, *ur = u + r * inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {  /* silu(g) ⊙ u = g ⊙ u / (1 + e^-g) */
+            __m256 gi = _mm256_loadu_ps(gr + i);
+            __m256 s = _mm256_div_ps(gi, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gi))));
+            _mm256_storeu_ps(gr + i, _mm256_mul_ps(s, _mm256_loadu_ps(ur + i)));
+        }
+        for (; i < inter; ++i) gr[i] = (gr[i] / (1.0f + expf(-gr[i]))) * ur[i];
+    }
+    if (hs_rows_matmul(g, inter, down_t, rows, inter, hidden, out)) return -1;
+    add_into(out, h, rows * hidden);
+    return 0;
+}
+
+/* softplus(v) as torch computes it with beta 1, threshold 20 */
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* work: rows · (hidden + proj + conv_dim + nheads + 2 · d_inner) + headdim · d_state floats,
+ * proj = 2 · d_inner + 2 · ngroups · d_state + nheads; rows = batch · T. `logged`, when not
+ * NULL, is where the in_proj output [rows, proj], the conv output [rows, conv_dim] and Δ
+ * [rows, nheads] go, one after the other, instead of `work` (the caller keeps them: the
+ * input log of a verify forward). */
+int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float *in_t,
+                    float *conv_states, float *ssm_states, const int64_t *src, const int64_t *dst,
+                    const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
+                    const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
+                    float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv) {
+    const int64_t rows = batch * T, conv_dim = d_inner + 2 * ngroups * d_state, proj = d_inner + conv_dim + nheads;
+    if (rows < 1 || hidden < 1 || nheads < 1 || headdim * nheads != d_inner || group < 1 || d_inner % group) return -1;
+    float *n = work, *projected = logged ? logged : n + rows * hidden, *xbc = projected + rows * proj;
+    float *dt = xbc + rows * conv_dim;
+    float *y = n + rows * (hidden + proj + conv_dim + nheads), *g = y + rows * d_inner, *scratch = g + rows * d_inner;
+    if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
+    if (hs_rows_matmul(n, hidden, in_t, rows, hidden, proj, projected)) return -1;  /* [rows, z | xBC | dt] */
+    if (hs_conv_window_steps(conv_states, src, dst, projected + d_inner, T * proj, proj, conv_w, conv_b, 1, xbc,
+                             batch, T, conv_dim, d_conv)) return -1;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < nheads; ++k)
+            dt[r * nheads + k] = softplus(projected[r * proj + d_inner + conv_dim + k] + dt_bias[k]);
+    const float *x = xbc, *B = xbc + d_inner, *C = B + ngroups * d_state;
+    if (hs_mamba2_steps(ssm_states, src, dst, scratch, x, T * conv_dim, conv_dim, headdim, dt, T * nheads, nheads,
+                        A, D, B, T * conv_dim, conv_dim, d_state, C, T * conv_dim, conv_dim, d_state, y,
+                        batch, T, nheads, headdim, d_state, ngroups)) return -1;
+    if (hs_rms_norm(y, d_inner, projected, proj, gate_norm_w, g, rows, d_inner, group, eps)) return -1;
+    if (hs_rows_matmul(g, d_inner, out_t, rows, d_inner, hidden, out)) return -1;
+    add_into(out, h, rows * hidden);
+    return 0;
+}
+
+int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
+            int64_t heads, int64_t head_dim, int64_t half);
+
+/* Causal attention of one row's queries for one KV head: for query i (at
+ * position first + i, i < queries) and each of the `group` query heads j
+ * that share the KV head,
+ *     o[i, j] = Σ_{p <= first + i} softmax_p(scale · q[i, j]·k_p) v_p
+ * q, o: [queries, nheads · head_dim] rows (this KV head's query heads at
+ * column `head0`); keys and values at `offsets[p]` in k_cache and v_cache
+ * (offsets of positions 0 … first + queries - 1, this KV head's column
+ * included). Each key is loaded once per query head row for the scores, four
+ * keys at a time (four independent sums), and once per row for the values.
+ * scores: queries · group · (first + queries) floats. */
+static void attend(const float *q, float *o, int64_t ld, int64_t head0, const float *k_cache, const float *v_cache,
+                   const int64_t *offsets, int64_t first, int64_t queries, int64_t group, int64_t head_dim,
+                   float scale, float *scores) {
+    const int64_t n = first + queries, chunks = head_dim / 8, tail = chunks * 8;
+    for (int64_t i = 0; i < queries; ++i) {
+        const int64_t seen = first + i + 1;  /* keys 0 … first + i */
+        for (int64_t j = 0; j < group; ++j) {
+            const float *qj = q + i * ld + head0 + j * head_dim;
+            float *s = scores + (i * group + j) * n;
+            int64_t p = 0;
+            for (; p + 4 <= seen; p += 4) {
+                const float *k0 = k_cache + offsets[p], *k1 = k_cache + offsets[p + 1];
+                const float *k2 = k_cache + offsets[p + 2], *k3 = k_cache + offsets[p + 3];
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t c = 0; c < tail; c += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qj + c);
+                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
+                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + c), a1);
+                    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + c), a2);
+                    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + c), a3);
+                }
+                float d0 = hsum8(a0), d1 = hsum8(a1), d2 = hsum8(a2), d3 = hsum8(a3);
+                for (int64_t c = tail; c < head_dim; ++c) {
+                    d0 += qj[c] * k0[c]; d1 += qj[c] * k1[c]; d2 += qj[c] * k2[c]; d3 += qj[c] * k3[c];
+                }
+                s[p] = d0 * scale; s[p + 1] = d1 * scale; s[p + 2] = d2 * scale; s[p + 3] = d3 * scale;
+            }
+            for (; p < seen; ++p) {
+                const float *k = k_cache + offsets[p];
+                __m256 a = _mm256_setzero_ps();
+                for (int64_t c = 0; c < tail; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qj + c), _mm256_loadu_ps(k + c), a);
+                float d = hsum8(a);
+                for (int64_t c = tail; c < head_dim; ++c) d += qj[c] * k[c];
+                s[p] = d * scale;
+            }
+            float top = s[0], total = 0.0f;
+            for (p = 1; p < seen; ++p) top = s[p] > top ? s[p] : top;
+            const __m256 top8 = _mm256_set1_ps(top);
+            for (p = 0; p + 8 <= seen; p += 8) {
+                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + p), top8));
+                _mm256_storeu_ps(s + p, e);
+                total += hsum8(e);
+            }
+            for (; p < seen; ++p) total += (s[p] = expf(s[p] - top));
+            const float inv = 1.0f / total;
+            for (p = 0; p < seen; ++p) s[p] *= inv;
+        }
+    }
+    for (int64_t i = 0; i < queries; ++i)  /* o[i, j] = Σ_p w[i, j, p] v_p, the sums in L1 */
+        for (int64_t j = 0; j < group; ++j) {
+            float *oj = o + i * ld + head0 + j * head_dim;
+            const float *w = scores + (i * group + j) * n;
+            for (int64_t c = 0; c < head_dim; ++c) oj[c] = 0.0f;
+            for (int64_t p = 0; p <= first + i; ++p) {
+                const float *v = v_cache + offsets[p];
+                const __m256 wp = _mm256_set1_ps(w[p]);
+                for (int64_t c = 0; c < tail; c += 8)
+                    _mm256_storeu_ps(oj + c, _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + c), _mm256_loadu_ps(oj + c)));
+                for (int64_t c = tail; c < head_dim; ++c) oj[c] += w[p] * v[c];
+            }
+        }
+}
+
+/* out = h + o_proj · attention(rope(q_proj · n), rope(k_proj · n), v_proj · n),  n = rmsnorm(h) ⊙ w,
+ * with the new K/V written into this layer's pages first: input t of row b at
+ * slot slot_mapping[b·T + t] (page · block_size + offset; -1: not written, a
+ * padding input or K/V already cached). Query t of row b sits at position
+ * context_lens[b] - query_lens[b] + t and sees the keys up to it; padding
+ * inputs (t >= query_lens[b]) attend to nothing (zeros before o_proj).
+ * k_cache, v_cache: [num_blocks · block_size, kv_heads, head_dim] of this
+ * layer; block_tables [batch, max_blocks] (int64); cos, sin [rows, half] (row stride ldc) or NULL
+ * (no rotary embedding). work: 2 · max_blocks · block_size + rows · (hidden + 2 ·
+ * (nheads + kv_heads) · head_dim) + T · nheads / kv_heads · max(context_lens) floats. */
+int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
+                       const float *v_t, const float *o_t, const float *cos, const float *sin, int64_t ldc,
+                       int64_t half,
+                       float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
+                       int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
+                       const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim) {
+    const int64_t rows = batch * T, q_dim = nheads * head_dim, kv_dim = kv_heads * head_dim;
+    if (rows < 1 || hidden < 1 || kv_heads < 1 || nheads % kv_heads || block_size < 1) return -1;
+    const int64_t group = nheads / kv_heads, max_context = max_blocks * block_size;
+    int64_t *offsets = (int64_t *)work;  /* first: the work memory is 8-byte aligned */
+    float *n = work + 2 * max_context, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
+    float *o = v + rows * kv_dim, *scores = o + rows * q_dim;
+    if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
+    if (hs_rows_matmul(n, hidden, q_t, rows, hidden, q_dim, q)) return -1;
+    if (hs_rows_matmul(n, hidden, k_t, rows, hidden, kv_dim, k)) return -1;
+    if (hs_rows_matmul(n, hidden, v_t, rows, hidden, kv_dim, v)) return -1;
+    if (cos) {
+        if (hs_rope(q, cos, sin, ldc, q, rows, nheads, head_dim, half)) return -1;
+        if (hs_rope(k, cos, sin, ldc, k, rows, kv_heads, head_dim, half)) return -1;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t slot = slot_mapping[r];
+        if (slot < 0) continue;
+        for (int64_t d = 0; d < kv_dim; ++d) {
+            k_cache[slot * kv_dim + d] = k[r * kv_dim + d];
+            v_cache[slot * kv_dim + d] = v[r * kv_dim + d];
+        }
+    }
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t queries = query_lens[b], first = context_lens[b] - queries;
+        if (queries < 0 || queries > T || first < 0 || (first + queries + block_size - 1) / block_size > max_blocks)
+            return -1;
+        for (int64_t r = b * T + queries; r < (b + 1) * T; ++r)  /* padding inputs: zeros */
+            for (int64_t d = 0; d < q_dim; ++d) o[r * q_dim + d] = 0.0f;
+        if (queries == 0) continue;
+        const int64_t *table = block_tables + b * max_blocks;
+        for (int64_t p = 0, page = 0; p < first + queries; ++page)  /* each key's row, page by page */
+            for (int64_t at = 0; at < block_size && p < first + queries; ++at, ++p)
+                offsets[p] = (table[page] * block_size + at) * kv_dim;
+        for (int64_t g = 0; g < kv_heads; ++g)
+            attend(q + b * T * q_dim, o + b * T * q_dim, q_dim, g * group * head_dim, k_cache + g * head_dim,
+                   v_cache + g * head_dim, offsets, first, queries, group, head_dim, scale, scores);
+    }
+    if (hs_rows_matmul(o, q_dim, o_t, rows, q_dim, hidden, out)) return -1;
+    add_into(out, h, rows * hidden);
+    return 0;
+}

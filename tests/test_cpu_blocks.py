@@ -1,0 +1,165 @@
+"""Whole blocks in C (`kernels/cpu_blocks.c`): the MLP, Mamba-2 and attention
+blocks of float32 Bamba models against the module path (logits, state slots,
+conv windows, K/V pages, input logs), a row's bits alone and in a batch, a
+verify input's bits against a decode step's, and when the blocks run."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.kernels import cpu_blocks, cpu_native
+from oracles import bamba
+from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+
+pytestmark = x86_with_compiler
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hs.from_hf(bamba(seed=5, attn_layers=(1,), num_layers=3, dtype=torch.float32, kv_heads=2)).pack_for_cpu()
+
+
+def new_cache(model, max_seqs=3):
+    return HybridCache(model.config, max_seqs=max_seqs, num_blocks=8 * max_seqs, block_size=8, ring_slots=8,
+                       dtype=model.dtype)
+
+
+@pytest.fixture
+def blocks_off(monkeypatch):
+    """Turn the whole-block path off (the modules, with the other native kernels, run)."""
+    def off():
+        monkeypatch.setattr(cpu_blocks, "mixer_block", lambda *args: None)
+        monkeypatch.setattr(cpu_blocks, "mlp_block", lambda *args: None)
+    return off
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of the block calls that ran (not None) and that fell back (None)."""
+    counts = collections.Counter()
+    for name in ("mixer_block", "mlp_block"):
+        original = getattr(cpu_blocks, name)
+
+        def wrapper(*args, _original=original, _name=name):
+            out = _original(*args)
+            counts[_name if out is not None else _name + " fell back"] += 1
+            return out
+        monkeypatch.setattr(cpu_blocks, name, wrapper)
+    return counts
+
+
+def run(model, prompts, steps, verify_tokens):
+    """Prefill, a few batched decode steps, then one snapshotted verify forward
+    of `verify_tokens` inputs per row with an input log; returns (logits, cache, log)."""
+    cache = new_cache(model)
+    ids = list(range(len(prompts)))
+    logits = [model.prefill(cache, ids, prompts, last_only=True)]
+    for step in range(steps):
+        logits.append(model.decode(cache, ids, [(7 * step + p[0]) % 90 + 3 for p in prompts]))
+    heads = [cache.head(s) for s in ids]
+    ring = [cache.states.ring_slots(s) for s in ids]
+    snap = torch.tensor([[r[(r.index(h) + 1 + t) % len(r)] for t in range(verify_tokens)] for r, h in zip(ring, heads)])
+    log = {}
+    logits.append(model.extend(cache, ids, [[p[0], 12, 13, 14, 15][:verify_tokens] for p in prompts], snap_slot=snap,
+                               input_log=log))
+    return logits, cache, log
+
+
+def test_blocks_match_the_module_path(model, blocks_off, counted):
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    fused = run(model, prompts, steps=3, verify_tokens=5)  # 2 · 5 rows: two row blocks of the product kernel
+    # three layers, three steps and the verify; in the padded prefill the two Mamba blocks decline
+    assert counted["mlp_block"] == 3 * 5 and counted["mixer_block"] == 1 + 3 * 4
+    assert counted["mixer_block fell back"] == 2
+    blocks_off()
+    plain = run(model, prompts, steps=3, verify_tokens=5)
+    for a, b in zip(fused[0], plain[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    (_, cache_a, log_a), (_, cache_b, log_b) = fused, plain
+    for name in ("ssm_states", "conv_states"):
+        for a, b in zip(getattr(cache_a.states, name), getattr(cache_b.states, name)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache_a.kv.k_cache, cache_b.kv.k_cache, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache_a.kv.v_cache, cache_b.kv.v_cache, rtol=1e-5, atol=1e-5)
+    assert cache_a.bookkeeping() == cache_b.bookkeeping()
+    assert log_a.keys() == log_b.keys() and log_a
+    for layer in log_a:
+        for field in ("xs", "x", "dt", "B", "C"):
+            torch.testing.assert_close(getattr(log_a[layer], field), getattr(log_b[layer], field), rtol=1e-5,
+                                       atol=1e-5)
+
+
+def test_a_row_has_the_same_bits_alone_and_in_a_batch(model):
+    prompts = [[5, 6, 7], [10, 11, 12], [20, 21, 22]]  # every forward of the batch within the blocks' 16 rows
+    batched = run(model, prompts, steps=2, verify_tokens=5)[0]
+    for b, prompt in enumerate(prompts):
+        alone = run(model, [prompt], steps=2, verify_tokens=5)[0]
+        for step in range(len(alone)):  # prefill, decode steps, verify
+            assert torch.equal(alone[step][0], batched[step][b])
+
+
+def test_a_verify_input_gets_the_bits_of_a_decode_step(model):
+    """Greedy speculative decoding in float32 emits what plain decoding emits
+    because each verify input's logits are the decode step's, bit for bit."""
+    prompt, tokens = [5, 6, 7, 8, 9, 10, 11, 12, 13], [31, 32, 33, 34, 35]
+    decoded, verified = new_cache(model, 1), new_cache(model, 1)
+    model.prefill(decoded, [0], [prompt], last_only=True)
+    model.prefill(verified, [0], [prompt], last_only=True)
+    steps = torch.stack([model.decode(decoded, [0], [t])[0] for t in tokens])  # [5, vocab]
+    at_once = model.extend(verified, [0], [tokens])[0]  # [5, vocab]
+    assert torch.equal(steps, at_once)
+    ssm_decoded = decoded.states.ssm_states[0][decoded.head(0)]
+    assert torch.equal(ssm_decoded, verified.states.ssm_states[0][verified.head(0)])
+
+
+def test_the_engine_emits_the_same_tokens_with_and_without_blocks(model, blocks_off, counted):
+    draft = hs.from_hf(bamba(seed=6, attn_layers=(1,), num_layers=2, dtype=torch.float32, kv_heads=2)).pack_for_cpu()
+    prompts, params = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], hs.SamplingParams(max_new_tokens=12)
+
+    def generate():
+        spec = hs.Engine(model, draft=draft, num_draft_tokens=3, max_batch_size=2, max_model_len=64)
+        plain = hs.Engine(model, max_batch_size=2, max_model_len=64)
+        return [[o.token_ids for o in e.generate(prompts, params)] for e in (spec, plain)]
+    with_blocks = generate()
+    assert counted["mixer_block"] > 0
+    assert with_blocks[0] == with_blocks[1]  # speculative == plain
+    blocks_off()
+    assert generate() == with_blocks
+
+
+def test_when_the_blocks_fall_back(model, counted):
+    cache = new_cache(model)
+    model.prefill(cache, [0, 1], [[5, 6, 7], [8, 9]], last_only=True)
+    counted.clear()
+    model.extend(cache, [0, 1], [[3, 4], [5]], last_only=True)  # a padded batch: the Mamba block needs all inputs
+    assert counted["mixer_block fell back"] == 2 and counted["mixer_block"] == 1  # Mamba fell back, attention ran
+    counted.clear()
+    cpu_native.set_enabled(False)
+    try:
+        model.decode(cache, [0, 1], [3, 4])
+    finally:
+        cpu_native.set_enabled(None)
+    assert counted["mixer_block"] == counted["mlp_block"] == 0
+    counted.clear()
+    model.extend(cache, [0], [[3] * 17], last_only=True)  # 17 rows: the modules (and MKL's products) run
+    assert counted["mixer_block"] == counted["mlp_block"] == 0
+    m64 = hs.from_hf(bamba(seed=5, dtype=torch.float64))
+    cache64 = HybridCache(m64.config, max_seqs=1, num_blocks=4, block_size=8, ring_slots=4, dtype=m64.dtype)
+    counted.clear()
+    m64.prefill(cache64, [0], [[5, 6]], last_only=True)
+    assert counted["mixer_block"] == counted["mlp_block"] == 0
+
+
+def test_packing_after_a_forward_lets_the_blocks_run(counted):
+    m = hs.from_hf(bamba(seed=5, attn_layers=(1,), num_layers=2, dtype=torch.float32, kv_heads=2))
+    cache = new_cache(m, 1)
+    m.prefill(cache, [0], [[5, 6]], last_only=True)
+    assert counted["mlp_block"] == 0  # HF's [out, in] weights: the modules run
+    m.pack_for_cpu()
+    counted.clear()
+    m.decode(cache, [0], [7])
+    assert counted["mlp_block"] == counted["mixer_block"] == 2
