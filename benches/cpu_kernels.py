@@ -12,10 +12,11 @@ that shape (together larger than the last-level cache, so every weight comes
 from memory); µs per product. The two implementations alternate call by call,
 `repeats` rounds; the table gives the median and the min–max.
 
-Steps: the embedded target's plain decode step (1 input) and a forward of 5
-inputs with a snapshot after every input (what a verify does), at batch 1,
-with the native kernels on and off (`cpu_native.set_enabled`), alternating;
-ms per forward and by mixer.
+Steps: the embedded target's and draft's plain decode step (1 input) and a
+forward of 5 inputs with a snapshot after every input (what a verify does),
+at batch 1, with the native kernels off (`cpu_native.set_enabled`), on under
+the modules (`cpu_blocks.set_enabled(False)`) and on with whole blocks (the
+default), alternating; ms per forward.
 
     python benches/cpu_kernels.py            # about a minute
     python benches/cpu_kernels.py --quick    # seconds
@@ -64,42 +65,51 @@ def product_rows(shapes: dict, rows: tuple, repeats: int, copies_bytes: int) -> 
     return out
 
 
+MODES = (("torch", False, False), ("kernels, modules", True, False), ("kernels, whole blocks", True, True))
+
+
 def step_rows(repeats: int) -> list[dict]:
-    """Embedded target at batch 1: a decode step and a 5-input snapshotted
-    forward, kernel on and off, CPU seconds, alternating."""
+    """The embedded target and draft at batch 1: a decode step and a 5-input
+    snapshotted forward, in each of MODES (all native kernels off; the kernels
+    under the modules; the whole blocks), CPU seconds, alternating."""
     import hybridspec as hs
     from hybridspec.cache.hybrid_cache import HybridCache
     from hybridspec.checkpoints.policy import ring_halves_by_default
     from hybridspec.checkpoints.ring import plan_snapshots
     from hybridspec.embedded import embedded_paths
-    target = hs.load(embedded_paths()[0])
-    ring = hs.CheckpointPolicy().ring_size(4, halves=ring_halves_by_default(target.device))
-    cache = HybridCache(target.config, max_seqs=1, num_blocks=8, block_size=64, ring_slots=ring, dtype=target.dtype)
+    from hybridspec.kernels import cpu_blocks, cpu_native
     prompt = list(b"def parse(self, text):\n    for line in text.splitlines():\n        if not line:" * 3)
-    target.prefill(cache, [0], [prompt], last_only=True)
-    length, head = cache.computed_len[0], cache.head(0)
+    forwards = {}
+    for name, path in zip(("target", "draft"), embedded_paths()):
+        model = hs.load(path)
+        ring = hs.CheckpointPolicy().ring_size(4, halves=ring_halves_by_default(model.device))
+        cache = HybridCache(model.config, max_seqs=1, num_blocks=8, block_size=64, ring_slots=ring, dtype=model.dtype)
+        model.prefill(cache, [0], [prompt], last_only=True)
 
-    def forward(n: int):
-        snap = torch.tensor([plan_snapshots(cache.states.ring_slots(0), head, list(range(n)), n).snap_slot])
-        target.extend(cache, [0], [prompt[-n:]], last_only=n == 1, snap_slot=snap)
-        cache.commit(0, length, head)
-
-    from hybridspec.kernels import cpu_native
-    cases = [(on, n) for on in (False, True) for n in (1, 5)]
+        def forward(n: int, model=model, cache=cache, length=cache.computed_len[0], head=cache.head(0)):
+            snap = torch.tensor([plan_snapshots(cache.states.ring_slots(0), head, list(range(n)), n).snap_slot])
+            model.extend(cache, [0], [prompt[-n:]], last_only=n == 1, snap_slot=snap)
+            cache.commit(0, length, head)
+        forwards[name] = forward
+    cases = [(model, mode, n) for model in forwards for mode in MODES for n in (1, 5)]
     samples = {key: [] for key in cases}
     try:
         for _ in range(repeats + 1):
-            for on, n in cases:
-                cpu_native.set_enabled(on)
+            for model, mode, n in cases:
+                cpu_native.set_enabled(mode[1])
+                cpu_blocks.set_enabled(mode[2])
                 start = time.process_time()
-                forward(n)
-                samples[(on, n)].append(time.process_time() - start)
+                forwards[model](n)
+                samples[(model, mode, n)].append(time.process_time() - start)
     finally:
         cpu_native.set_enabled(None)
+        cpu_blocks.set_enabled(True)
     rows = []
-    for mode, label in ((False, "torch"), (True, "native")):
-        step, verify = (statistics.median(samples[(mode, n)][1:]) for n in (1, 5))
-        rows.append({"kernels": label, "step_ms": 1e3 * step, "verify_ms": 1e3 * verify, "verify_steps": verify / step})
+    for model in forwards:
+        for mode in MODES:
+            step, verify = (statistics.median(samples[(model, mode, n)][1:]) for n in (1, 5))
+            rows.append({"model": model, "kernels": mode[0], "step_ms": 1e3 * step, "verify_ms": 1e3 * verify,
+                         "verify_steps": verify / step})
     return rows
 
 
@@ -120,9 +130,9 @@ def main(argv=None) -> int:
                 title=f"products with weights out of cache, float32, {threads} thread(s), median of "
                       f"{2 if args.quick else 7} alternating calls (min–max)")
     steps = step_rows(3 if args.quick else 15)
-    print_table(steps, ["kernels", ("step_ms", "decode step ms"), ("verify_ms", "5-input forward ms"),
+    print_table(steps, ["model", "kernels", ("step_ms", "decode step ms"), ("verify_ms", "5-input forward ms"),
                         ("verify_steps", "forward / step")],
-                title="embedded target, batch 1, CPU ms (median, alternating)")
+                title="embedded pair, batch 1, CPU ms (median, alternating)")
     write_json(args.out or ("cpu_kernels_quick.json" if args.quick else "cpu_kernels.json"),
                {"bench": "cpu_kernels", "quick": args.quick, "threads": threads, "products": products,
                 "steps": steps})

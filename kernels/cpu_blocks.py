@@ -39,6 +39,16 @@ import torch
 from hybridspec.kernels import cpu_native
 from hybridspec.kernels.cpu_rows import MAX_ROWS
 
+_enabled = True  # `set_enabled`: the whole-block path on or off (the other native kernels stay as they are)
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the whole-block path on or off for this process (benches compare the
+    modules' path with the other native kernels against it)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
 _LOCAL = threading.local()  # per thread: the C calls release the GIL, so threads must not share scratch
 
 
@@ -100,7 +110,7 @@ BLOCK_ROWS = 2 * MAX_ROWS
 
 def _takes_rows(h: torch.Tensor) -> bool:
     """The per-call conditions every block shares."""
-    return (h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
+    return (_enabled and h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
             and h.is_contiguous() and not torch.is_grad_enabled() and torch.get_num_threads() == 1
             and cpu_native.available())
 

@@ -29,12 +29,10 @@ def new_cache(model, max_seqs=3):
 
 
 @pytest.fixture
-def blocks_off(monkeypatch):
+def blocks_off():
     """Turn the whole-block path off (the modules, with the other native kernels, run)."""
-    def off():
-        monkeypatch.setattr(cpu_blocks, "mixer_block", lambda *args: None)
-        monkeypatch.setattr(cpu_blocks, "mlp_block", lambda *args: None)
-    return off
+    yield lambda: cpu_blocks.set_enabled(False)
+    cpu_blocks.set_enabled(True)
 
 
 @pytest.fixture

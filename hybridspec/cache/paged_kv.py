@@ -53,8 +53,10 @@ class KVWriteMeta:
         self.context_list: tuple[int, ...] = tuple(context_lens)  # kv_len + num_new per row
         self.query_list: tuple[int, ...] = tuple(num_new)
         self.t_max = max(num_new, default=0)
-        # per row: block table as (first_page, num_pages) runs
-        self.page_runs: tuple[tuple[tuple[int, int], ...], ...] = tuple(tuple(consecutive_runs(r)) for r in table_rows)
+
+    @functools.cached_property
+    def page_runs(self) -> tuple[tuple[tuple[int, int], ...], ...]:  # per row: block table as (first_page, num_pages) runs
+        return tuple(tuple(consecutive_runs(r)) for r in self.table_rows)
 
     def _tensor(self, values, dtype=torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
