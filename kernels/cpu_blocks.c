@@ -184,12 +184,14 @@ static void attend(const float *q, float *o, int64_t ld, int64_t head0, const fl
  * context_lens[b] - query_lens[b] + t and sees the keys up to it; padding
  * inputs (t >= query_lens[b]) attend to nothing (zeros before o_proj).
  * k_cache, v_cache: [num_blocks · block_size, kv_heads, head_dim] of this
- * layer; block_tables [batch, max_blocks] (int64); cos, sin [rows, half] (row stride ldc) or NULL
- * (no rotary embedding). work: 2 · max_blocks · block_size + rows · (hidden + 2 ·
- * (nheads + kv_heads) · head_dim) + T · nheads / kv_heads · max(context_lens) floats. */
+ * layer; block_tables [batch, max_blocks] (int64); inv_freq [half] the rotary
+ * frequencies θ_i (NULL: no rotary embedding), the angles computed here in
+ * float32 with the C library's cosf and sinf, so each position's angles are
+ * the same in every forward. work: 2 · max_blocks · block_size + rows ·
+ * (hidden + 2 · (nheads + kv_heads) · head_dim + 2 · half) + T · nheads /
+ * kv_heads · max(context_lens) floats. */
 int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
-                       const float *v_t, const float *o_t, const float *cos, const float *sin, int64_t ldc,
-                       int64_t half,
+                       const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
                        float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
                        int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
                        const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
@@ -199,14 +201,24 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
     const int64_t group = nheads / kv_heads, max_context = max_blocks * block_size;
     int64_t *offsets = (int64_t *)work;  /* first: the work memory is 8-byte aligned */
     float *n = work + 2 * max_context, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
-    float *o = v + rows * kv_dim, *scores = o + rows * q_dim;
+    float *o = v + rows * kv_dim, *angles = o + rows * q_dim, *scores = angles + 2 * rows * half;
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
     if (hs_rows_matmul(n, hidden, q_t, rows, hidden, q_dim, q)) return -1;
     if (hs_rows_matmul(n, hidden, k_t, rows, hidden, kv_dim, k)) return -1;
     if (hs_rows_matmul(n, hidden, v_t, rows, hidden, kv_dim, v)) return -1;
-    if (cos) {
-        if (hs_rope(q, cos, sin, ldc, q, rows, nheads, head_dim, half)) return -1;
-        if (hs_rope(k, cos, sin, ldc, k, rows, kv_heads, head_dim, half)) return -1;
+    if (inv_freq) {  /* the angles of each input's position, (float) p · θ_i as torch computes them */
+        float *cos = angles, *sin = angles + rows * half;
+        for (int64_t b = 0; b < batch; ++b)
+            for (int64_t t = 0; t < T; ++t) {
+                const float position = (float)(context_lens[b] - query_lens[b] + t);
+                for (int64_t i = 0; i < half; ++i) {
+                    const float angle = position * inv_freq[i];
+                    cos[(b * T + t) * half + i] = cosf(angle);
+                    sin[(b * T + t) * half + i] = sinf(angle);
+                }
+            }
+        if (hs_rope(q, cos, sin, half, q, rows, nheads, head_dim, half)) return -1;
+        if (hs_rope(k, cos, sin, half, k, rows, kv_heads, head_dim, half)) return -1;
     }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t slot = slot_mapping[r];

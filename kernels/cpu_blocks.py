@@ -11,8 +11,9 @@ K/V writes, attention, o_proj, residual); the embedded target's decode step
 spent about 0.2, 0.4 and 0.6 ms in each. The C side chains the other native
 kernels (`cpu_rows.c`, `cpu_norm.c`, `cpu_conv.c`, `cpu_mamba2.c`,
 `cpu_rope.c`) in the same order, so the slots and pages written and every
-product are the same as on the module path; SiLU (MLP), softplus (Δ) and
-the attention's softmax are computed in C, within an ulp or two of torch's.
+product are the same as on the module path; SiLU (MLP), softplus (Δ), the
+rotary angles and the attention's softmax are computed in C, within an ulp
+or two of torch's.
 Every value of a row depends only on that row (and a query only on the keys
 it sees), so a row's bits do not depend on the batch, and a verify input
 gets the bits a decode step at its position gets.
@@ -215,37 +216,35 @@ def _attention_static(layer) -> _Static:
     cfg = attention.cfg
     projections = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj]
     weights = [norm.weight, *projections]
-    ok = not cfg.bias and not cfg.out_bias and _float32_cpu(*weights) and all(map(_input_major, projections))
+    inv_freq = attention.inv_freq if cfg.use_rope else None
+    if inv_freq is not None:
+        weights.append(inv_freq)
+    ok = (not cfg.bias and not cfg.out_bias and _float32_cpu(*weights) and all(map(_input_major, projections))
+          and (inv_freq is None or (inv_freq.is_contiguous() and 2 * inv_freq.numel() == cfg.rotary_dim)))
     if not ok:
         return _Static(weights, False)
     return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, *(w.t().data_ptr() for w in projections),
-                                   cfg.rotary_dim // 2, cfg.softmax_scale, attention, cfg))
+                                   None if inv_freq is None else inv_freq.data_ptr(), cfg.rotary_dim // 2,
+                                   cfg.softmax_scale, attention.kv_layer, cfg))
 
 
 def _attention_block(static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
     meta = batch.kv
-    norm_w, eps, q_t, k_t, v_t, o_t, half, scale, attention, cfg = static.args
+    norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, scale, kv_layer, cfg = static.args
     if meta is None:
         return None
-    k_cache, v_cache = cache.kv.k_cache[attention.kv_layer], cache.kv.v_cache[attention.kv_layer]
+    k_cache, v_cache = cache.kv.k_cache[kv_layer], cache.kv.v_cache[kv_layer]
     if not (_float32_cpu(k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         return None
     bsz, T, hidden = h.shape
     rows, heads, kv_heads, head_dim = bsz * T, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    rotation = attention.rotation(batch, torch.float32) if cfg.use_rope else None  # made once per forward
-    if rotation is not None and (rotation.cos_half.stride(1) != rotation.sin_half.stride(1)
-                                 or rotation.cos_half.stride(0) != T * rotation.cos_half.stride(1)):
-        return None
     slot_mapping, context_lens, query_lens, tables = meta.packed  # one tensor
     block_size = k_cache.shape[1]
-    work = (2 * tables.shape[1] * block_size + rows * (hidden + 2 * (heads + kv_heads) * head_dim)
+    work = (2 * tables.shape[1] * block_size + rows * (hidden + 2 * (heads + kv_heads) * head_dim + 2 * half)
             + T * (heads // kv_heads) * max(meta.context_list))
     out = torch.empty(h.shape, dtype=torch.float32)
     if cpu_native.library().hs_attention_block(
-            h.data_ptr(), norm_w, eps, q_t, k_t, v_t, o_t,
-            None if rotation is None else rotation.cos_half.data_ptr(),
-            None if rotation is None else rotation.sin_half.data_ptr(),
-            0 if rotation is None else rotation.cos_half.stride(1), half, k_cache.data_ptr(), v_cache.data_ptr(),
+            h.data_ptr(), norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, k_cache.data_ptr(), v_cache.data_ptr(),
             slot_mapping.data_ptr(), tables.data_ptr(), tables.shape[1], block_size, context_lens.data_ptr(),
             query_lens.data_ptr(), scale, _work(work).data_ptr(), out.data_ptr(), bsz, T, hidden, heads,
             kv_heads, head_dim) != 0:

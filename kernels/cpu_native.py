@@ -64,7 +64,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
     "hs_mlp_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
     "hs_mamba2_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
                         _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64],
-    "hs_attention_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr,
+    "hs_attention_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
                            _ptr, _i64, _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
                            _i64],
 }
