@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cpu_kernels.h"
+
 #define MAX_CONV 16
 
 int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,

@@ -21,6 +21,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cpu_kernels.h"
+
 #include "cpu_simd.h"
 
 int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float *scratch,

@@ -45,7 +45,8 @@ CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
                              "cpu_blocks.c"))
-HEADER = Path(__file__).with_name("cpu_simd.h")  # shared helpers the sources include
+HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
+                for name in ("cpu_simd.h", "cpu_kernels.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu_rope.c) keep it under any compiler's default
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-std=c99")
@@ -114,7 +115,7 @@ def build(directory: Path | None = None) -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         raise CpuKernelsUnavailable("no C compiler found (set CC, or install gcc)")
-    code = b"".join(s.read_bytes() for s in (*SOURCES, HEADER)) + " ".join(FLAGS).encode()
+    code = b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(FLAGS).encode()
     digest = hashlib.sha256(code).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
     target = directory / f"hybridspec_cpu-{digest}.so"

@@ -11,6 +11,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cpu_kernels.h"
+
 #include "cpu_simd.h"
 
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,

@@ -13,6 +13,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cpu_kernels.h"
+
 int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
             int64_t heads, int64_t head_dim, int64_t half) {
     if (rows < 0 || heads < 1 || half < 1 || 2 * half > head_dim || ldc < half) return -1;

@@ -18,6 +18,8 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "cpu_kernels.h"
 #include <string.h>
 
 #define ROW_BLOCK 8

@@ -61,8 +61,8 @@ def padded_inv_freq(inv_freq: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Rotation:
     """One forward's rotary angles, shared by every attention layer: cos and sin
     of each input's position over the rotary half [batch, T, rotary_dim / 2]
-    (views of rows padded to 16 values; four operations per forward). `apply` is HF's rotate-half rotation with
-    its products and sums: in C for float32 on CPU (`kernels.cpu_rope`, the
+    (views of rows padded to 16 values; four operations per forward).
+    `apply` is HF's rotate-half rotation with its products and sums: in C for float32 on CPU (`kernels.cpu_rope`, the
     same bits), else as x·cos + (x R)·sin with cos and sin padded to the whole
     head (1 and 0 past rotary_dim), in four operations per tensor."""
 

@@ -147,8 +147,14 @@ class Speculator:
             return tokens, [0] * B
         if rows.flags.all_greedy:  # one argmax and one readback (the greedy rule needs no q and no noise)
             tokens, accepted = greedy_accept(p, round.drafts)
-            round.logprobs = batch_logprobs(p, [t[:a + 1] for t, a in zip(tokens, accepted)], round.requests)
-            return tokens, accepted
+        else:
+            tokens, accepted = self._rejection(p, round, rows)
+        round.logprobs = batch_logprobs(p, [t[:a + 1] for t, a in zip(tokens, accepted)], round.requests)
+        return tokens, accepted
+
+    def _rejection(self, p: torch.Tensor, round: RoundBatch, rows: RowParams) -> tuple[list[list[int]], list[int]]:
+        """The rejection kernel (or its reference) over p [batch, G + 1, vocab]: emitted tokens, accepted counts."""
+        B, T, V = p.shape
         G = T - 1
         q = None
         if round.draft_probs is not None:
@@ -163,9 +169,7 @@ class Speculator:
         positions = tensor([m + 1 for m in round.start_lens])  # [batch]: position m of d_1
         verify = pick(rejection, rejection_ref, p)
         out, n = verify(p, q, draft_tokens, num_draft, mode, rows.seeds, positions)
-        tokens, accepted = out.tolist(), n.tolist()
-        round.logprobs = batch_logprobs(p, [t[:a + 1] for t, a in zip(tokens, accepted)], round.requests)
-        return tokens, accepted
+        return out.tolist(), n.tolist()
 
     def commit(self, round: RoundBatch) -> None:
         """Cut each row's tokens at its stops, then move the target (every layer)
