@@ -1,5 +1,5 @@
 """The native CPU kernels (`hybridspec/kernels/cpu_native.py`): few-row products,
-`torch.mm` (MKL) against the kernel `linear` takes for 1 … 8 rows
+`torch.mm` (MKL) against the kernel `linear` takes for 1 … 16 rows
 (`cpu_rows.c`), with the weights out of cache as in a decode step; then what
 the three kernels together (products, the Mamba-2 recurrence `cpu_mamba2.c`,
 the conv window `cpu_conv.c`) make of one model step and of a verify forward
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
         print("the native CPU kernels cannot run here (see the warning); nothing to compare")
         return 1
     shapes = dict(list(SHAPES.items())[:1]) if args.quick else SHAPES
-    products = product_rows(shapes, (1, 5, 16) if args.quick else ROWS, 2 if args.quick else 7,
+    products = product_rows(shapes, (1, 5, 40) if args.quick else ROWS, 2 if args.quick else 7,
                             4 << 20 if args.quick else COPIES_BYTES)
     print_table(products, ["product", "K", "N", "rows", ("mkl_us", "MKL µs"), ("mkl_min", "min"), ("mkl_max", "max"),
                            ("kernel_us", "kernel µs"), ("kernel_min", "min"), ("kernel_max", "max"),

@@ -103,9 +103,10 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
     return all(t.dtype is torch.float32 and t.is_cpu for t in tensors)
 
 
-# rows (batch · inputs) up to which a block runs: two of the product kernel's row blocks, so
-# that a verify of γ + 1 = 5 inputs runs whole up to batch 3 (past `cpu_rows.MAX_ROWS`, where
-# `linear` hands products to MKL, one block call still beats the modules' host work)
+# rows (batch · inputs) up to which a block runs: twice the rows `linear` gives the product
+# kernel, so that a verify of γ + 1 = 5 inputs runs whole up to batch 6 (past `cpu_rows.MAX_ROWS`,
+# where `linear` hands products to MKL, the kernel is about even with MKL and one block call
+# still saves the modules' host work)
 BLOCK_ROWS = 2 * MAX_ROWS
 
 

@@ -143,7 +143,7 @@ def test_when_the_blocks_fall_back(model, counted):
         cpu_native.set_enabled(None)
     assert counted["mixer_block"] == counted["mlp_block"] == 0
     counted.clear()
-    model.extend(cache, [0], [[3] * 17], last_only=True)  # 17 rows: the modules (and MKL's products) run
+    model.extend(cache, [0], [[3] * (cpu_blocks.BLOCK_ROWS + 1)], last_only=True)  # too many rows: the modules run
     assert counted["mixer_block"] == counted["mlp_block"] == 0
     m64 = hs.from_hf(bamba(seed=5, dtype=torch.float64))
     cache64 = HybridCache(m64.config, max_seqs=1, num_blocks=4, block_size=8, ring_slots=4, dtype=m64.dtype)

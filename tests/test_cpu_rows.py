@@ -91,7 +91,7 @@ def test_linear_takes_the_kernel_only_where_it_applies(monkeypatch):
     assert torch.allclose(common.linear(x, packed), x @ packed.t(), rtol=1e-5, atol=1e-5)
     assert calls == [(6, 16)]
     common.linear(x, plain)                                          # weight not input-major
-    common.linear(torch.randn(9, 16), packed)                        # more than MAX_ROWS rows
+    common.linear(torch.randn(cpu_rows.MAX_ROWS + 1, 16), packed)   # more than MAX_ROWS rows
     common.linear(x.double(), packed.double())                      # float64
     monkeypatch.setattr(cpu_native, "_enabled", False)                 # set_enabled(False)
     common.linear(x, packed)
