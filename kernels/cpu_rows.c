@@ -9,10 +9,12 @@
  * weight vectors stay in registers (no spills: G·Q + Q + 1 <= 16 ymm), and
  * each vector of y is loaded and stored once per Q weight rows. The groups
  * take k-blocks of KBLOCK weight rows in turn, so a second group reads the
- * block from cache. Software prefetch fetches the rows PREFETCH_ROWS ahead:
- * with the weights out of cache, five rows (a verify of γ + 1 = 5 inputs)
- * then cost about 1.4× one row instead of 2.5×, the arithmetic hiding behind
- * the memory.
+ * block from cache. Software prefetch fetches the rows PREFETCH_ROWS ahead
+ * (past the last row it names memory the kernel never reads; a prefetch
+ * does not fault): with the weights out of cache, five rows (a verify of
+ * γ + 1 = 5 inputs) then cost about 1.5× one row instead of 2.2×, the
+ * arithmetic hiding behind the memory (the embedded target's products, one
+ * interleaved run).
  *
  * Every output is the same chain of fused multiply-adds over k = 0, 1, …,
  * K - 1 starting from zero, whatever M, the row's group or position or the

@@ -2,7 +2,7 @@
 
 Why: a decode step of a small model reads every weight once from memory, and
 MKL's kernels neither stream a cold weight at the memory's speed nor keep
-the cost of 2–8 rows near the cost of one (on this project's CPU, with the
+the cost of 2–16 rows near the cost of one (on this project's CPU, with the
 weights out of cache: one row of a 256 × 1160 weight 104 µs, five rows 315 µs;
 `cpu_rows.c` takes 102 and 117 µs). So a verify forward of γ + 1 tokens cost
 about two plain steps. `cpu_rows.c` streams the weight in memory order,
