@@ -84,7 +84,8 @@ def test_mamba1_same_outputs_and_snapshot_writes_as_the_reference(case):
 
 
 CONV_CASES = [  # batch, T, conv_dim, d_conv, bias, activation
-    (1, 1, 640, 4, True, "silu"), (1, 5, 640, 4, True, "silu"), (3, 4, 7, 3, False, None), (2, 2, 5, 4, True, None)]
+    (1, 1, 640, 4, True, "silu"), (1, 5, 640, 4, True, "silu"), (3, 4, 7, 3, False, None), (2, 2, 5, 4, True, None),
+    (2, 40, 21, 4, True, "silu")]  # a prefill's length, channels past the last multiple of 8
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
@@ -106,6 +107,25 @@ def test_conv_window_same_outputs_and_windows_as_the_reference(case):
     got = cpu_conv.conv_window_steps(native_pool, plan, xs, weight, bias, activation)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(native_pool, ref_pool)  # windows are copies of inputs: bit for bit
+
+
+def test_conv_window_prefill_gets_the_bits_of_steps_one_by_one():
+    """An output of the conv depends only on its own inputs: one call over 40 inputs
+    gives the bits of 40 one-input calls, each starting from the window the last wrote."""
+    g = torch.Generator().manual_seed(7)
+    conv_dim, d_conv, T = 21, 4, 40
+    xs = torch.randn(1, T, conv_dim, generator=g)
+    weight, bias = torch.randn(conv_dim, d_conv, generator=g), torch.randn(conv_dim, generator=g)
+    pool = torch.randn(2, conv_dim, d_conv - 1, generator=g)
+    whole_pool, step_pool = pool.clone(), pool.clone()
+    whole = cpu_conv.conv_window_steps(whole_pool, SlotPlan([0], [[-1] * (T - 1) + [1]], [T], "cpu"), xs, weight,
+                                       bias, "silu")
+    steps = []
+    for t in range(T):  # ping-pong between the two slots
+        plan = SlotPlan([t % 2], [[(t + 1) % 2]], [1], "cpu")
+        steps.append(cpu_conv.conv_window_steps(step_pool, plan, xs[:, t:t + 1].contiguous(), weight, bias, "silu"))
+    assert torch.equal(whole, torch.cat(steps, 1))
+    assert torch.equal(whole_pool[1], step_pool[T % 2])
 
 
 def test_padded_rows_float64_and_no_plan_take_the_reference():
