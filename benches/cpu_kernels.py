@@ -15,8 +15,9 @@ from memory); µs per product. The two implementations alternate call by call,
 Steps: the embedded target's and draft's plain decode step (1 input) and a
 forward of 5 inputs with a snapshot after every input (what a verify does),
 at batch 1, with the native kernels off (`cpu_native.set_enabled`), on under
-the modules (`cpu_blocks.set_enabled(False)`) and on with whole blocks (the
-default), alternating; ms per forward.
+the modules (`cpu_blocks.set_enabled(False)`), on with whole blocks layer by
+layer (`cpu_forward.set_enabled(False)`) and on with the whole forward in one
+call (the default), alternating; ms per forward.
 
     python benches/cpu_kernels.py            # about a minute
     python benches/cpu_kernels.py --quick    # seconds
@@ -65,19 +66,21 @@ def product_rows(shapes: dict, rows: tuple, repeats: int, copies_bytes: int) -> 
     return out
 
 
-MODES = (("torch", False, False), ("kernels, modules", True, False), ("kernels, whole blocks", True, True))
+MODES = (("torch", False, False, False), ("kernels, modules", True, False, False),  # name, kernels, blocks, forward
+         ("kernels, whole blocks", True, True, False), ("kernels, whole forward", True, True, True))
 
 
 def step_rows(repeats: int) -> list[dict]:
     """The embedded target and draft at batch 1: a decode step and a 5-input
     snapshotted forward, in each of MODES (all native kernels off; the kernels
-    under the modules; the whole blocks), CPU seconds, alternating."""
+    under the modules; the whole blocks layer by layer; the whole forward in
+    one call), CPU seconds, alternating."""
     import hybridspec as hs
     from hybridspec.cache.hybrid_cache import HybridCache
     from hybridspec.checkpoints.policy import ring_halves_by_default
     from hybridspec.checkpoints.ring import plan_snapshots
     from hybridspec.embedded import embedded_paths
-    from hybridspec.kernels import cpu_blocks, cpu_native
+    from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
     prompt = list(b"def parse(self, text):\n    for line in text.splitlines():\n        if not line:" * 3)
     forwards = {}
     for name, path in zip(("target", "draft"), embedded_paths()):
@@ -98,12 +101,14 @@ def step_rows(repeats: int) -> list[dict]:
             for model, mode, n in cases:
                 cpu_native.set_enabled(mode[1])
                 cpu_blocks.set_enabled(mode[2])
+                cpu_forward.set_enabled(mode[3])
                 start = time.process_time()
                 forwards[model](n)
                 samples[(model, mode, n)].append(time.process_time() - start)
     finally:
         cpu_native.set_enabled(None)
         cpu_blocks.set_enabled(True)
+        cpu_forward.set_enabled(True)
     rows = []
     for model in forwards:
         for mode in MODES:

@@ -3,8 +3,8 @@ speculative rounds. The round speaks three verbs to it:
 
 - `plan(round, policy)`: where each row's verify forward writes snapshots
   (`round.plans`, `round.snap_slot` [batch, G + 1]; heads aligned first,
-  `align_heads`) and, when the policy logs, the input log to fill
-  (`round.input_log`);
+  `align_heads`) and, when the policy logs and some boundary may find no
+  snapshot, the input log to fill (`round.input_log`);
 - `commit(round)`: for each live row, the cheapest restore of the state after
   verify input n (snapshot hit, log replay, token replay: `round.decisions`),
   then every layer of the row moved to its boundary;
@@ -37,7 +37,7 @@ class Checkpointer:
         T, device = round.num_inputs, self.model.device
         round.snap_slot = torch.full((len(round.seq_ids), T), -1, dtype=torch.long, device=device)
         round.plans = [None] * len(round.seq_ids)
-        round.input_log = {} if policy.log_inputs and self.has_state else None
+        round.input_log = None
         if not self.has_state:
             return
         snapshots = [policy.snapshot_inputs(len(inputs)) for inputs in round.verify_inputs]
@@ -46,6 +46,11 @@ class Checkpointer:
             plan = plan_snapshots(self.cache.states.ring_slots(s), head, inputs, T)
             round.plans[b] = plan
             round.snap_slot[b] = torch.tensor(plan.snap_slot, device=device)
+        # a log only where some boundary of some row may find no snapshot (every input
+        # snapshotted, with a ring large enough: every boundary is a hit)
+        if policy.log_inputs and any(len(plan.survivors) < len(inputs)
+                                     for plan, inputs in zip(round.plans, round.verify_inputs)):
+            round.input_log = {}
 
     def align_heads(self, round: RoundBatch, counts: list[int]) -> None:
         """Under ring halves, put every row's head in the half most rows' heads

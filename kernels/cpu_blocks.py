@@ -76,14 +76,17 @@ class _Static:
 
 
 def forget(model) -> None:
-    """Drop every layer's `_Static` (after parameters were replaced by new tensors:
-    `HybridModel.pack_for_cpu` calls it)."""
+    """Drop every layer's `_Static` and count a new generation of the model's
+    parameters, which `cpu_forward`'s tables check (after parameters were replaced
+    by new tensors: `HybridModel.pack_for_cpu` calls it)."""
     for module in model.modules():
         for key in STATIC_KEYS:
             module.__dict__.pop(key, None)
+    model.__dict__[GENERATION_KEY] = model.__dict__.get(GENERATION_KEY, 0) + 1
 
 
 STATIC_KEYS = ("_hs_mlp_block", "_hs_mixer_block")
+GENERATION_KEY = "_hs_generation"
 
 
 def _static(layer, key: str, make) -> _Static:
@@ -193,14 +196,7 @@ def _mamba2_block(layer, static: _Static, h: torch.Tensor, batch, cache) -> torc
     d_inner, nheads, head_dim, n_groups, d_state, d_conv, conv_dim, proj = sizes
     bsz, T, hidden = h.shape
     rows = bsz * T
-    logged = None
-    if batch.input_log is not None:  # in_proj output, conv output and Δ in memory of their own, kept by the log
-        logged = torch.empty(rows * (proj + conv_dim + nheads), dtype=torch.float32)
-        projected, xbc, dt = logged.split([rows * proj, rows * conv_dim, rows * nheads])
-        x, B, C = xbc.view(bsz, T, conv_dim).split([d_inner, n_groups * d_state, n_groups * d_state], dim=-1)
-        layer.mixer.log_inputs(batch, projected.view(bsz, T, proj)[..., d_inner:d_inner + conv_dim],
-                               x.unflatten(-1, (nheads, head_dim)), dt.view(bsz, T, nheads),
-                               B.unflatten(-1, (n_groups, d_state)), C.unflatten(-1, (n_groups, d_state)))
+    logged = None if batch.input_log is None else logged_inputs(layer, batch, bsz, T)
     work = rows * (hidden + proj + conv_dim + nheads + 2 * d_inner) + head_dim * d_state
     out = torch.empty(h.shape, dtype=torch.float32)
     if cpu_native.library().hs_mamba2_block(
@@ -210,6 +206,22 @@ def _mamba2_block(layer, static: _Static, h: torch.Tensor, batch, cache) -> torc
             head_dim, n_groups, d_state, d_conv) != 0:
         raise ValueError(f"mamba2_block: shapes not taken: h {tuple(h.shape)}, sizes {sizes}")
     return out
+
+
+def logged_inputs(layer, batch, bsz: int, T: int) -> torch.Tensor:
+    """Memory for a Mamba-2 block's in_proj output, conv output and Δ, kept by the
+    forward's input log (`log_inputs` gets views of it; the block writes them)."""
+    cfg = layer.mixer.cfg
+    d_inner, nheads, head_dim, n_groups, d_state, conv_dim = (cfg.d_inner, cfg.num_heads, cfg.head_dim,
+                                                              cfg.n_groups, cfg.d_state, cfg.conv_dim)
+    rows, proj = bsz * T, layer.mixer.in_proj.shape[0]
+    logged = torch.empty(rows * (proj + conv_dim + nheads), dtype=torch.float32)
+    projected, xbc, dt = logged.split([rows * proj, rows * conv_dim, rows * nheads])
+    x, B, C = xbc.view(bsz, T, conv_dim).split([d_inner, n_groups * d_state, n_groups * d_state], dim=-1)
+    layer.mixer.log_inputs(batch, projected.view(bsz, T, proj)[..., d_inner:d_inner + conv_dim],
+                           x.unflatten(-1, (nheads, head_dim)), dt.view(bsz, T, nheads),
+                           B.unflatten(-1, (n_groups, d_state)), C.unflatten(-1, (n_groups, d_state)))
+    return logged
 
 
 def _attention_static(layer) -> _Static:

@@ -1,5 +1,6 @@
-/* Declarations of the native kernels that `cpu_blocks.c` chains; each source
- * that defines one includes this file, so the compiler checks that the two agree. */
+/* Declarations of the native kernels that `cpu_blocks.c` and `cpu_forward.c`
+ * chain, and the layer table of a whole forward; each source that defines one
+ * includes this file, so the compiler checks that the two agree. */
 #ifndef HYBRIDSPEC_CPU_KERNELS_H
 #define HYBRIDSPEC_CPU_KERNELS_H
 
@@ -21,5 +22,64 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                     int64_t ngroups);
 int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
             int64_t heads, int64_t head_dim, int64_t half);
+
+int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *gate_t, const float *up_t,
+                 const float *down_t, float *work, float *out, int64_t rows, int64_t hidden, int64_t inter);
+int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float *in_t,
+                    float *conv_states, float *ssm_states, const int64_t *src, const int64_t *dst,
+                    const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
+                    const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
+                    float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv);
+int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
+                       const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
+                       float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
+                       int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
+                       const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim);
+
+/* The mixers and the MLP of one decoder layer (`cpu_forward.py` fills it from the
+ * modules and one cache, once): the weights and sizes the blocks take, and the
+ * layer's state pools or K/V pages. */
+enum { HS_NO_MIXER = 0, HS_MAMBA2 = 1, HS_ATTENTION = 2 };
+typedef struct {
+    int64_t mixer, mlp;  /* mixer: HS_NO_MIXER, HS_MAMBA2 or HS_ATTENTION; mlp: 0 or 1 */
+    const float *mixer_norm, *mlp_norm;
+    float mixer_eps, mlp_eps;
+    /* Mamba-2 mixer */
+    const float *in_t, *conv_w, *conv_b, *dt_bias, *A, *D, *gate_norm_w, *out_t;
+    float *conv_states, *ssm_states;
+    int64_t group, d_inner, nheads, head_dim, ngroups, d_state, d_conv;
+    /* attention mixer */
+    const float *q_t, *k_t, *v_t, *o_t, *inv_freq;
+    float *k_cache, *v_cache;
+    int64_t half, heads, kv_heads, attn_head_dim, block_size;
+    float scale;
+    /* gated SiLU MLP */
+    const float *gate_t, *up_t, *down_t;
+    int64_t inter;
+} hs_layer;
+
+/* One forward of few rows: the per-forward pointers beside the static table. */
+typedef struct {
+    const hs_layer *layers;
+    int64_t num_layers;
+    const int64_t *ids;                 /* [batch, T] token ids */
+    const float *embed;                 /* [vocab, hidden] at strides (embed_row, embed_col) */
+    int64_t embed_row, embed_col, batch, T, hidden, vocab;
+    const int64_t *src, *snap;          /* the slot plan: [batch] and [batch, T] */
+    const int64_t *slot_mapping, *block_tables, *context_lens, *query_lens;  /* the K/V plan */
+    int64_t max_blocks;
+    float *const *logged;               /* [num_layers]: where a Mamba-2 layer's inputs go, or NULL */
+    const int64_t *last_index;          /* [batch] the input whose logits are kept; NULL: every input */
+    const float *final_norm;
+    float final_eps;
+    const float *lm_head_t;             /* [hidden, vocab] input-major; NULL: out gets the final hidden states */
+    float *work;
+    int64_t work_size;                  /* floats at work */
+    float *out;
+} hs_forward_args;
+
+int hs_forward(const hs_forward_args *a);
 
 #endif

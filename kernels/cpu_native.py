@@ -2,7 +2,7 @@
 called through ctypes.
 
 Six kernels, each used by its own module where it applies, and whole blocks
-chaining them:
+and a whole forward chaining them:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`;
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
@@ -11,8 +11,10 @@ chaining them:
   inputs, straight into the ring slots, for the Mamba mixers;
 - `cpu_norm.c` (`cpu_norm.py`): RMSNorm, plain and gated;
 - `cpu_rope.c` (`cpu_rope.py`): the rotary embedding of queries and keys;
-- `cpu_blocks.c` (`cpu_blocks.py`): a decoder layer's MLP block and Mamba-2
-  mixer block (norm to residual) in one call each.
+- `cpu_blocks.c` (`cpu_blocks.py`): a decoder layer's MLP block, Mamba-2
+  mixer block and attention block (norm to residual) in one call each;
+- `cpu_forward.c` (`cpu_forward.py`): a whole forward (embeddings, the
+  blocks of every layer, final norm, LM head) in one call.
 
 They are compiled together with the system's C compiler (`CC`, else `cc`,
 `gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
@@ -44,7 +46,7 @@ KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
-                             "cpu_blocks.c"))
+                             "cpu_blocks.c", "cpu_forward.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("cpu_simd.h", "cpu_kernels.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
@@ -68,6 +70,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
     "hs_attention_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
                            _ptr, _i64, _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
                            _i64],
+    "hs_forward": [_ptr],  # one hs_forward_args struct (cpu_forward.py)
 }
 
 _library = None  # the loaded ctypes library, False when it cannot run here

@@ -1,7 +1,9 @@
-"""Whole blocks in C (`kernels/cpu_blocks.c`): the MLP, Mamba-2 and attention
-blocks of float32 Bamba models against the module path (logits, state slots,
-conv windows, K/V pages, input logs), a row's bits alone and in a batch, a
-verify input's bits against a decode step's, and when the blocks run."""
+"""Whole blocks in C (`kernels/cpu_blocks.c`) and whole forwards
+(`kernels/cpu_forward.c`): the MLP, Mamba-2 and attention blocks of float32
+Bamba models against the module path (logits, state slots, conv windows, K/V
+pages, input logs), the whole forward against the blocks layer by layer (bit
+for bit), a row's bits alone and in a batch, a verify input's bits against a
+decode step's, and when each runs."""
 from __future__ import annotations
 
 import collections
@@ -11,7 +13,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_blocks, cpu_native
+from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
 from oracles import bamba
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
@@ -36,17 +38,32 @@ def blocks_off():
 
 
 @pytest.fixture
+def layer_by_layer():
+    """The whole-forward path off: the layers run one by one (the blocks where they apply)."""
+    cpu_forward.set_enabled(False)
+    yield
+    cpu_forward.set_enabled(True)
+
+
+@pytest.fixture(params=["whole forward", "layer by layer"])
+def either_path(request):
+    cpu_forward.set_enabled(request.param == "whole forward")
+    yield request.param
+    cpu_forward.set_enabled(True)
+
+
+@pytest.fixture
 def counted(monkeypatch):
-    """Counts of the block calls that ran (not None) and that fell back (None)."""
+    """Counts of the block and whole-forward calls that ran (not None) and that fell back (None)."""
     counts = collections.Counter()
-    for name in ("mixer_block", "mlp_block"):
-        original = getattr(cpu_blocks, name)
+    for module, name in ((cpu_blocks, "mixer_block"), (cpu_blocks, "mlp_block"), (cpu_forward, "forward")):
+        original = getattr(module, name)
 
         def wrapper(*args, _original=original, _name=name):
             out = _original(*args)
             counts[_name if out is not None else _name + " fell back"] += 1
             return out
-        monkeypatch.setattr(cpu_blocks, name, wrapper)
+        monkeypatch.setattr(module, name, wrapper)
     return counts
 
 
@@ -67,7 +84,7 @@ def run(model, prompts, steps, verify_tokens):
     return logits, cache, log
 
 
-def test_blocks_match_the_module_path(model, blocks_off, counted):
+def test_blocks_match_the_module_path(model, blocks_off, layer_by_layer, counted):
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     fused = run(model, prompts, steps=3, verify_tokens=5)  # 2 · 5 rows: two row blocks of the product kernel
     # three layers, three steps and the verify; in the padded prefill the two Mamba blocks decline
@@ -91,7 +108,52 @@ def test_blocks_match_the_module_path(model, blocks_off, counted):
                                        atol=1e-5)
 
 
-def test_a_row_has_the_same_bits_alone_and_in_a_batch(model):
+def test_whole_forward_gives_the_bits_of_the_blocks_layer_by_layer(model, counted):
+    """Same logits, states, conv windows, K/V and logged inputs, bit for bit."""
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]  # unpadded, so the prefill runs whole too
+    whole = run(model, prompts, steps=3, verify_tokens=5)
+    assert counted["forward"] == 5 and not counted["forward fell back"]
+    cpu_forward.set_enabled(False)
+    try:
+        layers = run(model, prompts, steps=3, verify_tokens=5)
+    finally:
+        cpu_forward.set_enabled(True)
+    assert counted["mixer_block"] == counted["mlp_block"] == 5 * 3  # three layers, five forwards
+    for a, b in zip(whole[0], layers[0]):
+        assert torch.equal(a, b)
+    (_, cache_a, log_a), (_, cache_b, log_b) = whole, layers
+    for a, b in zip((*cache_a.states.ssm_states, *cache_a.states.conv_states, cache_a.kv.k_cache, cache_a.kv.v_cache),
+                    (*cache_b.states.ssm_states, *cache_b.states.conv_states, cache_b.kv.k_cache, cache_b.kv.v_cache)):
+        assert torch.equal(a, b)
+    assert cache_a.bookkeeping() == cache_b.bookkeeping()
+    assert log_a.keys() == log_b.keys() and log_a
+    for layer in log_a:
+        for field in ("xs", "x", "dt", "B", "C"):
+            assert torch.equal(getattr(log_a[layer], field), getattr(log_b[layer], field))
+
+
+def test_whole_forward_past_the_head_kernel_rows_and_a_bad_token(model, counted):
+    """More kept rows than `cpu_rows.MAX_ROWS`: the layers in C, the head through
+    `linear`, the same bits; a token outside the vocabulary raises before anything is written."""
+    prompt = list(range(3, 3 + cpu_blocks.BLOCK_ROWS))
+    whole = new_cache(model, 1)
+    logits = model.prefill(whole, [0], [prompt])  # every input's logits: BLOCK_ROWS rows kept
+    assert counted["forward"] == 1
+    cpu_forward.set_enabled(False)
+    try:
+        layers = new_cache(model, 1)
+        assert torch.equal(logits, model.prefill(layers, [0], [prompt]))
+    finally:
+        cpu_forward.set_enabled(True)
+    before = whole.bookkeeping()
+    states = [s.clone() for s in whole.states.ssm_states]
+    with pytest.raises(IndexError, match="300"):
+        model.decode(whole, [0], [300])
+    assert whole.bookkeeping() == before
+    assert all(torch.equal(a, b) for a, b in zip(states, whole.states.ssm_states))
+
+
+def test_a_row_has_the_same_bits_alone_and_in_a_batch(model, either_path):
     prompts = [[5, 6, 7], [10, 11, 12], [20, 21, 22]]  # every forward of the batch within the blocks' 16 rows
     batched = run(model, prompts, steps=2, verify_tokens=5)[0]
     for b, prompt in enumerate(prompts):
@@ -100,7 +162,7 @@ def test_a_row_has_the_same_bits_alone_and_in_a_batch(model):
             assert torch.equal(alone[step][0], batched[step][b])
 
 
-def test_a_verify_input_gets_the_bits_of_a_decode_step(model):
+def test_a_verify_input_gets_the_bits_of_a_decode_step(model, either_path):
     """Greedy speculative decoding in float32 emits what plain decoding emits
     because each verify input's logits are the decode step's, bit for bit."""
     prompt, tokens = [5, 6, 7, 8, 9, 10, 11, 12, 13], [31, 32, 33, 34, 35]
@@ -123,7 +185,7 @@ def test_the_engine_emits_the_same_tokens_with_and_without_blocks(model, blocks_
         plain = hs.Engine(model, max_batch_size=2, max_model_len=64)
         return [[o.token_ids for o in e.generate(prompts, params)] for e in (spec, plain)]
     with_blocks = generate()
-    assert counted["mixer_block"] > 0
+    assert counted["forward"] > 0
     assert with_blocks[0] == with_blocks[1]  # speculative == plain
     blocks_off()
     assert generate() == with_blocks
@@ -134,6 +196,7 @@ def test_when_the_blocks_fall_back(model, counted):
     model.prefill(cache, [0, 1], [[5, 6, 7], [8, 9]], last_only=True)
     counted.clear()
     model.extend(cache, [0, 1], [[3, 4], [5]], last_only=True)  # a padded batch: the Mamba block needs all inputs
+    assert counted["forward fell back"] == 1
     assert counted["mixer_block fell back"] == 2 and counted["mixer_block"] == 1  # Mamba fell back, attention ran
     counted.clear()
     cpu_native.set_enabled(False)
@@ -144,20 +207,26 @@ def test_when_the_blocks_fall_back(model, counted):
     assert counted["mixer_block"] == counted["mlp_block"] == 0
     counted.clear()
     model.extend(cache, [0], [[3] * (cpu_blocks.BLOCK_ROWS + 1)], last_only=True)  # too many rows: the modules run
-    assert counted["mixer_block"] == counted["mlp_block"] == 0
+    assert counted["mixer_block"] == counted["mlp_block"] == counted["forward"] == 0
     m64 = hs.from_hf(bamba(seed=5, dtype=torch.float64))
     cache64 = HybridCache(m64.config, max_seqs=1, num_blocks=4, block_size=8, ring_slots=4, dtype=m64.dtype)
     counted.clear()
     m64.prefill(cache64, [0], [[5, 6]], last_only=True)
-    assert counted["mixer_block"] == counted["mlp_block"] == 0
+    assert counted["mixer_block"] == counted["mlp_block"] == counted["forward"] == 0
 
 
 def test_packing_after_a_forward_lets_the_blocks_run(counted):
     m = hs.from_hf(bamba(seed=5, attn_layers=(1,), num_layers=2, dtype=torch.float32, kv_heads=2))
     cache = new_cache(m, 1)
     m.prefill(cache, [0], [[5, 6]], last_only=True)
-    assert counted["mlp_block"] == 0  # HF's [out, in] weights: the modules run
+    assert counted["mlp_block"] == 0 and counted["forward fell back"] == 1  # HF's [out, in] weights: the modules run
     m.pack_for_cpu()
     counted.clear()
     m.decode(cache, [0], [7])
+    assert counted["forward"] == 1
+    cpu_forward.set_enabled(False)
+    try:
+        m.decode(cache, [0], [7])
+    finally:
+        cpu_forward.set_enabled(True)
     assert counted["mlp_block"] == counted["mixer_block"] == 2

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.kernels import cpu_native, cpu_rows
+from hybridspec.kernels import cpu_blocks, cpu_native, cpu_rows
 from hybridspec.models import common
 from oracles import bamba
 
@@ -149,6 +149,7 @@ def test_float32_model_greedy_tokens_with_and_without_the_kernel(monkeypatch):
     calls = []
     real = common.rows_matmul
     monkeypatch.setattr(common, "rows_matmul", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    monkeypatch.setattr(cpu_blocks, "_enabled", False)  # every product through `linear` (no whole blocks or forwards)
     with_kernel = tokens(), tokens(draft=draft, num_draft_tokens=3)
     assert 1 in calls and 4 in calls  # decode rows and a verify of γ + 1 = 4 inputs took the kernel
     monkeypatch.setattr(cpu_native, "_enabled", False)

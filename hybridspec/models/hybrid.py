@@ -18,7 +18,7 @@ from torch import nn
 
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
-from hybridspec.kernels import cpu_blocks
+from hybridspec.kernels import cpu_blocks, cpu_forward
 
 from ..config import HybridConfig
 from ..errors import NumericalError
@@ -178,6 +178,10 @@ class HybridModel(nn.Module):
             h = layer(h, batch, cache, embeddings)
         if last_only and T > 1:
             h = h.view(bsz * T, -1).index_select(0, batch.slots.last_index).view(bsz, 1, -1)
+        return self.head(h)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits [..., vocab] of final hidden states h [..., hidden]: final norm, LM head, scaling."""
         logits = linear(self.final_norm(h), self.lm_head)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
@@ -207,12 +211,16 @@ class HybridModel(nn.Module):
         the commit (speculative verification); `input_log`, when given, receives
         each Mamba layer's inputs."""
         plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
-        input_ids = plan.pad_tokens(token_lists, self.device)
         batch = plan.batch
         batch.input_log = input_log
         try:
-            logits = self(input_ids, batch, cache, last_only=last_only)
-            check_finite(logits, batch.num_tokens, last_only)
+            whole = cpu_forward.forward(self, token_lists, batch, cache, last_only)  # one C call, where it applies
+            if whole is None:  # layer by layer
+                logits, finite = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only), False
+            else:
+                logits, finite = (self.head(whole.values), False) if whole.hidden else (whole.values, whole.finite)
+            if not finite:
+                check_finite(logits, batch.num_tokens, last_only)
         except Exception:
             cache.abort_forward(plan)
             raise

@@ -1,0 +1,101 @@
+/* A whole forward of few rows (decode, drafting, a verify) in one call, on
+ * x86 CPUs: the token embeddings, every decoder layer's blocks (the
+ * `cpu_blocks.c` functions, in the modules' order), each row's kept input,
+ * the final norm and the LM head.
+ *
+ * The layer table (`hs_layer`, one per decoder layer) is made once per model
+ * and cache by `cpu_forward.py`; the per-forward pointers (token ids, slot
+ * plan, K/V plan, input logs) come in `hs_forward_args`. Every step is the
+ * function the per-layer path calls with the same arguments, so the logits,
+ * states, conv windows, K/V and logged inputs are the per-layer path's, bit
+ * for bit. Returns 0 (all logits finite), 1 (done, some logit NaN or
+ * infinite), -2 (a token id outside the vocabulary, nothing written) or -1
+ * (arguments not taken: checked before anything is written, except what a
+ * block finds wrong, when only the slots and pages the plan reserved for
+ * this forward may have been written and the caller aborts it).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* floats of work a layer's blocks take for `rows` rows (the sizes `cpu_blocks.py` computes) */
+static int64_t layer_work(const hs_layer *l, const hs_forward_args *a, int64_t max_context) {
+    const int64_t rows = a->batch * a->T;
+    int64_t need = 0;
+    if (l->mixer == HS_MAMBA2) {
+        const int64_t conv_dim = l->d_inner + 2 * l->ngroups * l->d_state;
+        const int64_t proj = l->d_inner + conv_dim + l->nheads;
+        need = rows * (a->hidden + proj + conv_dim + l->nheads + 2 * l->d_inner) + l->head_dim * l->d_state;
+    } else if (l->mixer == HS_ATTENTION) {
+        need = 2 * a->max_blocks * l->block_size
+               + rows * (a->hidden + 2 * (l->heads + l->kv_heads) * l->attn_head_dim + 2 * l->half)
+               + a->T * (l->heads / l->kv_heads) * max_context;
+    }
+    if (l->mlp) need = max64(need, rows * (a->hidden + 2 * l->inter));
+    return need;
+}
+
+int hs_forward(const hs_forward_args *a) {
+    const int64_t rows = a->batch * a->T, hidden = a->hidden;
+    if (rows < 1 || hidden < 1 || a->num_layers < 0) return -1;
+    const int64_t kept = a->last_index ? a->batch : rows;
+    int64_t max_context = 0;
+    for (int64_t b = 0; a->context_lens && b < a->batch; ++b) max_context = max64(max_context, a->context_lens[b]);
+    int64_t need = 0;
+    for (int64_t i = 0; i < a->num_layers; ++i) {
+        const hs_layer *l = a->layers + i;
+        if (l->mixer == HS_ATTENTION && (!a->slot_mapping || l->kv_heads < 1 || l->heads % l->kv_heads)) return -1;
+        if (l->mixer == HS_MAMBA2 && !a->src) return -1;
+        need = max64(need, layer_work(l, a, max_context));
+    }
+    float *h = a->work, *next = h + rows * hidden, *normed = next + rows * hidden, *blocks = normed + kept * hidden;
+    if (3 * rows * hidden + need > a->work_size) return -1;
+    for (int64_t r = 0; r < rows; ++r)
+        if (a->ids[r] < 0 || a->ids[r] >= a->vocab) return -2;
+    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied */
+        const float *e = a->embed + a->ids[r] * a->embed_row;
+        if (a->embed_col == 1) memcpy(h + r * hidden, e, sizeof(float) * (size_t)hidden);
+        else for (int64_t c = 0; c < hidden; ++c) h[r * hidden + c] = e[c * a->embed_col];
+    }
+    for (int64_t i = 0; i < a->num_layers; ++i) {
+        const hs_layer *l = a->layers + i;
+        float *t;
+        if (l->mixer == HS_MAMBA2) {
+            if (hs_mamba2_block(h, l->mixer_norm, l->mixer_eps, l->in_t, l->conv_states, l->ssm_states, a->src,
+                                a->snap, l->conv_w, l->conv_b, l->dt_bias, l->A, l->D, l->gate_norm_w, l->group,
+                                l->out_t, blocks, a->logged ? a->logged[i] : 0, next, a->batch, a->T, hidden,
+                                l->d_inner, l->nheads, l->head_dim, l->ngroups, l->d_state, l->d_conv)) return -1;
+            t = h, h = next, next = t;
+        } else if (l->mixer == HS_ATTENTION) {
+            if (hs_attention_block(h, l->mixer_norm, l->mixer_eps, l->q_t, l->k_t, l->v_t, l->o_t, l->inv_freq,
+                                   l->half, l->k_cache, l->v_cache, a->slot_mapping, a->block_tables, a->max_blocks,
+                                   l->block_size, a->context_lens, a->query_lens, l->scale, blocks, next, a->batch,
+                                   a->T, hidden, l->heads, l->kv_heads, l->attn_head_dim)) return -1;
+            t = h, h = next, next = t;
+        }
+        if (l->mlp) {
+            if (hs_mlp_block(h, l->mlp_norm, l->mlp_eps, l->gate_t, l->up_t, l->down_t, blocks, next, rows, hidden,
+                             l->inter)) return -1;
+            t = h, h = next, next = t;
+        }
+    }
+    if (a->last_index)  /* each row's kept input */
+        for (int64_t b = 0; b < a->batch; ++b) {
+            if (a->last_index[b] < 0 || a->last_index[b] >= rows) return -1;
+            memcpy(next + b * hidden, h + a->last_index[b] * hidden, sizeof(float) * (size_t)hidden);
+        }
+    const float *last = a->last_index ? next : h;
+    if (!a->lm_head_t) {
+        memcpy(a->out, last, sizeof(float) * (size_t)(kept * hidden));
+        return 0;
+    }
+    if (hs_rms_norm(last, hidden, 0, 0, a->final_norm, normed, kept, hidden, hidden, a->final_eps)) return -1;
+    if (hs_rows_matmul(normed, hidden, a->lm_head_t, kept, hidden, a->vocab, a->out)) return -1;
+    for (int64_t i = 0; i < kept * a->vocab; ++i)
+        if (!isfinite(a->out[i])) return 1;
+    return 0;
+}

@@ -1,0 +1,280 @@
+"""A whole forward of few float32 rows on CPU in one C call (`cpu_forward.c`):
+embeddings, every decoder layer's blocks (`cpu_blocks.c`), each row's kept
+input, final norm and LM head.
+
+Why: with each block one C call, a decode step of the embedded draft still
+spent about 340 µs in Python against 75 µs in C, and the target 0.6 ms
+against 1 ms: the layer loop, each block's checks and pointers, the norm and
+head calls. Here a table of every layer's weights and of one cache's state
+pools and K/V pages (`_Table`, ctypes structs) is made once per (model,
+cache); a forward fills one struct with its token ids, slot plan, K/V plan
+and input logs and makes one call. The C side calls the functions the
+per-layer path calls, with the same arguments, in the same order, so
+logits, states, conv windows, K/V and logs are that path's, bit for bit,
+and a row's bits still do not depend on the batch.
+
+`HybridModel.extend` calls `forward` first; it returns None (and the layers
+run one by one, the blocks where they apply) unless every layer runs whole
+(`DecoderLayer.whole_mixer` / `whole_mlp` and the blocks' own conditions:
+`cpu_blocks`), the embedding and logits multipliers are 1, every row runs
+all its inputs, the rows fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors
+are float32 and contiguous. The LM head runs in C up to
+`cpu_rows.MAX_ROWS` kept rows (where `linear` gives it the same kernel);
+past that C returns the final hidden states and the model runs its head
+(`HybridModel.head`, through `linear`).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
+
+import torch
+
+from hybridspec.kernels import cpu_blocks, cpu_native
+from hybridspec.kernels.cpu_rows import MAX_ROWS
+
+_enabled = True  # `set_enabled`: the whole-forward path on or off (the blocks stay as they are)
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn the whole-forward path on or off for this process (tests and benches
+    compare it with the layer-by-layer path)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+_f32_p, _i64_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
+_p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+HS_NO_MIXER, HS_MAMBA2, HS_ATTENTION = 0, 1, 2  # hs_layer.mixer, as in cpu_kernels.h
+
+
+class Layer(ctypes.Structure):
+    """`hs_layer` of cpu_kernels.h: one decoder layer's weights, sizes and cache tensors."""
+    _fields_ = [("mixer", _i64), ("mlp", _i64), ("mixer_norm", _p), ("mlp_norm", _p),
+                ("mixer_eps", _f32), ("mlp_eps", _f32),
+                ("in_t", _p), ("conv_w", _p), ("conv_b", _p), ("dt_bias", _p), ("A", _p), ("D", _p),
+                ("gate_norm_w", _p), ("out_t", _p), ("conv_states", _p), ("ssm_states", _p),
+                ("group", _i64), ("d_inner", _i64), ("nheads", _i64), ("head_dim", _i64), ("ngroups", _i64),
+                ("d_state", _i64), ("d_conv", _i64),
+                ("q_t", _p), ("k_t", _p), ("v_t", _p), ("o_t", _p), ("inv_freq", _p), ("k_cache", _p),
+                ("v_cache", _p), ("half", _i64), ("heads", _i64), ("kv_heads", _i64), ("attn_head_dim", _i64),
+                ("block_size", _i64), ("scale", _f32),
+                ("gate_t", _p), ("up_t", _p), ("down_t", _p), ("inter", _i64)]
+
+
+class ForwardArgs(ctypes.Structure):
+    """`hs_forward_args` of cpu_kernels.h: one forward's pointers beside the table."""
+    _fields_ = [("layers", ctypes.POINTER(Layer)), ("num_layers", _i64), ("ids", _p), ("embed", _p),
+                ("embed_row", _i64), ("embed_col", _i64), ("batch", _i64), ("T", _i64), ("hidden", _i64),
+                ("vocab", _i64), ("src", _p), ("snap", _p), ("slot_mapping", _p), ("block_tables", _p),
+                ("context_lens", _p), ("query_lens", _p), ("max_blocks", _i64), ("logged", _p),
+                ("last_index", _p), ("final_norm", _p), ("final_eps", _f32), ("lm_head_t", _p), ("work", _p),
+                ("work_size", _i64), ("out", _p)]
+
+
+class _Table:
+    """One model's layers with one cache's tensors as `Layer` structs; `ok` when
+    every layer runs whole. `tensors` are every tensor whose memory the table
+    names or whose layout decided `ok`: the table is remade when one of them
+    moves (`current`: `model.to(...)`) or the model's parameters are replaced
+    (`cpu_blocks.forget` counts a generation: `pack_for_cpu`)."""
+
+    def __init__(self, model, cache):
+        self.model, self.generation = model, model.__dict__.get(cpu_blocks.GENERATION_KEY, 0)
+        self.tensors = [model.embed, model.lm_head, model.final_norm.weight]  # + each layer's, as far as it got
+        self.ok = self._build(model, cache)
+        self.ptrs = [t.data_ptr() for t in self.tensors]
+
+    def _build(self, model, cache) -> bool:
+        config = model.config
+        if config.embedding_multiplier != 1.0 or config.logits_scaling != 1.0 or model.dtype is not torch.float32:
+            return False
+        head_t = model.lm_head.t()
+        final = model.final_norm.weight
+        if not (cpu_blocks._float32_cpu(model.embed, head_t, final) and head_t.is_contiguous()
+                and final.is_contiguous() and model.embed.dim() == 2 and model.embed.shape[0] == head_t.shape[1]):
+            return False
+        layers = (Layer * len(model.layers))()
+        tensors = self.tensors
+        self.mamba_layers = []  # (index in the table, layer) of the Mamba-2 layers, for input logs
+        for i, layer in enumerate(model.layers):
+            record = layers[i]
+            if layer.mixer is not None:
+                if not (layer.whole_mixer and self._mixer(record, layer, cache, tensors, i)):
+                    return False
+            if layer.ffn is not None:
+                static = cpu_blocks._static(layer, "_hs_mlp_block", lambda: cpu_blocks._mlp_static(layer))
+                tensors += static.tensors
+                if not (layer.whole_mlp and static.ok):
+                    return False
+                norm_w, eps, gate_t, up_t, down_t, inter = static.args
+                record.mlp, record.mlp_norm, record.mlp_eps = 1, norm_w, eps
+                record.gate_t, record.up_t, record.down_t, record.inter = gate_t, up_t, down_t, inter
+        self.layers = layers
+        self.head_t, self.final_w, self.final_eps = head_t.data_ptr(), final.data_ptr(), model.final_norm.eps
+        self.hidden, self.vocab = model.embed.shape[1], head_t.shape[1]
+        self.embed_strides = model.embed.stride()
+        self.has_attention = any(r.mixer == HS_ATTENTION for r in layers)
+        self.has_mamba = bool(self.mamba_layers)
+        # scratch floats (an upper bound of what hs_forward computes): per row, the largest block's
+        # intermediates; per forward, a Mamba head's state; per forward with attention, key offsets
+        # and the scores of the widest query group
+        self.row_work = max([_row_work(r, self.hidden) for r in layers], default=0)
+        self.fixed_work = max([r.head_dim * r.d_state for r in layers if r.mixer == HS_MAMBA2], default=0)
+        attention = [r for r in layers if r.mixer == HS_ATTENTION]
+        self.block_size = max([r.block_size for r in attention], default=0)
+        self.group = max([r.heads // r.kv_heads for r in attention], default=0)
+        return True
+
+    def _mixer(self, record: Layer, layer, cache, tensors: list, index: int) -> bool:
+        if layer.mamba2:
+            static = cpu_blocks._static(layer, "_hs_mixer_block", lambda: cpu_blocks._mamba2_static(layer))
+            tensors += static.tensors
+            if not static.ok:
+                return False
+            ssm = cache.states.ssm_states[layer.mixer.state_layer]
+            conv = cache.states.conv_states[layer.mixer.state_layer]
+            if not (cpu_blocks._float32_cpu(ssm, conv) and ssm.is_contiguous() and conv.is_contiguous()):
+                return False
+            norm_w, eps, in_t, conv_w, conv_b, dt_bias, A, D, gate_w, group, out_t, sizes = static.args
+            d_inner, nheads, head_dim, n_groups, d_state, d_conv, _conv_dim, _proj = sizes
+            record.mixer, record.mixer_norm, record.mixer_eps = HS_MAMBA2, norm_w, eps
+            record.in_t, record.conv_w, record.conv_b, record.dt_bias = in_t, conv_w, conv_b, dt_bias
+            record.A, record.D, record.gate_norm_w, record.out_t = A, D, gate_w, out_t
+            record.conv_states, record.ssm_states = conv.data_ptr(), ssm.data_ptr()
+            record.group, record.d_inner, record.nheads, record.head_dim = group, d_inner, nheads, head_dim
+            record.ngroups, record.d_state, record.d_conv = n_groups, d_state, d_conv
+            tensors += [ssm, conv]
+            self.mamba_layers.append((index, layer))
+            return True
+        if layer.attention:
+            static = cpu_blocks._static(layer, "_hs_mixer_block", lambda: cpu_blocks._attention_static(layer))
+            tensors += static.tensors
+            if not static.ok or cache.kv is None:
+                return False
+            norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, scale, kv_layer, cfg = static.args
+            k_cache, v_cache = cache.kv.k_cache[kv_layer], cache.kv.v_cache[kv_layer]
+            if not (cpu_blocks._float32_cpu(k_cache, v_cache) and k_cache.is_contiguous()
+                    and v_cache.is_contiguous()):
+                return False
+            record.mixer, record.mixer_norm, record.mixer_eps = HS_ATTENTION, norm_w, eps
+            record.q_t, record.k_t, record.v_t, record.o_t, record.inv_freq = q_t, k_t, v_t, o_t, inv_freq
+            record.k_cache, record.v_cache, record.half, record.scale = (k_cache.data_ptr(), v_cache.data_ptr(),
+                                                                         half, scale)
+            record.heads, record.kv_heads, record.attn_head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+            record.block_size = k_cache.shape[1]
+            tensors += [k_cache, v_cache]
+            return True
+        return False
+
+    def current(self, model) -> bool:
+        """Whether `model` is the table's, with the parameters and tensors it was made from."""
+        return (model is self.model and model.__dict__.get(cpu_blocks.GENERATION_KEY, 0) == self.generation
+                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.ptrs)
+
+
+def _row_work(r: Layer, hidden: int) -> int:
+    """Scratch floats per row of one layer's blocks (the sizes of `cpu_blocks.py`)."""
+    need = 0
+    if r.mixer == HS_MAMBA2:
+        conv_dim = r.d_inner + 2 * r.ngroups * r.d_state
+        need = hidden + (r.d_inner + conv_dim + r.nheads) + conv_dim + r.nheads + 2 * r.d_inner
+    elif r.mixer == HS_ATTENTION:
+        need = hidden + 2 * (r.heads + r.kv_heads) * r.attn_head_dim + 2 * r.half
+    return max(need, hidden + 2 * r.inter if r.mlp else 0)
+
+
+def _table(model, cache) -> _Table:
+    """The table of (model, cache), kept on the cache per model and remade when a
+    tensor it names has moved (`model.to(...)`, `pack_for_cpu`)."""
+    tables = cache.__dict__.setdefault("_hs_forward_tables", {})
+    table = tables.get(id(model))
+    if table is None or not table.current(model):
+        table = tables[id(model)] = _Table(model, cache)
+    return table
+
+
+class Whole(NamedTuple):
+    """What `forward` computed: `values` [batch, T or 1, vocab] logits, or the
+    final hidden states [batch, T or 1, hidden] where `hidden` (more kept rows
+    than the head kernel takes: the caller runs the head); `finite`: every
+    logit is finite (False when unknown)."""
+    values: torch.Tensor
+    finite: bool
+    hidden: bool
+
+
+def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) -> Whole | None:
+    """`HybridModel.forward` over `token_lists` (every row T tokens) in one C
+    call; None where it does not apply (see the module docstring). The token ids and
+    the forward's slot and K/V plans go to C as one int64 array made from the
+    plans' host lists (no tensors of them are made)."""
+    if not (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and torch.get_num_threads() == 1
+            and cpu_native.available()):
+        return None
+    bsz, T = len(token_lists), len(token_lists[0])
+    rows = bsz * T
+    if not 0 < rows <= cpu_blocks.BLOCK_ROWS or any(len(tokens) != T for tokens in token_lists):
+        return None
+    table = _table(model, cache)
+    if not table.ok:
+        return None
+    plan, meta = batch.slots, batch.kv
+    if table.has_mamba and not (plan is not None and plan.batch == bsz and plan.num_inputs == T):
+        return None
+    if table.has_attention and meta is None:
+        return None
+    ints = [token for tokens in token_lists for token in tokens]  # [batch, T] ids, then the plans
+    args = ForwardArgs()
+    args.layers, args.num_layers = table.layers, len(table.layers)
+    args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, T
+    args.embed_row, args.embed_col = table.embed_strides
+    args.hidden, args.vocab = hidden, vocab = table.hidden, table.vocab
+    work = 3 * rows * hidden + rows * table.row_work + table.fixed_work  # floats; hs_forward checks it
+    at = {}  # field -> offset in `ints`
+    if table.has_mamba:
+        at["src"], at["snap"] = len(ints), len(ints) + bsz
+        ints += plan.src_list
+        for row in plan.snap_list:
+            ints += row
+        if batch.input_log is not None:
+            logged = [cpu_blocks.logged_inputs(layer, batch, bsz, T) for _, layer in table.mamba_layers]
+            pointers = (ctypes.c_void_p * len(table.layers))()
+            for (index, _), buffer in zip(table.mamba_layers, logged):
+                pointers[index] = buffer.data_ptr()
+            args.logged = ctypes.cast(pointers, ctypes.c_void_p)
+    if table.has_attention:
+        width = max(1, max(map(len, meta.table_rows)))
+        at["slot_mapping"] = len(ints)
+        for row in meta.slot_rows:
+            ints += row
+        at["context_lens"], at["query_lens"], at["block_tables"] = len(ints), len(ints) + bsz, len(ints) + 2 * bsz
+        ints += meta.context_list
+        ints += meta.query_list
+        for row in meta.table_rows:
+            ints += row
+            ints += [-1] * (width - len(row))
+        args.max_blocks = width
+        work += 2 * width * table.block_size + T * table.group * max(meta.context_list)
+    kept = bsz if last_only else rows
+    if last_only and T > 1:  # each row's last input
+        at["last_index"] = len(ints)
+        ints += range(T - 1, rows, T)
+    buffer = (ctypes.c_int64 * len(ints))(*ints)
+    base = ctypes.addressof(buffer)
+    args.ids = base
+    for field, offset in at.items():
+        setattr(args, field, base + 8 * offset)
+    head = kept <= MAX_ROWS
+    if head:
+        args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
+    out = torch.empty(bsz, kept // bsz, vocab if head else hidden, dtype=torch.float32)
+    args.work, args.work_size, args.out = cpu_blocks._work(work).data_ptr(), work, out.data_ptr()
+    status = cpu_native.library().hs_forward(ctypes.byref(args))
+    if status == -2:
+        bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < vocab})
+        raise IndexError(f"token ids {bad[:8]} lie outside the vocabulary [0, {vocab})")
+    if status < 0:
+        raise ValueError(f"cpu_forward: arguments not taken: {bsz} rows of {T} inputs, last_only {last_only}")
+    return Whole(out, status == 0, not head)
