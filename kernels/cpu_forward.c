@@ -99,3 +99,34 @@ int hs_forward(const hs_forward_args *a) {
         if (!isfinite(a->out[i])) return 1;
     return 0;
 }
+
+/* `steps` greedy decode steps of one input per row, each step's input the
+ * argmax of the last step's logits (the first ties win, as torch.argmax), in
+ * one call: a drafter's γ - 1 forwards after its catch-up. `a` is set up as for
+ * one decode step (T = 1, the LM head in C, no input logs); per step s,
+ * `plan` holds [src | snap | slot_mapping | context_lens] of the batch (4 ·
+ * batch values), and `tokens` [steps + 1, batch] starts with the first inputs
+ * and receives each step's argmax; `logits` [steps, batch, vocab]. Returns
+ * what `hs_forward` returns for the first step that is not 0, else 0. */
+int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan, int64_t *tokens, float *logits) {
+    if (a->T != 1 || !a->lm_head_t || a->logged || a->last_index || steps < 1) return -1;
+    const int64_t batch = a->batch, vocab = a->vocab;
+    for (int64_t s = 0; s < steps; ++s) {
+        hs_forward_args step = *a;
+        const int64_t *at = plan + 4 * batch * s;
+        step.ids = tokens + s * batch;
+        if (a->src) step.src = at, step.snap = at + batch;
+        if (a->slot_mapping) step.slot_mapping = at + 2 * batch, step.context_lens = at + 3 * batch;
+        step.out = logits + s * batch * vocab;
+        const int status = hs_forward(&step);
+        if (status) return status;
+        for (int64_t b = 0; b < batch; ++b) {
+            const float *row = step.out + b * vocab;
+            int64_t best = 0;
+            for (int64_t v = 1; v < vocab; ++v)
+                if (row[v] > row[best]) best = v;
+            tokens[(s + 1) * batch + b] = best;
+        }
+    }
+    return 0;
+}

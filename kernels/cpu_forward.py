@@ -278,3 +278,63 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
     if status < 0:
         raise ValueError(f"cpu_forward: arguments not taken: {bsz} rows of {T} inputs, last_only {last_only}")
     return Whole(out, status == 0, not head)
+
+
+def takes_greedy(model, cache, batch: int) -> bool:
+    """Whether `greedy_steps` runs for `batch` rows of `model` on `cache`."""
+    return (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and torch.get_num_threads() == 1
+            and 0 < batch <= MAX_ROWS and cpu_native.available() and _table(model, cache).ok)
+
+
+def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[int]] | None, meta,
+                 starts: list[int]) -> tuple[list[list[int]], torch.Tensor, bool]:
+    """`steps` decode steps of one input per row in one C call (`hs_greedy_steps`),
+    each step's input the argmax of the last step's logits; the caller checked
+    `takes_greedy` and planned the steps: `chains[b]` the ring slots row b's
+    state passes through (steps + 1: the head, then the slot written by each
+    step), `meta` the K/V plan of the `steps` new positions from `starts`.
+    Returns (each row's next tokens [batch][steps], logits [batch, steps, vocab],
+    whether every logit is finite)."""
+    table = _table(model, cache)
+    bsz = len(tokens)
+    args = ForwardArgs()
+    args.layers, args.num_layers = table.layers, len(table.layers)
+    args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, 1
+    args.embed_row, args.embed_col = table.embed_strides
+    args.hidden, args.vocab = hidden, vocab = table.hidden, table.vocab
+    args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
+    work = 3 * bsz * hidden + bsz * table.row_work + table.fixed_work
+    plan = []  # per step: src, snap, slot_mapping, context_lens of the batch
+    for s in range(steps):
+        plan += [chain[s] for chain in chains] if chains else [0] * bsz
+        plan += [chain[s + 1] for chain in chains] if chains else [0] * bsz
+        plan += [row[s] for row in meta.slot_rows] if meta else [0] * bsz
+        plan += [start + s + 1 for start in starts]
+    fixed = [1] * bsz  # query_lens, then the block tables
+    if table.has_attention:
+        width = max(1, max(map(len, meta.table_rows)))
+        for row in meta.table_rows:
+            fixed += row
+            fixed += [-1] * (width - len(row))
+        args.max_blocks = width
+        work += 2 * width * table.block_size + table.group * (max(starts) + steps)
+    plan_buffer = (ctypes.c_int64 * len(plan))(*plan)
+    fixed_buffer = (ctypes.c_int64 * len(fixed))(*fixed)
+    token_buffer = (ctypes.c_int64 * ((steps + 1) * bsz))(*tokens)
+    if table.has_mamba:  # the per-step pointers are set in C; non-NULL says the layers are there
+        args.src = args.snap = ctypes.addressof(plan_buffer)
+    if table.has_attention:
+        args.slot_mapping = args.context_lens = ctypes.addressof(plan_buffer)
+        args.query_lens = ctypes.addressof(fixed_buffer)
+        args.block_tables = ctypes.addressof(fixed_buffer) + 8 * bsz
+    logits = torch.zeros(steps, bsz, vocab, dtype=torch.float32)
+    args.work, args.work_size = cpu_blocks._work(work).data_ptr(), work
+    status = cpu_native.library().hs_greedy_steps(ctypes.byref(args), steps, ctypes.addressof(plan_buffer),
+                                                  ctypes.addressof(token_buffer), logits.data_ptr())
+    if status == -2:
+        raise IndexError(f"token ids {sorted(set(t for t in tokens if not 0 <= t < vocab))[:8]} lie outside the "
+                         f"vocabulary [0, {vocab})")
+    if status < 0:
+        raise ValueError(f"cpu_forward: greedy steps not taken: {bsz} rows, {steps} steps")
+    drafts = [list(token_buffer[(s + 1) * bsz + b] for s in range(steps)) for b in range(bsz)]
+    return drafts, logits.transpose(0, 1), status == 0

@@ -81,5 +81,6 @@ typedef struct {
 } hs_forward_args;
 
 int hs_forward(const hs_forward_args *a);
+int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan, int64_t *tokens, float *logits);
 
 #endif

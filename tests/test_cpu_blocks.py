@@ -230,3 +230,54 @@ def test_packing_after_a_forward_lets_the_blocks_run(counted):
     finally:
         cpu_forward.set_enabled(True)
     assert counted["mlp_block"] == counted["mixer_block"] == 2
+
+
+def test_decode_greedy_gives_the_bits_of_decode_steps(model):
+    """`HybridModel.decode_greedy`: the argmax chain of step-by-step decoding,
+    the same logits, states, conv windows, K/V and bookkeeping, bit for bit."""
+    prompts, steps = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], 4
+    stepped, chained = new_cache(model, 2), new_cache(model, 2)
+    for cache in (stepped, chained):
+        model.prefill(cache, [0, 1], [p[:4] for p in prompts], last_only=True)
+    tokens, logits, heads = [[3, 4]], [], []
+    for _ in range(steps):
+        logits.append(model.decode(stepped, [0, 1], tokens[-1]))
+        heads.append([stepped.head(0), stepped.head(1)])
+        tokens.append(logits[-1].argmax(dim=-1).tolist())
+    drafts, chain_logits, chain_heads = model.decode_greedy(chained, [0, 1], [3, 4], steps)
+    assert drafts == [list(t) for t in zip(*tokens[1:])]
+    assert torch.equal(chain_logits, torch.stack(logits, 1))
+    assert chain_heads == [list(h) for h in zip(*heads)]
+    for a, b in zip((*stepped.states.ssm_states, *stepped.states.conv_states, stepped.kv.k_cache, stepped.kv.v_cache),
+                    (*chained.states.ssm_states, *chained.states.conv_states, chained.kv.k_cache, chained.kv.v_cache)):
+        assert torch.equal(a, b)
+    assert stepped.bookkeeping() == chained.bookkeeping()
+    cpu_forward.set_enabled(False)
+    try:
+        before = chained.bookkeeping()
+        assert model.decode_greedy(chained, [0, 1], [3, 4], steps) is None  # declines, changing nothing
+        assert chained.bookkeeping() == before
+    finally:
+        cpu_forward.set_enabled(True)
+    with pytest.raises(IndexError, match="300"):
+        model.decode_greedy(chained, [0, 1], [3, 300], steps)
+    assert chained.bookkeeping() == before
+
+
+def test_a_greedy_model_drafter_drafts_in_one_call(model, monkeypatch):
+    """The greedy drafter's steps in one `decode_greedy` call give the tokens of
+    its step-by-step loop."""
+    draft = hs.from_hf(bamba(seed=6, attn_layers=(1,), num_layers=2, dtype=torch.float32, kv_heads=2)).pack_for_cpu()
+    prompts, params = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], hs.SamplingParams(max_new_tokens=12)
+    calls = []
+    real = hs.HybridModel.decode_greedy
+
+    def generate():
+        engine = hs.Engine(model, draft=draft, num_draft_tokens=4, max_batch_size=2, max_model_len=64)
+        return [o.token_ids for o in engine.generate(prompts, params)], engine.stats.drafted_tokens
+    monkeypatch.setattr(hs.HybridModel, "decode_greedy",
+                        lambda self, *a: calls.append(real(self, *a)) or calls[-1])
+    fast = generate()
+    assert calls and all(c is not None for c in calls)
+    monkeypatch.setattr(hs.HybridModel, "decode_greedy", lambda self, *a: None)  # the step-by-step loop
+    assert generate() == fast

@@ -232,6 +232,42 @@ class HybridModel(nn.Module):
         """One token per sequence; returns logits [batch, vocab]."""
         return self.extend(cache, seq_ids, [[t] for t in tokens], last_only=True)[:, 0]
 
+    @torch.inference_mode()
+    def decode_greedy(self, cache, seq_ids: list[int], tokens: list[int],
+                      steps: int) -> tuple[list[list[int]], torch.Tensor, list[list[int]]] | None:
+        """`steps` decode steps, the first over `tokens`, each later one over the
+        argmax of the last step's logits (a greedy drafter's loop), in one C call
+        (`cpu_forward.greedy_steps`): the steps `decode` would run, with the same
+        bits. Returns (each row's argmax tokens [batch][steps], logits [batch,
+        steps, vocab], the ring head after each step [batch][steps]), committed
+        like `steps` decodes; None, with nothing changed, where the whole forward
+        does not run (the caller then decodes step by step)."""
+        if steps < 1 or not cpu_forward.takes_greedy(self, cache, len(seq_ids)):
+            return None
+        starts = [cache.computed_len[s] for s in seq_ids]
+        if cache.kv is not None and any(cache.kv.kv_len(s) != n for s, n in zip(seq_ids, starts)):
+            return None  # a replay over cached K/V (prefix cache): step by step
+        chains = None
+        if cache.states is not None:
+            chains = []
+            for s in seq_ids:
+                ring = cache.states.ring_slots(s)
+                at = ring.index(cache.head(s))
+                chains.append([ring[(at + k) % len(ring)] for k in range(steps + 1)])
+        meta = cache.kv.prepare_write(seq_ids, [steps] * len(seq_ids), starts) if cache.kv is not None else None
+        try:
+            drafts, logits, finite = cpu_forward.greedy_steps(self, cache, tokens, steps, chains, meta, starts)
+            if not finite:
+                check_finite(logits, None, True)
+        except Exception:
+            if cache.kv is not None:
+                for s, n in zip(seq_ids, starts):
+                    cache.kv.truncate(s, n)
+            raise
+        for b, (s, start) in enumerate(zip(seq_ids, starts)):
+            cache.commit(s, start + steps, chains[b][steps] if chains else -1)
+        return drafts, logits, [chain[1:] for chain in chains] if chains else [[-1] * steps for _ in seq_ids]
+
 
 def check_finite(logits: torch.Tensor, num_tokens: torch.Tensor, last_only: bool) -> None:
     """Raise NumericalError if any valid row of `logits` holds NaN or inf."""

@@ -10,7 +10,9 @@ the round never asks which kind it holds.
   not absorbed (one, or two after a fully accepted round; a prompt, or the
   tokens of rounds that drafted nothing, in a forward of their own first) and
   then its own drafts, never d_γ; at commit its head moves to the boundary
-  (clamped to what it absorbed).
+  (clamped to what it absorbed). Greedy rows without penalties or filters
+  draft d_2 … d_γ in one C call (`HybridModel.decode_greedy`), the bits of
+  the step-by-step loop.
 
 Lengths: `commit(seq_ids, boundaries)` takes the target's boundary of each
 row, a computed length (m + n in docs/design.md's round indices).
@@ -172,6 +174,10 @@ class ModelDrafter:
         self._record(ids_active)
         purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
         context = penalty_context(drafting, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
+        if context is None and rows.flags.all_greedy and not rows.flags.any_filter and G > 1:
+            fast = self._greedy(ids, active, ids_active, gammas, logits, G)
+            if fast is not None:
+                return fast
         drafts, probs = [], []
         for i in range(G):
             q = process_logits(logits, rows, context)  # [active, vocab]
@@ -189,6 +195,31 @@ class ModelDrafter:
         q = torch.stack(probs, 1)  # [active, G, vocab]
         if len(active) < len(requests):
             full = q.new_zeros(len(requests), *q.shape[1:])  # [batch, G, vocab]
+            full[torch.tensor(active, device=q.device)] = q
+            q = full
+        return Proposal(tokens, q)
+
+    def _greedy(self, ids, active, ids_active, gammas, logits, G: int) -> Proposal | None:
+        """The drafts of greedy rows without penalties or filters: d_1 the argmax of
+        the catch-up's logits, d_2 … d_G from `HybridModel.decode_greedy` (G - 1
+        steps in one call, the bits of step-by-step decoding); q is what
+        `process_logits` gives such rows, the float64 softmax. None where
+        `decode_greedy` does not run (nothing changed)."""
+        first = logits.argmax(dim=-1).tolist()  # [active]
+        out = self.model.decode_greedy(self.cache, ids_active, first, G - 1)
+        if out is None:
+            return None
+        later, step_logits, heads = out
+        for s, row_heads in zip(ids_active, heads):  # what `_record` keeps after each step
+            start = self.cache.computed_len[s] - (G - 1)
+            for k, head in enumerate(row_heads):
+                self.slot_at[s][start + k + 1] = head
+        q = torch.softmax(torch.cat([logits[:, None], step_logits], 1).to(torch.float64), dim=-1)  # [active, G, vocab]
+        tokens = [[] for _ in ids]
+        for b, d1, rest in zip(active, first, later):
+            tokens[b] = ([d1] + rest)[:gammas[b]]
+        if len(active) < len(ids):
+            full = q.new_zeros(len(ids), *q.shape[1:])  # [batch, G, vocab]
             full[torch.tensor(active, device=q.device)] = q
             q = full
         return Proposal(tokens, q)
