@@ -145,16 +145,39 @@ static void attend(const float *q, float *o, int64_t ld, int64_t head0, const fl
             for (p = 0; p < seen; ++p) s[p] *= inv;
         }
     }
-    for (int64_t i = 0; i < queries; ++i)  /* o[i, j] = Σ_p w[i, j, p] v_p, the sums in L1 */
+    for (int64_t i = 0; i < queries; ++i)  /* o[i, j] = Σ_p w[i, j, p] v_p */
         for (int64_t j = 0; j < group; ++j) {
             float *oj = o + i * ld + head0 + j * head_dim;
             const float *w = scores + (i * group + j) * n;
-            for (int64_t c = 0; c < head_dim; ++c) oj[c] = 0.0f;
-            for (int64_t p = 0; p <= first + i; ++p) {
+            /* 64 columns at a time, their sums in 8 registers over every key (each
+             * column's sum the same chain of fused multiply-adds in p order as one
+             * column at a time: the same bits) */
+            for (int64_t c0 = 0; c0 < tail; c0 += 64) {
+                const int64_t width = tail - c0 < 64 ? (tail - c0) / 8 : 8;
+                __m256 acc[8];
+                for (int64_t u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+                for (int64_t p = 0; p <= first + i; ++p) {
+                    const float *v = v_cache + offsets[p] + c0;
+                    const __m256 wp = _mm256_set1_ps(w[p]);
+                    if (width == 8) {  /* the common case, unrolled */
+                        acc[0] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v), acc[0]);
+                        acc[1] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 8), acc[1]);
+                        acc[2] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 16), acc[2]);
+                        acc[3] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 24), acc[3]);
+                        acc[4] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 32), acc[4]);
+                        acc[5] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 40), acc[5]);
+                        acc[6] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 48), acc[6]);
+                        acc[7] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 56), acc[7]);
+                    } else {
+                        for (int64_t u = 0; u < width; ++u)
+                            acc[u] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 8 * u), acc[u]);
+                    }
+                }
+                for (int64_t u = 0; u < width; ++u) _mm256_storeu_ps(oj + c0 + 8 * u, acc[u]);
+            }
+            for (int64_t c = tail; c < head_dim; ++c) oj[c] = 0.0f;
+            for (int64_t p = 0; p <= first + i && tail < head_dim; ++p) {
                 const float *v = v_cache + offsets[p];
-                const __m256 wp = _mm256_set1_ps(w[p]);
-                for (int64_t c = 0; c < tail; c += 8)
-                    _mm256_storeu_ps(oj + c, _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + c), _mm256_loadu_ps(oj + c)));
                 for (int64_t c = tail; c < head_dim; ++c) oj[c] += w[p] * v[c];
             }
         }

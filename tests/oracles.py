@@ -68,10 +68,11 @@ def randomize_(model, seed: int, scale: float = 0.5):
     return model
 
 
-def bamba(seed=0, attn_layers=(1,), num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1):
+def bamba(seed=0, attn_layers=(1,), num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1,
+          hidden=32, heads=4):
     from transformers import BambaConfig, BambaForCausalLM
-    cfg = BambaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
-                      num_attention_heads=4, num_key_value_heads=kv_heads, attn_layer_indices=list(attn_layers),
+    cfg = BambaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=48, num_hidden_layers=num_layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, attn_layer_indices=list(attn_layers),
                       mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=n_groups, mamba_chunk_size=8,
                       max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     torch.manual_seed(seed)

@@ -108,6 +108,18 @@ def test_blocks_match_the_module_path(model, blocks_off, layer_by_layer, counted
                                        atol=1e-5)
 
 
+def test_attention_heads_of_76_columns_match_the_module_path(blocks_off):
+    """head_dim 76: a block of 64 value columns in registers, one of 8, a tail of 4."""
+    wide = hs.from_hf(bamba(seed=6, dtype=torch.float32, kv_heads=1, hidden=152, heads=2)).pack_for_cpu()
+    assert wide.config.attention.head_dim == 76
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [10, 11, 12]]
+    fused = run(wide, prompts, steps=3, verify_tokens=5)
+    blocks_off()
+    plain = run(wide, prompts, steps=3, verify_tokens=5)
+    for a, b in zip(fused[0], plain[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_whole_forward_gives_the_bits_of_the_blocks_layer_by_layer(model, counted):
     """Same logits, states, conv windows, K/V and logged inputs, bit for bit."""
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]  # unpadded, so the prefill runs whole too
