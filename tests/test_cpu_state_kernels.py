@@ -173,3 +173,32 @@ def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     for a, b in zip(native[2], reference[2]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_float32_prefill_runs_the_c_recurrence_where_the_torch_path_takes_the_chunked_scan(monkeypatch):
+    """A 40-input prefill (past `SSD_MIN_TOKENS`) runs the Mamba-2 recurrence in C
+    over all 40 inputs; its logits and final states are the chunked SSD scan's
+    (the torch path), to float32 rounding."""
+    from hybridspec.models import mamba2
+    model = hs.from_hf(bamba(seed=5, dtype=torch.float32)).pack_for_cpu()
+    prompt = [(7 * i + 3) % 50 + 1 for i in range(40)]
+    assert len(prompt) >= mamba2.SSD_MIN_TOKENS
+
+    def run():
+        cache = HybridCache(model.config, max_seqs=1, num_blocks=4, block_size=16, ring_slots=8, dtype=model.dtype)
+        logits = model.prefill(cache, [0], [prompt], last_only=True)
+        return logits, [s.clone() for s in (*cache.states.ssm_states, *cache.states.conv_states)]
+
+    lengths, scans = [], []
+    real_steps, real_scan = cpu_mamba2.mamba2_steps, mamba2.Mamba2Mixer.chunked_scan
+    monkeypatch.setattr(cpu_mamba2, "mamba2_steps", lambda *a: lengths.append(a[2].shape[1]) or real_steps(*a))
+    monkeypatch.setattr(mamba2.Mamba2Mixer, "chunked_scan", lambda *a: scans.append(1) or real_scan(*a))
+    native = run()
+    assert lengths and set(lengths) == {len(prompt)} and not scans
+    native_calls = len(lengths)
+    monkeypatch.setattr(cpu_native, "_enabled", False)
+    reference = run()
+    assert scans and len(lengths) == native_calls  # the torch path scanned, without the C recurrence
+    torch.testing.assert_close(native[0], reference[0], rtol=1e-4, atol=1e-4)
+    for a, b in zip(native[1], reference[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
