@@ -6,7 +6,8 @@ unrolls to a masked, attention-like product plus the carried-in state:
     y_t = Σ_{τ≤t} exp(s_t − s_τ)·Δ_τ·(C_t·B_τ)·x_τ + exp(s_t)·(C_t·h_0) + D·x_t
     h_L = exp(s_L)·h_0 + Σ_τ exp(s_L − s_τ)·Δ_τ·x_τ ⊗ B_τ
 Chunks run one after another, so only the state at chunk ends is formed: this
-serves prefill and plain extends (one state wanted, at the last input), while
+serves prefill and plain extends (one state wanted, at the last input) where
+the C recurrence does not run (see `SSD_MIN_TOKENS` in `mamba2.py`), while
 verification, which wants a state after every input, uses the token-by-token
 `mamba2_verify`. Rows shorter than T must carry Δ = 0 on their padding, which
 leaves their state unchanged there.
