@@ -87,100 +87,162 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
     return 0;
 }
 
-/* Causal attention of one row's queries for one KV head: for query i (at
- * position first + i, i < queries) and each of the `group` query heads j
- * that share the KV head,
- *     o[i, j] = Σ_{p <= first + i} softmax_p(scale · q[i, j]·k_p) v_p
- * q, o: [queries, nheads · head_dim] rows (this KV head's query heads at
- * column `head0`); keys and values at `offsets[p]` in k_cache and v_cache
- * (offsets of positions 0 … first + queries - 1, this KV head's column
- * included). Each key is loaded once per query head row for the scores, four
- * keys at a time (four independent sums), and once per row for the values.
- * scores: queries · group · (first + queries) floats. */
-static void attend(const float *q, float *o, int64_t ld, int64_t head0, const float *k_cache, const float *v_cache,
-                   const int64_t *offsets, int64_t first, int64_t queries, int64_t group, int64_t head_dim,
-                   float scale, float *scores) {
-    const int64_t n = first + queries, chunks = head_dim / 8, tail = chunks * 8;
-    for (int64_t i = 0; i < queries; ++i) {
-        const int64_t seen = first + i + 1;  /* keys 0 … first + i */
-        for (int64_t j = 0; j < group; ++j) {
-            const float *qj = q + i * ld + head0 + j * head_dim;
-            float *s = scores + (i * group + j) * n;
-            int64_t p = 0;
-            for (; p + 4 <= seen; p += 4) {
-                const float *k0 = k_cache + offsets[p], *k1 = k_cache + offsets[p + 1];
-                const float *k2 = k_cache + offsets[p + 2], *k3 = k_cache + offsets[p + 3];
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int64_t c = 0; c < tail; c += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qj + c);
-                    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
-                    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + c), a1);
-                    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + c), a2);
-                    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + c), a3);
-                }
-                float d0 = hsum8(a0), d1 = hsum8(a1), d2 = hsum8(a2), d3 = hsum8(a3);
-                for (int64_t c = tail; c < head_dim; ++c) {
-                    d0 += qj[c] * k0[c]; d1 += qj[c] * k1[c]; d2 += qj[c] * k2[c]; d3 += qj[c] * k3[c];
-                }
-                s[p] = d0 * scale; s[p + 1] = d1 * scale; s[p + 2] = d2 * scale; s[p + 3] = d3 * scale;
-            }
-            for (; p < seen; ++p) {
-                const float *k = k_cache + offsets[p];
-                __m256 a = _mm256_setzero_ps();
-                for (int64_t c = 0; c < tail; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qj + c), _mm256_loadu_ps(k + c), a);
-                float d = hsum8(a);
-                for (int64_t c = tail; c < head_dim; ++c) d += qj[c] * k[c];
-                s[p] = d * scale;
-            }
-            float top = s[0], total = 0.0f;
-            for (p = 1; p < seen; ++p) top = s[p] > top ? s[p] : top;
-            const __m256 top8 = _mm256_set1_ps(top);
-            for (p = 0; p + 8 <= seen; p += 8) {
-                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + p), top8));
-                _mm256_storeu_ps(s + p, e);
-                total += hsum8(e);
-            }
-            for (; p < seen; ++p) total += (s[p] = expf(s[p] - top));
-            const float inv = 1.0f / total;
-            for (p = 0; p < seen; ++p) s[p] *= inv;
+/* the lane sums of eight vectors, [hsum8(a[0]), …, hsum8(a[7])]: the same
+ * additions in the same order as hsum8 for each (lo + hi halves, then lanes
+ * 0 + 2 and 1 + 3, then those two), so a sum's bits do not depend on which
+ * seven others it is computed with */
+static inline __m256 hsum8x8(const __m256 *a) {
+    /* [lo + hi of a[k] | lo + hi of a[k + 4]] */
+    const __m256 s04 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[4], 0x20), _mm256_permute2f128_ps(a[0], a[4], 0x31));
+    const __m256 s15 = _mm256_add_ps(_mm256_permute2f128_ps(a[1], a[5], 0x20), _mm256_permute2f128_ps(a[1], a[5], 0x31));
+    const __m256 s26 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[6], 0x20), _mm256_permute2f128_ps(a[2], a[6], 0x31));
+    const __m256 s37 = _mm256_add_ps(_mm256_permute2f128_ps(a[3], a[7], 0x20), _mm256_permute2f128_ps(a[3], a[7], 0x31));
+    /* lanes 0 + 2 and 1 + 3: [y0_0 y1_0 y0_1 y1_1 | y4_0 y5_0 y4_1 y5_1] and likewise for 2, 3, 6, 7 */
+    const __m256 t01 = _mm256_add_ps(_mm256_unpacklo_ps(s04, s15), _mm256_unpackhi_ps(s04, s15));
+    const __m256 t23 = _mm256_add_ps(_mm256_unpacklo_ps(s26, s37), _mm256_unpackhi_ps(s26, s37));
+    /* y_k0 + y_k1, in key order */
+    return _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* s[u] = scale · q·k_u for the `count` (≤ 8) keys k_u = k + u · stride, over
+ * head_dim floats: eight independent sums reduced together by hsum8x8; a
+ * key's score has the same bits however many keys come with it */
+static inline void dot8(const float *q, const float *k, int64_t stride, int64_t count, int64_t head_dim,
+                        float scale, float *s) {
+    const int64_t tail = head_dim / 8 * 8;
+    __m256 a[8];
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+    if (count == 8) {
+        for (int64_t c = 0; c < tail; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + c);
+            a[0] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c), a[0]);
+            a[1] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + stride + c), a[1]);
+            a[2] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * stride + c), a[2]);
+            a[3] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * stride + c), a[3]);
+            a[4] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * stride + c), a[4]);
+            a[5] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * stride + c), a[5]);
+            a[6] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * stride + c), a[6]);
+            a[7] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * stride + c), a[7]);
+        }
+    } else {
+        for (int64_t c = 0; c < tail; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + c);
+            for (int64_t u = 0; u < count; ++u) a[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + u * stride + c), a[u]);
         }
     }
-    for (int64_t i = 0; i < queries; ++i)  /* o[i, j] = Σ_p w[i, j, p] v_p */
-        for (int64_t j = 0; j < group; ++j) {
-            float *oj = o + i * ld + head0 + j * head_dim;
-            const float *w = scores + (i * group + j) * n;
-            /* 64 columns at a time, their sums in 8 registers over every key (each
-             * column's sum the same chain of fused multiply-adds in p order as one
-             * column at a time: the same bits) */
-            for (int64_t c0 = 0; c0 < tail; c0 += 64) {
-                const int64_t width = tail - c0 < 64 ? (tail - c0) / 8 : 8;
-                __m256 acc[8];
-                for (int64_t u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-                for (int64_t p = 0; p <= first + i; ++p) {
-                    const float *v = v_cache + offsets[p] + c0;
-                    const __m256 wp = _mm256_set1_ps(w[p]);
-                    if (width == 8) {  /* the common case, unrolled */
-                        acc[0] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v), acc[0]);
-                        acc[1] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 8), acc[1]);
-                        acc[2] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 16), acc[2]);
-                        acc[3] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 24), acc[3]);
-                        acc[4] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 32), acc[4]);
-                        acc[5] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 40), acc[5]);
-                        acc[6] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 48), acc[6]);
-                        acc[7] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 56), acc[7]);
-                    } else {
-                        for (int64_t u = 0; u < width; ++u)
-                            acc[u] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(v + 8 * u), acc[u]);
-                    }
-                }
-                for (int64_t u = 0; u < width; ++u) _mm256_storeu_ps(oj + c0 + 8 * u, acc[u]);
-            }
-            for (int64_t c = tail; c < head_dim; ++c) oj[c] = 0.0f;
-            for (int64_t p = 0; p <= first + i && tail < head_dim; ++p) {
-                const float *v = v_cache + offsets[p];
-                for (int64_t c = tail; c < head_dim; ++c) oj[c] += w[p] * v[c];
+    float d[8];
+    _mm256_storeu_ps(d, hsum8x8(a));
+    for (int64_t u = 0; u < count; ++u) {
+        const float *ku = k + u * stride;
+        for (int64_t c = tail; c < head_dim; ++c) d[u] += q[c] * ku[c];
+        s[u] = d[u] * scale;
+    }
+}
+
+/* s[0 … seen) ← softmax(s[0 … seen)) (the maximum is the same in any order:
+ * eight lanes at a time) */
+static void softmax_row(float *s, int64_t seen) {
+    float top = s[0], total = 0.0f;
+    int64_t p = 0;
+    if (seen >= 8) {
+        __m256 top8 = _mm256_loadu_ps(s);
+        for (p = 8; p + 8 <= seen; p += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + p));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, top8);
+        for (int u = 0; u < 8; ++u) top = lanes[u] > top ? lanes[u] : top;
+    }
+    for (; p < seen; ++p) top = s[p] > top ? s[p] : top;
+    const __m256 top8 = _mm256_set1_ps(top);
+    for (p = 0; p + 8 <= seen; p += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + p), top8));
+        _mm256_storeu_ps(s + p, e);
+        total += hsum8(e);
+    }
+    for (; p < seen; ++p) total += (s[p] = expf(s[p] - top));
+    const float inv = 1.0f / total;
+    const __m256 inv8 = _mm256_set1_ps(inv);
+    for (p = 0; p + 8 <= seen; p += 8) _mm256_storeu_ps(s + p, _mm256_mul_ps(_mm256_loadu_ps(s + p), inv8));
+    for (; p < seen; ++p) s[p] *= inv;
+}
+
+/* o[0 … head_dim) += Σ_{p < count} w[p] v_p, v_p = v + p · stride: 64 columns
+ * at a time, their sums in 8 registers over the keys, so each column's sum is
+ * one chain of fused multiply-adds in p order whatever the page boundaries */
+static void weigh_values(float *o, const float *w, const float *v, int64_t stride, int64_t count, int64_t head_dim) {
+    const int64_t tail = head_dim / 8 * 8;
+    for (int64_t c0 = 0; c0 < tail; c0 += 64) {
+        const int64_t width = tail - c0 < 64 ? (tail - c0) / 8 : 8;
+        __m256 acc[8];
+        for (int64_t u = 0; u < width; ++u) acc[u] = _mm256_loadu_ps(o + c0 + 8 * u);
+        for (int64_t p = 0; p < count; ++p) {
+            const float *vp = v + p * stride + c0;
+            const __m256 wp = _mm256_set1_ps(w[p]);
+            if (width == 8) {  /* the common case, unrolled */
+                acc[0] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp), acc[0]);
+                acc[1] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8), acc[1]);
+                acc[2] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 16), acc[2]);
+                acc[3] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 24), acc[3]);
+                acc[4] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 32), acc[4]);
+                acc[5] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 40), acc[5]);
+                acc[6] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 48), acc[6]);
+                acc[7] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 56), acc[7]);
+            } else {
+                for (int64_t u = 0; u < width; ++u) acc[u] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8 * u), acc[u]);
             }
         }
+        for (int64_t u = 0; u < width; ++u) _mm256_storeu_ps(o + c0 + 8 * u, acc[u]);
+    }
+    for (int64_t p = 0; p < count && tail < head_dim; ++p)
+        for (int64_t c = tail; c < head_dim; ++c) o[c] += w[p] * v[p * stride + c];
+}
+
+/* Causal attention of one row's queries over its pages: for query i (at
+ * position first + i, i < queries) and query head h (KV head h / group),
+ *     o[i, h] = Σ_{p <= first + i} softmax_p(scale · q[i, h]·k_p) v_p
+ * q, o: [queries, nheads · head_dim] rows at stride ld; key p at
+ * k_cache + (table[p / block_size] · block_size + p % block_size) · kv_dim
+ * (all KV heads of a position in one row, as are the values). Page by page,
+ * all heads and queries at once: each page of K and of V streams from memory
+ * once per forward whatever the number of queries (a verify reads the
+ * context once, not once per input), the scores eight keys of all heads at
+ * a time (8 · kv_dim floats in a row). (A software prefetch of the next page
+ * measured slower: the hardware's stream prefetch keeps up.)
+ * scores: nheads · queries · (first + queries) floats. */
+static void attend(const float *q, float *o, int64_t ld, const float *k_cache, const float *v_cache,
+                   const int64_t *table, int64_t block_size, int64_t first, int64_t queries, int64_t nheads,
+                   int64_t kv_heads, int64_t head_dim, float scale, float *scores) {
+    const int64_t n = first + queries, group = nheads / kv_heads, kv_dim = kv_heads * head_dim;
+    const int64_t pages = (n + block_size - 1) / block_size, page_floats = block_size * kv_dim;
+    for (int64_t page = 0; page < pages; ++page) {  /* the scores */
+        const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
+        const float *kp = k_cache + table[page] * page_floats;
+        for (int64_t i = 0; i < queries; ++i) {
+            const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;  /* keys p0 … end - 1 */
+            for (int64_t p = p0; p < end; p += 8) {  /* eight keys, all heads: 8 · kv_dim floats in a row */
+                const int64_t count = end - p < 8 ? end - p : 8;
+                for (int64_t h = 0; h < nheads; ++h)
+                    dot8(q + i * ld + h * head_dim, kp + (p - p0) * kv_dim + (h / group) * head_dim, kv_dim, count,
+                         head_dim, scale, scores + (h * queries + i) * n + p);
+            }
+        }
+    }
+    for (int64_t i = 0; i < queries; ++i)
+        for (int64_t h = 0; h < nheads; ++h) {
+            softmax_row(scores + (h * queries + i) * n, first + i + 1);
+            for (int64_t d = 0; d < head_dim; ++d) o[i * ld + h * head_dim + d] = 0.0f;
+        }
+    for (int64_t page = 0; page < pages; ++page) {  /* o = Σ_p w_p v_p */
+        const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
+        const float *vp = v_cache + table[page] * page_floats;
+        for (int64_t i = 0; i < queries; ++i) {
+            const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;
+            if (end <= p0) continue;
+            for (int64_t h = 0; h < nheads; ++h)
+                weigh_values(o + i * ld + h * head_dim, scores + (h * queries + i) * n + p0,
+                             vp + (h / group) * head_dim, kv_dim, end - p0, head_dim);
+        }
+    }
 }
 
 /* out = h + o_proj · attention(rope(q_proj · n), rope(k_proj · n), v_proj · n),  n = rmsnorm(h) ⊙ w,
@@ -193,9 +255,8 @@ static void attend(const float *q, float *o, int64_t ld, int64_t head0, const fl
  * layer; block_tables [batch, max_blocks] (int64); inv_freq [half] the rotary
  * frequencies θ_i (NULL: no rotary embedding), the angles computed here in
  * float32 with the C library's cosf and sinf, so each position's angles are
- * the same in every forward. work: 2 · max_blocks · block_size + rows ·
- * (hidden + 2 · (nheads + kv_heads) · head_dim + 2 · half) + T · nheads /
- * kv_heads · max(context_lens) floats. */
+ * the same in every forward. work: rows · (hidden + 2 · (nheads + kv_heads) ·
+ * head_dim + 2 · half) + T · nheads · max(context_lens) floats. */
 int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
                        const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
                        float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
@@ -204,9 +265,7 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
                        int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim) {
     const int64_t rows = batch * T, q_dim = nheads * head_dim, kv_dim = kv_heads * head_dim;
     if (rows < 1 || hidden < 1 || kv_heads < 1 || nheads % kv_heads || block_size < 1) return -1;
-    const int64_t group = nheads / kv_heads, max_context = max_blocks * block_size;
-    int64_t *offsets = (int64_t *)work;  /* first: the work memory is 8-byte aligned */
-    float *n = work + 2 * max_context, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
+    float *n = work, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
     float *o = v + rows * kv_dim, *angles = o + rows * q_dim, *scores = angles + 2 * rows * half;
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
     if (hs_rows_matmul(n, hidden, q_t, rows, hidden, q_dim, q)) return -1;
@@ -241,13 +300,8 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
         for (int64_t r = b * T + queries; r < (b + 1) * T; ++r)  /* padding inputs: zeros */
             for (int64_t d = 0; d < q_dim; ++d) o[r * q_dim + d] = 0.0f;
         if (queries == 0) continue;
-        const int64_t *table = block_tables + b * max_blocks;
-        for (int64_t p = 0, page = 0; p < first + queries; ++page)  /* each key's row, page by page */
-            for (int64_t at = 0; at < block_size && p < first + queries; ++at, ++p)
-                offsets[p] = (table[page] * block_size + at) * kv_dim;
-        for (int64_t g = 0; g < kv_heads; ++g)
-            attend(q + b * T * q_dim, o + b * T * q_dim, q_dim, g * group * head_dim, k_cache + g * head_dim,
-                   v_cache + g * head_dim, offsets, first, queries, group, head_dim, scale, scores);
+        attend(q + b * T * q_dim, o + b * T * q_dim, q_dim, k_cache, v_cache, block_tables + b * max_blocks,
+               block_size, first, queries, nheads, kv_heads, head_dim, scale, scores);
     }
     if (hs_rows_matmul(o, q_dim, o_t, rows, q_dim, hidden, out)) return -1;
     add_into(out, h, rows * hidden);

@@ -253,8 +253,7 @@ def _attention_block(static: _Static, h: torch.Tensor, batch, cache) -> torch.Te
     rows, heads, kv_heads, head_dim = bsz * T, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     slot_mapping, context_lens, query_lens, tables = meta.packed  # one tensor
     block_size = k_cache.shape[1]
-    work = (2 * tables.shape[1] * block_size + rows * (hidden + 2 * (heads + kv_heads) * head_dim + 2 * half)
-            + T * (heads // kv_heads) * max(meta.context_list))
+    work = rows * (hidden + 2 * (heads + kv_heads) * head_dim + 2 * half) + T * heads * max(meta.context_list)
     out = torch.empty(h.shape, dtype=torch.float32)
     if cpu_native.library().hs_attention_block(
             h.data_ptr(), norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, k_cache.data_ptr(), v_cache.data_ptr(),

@@ -31,9 +31,8 @@ static int64_t layer_work(const hs_layer *l, const hs_forward_args *a, int64_t m
         const int64_t proj = l->d_inner + conv_dim + l->nheads;
         need = rows * (a->hidden + proj + conv_dim + l->nheads + 2 * l->d_inner) + l->head_dim * l->d_state;
     } else if (l->mixer == HS_ATTENTION) {
-        need = 2 * a->max_blocks * l->block_size
-               + rows * (a->hidden + 2 * (l->heads + l->kv_heads) * l->attn_head_dim + 2 * l->half)
-               + a->T * (l->heads / l->kv_heads) * max_context;
+        need = rows * (a->hidden + 2 * (l->heads + l->kv_heads) * l->attn_head_dim + 2 * l->half)
+               + a->T * l->heads * max_context;
     }
     if (l->mlp) need = max64(need, rows * (a->hidden + 2 * l->inter));
     return need;

@@ -118,13 +118,12 @@ class _Table:
         self.has_attention = any(r.mixer == HS_ATTENTION for r in layers)
         self.has_mamba = bool(self.mamba_layers)
         # scratch floats (an upper bound of what hs_forward computes): per row, the largest block's
-        # intermediates; per forward, a Mamba head's state; per forward with attention, key offsets
-        # and the scores of the widest query group
+        # intermediates; per forward, a Mamba head's state; per forward with attention, the scores
+        # of the layer with the most query heads
         self.row_work = max([_row_work(r, self.hidden) for r in layers], default=0)
         self.fixed_work = max([r.head_dim * r.d_state for r in layers if r.mixer == HS_MAMBA2], default=0)
         attention = [r for r in layers if r.mixer == HS_ATTENTION]
-        self.block_size = max([r.block_size for r in attention], default=0)
-        self.group = max([r.heads // r.kv_heads for r in attention], default=0)
+        self.heads = max([r.heads for r in attention], default=0)
         return True
 
     def _mixer(self, record: Layer, layer, cache, tensors: list, index: int) -> bool:
@@ -256,7 +255,7 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
             ints += row
             ints += [-1] * (width - len(row))
         args.max_blocks = width
-        work += 2 * width * table.block_size + T * table.group * max(meta.context_list)
+        work += T * table.heads * max(meta.context_list)
     kept = bsz if last_only else rows
     if last_only and T > 1:  # each row's last input
         at["last_index"] = len(ints)
@@ -317,7 +316,7 @@ def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[
             fixed += row
             fixed += [-1] * (width - len(row))
         args.max_blocks = width
-        work += 2 * width * table.block_size + table.group * (max(starts) + steps)
+        work += table.heads * (max(starts) + steps)
     plan_buffer = (ctypes.c_int64 * len(plan))(*plan)
     fixed_buffer = (ctypes.c_int64 * len(fixed))(*fixed)
     token_buffer = (ctypes.c_int64 * ((steps + 1) * bsz))(*tokens)

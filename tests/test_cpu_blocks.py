@@ -25,9 +25,9 @@ def model():
     return hs.from_hf(bamba(seed=5, attn_layers=(1,), num_layers=3, dtype=torch.float32, kv_heads=2)).pack_for_cpu()
 
 
-def new_cache(model, max_seqs=3):
-    return HybridCache(model.config, max_seqs=max_seqs, num_blocks=8 * max_seqs, block_size=8, ring_slots=8,
-                       dtype=model.dtype)
+def new_cache(model, max_seqs=3, block_size=8):
+    return HybridCache(model.config, max_seqs=max_seqs, num_blocks=64 // block_size * max_seqs,
+                       block_size=block_size, ring_slots=8, dtype=model.dtype)
 
 
 @pytest.fixture
@@ -67,10 +67,10 @@ def counted(monkeypatch):
     return counts
 
 
-def run(model, prompts, steps, verify_tokens):
+def run(model, prompts, steps, verify_tokens, block_size=8):
     """Prefill, a few batched decode steps, then one snapshotted verify forward
     of `verify_tokens` inputs per row with an input log; returns (logits, cache, log)."""
-    cache = new_cache(model)
+    cache = new_cache(model, block_size=block_size)
     ids = list(range(len(prompts)))
     logits = [model.prefill(cache, ids, prompts, last_only=True)]
     for step in range(steps):
@@ -116,6 +116,17 @@ def test_attention_heads_of_76_columns_match_the_module_path(blocks_off):
     fused = run(wide, prompts, steps=3, verify_tokens=5)
     blocks_off()
     plain = run(wide, prompts, steps=3, verify_tokens=5)
+    for a, b in zip(fused[0], plain[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_over_pages_of_12_keys_matches_the_module_path(model, blocks_off):
+    """Pages of 12 keys (the scores go eight keys at a time, so groups end at
+    page boundaries) and contexts over four pages: decode steps, then a verify."""
+    prompts = [[(3 * i + 5) % 90 + 3 for i in range(37)], [(7 * i + 1) % 90 + 3 for i in range(29)]]
+    fused = run(model, prompts, steps=4, verify_tokens=5, block_size=12)
+    blocks_off()
+    plain = run(model, prompts, steps=4, verify_tokens=5, block_size=12)
     for a, b in zip(fused[0], plain[0]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -174,11 +185,13 @@ def test_a_row_has_the_same_bits_alone_and_in_a_batch(model, either_path):
             assert torch.equal(alone[step][0], batched[step][b])
 
 
-def test_a_verify_input_gets_the_bits_of_a_decode_step(model, either_path):
+@pytest.mark.parametrize("block_size,prompt_len", [(8, 9), (12, 30)])
+def test_a_verify_input_gets_the_bits_of_a_decode_step(model, either_path, block_size, prompt_len):
     """Greedy speculative decoding in float32 emits what plain decoding emits
-    because each verify input's logits are the decode step's, bit for bit."""
-    prompt, tokens = [5, 6, 7, 8, 9, 10, 11, 12, 13], [31, 32, 33, 34, 35]
-    decoded, verified = new_cache(model, 1), new_cache(model, 1)
+    because each verify input's logits are the decode step's, bit for bit
+    (also where the verify's keys cross pages of 12)."""
+    prompt, tokens = [(5 + i) % 90 + 3 for i in range(prompt_len)], [31, 32, 33, 34, 35]
+    decoded, verified = new_cache(model, 1, block_size), new_cache(model, 1, block_size)
     model.prefill(decoded, [0], [prompt], last_only=True)
     model.prefill(verified, [0], [prompt], last_only=True)
     steps = torch.stack([model.decode(decoded, [0], [t])[0] for t in tokens])  # [5, vocab]
