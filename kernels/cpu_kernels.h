@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
+int hs_rows_isa(int choice);
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
                 int64_t rows, int64_t n, int64_t group, float eps);
 int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,

@@ -66,6 +66,55 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows(K, N):
                 assert torch.equal(out[m], alone[start + m]), (M, start, m)
 
 
+@pytest.fixture
+def both_vector_paths():
+    """The product kernel's vector paths, each run in turn (skips without AVX-512)."""
+    first = cpu_rows.vector_path()
+    try:
+        cpu_rows.vector_path("avx512")
+    except ValueError:
+        pytest.skip("this CPU has no AVX-512F: one vector path only")
+
+    def each(fn):
+        return [fn() for path in cpu_rows.VECTOR_PATHS if cpu_rows.vector_path(path)]
+    yield each
+    cpu_rows.vector_path(first)
+
+
+@x86_with_compiler
+@pytest.mark.parametrize("K,N", SHAPES + [(24, 24), (33, 40)])
+def test_the_avx512_and_avx2_paths_give_the_same_bits(both_vector_paths, K, N):
+    """16-column vectors, the 8 columns they leave and the last few: the same chains."""
+    g = torch.Generator().manual_seed(K + N)
+    w = torch.randn(K, N, generator=g)
+    x = torch.randn(cpu_rows.MAX_ROWS, K, generator=g)
+    for M in (1, 2, 3, 4, 5, 7, 16):
+        avx2, avx512 = both_vector_paths(lambda: cpu_rows.rows_matmul(x[:M], w))
+        assert torch.equal(avx2, avx512), (M, K, N)
+
+
+@x86_with_compiler
+def test_a_model_gives_the_same_logits_on_either_vector_path(both_vector_paths):
+    """Prefill, decode steps and a verify of a float32 model: the same bits."""
+    from hybridspec.cache.hybrid_cache import HybridCache
+    model = hs.from_hf(bamba(seed=3, dtype=torch.float32)).pack_for_cpu()
+
+    def forwards():
+        cache = HybridCache(model.config, max_seqs=2, num_blocks=16, block_size=8, ring_slots=8, dtype=model.dtype)
+        out = [model.prefill(cache, [0, 1], [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]], last_only=True)]
+        out += [model.decode(cache, [0, 1], [20 + t, 30 + t]) for t in range(3)]
+        out.append(model.extend(cache, [0, 1], [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54]]))
+        return out
+    avx2, avx512 = both_vector_paths(forwards)
+    for a, b in zip(avx2, avx512, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_vector_path_it_does_not_know_is_refused():
+    with pytest.raises(ValueError, match="avx9"):
+        cpu_rows.vector_path("avx9")
+
+
 @x86_with_compiler
 def test_strided_rows_and_one_row_views():
     g = torch.Generator().manual_seed(1)
