@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.checkpoints.restore import RestoreDecision, decide, log_replay, token_replay
 from hybridspec.checkpoints.ring import head_half, plan_snapshots
@@ -34,8 +32,8 @@ class Checkpointer:
 
     def plan(self, round: RoundBatch, policy: CheckpointPolicy) -> None:
         """Fill `round.plans`, `round.snap_slot` and `round.input_log` for the verify forward."""
-        T, device = round.num_inputs, self.model.device
-        round.snap_slot = torch.full((len(round.seq_ids), T), -1, dtype=torch.long, device=device)
+        T = round.num_inputs
+        round.snap_slot = [[-1] * T for _ in round.seq_ids]
         round.plans = [None] * len(round.seq_ids)
         round.input_log = None
         if not self.has_state:
@@ -45,7 +43,7 @@ class Checkpointer:
         for b, (s, head, inputs) in enumerate(zip(round.seq_ids, round.start_heads, snapshots)):
             plan = plan_snapshots(self.cache.states.ring_slots(s), head, inputs, T)
             round.plans[b] = plan
-            round.snap_slot[b] = torch.tensor(plan.snap_slot, device=device)
+            round.snap_slot[b] = list(plan.snap_slot)
         # a log only where some boundary of some row may find no snapshot (every input
         # snapshotted, with a ring large enough: every boundary is a hit)
         if policy.log_inputs and any(len(plan.survivors) < len(inputs)

@@ -39,9 +39,9 @@ def test_a_row_in_the_other_half_is_moved_and_the_round_writes_one_grid():
     assert head == round.start_heads[1] != moved_from and states.head_position(1) == position
     for before, pool in zip(state_before, (*states.ssm_states, *states.conv_states)):
         assert torch.equal(pool[head], before)
-    offsets = [[states.ring_slots(s).index(slot) for slot in row] for s, row in zip(ids, round.snap_slot.tolist())]
+    offsets = [[states.ring_slots(s).index(slot) for slot in row] for s, row in zip(ids, round.snap_slot)]
     assert offsets == [list(range(GAMMA + 1, 2 * GAMMA + 2))] * 3
-    plan = SlotPlan.of_lists(round.start_heads, round.snap_slot.tolist(), [GAMMA + 1] * 3, "cpu")
+    plan = SlotPlan.of_lists(round.start_heads, round.snap_slot, [GAMMA + 1] * 3, "cpu")
     assert plan.snapshot_grid is not None and plan.src_span is not None
 
 

@@ -121,7 +121,8 @@ class HybridCache:
 
     # -- one forward --------------------------------------------------------------------------
 
-    def plan_forward(self, seq_ids: list[int], num_new: list[int], snap_slot: torch.Tensor | None) -> ForwardPlan:
+    def plan_forward(self, seq_ids: list[int], num_new: list[int],
+                     snap_slot: torch.Tensor | list[list[int]] | None) -> ForwardPlan:
         """Reserve KV pages for the new positions (all-or-nothing) and build the
         ForwardBatch. With `snap_slot=None` the final state goes to a spare slot."""
         if any(n < 1 for n in num_new):

@@ -201,13 +201,13 @@ class HybridModel(nn.Module):
 
     @torch.inference_mode()
     def extend(self, cache, seq_ids: list[int], token_lists: list[list[int]], last_only: bool = False,
-               snap_slot: torch.Tensor | None = None,
+               snap_slot: torch.Tensor | list[list[int]] | None = None,
                input_log: InputLog | None = None) -> torch.Tensor:
         """Continue each sequence from its computed length over `token_lists[b]`.
 
         Without `snap_slot` the final state is written to a spare ring slot and
         becomes the head on success (a failed forward leaves every state as it
-        was). With `snap_slot` ([batch, T]) the caller owns the snapshot plan and
+        was). With `snap_slot` ([batch, T], a tensor or lists) the caller owns the snapshot plan and
         the commit (speculative verification); `input_log`, when given, receives
         each Mamba layer's inputs."""
         plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)

@@ -157,6 +157,7 @@ class ModelDrafter:
         and get none); q is [batch, G, vocab], zero on rows without drafts."""
         ids = [r.seq_id for r in requests]
         G = max(gammas)
+        every_row_greedy = rows.flags.all_greedy  # of the whole batch, before the drafting rows are picked
         self.round_start = {s: (self.cache.computed_len[s], self.cache.head(s)) for s in ids}
         self.slot_at = {s: {} for s in ids}
         self.backlog_seconds = 0.0
@@ -175,7 +176,7 @@ class ModelDrafter:
         purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
         context = penalty_context(drafting, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
         if context is None and rows.flags.all_greedy and not rows.flags.any_filter and G > 1:
-            fast = self._greedy(ids, active, ids_active, gammas, logits, G)
+            fast = self._greedy(ids, active, ids_active, gammas, logits, G, every_row_greedy)
             if fast is not None:
                 return fast
         drafts, probs = [], []
@@ -199,12 +200,14 @@ class ModelDrafter:
             q = full
         return Proposal(tokens, q)
 
-    def _greedy(self, ids, active, ids_active, gammas, logits, G: int) -> Proposal | None:
+    def _greedy(self, ids, active, ids_active, gammas, logits, G: int, one_hot: bool) -> Proposal | None:
         """The drafts of greedy rows without penalties or filters: d_1 the argmax of
         the catch-up's logits, d_2 … d_G from `HybridModel.decode_greedy` (G - 1
-        steps in one call, the bits of step-by-step decoding); q is what
-        `process_logits` gives such rows, the float64 softmax. None where
-        `decode_greedy` does not run (nothing changed)."""
+        steps in one call, the bits of step-by-step decoding). q: None (one-hot
+        drafts, what a greedy drafter's are) when `one_hot` (every row of the
+        batch greedy: the greedy accept reads no q), else what `process_logits`
+        gives such rows, the float64 softmax. None where `decode_greedy` does
+        not run (nothing changed)."""
         first = logits.argmax(dim=-1).tolist()  # [active]
         out = self.model.decode_greedy(self.cache, ids_active, first, G - 1)
         if out is None:
@@ -214,10 +217,12 @@ class ModelDrafter:
             start = self.cache.computed_len[s] - (G - 1)
             for k, head in enumerate(row_heads):
                 self.slot_at[s][start + k + 1] = head
-        q = torch.softmax(torch.cat([logits[:, None], step_logits], 1).to(torch.float64), dim=-1)  # [active, G, vocab]
         tokens = [[] for _ in ids]
         for b, d1, rest in zip(active, first, later):
             tokens[b] = ([d1] + rest)[:gammas[b]]
+        if one_hot:
+            return Proposal(tokens, None)
+        q = torch.softmax(torch.cat([logits[:, None], step_logits], 1).to(torch.float64), dim=-1)  # [active, G, vocab]
         if len(active) < len(ids):
             full = q.new_zeros(len(ids), *q.shape[1:])  # [batch, G, vocab]
             full[torch.tensor(active, device=q.device)] = q

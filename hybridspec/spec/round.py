@@ -31,7 +31,7 @@ class RoundBatch:
     drafts: list[list[int]] = field(default_factory=list)  # [batch][g_b] d_1..d_g, g_b <= γ
     draft_probs: torch.Tensor | None = None  # [batch, G, vocab] q, post-processed; None: one-hot drafts
     plans: list[SnapshotPlan | None] = field(default_factory=list)  # [batch] where the snapshots go
-    snap_slot: torch.Tensor | None = None  # [batch, G + 1] ring slot written after verify input t, -1: none
+    snap_slot: list[list[int]] | None = None  # [batch][G + 1] ring slot written after verify input t, -1: none
     input_log: InputLog | None = None  # the verify forward's mixer inputs, when the policy logs
     accepted: list[int] = field(default_factory=list)  # [batch] n: drafts the verifier kept
     tokens: list[list[int]] = field(default_factory=list)  # [batch][n + 1] accepted drafts + recovered/bonus

@@ -136,6 +136,12 @@ class Speculator:
         the emitted tokens' log-probabilities go to `round.logprobs`."""
         B, T, V = logits.shape
         context = penalty_context(round.requests, V, logits.device)  # p_{j+1} sees d_1..d_j, as q_{j+1} did
+        if T > 1 and context is None and rows.flags.all_greedy \
+                and all(r.params.logprobs is None for r in round.requests):
+            # p's argmax is the logits' (softmax keeps the order, ties included; temperature and the
+            # filters do not apply to greedy rows or keep the top token) and nothing else reads p
+            round.logprobs = [None] * B
+            return greedy_accept(logits, round.drafts)
         context = None if context is None else context.with_drafts(round.drafts, T)
         # each row's parameters once per input; not needed when no filter or penalty reads them
         flat_rows = rows.repeat(T) if context is not None or rows.flags.any_filter else rows
