@@ -129,3 +129,28 @@ int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan
     }
     return 0;
 }
+
+/* A greedy drafter's catch-up and its greedy steps in one call: `first` one
+ * forward (any T; each row's last input kept, the LM head in C) whose logits
+ * go to logits[0] ([batch, vocab]) and whose argmax becomes tokens[0 … batch);
+ * then `steps` steps of `hs_greedy_steps` from those tokens (`a`, plan,
+ * tokens, logits + batch · vocab). Returns what the first call that is not 0
+ * returns, else 0. */
+int hs_extend_greedy(const hs_forward_args *first, const hs_forward_args *a, int64_t steps, const int64_t *plan,
+                     int64_t *tokens, float *logits) {
+    if (!first->lm_head_t || first->logged || first->batch != a->batch || first->vocab != a->vocab
+        || (first->T > 1 && !first->last_index) || steps < 0) return -1;
+    const int64_t batch = a->batch, vocab = a->vocab;
+    hs_forward_args f = *first;
+    f.out = logits;
+    const int status = hs_forward(&f);
+    if (status) return status;
+    for (int64_t b = 0; b < batch; ++b) {
+        const float *row = logits + b * vocab;
+        int64_t best = 0;
+        for (int64_t v = 1; v < vocab; ++v)
+            if (row[v] > row[best]) best = v;
+        tokens[b] = best;
+    }
+    return steps ? hs_greedy_steps(a, steps, plan, tokens, logits + batch * vocab) : 0;
+}

@@ -224,59 +224,83 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
         return None
     if table.has_attention and meta is None:
         return None
-    ints = [token for tokens in token_lists for token in tokens]  # [batch, T] ids, then the plans
-    args = ForwardArgs()
-    args.layers, args.num_layers = table.layers, len(table.layers)
-    args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, T
-    args.embed_row, args.embed_col = table.embed_strides
-    args.hidden, args.vocab = hidden, vocab = table.hidden, table.vocab
-    work = 3 * rows * hidden + rows * table.row_work + table.fixed_work  # floats; hs_forward checks it
-    at = {}  # field -> offset in `ints`
-    if table.has_mamba:
-        at["src"], at["snap"] = len(ints), len(ints) + bsz
-        ints += plan.src_list
-        for row in plan.snap_list:
-            ints += row
-        if batch.input_log is not None:
-            logged = [cpu_blocks.logged_inputs(layer, batch, bsz, T) for _, layer in table.mamba_layers]
-            pointers = (ctypes.c_void_p * len(table.layers))()
-            for (index, _), buffer in zip(table.mamba_layers, logged):
-                pointers[index] = buffer.data_ptr()
-            args.logged = ctypes.cast(pointers, ctypes.c_void_p)
-    if table.has_attention:
-        width = max(1, max(map(len, meta.table_rows)))
-        at["slot_mapping"] = len(ints)
-        for row in meta.slot_rows:
-            ints += row
-        at["context_lens"], at["query_lens"], at["block_tables"] = len(ints), len(ints) + bsz, len(ints) + 2 * bsz
-        ints += meta.context_list
-        ints += meta.query_list
-        for row in meta.table_rows:
-            ints += row
-            ints += [-1] * (width - len(row))
-        args.max_blocks = width
-        work += T * table.heads * max(meta.context_list)
-    kept = bsz if last_only else rows
-    if last_only and T > 1:  # each row's last input
-        at["last_index"] = len(ints)
-        ints += range(T - 1, rows, T)
-    buffer = (ctypes.c_int64 * len(ints))(*ints)
-    base = ctypes.addressof(buffer)
-    args.ids = base
-    for field, offset in at.items():
-        setattr(args, field, base + 8 * offset)
-    head = kept <= MAX_ROWS
-    if head:
-        args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
-    out = torch.empty(bsz, kept // bsz, vocab if head else hidden, dtype=torch.float32)
-    args.work, args.work_size, args.out = cpu_blocks._work(work).data_ptr(), work, out.data_ptr()
-    status = cpu_native.library().hs_forward(ctypes.byref(args))
+    logged = None
+    if table.has_mamba and batch.input_log is not None:
+        logged = [cpu_blocks.logged_inputs(layer, batch, bsz, T) for _, layer in table.mamba_layers]
+    kv = (meta.slot_rows, meta.context_list, meta.query_list, meta.table_rows) if table.has_attention else None
+    call = _Call(model, table, token_lists, plan.src_list if table.has_mamba else None,
+                 plan.snap_list if table.has_mamba else None, kv, last_only, logged)
+    status = cpu_native.library().hs_forward(ctypes.byref(call.args))
     if status == -2:
-        bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < vocab})
-        raise IndexError(f"token ids {bad[:8]} lie outside the vocabulary [0, {vocab})")
+        bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < table.vocab})
+        raise IndexError(f"token ids {bad[:8]} lie outside the vocabulary [0, {table.vocab})")
     if status < 0:
         raise ValueError(f"cpu_forward: arguments not taken: {bsz} rows of {T} inputs, last_only {last_only}")
-    return Whole(out, status == 0, not head)
+    return Whole(call.out, status == 0, not call.head)
+
+
+class _Call:
+    """One forward's `ForwardArgs` and the memory it points at (kept alive with it):
+    `token_lists` [batch][T] ids; the slot plan `src` [batch] and `snap` [batch][T]
+    (None without Mamba layers); the K/V plan `kv` = (slot rows [batch][T],
+    context lengths, query lengths, block table rows) (None without attention);
+    `logged` each Mamba layer's input-log buffer (or None). `out` receives the
+    logits [batch, T or 1, vocab], or the final hidden states where more rows are
+    kept than the head kernel takes (`head` False)."""
+
+    def __init__(self, model, table: _Table, token_lists, src, snap, kv, last_only: bool, logged=None,
+                 out: torch.Tensor | None = None):
+        bsz, T = len(token_lists), len(token_lists[0])
+        rows = bsz * T
+        ints = [token for tokens in token_lists for token in tokens]  # [batch, T] ids, then the plans
+        args = self.args = ForwardArgs()
+        args.layers, args.num_layers = table.layers, len(table.layers)
+        args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, T
+        args.embed_row, args.embed_col = table.embed_strides
+        args.hidden, args.vocab = hidden, vocab = table.hidden, table.vocab
+        work = 3 * rows * hidden + rows * table.row_work + table.fixed_work  # floats; hs_forward checks it
+        at = {}  # field -> offset in `ints`
+        if table.has_mamba:
+            at["src"], at["snap"] = len(ints), len(ints) + bsz
+            ints += src
+            for row in snap:
+                ints += row
+            if logged is not None:
+                pointers = self.pointers = (ctypes.c_void_p * len(table.layers))()
+                for (index, _), buffer in zip(table.mamba_layers, logged):
+                    pointers[index] = buffer.data_ptr()
+                args.logged = ctypes.cast(pointers, ctypes.c_void_p)
+        if table.has_attention:
+            slot_rows, context_lens, query_lens, table_rows = kv
+            width = max(1, max(map(len, table_rows)))
+            at["slot_mapping"] = len(ints)
+            for row in slot_rows:
+                ints += row
+            at["context_lens"], at["query_lens"] = len(ints), len(ints) + bsz
+            at["block_tables"] = len(ints) + 2 * bsz
+            ints += context_lens
+            ints += query_lens
+            for row in table_rows:
+                ints += row
+                ints += [-1] * (width - len(row))
+            args.max_blocks = width
+            work += T * table.heads * max(context_lens)
+        kept = bsz if last_only else rows
+        if last_only and T > 1:  # each row's last input
+            at["last_index"] = len(ints)
+            ints += range(T - 1, rows, T)
+        buffer = self.buffer = (ctypes.c_int64 * len(ints))(*ints)
+        base = ctypes.addressof(buffer)
+        args.ids = base
+        for field, offset in at.items():
+            setattr(args, field, base + 8 * offset)
+        self.head = kept <= MAX_ROWS
+        if self.head:
+            args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
+        if out is None:
+            out = torch.empty(bsz, kept // bsz, vocab if self.head else hidden, dtype=torch.float32)
+        self.out, self.work = out, work
+        args.work, args.work_size, args.out = cpu_blocks._work(work).data_ptr(), work, out.data_ptr()
 
 
 def takes_greedy(model, cache, batch: int) -> bool:
@@ -295,45 +319,99 @@ def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[
     Returns (each row's next tokens [batch][steps], logits [batch, steps, vocab],
     whether every logit is finite)."""
     table = _table(model, cache)
-    bsz = len(tokens)
-    args = ForwardArgs()
-    args.layers, args.num_layers = table.layers, len(table.layers)
-    args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, 1
-    args.embed_row, args.embed_col = table.embed_strides
-    args.hidden, args.vocab = hidden, vocab = table.hidden, table.vocab
-    args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
-    work = 3 * bsz * hidden + bsz * table.row_work + table.fixed_work
-    plan = []  # per step: src, snap, slot_mapping, context_lens of the batch
-    for s in range(steps):
-        plan += [chain[s] for chain in chains] if chains else [0] * bsz
-        plan += [chain[s + 1] for chain in chains] if chains else [0] * bsz
-        plan += [row[s] for row in meta.slot_rows] if meta else [0] * bsz
-        plan += [start + s + 1 for start in starts]
-    fixed = [1] * bsz  # query_lens, then the block tables
-    if table.has_attention:
-        width = max(1, max(map(len, meta.table_rows)))
-        for row in meta.table_rows:
-            fixed += row
-            fixed += [-1] * (width - len(row))
-        args.max_blocks = width
-        work += table.heads * (max(starts) + steps)
-    plan_buffer = (ctypes.c_int64 * len(plan))(*plan)
-    fixed_buffer = (ctypes.c_int64 * len(fixed))(*fixed)
-    token_buffer = (ctypes.c_int64 * ((steps + 1) * bsz))(*tokens)
-    if table.has_mamba:  # the per-step pointers are set in C; non-NULL says the layers are there
-        args.src = args.snap = ctypes.addressof(plan_buffer)
-    if table.has_attention:
-        args.slot_mapping = args.context_lens = ctypes.addressof(plan_buffer)
-        args.query_lens = ctypes.addressof(fixed_buffer)
-        args.block_tables = ctypes.addressof(fixed_buffer) + 8 * bsz
+    bsz, vocab = len(tokens), table.vocab
+    call = _Steps(model, table, steps, chains, meta, 0, starts, tokens)
     logits = torch.zeros(steps, bsz, vocab, dtype=torch.float32)
-    args.work, args.work_size = cpu_blocks._work(work).data_ptr(), work
-    status = cpu_native.library().hs_greedy_steps(ctypes.byref(args), steps, ctypes.addressof(plan_buffer),
-                                                  ctypes.addressof(token_buffer), logits.data_ptr())
+    status = cpu_native.library().hs_greedy_steps(ctypes.byref(call.args), steps, call.plan_address,
+                                                  call.token_address, logits.data_ptr())
     if status == -2:
         raise IndexError(f"token ids {sorted(set(t for t in tokens if not 0 <= t < vocab))[:8]} lie outside the "
                          f"vocabulary [0, {vocab})")
     if status < 0:
         raise ValueError(f"cpu_forward: greedy steps not taken: {bsz} rows, {steps} steps")
-    drafts = [list(token_buffer[(s + 1) * bsz + b] for s in range(steps)) for b in range(bsz)]
-    return drafts, logits.transpose(0, 1), status == 0
+    return call.drafts(), logits.transpose(0, 1), status == 0
+
+
+def extend_greedy(model, cache, token_lists: list[list[int]], steps: int, chains: list[list[int]] | None, meta,
+                  starts: list[int]) -> tuple[list[int], list[list[int]], torch.Tensor, bool]:
+    """A greedy drafter's catch-up and its `steps` greedy steps in one C call
+    (`hs_extend_greedy`): the forward over `token_lists` (every row T tokens;
+    each row's last logits), then the steps from its argmax, as `forward` and
+    `greedy_steps` run them. The caller checked `takes_greedy` and the rows'
+    shapes and planned it: `chains[b]` the ring slots row b's state passes
+    through (steps + 2: the head, the catch-up's slot, then each step's),
+    `meta` the K/V plan of the T + steps new positions from `starts`.
+    Returns (each row's catch-up argmax [batch], the steps' tokens
+    [batch][steps], logits [batch, steps + 1, vocab], whether every logit is
+    finite)."""
+    table = _table(model, cache)
+    bsz, T, vocab = len(token_lists), len(token_lists[0]), table.vocab
+    logits = torch.zeros(steps + 1, bsz, vocab, dtype=torch.float32)
+    src = snap = kv = None
+    if table.has_mamba:
+        src, snap = [chain[0] for chain in chains], [[-1] * (T - 1) + [chain[1]] for chain in chains]
+    if table.has_attention:
+        kv = ([row[:T] for row in meta.slot_rows], [start + T for start in starts], [T] * bsz, meta.table_rows)
+    first = _Call(model, table, token_lists, src, snap, kv, True, out=logits[0])
+    call = _Steps(model, table, steps, chains and [chain[1:] for chain in chains], meta, T,
+                  [start + T for start in starts], [0] * bsz)
+    first.args.work = call.args.work = cpu_blocks._work(max(first.work, call.work)).data_ptr()  # one buffer, both
+    status = cpu_native.library().hs_extend_greedy(ctypes.byref(first.args), ctypes.byref(call.args), steps,
+                                                   call.plan_address, call.token_address, logits.data_ptr())
+    if status == -2:
+        bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < vocab})
+        raise IndexError(f"token ids {bad[:8]} lie outside the vocabulary [0, {vocab})")
+    if status < 0:
+        raise ValueError(f"cpu_forward: catch-up and greedy steps not taken: {bsz} rows of {T}, {steps} steps")
+    return list(call.tokens[:bsz]), call.drafts(), logits.transpose(0, 1), status == 0
+
+
+class _Steps:
+    """The `ForwardArgs` and per-step plan of `steps` greedy steps of one input
+    per row (`hs_greedy_steps`) and the memory they point at: `chains[b]` the
+    ring slots of row b from the first step's source on, `meta` a K/V plan whose
+    positions from `offset` on are the steps' (row b's first at `starts[b]`),
+    `first` the first step's input tokens."""
+
+    def __init__(self, model, table: _Table, steps: int, chains, meta, offset: int, starts: list[int],
+                 first: list[int]):
+        bsz = self.bsz = len(starts)
+        self.steps = steps
+        args = self.args = ForwardArgs()
+        args.layers, args.num_layers = table.layers, len(table.layers)
+        args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, 1
+        args.embed_row, args.embed_col = table.embed_strides
+        args.hidden, args.vocab = hidden, _ = table.hidden, table.vocab
+        args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
+        work = 3 * bsz * hidden + bsz * table.row_work + table.fixed_work
+        plan = []  # per step: src, snap, slot_mapping, context_lens of the batch
+        for s in range(steps):
+            plan += [chain[s] for chain in chains] if chains else [0] * bsz
+            plan += [chain[s + 1] for chain in chains] if chains else [0] * bsz
+            plan += [row[offset + s] for row in meta.slot_rows] if meta else [0] * bsz
+            plan += [start + s + 1 for start in starts]
+        fixed = [1] * bsz  # query_lens, then the block tables
+        if table.has_attention:
+            width = max(1, max(map(len, meta.table_rows)))
+            for row in meta.table_rows:
+                fixed += row
+                fixed += [-1] * (width - len(row))
+            args.max_blocks = width
+            work += table.heads * (max(starts) + steps)
+        self.plan = (ctypes.c_int64 * max(1, len(plan)))(*plan)
+        self.fixed = (ctypes.c_int64 * len(fixed))(*fixed)
+        self.tokens = (ctypes.c_int64 * ((steps + 1) * bsz))(*first)
+        self.plan_address, self.token_address = ctypes.addressof(self.plan), ctypes.addressof(self.tokens)
+        if table.has_mamba:  # the per-step pointers are set in C; non-NULL says the layers are there
+            args.src = args.snap = self.plan_address
+        if table.has_attention:
+            args.slot_mapping = args.context_lens = self.plan_address
+            args.query_lens = ctypes.addressof(self.fixed)
+            args.block_tables = ctypes.addressof(self.fixed) + 8 * bsz
+        self.work = work
+        args.work, args.work_size = cpu_blocks._work(work).data_ptr(), work
+
+    def drafts(self) -> list[list[int]]:
+        """Each row's step tokens [batch][steps], read back after the call."""
+        bsz, tokens = self.bsz, self.tokens
+        return [[tokens[(s + 1) * bsz + b] for s in range(self.steps)] for b in range(bsz)]

@@ -83,5 +83,7 @@ typedef struct {
 
 int hs_forward(const hs_forward_args *a);
 int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan, int64_t *tokens, float *logits);
+int hs_extend_greedy(const hs_forward_args *first, const hs_forward_args *a, int64_t steps, const int64_t *plan,
+                     int64_t *tokens, float *logits);
 
 #endif

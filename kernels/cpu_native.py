@@ -73,6 +73,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
                            _i64],
     "hs_forward": [_ptr],  # one hs_forward_args struct (cpu_forward.py)
     "hs_greedy_steps": [_ptr, _i64, _ptr, _ptr, _ptr],
+    "hs_extend_greedy": [_ptr, _ptr, _i64, _ptr, _ptr, _ptr],
 }
 
 _library = None  # the loaded ctypes library, False when it cannot run here

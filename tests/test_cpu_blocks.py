@@ -289,20 +289,72 @@ def test_decode_greedy_gives_the_bits_of_decode_steps(model):
     assert chained.bookkeeping() == before
 
 
+@pytest.mark.parametrize("catch_up", [1, 2])
+def test_extend_greedy_gives_the_bits_of_a_catch_up_and_decode_greedy(model, catch_up):
+    """`HybridModel.extend_greedy`: `extend(last_only=True)` then `decode_greedy`
+    from its argmax, in one call: the same tokens, logits, ring heads, states,
+    conv windows, K/V and bookkeeping, bit for bit."""
+    prompts, steps = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], 3
+    inputs = [[20, 21][:catch_up], [30, 31][:catch_up]]
+    apart, merged = new_cache(model, 2), new_cache(model, 2)
+    for cache in (apart, merged):
+        model.prefill(cache, [0, 1], prompts, last_only=True)
+    first_logits = model.extend(apart, [0, 1], inputs, last_only=True)[:, 0]
+    first_heads = [apart.head(0), apart.head(1)]
+    first = first_logits.argmax(dim=-1).tolist()
+    drafts, step_logits, heads = model.decode_greedy(apart, [0, 1], first, steps)
+    got_first, got_drafts, got_logits, got_heads = model.extend_greedy(merged, [0, 1], inputs, steps)
+    assert (got_first, got_drafts) == (first, drafts)
+    assert torch.equal(got_logits, torch.cat([first_logits[:, None], step_logits], 1))
+    assert got_heads == [[h] + rest for h, rest in zip(first_heads, heads)]
+    for a, b in zip((*apart.states.ssm_states, *apart.states.conv_states, apart.kv.k_cache, apart.kv.v_cache),
+                    (*merged.states.ssm_states, *merged.states.conv_states, merged.kv.k_cache, merged.kv.v_cache)):
+        assert torch.equal(a, b)
+    assert apart.bookkeeping() == merged.bookkeeping()
+
+
+def test_extend_greedy_declines_or_fails_changing_nothing(model):
+    cache = new_cache(model, 2)
+    model.prefill(cache, [0, 1], [[5, 6, 7, 8], [9, 10, 11]], last_only=True)
+    before = cache.bookkeeping()
+    states = [t.clone() for t in cache.states.ssm_states]
+    assert model.extend_greedy(cache, [0, 1], [[20], [30, 31]], 3) is None  # catch-ups of two lengths
+    assert model.extend_greedy(cache, [0, 1], [[20], [30]], 8) is None  # a chain longer than the ring
+    cpu_forward.set_enabled(False)
+    try:
+        assert model.extend_greedy(cache, [0, 1], [[20], [30]], 3) is None
+    finally:
+        cpu_forward.set_enabled(True)
+    with pytest.raises(IndexError, match="300"):
+        model.extend_greedy(cache, [0, 1], [[20], [300]], 3)
+    assert cache.bookkeeping() == before
+    assert all(torch.equal(a, b) for a, b in zip(states, cache.states.ssm_states))
+
+
 def test_a_greedy_model_drafter_drafts_in_one_call(model, monkeypatch):
-    """The greedy drafter's steps in one `decode_greedy` call give the tokens of
-    its step-by-step loop."""
+    """The greedy drafter's catch-up and steps in one `extend_greedy` call (or,
+    for catch-ups of two lengths, its steps in one `decode_greedy` call) give the
+    tokens of its step-by-step loop."""
     draft = hs.from_hf(bamba(seed=6, attn_layers=(1,), num_layers=2, dtype=torch.float32, kv_heads=2)).pack_for_cpu()
     prompts, params = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], hs.SamplingParams(max_new_tokens=12)
-    calls = []
-    real = hs.HybridModel.decode_greedy
+    calls = collections.Counter()
+    real_extend, real_decode = hs.HybridModel.extend_greedy, hs.HybridModel.decode_greedy
+
+    def counted(name, real):
+        def wrapper(self, *args):
+            out = real(self, *args)
+            calls[name if out is not None else name + " declined"] += 1
+            return out
+        return wrapper
 
     def generate():
         engine = hs.Engine(model, draft=draft, num_draft_tokens=4, max_batch_size=2, max_model_len=64)
         return [o.token_ids for o in engine.generate(prompts, params)], engine.stats.drafted_tokens
-    monkeypatch.setattr(hs.HybridModel, "decode_greedy",
-                        lambda self, *a: calls.append(real(self, *a)) or calls[-1])
+    monkeypatch.setattr(hs.HybridModel, "extend_greedy", counted("extend_greedy", real_extend))
+    monkeypatch.setattr(hs.HybridModel, "decode_greedy", counted("decode_greedy", real_decode))
     fast = generate()
-    assert calls and all(c is not None for c in calls)
+    assert calls["extend_greedy"] > 0 and calls["decode_greedy declined"] == 0
+    monkeypatch.setattr(hs.HybridModel, "extend_greedy", lambda self, *a: None)  # catch-up, then decode_greedy
+    assert generate() == fast
     monkeypatch.setattr(hs.HybridModel, "decode_greedy", lambda self, *a: None)  # the step-by-step loop
     assert generate() == fast

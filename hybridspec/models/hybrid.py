@@ -269,6 +269,52 @@ class HybridModel(nn.Module):
         return drafts, logits, [chain[1:] for chain in chains] if chains else [[-1] * steps for _ in seq_ids]
 
 
+    @torch.inference_mode()
+    def extend_greedy(self, cache, seq_ids: list[int], token_lists: list[list[int]],
+                      steps: int) -> tuple[list[int], list[list[int]], torch.Tensor, list[list[int]]] | None:
+        """A greedy drafter's catch-up and steps in one C call
+        (`cpu_forward.extend_greedy`): `extend(cache, seq_ids, token_lists,
+        last_only=True)`, then `decode_greedy` over its argmax for `steps`
+        steps, with the same bits. Every row's catch-up has the same length.
+        Returns (each row's catch-up argmax [batch], the steps' tokens
+        [batch][steps], logits [batch, steps + 1, vocab], the ring head after
+        the catch-up and after each step [batch][steps + 1]), committed like
+        those calls; None, with nothing changed, where it does not run (the
+        rows' lengths differ, more rows than the blocks take, a ring too short
+        for the chain, a replay over cached K/V, or `decode_greedy`'s reasons)."""
+        T = len(token_lists[0]) if token_lists else 0
+        if (steps < 1 or T < 1 or any(len(t) != T for t in token_lists)
+                or len(seq_ids) * T > cpu_blocks.BLOCK_ROWS or not cpu_forward.takes_greedy(self, cache, len(seq_ids))):
+            return None
+        starts = [cache.computed_len[s] for s in seq_ids]
+        if cache.kv is not None and any(cache.kv.kv_len(s) != n for s, n in zip(seq_ids, starts)):
+            return None  # a replay over cached K/V (prefix cache): the plain calls
+        chains = None
+        if cache.states is not None:
+            chains = []
+            for s in seq_ids:
+                ring = cache.states.ring_slots(s)
+                if len(ring) < steps + 2:  # the chain would come back to the head
+                    return None
+                at = ring.index(cache.head(s))
+                chains.append([ring[(at + k) % len(ring)] for k in range(steps + 2)])
+        meta = cache.kv.prepare_write(seq_ids, [T + steps] * len(seq_ids), starts) if cache.kv is not None else None
+        try:
+            first, drafts, logits, finite = cpu_forward.extend_greedy(self, cache, token_lists, steps, chains, meta,
+                                                                      starts)
+            if not finite:
+                check_finite(logits, None, True)
+        except Exception:
+            if cache.kv is not None:
+                for s, n in zip(seq_ids, starts):
+                    cache.kv.truncate(s, n)
+            raise
+        for b, (s, start) in enumerate(zip(seq_ids, starts)):
+            cache.commit(s, start + T + steps, chains[b][steps + 1] if chains else -1)
+        heads = [chain[1:] for chain in chains] if chains else [[-1] * (steps + 1) for _ in seq_ids]
+        return first, drafts, logits, heads
+
+
 def check_finite(logits: torch.Tensor, num_tokens: torch.Tensor, last_only: bool) -> None:
     """Raise NumericalError if any valid row of `logits` holds NaN or inf."""
     if math.isfinite(float(logits.sum())):  # the common case, one operation: NaN and inf carry into a sum

@@ -171,11 +171,19 @@ class ModelDrafter:
         committed = [r.output.prompt_token_ids + r.output.token_ids for r in drafting]
         self._absorb_backlog(ids_active, committed)
         catch_up = [c[self.cache.computed_len[s]:] for s, c in zip(ids_active, committed)]
+        greedy = (rows.flags.all_greedy and not rows.flags.any_filter and G > 1
+                  and not any(r.params.has_penalties for r in drafting))
+        if greedy:  # the catch-up and the drafts in one call, where it runs
+            out = self.model.extend_greedy(self.cache, ids_active, catch_up, G - 1)
+            if out is not None:
+                first, later, logits, heads = out
+                self._record_steps(ids_active, heads)
+                return self._greedy_proposal(ids, active, gammas, first, later, logits, every_row_greedy)
         logits = self.model.extend(self.cache, ids_active, catch_up, last_only=True)[:, 0]  # [active, vocab]
         self._record(ids_active)
         purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
         context = penalty_context(drafting, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
-        if context is None and rows.flags.all_greedy and not rows.flags.any_filter and G > 1:
+        if greedy:
             fast = self._greedy(ids, active, ids_active, gammas, logits, G, every_row_greedy)
             if fast is not None:
                 return fast
@@ -201,28 +209,41 @@ class ModelDrafter:
         return Proposal(tokens, q)
 
     def _greedy(self, ids, active, ids_active, gammas, logits, G: int, one_hot: bool) -> Proposal | None:
-        """The drafts of greedy rows without penalties or filters: d_1 the argmax of
-        the catch-up's logits, d_2 … d_G from `HybridModel.decode_greedy` (G - 1
-        steps in one call, the bits of step-by-step decoding). q: None (one-hot
-        drafts, what a greedy drafter's are) when `one_hot` (every row of the
-        batch greedy: the greedy accept reads no q), else what `process_logits`
-        gives such rows, the float64 softmax. None where `decode_greedy` does
-        not run (nothing changed)."""
+        """The drafts of greedy rows without penalties or filters after a catch-up
+        of its own: d_1 the argmax of the catch-up's logits, d_2 … d_G from
+        `HybridModel.decode_greedy` (G - 1 steps in one call, the bits of
+        step-by-step decoding). None where `decode_greedy` does not run
+        (nothing changed)."""
         first = logits.argmax(dim=-1).tolist()  # [active]
         out = self.model.decode_greedy(self.cache, ids_active, first, G - 1)
         if out is None:
             return None
         later, step_logits, heads = out
-        for s, row_heads in zip(ids_active, heads):  # what `_record` keeps after each step
-            start = self.cache.computed_len[s] - (G - 1)
+        self._record_steps(ids_active, heads)
+        return self._greedy_proposal(ids, active, gammas, first, later,
+                                     torch.cat([logits[:, None], step_logits], 1), one_hot)
+
+    def _record_steps(self, ids_active, heads: list[list[int]]) -> None:
+        """What `_record` keeps after each forward of a call (`heads[b]`: row b's ring
+        head after each, one position apart, the last at the current length)."""
+        for s, row_heads in zip(ids_active, heads):
+            start = self.cache.computed_len[s] - len(row_heads)
             for k, head in enumerate(row_heads):
                 self.slot_at[s][start + k + 1] = head
+
+    def _greedy_proposal(self, ids, active, gammas, first: list[int], later: list[list[int]],
+                         logits: torch.Tensor, one_hot: bool) -> Proposal:
+        """Greedy rows' drafts d_1 = first[b], d_2 … = later[b] and their logits
+        [active, G, vocab]. q: None (one-hot drafts, what a greedy drafter's
+        are) when `one_hot` (every row of the batch greedy: the greedy accept
+        reads no q), else what `process_logits` gives such rows, the float64
+        softmax."""
         tokens = [[] for _ in ids]
         for b, d1, rest in zip(active, first, later):
             tokens[b] = ([d1] + rest)[:gammas[b]]
         if one_hot:
             return Proposal(tokens, None)
-        q = torch.softmax(torch.cat([logits[:, None], step_logits], 1).to(torch.float64), dim=-1)  # [active, G, vocab]
+        q = torch.softmax(logits.to(torch.float64), dim=-1)  # [active, G, vocab]
         if len(active) < len(ids):
             full = q.new_zeros(len(ids), *q.shape[1:])  # [batch, G, vocab]
             full[torch.tensor(active, device=q.device)] = q
