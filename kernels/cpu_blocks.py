@@ -106,11 +106,12 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
     return all(t.dtype is torch.float32 and t.is_cpu for t in tensors)
 
 
-# rows (batch · inputs) up to which a block runs: twice the rows `linear` gives the product
-# kernel, so that a verify of γ + 1 = 5 inputs runs whole up to batch 6 (past `cpu_rows.MAX_ROWS`,
-# where `linear` hands products to MKL, the kernel is about even with MKL and one block call
-# still saves the modules' host work)
-BLOCK_ROWS = 2 * MAX_ROWS
+# rows (batch · inputs) up to which a block runs: three times the rows `linear` gives the product
+# kernel, so that a verify of γ + 1 = 5 inputs runs whole up to batch 9 (past `cpu_rows.MAX_ROWS`
+# the kernel's register tiles take the products; one block call still saves the modules' host
+# work: a batch-8 verify of `benches/round_cost.py`'s target took 2.42-2.56 target steps against
+# 2.73-2.77 with the modules and MKL past 32 rows, two alternating runs)
+BLOCK_ROWS = 3 * MAX_ROWS
 
 
 def _takes_rows(h: torch.Tensor) -> bool:

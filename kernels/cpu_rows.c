@@ -146,6 +146,103 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
         }
 }
 
+/* Many rows (a batch's verify): register tiles. The weight streamed in memory
+ * order re-reads every output vector once per few weight rows; past a few
+ * rows that is what bounds the product. Here a tile of G rows × V vectors of
+ * columns keeps its G·V sums in registers over a block of TILE_K weight rows
+ * (each weight vector loaded once per row group, each x value broadcast from
+ * memory once per tile row), the tile's panel of the weight (TILE_K rows ×
+ * V vectors) staying in cache for every row group. Each sum is loaded from y
+ * and stored back once per block of TILE_K, so its chain of fused
+ * multiply-adds still runs over k = 0, 1, …, K - 1 in order: the same bits as
+ * the steps above. */
+#define TILE_K 128          /* weight rows per panel block (its copy, 32 KiB, in L1) */
+#ifndef TILE_MIN_ROWS
+#define TILE_MIN_ROWS 16    /* rows from which the tiles run (fewer: the steps above, faster there) */
+#endif
+
+/* y[0:G, 0:V·W] += x[0:G, k0:k1] @ w[k0:k1, 0:V·W] (W columns per vector) */
+#define DEFINE_TILE(NAME, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, V)                                  \
+    TARGET static void NAME##_##G##_##V(const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, \
+                                        int64_t k1, float *y, int64_t ldy) {                            \
+        VEC acc[G][V];                                                                                  \
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                             \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) acc[g][v] = LOAD(y + g * ldy + W * v); \
+        for (int64_t k = k0; k < k1; ++k) {                                                             \
+            const float *wk = w + k * N;                                                                \
+            VEC b[V];                                                                                   \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) b[v] = LOAD(wk + W * v);               \
+            _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                       \
+                const VEC a = SET1(x[g * ldx + k]);                                                     \
+                _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) acc[g][v] = FMA(a, b[v], acc[g][v]); \
+            }                                                                                           \
+        }                                                                                               \
+        _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                             \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) STORE(y + g * ldy + W * v, acc[g][v]);  \
+    }
+
+#define TARGET512 __attribute__((target("avx512f")))
+#define TILE16(G, V) DEFINE_TILE(tile16, TARGET512, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, \
+                                 _mm512_fmadd_ps, _mm512_set1_ps, G, V)
+#define TILE8(G, V) DEFINE_TILE(tile8, , __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, \
+                                _mm256_set1_ps, G, V)
+/* AVX-512: 6 rows × 4 vectors (24 sums + 4 weight vectors in 32 registers), and
+ * the narrower tiles for the last columns; AVX2: 4 rows × 3 vectors (12 + 3 of 16) */
+TILE16(6, 4) TILE16(5, 4) TILE16(4, 4) TILE16(3, 4) TILE16(2, 4) TILE16(1, 4)
+TILE16(6, 1) TILE16(5, 1) TILE16(4, 1) TILE16(3, 1) TILE16(2, 1) TILE16(1, 1)
+TILE8(4, 3) TILE8(3, 3) TILE8(2, 3) TILE8(1, 3)
+TILE8(4, 1) TILE8(3, 1) TILE8(2, 1) TILE8(1, 1)
+
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t, float *, int64_t);
+typedef struct {
+    int rows, width, vectors;            /* the widest tile: rows × vectors of `width` columns */
+    tile_fn wide[7], one[7];             /* by rows: the wide tile and the one-vector tile */
+} tile_set;
+static const tile_set AVX512_TILES = {6, 16, 4, {0, tile16_1_4, tile16_2_4, tile16_3_4, tile16_4_4, tile16_5_4,
+                                                 tile16_6_4},
+                                      {0, tile16_1_1, tile16_2_1, tile16_3_1, tile16_4_1, tile16_5_1, tile16_6_1}};
+static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3, tile8_4_3},
+                                    {0, tile8_1_1, tile8_2_1, tile8_3_1, tile8_4_1}};
+
+/* the columns past the last multiple of 8, k0 <= k < k1: the same chain, one float at a time */
+static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, int64_t k1,
+                         int64_t n0, float *y, int64_t ldy);
+
+/* y (zeroed) += x @ w with the tiles: panels of columns, then blocks of TILE_K
+ * weight rows, then row groups. A wide panel's block of the weight is first
+ * copied into `packed` (TILE_K rows of `panel` floats in a row): read from a
+ * row-major weight its rows lie N floats apart, often a multiple of 4 KiB,
+ * and would crowd into a few cache sets. */
+static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const float *w, int64_t M, int64_t K,
+                         int64_t N, float *y) {
+    float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 32 KiB of stack */
+    const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
+    const int64_t wide = N / panel * panel, vec_end = N / t->width * t->width, vec8 = N / 8 * 8;
+    for (int64_t n0 = 0; n0 < vec8;) {
+        /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
+        const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
+        for (int64_t k0 = 0; k0 < K; k0 += TILE_K) {
+            const int64_t k1 = k0 + TILE_K < K ? k0 + TILE_K : K;
+            if (step == panel)
+                for (int64_t k = k0; k < k1; ++k) memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(float) * panel);
+            for (int64_t group = 0; group < groups; ++group) {
+                const int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
+                const int G = (int)(m1 - m0);
+                const float *xg = x + m0 * ldx;
+                float *yg = y + m0 * N + n0;
+                if (step == panel) t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, N);
+                else if (step == t->width) t->one[G](xg, ldx, w + n0, N, k0, k1, yg, N);
+                else for (int64_t g = 0; g < G; g += 4) {  /* one AVX2 vector left: AVX2 tiles of up to 4 rows */
+                    const int rows = G - g < 4 ? (int)(G - g) : 4;
+                    AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * N, N);
+                }
+            }
+        }
+        n0 += step;
+    }
+    if (vec8 < N) tail_columns((int)M, x, ldx, w, N, 0, K, vec8, y, N);
+}
+
 /* y[M, N] = x[M, K] @ w[K, N]; returns 0, or -1 for sizes it does not take.
  * Rows split into balanced groups of at most GROUP_ROWS. */
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y) {
@@ -153,6 +250,10 @@ int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64
     if (M == 0 || N == 0) return 0;
     memset(y, 0, (size_t)M * (size_t)N * sizeof(float));
     if (!steps_in_use) hs_rows_isa(-1);
+    if (M >= TILE_MIN_ROWS) {
+        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES, x, ldx, w, M, K, N, y);
+        return 0;
+    }
     const step_set *set = steps_in_use;
     /* columns [0, wide) in the chosen vectors, [wide, vec_end) in AVX2 ones, the rest one at a time */
     const int64_t groups = (M + GROUP_ROWS - 1) / GROUP_ROWS, wide = N / set->width * set->width;

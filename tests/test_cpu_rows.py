@@ -87,8 +87,8 @@ def test_the_avx512_and_avx2_paths_give_the_same_bits(both_vector_paths, K, N):
     """16-column vectors, the 8 columns they leave and the last few: the same chains."""
     g = torch.Generator().manual_seed(K + N)
     w = torch.randn(K, N, generator=g)
-    x = torch.randn(cpu_rows.MAX_ROWS, K, generator=g)
-    for M in (1, 2, 3, 4, 5, 7, 16):
+    x = torch.randn(48, K, generator=g)
+    for M in (1, 2, 3, 4, 5, 7, 16, 21, 48):
         avx2, avx512 = both_vector_paths(lambda: cpu_rows.rows_matmul(x[:M], w))
         assert torch.equal(avx2, avx512), (M, K, N)
 
@@ -113,6 +113,21 @@ def test_a_model_gives_the_same_logits_on_either_vector_path(both_vector_paths):
 def test_a_vector_path_it_does_not_know_is_refused():
     with pytest.raises(ValueError, match="avx9"):
         cpu_rows.vector_path("avx9")
+
+
+@x86_with_compiler
+@pytest.mark.parametrize("K,N", [(5, 13), (129, 257), (300, 1160), (7, 4101)])
+def test_the_register_tiles_give_a_rows_bits_alone(K, N):
+    """Past `TILE_MIN_ROWS` rows (the whole blocks' verify of a batch: up to
+    `cpu_blocks.BLOCK_ROWS`) the tiles run: panels of columns, blocks of 128
+    weight rows, groups of rows, each sum the same chain as one row's."""
+    g = torch.Generator().manual_seed(K * 7 + N)
+    w = torch.randn(K, N, generator=g)
+    x = torch.randn(48, K, generator=g)
+    alone = torch.stack([cpu_rows.rows_matmul(x[m:m + 1], w)[0] for m in range(len(x))])
+    for M in (16, 17, 23, 40, 48):
+        assert torch.equal(cpu_rows.rows_matmul(x[:M], w), alone[:M]), M
+        assert torch.equal(cpu_rows.rows_matmul(x[48 - M:], w), alone[48 - M:]), M
 
 
 @x86_with_compiler

@@ -176,12 +176,13 @@ def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
 
 
 def test_a_float32_prefill_runs_the_c_recurrence_where_the_torch_path_takes_the_chunked_scan(monkeypatch):
-    """A 40-input prefill (past `SSD_MIN_TOKENS`) runs the Mamba-2 recurrence in C
-    over all 40 inputs; its logits and final states are the chunked SSD scan's
-    (the torch path), to float32 rounding."""
+    """A prefill past `SSD_MIN_TOKENS` and past the whole forward's rows (the
+    modules run) runs the Mamba-2 recurrence in C over all its inputs; its
+    logits and final states are the chunked SSD scan's (the torch path), to
+    float32 rounding."""
     from hybridspec.models import mamba2
     model = hs.from_hf(bamba(seed=5, dtype=torch.float32)).pack_for_cpu()
-    prompt = [(7 * i + 3) % 50 + 1 for i in range(40)]
+    prompt = [(7 * i + 3) % 50 + 1 for i in range(cpu_blocks.BLOCK_ROWS + 8)]
     assert len(prompt) >= mamba2.SSD_MIN_TOKENS
 
     def run():
