@@ -39,75 +39,39 @@
 #define KBLOCK 12        /* weight rows the groups take in turn (a multiple of every Q) */
 #define PREFETCH_ROWS 8  /* how far ahead, in weight rows, the stream is prefetched */
 
-/* y[0:G, 0:n1] += x[0:G, k:k+Q] @ w[k:k+Q, 0:n1], n1 a multiple of 8 */
-#define DEFINE_STEP(G, Q)                                                                               \
-    static void step_##G##_##Q(const float *x, int64_t ldx, const float *w, int64_t N, int64_t k,      \
-                               int64_t n1, float *y, int64_t ldy) {                                    \
-        __m256 b[G][Q];                                                                                 \
-        _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                             \
-            _Pragma("GCC unroll 8") for (int q = 0; q < Q; ++q)                                         \
-                b[g][q] = _mm256_broadcast_ss(x + g * ldx + k + q);                                     \
-        const float *wk = w + k * N;                                                                    \
-        for (int64_t n = 0; n < n1; n += 8) {                                                           \
-            if ((n & 15) == 0) /* one prefetch per cache line of each row */                            \
-                _Pragma("GCC unroll 8") for (int q = 0; q < Q; ++q)                                     \
-                    _mm_prefetch((const char *)(wk + (PREFETCH_ROWS + q) * N + n), _MM_HINT_T0);        \
-            __m256 a[Q];                                                                                \
-            _Pragma("GCC unroll 8") for (int q = 0; q < Q; ++q) a[q] = _mm256_loadu_ps(wk + q * N + n); \
-            _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                       \
-                float *out = y + g * ldy + n;                                                           \
-                __m256 acc = _mm256_loadu_ps(out);                                                      \
-                _Pragma("GCC unroll 8") for (int q = 0; q < Q; ++q) acc = _mm256_fmadd_ps(b[g][q], a[q], acc); \
-                _mm256_storeu_ps(out, acc);                                                             \
-            }                                                                                           \
-        }                                                                                               \
-    }
-
-DEFINE_STEP(1, 4)
-DEFINE_STEP(1, 1)
-DEFINE_STEP(2, 4)
-DEFINE_STEP(2, 1)
-DEFINE_STEP(3, 3)
-DEFINE_STEP(3, 1)
-DEFINE_STEP(4, 2)
-DEFINE_STEP(4, 1)
-DEFINE_STEP(5, 2)
-DEFINE_STEP(5, 1)
-
-/* the same step on 16 columns per vector, n1 a multiple of 16 (AVX-512F; G·Q + Q + 1 <= 32 zmm) */
-#define DEFINE_STEP16(G, Q)                                                                             \
-    __attribute__((target("avx512f"))) static void step16_##G##_##Q(                                  \
-        const float *x, int64_t ldx, const float *w, int64_t N, int64_t k, int64_t n1, float *y,       \
-        int64_t ldy) {                                                                                  \
-        __m512 b[G][Q];                                                                                 \
+/* y[0:G, 0:n1] += x[0:G, k:k+Q] @ w[k:k+Q, 0:n1], n1 a multiple of W (the columns per vector) */
+#define DEFINE_STEP(NAME, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, Q)                                 \
+    TARGET static void NAME##_##G##_##Q(const float *x, int64_t ldx, const float *w, int64_t N, int64_t k, \
+                                        int64_t n1, float *y, int64_t ldy) {                            \
+        VEC b[G][Q];                                                                                    \
         _Pragma("GCC unroll 12") for (int g = 0; g < G; ++g)                                            \
-            _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q)                                        \
-                b[g][q] = _mm512_set1_ps(x[g * ldx + k + q]);                                           \
+            _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) b[g][q] = SET1(x[g * ldx + k + q]);    \
         const float *wk = w + k * N;                                                                    \
-        for (int64_t n = 0; n < n1; n += 16) { /* one cache line of each row per step */                \
-            _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q)                                        \
-                _mm_prefetch((const char *)(wk + (PREFETCH_ROWS + q) * N + n), _MM_HINT_T0);            \
-            __m512 a[Q];                                                                                \
-            _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) a[q] = _mm512_loadu_ps(wk + q * N + n); \
+        for (int64_t n = 0; n < n1; n += W) {                                                           \
+            if ((n & 15) == 0) /* one prefetch per cache line of each row */                            \
+                _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q)                                    \
+                    _mm_prefetch((const char *)(wk + (PREFETCH_ROWS + q) * N + n), _MM_HINT_T0);        \
+            VEC a[Q];                                                                                   \
+            _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) a[q] = LOAD(wk + q * N + n);           \
             _Pragma("GCC unroll 12") for (int g = 0; g < G; ++g) {                                      \
                 float *out = y + g * ldy + n;                                                           \
-                __m512 acc = _mm512_loadu_ps(out);                                                      \
-                _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) acc = _mm512_fmadd_ps(b[g][q], a[q], acc); \
-                _mm512_storeu_ps(out, acc);                                                             \
+                VEC acc = LOAD(out);                                                                    \
+                _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) acc = FMA(b[g][q], a[q], acc);     \
+                STORE(out, acc);                                                                        \
             }                                                                                           \
         }                                                                                               \
     }
 
-DEFINE_STEP16(1, 12)
-DEFINE_STEP16(1, 1)
-DEFINE_STEP16(2, 6)
-DEFINE_STEP16(2, 1)
-DEFINE_STEP16(3, 6)
-DEFINE_STEP16(3, 1)
-DEFINE_STEP16(4, 6)
-DEFINE_STEP16(4, 1)
-DEFINE_STEP16(5, 4)
-DEFINE_STEP16(5, 1)
+#define TARGET512 __attribute__((target("avx512f")))
+#define AVX2_OPS __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_set1_ps
+#define AVX512_OPS __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_set1_ps
+#define EXPAND(MACRO, ...) MACRO(__VA_ARGS__)  /* the _OPS lists expanded into arguments first */
+#define STEP8(G, Q) EXPAND(DEFINE_STEP, step, , AVX2_OPS, G, Q)
+#define STEP16(G, Q) EXPAND(DEFINE_STEP, step16, TARGET512, AVX512_OPS, G, Q)
+/* G·Q broadcasts, Q weight vectors and one sum in registers: 16 ymm, 32 zmm */
+STEP8(1, 4) STEP8(1, 1) STEP8(2, 4) STEP8(2, 1) STEP8(3, 3) STEP8(3, 1) STEP8(4, 2) STEP8(4, 1) STEP8(5, 2) STEP8(5, 1)
+STEP16(1, 12) STEP16(1, 1) STEP16(2, 6) STEP16(2, 1) STEP16(3, 6) STEP16(3, 1) STEP16(4, 6) STEP16(4, 1)
+STEP16(5, 4) STEP16(5, 1)
 
 typedef void (*step_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t, float *, int64_t);
 typedef struct {
@@ -158,7 +122,7 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
  * the steps above. */
 #define TILE_K 128          /* weight rows per panel block (its copy, 32 KiB, in L1) */
 #ifndef TILE_MIN_ROWS
-#define TILE_MIN_ROWS 16    /* rows from which the tiles run (fewer: the steps above, faster there) */
+#define TILE_MIN_ROWS 32    /* rows from which the tiles run (fewer: the steps above, as fast or faster) */
 #endif
 
 /* y[0:G, 0:V·W] += x[0:G, k0:k1] @ w[k0:k1, 0:V·W] (W columns per vector) */
@@ -181,11 +145,8 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) STORE(y + g * ldy + W * v, acc[g][v]);  \
     }
 
-#define TARGET512 __attribute__((target("avx512f")))
-#define TILE16(G, V) DEFINE_TILE(tile16, TARGET512, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, \
-                                 _mm512_fmadd_ps, _mm512_set1_ps, G, V)
-#define TILE8(G, V) DEFINE_TILE(tile8, , __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, \
-                                _mm256_set1_ps, G, V)
+#define TILE16(G, V) EXPAND(DEFINE_TILE, tile16, TARGET512, AVX512_OPS, G, V)
+#define TILE8(G, V) EXPAND(DEFINE_TILE, tile8, , AVX2_OPS, G, V)
 /* AVX-512: 6 rows × 4 vectors (24 sums + 4 weight vectors in 32 registers), and
  * the narrower tiles for the last columns; AVX2: 4 rows × 3 vectors (12 + 3 of 16) */
 TILE16(6, 4) TILE16(5, 4) TILE16(4, 4) TILE16(3, 4) TILE16(2, 4) TILE16(1, 4)

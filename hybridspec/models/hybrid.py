@@ -244,30 +244,8 @@ class HybridModel(nn.Module):
         does not run (the caller then decodes step by step)."""
         if steps < 1 or not cpu_forward.takes_greedy(self, cache, len(seq_ids)):
             return None
-        starts = [cache.computed_len[s] for s in seq_ids]
-        if cache.kv is not None and any(cache.kv.kv_len(s) != n for s, n in zip(seq_ids, starts)):
-            return None  # a replay over cached K/V (prefix cache): step by step
-        chains = None
-        if cache.states is not None:
-            chains = []
-            for s in seq_ids:
-                ring = cache.states.ring_slots(s)
-                at = ring.index(cache.head(s))
-                chains.append([ring[(at + k) % len(ring)] for k in range(steps + 1)])
-        meta = cache.kv.prepare_write(seq_ids, [steps] * len(seq_ids), starts) if cache.kv is not None else None
-        try:
-            drafts, logits, finite = cpu_forward.greedy_steps(self, cache, tokens, steps, chains, meta, starts)
-            if not finite:
-                check_finite(logits, None, True)
-        except Exception:
-            if cache.kv is not None:
-                for s, n in zip(seq_ids, starts):
-                    cache.kv.truncate(s, n)
-            raise
-        for b, (s, start) in enumerate(zip(seq_ids, starts)):
-            cache.commit(s, start + steps, chains[b][steps] if chains else -1)
-        return drafts, logits, [chain[1:] for chain in chains] if chains else [[-1] * steps for _ in seq_ids]
-
+        return self._chained(cache, seq_ids, steps, steps, lambda chains, meta, starts: cpu_forward.greedy_steps(
+            self, cache, tokens, steps, chains, meta, starts))
 
     @torch.inference_mode()
     def extend_greedy(self, cache, seq_ids: list[int], token_lists: list[list[int]],
@@ -280,28 +258,49 @@ class HybridModel(nn.Module):
         [batch][steps], logits [batch, steps + 1, vocab], the ring head after
         the catch-up and after each step [batch][steps + 1]), committed like
         those calls; None, with nothing changed, where it does not run (the
-        rows' lengths differ, more rows than the blocks take, a ring too short
-        for the chain, a replay over cached K/V, or `decode_greedy`'s reasons)."""
+        rows' lengths differ, more rows than the blocks take, or
+        `decode_greedy`'s reasons)."""
         T = len(token_lists[0]) if token_lists else 0
         if (steps < 1 or T < 1 or any(len(t) != T for t in token_lists)
                 or len(seq_ids) * T > cpu_blocks.BLOCK_ROWS or not cpu_forward.takes_greedy(self, cache, len(seq_ids))):
             return None
+
+        def call(chains, meta, starts):
+            first, drafts, logits, finite = cpu_forward.extend_greedy(self, cache, token_lists, steps, chains, meta,
+                                                                      starts)
+            return (first, drafts), logits, finite
+        done = self._chained(cache, seq_ids, steps + 1, T + steps, call)
+        if done is None:
+            return None
+        (first, drafts), logits, heads = done
+        return first, drafts, logits, heads
+
+    def _chained(self, cache, seq_ids: list[int], forwards: int, num_new: int, call):
+        """What `decode_greedy` and `extend_greedy` share: `forwards` forwards one
+        after another over `num_new` new positions per row, row b's state passing
+        along its ring from the head (`chains[b]`, forwards + 1 slots; the head is
+        never written), the K/V of every position reserved at once.
+        `call(chains, meta, starts)` runs them and returns (out, logits, finite).
+        Returns (out, logits, the ring head after each forward [batch][forwards])
+        with every row committed at its last position; None, with nothing
+        changed, where a ring is too short for the chain or a row replays over
+        cached K/V (prefix cache: the caller takes the plain calls). A failing
+        call changes nothing either."""
         starts = [cache.computed_len[s] for s in seq_ids]
         if cache.kv is not None and any(cache.kv.kv_len(s) != n for s, n in zip(seq_ids, starts)):
-            return None  # a replay over cached K/V (prefix cache): the plain calls
+            return None
         chains = None
         if cache.states is not None:
             chains = []
             for s in seq_ids:
                 ring = cache.states.ring_slots(s)
-                if len(ring) < steps + 2:  # the chain would come back to the head
+                if len(ring) < forwards + 1:  # the chain would come back to the head
                     return None
                 at = ring.index(cache.head(s))
-                chains.append([ring[(at + k) % len(ring)] for k in range(steps + 2)])
-        meta = cache.kv.prepare_write(seq_ids, [T + steps] * len(seq_ids), starts) if cache.kv is not None else None
+                chains.append([ring[(at + k) % len(ring)] for k in range(forwards + 1)])
+        meta = cache.kv.prepare_write(seq_ids, [num_new] * len(seq_ids), starts) if cache.kv is not None else None
         try:
-            first, drafts, logits, finite = cpu_forward.extend_greedy(self, cache, token_lists, steps, chains, meta,
-                                                                      starts)
+            out, logits, finite = call(chains, meta, starts)
             if not finite:
                 check_finite(logits, None, True)
         except Exception:
@@ -310,9 +309,9 @@ class HybridModel(nn.Module):
                     cache.kv.truncate(s, n)
             raise
         for b, (s, start) in enumerate(zip(seq_ids, starts)):
-            cache.commit(s, start + T + steps, chains[b][steps + 1] if chains else -1)
-        heads = [chain[1:] for chain in chains] if chains else [[-1] * (steps + 1) for _ in seq_ids]
-        return first, drafts, logits, heads
+            cache.commit(s, start + num_new, chains[b][forwards] if chains else -1)
+        heads = [chain[1:] for chain in chains] if chains else [[-1] * forwards for _ in seq_ids]
+        return out, logits, heads
 
 
 def check_finite(logits: torch.Tensor, num_tokens: torch.Tensor, last_only: bool) -> None:
