@@ -254,13 +254,22 @@ class ModelDrafter:
         """Rows more than two committed tokens behind (a new prompt, or rounds
         that drafted nothing) absorb all but their last committed token in a
         forward of their own, so the round's catch-up pads no row to a prompt's
-        length. Like the catch-up it writes a fresh ring slot: a revert still
-        returns to the round start."""
-        behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c in zip(ids, committed)
-                  if len(c) - self.cache.computed_len[s] > 2]
+        length. Where the catch-ups would then differ in length (rows two
+        behind beside rows one behind: a round that accepted every draft beside
+        one that did not), the rows two behind absorb their first token in one
+        more forward of one input per row, so that every catch-up is one token
+        and the catch-up and the drafts run as one call
+        (`HybridModel.extend_greedy`) instead of a padded forward. Like the
+        catch-up each writes a fresh ring slot: a revert still returns to the
+        round start."""
+        gaps = [len(c) - self.cache.computed_len[s] for s, c in zip(ids, committed)]
+        behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c, gap in zip(ids, committed, gaps) if gap > 2]
+        two = [(s, c[-2:-1]) for s, c, gap in zip(ids, committed, gaps) if gap == 2]
         began = time.perf_counter()
         if behind:
             self.model.extend(self.cache, [s for s, _ in behind], [t for _, t in behind], last_only=True)
+        if two and len(two) < len(ids):
+            self.model.extend(self.cache, [s for s, _ in two], [t for _, t in two], last_only=True)
         self.backlog_seconds = time.perf_counter() - began
 
     def _record(self, ids) -> None:
