@@ -457,10 +457,16 @@ class Engine:
     def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams,
                          stats: EngineStats) -> None:
         with stats.phase("sampling"):
-            positions = torch.tensor([r.committed_len for r in requests], device=logits.device)
-            probs = process_logits(logits, rows, penalty_context(requests, logits.shape[-1], logits.device))
-            tokens = sample(probs, rows, positions).tolist()
-            logprobs = batch_logprobs(probs[:, None], [[t] for t in tokens], requests)
+            if rows.flags.all_greedy and all(r.params.logprobs is None and not r.params.has_penalties
+                                             for r in requests):
+                # the argmax of the logits is the probabilities' (softmax keeps the order, ties
+                # included; the filters keep the top token) and nothing else reads them
+                tokens, logprobs = logits.argmax(dim=-1).tolist(), [None] * len(requests)
+            else:
+                positions = torch.tensor([r.committed_len for r in requests], device=logits.device)
+                probs = process_logits(logits, rows, penalty_context(requests, logits.shape[-1], logits.device))
+                tokens = sample(probs, rows, positions).tolist()
+                logprobs = batch_logprobs(probs[:, None], [[t] for t in tokens], requests)
         for r, t, lp in zip(requests, tokens, logprobs):
             r.emit([t], lp)
         stats.emitted_tokens += len(requests)
