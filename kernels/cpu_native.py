@@ -1,5 +1,6 @@
-"""The CPU's native kernels: plain C (AVX2 + FMA) built on first use and
-called through ctypes.
+"""The CPU's native kernels: plain C (AVX2 + FMA; the products also on
+AVX-512 vectors where the CPU has them, chosen at run time with the same
+bits, `cpu_rows.vector_path`) built on first use and called through ctypes.
 
 Six kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:

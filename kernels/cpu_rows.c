@@ -1,4 +1,4 @@
-/* Few-row matrix products on x86 CPUs with AVX2 and FMA: y = x @ w.
+/* Few-row matrix products on x86 CPUs with AVX2 and FMA (AVX-512 where present): y = x @ w.
  *
  * x is [M, K] (rows `ldx` floats apart, unit column stride), w is [K, N]
  * contiguous (input-major: what `HybridModel.pack_for_cpu` stores), y is
@@ -27,6 +27,9 @@
  * count changes (fewer loads, stores and multiply-adds per weight), which is
  * what a verify's rows are bound by once the weights are in cache.
  * `hs_rows_isa` reports and chooses the path (the tests compare them).
+ *
+ * From TILE_MIN_ROWS rows (a batch's verify in the whole blocks) register
+ * tiles take over, with the same chains again (see `tiled_matmul`).
  */
 #include <immintrin.h>
 #include <math.h>
