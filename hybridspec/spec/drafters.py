@@ -268,9 +268,9 @@ class ModelDrafter:
         began = time.perf_counter()
         if behind:
             self.model.extend(self.cache, [s for s, _ in behind], [t for _, t in behind], last_only=True)
+        self.backlog_seconds = time.perf_counter() - began  # one-off work; the rows two behind are a round's
         if two and len(two) < len(ids):
             self.model.extend(self.cache, [s for s, _ in two], [t for _, t in two], last_only=True)
-        self.backlog_seconds = time.perf_counter() - began
 
     def _record(self, ids) -> None:
         for s in ids:
