@@ -16,9 +16,12 @@ and a row's bits still do not depend on the batch.
 `HybridModel.extend` calls `forward` first; it returns None (and the layers
 run one by one, the blocks where they apply) unless every layer runs whole
 (`DecoderLayer.whole_mixer` / `whole_mlp` and the blocks' own conditions:
-`cpu_blocks`), the embedding and logits multipliers are 1, every row runs
-all its inputs, the rows fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors
-are float32 and contiguous. The LM head runs in C up to
+`cpu_blocks`), the embedding and logits multipliers are 1, the rows (padded
+to the longest) fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors are
+float32 and contiguous. A row of fewer inputs runs padded with token 0: its
+padding writes no state and no K/V (slot -1 in both plans), attends to
+nothing and its logits are not read, and the recurrence and conv window are causal, so
+its real inputs get the bits they get alone. The LM head runs in C up to
 `cpu_rows.MAX_ROWS` kept rows (where `linear` gives it the same kernel);
 past that C returns the final hidden states and the model runs its head
 (`HybridModel.head`, through `linear`).
@@ -212,10 +215,13 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
     if not (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and torch.get_num_threads() == 1
             and cpu_native.available()):
         return None
-    bsz, T = len(token_lists), len(token_lists[0])
+    bsz, lengths = len(token_lists), [len(tokens) for tokens in token_lists]
+    T = max(lengths, default=0)
     rows = bsz * T
-    if not 0 < rows <= cpu_blocks.BLOCK_ROWS or any(len(tokens) != T for tokens in token_lists):
+    if not 0 < rows <= cpu_blocks.BLOCK_ROWS or min(lengths) < 1:
         return None
+    if min(lengths) < T:  # rows of fewer inputs (a verify of rows with fewer drafts) padded with token 0
+        token_lists = [tokens + [0] * (T - len(tokens)) for tokens in token_lists]
     table = _table(model, cache)
     if not table.ok:
         return None
@@ -229,7 +235,7 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
         logged = [cpu_blocks.logged_inputs(layer, batch, bsz, T) for _, layer in table.mamba_layers]
     kv = (meta.slot_rows, meta.context_list, meta.query_list, meta.table_rows) if table.has_attention else None
     call = _Call(model, table, token_lists, plan.src_list if table.has_mamba else None,
-                 plan.snap_list if table.has_mamba else None, kv, last_only, logged)
+                 plan.snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
     status = cpu_native.library().hs_forward(ctypes.byref(call.args))
     if status == -2:
         bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < table.vocab})
@@ -246,10 +252,11 @@ class _Call:
     context lengths, query lengths, block table rows) (None without attention);
     `logged` each Mamba layer's input-log buffer (or None). `out` receives the
     logits [batch, T or 1, vocab], or the final hidden states where more rows are
-    kept than the head kernel takes (`head` False)."""
+    kept than the head kernel takes (`head` False). `lengths`: each row's real
+    inputs where rows are padded to T (the last one is the row's kept input)."""
 
     def __init__(self, model, table: _Table, token_lists, src, snap, kv, last_only: bool, logged=None,
-                 out: torch.Tensor | None = None):
+                 out: torch.Tensor | None = None, lengths: list[int] | None = None):
         bsz, T = len(token_lists), len(token_lists[0])
         rows = bsz * T
         ints = [token for tokens in token_lists for token in tokens]  # [batch, T] ids, then the plans
@@ -288,7 +295,7 @@ class _Call:
         kept = bsz if last_only else rows
         if last_only and T > 1:  # each row's last input
             at["last_index"] = len(ints)
-            ints += range(T - 1, rows, T)
+            ints += range(T - 1, rows, T) if lengths is None else [b * T + n - 1 for b, n in enumerate(lengths)]
         buffer = self.buffer = (ctypes.c_int64 * len(ints))(*ints)
         base = ctypes.addressof(buffer)
         args.ids = base

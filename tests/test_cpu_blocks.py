@@ -216,12 +216,45 @@ def test_the_engine_emits_the_same_tokens_with_and_without_blocks(model, blocks_
     assert generate() == with_blocks
 
 
+@pytest.mark.parametrize("last_only", [False, True])
+def test_a_padded_batch_runs_whole_with_each_rows_bits(model, counted, last_only):
+    """Rows of 3 and 1 inputs (a verify where one row has fewer drafts) in one
+    whole forward, padded: each row's logits, final state and conv window,
+    and the next step's logits (its K/V), bit for bit those of the row alone."""
+    prompts, inputs = [[5, 6, 7, 8], [9, 10, 11]], [[20, 21, 22], [30]]
+
+    def run(rows):
+        cache = new_cache(model, len(rows))
+        ids = list(range(len(rows)))
+        model.prefill(cache, ids, [prompts[b] for b in rows], last_only=True)
+        logits = model.extend(cache, ids, [inputs[b] for b in rows], last_only=last_only)
+        states = [(cache.states.ssm_states[0][cache.head(s)].clone(), cache.states.conv_states[0][cache.head(s)].clone())
+                  for s in ids]
+        after = model.decode(cache, ids, [40] * len(rows))
+        return logits, states, after
+    counted.clear()
+    together = run([0, 1])
+    assert counted["forward"] == 3 and not counted["forward fell back"]  # the padded extend among them
+    for b in (0, 1):
+        alone = run([b])
+        n = 1 if last_only else len(inputs[b])
+        assert torch.equal(together[0][b, :n], alone[0][0, :n])
+        assert all(torch.equal(x, y) for x, y in zip(together[1][b], alone[1][0]))
+        assert torch.equal(together[2][b], alone[2][0])
+
+
 def test_when_the_blocks_fall_back(model, counted):
     cache = new_cache(model)
     model.prefill(cache, [0, 1], [[5, 6, 7], [8, 9]], last_only=True)
     counted.clear()
-    model.extend(cache, [0, 1], [[3, 4], [5]], last_only=True)  # a padded batch: the Mamba block needs all inputs
-    assert counted["forward fell back"] == 1
+    model.extend(cache, [0, 1], [[3, 4], [5]], last_only=True)  # a padded batch: the whole forward takes it
+    assert counted["forward"] == 1 and not counted["forward fell back"]
+    counted.clear()
+    cpu_forward.set_enabled(False)
+    try:  # layer by layer, the Mamba block needs all inputs of every row
+        model.extend(cache, [0, 1], [[3, 4], [5]], last_only=True)
+    finally:
+        cpu_forward.set_enabled(True)
     assert counted["mixer_block fell back"] == 2 and counted["mixer_block"] == 1  # Mamba fell back, attention ran
     counted.clear()
     cpu_native.set_enabled(False)
