@@ -158,13 +158,13 @@ def test_whole_forward_gives_the_bits_of_the_blocks_layer_by_layer(model, counte
 def test_whole_forward_past_the_head_kernel_rows_and_a_bad_token(model, counted):
     """More kept rows than `cpu_rows.MAX_ROWS`: the layers in C, the head through
     `linear`, the same bits; a token outside the vocabulary raises before anything is written."""
-    prompt = list(range(3, 3 + cpu_blocks.BLOCK_ROWS))
-    whole = new_cache(model, 1)
+    prompt = [(3 + i) % 90 + 3 for i in range(cpu_blocks.BLOCK_ROWS)]
+    whole = new_cache(model, 2)  # room for BLOCK_ROWS positions
     logits = model.prefill(whole, [0], [prompt])  # every input's logits: BLOCK_ROWS rows kept
     assert counted["forward"] == 1
     cpu_forward.set_enabled(False)
     try:
-        layers = new_cache(model, 1)
+        layers = new_cache(model, 2)
         assert torch.equal(logits, model.prefill(layers, [0], [prompt]))
     finally:
         cpu_forward.set_enabled(True)

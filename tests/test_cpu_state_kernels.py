@@ -186,7 +186,7 @@ def test_a_float32_prefill_runs_the_c_recurrence_where_the_torch_path_takes_the_
     assert len(prompt) >= mamba2.SSD_MIN_TOKENS
 
     def run():
-        cache = HybridCache(model.config, max_seqs=1, num_blocks=4, block_size=16, ring_slots=8, dtype=model.dtype)
+        cache = HybridCache(model.config, max_seqs=1, num_blocks=8, block_size=16, ring_slots=8, dtype=model.dtype)
         logits = model.prefill(cache, [0], [prompt], last_only=True)
         return logits, [s.clone() for s in (*cache.states.ssm_states, *cache.states.conv_states)]
 
