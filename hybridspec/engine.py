@@ -31,7 +31,7 @@ from .models.hybrid import HybridModel
 from .penalties import penalty_context
 from .requests import engine_eos_ids, engine_sizes, normalize_requests
 from .scheduler import Scheduler
-from .sampling import RowParams, SamplingParams, derived_seed, process_logits, sample
+from .sampling import RowParams, SamplingParams, argmax_suffices, derived_seed, process_logits, sample
 from .spec.drafters import ModelDrafter, as_drafter
 from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController, measure_round_costs, measured_batches
 from .spec.speculator import Speculator
@@ -457,10 +457,7 @@ class Engine:
     def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams,
                          stats: EngineStats) -> None:
         with stats.phase("sampling"):
-            if rows.flags.all_greedy and all(r.params.logprobs is None and not r.params.has_penalties
-                                             for r in requests):
-                # the argmax of the logits is the probabilities' (softmax keeps the order, ties
-                # included; the filters keep the top token) and nothing else reads them
+            if argmax_suffices(rows, requests):
                 tokens, logprobs = logits.argmax(dim=-1).tolist(), [None] * len(requests)
             else:
                 positions = torch.tensor([r.committed_len for r in requests], device=logits.device)

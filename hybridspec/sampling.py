@@ -265,6 +265,16 @@ class RowParams:
         return self.temperature == 0
 
 
+def argmax_suffices(rows: RowParams, requests) -> bool:
+    """Whether the rows' tokens are their logits' argmax and nothing else reads
+    the probabilities: every row greedy, none with a penalty or asking for
+    logprobs (softmax keeps the order, ties included; temperature does not
+    apply to greedy rows and the filters keep the top token), so the float64
+    `process_logits` can be skipped."""
+    return rows.flags.all_greedy and all(r.params.logprobs is None and not r.params.has_penalties
+                                         for r in requests)
+
+
 def process_logits(logits: torch.Tensor, rows: RowParams, context: PenaltyContext | None = None) -> torch.Tensor:
     """Post-processed probabilities. logits [N, vocab] -> probs [N, vocab] (float64).
 

@@ -99,6 +99,17 @@ int hs_forward(const hs_forward_args *a) {
     return 0;
 }
 
+/* tokens[b] = argmax of logits[b] ([batch, vocab]), the first of ties winning as in torch.argmax */
+static void argmax_rows(const float *logits, int64_t batch, int64_t vocab, int64_t *tokens) {
+    for (int64_t b = 0; b < batch; ++b) {
+        const float *row = logits + b * vocab;
+        int64_t best = 0;
+        for (int64_t v = 1; v < vocab; ++v)
+            if (row[v] > row[best]) best = v;
+        tokens[b] = best;
+    }
+}
+
 /* `steps` greedy decode steps of one input per row, each step's input the
  * argmax of the last step's logits (the first ties win, as torch.argmax), in
  * one call: a drafter's γ - 1 forwards after its catch-up. `a` is set up as for
@@ -119,13 +130,7 @@ int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan
         step.out = logits + s * batch * vocab;
         const int status = hs_forward(&step);
         if (status) return status;
-        for (int64_t b = 0; b < batch; ++b) {
-            const float *row = step.out + b * vocab;
-            int64_t best = 0;
-            for (int64_t v = 1; v < vocab; ++v)
-                if (row[v] > row[best]) best = v;
-            tokens[(s + 1) * batch + b] = best;
-        }
+        argmax_rows(step.out, batch, vocab, tokens + (s + 1) * batch);
     }
     return 0;
 }
@@ -145,12 +150,6 @@ int hs_extend_greedy(const hs_forward_args *first, const hs_forward_args *a, int
     f.out = logits;
     const int status = hs_forward(&f);
     if (status) return status;
-    for (int64_t b = 0; b < batch; ++b) {
-        const float *row = logits + b * vocab;
-        int64_t best = 0;
-        for (int64_t v = 1; v < vocab; ++v)
-            if (row[v] > row[best]) best = v;
-        tokens[b] = best;
-    }
+    argmax_rows(logits, batch, vocab, tokens);
     return steps ? hs_greedy_steps(a, steps, plan, tokens, logits + batch * vocab) : 0;
 }

@@ -236,13 +236,37 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
     kv = (meta.slot_rows, meta.context_list, meta.query_list, meta.table_rows) if table.has_attention else None
     call = _Call(model, table, token_lists, plan.src_list if table.has_mamba else None,
                  plan.snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
+    _give_work(call)
     status = cpu_native.library().hs_forward(ctypes.byref(call.args))
     if status == -2:
-        bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < table.vocab})
-        raise IndexError(f"token ids {bad[:8]} lie outside the vocabulary [0, {table.vocab})")
+        _bad_tokens(token_lists, table.vocab)
     if status < 0:
         raise ValueError(f"cpu_forward: arguments not taken: {bsz} rows of {T} inputs, last_only {last_only}")
     return Whole(call.out, status == 0, not call.head)
+
+
+def _args(model, table: _Table, bsz: int, T: int) -> ForwardArgs:
+    """The fields every call's `ForwardArgs` takes from the model and its table."""
+    args = ForwardArgs()
+    args.layers, args.num_layers = table.layers, len(table.layers)
+    args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, T
+    args.embed_row, args.embed_col = table.embed_strides
+    args.hidden, args.vocab = table.hidden, table.vocab
+    return args
+
+
+def _give_work(*calls) -> None:
+    """Point the calls of one C entry point at the thread's scratch memory, sized
+    for the largest (taken once: a later, larger request would move it)."""
+    work = cpu_blocks._work(max(call.work for call in calls)).data_ptr()
+    for call in calls:
+        call.args.work = work
+
+
+def _bad_tokens(token_lists: list[list[int]], vocab: int):
+    """Raise the IndexError C reported (status -2) with the ids outside the vocabulary."""
+    bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < vocab})
+    raise IndexError(f"token ids {bad[:8]} lie outside the vocabulary [0, {vocab})")
 
 
 class _Call:
@@ -253,18 +277,16 @@ class _Call:
     `logged` each Mamba layer's input-log buffer (or None). `out` receives the
     logits [batch, T or 1, vocab], or the final hidden states where more rows are
     kept than the head kernel takes (`head` False). `lengths`: each row's real
-    inputs where rows are padded to T (the last one is the row's kept input)."""
+    inputs where rows are padded to T (the last one is the row's kept input).
+    `work`: the scratch floats it needs (`_give_work` points it there)."""
 
     def __init__(self, model, table: _Table, token_lists, src, snap, kv, last_only: bool, logged=None,
                  out: torch.Tensor | None = None, lengths: list[int] | None = None):
         bsz, T = len(token_lists), len(token_lists[0])
         rows = bsz * T
         ints = [token for tokens in token_lists for token in tokens]  # [batch, T] ids, then the plans
-        args = self.args = ForwardArgs()
-        args.layers, args.num_layers = table.layers, len(table.layers)
-        args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, T
-        args.embed_row, args.embed_col = table.embed_strides
-        args.hidden, args.vocab = hidden, vocab = table.hidden, table.vocab
+        args = self.args = _args(model, table, bsz, T)
+        hidden, vocab = table.hidden, table.vocab
         work = 3 * rows * hidden + rows * table.row_work + table.fixed_work  # floats; hs_forward checks it
         at = {}  # field -> offset in `ints`
         if table.has_mamba:
@@ -307,7 +329,7 @@ class _Call:
         if out is None:
             out = torch.empty(bsz, kept // bsz, vocab if self.head else hidden, dtype=torch.float32)
         self.out, self.work = out, work
-        args.work, args.work_size, args.out = cpu_blocks._work(work).data_ptr(), work, out.data_ptr()
+        args.work_size, args.out = work, out.data_ptr()
 
 
 def takes_greedy(model, cache, batch: int) -> bool:
@@ -328,12 +350,12 @@ def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[
     table = _table(model, cache)
     bsz, vocab = len(tokens), table.vocab
     call = _Steps(model, table, steps, chains, meta, 0, starts, tokens)
+    _give_work(call)
     logits = torch.zeros(steps, bsz, vocab, dtype=torch.float32)
     status = cpu_native.library().hs_greedy_steps(ctypes.byref(call.args), steps, call.plan_address,
                                                   call.token_address, logits.data_ptr())
     if status == -2:
-        raise IndexError(f"token ids {sorted(set(t for t in tokens if not 0 <= t < vocab))[:8]} lie outside the "
-                         f"vocabulary [0, {vocab})")
+        _bad_tokens([tokens], vocab)
     if status < 0:
         raise ValueError(f"cpu_forward: greedy steps not taken: {bsz} rows, {steps} steps")
     return call.drafts(), logits.transpose(0, 1), status == 0
@@ -362,12 +384,11 @@ def extend_greedy(model, cache, token_lists: list[list[int]], steps: int, chains
     first = _Call(model, table, token_lists, src, snap, kv, True, out=logits[0])
     call = _Steps(model, table, steps, chains and [chain[1:] for chain in chains], meta, T,
                   [start + T for start in starts], [0] * bsz)
-    first.args.work = call.args.work = cpu_blocks._work(max(first.work, call.work)).data_ptr()  # one buffer, both
+    _give_work(first, call)
     status = cpu_native.library().hs_extend_greedy(ctypes.byref(first.args), ctypes.byref(call.args), steps,
                                                    call.plan_address, call.token_address, logits.data_ptr())
     if status == -2:
-        bad = sorted({t for tokens in token_lists for t in tokens if not 0 <= t < vocab})
-        raise IndexError(f"token ids {bad[:8]} lie outside the vocabulary [0, {vocab})")
+        _bad_tokens(token_lists, vocab)
     if status < 0:
         raise ValueError(f"cpu_forward: catch-up and greedy steps not taken: {bsz} rows of {T}, {steps} steps")
     return list(call.tokens[:bsz]), call.drafts(), logits.transpose(0, 1), status == 0
@@ -378,17 +399,14 @@ class _Steps:
     per row (`hs_greedy_steps`) and the memory they point at: `chains[b]` the
     ring slots of row b from the first step's source on, `meta` a K/V plan whose
     positions from `offset` on are the steps' (row b's first at `starts[b]`),
-    `first` the first step's input tokens."""
+    `first` the first step's input tokens; `work` the scratch floats it needs."""
 
     def __init__(self, model, table: _Table, steps: int, chains, meta, offset: int, starts: list[int],
                  first: list[int]):
         bsz = self.bsz = len(starts)
         self.steps = steps
-        args = self.args = ForwardArgs()
-        args.layers, args.num_layers = table.layers, len(table.layers)
-        args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, 1
-        args.embed_row, args.embed_col = table.embed_strides
-        args.hidden, args.vocab = hidden, _ = table.hidden, table.vocab
+        args = self.args = _args(model, table, bsz, 1)
+        hidden = table.hidden
         args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
         work = 3 * bsz * hidden + bsz * table.row_work + table.fixed_work
         plan = []  # per step: src, snap, slot_mapping, context_lens of the batch
@@ -415,8 +433,7 @@ class _Steps:
             args.slot_mapping = args.context_lens = self.plan_address
             args.query_lens = ctypes.addressof(self.fixed)
             args.block_tables = ctypes.addressof(self.fixed) + 8 * bsz
-        self.work = work
-        args.work, args.work_size = cpu_blocks._work(work).data_ptr(), work
+        self.work = args.work_size = work
 
     def drafts(self) -> list[list[int]]:
         """Each row's step tokens [batch][steps], read back after the call."""

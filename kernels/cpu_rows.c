@@ -102,6 +102,7 @@ int hs_rows_isa(int choice) {
     return steps_in_use == &AVX512_STEPS;
 }
 
+
 /* the columns past the last multiple of 8, k0 <= k < k1: the same chain, one float at a time */
 static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, int64_t k1,
                          int64_t n0, float *y, int64_t ldy) {
@@ -167,10 +168,6 @@ static const tile_set AVX512_TILES = {6, 16, 4, {0, tile16_1_4, tile16_2_4, tile
                                       {0, tile16_1_1, tile16_2_1, tile16_3_1, tile16_4_1, tile16_5_1, tile16_6_1}};
 static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3, tile8_4_3},
                                     {0, tile8_1_1, tile8_2_1, tile8_3_1, tile8_4_1}};
-
-/* the columns past the last multiple of 8, k0 <= k < k1: the same chain, one float at a time */
-static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, int64_t k1,
-                         int64_t n0, float *y, int64_t ldy);
 
 /* y (zeroed) += x @ w with the tiles: panels of columns, then blocks of TILE_K
  * weight rows, then row groups. A wide panel's block of the weight is first

@@ -30,7 +30,7 @@ from ..errors import InvalidRequestError
 from ..logprobs import batch_logprobs
 from ..models.hybrid import HybridModel
 from ..penalties import penalty_context
-from ..sampling import RowParams, process_logits, sample
+from ..sampling import RowParams, argmax_suffices, process_logits, sample
 from ..stats import EngineStats
 from .drafters import Drafter, Proposal
 from .round import RoundBatch
@@ -135,13 +135,10 @@ class Speculator:
         """Rejection sampling over post-processed p and q: (emitted tokens per row, accepted counts);
         the emitted tokens' log-probabilities go to `round.logprobs`."""
         B, T, V = logits.shape
-        context = penalty_context(round.requests, V, logits.device)  # p_{j+1} sees d_1..d_j, as q_{j+1} did
-        if T > 1 and context is None and rows.flags.all_greedy \
-                and all(r.params.logprobs is None for r in round.requests):
-            # p's argmax is the logits' (softmax keeps the order, ties included; temperature and the
-            # filters do not apply to greedy rows or keep the top token) and nothing else reads p
+        if T > 1 and argmax_suffices(rows, round.requests):  # greedy_accept on p's argmax, the logits'
             round.logprobs = [None] * B
             return greedy_accept(logits, round.drafts)
+        context = penalty_context(round.requests, V, logits.device)  # p_{j+1} sees d_1..d_j, as q_{j+1} did
         context = None if context is None else context.with_drafts(round.drafts, T)
         # each row's parameters once per input; not needed when no filter or penalty reads them
         flat_rows = rows.repeat(T) if context is not None or rows.flags.any_filter else rows
