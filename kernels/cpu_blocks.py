@@ -108,7 +108,7 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
 
 # rows (batch · inputs) up to which a block runs: six times the rows `linear` gives the product
 # kernel, so that a verify of γ + 1 = 5 inputs runs whole up to batch 19 (past `cpu_rows.MAX_ROWS`
-# the products go through the kernel's streaming steps, past 32 rows its register tiles). One call
+# the products go through the kernel's streaming steps, from 10-16 rows its register tiles). One call
 # saves the modules' host work, and a padded batch (rows with fewer drafts) runs here but not in the
 # modules' C recurrence: `benches/round_cost.py`'s batch-16 speculative run went from 0.54 to 0.81x
 # plain (two alternating runs each); a prefill of 64-96 tokens took 0.78-0.87x the time on the

@@ -28,8 +28,8 @@
  * what a verify's rows are bound by once the weights are in cache.
  * `hs_rows_isa` reports and chooses the path (the tests compare them).
  *
- * From TILE_MIN_ROWS rows (a batch's verify in the whole blocks) register
- * tiles take over, with the same chains again (see `tiled_matmul`).
+ * From TILE_MIN_ROWS rows (a verify of batch 4 or more, of γ + 1 = 5 inputs;
+ * from batch 2 for weights that fit in L2) register tiles take over, with the same chains again (see `tiled_matmul`).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -124,20 +124,30 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
  * and stored back once per block of TILE_K, so its chain of fused
  * multiply-adds still runs over k = 0, 1, …, K - 1 in order: the same bits as
  * the steps above. */
-#define TILE_K 128          /* weight rows per panel block (its copy, 32 KiB, in L1) */
+#define TILE_K 64           /* weight rows per block (a panel's copy, 16 KiB, in L1; two blocks in L2) */
+/* rows from which the tiles run (fewer: the steps above, as fast or faster); from fewer where the
+ * weight fits in L2 (2 MiB): streamed from memory, 10-15 rows went as fast or faster in steps (a verify
+ * of batch 2 on round_cost's 35.8M target: 1.60 against 1.71 target steps), from cache the tiles won
+ * (the embedded target's products at 10 rows: 0.89 against 1.00 ms) */
 #ifndef TILE_MIN_ROWS
-#define TILE_MIN_ROWS 32    /* rows from which the tiles run (fewer: the steps above, as fast or faster) */
+#define TILE_MIN_ROWS 16
 #endif
+#define TILE_MIN_ROWS_CACHED 10
+#define CACHED_WEIGHT_FLOATS (512 * 1024)
 
-/* y[0:G, 0:V·W] += x[0:G, k0:k1] @ w[k0:k1, 0:V·W] (W columns per vector) */
+/* y[0:G, 0:V·W] += x[0:G, k0:k1] @ w[k0:k1, 0:V·W] (W columns per vector), prefetching the
+ * `pf_lines` cache lines from `pf` on, a few per weight row */
 #define DEFINE_TILE(NAME, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, V)                                  \
     TARGET static void NAME##_##G##_##V(const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, \
-                                        int64_t k1, float *y, int64_t ldy) {                            \
+                                        int64_t k1, float *y, int64_t ldy, const float *pf, int64_t pf_lines) { \
         VEC acc[G][V];                                                                                  \
+        const int64_t pf_per_row = (pf_lines + (k1 - k0) - 1) / (k1 - k0);                             \
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                             \
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) acc[g][v] = LOAD(y + g * ldy + W * v); \
         for (int64_t k = k0; k < k1; ++k) {                                                             \
             const float *wk = w + k * N;                                                                \
+            for (int64_t l = (k - k0) * pf_per_row; l < (k - k0 + 1) * pf_per_row && l < pf_lines; ++l) \
+                _mm_prefetch((const char *)(pf + 16 * l), _MM_HINT_T1);                                 \
             VEC b[V];                                                                                   \
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) b[v] = LOAD(wk + W * v);               \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                       \
@@ -158,7 +168,8 @@ TILE16(6, 1) TILE16(5, 1) TILE16(4, 1) TILE16(3, 1) TILE16(2, 1) TILE16(1, 1)
 TILE8(4, 3) TILE8(3, 3) TILE8(2, 3) TILE8(1, 3)
 TILE8(4, 1) TILE8(3, 1) TILE8(2, 1) TILE8(1, 1)
 
-typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t, float *, int64_t);
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t, float *, int64_t,
+                        const float *, int64_t);
 typedef struct {
     int rows, width, vectors;            /* the widest tile: rows × vectors of `width` columns */
     tile_fn wide[7], one[7];             /* by rows: the wide tile and the one-vector tile */
@@ -169,21 +180,32 @@ static const tile_set AVX512_TILES = {6, 16, 4, {0, tile16_1_4, tile16_2_4, tile
 static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3, tile8_4_3},
                                     {0, tile8_1_1, tile8_2_1, tile8_3_1, tile8_4_1}};
 
-/* y (zeroed) += x @ w with the tiles: panels of columns, then blocks of TILE_K
- * weight rows, then row groups. A wide panel's block of the weight is first
- * copied into `packed` (TILE_K rows of `panel` floats in a row): read from a
- * row-major weight its rows lie N floats apart, often a multiple of 4 KiB,
- * and would crowd into a few cache sets. */
+/* y (zeroed) += x @ w with the tiles: blocks of TILE_K weight rows, then
+ * panels of columns, then row groups. A block's rows are contiguous in
+ * memory; while one block is multiplied, the tile calls prefetch the next one
+ * in memory order (each call a share, a line or two per weight row), so the
+ * weight streams from memory behind the arithmetic instead of stalling the
+ * copy below (the 35.8M Bamba's products at 40 rows: 31 → 24 ms; a panel-major
+ * order reads 256 bytes of each of TILE_K rows far apart, which no hardware
+ * prefetcher follows). A wide panel's part of the block is first copied into
+ * `packed` (TILE_K rows of `panel` floats in a row): read from the weight
+ * its rows lie N floats apart, often a multiple of 4 KiB, and would crowd
+ * into a few cache sets. Every sum is loaded from y and stored back once per
+ * block, so its chain stays k = 0, 1, …, K - 1. */
 static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const float *w, int64_t M, int64_t K,
                          int64_t N, float *y) {
-    float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 32 KiB of stack */
+    float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
     const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
     const int64_t wide = N / panel * panel, vec_end = N / t->width * t->width, vec8 = N / 8 * 8;
-    for (int64_t n0 = 0; n0 < vec8;) {
-        /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
-        const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
-        for (int64_t k0 = 0; k0 < K; k0 += TILE_K) {
-            const int64_t k1 = k0 + TILE_K < K ? k0 + TILE_K : K;
+    const int64_t calls = (wide / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
+    for (int64_t k0 = 0; k0 < K; k0 += TILE_K) {
+        const int64_t k1 = k0 + TILE_K < K ? k0 + TILE_K : K, k2 = k1 + TILE_K < K ? k1 + TILE_K : K;
+        const float *next = w + k1 * N;                      /* the next block: (k2 - k1) rows of N */
+        const int64_t lines = (k2 - k1) * N / 16;
+        int64_t call = 0;
+        for (int64_t n0 = 0; n0 < vec8;) {
+            /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
+            const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
             if (step == panel)
                 for (int64_t k = k0; k < k1; ++k) memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(float) * panel);
             for (int64_t group = 0; group < groups; ++group) {
@@ -191,15 +213,20 @@ static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const f
                 const int G = (int)(m1 - m0);
                 const float *xg = x + m0 * ldx;
                 float *yg = y + m0 * N + n0;
-                if (step == panel) t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, N);
-                else if (step == t->width) t->one[G](xg, ldx, w + n0, N, k0, k1, yg, N);
-                else for (int64_t g = 0; g < G; g += 4) {  /* one AVX2 vector left: AVX2 tiles of up to 4 rows */
-                    const int rows = G - g < 4 ? (int)(G - g) : 4;
-                    AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * N, N);
+                if (step == 8) {  /* one AVX2 vector left: AVX2 tiles of up to 4 rows, no prefetch */
+                    for (int64_t g = 0; g < G; g += 4) {
+                        const int rows = G - g < 4 ? (int)(G - g) : 4;
+                        AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * N, N, 0, 0);
+                    }
+                    continue;
                 }
+                const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
+                ++call;
+                if (step == panel) t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, N, next + 16 * l0, l1 - l0);
+                else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, N, next + 16 * l0, l1 - l0);
             }
+            n0 += step;
         }
-        n0 += step;
     }
     if (vec8 < N) tail_columns((int)M, x, ldx, w, N, 0, K, vec8, y, N);
 }
@@ -211,7 +238,7 @@ int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64
     if (M == 0 || N == 0) return 0;
     memset(y, 0, (size_t)M * (size_t)N * sizeof(float));
     if (!steps_in_use) hs_rows_isa(-1);
-    if (M >= TILE_MIN_ROWS) {
+    if (M >= (K * N <= CACHED_WEIGHT_FLOATS ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
         tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES, x, ldx, w, M, K, N, y);
         return 0;
     }

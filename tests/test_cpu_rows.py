@@ -116,16 +116,17 @@ def test_a_vector_path_it_does_not_know_is_refused():
 
 
 @x86_with_compiler
-@pytest.mark.parametrize("K,N", [(5, 13), (129, 257), (300, 1160), (7, 4101)])
+@pytest.mark.parametrize("K,N", [(5, 13), (129, 257), (300, 1160), (7, 4101), (600, 1000)])
 def test_the_register_tiles_give_a_rows_bits_alone(K, N):
-    """Past `TILE_MIN_ROWS` rows (the whole blocks' verify of a batch: up to
-    `cpu_blocks.BLOCK_ROWS`) the tiles run: panels of columns, blocks of 128
-    weight rows, groups of rows, each sum the same chain as one row's."""
+    """From `TILE_MIN_ROWS` (16; 10 for weights that fit in L2) rows (up to
+    `cpu_blocks.BLOCK_ROWS`) the tiles run: blocks of 64 weight rows, panels
+    of columns, groups of rows, each sum the same chain as one row's, with the
+    next block prefetched (K = 300: a short last block; 600 × 1000: past L2)."""
     g = torch.Generator().manual_seed(K * 7 + N)
     w = torch.randn(K, N, generator=g)
     x = torch.randn(48, K, generator=g)
     alone = torch.stack([cpu_rows.rows_matmul(x[m:m + 1], w)[0] for m in range(len(x))])
-    for M in (16, 31, 32, 33, 40, 48):
+    for M in (9, 10, 11, 16, 31, 32, 33, 40, 48):
         assert torch.equal(cpu_rows.rows_matmul(x[:M], w), alone[:M]), M
         assert torch.equal(cpu_rows.rows_matmul(x[48 - M:], w), alone[48 - M:]), M
 
