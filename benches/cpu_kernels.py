@@ -1,5 +1,5 @@
 """The native CPU kernels (`hybridspec/kernels/cpu_native.py`): few-row products,
-`torch.mm` (MKL) against the kernel `linear` takes for 1 … 16 rows
+`torch.mm` (MKL) against the kernel `linear` takes for 1 … 96 rows
 (`cpu_rows.c`), with the weights out of cache as in a decode step; then what
 the three kernels together (products, the Mamba-2 recurrence `cpu_mamba2.c`,
 the conv window `cpu_conv.c`) make of one model step and of a verify forward
@@ -34,7 +34,7 @@ from common import bench_parser, describe_machine, print_table, set_threads, wri
 
 SHAPES = {"embedded in_proj": (256, 1160), "embedded MLP up": (256, 384), "embedded out_proj": (512, 256),
           "hidden 512 in_proj": (512, 2320), "hidden 512 MLP up": (512, 3072), "hidden 512 MLP down": (1536, 512)}
-ROWS = (1, 2, 5, 8, 16, 40)
+ROWS = (1, 2, 5, 8, 16, 20, 40, 64, 96)
 COPIES_BYTES = 96 << 20  # weights per timed call: past any last-level cache this project runs on
 
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         print("the native CPU kernels cannot run here (see the warning); nothing to compare")
         return 1
     shapes = dict(list(SHAPES.items())[:1]) if args.quick else SHAPES
-    products = product_rows(shapes, (1, 5, 40) if args.quick else ROWS, 2 if args.quick else 7,
+    products = product_rows(shapes, (1, 5, 97) if args.quick else ROWS, 2 if args.quick else 7,
                             4 << 20 if args.quick else COPIES_BYTES)
     print_table(products, ["product", "K", "N", "rows", ("mkl_us", "MKL µs"), ("mkl_min", "min"), ("mkl_max", "max"),
                            ("kernel_us", "kernel µs"), ("kernel_min", "min"), ("kernel_max", "max"),

@@ -106,14 +106,14 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
     return all(t.dtype is torch.float32 and t.is_cpu for t in tensors)
 
 
-# rows (batch · inputs) up to which a block runs: six times the rows `linear` gives the product
-# kernel, so that a verify of γ + 1 = 5 inputs runs whole up to batch 19 (past `cpu_rows.MAX_ROWS`
-# the products go through the kernel's streaming steps, from 10-16 rows its register tiles). One call
+# rows (batch · inputs) up to which a block runs: the rows `linear` gives the product kernel (the
+# whole forward's LM head takes the same kernel), so that a verify of γ + 1 = 5 inputs runs whole up
+# to batch 19 (the products in the kernel's streaming steps, from 10-16 rows its register tiles). One call
 # saves the modules' host work, and a padded batch (rows with fewer drafts) runs here but not in the
 # modules' C recurrence: `benches/round_cost.py`'s batch-16 speculative run went from 0.54 to 0.81x
 # plain (two alternating runs each); a prefill of 64-96 tokens took 0.78-0.87x the time on the
 # embedded target and memory_vs_replay's, 1.04-1.07x on round_cost's 35.8M target (MKL is ahead there)
-BLOCK_ROWS = 6 * MAX_ROWS
+BLOCK_ROWS = MAX_ROWS
 
 
 def _takes_rows(h: torch.Tensor) -> bool:

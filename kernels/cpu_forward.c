@@ -88,10 +88,6 @@ int hs_forward(const hs_forward_args *a) {
             memcpy(next + b * hidden, h + a->last_index[b] * hidden, sizeof(float) * (size_t)hidden);
         }
     const float *last = a->last_index ? next : h;
-    if (!a->lm_head_t) {
-        memcpy(a->out, last, sizeof(float) * (size_t)(kept * hidden));
-        return 0;
-    }
     if (hs_rms_norm(last, hidden, 0, 0, a->final_norm, normed, kept, hidden, hidden, a->final_eps)) return -1;
     if (hs_rows_matmul(normed, hidden, a->lm_head_t, kept, hidden, a->vocab, a->out)) return -1;
     for (int64_t i = 0; i < kept * a->vocab; ++i)

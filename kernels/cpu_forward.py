@@ -21,10 +21,8 @@ to the longest) fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors are
 float32 and contiguous. A row of fewer inputs runs padded with token 0: its
 padding writes no state and no K/V (slot -1 in both plans), attends to
 nothing and its logits are not read, and the recurrence and conv window are causal, so
-its real inputs get the bits they get alone. The LM head runs in C up to
-`cpu_rows.MAX_ROWS` kept rows (where `linear` gives it the same kernel);
-past that C returns the final hidden states and the model runs its head
-(`HybridModel.head`, through `linear`).
+its real inputs get the bits they get alone. The LM head runs in C too, with
+the kernel `linear` gives it (`cpu_blocks.BLOCK_ROWS` is `cpu_rows.MAX_ROWS`).
 """
 from __future__ import annotations
 
@@ -198,13 +196,10 @@ def _table(model, cache) -> _Table:
 
 
 class Whole(NamedTuple):
-    """What `forward` computed: `values` [batch, T or 1, vocab] logits, or the
-    final hidden states [batch, T or 1, hidden] where `hidden` (more kept rows
-    than the head kernel takes: the caller runs the head); `finite`: every
-    logit is finite (False when unknown)."""
+    """What `forward` computed: `values` [batch, T or 1, vocab] logits;
+    `finite`: every logit is finite (False when unknown)."""
     values: torch.Tensor
     finite: bool
-    hidden: bool
 
 
 def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) -> Whole | None:
@@ -242,7 +237,7 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
         _bad_tokens(token_lists, table.vocab)
     if status < 0:
         raise ValueError(f"cpu_forward: arguments not taken: {bsz} rows of {T} inputs, last_only {last_only}")
-    return Whole(call.out, status == 0, not call.head)
+    return Whole(call.out, status == 0)
 
 
 def _args(model, table: _Table, bsz: int, T: int) -> ForwardArgs:
@@ -275,8 +270,7 @@ class _Call:
     (None without Mamba layers); the K/V plan `kv` = (slot rows [batch][T],
     context lengths, query lengths, block table rows) (None without attention);
     `logged` each Mamba layer's input-log buffer (or None). `out` receives the
-    logits [batch, T or 1, vocab], or the final hidden states where more rows are
-    kept than the head kernel takes (`head` False). `lengths`: each row's real
+    logits [batch, T or 1, vocab]. `lengths`: each row's real
     inputs where rows are padded to T (the last one is the row's kept input).
     `work`: the scratch floats it needs (`_give_work` points it there)."""
 
@@ -323,11 +317,9 @@ class _Call:
         args.ids = base
         for field, offset in at.items():
             setattr(args, field, base + 8 * offset)
-        self.head = kept <= MAX_ROWS
-        if self.head:
-            args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
+        args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
         if out is None:
-            out = torch.empty(bsz, kept // bsz, vocab if self.head else hidden, dtype=torch.float32)
+            out = torch.empty(bsz, kept // bsz, vocab, dtype=torch.float32)
         self.out, self.work = out, work
         args.work_size, args.out = work, out.data_ptr()
 

@@ -75,7 +75,7 @@ typedef struct {
     const int64_t *last_index;          /* [batch] the input whose logits are kept; NULL: every input */
     const float *final_norm;
     float final_eps;
-    const float *lm_head_t;             /* [hidden, vocab] input-major; NULL: out gets the final hidden states */
+    const float *lm_head_t;             /* [hidden, vocab] input-major */
     float *work;
     int64_t work_size;                  /* floats at work */
     float *out;

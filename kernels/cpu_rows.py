@@ -1,4 +1,4 @@
-"""Few-row float32 matrix products on CPU (decode, drafting, a verify at batch 1).
+"""Few-row float32 matrix products on CPU (decode, drafting, verification, short prefills).
 
 Why: a decode step of a small model reads every weight once from memory, and
 MKL's kernels neither stream a cold weight at the memory's speed nor keep
@@ -9,8 +9,9 @@ about two plain steps. `cpu_rows.c` streams the weight in memory order,
 prefetched ahead, for groups of up to 5 rows, and hides the extra rows'
 arithmetic behind the memory; on CPUs with AVX-512 it takes 16 columns per
 vector (same bits, fewer instructions: the embedded target's products for 5
-rows 0.94 → 0.66 ms with the weights in cache; `vector_path`). It is
-built and loaded with the other native CPU kernels (`cpu_native`).
+rows 0.94 → 0.66 ms with the weights in cache; `vector_path`). From 10–16
+rows register tiles take over (a verify of batch 2–4 and up), again with the
+same bits. It is built and loaded with the other native CPU kernels (`cpu_native`).
 
 Used by `models.common.linear` when every condition holds: float32 CPU
 tensors, at most `MAX_ROWS` rows, an input-major contiguous weight (what
@@ -28,11 +29,11 @@ import torch
 
 from hybridspec.kernels import cpu_native
 
-# rows up to which the kernel beats MKL with the weights out of cache (measured with the
-# register groups and prefetch of `cpu_rows.c`, one thread: the embedded target's products 5 rows
-# 1.0 against 2.0 ms, 16 rows 2.8 against 3.2, 20 rows even; 512…1536 × 512…3072 weights 8 rows
-# 1.9×, 16 rows 1.26× faster)
-MAX_ROWS = 16
+# rows up to which `linear` takes the kernel: the whole blocks' rows (`cpu_blocks.BLOCK_ROWS`), so
+# that a row's bits do not depend on the batch for any verify or decode the whole forward runs.
+# With the weights out of cache (`benches/cpu_kernels.py`, one thread) the kernel is 1.1-1.5x MKL's
+# speed from 2 to 20 rows, 0.86-1.25x at 40 and 0.74-1.13x at 64-96 rows
+MAX_ROWS = 96
 
 
 VECTOR_PATHS = ("avx2", "avx512")

@@ -70,7 +70,7 @@ def counted(monkeypatch):
 def run(model, prompts, steps, verify_tokens, block_size=8):
     """Prefill, a few batched decode steps, then one snapshotted verify forward
     of `verify_tokens` inputs per row with an input log; returns (logits, cache, log)."""
-    cache = new_cache(model, block_size=block_size)
+    cache = new_cache(model, max_seqs=max(3, len(prompts)), block_size=block_size)
     ids = list(range(len(prompts)))
     logits = [model.prefill(cache, ids, prompts, last_only=True)]
     for step in range(steps):
@@ -155,9 +155,11 @@ def test_whole_forward_gives_the_bits_of_the_blocks_layer_by_layer(model, counte
             assert torch.equal(getattr(log_a[layer], field), getattr(log_b[layer], field))
 
 
-def test_whole_forward_past_the_head_kernel_rows_and_a_bad_token(model, counted):
-    """More kept rows than `cpu_rows.MAX_ROWS`: the layers in C, the head through
-    `linear`, the same bits; a token outside the vocabulary raises before anything is written."""
+def test_whole_forward_of_block_rows_kept_and_a_bad_token(model, counted):
+    """`cpu_blocks.BLOCK_ROWS` kept rows (every logit of a prefill that long): the
+    layers and the head in C, the same bits as layer by layer (where `linear`
+    takes the same kernel); a token outside the vocabulary raises before
+    anything is written."""
     prompt = [(3 + i) % 90 + 3 for i in range(cpu_blocks.BLOCK_ROWS)]
     whole = new_cache(model, 2)  # room for BLOCK_ROWS positions
     logits = model.prefill(whole, [0], [prompt])  # every input's logits: BLOCK_ROWS rows kept
@@ -177,7 +179,9 @@ def test_whole_forward_past_the_head_kernel_rows_and_a_bad_token(model, counted)
 
 
 def test_a_row_has_the_same_bits_alone_and_in_a_batch(model, either_path):
-    prompts = [[5, 6, 7], [10, 11, 12], [20, 21, 22]]  # every forward of the batch within the blocks' 16 rows
+    """Five rows: the batch's verify has 25 rows, in the products' register tiles
+    and, layer by layer, with `linear`'s LM head in the same kernel as alone."""
+    prompts = [[5, 6, 7], [10, 11, 12], [20, 21, 22], [30, 31, 32], [40, 41, 42]]
     batched = run(model, prompts, steps=2, verify_tokens=5)[0]
     for b, prompt in enumerate(prompts):
         alone = run(model, [prompt], steps=2, verify_tokens=5)[0]

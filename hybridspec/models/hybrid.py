@@ -218,7 +218,7 @@ class HybridModel(nn.Module):
             if whole is None:  # layer by layer
                 logits, finite = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only), False
             else:
-                logits, finite = (self.head(whole.values), False) if whole.hidden else (whole.values, whole.finite)
+                logits, finite = whole.values, whole.finite
             if not finite:
                 check_finite(logits, batch.num_tokens, last_only)
         except Exception:
