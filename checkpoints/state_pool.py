@@ -102,14 +102,18 @@ class StatePool:
             )
 
     def add_sequence(self, seq_id: int) -> int:
-        """Give `seq_id` a zeroed ring; returns its base slot, which is also the head."""
+        """Give `seq_id` a ring whose head, its base slot, holds the zero state;
+        returns that slot. Only the head is zeroed: the ring's other slots are
+        written before they are read (snapshots within a round; outside one no
+        slot but the head holds anything), and zeroing them cost a fresh batch-8
+        request of round_cost's target 8% of its generate."""
         if seq_id in self._rings:
             raise ValueError(f"sequence {seq_id} already owns a state ring; free it first or use a new id")
         self.check_admission(1)
         ring = heapq.heappop(self._free_rings)  # lowest first: running rings stay compact, so aligned spans
         base = ring  # offset 0 of the ring
         for states in (*self.ssm_states, *self.conv_states):
-            states[ring::self.max_seqs].zero_()
+            states[base].zero_()
         self._rings[seq_id] = ring
         self._heads[seq_id] = base
         self._head_positions[seq_id] = 0

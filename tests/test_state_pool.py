@@ -1,9 +1,12 @@
 import pytest
 import torch
 
+import hybridspec as hs
 from hybridspec.checkpoints.state_pool import StatePool
 from hybridspec.errors import CacheFullError
+from hybridspec.rollback import perturbed_copy, plain_outputs
 from hybridspec.state_memory import RecurrentStateShape
+from oracles import bamba
 
 # One Mamba2 layer (nheads, headdim, d_state) and one Mamba1 layer (d_inner, d_state).
 SHAPES = [RecurrentStateShape((2, 3, 4), (10, 3)), ((6, 4), (6, 2))]
@@ -38,18 +41,21 @@ def test_rings_are_disjoint_and_head_starts_at_base():
     assert pool.num_free_rings == 1 and pool.has_sequence(7) and not pool.has_sequence(8)
 
 
-def test_add_zeroes_only_the_new_ring():
+def test_add_zeroes_only_the_new_head():
+    """A reused ring starts from the zero state in its head; its other slots and
+    every other ring keep what they hold (they are written before being read)."""
     pool = make_pool(max_seqs=2, ring_slots=2)
     pool.add_sequence(0)
     pool.add_sequence(1)
     for t in (*pool.ssm_states, *pool.conv_states):
         t.fill_(5.0)
     pool.free_sequence(0)
-    pool.add_sequence(2)
-    new, kept = pool.ring_slots(2), pool.ring_slots(1)
+    head = pool.add_sequence(2)
+    assert head == pool.head(2) == pool.ring_slots(2)[0]
+    spare, kept = pool.ring_slots(2)[1:], pool.ring_slots(1)
     for t in (*pool.ssm_states, *pool.conv_states):
-        assert torch.all(t[new] == 0)
-        assert torch.all(t[kept] == 5.0)
+        assert torch.all(t[head] == 0)
+        assert torch.all(t[spare] == 5.0) and torch.all(t[kept] == 5.0)
 
 
 def test_set_head_moves_within_the_ring_only():
@@ -110,3 +116,25 @@ def test_pool_without_mamba_layers_still_counts_rings():
     pool.add_sequence(0)
     with pytest.raises(CacheFullError):
         pool.add_sequence(1)
+
+
+@pytest.mark.parametrize("policy", [hs.CheckpointPolicy(snapshot_every=1, log_inputs=False),
+                                    hs.CheckpointPolicy(snapshot_every=2, log_inputs=True),
+                                    hs.CheckpointPolicy(snapshot_every=0, log_inputs=False)])
+def test_no_ring_slot_but_the_head_is_read_before_it_is_written(policy):
+    """Every state slot of the target's and the drafter's pools NaN before
+    speculative decoding (only the heads are zeroed when a sequence comes in):
+    a slot read before a round wrote it would put NaN in the logits; the
+    tokens are plain decoding's, and a second batch on the same engine (reused
+    rings, stale snapshots) gives them again."""
+    target = hs.from_hf(bamba(seed=0))
+    engine = hs.Engine(target, draft=perturbed_copy(target, scale=0.03, seed=1), num_draft_tokens=3,
+                       checkpoint=policy, max_batch_size=3)
+    for pool in (engine.cache.states, engine.speculator.drafter.cache.states):
+        for t in (*pool.ssm_states, *pool.conv_states):
+            t.fill_(float("nan"))
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
+    params = hs.SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    want = [o.token_ids for o in plain_outputs(target, prompts, params)]
+    for _ in range(2):
+        assert [o.token_ids for o in engine.generate(prompts, params)] == want
