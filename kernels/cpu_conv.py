@@ -35,11 +35,13 @@ def conv_window_steps(conv_states, plan: SlotPlan, xs, weight, bias, activation)
     bias = None if bias is None else bias.contiguous()
     out = torch.empty(batch, T, conv_dim, dtype=torch.float32)
     status = cpu_native.library().hs_conv_window_steps(
-        conv_states.data_ptr(), plan.src.data_ptr(), plan.snap.data_ptr(), xs.data_ptr(), xs.stride(0),
+        conv_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), xs.data_ptr(), xs.stride(0),
         xs.stride(1), weight.data_ptr(), None if bias is None else bias.data_ptr(), ACTIVATIONS[activation],
         out.data_ptr(), batch, T, conv_dim, weight.shape[1])
     if status != 0:
         raise ValueError(f"conv_window_steps: shapes not taken: xs {tuple(xs.shape)}, weight {tuple(weight.shape)}")
+    if not plan.all_live:  # padding inputs: zeros, as the reference gives
+        out.masked_fill_(plan.dead_inputs, 0.0)
     return out
 
 

@@ -230,7 +230,7 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
         logged = [cpu_blocks.logged_inputs(layer, batch, bsz, T) for _, layer in table.mamba_layers]
     kv = (meta.slot_rows, meta.context_list, meta.query_list, meta.table_rows) if table.has_attention else None
     call = _Call(model, table, token_lists, plan.src_list if table.has_mamba else None,
-                 plan.snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
+                 plan.live_snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
     _give_work(call)
     status = cpu_native.library().hs_forward(ctypes.byref(call.args))
     if status == -2:

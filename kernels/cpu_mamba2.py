@@ -10,8 +10,8 @@ each input's state goes into the slot its plan names (the ring), and y
 comes back [batch, T, nheads, headdim].
 
 Used by the Mamba-2 mixer when every condition holds: float32 CPU tensors, a
-host-side `SlotPlan` whose rows run all their inputs (`all_live`; padded
-batches take the reference), a contiguous state pool, one torch thread, and
+host-side `SlotPlan` (padded rows run their padding with no snapshot there,
+`cpu_native.takes_forward`), a contiguous state pool, one torch thread, and
 the native kernels on (`cpu_native.available`).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
         scratch = _SCRATCH[head_size] = torch.empty(head_size, dtype=torch.float32)
     y = torch.empty(batch, T, nheads, headdim, dtype=torch.float32)
     status = cpu_native.library().hs_mamba2_steps(
-        ssm_states.data_ptr(), plan.src.data_ptr(), plan.snap.data_ptr(), scratch.data_ptr(),
+        ssm_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), scratch.data_ptr(),
         x.data_ptr(), x.stride(0), x.stride(1), x.stride(2),
         dt.data_ptr(), dt.stride(0), dt.stride(1),
         A.data_ptr(), D.data_ptr(),
@@ -52,4 +52,6 @@ def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
         y.data_ptr(), batch, T, nheads, headdim, d_state, ngroups)
     if status != 0:
         raise ValueError(f"mamba2_steps: shapes not taken: x {tuple(x.shape)}, B {tuple(B.shape)}")
+    if not plan.all_live:  # padding inputs: zeros, as the reference gives
+        y.masked_fill_(plan.dead_inputs[..., None], 0.0)
     return y

@@ -184,9 +184,12 @@ def takes(*tensors: torch.Tensor) -> bool:
 
 
 def takes_forward(plan, *tensors: torch.Tensor) -> bool:
-    """`takes`, for a state kernel over a forward: its host-side `SlotPlan`
-    runs every input of every row (padded batches take the references)."""
-    return plan is not None and plan.all_live and plan.batch > 0 and takes(*tensors)
+    """`takes`, for a state kernel over a forward with a host-side `SlotPlan`.
+    A padded row runs its padding inputs too (they come after its live ones,
+    so no live state depends on them) with no snapshot there
+    (`SlotPlan.live_snap`), and the wrapper zeroes their outputs as the
+    references do."""
+    return plan is not None and plan.batch > 0 and takes(*tensors)
 
 
 def unit_inner_stride(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -109,6 +109,19 @@ class SlotPlan:
         return src, snap.view(self.batch, self.num_inputs)
 
     @functools.cached_property
+    def live_snap_list(self) -> list[list[int]]:
+        """snap_list with -1 at every padding input: what the C kernels take (they
+        run a row's padding too, after its live inputs, and write nothing there)."""
+        if self.all_live:
+            return self.snap_list
+        return [[slot if t < n else -1 for t, slot in enumerate(row)]
+                for row, n in zip(self.snap_list, self.num_tokens_list)]
+
+    @functools.cached_property
+    def live_snap(self) -> torch.Tensor:  # [batch, T], -1 where nothing is written or the input is padding
+        return self.snap if self.all_live else self._tensor(self.live_snap_list).view(self.batch, self.num_inputs)
+
+    @functools.cached_property
     def num_tokens(self) -> torch.Tensor:  # [batch]
         return self._tensor(self.num_tokens_list)
 

@@ -1,8 +1,9 @@
 """The state kernels in C against the torch references they stand in for:
 the Mamba-2 and Mamba-1 recurrences (`kernels/cpu_mamba2.c`, `cpu_mamba1.c`)
 and the conv window (`kernels/cpu_conv.c`) give the same outputs and the same snapshot writes,
-for decode and multi-input forwards, groups, steps without a snapshot, and
-in a model run whose states match the torch paths'."""
+for decode and multi-input forwards, groups, steps without a snapshot, padded
+rows (zeros out, nothing written after a row's last live input, even where its
+plan names a slot), and in a model run whose states match the torch paths'."""
 from __future__ import annotations
 
 import pytest
@@ -40,19 +41,26 @@ def inputs(batch, T, nheads, headdim, d_state, ngroups, seed=0):
     return pool, src, snap, (x, dt, A, B, C, D)
 
 
+def lengths(batch: int, T: int, padded: bool) -> list[int]:
+    """Live inputs per row: all, or every other row one or two short."""
+    return [max(T - (b % 2) * (1 + b % 3), 0) if padded else T for b in range(batch)]
+
+
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("case", CASES)
-def test_same_outputs_and_snapshot_writes_as_the_reference(case):
+def test_same_outputs_and_snapshot_writes_as_the_reference(case, padded):
     batch, T = case[:2]
     pool, src, snap, args = inputs(*case)
     ref_pool, native_pool = pool.clone(), pool.clone()
-    want = mamba2_verify_ref(ref_pool, None, None, *args, None, plan=SlotPlan(src, snap, [T] * batch, "cpu"))
-    plan = SlotPlan(src, snap, [T] * batch, "cpu")
+    live = lengths(batch, T, padded)
+    want = mamba2_verify_ref(ref_pool, None, None, *args, None, plan=SlotPlan(src, snap, live, "cpu"))
+    plan = SlotPlan(src, snap, live, "cpu")
     assert cpu_mamba2.applies(native_pool, args[0], plan)
     got = cpu_mamba2.mamba2_steps(native_pool, plan, *args)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(native_pool, ref_pool, rtol=1e-5, atol=1e-5)
-    written = {s for row in snap for s in row if s >= 0}
+    written = {s for row, n in zip(snap, live) for s in row[:n] if s >= 0}
     untouched = [s for s in range(len(pool)) if s not in written]
     assert torch.equal(native_pool[untouched], pool[untouched])  # sources and unplanned slots kept
 
@@ -60,8 +68,9 @@ def test_same_outputs_and_snapshot_writes_as_the_reference(case):
 MAMBA1_CASES = [(1, 1, 64, 16), (1, 5, 512, 16), (3, 4, 12, 8), (2, 3, 7, 64)]  # batch, T, d_inner, d_state
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("case", MAMBA1_CASES)
-def test_mamba1_same_outputs_and_snapshot_writes_as_the_reference(case):
+def test_mamba1_same_outputs_and_snapshot_writes_as_the_reference(case, padded):
     batch, T, d_inner, d_state = case
     g = torch.Generator().manual_seed(d_inner + T)
     per_row = T + 3
@@ -73,9 +82,9 @@ def test_mamba1_same_outputs_and_snapshot_writes_as_the_reference(case):
     B, C = torch.randn(batch, T, d_state, generator=g), torch.randn(batch, T, d_state, generator=g)
     D = torch.randn(d_inner, generator=g)
     ref_pool, native_pool = pool.clone(), pool.clone()
-    want = mamba1_verify_ref(ref_pool, None, None, x, dt, A, B, C, D, None,
-                             plan=SlotPlan(src, snap, [T] * batch, "cpu"))
-    plan = SlotPlan(src, snap, [T] * batch, "cpu")
+    live = lengths(batch, T, padded)
+    want = mamba1_verify_ref(ref_pool, None, None, x, dt, A, B, C, D, None, plan=SlotPlan(src, snap, live, "cpu"))
+    plan = SlotPlan(src, snap, live, "cpu")
     assert cpu_mamba1.applies(native_pool, x, plan)
     got = cpu_mamba1.mamba1_steps(native_pool, plan, x, dt, A, B, C, D)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -88,8 +97,9 @@ CONV_CASES = [  # batch, T, conv_dim, d_conv, bias, activation
     (2, 40, 21, 4, True, "silu")]  # a prefill's length, channels past the last multiple of 8
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv_window_same_outputs_and_windows_as_the_reference(case):
+def test_conv_window_same_outputs_and_windows_as_the_reference(case, padded):
     batch, T, conv_dim, d_conv, has_bias, activation = case
     g = torch.Generator().manual_seed(conv_dim + T)
     per_row = T + 3
@@ -100,9 +110,10 @@ def test_conv_window_same_outputs_and_windows_as_the_reference(case):
     weight = torch.randn(conv_dim, d_conv, generator=g)
     bias = torch.randn(conv_dim, generator=g) if has_bias else None
     ref_pool, native_pool = pool.clone(), pool.clone()
+    live = lengths(batch, T, padded)
     want = conv_window_update_ref(ref_pool, None, None, xs, weight, bias, None, activation,
-                                  plan=SlotPlan(src, snap, [T] * batch, "cpu"))
-    plan = SlotPlan(src, snap, [T] * batch, "cpu")
+                                  plan=SlotPlan(src, snap, live, "cpu"))
+    plan = SlotPlan(src, snap, live, "cpu")
     assert cpu_conv.applies(native_pool, xs, weight, bias, activation, plan)
     got = cpu_conv.conv_window_steps(native_pool, plan, xs, weight, bias, activation)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -128,13 +139,13 @@ def test_conv_window_prefill_gets_the_bits_of_steps_one_by_one():
     assert torch.equal(whole_pool[1], step_pool[T % 2])
 
 
-def test_padded_rows_float64_and_no_plan_take_the_reference():
+def test_float64_no_plan_and_more_threads_take_the_reference():
     pool, src, snap, args = inputs(2, 3, 2, 4, 8, 1)
-    assert not cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 2], "cpu"))  # a padded row
+    assert cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 2], "cpu"))  # a padded row: the C loop
     assert not cpu_mamba2.applies(pool.double(), args[0].double(), SlotPlan(src, snap, [3, 3], "cpu"))
     assert not cpu_mamba2.applies(pool, args[0], None)
     conv_pool, xs, weight = torch.zeros(8, 4, 3), torch.zeros(2, 3, 4), torch.zeros(4, 4)
-    assert not cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 2], "cpu"))
+    assert cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 2], "cpu"))
     assert cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 3], "cpu"))
     torch.set_num_threads(2)
     assert not cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 3], "cpu"))
