@@ -12,7 +12,7 @@ other layers have their output projections (Mamba out_proj, attention o_proj,
 MLP down_proj) scaled by ε, so they perturb the drafter's residual stream by
 an amount ε controls; the acceptance it gives is measured. Nothing is downloaded.
 Both are packed as `hs.load` packs on CPU (input-major linear weights, so the
-few-row kernel of `kernels/cpu_rows.c` takes products of up to 16 rows).
+few-row kernel of `kernels/cpu_rows.c` takes products of up to 96 rows).
 
 Per batch B, alternating call by call (fastest of the repeats, process CPU
 time: the machine is shared): a plain decode step of the target, one drafter
