@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from hybridspec.cache import BlockPool
@@ -115,3 +117,23 @@ def test_bad_arguments():
         pool.allocate(-1)
     with pytest.raises(ValueError, match="outside the pool"):
         pool.allocate(1, after=2)
+
+
+def test_free_runs_follow_every_allocation_and_release():
+    """The free-page map behind `free_runs` against the free pages themselves,
+    over random allocations (extending runs or new ones), shares and releases."""
+    rng = random.Random(3)
+    pool, held = BlockPool(64), []
+    for _ in range(400):
+        if held and rng.random() < 0.45:
+            block = held.pop(rng.randrange(len(held)))
+            pool.decref(block)
+        elif held and rng.random() < 0.1:
+            block = rng.choice(held)
+            pool.incref(block)
+            held.append(block)
+        elif pool.num_free:
+            after = rng.choice(held) if held and rng.random() < 0.5 else None
+            held += pool.allocate(rng.randint(1, min(4, pool.num_free)), after=after)
+        free = [b for b in range(64) if pool.ref_count(b) == 0]
+        assert pool.free_runs() == consecutive_runs(free)
