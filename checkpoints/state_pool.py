@@ -160,8 +160,10 @@ class StatePool:
 
     def set_head(self, seq_id: int, slot: int, position: int) -> None:
         """Make `slot` (which must hold the state after `position` tokens) the head."""
-        slots = self.ring_slots(seq_id)
-        if slot not in slots:
+        self._check_known(seq_id)
+        offset, rest = divmod(slot - self._rings[seq_id], self.max_seqs)  # ring slots: ring + k·max_seqs
+        if rest or not 0 <= offset < self.num_ring_slots:
+            slots = self.ring_slots(seq_id)
             raise ValueError(
                 f"slot {slot} is not in sequence {seq_id}'s ring {slots[0]}..{slots[-1]}; "
                 "the head must be one of the sequence's own slots"

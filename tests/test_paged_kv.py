@@ -391,3 +391,19 @@ PagedKVMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_paged_kv_bookkeeping = PagedKVMachine.TestCase
+
+
+def test_blocks_needed_of_one_sequence_is_the_batch_count_of_it_alone():
+    """The one-sequence fast path against the general count, over forks
+    (shared pages, copy-on-write) and lengths inside, at and past each table."""
+    cache = make_cache(num_blocks=16, block_size=2)
+    cache.add_sequence(0)
+    append(cache, 0, [1.0, 2.0, 3.0])
+    cache.fork(0, 1)
+    cache.fork(0, 2)
+    append(cache, 2, [4.0])
+    for seq_id in (0, 1, 2):
+        for new_len in range(cache.kv_len(seq_id), 12):
+            assert cache.blocks_needed(seq_id, new_len) == cache._count_blocks_needed({seq_id: new_len})[0]
+    with pytest.raises(ValueError, match="truncate"):
+        cache.blocks_needed(0, 1)

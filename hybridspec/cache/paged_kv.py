@@ -226,8 +226,15 @@ class PagedKVCache:
     # ---- admission -------------------------------------------------------
 
     def blocks_needed(self, seq_id: int, new_len: int) -> int:
-        """Pages `seq_id` must take from the pool to hold valid K/V up to `new_len`."""
-        return self._count_blocks_needed({seq_id: new_len})[0]
+        """Pages `seq_id` must take from the pool to hold valid K/V up to `new_len`:
+        `_count_blocks_needed` for one sequence (the only writer of its pages, so
+        each shared page it writes costs one copy), without its counters (the
+        scheduler asks this for every row of every round)."""
+        self._check_known(seq_id)
+        if new_len < self._kv_lens[seq_id]:
+            return self._count_blocks_needed({seq_id: new_len})[0]  # raises, naming the lengths
+        num_new = max(0, _cdiv(new_len, self.block_size) - len(self._block_tables[seq_id]))
+        return num_new + sum(1 for b in self._pages_written(seq_id, new_len) if self.pool.ref_count(b) > 1)
 
     def check_admission(self, requests: dict[int, int]) -> None:
         """Raise CacheFullError unless every `seq_id -> new_len` fits at once; changes nothing."""
