@@ -29,7 +29,8 @@
  * `hs_rows_isa` reports and chooses the path (the tests compare them).
  *
  * From TILE_MIN_ROWS rows (a verify of batch 4 or more, of γ + 1 = 5 inputs;
- * from batch 2 for weights that fit in L2) register tiles take over, with the same chains again (see `tiled_matmul`).
+ * from batch 2 for weights that fit in L2) register tiles take over, with the
+ * same chains again (see `tiled_matmul`).
  */
 #include <immintrin.h>
 #include <math.h>
