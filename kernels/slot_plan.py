@@ -139,13 +139,13 @@ class SlotPlan:
         """Per input t, the snapshots written after it (None: no live row writes).
         Within a step a slot names one row (the kernels' rule), so input order
         alone decides which write lands last."""
-        out = []
+        out, written = [], self.live_snap_list
         for t in range(self.num_inputs):
-            rows = [b for b in range(self.batch) if self.live(b, t) and self.snap_list[b][t] >= 0]
+            rows = [b for b in range(self.batch) if written[b][t] >= 0]
             if not rows:
                 out.append(None)
                 continue
-            slots = [self.snap_list[b][t] for b in rows]
+            slots = [written[b][t] for b in rows]
             every = rows == list(range(self.batch))
             out.append(StepWrites(slots, None if every else rows, self.device))
         return out
@@ -156,10 +156,10 @@ class SlotPlan:
         winning a slot named twice, for writing all steps' values at once
         (conv windows); None when nothing is written."""
         latest = {}
-        for b in range(self.batch):
-            for t in range(self.num_tokens_list[b]):
-                if self.snap_list[b][t] >= 0:
-                    latest[self.snap_list[b][t]] = b * self.num_inputs + t
+        for b, row in enumerate(self.live_snap_list):
+            for t, slot in enumerate(row):
+                if slot >= 0:
+                    latest[slot] = b * self.num_inputs + t
         if not latest:
             return None
         return self._tensor(list(latest.values())), self._tensor(list(latest))
