@@ -482,7 +482,9 @@ class Engine:
         rows, ids = self._rows(requests), [r.seq_id for r in requests]
         controller, gammas = self.gamma_controller, None
         if controller is not None:
-            gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests])
+            backlog = getattr(self.speculator.drafter, "backlog", None)
+            gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests],
+                                       None if backlog is None else backlog(requests))
         before = dict(stats.seconds)
         if self.speculator is not None and (gammas is None or any(gammas)):
             round = self.speculator.round(requests, rows, gammas)
@@ -495,10 +497,13 @@ class Engine:
         if controller is not None:
             seconds = {phase: stats.seconds[phase] - before.get(phase, 0.0) for phase in stats.seconds}
             seconds["round"] = time.perf_counter() - began
-            backlog = getattr(self.speculator.drafter, "backlog_seconds", 0.0) if any(asked) else 0.0
-            seconds["draft"] -= backlog  # a prompt's one-off absorption is not what a round costs
+            drafter = self.speculator.drafter
+            backlog = getattr(drafter, "backlog_seconds", 0.0) if any(asked) else 0.0
+            seconds["draft"] -= backlog  # a prompt's one-off absorption is not what a round costs ...
             seconds["round"] -= backlog
-            controller.observe(ids, drafted, accepted, asked, seconds)
+            seconds["backlog"] = backlog  # ... it is learned per token and amortised (spec/gamma.py)
+            controller.observe(ids, drafted, accepted, asked, seconds,
+                               getattr(drafter, "backlog_tokens", 0) if any(asked) else 0)
 
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:
         """One target step per sequence, sampled as plain decoding does."""

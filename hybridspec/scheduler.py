@@ -85,6 +85,8 @@ class Scheduler:
     def admit(self, tokens_per_round: Callable[[object], int]) -> list:
         """Waiting requests to start this step (already moved to `running`), in queue order."""
         admitted = []
+        if not self.waiting or len(self.running) >= self.max_running:
+            return admitted  # (the page arithmetic below is a round's largest host cost at batch 8)
         reserved = [self._round_pages(cache, self.running, tokens_per_round) for cache in self.caches]
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
@@ -140,14 +142,13 @@ class Scheduler:
         """Pages the next round of `requests` takes from `cache`'s pool (they already hold the rest)."""
         if cache.kv is None:
             return 0
-        total = 0
+        total, held = 0, []
         for r in requests:
             if cache.has_sequence(r.seq_id):
-                total += cache.kv.blocks_needed(r.seq_id, max(r.committed_len - 1 + tokens_per_round(r),
-                                                              cache.kv.kv_len(r.seq_id)))
+                held.append((r.seq_id, r.committed_len - 1 + tokens_per_round(r)))
             else:  # admitted but not prefilled yet
                 total += pages_for(cache, r.committed_len + tokens_per_round(r))
-        return total
+        return total + cache.kv.blocks_needed_each(held)
 
     @staticmethod
     def _free_pages(cache: HybridCache) -> int:

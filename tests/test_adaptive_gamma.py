@@ -37,6 +37,7 @@ def test_cheap_drafts_with_high_acceptance_draft_the_most():
 def test_expensive_drafts_or_low_acceptance_give_plain_steps():
     expensive = GammaController(GAMMA_MAX, costs(draft_step=2.0))
     assert expensive.choose([0], [10]) == [GAMMA_MAX // 2]  # the first round probes
+    assert GammaController(GAMMA_MAX, costs(draft_step=0.3)).choose([0], [10]) == [GAMMA_MAX // 2]  # not G = 1
     expensive.observe([0], [2], [1], [2])
     assert expensive.choose([0], [10]) == [0]
     controller = GammaController(GAMMA_MAX, costs())
@@ -68,7 +69,6 @@ def test_pessimism_is_probed_again():
     controller = GammaController(GAMMA_MAX, costs(draft_step=0.4))
     teach(controller, [0], alpha_hits=0)
     choices = []
-    controller.idle_rounds = 0  # past the first round's probe
     for _ in range(PROBE_EVERY):
         gammas = controller.choose([0], [10])
         choices.append(gammas[0])
@@ -81,6 +81,42 @@ def test_online_costs_follow_the_measured_rounds():
     for _ in range(30):  # drafting rounds really cost twice what start-up measured
         controller.observe([0], [4], [2], [4], {"verify": 2 * 1.4, "draft": 4 * 0.05, "sampling": 0.1})
     assert controller.round_cost(1, 4) == pytest.approx(2 * 1.4 + 4 * 0.05 + 0.1, rel=0.02)
+
+
+def test_each_g_learns_its_drafter_cost():
+    """A G = 1 round's drafter step (its fixed costs in one step) prices G = 4
+    only until a G = 4 round is seen."""
+    controller = GammaController(GAMMA_MAX, costs(draft_step=0.05))
+    for _ in range(10):
+        controller.observe([0], [1], [1], [1], {"verify": 1.1, "draft": 0.15, "sampling": 0.1})
+    assert controller.round_cost(1, 4) == pytest.approx(1.4 + 3 * 4 * 0.05 + 0.1, rel=0.02)  # the nearest G seen
+    controller.observe([0], [4], [3], [4], {"verify": 1.4, "draft": 0.1, "sampling": 0.1})
+    assert controller.round_cost(1, 4) == pytest.approx(1.4 + 0.1 + 0.1, rel=0.02)
+    assert controller.round_cost(1, 1) == pytest.approx(1.1 + 0.15 + 0.1, rel=0.02)
+
+
+def test_plain_steps_share_the_forward_scale_the_verifies_taught():
+    """Start-up measured forwards half as slow as they run: verify rounds teach
+    the scale, and the rare plain step is priced with it, not with its own."""
+    controller = GammaController(GAMMA_MAX, costs())
+    for _ in range(30):
+        controller.observe([0], [4], [2], [4], {"verify": 2 * 1.4, "draft": 4 * 0.05, "sampling": 0.1})
+    assert controller.round_cost(1, 0) == pytest.approx(2 * 1.0 + 0.1, rel=0.02)  # the drafting residual stands in
+    controller.observe([0], [0], [0], [0], {"verify": 6.0, "sampling": 0.05})  # one slow plain step after a prefill
+    assert controller.round_cost(1, 0) < 1.1 * (2 * 1.0) + 0.1
+
+
+def test_a_drafter_far_behind_a_row_near_its_end_gives_plain_steps():
+    """Absorbing a long backlog is one-off work spread over the tokens a row has
+    left: worth it with many left, not with two."""
+    controller = GammaController(GAMMA_MAX, costs(draft_step=0.05))
+    teach(controller, [0], alpha_hits=3)
+    assert controller.choose([0], [100], behind=[50]) == [4]  # nothing learned about absorbing yet
+    controller.observe([0], [4], [3], [4], {"verify": 1.4, "draft": 0.2, "sampling": 0.1, "backlog": 5.0}, 50)
+    assert controller.absorb_s == pytest.approx(0.1)
+    assert controller.choose([0], [1000], behind=[50]) == [4]
+    assert controller.choose([0], [2], behind=[50]) == [0]
+    assert controller.choose([0], [2], behind=[0]) == [2]
 
 
 def test_engine_arguments_are_checked():
@@ -101,7 +137,7 @@ class ScriptedGammas(GammaController):
         self.rng = random.Random(seed)
         self.chosen: list[list[int]] = []
 
-    def choose(self, seq_ids, caps):
+    def choose(self, seq_ids, caps, behind=None):
         gammas = [self.rng.choice([0, 0, 1, self.gamma_max]) if self.rng.random() < 0.7 else 0 for _ in seq_ids]
         self.chosen.append(gammas)
         return gammas

@@ -407,3 +407,7 @@ def test_blocks_needed_of_one_sequence_is_the_batch_count_of_it_alone():
             assert cache.blocks_needed(seq_id, new_len) == cache._count_blocks_needed({seq_id: new_len})[0]
     with pytest.raises(ValueError, match="truncate"):
         cache.blocks_needed(0, 1)
+    # the scheduler's sum over a batch: each sequence alone, lengths below kv_len counting as kv_len
+    for lengths in ([(0, 3), (1, 5), (2, 9)], [(0, 1), (2, 4)], [(1, 12), (0, 7), (2, 2)], []):
+        assert cache.blocks_needed_each(lengths) == sum(
+            cache.blocks_needed(s, max(n, cache.kv_len(s))) for s, n in lengths)

@@ -111,6 +111,11 @@ class BlockPool:
             start = free.find(1, end)
         return runs
 
+    def ref_counts_view(self) -> list[int]:
+        """The live reference counts by page (not a copy: read it, never write it),
+        for loops over many pages that `ref_count`'s checks would slow."""
+        return self._ref_counts
+
     def ref_count(self, block: int) -> int:
         self._check_id(block)
         return self._ref_counts[block]

@@ -236,6 +236,23 @@ class PagedKVCache:
         num_new = max(0, _cdiv(new_len, self.block_size) - len(self._block_tables[seq_id]))
         return num_new + sum(1 for b in self._pages_written(seq_id, new_len) if self.pool.ref_count(b) > 1)
 
+    def blocks_needed_each(self, lengths: list[tuple[int, int]]) -> int:
+        """Σ `blocks_needed(seq_id, max(new_len, kv_len))` over `(seq_id, new_len)`
+        pairs, each sequence counted alone (what the scheduler reserves for a
+        round), in one pass over the tables."""
+        bs, tables, kv_lens, refs = self.block_size, self._block_tables, self._kv_lens, self.pool.ref_counts_view()
+        total = 0
+        for seq_id, new_len in lengths:
+            self._check_known(seq_id)
+            kv_len, table = kv_lens[seq_id], tables[seq_id]
+            if new_len <= kv_len:
+                continue
+            end = -(-new_len // bs)
+            total += max(0, end - len(table))
+            for block in table[kv_len // bs:end]:
+                total += refs[block] > 1
+        return total
+
     def check_admission(self, requests: dict[int, int]) -> None:
         """Raise CacheFullError unless every `seq_id -> new_len` fits at once; changes nothing."""
         needed, num_new, num_copies = self._count_blocks_needed(requests)

@@ -134,6 +134,7 @@ class ModelDrafter:
         self.slot_at: dict[int, dict[int, int]] = {}  # seq -> computed_len -> slot holding that state
         self.round_start: dict[int, tuple[int, int]] = {}  # seq -> (computed_len, head) before the last propose
         self.backlog_seconds = 0.0  # of the last propose: absorbing prompts and skipped rounds (one-off work)
+        self.backlog_tokens = 0  # the tokens it absorbed
         self.prefix = None if prefix_cache is None else PrefixStore(model, self.cache, prefix_cache)
         self.requests: dict[int, object] = {}  # seq -> its request, for the committed tokens at release
 
@@ -160,7 +161,7 @@ class ModelDrafter:
         every_row_greedy = rows.flags.all_greedy  # of the whole batch, before the drafting rows are picked
         self.round_start = {s: (self.cache.computed_len[s], self.cache.head(s)) for s in ids}
         self.slot_at = {s: {} for s in ids}
-        self.backlog_seconds = 0.0
+        self.backlog_seconds, self.backlog_tokens = 0.0, 0
         if G == 0:  # the round only samples the target's next token
             return Proposal([[] for _ in ids], None)
         active = [b for b, g in enumerate(gammas) if g > 0]
@@ -250,6 +251,16 @@ class ModelDrafter:
             q = full
         return Proposal(tokens, q)
 
+    def backlog(self, requests) -> list[int]:
+        """Per request, the tokens the next round that drafts for it absorbs
+        first (`_absorb_backlog`): all but the last committed one where it is
+        more than two behind (a new prompt, rounds that drafted nothing), else 0."""
+        out = []
+        for r in requests:
+            gap = len(r.output.prompt_token_ids) + len(r.output.token_ids) - self.cache.computed_len[r.seq_id]
+            out.append(gap - 1 if gap > 2 else 0)
+        return out
+
     def _absorb_backlog(self, ids: list[int], committed: list[list[int]]) -> None:
         """Rows more than two committed tokens behind (a new prompt, or rounds
         that drafted nothing) absorb all but their last committed token in a
@@ -269,6 +280,7 @@ class ModelDrafter:
         if behind:
             self.model.extend(self.cache, [s for s, _ in behind], [t for _, t in behind], last_only=True)
         self.backlog_seconds = time.perf_counter() - began  # one-off work; the rows two behind are a round's
+        self.backlog_tokens = sum(len(t) for _, t in behind)
         if two and len(two) < len(ids):
             self.model.extend(self.cache, [s for s, _ in two], [t for _, t in two], last_only=True)
 

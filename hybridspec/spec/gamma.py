@@ -10,21 +10,41 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   rejection), shrunk toward the engine-wide estimate, which is itself shrunk
   toward `prior_alpha`. Rounds that draft nothing decay the counts slowly
   (`IDLE_DECAY`), so an estimate drifts back to the prior; and after
-  `PROBE_EVERY` rounds in a row without drafts (and in the very first round)
-  one round drafts G = γ_max / 2 anyway, so a pessimistic estimate is put to
-  the test instead of freezing. The wait doubles after every probe (up to `MAX_PROBE_EVERY`) and
+  `PROBE_EVERY` rounds in a row without drafts one round drafts G = γ_max / 2
+  anyway, so a pessimistic estimate is put to the test instead of freezing.
+  The very first round drafts at least that many, so the drafter's cost at a
+  G that pays is measured before a few rounds at G = 1 (whose steps cost the
+  most each) can price drafting out. The wait doubles after every probe (up to `MAX_PROBE_EVERY`) and
   returns to `PROBE_EVERY` once drafting is chosen on its merits, so where
   speculation does not pay, probing costs less and less.
-- cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B · G · draft_step(B)
+- cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B,G · G · draft_step(B)
   + residual_B: a target forward of G + 1 tokens per row at batch B (with the
   engine's snapshot writes, measured at start-up on scratch caches, linear
   between the measured batches and token counts), G drafter steps, and the
   rest of the round's wall time (sampling, commit, replay, host bookkeeping). The scales (1 until a round
   is seen) and residuals (0) are learned online per measured batch size from
   each round's phase times (exponential averages, the scales in log space),
-  apart for rounds that
-  draft (G > 0) and plain ones (until a kind is seen, the other's values
-  stand in), so costs follow the machine's load and what start-up missed.
+  so costs follow the machine's load and what start-up missed. The forward's
+  scale is one for plain steps and verify forwards alike: what start-up
+  missed (a longer context, a cold cache after a prefill, a busy core) slows
+  both, and while the engine drafts, plain steps are too rare to learn from
+  alone (the few there are follow prefills, when every forward is slow; a
+  plain scale learned from them kept the embedded pair drafting at batch 8,
+  0.85 × plain). The drafter's scale is learned per G (the nearest G's
+  stands in until one is seen): its steps do not cost G times one step (a
+  greedy drafter's G steps run as one native call, about 0.4 of G separate
+  steps for the embedded draft at G = 4), and with one scale the cost of
+  the G seen most stood in for every other. The residuals are learned apart
+  for rounds that draft (G > 0) and plain ones (until a kind is seen, the
+  other's stands in).
+- absorb: a model drafter behind a row by n tokens (a new prompt, or rounds
+  that drafted nothing) absorbs them before it drafts for the row: one-off
+  work plain decoding never does (the embedded pair's prompts at batch 8: 22
+  ms of a 258 ms `generate`). A G ≥ 1 that drafts for the row is charged its
+  share n · absorb_s · E[tokens_b] / (cap_b + 1): the absorption spread over
+  the tokens the row has left, absorb_s the seconds per absorbed token
+  learned from past rounds (nothing is charged before one is seen). A row
+  with few tokens left and a long way behind stays plain.
 - cap_b: drafts the request can still use (max_new_tokens − generated − 1).
 - g_b: a row's own cost. The forward pads every row to G + 1 inputs and the
   drafter steps the whole batch, so a row's drafts add only their snapshot
@@ -147,9 +167,17 @@ class _Acceptance:
 class _Learned:
     """Online corrections at one measured batch size."""
 
-    draft_scale: float = 1.0
-    # keyed by whether the round drafted: plain steps and verify forwards are learned apart
-    forward_scale: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
+    draft_scale: dict[int, float] = field(default_factory=dict)  # G -> its learned scale
+
+    def draft_scale_at(self, G: int) -> float:
+        """G's learned drafter scale, else the nearest learned G's (the larger on a tie), else 1."""
+        if G in self.draft_scale:
+            return self.draft_scale[G]
+        if not self.draft_scale:
+            return 1.0
+        return self.draft_scale[min(self.draft_scale, key=lambda g: (abs(g - G), -g))]
+    forward_scale: float | None = None  # plain steps and verify forwards alike (module docstring)
+    # keyed by whether the round drafted: sampling and commit differ between the kinds
     residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
 
     @staticmethod
@@ -185,8 +213,10 @@ class GammaController:
         self.sequences: dict[int, _Acceptance] = {}
         self.learned = [_Learned() for _ in costs.batches]
         self.goodput = 0.0  # λ: tokens per second of the last round's choice
+        self.absorb_s: float | None = None  # seconds per token a drafter absorbs (module docstring)
         self.probe_every = PROBE_EVERY  # idle rounds before the next probe
-        self.idle_rounds = PROBE_EVERY - 1  # rounds in a row that drafted nothing: the first round probes
+        self.idle_rounds = 0  # rounds in a row that drafted nothing
+        self.rounds_seen = 0  # rounds observed so far (the first one probes)
         self._measured_at: dict[int, list[tuple[float, float]]] = {}  # batch -> start-up seconds per G
         self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
 
@@ -202,7 +232,8 @@ class GammaController:
         forward, draft = self._measured(batch)[G]
         learned = self._learned_at[batch]
         drafted = G > 0
-        return (learned.get(learned.forward_scale, drafted, 1.0) * forward + learned.draft_scale * draft
+        scale = 1.0 if learned.forward_scale is None else learned.forward_scale
+        return (scale * forward + (learned.draft_scale_at(G) * draft if draft else 0.0)
                 + learned.get(learned.residual_s, drafted, 0.0))
 
     def _measured(self, batch: int) -> list[tuple[float, float]]:
@@ -214,9 +245,12 @@ class GammaController:
             self._learned_at[batch] = self.learned[self.costs.bucket(batch)]
         return self._measured_at[batch]
 
-    def choose(self, seq_ids: list[int], caps: list[int]) -> list[int]:
-        """γ_b for each row (caps[b]: most drafts row b can use)."""
+    def choose(self, seq_ids: list[int], caps: list[int], behind: list[int] | None = None) -> list[int]:
+        """γ_b for each row (caps[b]: most drafts row b can use; behind[b]: tokens
+        the drafter absorbs before drafting for it, None: none)."""
         batch = len(seq_ids)
+        if behind is None or self.absorb_s is None:
+            behind = [0] * batch
         alphas = [self.alpha(s) for s in seq_ids]
         row_draft = self.costs.row_draft(batch)
         row_cost = row_draft * self.goodput  # in tokens per draft: λ · row_draft_s
@@ -224,19 +258,26 @@ class GammaController:
         top = min(self.gamma_max, max(limits, default=0))
         tokens = [0.0] * (top + 1)  # tokens[G] = Σ_b E[tokens](α_b, min(G, limit_b))
         drafts = [0] * (top + 1)  # Σ_b min(G, limit_b)
-        for alpha, limit in zip(alphas, limits):
+        absorb = [0.0] * (top + 1)  # Σ_b of the rows drafting: their share of the absorption
+        for alpha, limit, cap, n in zip(alphas, limits, caps, behind):
             term = total = 1.0
+            share = n * self.absorb_s / (max(cap, 0) + 1) if n else 0.0
             for G in range(top + 1):
                 if 0 < G <= limit:
                     term *= alpha
                     total += term
                 tokens[G] += total
                 drafts[G] += min(G, limit)
-        options = [(tokens[G] / cost if (cost := self.round_cost(batch, G) + row_draft * drafts[G]) > 0
+                if G and limit:
+                    absorb[G] += share * total
+        options = [(tokens[G] / cost if (cost := self.round_cost(batch, G) + row_draft * drafts[G] + absorb[G]) > 0
                     else tokens[G], G) for G in range(top + 1)]
         goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
-        if G == 0 and top > 0 and self.idle_rounds + 1 >= self.probe_every:
-            G = max(1, min(top, self.gamma_max // 2))  # enough drafts to learn from
+        probe = max(1, min(top, self.gamma_max // 2))  # enough drafts to learn from
+        if not self.rounds_seen and top > 0 and G < probe:
+            G, goodput = probe, options[probe][0]
+        elif G == 0 and top > 0 and self.idle_rounds + 1 >= self.probe_every:
+            G = probe
             goodput = options[G][0]
             self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
         elif G > 0:
@@ -257,11 +298,12 @@ class GammaController:
     # -- learning -----------------------------------------------------------------------------
 
     def observe(self, seq_ids: list[int], drafted: list[int], accepted: list[int], gammas: list[int],
-                seconds: dict[str, float] | None = None) -> None:
+                seconds: dict[str, float] | None = None, backlog_tokens: int = 0) -> None:
         """One round's outcome: per row the drafts asked for (`gammas`),
         proposed and accepted; the round's phase seconds ("draft", "verify",
-        "sampling", "commit") and "round", its whole wall time (default: the
-        phases' sum); None: learn acceptance only."""
+        "sampling", "commit"; "backlog", the drafter's absorption of
+        `backlog_tokens` tokens, apart from "draft") and "round", its whole
+        wall time (default: the phases' sum); None: learn acceptance only."""
         total_accepted = total_tried = 0
         for s, d, n in zip(seq_ids, drafted, accepted):
             own = self.sequences.setdefault(s, _Acceptance())
@@ -276,16 +318,19 @@ class GammaController:
         else:
             self.engine_acceptance.decay(IDLE_DECAY)
         self.idle_rounds = 0 if max(gammas, default=0) else self.idle_rounds + 1
+        self.rounds_seen += 1
         if seconds is not None:
             self._learn_costs(len(seq_ids), max(gammas, default=0), seconds)
+            if backlog_tokens > 0 and seconds.get("backlog", 0.0) > 0:
+                self.absorb_s = _Learned.mix(self.absorb_s, seconds["backlog"] / backlog_tokens)
 
     def _learn_costs(self, batch: int, G: int, seconds: dict[str, float]) -> None:
         forward, draft = self._measured(batch)[G]
         learned = self._learned_at[batch]
         if forward > 0 and seconds.get("verify", 0.0) > 0:
-            learned.forward_scale[G > 0] = learned.mix_ratio(learned.forward_scale[G > 0], seconds["verify"] / forward)
+            learned.forward_scale = learned.mix_ratio(learned.forward_scale, seconds["verify"] / forward)
         if draft > 0 and seconds.get("draft", 0.0) > 0:
-            learned.draft_scale = learned.mix_ratio(learned.draft_scale, seconds["draft"] / draft)
+            learned.draft_scale[G] = learned.mix_ratio(learned.draft_scale.get(G), seconds["draft"] / draft)
         phases = seconds.get("draft", 0.0) + seconds.get("verify", 0.0) + seconds.get("sampling", 0.0) \
             + seconds.get("commit", 0.0)
         total = seconds.get("round", phases)  # the whole round, host bookkeeping included
