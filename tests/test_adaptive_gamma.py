@@ -76,6 +76,17 @@ def test_pessimism_is_probed_again():
     assert choices[:-1] == [0] * (PROBE_EVERY - 1) and choices[-1] >= 1
 
 
+def test_a_probe_drafts_only_the_row_the_drafter_is_least_behind():
+    controller = GammaController(GAMMA_MAX, costs(draft_step=0.4))
+    teach(controller, [0, 1, 2], alpha_hits=0)
+    for _ in range(PROBE_EVERY - 1):
+        assert controller.choose([0, 1, 2], [10, 10, 10], behind=[5, 1, 9]) == [0, 0, 0]
+        controller.observe([0, 1, 2], [0, 0, 0], [0, 0, 0], [0, 0, 0])
+    assert controller.choose([0, 1, 2], [10, 10, 10], behind=[5, 1, 9]) == [0, GAMMA_MAX // 2, 0]
+    controller.idle_rounds = controller.probe_every - 1  # the next probe, the drafter caught up everywhere
+    assert controller.choose([0, 1, 2], [10, 10, 10], behind=[0, 0, 0]) == [GAMMA_MAX // 2] * 3
+
+
 def test_online_costs_follow_the_measured_rounds():
     controller = GammaController(GAMMA_MAX, costs())
     for _ in range(30):  # drafting rounds really cost twice what start-up measured

@@ -11,7 +11,11 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   toward `prior_alpha`. Rounds that draft nothing decay the counts slowly
   (`IDLE_DECAY`), so an estimate drifts back to the prior; and after
   `PROBE_EVERY` rounds in a row without drafts one round drafts G = γ_max / 2
-  anyway, so a pessimistic estimate is put to the test instead of freezing.
+  anyway, so a pessimistic estimate is put to the test instead of freezing;
+  where a model drafter is behind the rows (they have not drafted for a
+  while), only the row it is least behind drafts in a probe, so a probe does
+  not pay every row's absorption (at batch 8 on the embedded pair that was
+  about a tenth of a `generate`, probes included).
   The very first round drafts at least that many, so the drafter's cost at a
   G that pays is measured before a few rounds at G = 1 (whose steps cost the
   most each) can price drafting out. The wait doubles after every probe (up to `MAX_PROBE_EVERY`) and
@@ -249,8 +253,8 @@ class GammaController:
         """γ_b for each row (caps[b]: most drafts row b can use; behind[b]: tokens
         the drafter absorbs before drafting for it, None: none)."""
         batch = len(seq_ids)
-        if behind is None or self.absorb_s is None:
-            behind = [0] * batch
+        behind = [0] * batch if behind is None else behind
+        charged = behind if self.absorb_s is not None else [0] * batch  # nothing learned: nothing charged
         alphas = [self.alpha(s) for s in seq_ids]
         row_draft = self.costs.row_draft(batch)
         row_cost = row_draft * self.goodput  # in tokens per draft: λ · row_draft_s
@@ -259,16 +263,17 @@ class GammaController:
         tokens = [0.0] * (top + 1)  # tokens[G] = Σ_b E[tokens](α_b, min(G, limit_b))
         drafts = [0] * (top + 1)  # Σ_b min(G, limit_b)
         absorb = [0.0] * (top + 1)  # Σ_b of the rows drafting: their share of the absorption
-        for alpha, limit, cap, n in zip(alphas, limits, caps, behind):
+        for alpha, limit, cap, n in zip(alphas, limits, caps, charged):
             term = total = 1.0
-            share = n * self.absorb_s / (max(cap, 0) + 1) if n else 0.0
-            for G in range(top + 1):
-                if 0 < G <= limit:
+            share = n * self.absorb_s / (max(cap, 0) + 1) if n and limit else 0.0
+            tokens[0] += 1.0
+            for G in range(1, top + 1):
+                if G <= limit:
                     term *= alpha
                     total += term
                 tokens[G] += total
-                drafts[G] += min(G, limit)
-                if G and limit:
+                drafts[G] += G if G <= limit else limit
+                if share:
                     absorb[G] += share * total
         options = [(tokens[G] / cost if (cost := self.round_cost(batch, G) + row_draft * drafts[G] + absorb[G]) > 0
                     else tokens[G], G) for G in range(top + 1)]
@@ -277,9 +282,13 @@ class GammaController:
         if not self.rounds_seen and top > 0 and G < probe:
             G, goodput = probe, options[probe][0]
         elif G == 0 and top > 0 and self.idle_rounds + 1 >= self.probe_every:
-            G = probe
-            goodput = options[G][0]
+            self.goodput = options[probe][0]
             self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+            if any(behind):  # one row drafts: the one the drafter is least behind (the others' backlogs wait)
+                row = min((b for b, limit in enumerate(limits) if limit),
+                          key=lambda b: (behind[b], -caps[b], b))
+                return [min(probe, limits[b]) if b == row else 0 for b in range(batch)]
+            return [min(probe, limit) for limit in limits]
         elif G > 0:
             self.probe_every = PROBE_EVERY
         self.goodput = goodput
