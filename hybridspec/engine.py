@@ -284,7 +284,7 @@ class Engine:
             for r in running:
                 before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
             if running:
-                self._round(self._in_ring_order(running), step_stats)
+                self._round(self._in_ring_order(running), step_stats, after_prefill=bool(admitted))
         finally:
             if self.prefix is not None:
                 self.prefix.move_counts(step_stats)
@@ -475,9 +475,10 @@ class Engine:
         states = self.cache.states
         return requests if states is None else sorted(requests, key=lambda r: states.ring_index(r.seq_id))
 
-    def _round(self, requests: list[Request], stats: EngineStats) -> None:
+    def _round(self, requests: list[Request], stats: EngineStats, after_prefill: bool = False) -> None:
         """One round of the running batch: speculative, or a plain decode step
-        (plain engines, and adaptive rounds that give every row γ = 0)."""
+        (plain engines, and adaptive rounds that give every row γ = 0);
+        `after_prefill`: a prefill ran just before it (its forward runs cold)."""
         began = time.perf_counter()
         rows, ids = self._rows(requests), [r.seq_id for r in requests]
         controller, gammas = self.gamma_controller, None
@@ -503,7 +504,7 @@ class Engine:
             seconds["round"] -= backlog
             seconds["backlog"] = backlog  # ... it is learned per token and amortised (spec/gamma.py)
             controller.observe(ids, drafted, accepted, asked, seconds,
-                               getattr(drafter, "backlog_tokens", 0) if any(asked) else 0)
+                               getattr(drafter, "backlog_tokens", 0) if any(asked) else 0, after_prefill)
 
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:
         """One target step per sequence, sampled as plain decoding does."""

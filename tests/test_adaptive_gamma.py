@@ -106,15 +106,36 @@ def test_each_g_learns_its_drafter_cost():
     assert controller.round_cost(1, 1) == pytest.approx(1.1 + 0.15 + 0.1, rel=0.02)
 
 
-def test_plain_steps_share_the_forward_scale_the_verifies_taught():
+def test_plain_steps_learn_their_own_scale_but_not_from_the_round_after_a_prefill():
     """Start-up measured forwards half as slow as they run: verify rounds teach
-    the scale, and the rare plain step is priced with it, not with its own."""
+    their scale, which prices plain steps until a steady one is seen; a slow
+    plain step right after a prefill teaches nothing."""
     controller = GammaController(GAMMA_MAX, costs())
     for _ in range(30):
         controller.observe([0], [4], [2], [4], {"verify": 2 * 1.4, "draft": 4 * 0.05, "sampling": 0.1})
-    assert controller.round_cost(1, 0) == pytest.approx(2 * 1.0 + 0.1, rel=0.02)  # the drafting residual stands in
-    controller.observe([0], [0], [0], [0], {"verify": 6.0, "sampling": 0.05})  # one slow plain step after a prefill
-    assert controller.round_cost(1, 0) < 1.1 * (2 * 1.0) + 0.1
+    assert controller.round_cost(1, 0) == pytest.approx(2 * 1.0 + 0.1, rel=0.02)  # the drafting kind's stands in
+    controller.observe([0], [0], [0], [0], {"verify": 6.0, "sampling": 0.05}, after_prefill=True)
+    assert controller.round_cost(1, 0) == pytest.approx(2 * 1.0 + 0.05, rel=0.02)  # the residual is learned
+    controller.observe([0], [0], [0], [0], {"verify": 0.7, "sampling": 0.05})
+    assert controller.round_cost(1, 0) == pytest.approx(0.7 + 0.05, rel=0.02)
+
+
+def test_a_plain_step_is_run_to_price_plain_steps_where_drafting_wins_narrowly():
+    spec_round = {"verify": 1.2, "draft": 0.2, "sampling": 0.1}
+    for hits, probes in ((1, True), (4, False)):  # drafting ahead of plain by under 1.5x; by far more
+        controller = GammaController(GAMMA_MAX, costs(forward=(1.0, 1.05, 1.1, 1.15, 1.2)))
+        for _ in range(PROBE_EVERY - 1):
+            controller.observe([0], [4], [hits], [4], spec_round)
+        assert controller.choose([0], [100]) == ([0] if probes else [GAMMA_MAX])
+    controller = GammaController(GAMMA_MAX, costs(forward=(1.0, 1.05, 1.1, 1.15, 1.2)))
+    for _ in range(PROBE_EVERY - 1):
+        controller.observe([0], [4], [1], [4], spec_round)
+    assert controller.choose([0], [100]) == [0]
+    controller.observe([0], [0], [0], [0], {"verify": 1.0, "sampling": 0.1}, after_prefill=True)
+    assert controller.choose([0], [100]) == [0]  # that one taught nothing: again
+    controller.observe([0], [0], [0], [0], {"verify": 1.0, "sampling": 0.1})
+    assert controller.choose([0], [100])[0] > 0
+    assert controller.plain_probe_every == 2 * PROBE_EVERY
 
 
 def test_a_drafter_far_behind_a_row_near_its_end_gives_plain_steps():

@@ -29,12 +29,20 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   is seen) and residuals (0) are learned online per measured batch size from
   each round's phase times (exponential averages, the scales in log space),
   so costs follow the machine's load and what start-up missed. The forward's
-  scale is one for plain steps and verify forwards alike: what start-up
-  missed (a longer context, a cold cache after a prefill, a busy core) slows
-  both, and while the engine drafts, plain steps are too rare to learn from
-  alone (the few there are follow prefills, when every forward is slow; a
-  plain scale learned from them kept the embedded pair drafting at batch 8,
-  0.85 × plain). The drafter's scale is learned per G (the nearest G's
+  scale is learned apart for plain steps and verify forwards (steady plain
+  steps ran at 0.88 of start-up's measurement on the random 9.7M pair at
+  batch 4, verifies at 1.16), the other kind's standing in until one is
+  seen, and the round right after a prefill teaches neither: its forward
+  runs cold (plain steps there at 1.72 against a steady 1.22 on the
+  embedded pair at batch 8). While the engine drafts, plain steps are rare
+  and most follow prefills, so after PROBE_EVERY rounds (doubling after
+  each, up to MAX_PROBE_EVERY) without a plain step that taught its scale,
+  one round is a plain step, unless drafting's predicted goodput is at least
+  PLAIN_PROBE_MARGIN times plain's (then no price of a plain step could
+  change the choice). (Learned from post-prefill steps alone, the
+  plain scale had kept the embedded pair drafting at batch 8, 0.85 × plain;
+  priced as verifies are, plain steps lost to drafting on the random pair
+  at batch 4, 0.80 × plain.) The drafter's scale is learned per G (the nearest G's
   stands in until one is seen): its steps do not cost G times one step (a
   greedy drafter's G steps run as one native call, about 0.4 of G separate
   steps for the embedded draft at G = 4), and with one scale the cost of
@@ -77,6 +85,7 @@ IDLE_DECAY = 0.98  # the same for acceptance counts in rounds that draft nothing
 PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts ...
 MAX_PROBE_EVERY = 1024  # ... doubled after each probe, up to this, while drafting does not pay
 PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide estimate
+PLAIN_PROBE_MARGIN = 1.5  # plain steps are probed only where drafting wins by less (their price could be off a third)
 
 
 @dataclass(frozen=True)
@@ -180,7 +189,8 @@ class _Learned:
         if not self.draft_scale:
             return 1.0
         return self.draft_scale[min(self.draft_scale, key=lambda g: (abs(g - G), -g))]
-    forward_scale: float | None = None  # plain steps and verify forwards alike (module docstring)
+    # keyed by whether the round drafted: plain steps and verify forwards (module docstring)
+    forward_scale: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
     # keyed by whether the round drafted: sampling and commit differ between the kinds
     residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
 
@@ -221,6 +231,9 @@ class GammaController:
         self.probe_every = PROBE_EVERY  # idle rounds before the next probe
         self.idle_rounds = 0  # rounds in a row that drafted nothing
         self.rounds_seen = 0  # rounds observed so far (the first one probes)
+        self.plain_probe_every = PROBE_EVERY  # rounds without a plain step that taught its scale before one
+        self.unpriced_rounds = 0  # rounds since a plain step last taught its scale
+        self._plain_probe_pending = False
         self._measured_at: dict[int, list[tuple[float, float]]] = {}  # batch -> start-up seconds per G
         self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
 
@@ -236,8 +249,7 @@ class GammaController:
         forward, draft = self._measured(batch)[G]
         learned = self._learned_at[batch]
         drafted = G > 0
-        scale = 1.0 if learned.forward_scale is None else learned.forward_scale
-        return (scale * forward + (learned.draft_scale_at(G) * draft if draft else 0.0)
+        return (learned.get(learned.forward_scale, drafted, 1.0) * forward + (learned.draft_scale_at(G) * draft if draft else 0.0)
                 + learned.get(learned.residual_s, drafted, 0.0))
 
     def _measured(self, batch: int) -> list[tuple[float, float]]:
@@ -289,6 +301,11 @@ class GammaController:
                           key=lambda b: (behind[b], -caps[b], b))
                 return [min(probe, limits[b]) if b == row else 0 for b in range(batch)]
             return [min(probe, limit) for limit in limits]
+        elif (G > 0 and self.unpriced_rounds + 1 >= self.plain_probe_every
+              and goodput < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price plain steps
+            self._plain_probe_pending = True  # (until one teaches: the round after a prefill does not)
+            self.goodput = options[0][0]
+            return [0] * batch
         elif G > 0:
             self.probe_every = PROBE_EVERY
         self.goodput = goodput
@@ -307,12 +324,15 @@ class GammaController:
     # -- learning -----------------------------------------------------------------------------
 
     def observe(self, seq_ids: list[int], drafted: list[int], accepted: list[int], gammas: list[int],
-                seconds: dict[str, float] | None = None, backlog_tokens: int = 0) -> None:
+                seconds: dict[str, float] | None = None, backlog_tokens: int = 0,
+                after_prefill: bool = False) -> None:
         """One round's outcome: per row the drafts asked for (`gammas`),
         proposed and accepted; the round's phase seconds ("draft", "verify",
         "sampling", "commit"; "backlog", the drafter's absorption of
         `backlog_tokens` tokens, apart from "draft") and "round", its whole
-        wall time (default: the phases' sum); None: learn acceptance only."""
+        wall time (default: the phases' sum); None: learn acceptance only;
+        `after_prefill`: a prefill ran just before the round (its forward's
+        time teaches no scale)."""
         total_accepted = total_tried = 0
         for s, d, n in zip(seq_ids, drafted, accepted):
             own = self.sequences.setdefault(s, _Acceptance())
@@ -329,15 +349,21 @@ class GammaController:
         self.idle_rounds = 0 if max(gammas, default=0) else self.idle_rounds + 1
         self.rounds_seen += 1
         if seconds is not None:
-            self._learn_costs(len(seq_ids), max(gammas, default=0), seconds)
+            self.unpriced_rounds += 1
+            self._learn_costs(len(seq_ids), max(gammas, default=0), seconds, learn_forward=not after_prefill)
             if backlog_tokens > 0 and seconds.get("backlog", 0.0) > 0:
                 self.absorb_s = _Learned.mix(self.absorb_s, seconds["backlog"] / backlog_tokens)
 
-    def _learn_costs(self, batch: int, G: int, seconds: dict[str, float]) -> None:
+    def _learn_costs(self, batch: int, G: int, seconds: dict[str, float], learn_forward: bool = True) -> None:
         forward, draft = self._measured(batch)[G]
         learned = self._learned_at[batch]
-        if forward > 0 and seconds.get("verify", 0.0) > 0:
-            learned.forward_scale = learned.mix_ratio(learned.forward_scale, seconds["verify"] / forward)
+        if learn_forward and forward > 0 and seconds.get("verify", 0.0) > 0:
+            learned.forward_scale[G > 0] = learned.mix_ratio(learned.forward_scale[G > 0], seconds["verify"] / forward)
+            if G == 0:
+                self.unpriced_rounds = 0
+                if self._plain_probe_pending:
+                    self.plain_probe_every = min(2 * self.plain_probe_every, MAX_PROBE_EVERY)
+                    self._plain_probe_pending = False
         if draft > 0 and seconds.get("draft", 0.0) > 0:
             learned.draft_scale[G] = learned.mix_ratio(learned.draft_scale.get(G), seconds["draft"] / draft)
         phases = seconds.get("draft", 0.0) + seconds.get("verify", 0.0) + seconds.get("sampling", 0.0) \
