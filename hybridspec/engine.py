@@ -482,10 +482,11 @@ class Engine:
         began = time.perf_counter()
         rows, ids = self._rows(requests), [r.seq_id for r in requests]
         controller, gammas = self.gamma_controller, None
+        drafter = None if self.speculator is None else self.speculator.drafter
         if controller is not None:
-            backlog = getattr(self.speculator.drafter, "backlog", None)
+            behind = drafter.backlog(requests) if hasattr(drafter, "backlog") else None
             gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests],
-                                       None if backlog is None else backlog(requests))
+                                       behind)
         before = dict(stats.seconds)
         if self.speculator is not None and (gammas is None or any(gammas)):
             round = self.speculator.round(requests, rows, gammas)
@@ -498,13 +499,13 @@ class Engine:
         if controller is not None:
             seconds = {phase: stats.seconds[phase] - before.get(phase, 0.0) for phase in stats.seconds}
             seconds["round"] = time.perf_counter() - began
-            drafter = self.speculator.drafter
-            backlog = getattr(drafter, "backlog_seconds", 0.0) if any(asked) else 0.0
-            seconds["draft"] -= backlog  # a prompt's one-off absorption is not what a round costs ...
-            seconds["round"] -= backlog
-            seconds["backlog"] = backlog  # ... it is learned per token and amortised (spec/gamma.py)
-            controller.observe(ids, drafted, accepted, asked, seconds,
-                               getattr(drafter, "backlog_tokens", 0) if any(asked) else 0, after_prefill)
+            drafted_any = any(asked)
+            backlog_s = getattr(drafter, "backlog_seconds", 0.0) if drafted_any else 0.0
+            backlog_tokens = getattr(drafter, "backlog_tokens", 0) if drafted_any else 0
+            seconds["draft"] -= backlog_s  # a prompt's one-off absorption is not what a round costs ...
+            seconds["round"] -= backlog_s
+            seconds["backlog"] = backlog_s  # ... it is learned per token and amortised (spec/gamma.py)
+            controller.observe(ids, drafted, accepted, asked, seconds, backlog_tokens, after_prefill)
 
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:
         """One target step per sequence, sampled as plain decoding does."""

@@ -103,7 +103,6 @@ int hs_rows_isa(int choice) {
     return steps_in_use == &AVX512_STEPS;
 }
 
-
 /* the columns past the last multiple of 8, k0 <= k < k1: the same chain, one float at a time */
 static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, int64_t k1,
                          int64_t n0, float *y, int64_t ldy) {

@@ -233,8 +233,7 @@ class PagedKVCache:
         self._check_known(seq_id)
         if new_len < self._kv_lens[seq_id]:
             return self._count_blocks_needed({seq_id: new_len})[0]  # raises, naming the lengths
-        num_new = max(0, _cdiv(new_len, self.block_size) - len(self._block_tables[seq_id]))
-        return num_new + sum(1 for b in self._pages_written(seq_id, new_len) if self.pool.ref_count(b) > 1)
+        return self.blocks_needed_each([(seq_id, new_len)])
 
     def blocks_needed_each(self, lengths: list[tuple[int, int]]) -> int:
         """Σ `blocks_needed(seq_id, max(new_len, kv_len))` over `(seq_id, new_len)`

@@ -120,6 +120,12 @@ class NgramDrafter(StatelessDrafter):
         return Proposal(tokens, None)
 
 
+def _backlog_len(gap: int) -> int:
+    """Tokens absorbed before a round's catch-up by a drafter `gap` committed
+    tokens behind: all but the last where more than two (`_absorb_backlog`)."""
+    return gap - 1 if gap > 2 else 0
+
+
 class ModelDrafter:
     """A HybridModel used as drafter, with its own cache and ring, and with
     `prefix_cache` settings its own prefix cache (`PrefixStore`; what it did
@@ -255,11 +261,7 @@ class ModelDrafter:
         """Per request, the tokens the next round that drafts for it absorbs
         first (`_absorb_backlog`): all but the last committed one where it is
         more than two behind (a new prompt, rounds that drafted nothing), else 0."""
-        out = []
-        for r in requests:
-            gap = len(r.output.prompt_token_ids) + len(r.output.token_ids) - self.cache.computed_len[r.seq_id]
-            out.append(gap - 1 if gap > 2 else 0)
-        return out
+        return [_backlog_len(r.committed_len - self.cache.computed_len[r.seq_id]) for r in requests]
 
     def _absorb_backlog(self, ids: list[int], committed: list[list[int]]) -> None:
         """Rows more than two committed tokens behind (a new prompt, or rounds
@@ -274,7 +276,7 @@ class ModelDrafter:
         catch-up each writes a fresh ring slot: a revert still returns to the
         round start."""
         gaps = [len(c) - self.cache.computed_len[s] for s, c in zip(ids, committed)]
-        behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c, gap in zip(ids, committed, gaps) if gap > 2]
+        behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c, gap in zip(ids, committed, gaps) if _backlog_len(gap)]
         two = [(s, c[-2:-1]) for s, c, gap in zip(ids, committed, gaps) if gap == 2]
         began = time.perf_counter()
         if behind:

@@ -15,12 +15,12 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   where a model drafter is behind the rows (they have not drafted for a
   while), only the row it is least behind drafts in a probe, so a probe does
   not pay every row's absorption (at batch 8 on the embedded pair that was
-  about a tenth of a `generate`, probes included).
-  The very first round drafts at least that many, so the drafter's cost at a
-  G that pays is measured before a few rounds at G = 1 (whose steps cost the
-  most each) can price drafting out. The wait doubles after every probe (up to `MAX_PROBE_EVERY`) and
-  returns to `PROBE_EVERY` once drafting is chosen on its merits, so where
-  speculation does not pay, probing costs less and less.
+  about a tenth of a `generate`, probes included). The wait doubles after
+  every probe (up to `MAX_PROBE_EVERY`) and returns to `PROBE_EVERY` once
+  drafting is chosen on its merits, so where speculation does not pay,
+  probing costs less and less. The very first round drafts at least G =
+  γ_max / 2, so the drafter's cost at a G that pays is measured before a few
+  rounds at G = 1 (whose steps cost the most each) can price drafting out.
 - cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B,G · G · draft_step(B)
   + residual_B: a target forward of G + 1 tokens per row at batch B (with the
   engine's snapshot writes, measured at start-up on scratch caches, linear
@@ -181,6 +181,10 @@ class _Learned:
     """Online corrections at one measured batch size."""
 
     draft_scale: dict[int, float] = field(default_factory=dict)  # G -> its learned scale
+    # keyed by whether the round drafted: plain steps and verify forwards (module docstring)
+    forward_scale: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
+    # keyed by whether the round drafted: sampling and commit differ between the kinds
+    residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
 
     def draft_scale_at(self, G: int) -> float:
         """G's learned drafter scale, else the nearest learned G's (the larger on a tie), else 1."""
@@ -189,10 +193,6 @@ class _Learned:
         if not self.draft_scale:
             return 1.0
         return self.draft_scale[min(self.draft_scale, key=lambda g: (abs(g - G), -g))]
-    # keyed by whether the round drafted: plain steps and verify forwards (module docstring)
-    forward_scale: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
-    # keyed by whether the round drafted: sampling and commit differ between the kinds
-    residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
 
     @staticmethod
     def mix(old: float | None, new: float) -> float:
@@ -249,7 +249,7 @@ class GammaController:
         forward, draft = self._measured(batch)[G]
         learned = self._learned_at[batch]
         drafted = G > 0
-        return (learned.get(learned.forward_scale, drafted, 1.0) * forward + (learned.draft_scale_at(G) * draft if draft else 0.0)
+        return (learned.get(learned.forward_scale, drafted, 1.0) * forward + learned.draft_scale_at(G) * draft
                 + learned.get(learned.residual_s, drafted, 0.0))
 
     def _measured(self, batch: int) -> list[tuple[float, float]]:
