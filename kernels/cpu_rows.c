@@ -187,17 +187,22 @@ static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3
  * weight streams from memory behind the arithmetic instead of stalling the
  * copy below (the 35.8M Bamba's products at 40 rows: 31 → 24 ms; a panel-major
  * order reads 256 bytes of each of TILE_K rows far apart, which no hardware
- * prefetcher follows). A wide panel's part of the block is first copied into
- * `packed` (TILE_K rows of `panel` floats in a row): read from the weight
- * its rows lie N floats apart, often a multiple of 4 KiB, and would crowd
- * into a few cache sets. Every sum is loaded from y and stored back once per
- * block, so its chain stays k = 0, 1, …, K - 1. */
+ * prefetcher follows). The tiles read the block where it lies, except where
+ * its rows lie a multiple of 4 KiB apart (N a multiple of 1024): there they
+ * would crowd into a few cache sets, so a wide panel's part of the block is
+ * first copied into `packed` (TILE_K rows of `panel` floats in a row). The
+ * copy costs more than it saves elsewhere: reading in place is 5–25% faster
+ * at 10–20 rows on the embedded and 35.8M targets' weights, even at 40 rows,
+ * and 2–7% slower at 40 rows for N = 3072 or 4096 (C harness, weights in
+ * cache). Every sum is loaded from y and stored back once per block, so its
+ * chain stays k = 0, 1, …, K - 1. */
 static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const float *w, int64_t M, int64_t K,
                          int64_t N, float *y) {
     float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
     const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
     const int64_t wide = N / panel * panel, vec_end = N / t->width * t->width, vec8 = N / 8 * 8;
     const int64_t calls = (wide / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
+    const int copy = N % 1024 == 0;  /* rows a multiple of 4 KiB apart */
     for (int64_t k0 = 0; k0 < K; k0 += TILE_K) {
         const int64_t k1 = k0 + TILE_K < K ? k0 + TILE_K : K, k2 = k1 + TILE_K < K ? k1 + TILE_K : K;
         const float *next = w + k1 * N;                      /* the next block: (k2 - k1) rows of N */
@@ -206,7 +211,7 @@ static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const f
         for (int64_t n0 = 0; n0 < vec8;) {
             /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
             const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
-            if (step == panel)
+            if (step == panel && copy)
                 for (int64_t k = k0; k < k1; ++k) memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(float) * panel);
             for (int64_t group = 0; group < groups; ++group) {
                 const int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
@@ -222,7 +227,9 @@ static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const f
                 }
                 const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
                 ++call;
-                if (step == panel) t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, N, next + 16 * l0, l1 - l0);
+                if (step == panel && copy)
+                    t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, N, next + 16 * l0, l1 - l0);
+                else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, N, next + 16 * l0, l1 - l0);
                 else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, N, next + 16 * l0, l1 - l0);
             }
             n0 += step;
