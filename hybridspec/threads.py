@@ -1,13 +1,19 @@
 """How many torch threads a CPU run uses.
 
-Measured on the development machine (2 shared vCPUs, AMD EPYC, torch 2.13
-CPU; plain decoding, batch 1, 48 tokens, median of 3): the embedded target
-(hidden size 256) made 136 tok/s with one thread and 14 tok/s with two; a
-random Bamba of hidden size 1024 made 46 and 7. Small matrices do not pay for
-the hand-off between threads, and a thread that shares a core with other work
-stalls every step. So models of hidden size below 2048 default to one
-thread; larger ones, whose matrix products can use several cores, keep
-torch's default (one per core). GPU runs are not affected.
+The native CPU kernels split each matrix product's columns over torch's
+thread count (`kernels/cpu_rows.c`; the tokens are the same at any count).
+Measured on a 2-vCPU Intel machine with `benches/threads.py` (wall clock,
+two threads against one, in one run): round_cost's 35.8M Bamba (hidden 512)
+decodes 1.46-1.60x faster and verifies 1.41-1.44x faster at batch 1 and 4;
+the embedded target (hidden 256), whose products take microseconds, runs
+0.95-1.14x, and its speculative generate 1.03x. Through torch's own threads
+instead (the kernels off) both ran slower than on one thread with the
+kernels (the embedded target 4x slower), as they had on the AMD machine this
+project started on (136 against 14 tok/s). A helper on a core that other work
+holds delays the product it took part of, so a shared machine gains less.
+Models of hidden size below 2048 therefore default to one thread; larger
+ones, whose products split well, keep torch's default (one per core); pass
+`threads=` / `--threads` to choose. GPU runs are not affected.
 """
 from __future__ import annotations
 

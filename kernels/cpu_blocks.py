@@ -120,8 +120,7 @@ BLOCK_ROWS = MAX_ROWS
 def _takes_rows(h: torch.Tensor) -> bool:
     """The per-call conditions every block shares."""
     return (_enabled and h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
-            and h.is_contiguous() and not torch.is_grad_enabled() and torch.get_num_threads() == 1
-            and cpu_native.available())
+            and h.is_contiguous() and not torch.is_grad_enabled() and cpu_native.available())
 
 
 # -- MLP ----------------------------------------------------------------------------------------

@@ -207,8 +207,7 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
     call; None where it does not apply (see the module docstring). The token ids and
     the forward's slot and K/V plans go to C as one int64 array made from the
     plans' host lists (no tensors of them are made)."""
-    if not (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and torch.get_num_threads() == 1
-            and cpu_native.available()):
+    if not (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and cpu_native.available()):
         return None
     bsz, lengths = len(token_lists), [len(tokens) for tokens in token_lists]
     T = max(lengths, default=0)
@@ -326,8 +325,8 @@ class _Call:
 
 def takes_greedy(model, cache, batch: int) -> bool:
     """Whether `greedy_steps` runs for `batch` rows of `model` on `cache`."""
-    return (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and torch.get_num_threads() == 1
-            and 0 < batch <= MAX_ROWS and cpu_native.available() and _table(model, cache).ok)
+    return (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and 0 < batch <= MAX_ROWS
+            and cpu_native.available() and _table(model, cache).ok)
 
 
 def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[int]] | None, meta,

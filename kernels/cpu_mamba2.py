@@ -11,8 +11,9 @@ comes back [batch, T, nheads, headdim].
 
 Used by the Mamba-2 mixer when every condition holds: float32 CPU tensors, a
 host-side `SlotPlan` (padded rows run their padding with no snapshot there,
-`cpu_native.takes_forward`), a contiguous state pool, one torch thread, and
-the native kernels on (`cpu_native.available`).
+`cpu_native.takes_forward`), a contiguous state pool, and the native
+kernels on (`cpu_native.available`); it runs on the calling thread at any
+torch thread count.
 """
 from __future__ import annotations
 

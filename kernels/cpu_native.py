@@ -25,8 +25,10 @@ no build step at install. Where they cannot be built (no compiler) the torch
 paths run after one warning; on a CPU without AVX2 and FMA (ARM, old x86)
 they run without one. `HYBRIDSPEC_CPU_KERNELS=torch` (read on first use) or
 `set_enabled(False)` turns them off; float64 (the parity suites) never takes
-them. All are single-threaded: they run when torch uses one thread (the
-default for the small models they help, `hybridspec.threads`).
+them. They run at any torch thread count: the matrix products
+(`cpu_rows.c`, which every block and the whole forward call) split their
+columns over torch's intra-op thread count (`sync_threads`), with the same
+bits at every count; the other kernels run on the calling thread.
 """
 from __future__ import annotations
 
@@ -52,13 +54,14 @@ HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD
                 for name in ("cpu_simd.h", "cpu_kernels.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu_rope.c) keep it under any compiler's default
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-std=c99")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")
 BUILD_TIMEOUT_S = 300  # a compiler that has not finished by then is taken as failed
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {  # function: argument types (all return int: 0, or -1 for arguments it does not take)
     "hs_rows_matmul": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr],
     "hs_rows_isa": [ctypes.c_int],
+    "hs_set_threads": [ctypes.c_int],
     "hs_mamba2_steps": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr,
                         _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
     "hs_mamba1_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64,
@@ -170,17 +173,33 @@ def library():
 
 
 def available() -> bool:
-    """Whether the kernels run here (built and loaded, and not turned off)."""
-    return (_enabled if _enabled is not None else enabled()) and bool(_library if _library is not None else library())
+    """Whether the kernels run here (built and loaded, and not turned off); when
+    they do, their products use torch's thread count (`sync_threads`)."""
+    if not ((_enabled if _enabled is not None else enabled()) and (_library if _library is not None else library())):
+        return False
+    sync_threads()
+    return True
+
+
+_threads = 1  # the thread count the products were last given
+
+
+def sync_threads() -> int:
+    """Give the products torch's intra-op thread count (`torch.set_num_threads`,
+    or `hybridspec.threads.use_threads`) if it changed; returns it."""
+    global _threads
+    threads = torch.get_num_threads()
+    if threads != _threads and _library:
+        _threads = _library.hs_set_threads(threads)
+    return _threads
 
 
 def takes(*tensors: torch.Tensor) -> bool:
-    """The conditions every kernel shares: each tensor float32 on the CPU, torch
-    on one thread (the kernels are single-threaded), the kernels built and on."""
+    """The conditions every kernel shares: each tensor float32 on the CPU, the kernels built and on."""
     for t in tensors:
         if t.dtype is not torch.float32 or not t.is_cpu:
             return False
-    return torch.get_num_threads() == 1 and available()
+    return available()
 
 
 def takes_forward(plan, *tensors: torch.Tensor) -> bool:

@@ -23,7 +23,7 @@ def angle_rows(t: torch.Tensor) -> int | None:
 
 def applies(x: torch.Tensor, cos_half: torch.Tensor, sin_half: torch.Tensor) -> bool:
     """Whether `rope(x, cos_half, sin_half)` runs: x [batch, T, heads, head_dim]
-    contiguous, cos/sin [batch, T, half] rows of one stride, float32 on CPU, one thread."""
+    contiguous, cos/sin [batch, T, half] rows of one stride, float32 on CPU."""
     return (x.dim() == 4 and x.is_contiguous() and cos_half.dim() == 3
             and cos_half.shape == sin_half.shape == (*x.shape[:2], cos_half.shape[-1])
             and 0 < 2 * cos_half.shape[-1] <= x.shape[-1] and angle_rows(cos_half) is not None

@@ -37,6 +37,9 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define GROUP_ROWS 5     /* rows of x per register group */
@@ -103,11 +106,11 @@ int hs_rows_isa(int choice) {
     return steps_in_use == &AVX512_STEPS;
 }
 
-/* the columns past the last multiple of 8, k0 <= k < k1: the same chain, one float at a time */
+/* columns n0 <= n < n1 (those past the last multiple of 8), k0 <= k < k1: the same chain, one float at a time */
 static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, int64_t k1,
-                         int64_t n0, float *y, int64_t ldy) {
+                         int64_t n0, int64_t n1, float *y, int64_t ldy) {
     for (int g = 0; g < G; ++g)
-        for (int64_t n = n0; n < N; ++n) {
+        for (int64_t n = n0; n < n1; ++n) {
             float s = y[g * ldy + n];
             for (int64_t k = k0; k < k1; ++k) s = fmaf(x[g * ldx + k], w[k * N + n], s);
             y[g * ldy + n] = s;
@@ -197,18 +200,21 @@ static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3
  * cache). Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
 static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const float *w, int64_t M, int64_t K,
-                         int64_t N, float *y) {
+                         int64_t N, float *y, int64_t ldy, int64_t c0, int64_t c1, int part, int parts) {
     float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
     const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
-    const int64_t wide = N / panel * panel, vec_end = N / t->width * t->width, vec8 = N / 8 * 8;
-    const int64_t calls = (wide / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
+    const int64_t wide = c0 + (c1 - c0) / panel * panel, vec_end = c0 + (c1 - c0) / t->width * t->width;
+    const int64_t vec8 = c0 + (c1 - c0) / 8 * 8;
+    const int64_t calls = ((wide - c0) / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
     const int copy = N % 1024 == 0;  /* rows a multiple of 4 KiB apart */
     for (int64_t k0 = 0; k0 < K; k0 += TILE_K) {
         const int64_t k1 = k0 + TILE_K < K ? k0 + TILE_K : K, k2 = k1 + TILE_K < K ? k1 + TILE_K : K;
-        const float *next = w + k1 * N;                      /* the next block: (k2 - k1) rows of N */
-        const int64_t lines = (k2 - k1) * N / 16;
+        /* the next block, (k2 - k1) rows of N in memory order: this part's share of its lines */
+        const int64_t block_lines = (k2 - k1) * N / 16, first = block_lines * part / parts;
+        const float *next = w + k1 * N + 16 * first;
+        const int64_t lines = block_lines * (part + 1) / parts - first;
         int64_t call = 0;
-        for (int64_t n0 = 0; n0 < vec8;) {
+        for (int64_t n0 = c0; n0 < vec8;) {
             /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
             const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
             if (step == panel && copy)
@@ -217,60 +223,230 @@ static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const f
                 const int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
                 const int G = (int)(m1 - m0);
                 const float *xg = x + m0 * ldx;
-                float *yg = y + m0 * N + n0;
+                float *yg = y + m0 * ldy + (n0 - c0);
                 if (step == 8) {  /* one AVX2 vector left: AVX2 tiles of up to 4 rows, no prefetch */
                     for (int64_t g = 0; g < G; g += 4) {
                         const int rows = G - g < 4 ? (int)(G - g) : 4;
-                        AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * N, N, 0, 0);
+                        AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * ldy, ldy, 0, 0);
                     }
                     continue;
                 }
                 const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
                 ++call;
                 if (step == panel && copy)
-                    t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, N, next + 16 * l0, l1 - l0);
-                else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, N, next + 16 * l0, l1 - l0);
-                else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, N, next + 16 * l0, l1 - l0);
+                    t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, ldy, next + 16 * l0, l1 - l0);
+                else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0);
+                else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0);
             }
             n0 += step;
         }
     }
-    if (vec8 < N) tail_columns((int)M, x, ldx, w, N, 0, K, vec8, y, N);
+    if (vec8 < c1) tail_columns((int)M, x, ldx, w + c0, N, 0, K, vec8 - c0, c1 - c0, y, ldy);
 }
 
-/* y[M, N] = x[M, K] @ w[K, N]; returns 0, or -1 for sizes it does not take.
- * Rows split into balanced groups of at most GROUP_ROWS. */
-int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y) {
-    if (M < 0 || K < 0 || N < 0 || (M > 1 && ldx < K)) return -1;
-    if (M == 0 || N == 0) return 0;
-    memset(y, 0, (size_t)M * (size_t)N * sizeof(float));
-    if (!steps_in_use) hs_rows_isa(-1);
+/* columns c0 <= n < c1 of x @ w into y (rows ldy floats apart, y[0] the row's
+ * column c0): the tiles, or the row groups streaming the weight (part of
+ * parts: this range's share of the tiles' prefetch) */
+static void product_columns(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y,
+                            int64_t ldy, int64_t c0, int64_t c1, int part, int parts) {
+    for (int64_t m = 0; m < M; ++m) memset(y + m * ldy, 0, (size_t)(c1 - c0) * sizeof(float));
     if (M >= (K * N <= CACHED_WEIGHT_FLOATS ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
-        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES, x, ldx, w, M, K, N, y);
-        return 0;
+        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES, x, ldx, w, M, K, N, y, ldy, c0,
+                     c1, part, parts);
+        return;
     }
     const step_set *set = steps_in_use;
-    /* columns [0, wide) in the chosen vectors, [wide, vec_end) in AVX2 ones, the rest one at a time */
-    const int64_t groups = (M + GROUP_ROWS - 1) / GROUP_ROWS, wide = N / set->width * set->width;
-    const int64_t vec_end = N / 8 * 8;
+    /* columns [c0, wide) in the chosen vectors, [wide, vec_end) in AVX2 ones, the rest one at a time */
+    const int64_t groups = (M + GROUP_ROWS - 1) / GROUP_ROWS, wide = (c1 - c0) / set->width * set->width;
+    const int64_t vec_end = (c1 - c0) / 8 * 8;
+    const float *wc = w + c0;
     for (int64_t k0 = 0; k0 < K; k0 += KBLOCK) {
         int64_t k1 = k0 + KBLOCK < K ? k0 + KBLOCK : K;
         for (int64_t group = 0; group < groups; ++group) {
             int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
             int G = (int)(m1 - m0), Q = set->q_of[G], Q8 = AVX2_STEPS.q_of[G];
             const float *xg = x + m0 * ldx;
-            float *yg = y + m0 * N;
+            float *yg = y + m0 * ldy;
             int64_t k = k0;
             if (wide > 0) {
-                for (; k + Q <= k1; k += Q) set->q[G](xg, ldx, w, N, k, wide, yg, N);
-                for (; k < k1; ++k) set->one[G](xg, ldx, w, N, k, wide, yg, N);
+                for (; k + Q <= k1; k += Q) set->q[G](xg, ldx, wc, N, k, wide, yg, ldy);
+                for (; k < k1; ++k) set->one[G](xg, ldx, wc, N, k, wide, yg, ldy);
             }
             if (wide < vec_end) {  /* 8 columns left over from 16-column vectors */
-                for (k = k0; k + Q8 <= k1; k += Q8) AVX2_STEPS.q[G](xg, ldx, w + wide, N, k, 8, yg + wide, N);
-                for (; k < k1; ++k) AVX2_STEPS.one[G](xg, ldx, w + wide, N, k, 8, yg + wide, N);
+                for (k = k0; k + Q8 <= k1; k += Q8) AVX2_STEPS.q[G](xg, ldx, wc + wide, N, k, 8, yg + wide, ldy);
+                for (; k < k1; ++k) AVX2_STEPS.one[G](xg, ldx, wc + wide, N, k, 8, yg + wide, ldy);
             }
-            if (vec_end < N) tail_columns(G, xg, ldx, w, N, k0, k1, vec_end, yg, N);
+            if (vec_end < c1 - c0) tail_columns(G, xg, ldx, wc, N, k0, k1, vec_end, c1 - c0, yg, ldy);
         }
     }
+}
+
+/* -- threads ------------------------------------------------------------------------------
+ * With more than one thread (`hs_set_threads`, which `cpu_native` keeps at
+ * torch's intra-op thread count), a product of at least PARALLEL_MIN_MACS
+ * multiply-adds is split into column ranges of whole 64-column panels, one
+ * per thread. The caller computes the first; the others are claimed one by
+ * one, by helper threads or by the caller once its own is done, so a helper
+ * that is asleep or off its core holds up nothing it has not started. A
+ * column is computed by one thread with the same chain as ever, so the bits
+ * do not depend on the thread count (tested). Helpers spin for a while after
+ * each product (a forward's products follow each other within microseconds),
+ * then sleep on a condition variable. One product uses the helpers at a
+ * time; a product called while they are busy (another Python thread: the C
+ * calls release the GIL) runs on its caller alone. A forked child starts
+ * with no helpers and makes its own. */
+#define MAX_THREADS 64
+#define PARALLEL_MIN_MACS (1 << 17)  /* below this the hand-off costs about what the split saves */
+#define SPIN_ROUNDS 20000            /* pause instructions a helper spins through before sleeping */
+
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int64_t ldx, M, K, N;
+    int64_t bounds[MAX_THREADS + 1];  /* part i: columns [bounds[i], bounds[i + 1]) */
+} product_job;
+
+/* pool.ticket: the product's generation (bits 32-63), its parts (16-31) and the next unclaimed part (0-15) */
+#define TICKET(generation, parts, next) ((uint64_t)(generation) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
+#define TICKET_GENERATION(t) ((uint32_t)((t) >> 32))
+#define TICKET_PARTS(t) ((int)((t) >> 16 & 0xffff))
+#define TICKET_NEXT(t) ((int)((t) & 0xffff))
+
+static struct {
+    pthread_mutex_t lock;     /* guards sleeping helpers and new generations */
+    pthread_cond_t wake;
+    pthread_mutex_t busy;     /* held by the caller of a split product */
+    _Atomic uint64_t ticket;  /* the job's generation and claims (TICKET) */
+    atomic_int done;          /* claimed parts finished */
+    atomic_int wanted;        /* threads a product may use */
+    int started;              /* helpers running */
+    product_job job;          /* written before the ticket that names it */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, 0, {0}};
+
+/* a part of the current product (its parts in *parts), or -1 when none is left;
+ * the job stays the claimed ticket's while the part is unfinished */
+static int claim_part(int *parts) {
+    uint64_t t = atomic_load(&pool.ticket);
+    while (TICKET_NEXT(t) < TICKET_PARTS(t))
+        if (atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) {
+            *parts = TICKET_PARTS(t);
+            return TICKET_NEXT(t);
+        }
+    return -1;
+}
+
+/* One claimed part. Its columns of y share cache lines (and the pairs of
+ * lines the hardware prefetches together) with the next part's wherever a
+ * row does not start on a 128-byte boundary, and the row groups load and
+ * store y every few weight rows: written in place, two cores' stores to
+ * those lines took each product back to one core's time (512 × 2320, 5
+ * rows, C harness). So the part is computed into the thread's own memory,
+ * rows 128 bytes apart, and copied into y once at the end. */
+static _Thread_local float *own;
+static _Thread_local size_t own_floats;
+
+static void run_part(const product_job *j, int index, int parts) {
+    const int64_t c0 = j->bounds[index], c1 = j->bounds[index + 1], ld = (c1 - c0 + 31) / 32 * 32;
+    if (own_floats < (size_t)(j->M * ld)) {
+        free(own);
+        own_floats = 0;
+        if (posix_memalign((void **)&own, 128, (size_t)(j->M * ld) * sizeof(float))) own = 0;
+        else own_floats = (size_t)(j->M * ld);
+    }
+    if (!own) /* no memory: in place */
+        product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, j->y + c0, j->N, c0, c1, index, parts);
+    else {
+        product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, own, ld, c0, c1, index, parts);
+        for (int64_t m = 0; m < j->M; ++m) memcpy(j->y + m * j->N + c0, own + m * ld, (size_t)(c1 - c0) * sizeof(float));
+    }
+    atomic_fetch_add(&pool.done, 1);
+}
+
+/* arg: the generation before the helper's first product */
+static void *helper(void *arg) {
+    uint32_t seen = (uint32_t)(uintptr_t)arg;
+    for (;;) {
+        uint32_t now = TICKET_GENERATION(atomic_load(&pool.ticket));
+        for (int spin = 0; now == seen && spin < SPIN_ROUNDS; ++spin) {
+            _mm_pause();
+            now = TICKET_GENERATION(atomic_load(&pool.ticket));
+        }
+        if (now == seen) {
+            pthread_mutex_lock(&pool.lock);
+            while ((now = TICKET_GENERATION(atomic_load(&pool.ticket))) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        seen = now;
+        for (int part, parts; (part = claim_part(&parts)) >= 0;) run_part(&pool.job, part, parts);
+    }
+    return 0;
+}
+
+static void forget_helpers(void) {  /* in a forked child: the helpers stayed in the parent */
+    pthread_mutex_init(&pool.lock, 0);
+    pthread_cond_init(&pool.wake, 0);
+    pthread_mutex_init(&pool.busy, 0);
+    pool.started = 0;
+}
+
+/* threads: how many a product may use (1: the caller alone); returns the count set */
+int hs_set_threads(int threads) {
+    static int registered = 0;
+    if (!registered) {
+        pthread_atfork(0, 0, forget_helpers);
+        registered = 1;
+    }
+    atomic_store(&pool.wanted, threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads);
+    return atomic_load(&pool.wanted);
+}
+
+/* the product split over `parts` threads; 0 where the helpers are busy or cannot start */
+static int split_product(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y,
+                         int parts) {
+    if (pthread_mutex_trylock(&pool.busy)) return 0;
+    const uint32_t generation = TICKET_GENERATION(atomic_load(&pool.ticket));
+    while (pool.started < parts - 1) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int failed = pthread_create(&thread, &attr, helper, (void *)(uintptr_t)generation);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+        ++pool.started;
+    }
+    if (parts > pool.started + 1) parts = pool.started + 1;
+    if (parts < 2) {
+        pthread_mutex_unlock(&pool.busy);
+        return 0;
+    }
+    product_job *j = &pool.job;
+    *j = (product_job){x, w, y, ldx, M, K, N, {0}};
+    const int64_t panels = N / 64;
+    for (int i = 0; i < parts; ++i) j->bounds[i] = panels * i / parts * 64;
+    j->bounds[parts] = N;
+    atomic_store(&pool.done, 0);
+    pthread_mutex_lock(&pool.lock);
+    atomic_store(&pool.ticket, TICKET(generation + 1, parts, 1));  /* part 0 is the caller's */
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    product_columns(x, ldx, w, M, K, N, y, N, 0, j->bounds[1], 0, parts);
+    for (int part, of; (part = claim_part(&of)) >= 0;) run_part(j, part, of);
+    while (atomic_load(&pool.done) < parts - 1) _mm_pause();
+    pthread_mutex_unlock(&pool.busy);
+    return 1;
+}
+
+/* y[M, N] = x[M, K] @ w[K, N]; returns 0, or -1 for sizes it does not take.
+ * Rows split into balanced groups of at most GROUP_ROWS (or tiles); columns
+ * over the threads (see above). */
+int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y) {
+    if (M < 0 || K < 0 || N < 0 || (M > 1 && ldx < K)) return -1;
+    if (M == 0 || N == 0) return 0;
+    if (!steps_in_use) hs_rows_isa(-1);
+    const int wanted = atomic_load(&pool.wanted);
+    int parts = wanted < N / 64 ? wanted : (int)(N / 64);
+    if (parts > 1 && M * K * N >= PARALLEL_MIN_MACS && split_product(x, ldx, w, M, K, N, y, parts)) return 0;
+    product_columns(x, ldx, w, M, K, N, y, N, 0, N, 0, 1);
     return 0;
 }

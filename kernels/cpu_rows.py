@@ -15,12 +15,13 @@ same bits. It is built and loaded with the other native CPU kernels (`cpu_native
 
 Used by `models.common.linear` when every condition holds: float32 CPU
 tensors, at most `MAX_ROWS` rows, an input-major contiguous weight (what
-`HybridModel.pack_for_cpu` stores; `hs.load` packs on CPU), one torch thread
-(the kernel is single-threaded; with more threads MKL's parallel products
-run), no autograd, and the native kernels on (`cpu_native.available`). Each
-output is the fused multiply-add chain over the input dimension in order, so
-a row's result does not depend on the other rows of the call (batch
-invariance at the bit level for up to `MAX_ROWS` rows). float64 (the parity
+`HybridModel.pack_for_cpu` stores; `hs.load` packs on CPU), no autograd, and
+the native kernels on (`cpu_native.available`). With more than one torch
+thread the kernel splits a product's columns over that many threads (helpers
+it keeps, `cpu_native.sync_threads`). Each output is the fused multiply-add
+chain over the input dimension in order, computed by one thread, so a row's
+result does not depend on the other rows of the call nor on the thread count
+(batch invariance at the bit level for up to `MAX_ROWS` rows). float64 (the parity
 suites) always takes `torch.mm`.
 """
 from __future__ import annotations

@@ -109,6 +109,21 @@ def test_compile_probe_quick(benches, tmp_path):
     assert all(r["max_abs_diff"] < 1e-4 for r in rows)  # the compiled math is the eager math
 
 
+def test_threads_quick(benches, tmp_path):
+    import torch
+    out = tmp_path / "threads.json"
+    before = torch.get_num_threads()
+    assert bench_main("threads")(["--quick", "--thread-counts", "1", "2", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == before  # the run's thread count restored
+    rows = json.loads(out.read_text())["rows"]
+    forwards = [r for r in rows if not r["part"].startswith("generate")]
+    assert {(r["part"], r["threads"], r["kernels"]) for r in forwards} == {
+        (p, t, k) for p in ("plain step", "verify (5 inputs)") for t, k in ((1, "native"), (2, "native"), (2, "torch"))}
+    generates = [r for r in rows if r["part"].startswith("generate")]
+    assert len(generates) == 4 and all(r["tok_s"] > 0 for r in generates)  # the tokens were checked equal
+    assert all(r["min_ms"] <= r["ms"] <= r["max_ms"] for r in rows)
+
+
 def test_cpu_kernels_quick(benches, tmp_path):
     from hybridspec.kernels import cpu_native, cpu_rows
     if not cpu_native.available():

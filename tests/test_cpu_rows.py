@@ -163,10 +163,11 @@ def test_linear_takes_the_kernel_only_where_it_applies(monkeypatch):
     monkeypatch.setattr(cpu_native, "_enabled", False)                 # set_enabled(False)
     common.linear(x, packed)
     monkeypatch.setattr(cpu_native, "_enabled", True)
-    torch.set_num_threads(2)
+    assert calls == [(6, 16)]
+    torch.set_num_threads(2)  # more threads: the kernel still (its columns split over them)
     common.linear(x, packed)
     torch.set_num_threads(1)
-    assert calls == [(6, 16)]
+    assert calls == [(6, 16), (6, 16)]
 
 
 def test_the_environment_switch(monkeypatch):

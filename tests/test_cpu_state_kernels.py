@@ -139,7 +139,7 @@ def test_conv_window_prefill_gets_the_bits_of_steps_one_by_one():
     assert torch.equal(whole_pool[1], step_pool[T % 2])
 
 
-def test_float64_no_plan_and_more_threads_take_the_reference():
+def test_float64_and_no_plan_take_the_reference_more_threads_do_not():
     pool, src, snap, args = inputs(2, 3, 2, 4, 8, 1)
     assert cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 2], "cpu"))  # a padded row: the C loop
     assert not cpu_mamba2.applies(pool.double(), args[0].double(), SlotPlan(src, snap, [3, 3], "cpu"))
@@ -147,9 +147,9 @@ def test_float64_no_plan_and_more_threads_take_the_reference():
     conv_pool, xs, weight = torch.zeros(8, 4, 3), torch.zeros(2, 3, 4), torch.zeros(4, 4)
     assert cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 2], "cpu"))
     assert cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 3], "cpu"))
-    torch.set_num_threads(2)
-    assert not cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 3], "cpu"))
-    assert not cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 3], "cpu"))
+    torch.set_num_threads(2)  # the state kernels run at any thread count (on the calling thread)
+    assert cpu_mamba2.applies(pool, args[0], SlotPlan(src, snap, [3, 3], "cpu"))
+    assert cpu_conv.applies(conv_pool, xs, weight, None, "silu", SlotPlan(src, snap, [3, 3], "cpu"))
 
 
 @pytest.mark.parametrize("build", [bamba, jamba])

@@ -1,0 +1,145 @@
+"""The native products over several threads (`kernels/cpu_rows.c`, `cpu_native.sync_threads`):
+the same bits at every thread count, in a product, a whole forward and the
+engine's tokens; products from two Python threads at once; a forked child."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.kernels import cpu_forward, cpu_native, cpu_rows
+from oracles import bamba
+from test_cpu_blocks import run
+from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+
+pytestmark = x86_with_compiler
+
+# at least PARALLEL_MIN_MACS = 2^17 multiply-adds at one row, so that every call splits:
+# steps, tiles (from 10 rows), a panel copy (N a multiple of 1024), tail columns past a multiple of 8
+SHAPES = [(256, 1160), (300, 1000), (130, 2048), (64, 4101), (512, 300)]
+ROWS = (1, 3, 5, 9, 10, 16, 20, 33, 48)
+
+
+def helper_threads() -> int:
+    """This process's threads (the products' helpers among them)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def with_threads(count: int, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("K,N", SHAPES)
+def test_a_products_bits_do_not_depend_on_the_thread_count(K, N):
+    g = torch.Generator().manual_seed(K + N)
+    w, x = torch.randn(K, N, generator=g), torch.randn(max(ROWS), K, generator=g)
+    one = {M: cpu_rows.rows_matmul(x[:M], w) for M in ROWS}
+    for count in (2, 3, 5):
+        for M in ROWS:
+            got = with_threads(count, lambda: cpu_native.available() and cpu_rows.rows_matmul(x[:M], w))
+            assert torch.equal(got, one[M]), (count, M)
+    assert torch.allclose(one[48], (x.double() @ w.double()).float(), rtol=1e-4, atol=1e-4)
+
+
+def test_products_from_two_python_threads_at_once():
+    """The C calls release the GIL: a product started while another holds the
+    helpers runs on its own thread; both are right."""
+    g = torch.Generator().manual_seed(3)
+    weights = [torch.randn(256, 1160, generator=g), torch.randn(300, 1000, generator=g)]
+    xs = [torch.randn(20, 256, generator=g), torch.randn(5, 300, generator=g)]
+    want = [cpu_rows.rows_matmul(x, w) for x, w in zip(xs, weights)]
+    failures = []
+
+    def work(i):
+        for _ in range(50):
+            if not torch.equal(cpu_rows.rows_matmul(xs[i], weights[i]), want[i]):
+                failures.append(i)
+
+    torch.set_num_threads(2)
+    cpu_native.sync_threads()
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def _child_product(queue, x, w):
+    """In a forked child: the helpers a split product over 3 threads starts (2,
+    reused after), and its sum. torch stays on one thread here: GNU OpenMP's
+    team does not survive a fork, so the count goes to the products directly."""
+    before = len(os.listdir("/proc/self/task"))
+    cpu_native.library().hs_set_threads(3)
+    total = float(cpu_rows.rows_matmul(x, w).sum())
+    started = len(os.listdir("/proc/self/task")) - before
+    cpu_rows.rows_matmul(x, w)
+    queue.put((total, started, len(os.listdir("/proc/self/task")) - before))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_forked_child_makes_its_own_helpers():
+    """The parent's helpers stay in the parent: a child's split product starts
+    its own (and does not wait for the parent's), once."""
+    x, w = torch.ones(3, 256), torch.ones(256, 1160)
+    with_threads(2, lambda: cpu_native.available() and cpu_rows.rows_matmul(x, w))  # the parent's helper
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_product, args=(queue, x, w))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child's split product did not finish (helpers from the parent awaited)")
+    total, started, after_second = queue.get(timeout=5)
+    assert total == 3 * 1160 * 256
+    assert started == 2 and after_second == started
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Products big enough to split: the LM head (128 × 1024) at every step, the Mamba input projection at 5 rows."""
+    return hs.from_hf(bamba(seed=7, attn_layers=(1,), num_layers=3, dtype=torch.float32, hidden=128, vocab=1024)
+                      ).pack_for_cpu()
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole forward", "layer by layer"])
+def test_a_forwards_bits_do_not_depend_on_the_thread_count(model, whole):
+    cpu_forward.set_enabled(whole)
+    try:
+        prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+        logits, cache, _ = run(model, prompts, steps=2, verify_tokens=5)
+        for count in (2, 3):
+            got, other, _ = with_threads(count, lambda: run(model, prompts, steps=2, verify_tokens=5))
+            for a, b in zip(logits, got):
+                assert torch.equal(a, b), count
+            for pool_a, pool_b in zip(cache.states.ssm_states, other.states.ssm_states):
+                assert torch.equal(pool_a, pool_b)
+    finally:
+        cpu_forward.set_enabled(True)
+
+
+def test_the_engine_emits_the_same_tokens_at_every_thread_count(model):
+    draft = hs.from_hf(bamba(seed=8, attn_layers=(), num_layers=1, dtype=torch.float32, hidden=128, vocab=1024)
+                       ).pack_for_cpu()
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [40, 2, 33]]
+    greedy = hs.SamplingParams(max_new_tokens=12, ignore_eos=True)
+    sampled = hs.SamplingParams(max_new_tokens=12, temperature=0.8, seed=11, ignore_eos=True)
+
+    def generate():
+        spec = hs.Engine(model, draft=draft, num_draft_tokens=3, max_batch_size=3, max_model_len=64)
+        plain = hs.Engine(model, max_batch_size=3, max_model_len=64)
+        return [[o.token_ids for o in e.generate(prompts, params)] for e in (spec, plain) for params in (greedy, sampled)]
+
+    one = generate()
+    assert one[0] == one[2]  # greedy: speculative == plain
+    assert with_threads(2, generate) == one
