@@ -4,16 +4,18 @@ The native CPU kernels split each matrix product's columns over torch's
 thread count (`kernels/cpu_rows.c`; the tokens are the same at any count).
 Measured on a 2-vCPU Intel machine with `benches/threads.py` (wall clock,
 two threads against one, in one run): round_cost's 35.8M Bamba (hidden 512)
-decodes 1.46-1.60x faster and verifies 1.41-1.44x faster at batch 1 and 4;
+decodes 1.45-1.62x faster and verifies 1.41-1.46x faster at batch 1 and 4;
 the embedded target (hidden 256), whose products take microseconds, runs
-0.95-1.14x, and its speculative generate 1.03x. Through torch's own threads
-instead (the kernels off) both ran slower than on one thread with the
-kernels (the embedded target 4x slower), as they had on the AMD machine this
-project started on (136 against 14 tok/s). A helper on a core that other work
-holds delays the product it took part of, so a shared machine gains less.
+1.01-1.18x, and its generate 1.09x (plain) and 1.15x (speculative).
+Through torch's own threads instead (the kernels off, as for the layers
+they do not take) both ran slower than on one thread with the kernels (the
+embedded target 4x slower), as they had on the AMD machine this project
+started on (136 against 14 tok/s). A helper on a core that other work holds
+delays the product it took part of, so a shared machine gains less or loses.
 Models of hidden size below 2048 therefore default to one thread; larger
 ones, whose products split well, keep torch's default (one per core); pass
-`threads=` / `--threads` to choose. GPU runs are not affected.
+`threads=` / `--threads` to use more (measure first on a shared machine).
+GPU runs are not affected.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 from .errors import ConfigError
 from .models.hybrid import HybridModel
 
-SMALL_HIDDEN_SIZE = 2048  # below this, one thread is fastest (measured up to 1024)
+SMALL_HIDDEN_SIZE = 2048  # below this, one thread by default (see above)
 
 
 def default_threads(model: HybridModel) -> int:
