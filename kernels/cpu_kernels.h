@@ -6,6 +6,13 @@
 
 #include <stdint.h>
 
+/* cpu_pool.c: parts 0 … parts - 1 of a job over the helper threads; returns 1,
+ * or 0 (nothing run) where it cannot split: the caller then runs the job itself */
+typedef void (*hs_part_fn)(void *ctx, int part, int parts);
+int hs_parallel(hs_part_fn fn, void *ctx, int parts);
+int hs_set_threads(int threads);
+int hs_threads(void);
+
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
 int hs_rows_isa(int choice);
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,

@@ -20,10 +20,96 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cpu_kernels.h"
 
 #include "cpu_simd.h"
+
+typedef struct {
+    float *states, *scratch, *y;
+    const int64_t *src, *dst;
+    const float *x, *dt, *A, *D, *B, *C;
+    int64_t sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg, sCb, sCt, sCg;
+    int64_t batch, T, nheads, headdim, d_state, ngroups;
+} mamba2_job;
+
+/* the recurrence of (row, head) units u0 <= u < u1 (u = b · nheads + h), h_t in `scratch` (one head) */
+static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scratch) {
+    const int64_t T = j->T, nheads = j->nheads, headdim = j->headdim, d_state = j->d_state;
+    const int64_t head_size = headdim * d_state, slot_size = nheads * head_size;
+    const int64_t heads_per_group = nheads / j->ngroups, vec_end = d_state / 8 * 8;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t b = u / nheads, h = u % nheads, g = h / heads_per_group;
+        const float *prev = j->states + j->src[b] * slot_size + h * head_size;
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t slot = j->dst[b * T + t];
+            float *snap = slot >= 0 ? j->states + slot * slot_size + h * head_size : 0;
+            const int stream = snap && ((uintptr_t)snap & 31) == 0 && d_state % 8 == 0;
+            const float dtv = j->dt[b * j->sdb + t * j->sdt + h];
+            const float decay = expf(dtv * j->A[h]);
+            const __m256 decay8 = _mm256_set1_ps(decay);
+            const float *xv = j->x + b * j->sxb + t * j->sxt + h * j->sxh;
+            const float *Bv = j->B + b * j->sBb + t * j->sBt + g * j->sBg;
+            const float *Cv = j->C + b * j->sCb + t * j->sCt + g * j->sCg;
+            float *yv = j->y + ((b * T + t) * nheads + h) * headdim;
+            for (int64_t p = 0; p < headdim; ++p) {
+                const float xdt = dtv * xv[p];
+                const __m256 xdt8 = _mm256_set1_ps(xdt);
+                const float *hp = prev + p * d_state;
+                float *op = scratch + p * d_state, *sp = snap ? snap + p * d_state : 0;
+                __m256 acc = _mm256_setzero_ps();
+                for (int64_t n = 0; n < vec_end; n += 8) {
+                    __m256 inject = _mm256_mul_ps(xdt8, _mm256_loadu_ps(Bv + n));
+                    __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(hp + n), decay8, inject);
+                    _mm256_storeu_ps(op + n, next);
+                    if (stream) _mm256_stream_ps(sp + n, next);
+                    else if (sp) _mm256_storeu_ps(sp + n, next);
+                    acc = _mm256_fmadd_ps(next, _mm256_loadu_ps(Cv + n), acc);
+                }
+                float tail = 0.0f;
+                for (int64_t n = vec_end; n < d_state; ++n) {
+                    float next = fmaf(hp[n], decay, xdt * Bv[n]);
+                    op[n] = next;
+                    if (sp) sp[n] = next;
+                    tail = fmaf(next, Cv[n], tail);
+                }
+                yv[p] = fmaf(j->D[h], xv[p], hsum8(acc) + tail);
+            }
+            prev = scratch;
+        }
+    }
+    _mm_sfence(); /* this thread's streamed snapshots are visible before its part counts as done */
+}
+
+/* With more than one thread the (row, head) units split into contiguous
+ * ranges, one per thread (cpu_pool.c): each unit is the same loop on any
+ * thread, so the bits do not change. Parts past the first keep h_t in the
+ * thread's own head of scratch. */
+#define PARALLEL_MIN_FLOATS (1 << 16) /* state floats updated (units · T · head) below which one thread runs */
+static _Thread_local float *own;
+static _Thread_local size_t own_floats;
+
+static void mamba2_part(void *ctx, int part, int parts) {
+    const mamba2_job *j = ctx;
+    const int64_t units = j->batch * j->nheads, head_size = j->headdim * j->d_state;
+    float *scratch = j->scratch;
+    if (part > 0) {
+        if (own_floats < (size_t)head_size) {
+            free(own);
+            own_floats = 0;
+            if (posix_memalign((void **)&own, 64, (size_t)head_size * sizeof(float))) own = 0;
+            else own_floats = (size_t)head_size;
+        }
+        if (!own) { /* no heap: one head on the stack (32 KiB for Bamba's 64 × 128) */
+            float head[head_size];
+            mamba2_units(j, units * part / parts, units * (part + 1) / parts, head);
+            return;
+        }
+        scratch = own;
+    }
+    mamba2_units(j, units * part / parts, units * (part + 1) / parts, scratch);
+}
 
 int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float *scratch,
                     const float *x, int64_t sxb, int64_t sxt, int64_t sxh,
@@ -34,50 +120,12 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                     float *y, int64_t batch, int64_t T, int64_t nheads, int64_t headdim, int64_t d_state,
                     int64_t ngroups) {
     if (batch < 0 || T < 1 || nheads < 1 || headdim < 1 || d_state < 1 || ngroups < 1 || nheads % ngroups) return -1;
-    const int64_t head_size = headdim * d_state, slot_size = nheads * head_size;
-    const int64_t heads_per_group = nheads / ngroups, vec_end = d_state / 8 * 8;
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t h = 0; h < nheads; ++h) {
-            const int64_t g = h / heads_per_group;
-            const float *prev = states + src[b] * slot_size + h * head_size;
-            for (int64_t t = 0; t < T; ++t) {
-                const int64_t slot = dst[b * T + t];
-                float *snap = slot >= 0 ? states + slot * slot_size + h * head_size : 0;
-                const int stream = snap && ((uintptr_t)snap & 31) == 0 && d_state % 8 == 0;
-                const float dtv = dt[b * sdb + t * sdt + h];
-                const float decay = expf(dtv * A[h]);
-                const __m256 decay8 = _mm256_set1_ps(decay);
-                const float *xv = x + b * sxb + t * sxt + h * sxh;
-                const float *Bv = B + b * sBb + t * sBt + g * sBg;
-                const float *Cv = C + b * sCb + t * sCt + g * sCg;
-                float *yv = y + ((b * T + t) * nheads + h) * headdim;
-                for (int64_t p = 0; p < headdim; ++p) {
-                    const float xdt = dtv * xv[p];
-                    const __m256 xdt8 = _mm256_set1_ps(xdt);
-                    const float *hp = prev + p * d_state;
-                    float *op = scratch + p * d_state, *sp = snap ? snap + p * d_state : 0;
-                    __m256 acc = _mm256_setzero_ps();
-                    for (int64_t n = 0; n < vec_end; n += 8) {
-                        __m256 inject = _mm256_mul_ps(xdt8, _mm256_loadu_ps(Bv + n));
-                        __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(hp + n), decay8, inject);
-                        _mm256_storeu_ps(op + n, next);
-                        if (stream) _mm256_stream_ps(sp + n, next);
-                        else if (sp) _mm256_storeu_ps(sp + n, next);
-                        acc = _mm256_fmadd_ps(next, _mm256_loadu_ps(Cv + n), acc);
-                    }
-                    float tail = 0.0f;
-                    for (int64_t n = vec_end; n < d_state; ++n) {
-                        float next = fmaf(hp[n], decay, xdt * Bv[n]);
-                        op[n] = next;
-                        if (sp) sp[n] = next;
-                        tail = fmaf(next, Cv[n], tail);
-                    }
-                    yv[p] = fmaf(D[h], xv[p], hsum8(acc) + tail);
-                }
-                prev = scratch;
-            }
-        }
-    }
-    _mm_sfence(); /* the streamed snapshots are visible before the call returns */
+    mamba2_job job = {states, scratch, y, src, dst, x, dt, A, D, B, C, sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg,
+                      sCb, sCt, sCg, batch, T, nheads, headdim, d_state, ngroups};
+    const int64_t units = batch * nheads;
+    const int threads = hs_threads(), parts = threads < units ? threads : (int)units;
+    if (parts > 1 && units * T * headdim * d_state >= PARALLEL_MIN_FLOATS && hs_parallel(mamba2_part, &job, parts))
+        return 0;
+    mamba2_units(&job, 0, units, scratch);
     return 0;
 }

@@ -48,7 +48,7 @@ KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
 KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
+                for name in ("cpu_pool.c", "cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
                              "cpu_blocks.c", "cpu_forward.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("cpu_simd.h", "cpu_kernels.h"))

@@ -37,8 +37,6 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -282,159 +280,46 @@ static void product_columns(const float *x, int64_t ldx, const float *w, int64_t
 }
 
 /* -- threads ------------------------------------------------------------------------------
- * With more than one thread (`hs_set_threads`, which `cpu_native` keeps at
- * torch's intra-op thread count), a product of at least PARALLEL_MIN_MACS
- * multiply-adds is split into column ranges of whole 64-column panels, one
- * per thread. The caller computes the first; the others are claimed one by
- * one, by helper threads or by the caller once its own is done, so a helper
- * that is asleep or off its core holds up nothing it has not started. A
+ * With more than one thread (`hs_set_threads`), a product of at least
+ * PARALLEL_MIN_MACS multiply-adds is split into column ranges of whole
+ * 64-column panels, one per thread, run by `hs_parallel` (cpu_pool.c). A
  * column is computed by one thread with the same chain as ever, so the bits
- * do not depend on the thread count (tested). Helpers spin for a while after
- * each product (a forward's products follow each other within microseconds),
- * then sleep on a condition variable. One product uses the helpers at a
- * time; a product called while they are busy (another Python thread: the C
- * calls release the GIL) runs on its caller alone. A forked child starts
- * with no helpers and makes its own. */
-#define MAX_THREADS 64
-#define PARALLEL_MIN_MACS (1 << 17)  /* below this the hand-off costs about what the split saves */
-#define SPIN_ROUNDS 20000            /* pause instructions a helper spins through before sleeping */
+ * do not depend on the thread count (tested). */
+#define PARALLEL_MIN_MACS (1 << 17) /* below this the hand-off costs about what the split saves */
 
 typedef struct {
     const float *x, *w;
     float *y;
     int64_t ldx, M, K, N;
-    int64_t bounds[MAX_THREADS + 1];  /* part i: columns [bounds[i], bounds[i + 1]) */
 } product_job;
 
-/* pool.ticket: the product's generation (bits 32-63), its parts (16-31) and the next unclaimed part (0-15) */
-#define TICKET(generation, parts, next) ((uint64_t)(generation) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
-#define TICKET_GENERATION(t) ((uint32_t)((t) >> 32))
-#define TICKET_PARTS(t) ((int)((t) >> 16 & 0xffff))
-#define TICKET_NEXT(t) ((int)((t) & 0xffff))
-
-static struct {
-    pthread_mutex_t lock;     /* guards sleeping helpers and new generations */
-    pthread_cond_t wake;
-    pthread_mutex_t busy;     /* held by the caller of a split product */
-    _Atomic uint64_t ticket;  /* the job's generation and claims (TICKET) */
-    atomic_int done;          /* claimed parts finished */
-    atomic_int wanted;        /* threads a product may use */
-    int started;              /* helpers running */
-    product_job job;          /* written before the ticket that names it */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, 0, {0}};
-
-/* a part of the current product (its parts in *parts), or -1 when none is left;
- * the job stays the claimed ticket's while the part is unfinished */
-static int claim_part(int *parts) {
-    uint64_t t = atomic_load(&pool.ticket);
-    while (TICKET_NEXT(t) < TICKET_PARTS(t))
-        if (atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) {
-            *parts = TICKET_PARTS(t);
-            return TICKET_NEXT(t);
-        }
-    return -1;
-}
-
-/* One claimed part. Its columns of y share cache lines (and the pairs of
- * lines the hardware prefetches together) with the next part's wherever a
- * row does not start on a 128-byte boundary, and the row groups load and
- * store y every few weight rows: written in place, two cores' stores to
- * those lines took each product back to one core's time (512 × 2320, 5
- * rows, C harness). So the part is computed into the thread's own memory,
- * rows 128 bytes apart, and copied into y once at the end. */
+/* Part `part` of the product. Its columns of y share cache lines (and the
+ * pairs of lines the hardware prefetches together) with the next part's
+ * wherever a row does not start on a 128-byte boundary, and the row groups
+ * load and store y every few weight rows: written in place, two cores'
+ * stores to those lines took each product back to one core's time (512 ×
+ * 2320, 5 rows, C harness). So parts past the first are computed into the
+ * thread's own memory, rows 128 bytes apart, and copied into y at the end. */
 static _Thread_local float *own;
 static _Thread_local size_t own_floats;
 
-static void run_part(const product_job *j, int index, int parts) {
-    const int64_t c0 = j->bounds[index], c1 = j->bounds[index + 1], ld = (c1 - c0 + 31) / 32 * 32;
-    if (own_floats < (size_t)(j->M * ld)) {
+static void product_part(void *ctx, int part, int parts) {
+    const product_job *j = ctx;
+    const int64_t panels = j->N / 64;
+    const int64_t c0 = panels * part / parts * 64, c1 = part + 1 == parts ? j->N : panels * (part + 1) / parts * 64;
+    const int64_t ld = (c1 - c0 + 31) / 32 * 32;
+    if (part > 0 && own_floats < (size_t)(j->M * ld)) {
         free(own);
         own_floats = 0;
         if (posix_memalign((void **)&own, 128, (size_t)(j->M * ld) * sizeof(float))) own = 0;
         else own_floats = (size_t)(j->M * ld);
     }
-    if (!own) /* no memory: in place */
-        product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, j->y + c0, j->N, c0, c1, index, parts);
-    else {
-        product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, own, ld, c0, c1, index, parts);
-        for (int64_t m = 0; m < j->M; ++m) memcpy(j->y + m * j->N + c0, own + m * ld, (size_t)(c1 - c0) * sizeof(float));
+    if (part == 0 || !own) { /* the first part, or no memory: in place */
+        product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, j->y + c0, j->N, c0, c1, part, parts);
+        return;
     }
-    atomic_fetch_add(&pool.done, 1);
-}
-
-/* arg: the generation before the helper's first product */
-static void *helper(void *arg) {
-    uint32_t seen = (uint32_t)(uintptr_t)arg;
-    for (;;) {
-        uint32_t now = TICKET_GENERATION(atomic_load(&pool.ticket));
-        for (int spin = 0; now == seen && spin < SPIN_ROUNDS; ++spin) {
-            _mm_pause();
-            now = TICKET_GENERATION(atomic_load(&pool.ticket));
-        }
-        if (now == seen) {
-            pthread_mutex_lock(&pool.lock);
-            while ((now = TICKET_GENERATION(atomic_load(&pool.ticket))) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
-            pthread_mutex_unlock(&pool.lock);
-        }
-        seen = now;
-        for (int part, parts; (part = claim_part(&parts)) >= 0;) run_part(&pool.job, part, parts);
-    }
-    return 0;
-}
-
-static void forget_helpers(void) {  /* in a forked child: the helpers stayed in the parent */
-    pthread_mutex_init(&pool.lock, 0);
-    pthread_cond_init(&pool.wake, 0);
-    pthread_mutex_init(&pool.busy, 0);
-    pool.started = 0;
-}
-
-/* threads: how many a product may use (1: the caller alone); returns the count set */
-int hs_set_threads(int threads) {
-    static int registered = 0;
-    if (!registered) {
-        pthread_atfork(0, 0, forget_helpers);
-        registered = 1;
-    }
-    atomic_store(&pool.wanted, threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads);
-    return atomic_load(&pool.wanted);
-}
-
-/* the product split over `parts` threads; 0 where the helpers are busy or cannot start */
-static int split_product(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y,
-                         int parts) {
-    if (pthread_mutex_trylock(&pool.busy)) return 0;
-    const uint32_t generation = TICKET_GENERATION(atomic_load(&pool.ticket));
-    while (pool.started < parts - 1) {
-        pthread_t thread;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int failed = pthread_create(&thread, &attr, helper, (void *)(uintptr_t)generation);
-        pthread_attr_destroy(&attr);
-        if (failed) break;
-        ++pool.started;
-    }
-    if (parts > pool.started + 1) parts = pool.started + 1;
-    if (parts < 2) {
-        pthread_mutex_unlock(&pool.busy);
-        return 0;
-    }
-    product_job *j = &pool.job;
-    *j = (product_job){x, w, y, ldx, M, K, N, {0}};
-    const int64_t panels = N / 64;
-    for (int i = 0; i < parts; ++i) j->bounds[i] = panels * i / parts * 64;
-    j->bounds[parts] = N;
-    atomic_store(&pool.done, 0);
-    pthread_mutex_lock(&pool.lock);
-    atomic_store(&pool.ticket, TICKET(generation + 1, parts, 1));  /* part 0 is the caller's */
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.lock);
-    product_columns(x, ldx, w, M, K, N, y, N, 0, j->bounds[1], 0, parts);
-    for (int part, of; (part = claim_part(&of)) >= 0;) run_part(j, part, of);
-    while (atomic_load(&pool.done) < parts - 1) _mm_pause();
-    pthread_mutex_unlock(&pool.busy);
-    return 1;
+    product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, own, ld, c0, c1, part, parts);
+    for (int64_t m = 0; m < j->M; ++m) memcpy(j->y + m * j->N + c0, own + m * ld, (size_t)(c1 - c0) * sizeof(float));
 }
 
 /* y[M, N] = x[M, K] @ w[K, N]; returns 0, or -1 for sizes it does not take.
@@ -444,9 +329,11 @@ int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64
     if (M < 0 || K < 0 || N < 0 || (M > 1 && ldx < K)) return -1;
     if (M == 0 || N == 0) return 0;
     if (!steps_in_use) hs_rows_isa(-1);
-    const int wanted = atomic_load(&pool.wanted);
-    int parts = wanted < N / 64 ? wanted : (int)(N / 64);
-    if (parts > 1 && M * K * N >= PARALLEL_MIN_MACS && split_product(x, ldx, w, M, K, N, y, parts)) return 0;
+    const int threads = hs_threads(), parts = threads < N / 64 ? threads : (int)(N / 64);
+    if (parts > 1 && M * K * N >= PARALLEL_MIN_MACS) {
+        product_job job = {x, w, y, ldx, M, K, N};
+        if (hs_parallel(product_part, &job, parts)) return 0;
+    }
     product_columns(x, ldx, w, M, K, N, y, N, 0, N, 0, 1);
     return 0;
 }

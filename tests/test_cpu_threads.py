@@ -1,6 +1,7 @@
-"""The native products over several threads (`kernels/cpu_rows.c`, `cpu_native.sync_threads`):
-the same bits at every thread count, in a product, a whole forward and the
-engine's tokens; products from two Python threads at once; a forked child."""
+"""The native kernels over several threads (`kernels/cpu_pool.c`, `cpu_native.sync_threads`):
+the same bits at every thread count, in a product, the Mamba-2 recurrence, a
+whole forward and the engine's tokens; products from two Python threads at
+once; a forked child."""
 from __future__ import annotations
 
 import multiprocessing
@@ -11,10 +12,12 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.kernels import cpu_forward, cpu_native, cpu_rows
+from hybridspec.kernels import cpu_forward, cpu_mamba2, cpu_native, cpu_rows
+from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba
 from test_cpu_blocks import run
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from test_cpu_state_kernels import inputs, lengths
 
 pytestmark = x86_with_compiler
 
@@ -48,6 +51,24 @@ def test_a_products_bits_do_not_depend_on_the_thread_count(K, N):
             got = with_threads(count, lambda: cpu_native.available() and cpu_rows.rows_matmul(x[:M], w))
             assert torch.equal(got, one[M]), (count, M)
     assert torch.allclose(one[48], (x.double() @ w.double()).float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_mamba2_recurrences_bits_do_not_depend_on_the_thread_count(padded):
+    """(row, head) units split over the threads: outputs and every slot of the pool the same bits."""
+    case = (3, 5, 8, 64, 64, 1)  # 24 units of a 64 × 64 head over 5 inputs: above the split's threshold
+    pool, src, snap, args = inputs(*case, seed=2)
+
+    def recurrence():
+        states = pool.clone()
+        plan = SlotPlan(src, snap, lengths(case[0], case[1], padded), "cpu")
+        assert cpu_mamba2.applies(states, args[0], plan)
+        return cpu_mamba2.mamba2_steps(states, plan, *args), states
+
+    y, states = recurrence()
+    for count in (2, 3, 7):
+        got_y, got_states = with_threads(count, recurrence)
+        assert torch.equal(got_y, y) and torch.equal(got_states, states), count
 
 
 def test_products_from_two_python_threads_at_once():

@@ -1,0 +1,135 @@
+/* Helper threads for the native CPU kernels: `hs_parallel` runs parts
+ * 0 … parts - 1 of a job, the caller taking part 0 and the others claimed one
+ * at a time by helper threads or by the caller once its own is done, so a
+ * helper that is asleep or off its core holds up nothing it has not started.
+ * `hs_set_threads` (kept at torch's intra-op thread count by
+ * `cpu_native.sync_threads`) says how many threads a job may use.
+ *
+ * Helpers are started on first need and kept. After a job they spin for about
+ * a millisecond (a forward's jobs follow each other within microseconds), then
+ * sleep on a condition variable. One job uses the helpers at a time: a job
+ * submitted while they serve another (another Python thread: the C calls
+ * release the GIL) gets 0 back and runs on its caller. A forked child starts
+ * with no helpers and makes its own.
+ *
+ * A part must not depend on which thread runs it or in what order, so the
+ * results do not depend on the thread count. Built with the other kernels by
+ * `cpu_native.py`; used by `cpu_rows.c` (the products) and `cpu_mamba2.c`.
+ */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+
+#define MAX_THREADS 64
+#define SPIN_ROUNDS 20000 /* pause instructions a helper spins through before sleeping */
+
+/* pool.ticket: the job's generation (bits 32-63), its parts (16-31) and the next unclaimed part (0-15) */
+#define TICKET(generation, parts, next) ((uint64_t)(generation) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
+#define TICKET_GENERATION(t) ((uint32_t)((t) >> 32))
+#define TICKET_PARTS(t) ((int)((t) >> 16 & 0xffff))
+#define TICKET_NEXT(t) ((int)((t) & 0xffff))
+
+static struct {
+    pthread_mutex_t lock;     /* guards sleeping helpers and new generations */
+    pthread_cond_t wake;
+    pthread_mutex_t busy;     /* held by the caller of a job */
+    _Atomic uint64_t ticket;  /* the job's generation and claims (TICKET) */
+    atomic_int done;          /* claimed parts finished */
+    atomic_int wanted;        /* threads a job may use */
+    int started;              /* helpers running */
+    hs_part_fn fn;            /* the job, written before the ticket that names it */
+    void *ctx;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, 0, 0, 0};
+
+/* a part of the current job (its parts in *parts), or -1 when none is left;
+ * the job stays the claimed ticket's while the part is unfinished */
+static int claim_part(int *parts) {
+    uint64_t t = atomic_load(&pool.ticket);
+    while (TICKET_NEXT(t) < TICKET_PARTS(t))
+        if (atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) {
+            *parts = TICKET_PARTS(t);
+            return TICKET_NEXT(t);
+        }
+    return -1;
+}
+
+static void run_claimed(void) {
+    for (int part, parts; (part = claim_part(&parts)) >= 0;) {
+        pool.fn(pool.ctx, part, parts);
+        atomic_fetch_add(&pool.done, 1);
+    }
+}
+
+/* arg: the generation before the helper's first job */
+static void *helper(void *arg) {
+    uint32_t seen = (uint32_t)(uintptr_t)arg;
+    for (;;) {
+        uint32_t now = TICKET_GENERATION(atomic_load(&pool.ticket));
+        for (int spin = 0; now == seen && spin < SPIN_ROUNDS; ++spin) {
+            _mm_pause();
+            now = TICKET_GENERATION(atomic_load(&pool.ticket));
+        }
+        if (now == seen) {
+            pthread_mutex_lock(&pool.lock);
+            while ((now = TICKET_GENERATION(atomic_load(&pool.ticket))) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        seen = now;
+        run_claimed();
+    }
+    return 0;
+}
+
+static void forget_helpers(void) { /* in a forked child: the helpers stayed in the parent */
+    pthread_mutex_init(&pool.lock, 0);
+    pthread_cond_init(&pool.wake, 0);
+    pthread_mutex_init(&pool.busy, 0);
+    pool.started = 0;
+}
+
+int hs_set_threads(int threads) {
+    static int registered = 0;
+    if (!registered) {
+        pthread_atfork(0, 0, forget_helpers);
+        registered = 1;
+    }
+    atomic_store(&pool.wanted, threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads);
+    return atomic_load(&pool.wanted);
+}
+
+int hs_threads(void) { return atomic_load(&pool.wanted); }
+
+int hs_parallel(hs_part_fn fn, void *ctx, int parts) {
+    if (parts > MAX_THREADS) parts = MAX_THREADS;
+    if (parts < 2 || pthread_mutex_trylock(&pool.busy)) return 0;
+    const uint32_t generation = TICKET_GENERATION(atomic_load(&pool.ticket));
+    while (pool.started < parts - 1) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int failed = pthread_create(&thread, &attr, helper, (void *)(uintptr_t)generation);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+        ++pool.started;
+    }
+    if (pool.started == 0) { /* no helper could start */
+        pthread_mutex_unlock(&pool.busy);
+        return 0;
+    }
+    pool.fn = fn;
+    pool.ctx = ctx;
+    atomic_store(&pool.done, 0);
+    pthread_mutex_lock(&pool.lock);
+    atomic_store(&pool.ticket, TICKET(generation + 1, parts, 1)); /* part 0 is the caller's */
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    fn(ctx, 0, parts);
+    run_claimed();
+    while (atomic_load(&pool.done) < parts - 1) _mm_pause();
+    pthread_mutex_unlock(&pool.busy);
+    return 1;
+}
