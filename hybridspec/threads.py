@@ -1,12 +1,13 @@
 """How many torch threads a CPU run uses.
 
-The native CPU kernels split each matrix product's columns over torch's
-thread count (`kernels/cpu_rows.c`; the tokens are the same at any count).
-Measured on a 2-vCPU Intel machine with `benches/threads.py` (wall clock,
-two threads against one, in one run): round_cost's 35.8M Bamba (hidden 512)
-decodes 1.45-1.62x faster and verifies 1.41-1.46x faster at batch 1 and 4;
-the embedded target (hidden 256), whose products take microseconds, runs
-1.01-1.18x, and its generate 1.09x (plain) and 1.15x (speculative).
+The native CPU kernels split each matrix product's columns, and the
+Mamba-2 recurrence's heads, over torch's thread count (`kernels/cpu_pool.c`;
+the tokens are the same at any count). Measured on a 2-vCPU Intel machine
+with `benches/threads.py` (wall clock, two threads against one, in one run):
+round_cost's 35.8M Bamba (hidden 512) decodes 1.57-1.60x faster and verifies
+1.63-1.66x faster at batch 1 and 4; the embedded target (hidden 256), whose
+products take microseconds, runs its steps 0.95-1.06x, and its generate
+1.09x (plain) and 1.19x (speculative).
 Through torch's own threads instead (the kernels off, as for the layers
 they do not take) both ran slower than on one thread with the kernels (the
 embedded target 4x slower), as they had on the AMD machine this project

@@ -15,7 +15,9 @@ and a whole forward chaining them:
 - `cpu_blocks.c` (`cpu_blocks.py`): a decoder layer's MLP block, Mamba-2
   mixer block and attention block (norm to residual) in one call each;
 - `cpu_forward.c` (`cpu_forward.py`): a whole forward (embeddings, the
-  blocks of every layer, final norm, LM head) in one call.
+  blocks of every layer, final norm, LM head) in one call;
+- `cpu_pool.c`: the helper threads the products and the Mamba-2 recurrence
+  split their work over (`sync_threads`).
 
 They are compiled together with the system's C compiler (`CC`, else `cc`,
 `gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
@@ -27,8 +29,9 @@ they run without one. `HYBRIDSPEC_CPU_KERNELS=torch` (read on first use) or
 `set_enabled(False)` turns them off; float64 (the parity suites) never takes
 them. They run at any torch thread count: the matrix products
 (`cpu_rows.c`, which every block and the whole forward call) split their
-columns over torch's intra-op thread count (`sync_threads`), with the same
-bits at every count; the other kernels run on the calling thread.
+columns, and the Mamba-2 recurrence its heads, over torch's intra-op thread
+count (`sync_threads`), with the same bits at every count; the other kernels
+run on the calling thread.
 """
 from __future__ import annotations
 
