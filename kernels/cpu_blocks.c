@@ -211,9 +211,10 @@ static void weigh_values(float *o, const float *w, const float *v, int64_t strid
  * scores: nheads · queries · (first + queries) floats. */
 static void attend(const float *q, float *o, int64_t ld, const float *k_cache, const float *v_cache,
                    const int64_t *table, int64_t block_size, int64_t first, int64_t queries, int64_t nheads,
-                   int64_t kv_heads, int64_t head_dim, float scale, float *scores) {
+                   int64_t kv_heads, int64_t head_dim, float scale, float *scores, int64_t g0, int64_t g1) {
     const int64_t n = first + queries, group = nheads / kv_heads, kv_dim = kv_heads * head_dim;
     const int64_t pages = (n + block_size - 1) / block_size, page_floats = block_size * kv_dim;
+    const int64_t h0 = g0 * group, h1 = g1 * group;  /* the query heads of KV heads g0 … g1 - 1 */
     for (int64_t page = 0; page < pages; ++page) {  /* the scores */
         const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
         const float *kp = k_cache + table[page] * page_floats;
@@ -221,14 +222,14 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;  /* keys p0 … end - 1 */
             for (int64_t p = p0; p < end; p += 8) {  /* eight keys, all heads: 8 · kv_dim floats in a row */
                 const int64_t count = end - p < 8 ? end - p : 8;
-                for (int64_t h = 0; h < nheads; ++h)
+                for (int64_t h = h0; h < h1; ++h)
                     dot8(q + i * ld + h * head_dim, kp + (p - p0) * kv_dim + (h / group) * head_dim, kv_dim, count,
                          head_dim, scale, scores + (h * queries + i) * n + p);
             }
         }
     }
     for (int64_t i = 0; i < queries; ++i)
-        for (int64_t h = 0; h < nheads; ++h) {
+        for (int64_t h = h0; h < h1; ++h) {
             softmax_row(scores + (h * queries + i) * n, first + i + 1);
             for (int64_t d = 0; d < head_dim; ++d) o[i * ld + h * head_dim + d] = 0.0f;
         }
@@ -238,11 +239,38 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
         for (int64_t i = 0; i < queries; ++i) {
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;
             if (end <= p0) continue;
-            for (int64_t h = 0; h < nheads; ++h)
+            for (int64_t h = h0; h < h1; ++h)
                 weigh_values(o + i * ld + h * head_dim, scores + (h * queries + i) * n + p0,
                              vp + (h / group) * head_dim, kv_dim, end - p0, head_dim);
         }
     }
+}
+
+/* One row's attention over its pages, its KV heads split over the threads
+ * (cpu_pool.c) where the context is long enough: a head's scores, softmax
+ * and weighted values are the same loops on any thread, so the bits do not
+ * change, and each thread streams its heads' share of every K and V row. */
+#define PARALLEL_MIN_KV_FLOATS (1 << 16) /* keys · kv_dim below which one thread attends */
+typedef struct {
+    const float *q, *k_cache, *v_cache;
+    float *o, *scores;
+    const int64_t *table;
+    int64_t ld, block_size, first, queries, nheads, kv_heads, head_dim;
+    float scale;
+} attend_job;
+
+static void attend_part(void *ctx, int part, int parts) {
+    const attend_job *j = ctx;
+    attend(j->q, j->o, j->ld, j->k_cache, j->v_cache, j->table, j->block_size, j->first, j->queries, j->nheads,
+           j->kv_heads, j->head_dim, j->scale, j->scores, j->kv_heads * part / parts, j->kv_heads * (part + 1) / parts);
+}
+
+static void attend_row(const attend_job *j) {
+    const int threads = hs_threads(), parts = threads < j->kv_heads ? threads : (int)j->kv_heads;
+    if (parts > 1 && (j->first + j->queries) * j->kv_heads * j->head_dim >= PARALLEL_MIN_KV_FLOATS
+        && hs_parallel(attend_part, (void *)j, parts))
+        return;
+    attend_part((void *)j, 0, 1);
 }
 
 /* out = h + o_proj · attention(rope(q_proj · n), rope(k_proj · n), v_proj · n),  n = rmsnorm(h) ⊙ w,
@@ -300,8 +328,10 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
         for (int64_t r = b * T + queries; r < (b + 1) * T; ++r)  /* padding inputs: zeros */
             for (int64_t d = 0; d < q_dim; ++d) o[r * q_dim + d] = 0.0f;
         if (queries == 0) continue;
-        attend(q + b * T * q_dim, o + b * T * q_dim, q_dim, k_cache, v_cache, block_tables + b * max_blocks,
-               block_size, first, queries, nheads, kv_heads, head_dim, scale, scores);
+        const attend_job job = {q + b * T * q_dim, k_cache, v_cache, o + b * T * q_dim, scores,
+                                block_tables + b * max_blocks, q_dim, block_size, first, queries, nheads, kv_heads,
+                                head_dim, scale};
+        attend_row(&job);
     }
     if (hs_rows_matmul(o, q_dim, o_t, rows, q_dim, hidden, out)) return -1;
     add_into(out, h, rows * hidden);

@@ -1,6 +1,6 @@
 """The native kernels over several threads (`kernels/cpu_pool.c`, `cpu_native.sync_threads`):
-the same bits at every thread count, in a product, the Mamba-2 recurrence, a
-whole forward and the engine's tokens; products from two Python threads at
+the same bits at every thread count, in a product, the Mamba-2 recurrence,
+attention over a long context, a whole forward and the engine's tokens; products from two Python threads at
 once; a forked child."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hybridspec as hs
+from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import cpu_forward, cpu_mamba2, cpu_native, cpu_rows
 from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba
@@ -147,6 +148,28 @@ def test_a_forwards_bits_do_not_depend_on_the_thread_count(model, whole):
                 assert torch.equal(pool_a, pool_b)
     finally:
         cpu_forward.set_enabled(True)
+
+
+def test_attention_over_a_long_context_has_the_same_bits_at_every_thread_count():
+    """Past 2^16 floats of keys (here 300 keys of 4 KV heads of 64) a row's KV
+    heads split over the threads: decode and verify logits and the K/V pages the same."""
+    long_model = hs.from_hf(bamba(seed=9, attn_layers=(1,), num_layers=2, dtype=torch.float32, hidden=256,
+                                  heads=4, kv_heads=4, vocab=512)).pack_for_cpu()
+    prompt = [(7 * i + 3) % 500 + 3 for i in range(300)]
+
+    def decode_and_verify(count):
+        cache = HybridCache(long_model.config, max_seqs=1, num_blocks=24, block_size=16, ring_slots=8,
+                            dtype=long_model.dtype)
+        long_model.prefill(cache, [0], [prompt], last_only=True)  # one thread: past 96 rows MKL's products run
+        steps = with_threads(count, lambda: [long_model.decode(cache, [0], [t]) for t in (11, 12, 13)]
+                             + [long_model.extend(cache, [0], [[14, 15, 16, 17, 18]])])
+        return steps, cache
+
+    logits, cache = decode_and_verify(1)
+    for count in (2, 3):
+        got, other = decode_and_verify(count)
+        assert all(torch.equal(a, b) for a, b in zip(logits, got)), count
+        assert torch.equal(cache.kv.k_cache, other.kv.k_cache) and torch.equal(cache.kv.v_cache, other.kv.v_cache)
 
 
 def test_the_engine_emits_the_same_tokens_at_every_thread_count(model):
