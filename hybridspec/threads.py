@@ -1,8 +1,9 @@
 """How many torch threads a CPU run uses.
 
 The native CPU kernels split each matrix product's columns, and the
-Mamba-2 recurrence's heads, over torch's thread count (`kernels/cpu_pool.c`;
-the tokens are the same at any count). Measured on a 2-vCPU Intel machine
+Mamba-2 recurrence's heads and a long context's KV heads, over torch's
+thread count (`kernels/cpu_pool.c`; their bits are the same at any count,
+while prefills past 96 rows take MKL's products, whose bits may not be). Measured on a 2-vCPU Intel machine
 with `benches/threads.py` (wall clock, two threads against one, in one run):
 round_cost's 35.8M Bamba (hidden 512) decodes 1.57-1.60x faster and verifies
 1.63-1.66x faster at batch 1 and 4; the embedded target (hidden 256), whose
