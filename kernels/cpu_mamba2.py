@@ -17,12 +17,14 @@ torch thread count.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from hybridspec.kernels import cpu_native
 from hybridspec.kernels.slot_plan import SlotPlan
 
-_SCRATCH: dict[int, torch.Tensor] = {}  # one head's state for inputs with no snapshot, by size
+_LOCAL = threading.local()  # per thread (the C call releases the GIL): one head's state, by size
 
 
 def applies(ssm_states: torch.Tensor, x: torch.Tensor, plan: SlotPlan | None) -> bool:
@@ -39,9 +41,12 @@ def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
     x, dt, B, C = cpu_native.unit_inner_stride(x, dt, B, C)
     A, D = A.contiguous(), D.contiguous()
     head_size = headdim * d_state
-    scratch = _SCRATCH.get(head_size)
+    heads = getattr(_LOCAL, "heads", None)
+    if heads is None:
+        heads = _LOCAL.heads = {}
+    scratch = heads.get(head_size)
     if scratch is None:
-        scratch = _SCRATCH[head_size] = torch.empty(head_size, dtype=torch.float32)
+        scratch = heads[head_size] = torch.empty(head_size, dtype=torch.float32)
     y = torch.empty(batch, T, nheads, headdim, dtype=torch.float32)
     status = cpu_native.library().hs_mamba2_steps(
         ssm_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), scratch.data_ptr(),

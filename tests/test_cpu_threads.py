@@ -96,6 +96,32 @@ def test_products_from_two_python_threads_at_once():
     assert failures == []
 
 
+def test_mamba2_recurrences_from_two_python_threads_at_once():
+    """Each Python thread keeps its own scratch head (the C call releases the GIL)."""
+    cases = [inputs(2, 5, 8, 64, 64, 1, seed=s) for s in (4, 5)]
+
+    def recurrence(i):
+        pool, src, snap, args = cases[i]
+        states = pool.clone()
+        return cpu_mamba2.mamba2_steps(states, SlotPlan(src, snap, [5, 5], "cpu"), *args), states
+
+    want = [recurrence(i) for i in (0, 1)]
+    failures = []
+
+    def work(i):
+        for _ in range(30):
+            y, states = recurrence(i)
+            if not (torch.equal(y, want[i][0]) and torch.equal(states, want[i][1])):
+                failures.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
 def _child_product(queue, x, w):
     """In a forked child: the helpers a split product over 3 threads starts (2,
     reused after), and its sum. torch stays on one thread here: GNU OpenMP's
