@@ -30,7 +30,9 @@
  *
  * From TILE_MIN_ROWS rows (a verify of batch 4 or more, of γ + 1 = 5 inputs;
  * from batch 2 for weights that fit in L2) register tiles take over, with the
- * same chains again (see `tiled_matmul`).
+ * same chains again (see `tiled_matmul`). With more than one thread, the
+ * columns split over them (see "threads" below), each column still one
+ * thread's chain.
  */
 #include <immintrin.h>
 #include <math.h>
