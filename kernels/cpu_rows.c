@@ -287,7 +287,7 @@ static void product_columns(const float *x, int64_t ldx, const float *w, int64_t
  * 64-column panels, one per thread, run by `hs_parallel` (cpu_pool.c). A
  * column is computed by one thread with the same chain as ever, so the bits
  * do not depend on the thread count (tested). */
-#define PARALLEL_MIN_MACS (1 << 17) /* below this the hand-off costs about what the split saves */
+#define PARALLEL_MIN_MACS (1 << 16) /* below this the hand-off costs about what the split saves */
 
 typedef struct {
     const float *x, *w;

@@ -22,7 +22,7 @@ from test_cpu_state_kernels import inputs, lengths
 
 pytestmark = x86_with_compiler
 
-# at least PARALLEL_MIN_MACS = 2^17 multiply-adds at one row, so that every call splits:
+# at least PARALLEL_MIN_MACS = 2^16 multiply-adds at one row, so that every call splits:
 # steps, tiles (from 10 rows), a panel copy (N a multiple of 1024), tail columns past a multiple of 8
 SHAPES = [(256, 1160), (300, 1000), (130, 2048), (64, 4101), (512, 300)]
 ROWS = (1, 3, 5, 9, 10, 16, 20, 33, 48)
