@@ -5,10 +5,10 @@ Mamba-2 recurrence's heads and a long context's KV heads, over torch's
 thread count (`kernels/cpu_pool.c`; their bits are the same at any count,
 while prefills past 96 rows take MKL's products, whose bits may not be). Measured on a 2-vCPU Intel machine
 with `benches/threads.py` (wall clock, two threads against one, in one run):
-round_cost's 35.8M Bamba (hidden 512) decodes 1.57-1.60x faster and verifies
-1.63-1.66x faster at batch 1 and 4; the embedded target (hidden 256), whose
-products take microseconds, runs its steps 0.95-1.06x, and its generate
-1.09x (plain) and 1.19x (speculative).
+round_cost's 35.8M Bamba (hidden 512) decodes 1.58-1.62x faster and verifies
+1.64-1.65x faster at batch 1 and 4; the embedded target (hidden 256), whose
+products take microseconds, runs its steps 1.07-1.27x, and its generate
+1.13x (plain) and 1.12x (speculative).
 Through torch's own threads instead (the kernels off, as for the layers
 they do not take) both ran slower than on one thread with the kernels (the
 embedded target 4x slower), as they had on the AMD machine this project
