@@ -72,6 +72,22 @@ def test_the_mamba2_recurrences_bits_do_not_depend_on_the_thread_count(padded):
         assert torch.equal(got_y, y) and torch.equal(got_states, states), count
 
 
+def failures_in_two_python_threads(same, repeats: int) -> list[int]:
+    """Python threads 0 and 1 each call `same(i)` (True when its result is right)
+    `repeats` times at once; the indices of the calls that were wrong."""
+    failures = []
+
+    def work(i):
+        failures.extend(i for _ in range(repeats) if not same(i))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return failures
+
+
 def test_products_from_two_python_threads_at_once():
     """The C calls release the GIL: a product started while another holds the
     helpers runs on its own thread; both are right."""
@@ -79,21 +95,10 @@ def test_products_from_two_python_threads_at_once():
     weights = [torch.randn(256, 1160, generator=g), torch.randn(300, 1000, generator=g)]
     xs = [torch.randn(20, 256, generator=g), torch.randn(5, 300, generator=g)]
     want = [cpu_rows.rows_matmul(x, w) for x, w in zip(xs, weights)]
-    failures = []
-
-    def work(i):
-        for _ in range(50):
-            if not torch.equal(cpu_rows.rows_matmul(xs[i], weights[i]), want[i]):
-                failures.append(i)
-
     torch.set_num_threads(2)
     cpu_native.sync_threads()
-    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    assert failures_in_two_python_threads(lambda i: torch.equal(cpu_rows.rows_matmul(xs[i], weights[i]), want[i]),
+                                          50) == []
 
 
 def test_mamba2_recurrences_from_two_python_threads_at_once():
@@ -106,20 +111,11 @@ def test_mamba2_recurrences_from_two_python_threads_at_once():
         return cpu_mamba2.mamba2_steps(states, SlotPlan(src, snap, [5, 5], "cpu"), *args), states
 
     want = [recurrence(i) for i in (0, 1)]
-    failures = []
 
-    def work(i):
-        for _ in range(30):
-            y, states = recurrence(i)
-            if not (torch.equal(y, want[i][0]) and torch.equal(states, want[i][1])):
-                failures.append(i)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    def same(i):
+        y, states = recurrence(i)
+        return torch.equal(y, want[i][0]) and torch.equal(states, want[i][1])
+    assert failures_in_two_python_threads(same, 30) == []
 
 
 def _child_product(queue, x, w):
