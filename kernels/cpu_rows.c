@@ -28,9 +28,9 @@
  * what a verify's rows are bound by once the weights are in cache.
  * `hs_rows_isa` reports and chooses the path (the tests compare them).
  *
- * From TILE_MIN_ROWS rows (a verify of batch 4 or more, of γ + 1 = 5 inputs;
- * from batch 2 for weights that fit in L2) register tiles take over, with the
- * same chains again (see `tiled_matmul`). With more than one thread, the
+ * From TILE_MIN_ROWS rows (a verify of batch 2 or more, of γ + 1 = 5 inputs;
+ * TILE_MIN_ROWS_CACHED for weights that fit in L2) register tiles take over,
+ * with the same chains again (see `tiled_matmul`). With more than one thread, the
  * columns split over them (see "threads" below), each column still one
  * thread's chain.
  */
@@ -120,21 +120,27 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
 /* Many rows (a batch's verify): register tiles. The weight streamed in memory
  * order re-reads every output vector once per few weight rows; past a few
  * rows that is what bounds the product. Here a tile of G rows × V vectors of
- * columns keeps its G·V sums in registers over a block of TILE_K weight rows
+ * columns keeps its G·V sums in registers over a block of weight rows
  * (each weight vector loaded once per row group, each x value broadcast from
- * memory once per tile row), the tile's panel of the weight (TILE_K rows ×
+ * memory once per tile row), the tile's panel of the weight (the block's rows ×
  * V vectors) staying in cache for every row group. Each sum is loaded from y
- * and stored back once per block of TILE_K, so its chain of fused
+ * and stored back once per block, so its chain of fused
  * multiply-adds still runs over k = 0, 1, …, K - 1 in order: the same bits as
  * the steps above. */
-#define TILE_K 64           /* weight rows per block (a panel's copy, 16 KiB, in L1; two blocks in L2) */
-/* rows from which the tiles run (fewer: the steps above, as fast or faster); from fewer where the
- * weight fits in L2 (2 MiB): streamed from memory, 10-15 rows went as fast or faster in steps (a verify
- * of batch 2 on round_cost's 35.8M target: 1.60 against 1.71 target steps), from cache the tiles won
- * (the embedded target's products at 10 rows: 0.89 against 1.00 ms) */
-#ifndef TILE_MIN_ROWS
-#define TILE_MIN_ROWS 16
-#endif
+/* Weight rows per block. A weight that fits in L2 takes blocks of TILE_K_CACHED (a panel's copy,
+ * 16 KiB, in L1). A weight streamed from memory takes blocks of TILE_K_STREAMED: a panel then reads
+ * 256 bytes of each of 16 rows, 16 sequential streams that the hardware prefetcher follows beside the
+ * next block's software prefetch, where 64 rows' streams were more than it tracks. The sums' extra
+ * loads and stores (once per 16 weight rows instead of 64) cost less than the stalls they remove: the
+ * 35.8M target's products (C harness, interleaved, median of 15) at 8 / 10 / 15 / 20 rows
+ * 14.5 / 15.6 / 17.1 / 17.0 → 12.3 / 12.6 / 14.2 / 15.4 ms, 40 rows the same (24.6 / 24.3 ms). */
+#define TILE_K_CACHED 64
+#define TILE_K_STREAMED 16
+/* Rows from which the tiles run (fewer: the steps above, as fast or faster). Streamed from memory,
+ * 6 rows and up (C harness as above: 6 / 7 / 9 / 12 rows 13.6 / 14.2 / 15.3 / 14.8 → 11.8 / 12.5 /
+ * 12.8 / 13.7 ms; 5 rows 10.4 in steps against 10.9 ms). From cache the tiles win from 10 rows (the
+ * embedded target's products at 10 rows: 0.89 against 1.00 ms in steps). */
+#define TILE_MIN_ROWS 6
 #define TILE_MIN_ROWS_CACHED 10
 #define CACHED_WEIGHT_FLOATS (512 * 1024)
 
@@ -183,32 +189,33 @@ static const tile_set AVX512_TILES = {6, 16, 4, {0, tile16_1_4, tile16_2_4, tile
 static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3, tile8_4_3},
                                     {0, tile8_1_1, tile8_2_1, tile8_3_1, tile8_4_1}};
 
-/* y (zeroed) += x @ w with the tiles: blocks of TILE_K weight rows, then
+/* y (zeroed) += x @ w with the tiles: blocks of `tile_k` weight rows, then
  * panels of columns, then row groups. A block's rows are contiguous in
  * memory; while one block is multiplied, the tile calls prefetch the next one
  * in memory order (each call a share, a line or two per weight row), so the
  * weight streams from memory behind the arithmetic instead of stalling the
  * copy below (the 35.8M Bamba's products at 40 rows: 31 → 24 ms; a panel-major
- * order reads 256 bytes of each of TILE_K rows far apart, which no hardware
+ * order reads 256 bytes of each of 128 rows far apart, which no hardware
  * prefetcher follows). The tiles read the block where it lies, except where
  * its rows lie a multiple of 4 KiB apart (N a multiple of 1024): there they
  * would crowd into a few cache sets, so a wide panel's part of the block is
- * first copied into `packed` (TILE_K rows of `panel` floats in a row). The
+ * first copied into `packed` (`tile_k` rows of `panel` floats in a row). The
  * copy costs more than it saves elsewhere: reading in place is 5–25% faster
  * at 10–20 rows on the embedded and 35.8M targets' weights, even at 40 rows,
  * and 2–7% slower at 40 rows for N = 3072 or 4096 (C harness, weights in
  * cache). Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
-static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const float *w, int64_t M, int64_t K,
-                         int64_t N, float *y, int64_t ldy, int64_t c0, int64_t c1, int part, int parts) {
-    float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
+static void tiled_matmul(const tile_set *t, int64_t tile_k, const float *x, int64_t ldx, const float *w,
+                         int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
+                         int parts) {
+    float packed[TILE_K_CACHED * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
     const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
     const int64_t wide = c0 + (c1 - c0) / panel * panel, vec_end = c0 + (c1 - c0) / t->width * t->width;
     const int64_t vec8 = c0 + (c1 - c0) / 8 * 8;
     const int64_t calls = ((wide - c0) / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
     const int copy = N % 1024 == 0;  /* rows a multiple of 4 KiB apart */
-    for (int64_t k0 = 0; k0 < K; k0 += TILE_K) {
-        const int64_t k1 = k0 + TILE_K < K ? k0 + TILE_K : K, k2 = k1 + TILE_K < K ? k1 + TILE_K : K;
+    for (int64_t k0 = 0; k0 < K; k0 += tile_k) {
+        const int64_t k1 = k0 + tile_k < K ? k0 + tile_k : K, k2 = k1 + tile_k < K ? k1 + tile_k : K;
         /* the next block, (k2 - k1) rows of N in memory order: this part's share of its lines */
         const int64_t block_lines = (k2 - k1) * N / 16, first = block_lines * part / parts;
         const float *next = w + k1 * N + 16 * first;
@@ -250,9 +257,10 @@ static void tiled_matmul(const tile_set *t, const float *x, int64_t ldx, const f
 static void product_columns(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y,
                             int64_t ldy, int64_t c0, int64_t c1, int part, int parts) {
     for (int64_t m = 0; m < M; ++m) memset(y + m * ldy, 0, (size_t)(c1 - c0) * sizeof(float));
-    if (M >= (K * N <= CACHED_WEIGHT_FLOATS ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
-        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES, x, ldx, w, M, K, N, y, ldy, c0,
-                     c1, part, parts);
+    const int cached = K * N <= CACHED_WEIGHT_FLOATS;
+    if (M >= (cached ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
+        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES,
+                     cached ? TILE_K_CACHED : TILE_K_STREAMED, x, ldx, w, M, K, N, y, ldy, c0, c1, part, parts);
         return;
     }
     const step_set *set = steps_in_use;
