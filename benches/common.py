@@ -203,9 +203,8 @@ def _git_commit() -> str | None:
 def describe_machine(info: dict | None = None) -> str:
     """One line naming the machine, for table captions."""
     info = info or machine_info()
-    native = info.get("native_cpu_kernels")  # they run on one torch thread only
-    native = ("" if native is None else ", native CPU kernels off" if not native
-              else ", native CPU kernels on" if info["torch_threads"] == 1 else ", native CPU kernels idle (> 1 thread)")
+    native = info.get("native_cpu_kernels")  # on at any torch thread count (cpu_native.sync_threads)
+    native = "" if native is None else ", native CPU kernels on" if native else ", native CPU kernels off"
     return (f"{info['processor']}, {info['cpu_count']} CPUs ({info['torch_threads']} torch threads), "
             f"torch {info['torch']}, Python {info['python']}{native}")
 

@@ -84,16 +84,17 @@ class ScratchCache:
         self.start = [self.cache.computed_len[s] for s in self.ids]
         self.heads = [self.cache.head(s) for s in self.ids]
 
-    def forward(self, num_inputs: int) -> None:
+    def forward(self, num_inputs: int) -> torch.Tensor:
         """One forward of `num_inputs` tokens per sequence with a snapshot after
-        every input, in the slots a round would use (`plan_snapshots`)."""
+        every input, in the slots a round would use (`plan_snapshots`); its logits."""
         from hybridspec.checkpoints.ring import plan_snapshots
         snap = torch.tensor([plan_snapshots(self.cache.states.ring_slots(s), h, list(range(num_inputs)),
                                             num_inputs).snap_slot for s, h in zip(self.ids, self.heads)])
         tokens = [[(3 * b + 5 * i + 1) % self.model.vocab_size for i in range(num_inputs)] for b in self.ids]
-        self.model.extend(self.cache, self.ids, tokens, last_only=num_inputs == 1, snap_slot=snap)
+        logits = self.model.extend(self.cache, self.ids, tokens, last_only=num_inputs == 1, snap_slot=snap)
         for s, length, head in zip(self.ids, self.start, self.heads):
             self.cache.commit(s, length, head)
+        return logits
 
 
 def step_times(target, draft, batch: int, repeats: int) -> dict:

@@ -28,7 +28,7 @@
  * what a verify's rows are bound by once the weights are in cache.
  * `hs_rows_isa` reports and chooses the path (the tests compare them).
  *
- * From TILE_MIN_ROWS rows (a verify of batch 2 or more, of γ + 1 = 5 inputs;
+ * From TILE_MIN_ROWS rows (a verify of γ + 1 = 5 inputs and up;
  * TILE_MIN_ROWS_CACHED for weights that fit in L2) register tiles take over,
  * with the same chains again (see `tiled_matmul`). With more than one thread, the
  * columns split over them (see "threads" below), each column still one
@@ -127,28 +127,39 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
  * and stored back once per block, so its chain of fused
  * multiply-adds still runs over k = 0, 1, …, K - 1 in order: the same bits as
  * the steps above. */
-/* Weight rows per block. A weight that fits in L2 takes blocks of TILE_K_CACHED (a panel's copy,
- * 16 KiB, in L1). A weight streamed from memory takes blocks of TILE_K_STREAMED: a panel then reads
- * 256 bytes of each of 16 rows, 16 sequential streams that the hardware prefetcher follows beside the
- * next block's software prefetch, where 64 rows' streams were more than it tracks. The sums' extra
- * loads and stores (once per 16 weight rows instead of 64) cost less than the stalls they remove: the
- * 35.8M target's products (C harness, interleaved, median of 15) at 8 / 10 / 15 / 20 rows
- * 14.5 / 15.6 / 17.1 / 17.0 → 12.3 / 12.6 / 14.2 / 15.4 ms, 40 rows the same (24.6 / 24.3 ms). */
-#define TILE_K_CACHED 64
+/* Weight rows per block, and how the weight is fetched ahead. By default blocks of TILE_K (a panel's
+ * copy, 16 KiB, in L1), the tile calls prefetching the next block into L2, a share each. A weight
+ * streamed from memory (past L2) multiplied by fewer than TILE_K_LONG_ROWS rows takes blocks of
+ * TILE_K_STREAMED instead, and below AHEAD_MAX_ROWS rows each tile prefetches, weight row by weight
+ * row, the next panel's part of the row into L1 instead of the next block: a block's rows are then
+ * 16 (or 64) sequential streams, each fetched one panel ahead, which keeps the memory busy while
+ * the tiles compute; with more rows the arithmetic bounds the product, and the longer blocks' fewer
+ * loads and stores of the sums and the block prefetch win back. The 35.8M target's products (C
+ * harness, weights out of cache, interleaved, median of 15, three runs), against blocks of 64 with
+ * the next block prefetched and the steps below 16 rows: 6 / 8 / 10 / 15 rows 10.9–11.3 /
+ * 11.5–12.4 / 12.8–13.5 / 16.1–16.5 → 9.3–9.7 / 10.0–10.2 / 10.4–10.6 / 12.0–12.3 ms; 20 / 24 / 30
+ * rows 16.0–16.5 / 16.8–17.4 / 18.8–19.7 → 14.4–14.7 / 15.7–16.5 / 18.1–18.8 ms; 40 rows
+ * 22.7–23.4 ms either way; at 60 and 80 rows the block prefetch ran 3–6% faster (31.0 / 39.7
+ * against 31.9–32.5 / 42.0–42.2 ms), so they keep it. */
+#define TILE_K 64
 #define TILE_K_STREAMED 16
+#define TILE_K_LONG_ROWS 24
+#define AHEAD_MAX_ROWS 40
 /* Rows from which the tiles run (fewer: the steps above, as fast or faster). Streamed from memory,
- * 6 rows and up (C harness as above: 6 / 7 / 9 / 12 rows 13.6 / 14.2 / 15.3 / 14.8 → 11.8 / 12.5 /
- * 12.8 / 13.7 ms; 5 rows 10.4 in steps against 10.9 ms). From cache the tiles win from 10 rows (the
+ * 5 rows and up (a verify of batch 1; C harness as above: 5 rows 9.7–10.1 ms in steps against
+ * 9.4–9.5 in tiles, 4 rows the same either way). From cache the tiles win from 10 rows (the
  * embedded target's products at 10 rows: 0.89 against 1.00 ms in steps). */
-#define TILE_MIN_ROWS 6
+#define TILE_MIN_ROWS 5
 #define TILE_MIN_ROWS_CACHED 10
 #define CACHED_WEIGHT_FLOATS (512 * 1024)
 
 /* y[0:G, 0:V·W] += x[0:G, k0:k1] @ w[k0:k1, 0:V·W] (W columns per vector), prefetching the
- * `pf_lines` cache lines from `pf` on, a few per weight row */
+ * `pf_lines` cache lines from `pf` on, a few per weight row, and with `ahead` each weight row's
+ * next V·W columns (the next panel's part of the row) */
 #define DEFINE_TILE(NAME, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, V)                                  \
     TARGET static void NAME##_##G##_##V(const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, \
-                                        int64_t k1, float *y, int64_t ldy, const float *pf, int64_t pf_lines) { \
+                                        int64_t k1, float *y, int64_t ldy, const float *pf, int64_t pf_lines, \
+                                        int ahead) {                                                    \
         VEC acc[G][V];                                                                                  \
         const int64_t pf_per_row = (pf_lines + (k1 - k0) - 1) / (k1 - k0);                             \
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                             \
@@ -158,6 +169,9 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
             for (int64_t l = (k - k0) * pf_per_row; l < (k - k0 + 1) * pf_per_row && l < pf_lines; ++l) \
                 _mm_prefetch((const char *)(pf + 16 * l), _MM_HINT_T1);                                 \
             VEC b[V];                                                                                   \
+            if (ahead)                                                                                  \
+                _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) if (W * v % 16 == 0)                \
+                    _mm_prefetch((const char *)(wk + W * V + W * v), _MM_HINT_T0);                      \
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) b[v] = LOAD(wk + W * v);               \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                       \
                 const VEC a = SET1(x[g * ldx + k]);                                                     \
@@ -178,7 +192,7 @@ TILE8(4, 3) TILE8(3, 3) TILE8(2, 3) TILE8(1, 3)
 TILE8(4, 1) TILE8(3, 1) TILE8(2, 1) TILE8(1, 1)
 
 typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t, float *, int64_t,
-                        const float *, int64_t);
+                        const float *, int64_t, int);
 typedef struct {
     int rows, width, vectors;            /* the widest tile: rows × vectors of `width` columns */
     tile_fn wide[7], one[7];             /* by rows: the wide tile and the one-vector tile */
@@ -205,10 +219,10 @@ static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3
  * and 2–7% slower at 40 rows for N = 3072 or 4096 (C harness, weights in
  * cache). Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
-static void tiled_matmul(const tile_set *t, int64_t tile_k, const float *x, int64_t ldx, const float *w,
-                         int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
-                         int parts) {
-    float packed[TILE_K_CACHED * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
+static void tiled_matmul(const tile_set *t, int64_t tile_k, int ahead, const float *x, int64_t ldx,
+                         const float *w, int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0,
+                         int64_t c1, int part, int parts) {
+    float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
     const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
     const int64_t wide = c0 + (c1 - c0) / panel * panel, vec_end = c0 + (c1 - c0) / t->width * t->width;
     const int64_t vec8 = c0 + (c1 - c0) / 8 * 8;
@@ -217,7 +231,7 @@ static void tiled_matmul(const tile_set *t, int64_t tile_k, const float *x, int6
     for (int64_t k0 = 0; k0 < K; k0 += tile_k) {
         const int64_t k1 = k0 + tile_k < K ? k0 + tile_k : K, k2 = k1 + tile_k < K ? k1 + tile_k : K;
         /* the next block, (k2 - k1) rows of N in memory order: this part's share of its lines */
-        const int64_t block_lines = (k2 - k1) * N / 16, first = block_lines * part / parts;
+        const int64_t block_lines = ahead ? 0 : (k2 - k1) * N / 16, first = block_lines * part / parts;
         const float *next = w + k1 * N + 16 * first;
         const int64_t lines = block_lines * (part + 1) / parts - first;
         int64_t call = 0;
@@ -225,7 +239,11 @@ static void tiled_matmul(const tile_set *t, int64_t tile_k, const float *x, int6
             /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
             const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
             if (step == panel && copy)
-                for (int64_t k = k0; k < k1; ++k) memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(float) * panel);
+                for (int64_t k = k0; k < k1; ++k) {
+                    if (ahead)
+                        for (int64_t l = 0; l < panel; l += 16) _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
+                    memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(float) * panel);
+                }
             for (int64_t group = 0; group < groups; ++group) {
                 const int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
                 const int G = (int)(m1 - m0);
@@ -234,16 +252,16 @@ static void tiled_matmul(const tile_set *t, int64_t tile_k, const float *x, int6
                 if (step == 8) {  /* one AVX2 vector left: AVX2 tiles of up to 4 rows, no prefetch */
                     for (int64_t g = 0; g < G; g += 4) {
                         const int rows = G - g < 4 ? (int)(G - g) : 4;
-                        AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * ldy, ldy, 0, 0);
+                        AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * ldy, ldy, 0, 0, 0);
                     }
                     continue;
                 }
                 const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
                 ++call;
                 if (step == panel && copy)
-                    t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, ldy, next + 16 * l0, l1 - l0);
-                else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0);
-                else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0);
+                    t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, ldy, next + 16 * l0, l1 - l0, 0);
+                else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0, ahead);
+                else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0, ahead);
             }
             n0 += step;
         }
@@ -259,8 +277,9 @@ static void product_columns(const float *x, int64_t ldx, const float *w, int64_t
     for (int64_t m = 0; m < M; ++m) memset(y + m * ldy, 0, (size_t)(c1 - c0) * sizeof(float));
     const int cached = K * N <= CACHED_WEIGHT_FLOATS;
     if (M >= (cached ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
-        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES,
-                     cached ? TILE_K_CACHED : TILE_K_STREAMED, x, ldx, w, M, K, N, y, ldy, c0, c1, part, parts);
+        const int64_t tile_k = !cached && M < TILE_K_LONG_ROWS ? TILE_K_STREAMED : TILE_K;
+        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES, tile_k,
+                     !cached && M < AHEAD_MAX_ROWS, x, ldx, w, M, K, N, y, ldy, c0, c1, part, parts);
         return;
     }
     const step_set *set = steps_in_use;

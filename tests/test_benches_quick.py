@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -137,3 +138,21 @@ def test_cpu_kernels_quick(benches, tmp_path):
     modes = ["torch", "kernels, modules", "kernels, whole blocks", "kernels, whole forward"]
     assert [(s["model"], s["kernels"]) for s in payload["steps"]] == [(m, k) for m in ("target", "draft") for k in modes]
     assert all(s["step_ms"] > 0 and s["verify_ms"] > 0 for s in payload["steps"])
+
+
+def test_native_ab_quick(benches, tmp_path):
+    """HEAD's kernels against this checkout's in one process: both libraries run
+    the forwards (equal logits: the checkout's kernels compute HEAD's chains)."""
+    from hybridspec.kernels import cpu_native
+    if not cpu_native.available():
+        pytest.skip("the native kernels cannot run on this machine")
+    if subprocess.run(["git", "-C", str(BENCHES), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    out = tmp_path / "native_ab.json"
+    library = cpu_native.library()
+    assert bench_main("native_ab")(["--quick", "--out", str(out)]) == 0
+    assert cpu_native.library() is library  # this checkout's library is back in use
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["forward"]) for r in rows] == [(1, "plain"), (1, "verify"), (1, "verify (plain steps)")]
+    assert all(r["base_ms"] > 0 and r["new_ms"] > 0 and r["new/base"] > 0 for r in rows)
+    assert all(r["same_bits"] for r in rows[:2])

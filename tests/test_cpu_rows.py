@@ -119,8 +119,8 @@ def test_a_vector_path_it_does_not_know_is_refused():
 @pytest.mark.parametrize("K,N", [(5, 13), (129, 257), (300, 1160), (7, 4101), (600, 1000), (70, 1024), (130, 2048),
                                  (520, 1024)])
 def test_the_register_tiles_give_a_rows_bits_alone(K, N):
-    """From `TILE_MIN_ROWS` (6; 10 for weights that fit in L2) rows (up to
-    `cpu_blocks.BLOCK_ROWS`) the tiles run: blocks of 64 weight rows (16 past L2), panels
+    """From `TILE_MIN_ROWS` (5; 10 for weights that fit in L2) rows (up to
+    `cpu_blocks.BLOCK_ROWS`) the tiles run: blocks of 64 weight rows (16 past L2 below 24 rows), panels
     of columns, groups of rows, each sum the same chain as one row's, with the
     next block prefetched (K = 300: a short last block; 600 × 1000 and
     520 × 1024: past L2, short last blocks of 16). The tiles read the weight in
@@ -130,7 +130,7 @@ def test_the_register_tiles_give_a_rows_bits_alone(K, N):
     w = torch.randn(K, N, generator=g)
     x = torch.randn(48, K, generator=g)
     alone = torch.stack([cpu_rows.rows_matmul(x[m:m + 1], w)[0] for m in range(len(x))])
-    for M in (5, 6, 7, 9, 10, 11, 16, 31, 32, 33, 40, 48):
+    for M in (4, 5, 6, 9, 10, 11, 16, 23, 24, 31, 33, 39, 40, 48):
         assert torch.equal(cpu_rows.rows_matmul(x[:M], w), alone[:M]), M
         assert torch.equal(cpu_rows.rows_matmul(x[48 - M:], w), alone[48 - M:]), M
 
