@@ -8,7 +8,9 @@ times), at each batch, on round_cost's 35.8M Bamba target (`--model
 round_cost`; its 134 MB of weights stream from memory) or on the embedded
 target (`--model embedded`; its weights fit in cache). One process and one
 model, so the machine's slow and fast phases fall on both libraries alike,
-where separate processes of each revision see different ones.
+where separate processes of each revision see different ones. One torch
+thread only: each library keeps its own helper threads, and one library's
+would still be spinning while the other's forward runs.
 
 Per (batch, forward, library): median and min–max wall milliseconds; per
 pair: new / base of the medians, and whether the two libraries gave the
@@ -112,6 +114,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=None)
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.threads != 1:  # each library keeps its own helper threads, which spin a while after a job
+        parser.error(f"--threads {args.threads}: native_ab compares the libraries on one thread; with more, one "
+                     "library's helpers would still be spinning while the other's forward runs")
     set_threads(args.threads)
     model_name = args.model or ("embedded" if args.quick else "round_cost")
     batches = args.batches or ([1] if args.quick else [1, 2, 4, 8])

@@ -206,7 +206,9 @@ static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3
 /* y (zeroed) += x @ w with the tiles: blocks of `tile_k` weight rows, then
  * panels of columns, then row groups. A block's rows are contiguous in
  * memory; while one block is multiplied, the tile calls prefetch the next one
- * in memory order (each call a share, a line or two per weight row), so the
+ * in memory order (each call a share, a line or two per weight row; with
+ * `ahead`, each tile the next panel's part of its weight rows instead: see
+ * TILE_K_STREAMED above), so the
  * weight streams from memory behind the arithmetic instead of stalling the
  * copy below (the 35.8M Bamba's products at 40 rows: 31 → 24 ms; a panel-major
  * order reads 256 bytes of each of 128 rows far apart, which no hardware
@@ -240,8 +242,9 @@ static void tiled_matmul(const tile_set *t, int64_t tile_k, int ahead, const flo
             const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
             if (step == panel && copy)
                 for (int64_t k = k0; k < k1; ++k) {
-                    if (ahead)
-                        for (int64_t l = 0; l < panel; l += 16) _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
+                    if (ahead) /* the next panel's part of the row, as the tiles would */
+                        for (int64_t l = 0; l < panel; l += 16)
+                            _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
                     memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(float) * panel);
                 }
             for (int64_t group = 0; group < groups; ++group) {
