@@ -120,12 +120,13 @@ def test_a_vector_path_it_does_not_know_is_refused():
                                  (520, 1024)])
 def test_the_register_tiles_give_a_rows_bits_alone(K, N):
     """From `TILE_MIN_ROWS` (5; 10 for weights that fit in L2) rows (up to
-    `cpu_blocks.BLOCK_ROWS`) the tiles run: blocks of 64 weight rows (16 past L2 below 24 rows), panels
-    of columns, groups of rows, each sum the same chain as one row's, with the
-    next block prefetched (K = 300: a short last block; 600 × 1000 and
-    520 × 1024: past L2, short last blocks of 16). The tiles read the weight in
-    place, or from a copy of each panel where N is a multiple of 1024 (the last
-    three shapes)."""
+    `cpu_blocks.BLOCK_ROWS`) the tiles run: blocks of weight rows, panels of
+    columns, groups of rows, each sum the same chain as one row's. In L2:
+    blocks of 64, the next one prefetched (K = 300: a short last block). Past
+    L2 (600 × 1000, 520 × 1024): blocks of 16 below 24 rows, each row's next
+    panel prefetched below 40 rows, short last blocks either way. The tiles
+    read the weight in place, or from a copy of each panel where N is a
+    multiple of 1024 (the last three shapes)."""
     g = torch.Generator().manual_seed(K * 7 + N)
     w = torch.randn(K, N, generator=g)
     x = torch.randn(48, K, generator=g)
