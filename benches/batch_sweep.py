@@ -66,10 +66,10 @@ def workloads(args) -> list[tuple[str, object, object, list[list[int]]]]:
         hf = build_bamba(shape, seed=3)
         draft = layer_skip_draft(hf, args.draft_layers)
         scale_later_layers_(hf, args.draft_layers, scale)
-        target = hs.from_hf(hf)
+        target = hs.from_hf(hf).pack_for_cpu()  # input-major, as hs.load gives on CPU
         label = f"{level} (lambda={scale:g})" if level else f"lambda={scale:g}"
         out.append((f"random {target.num_parameters() / 1e6:.3g}M, {label}", target,
-                    hs.from_hf(draft), random_prompts))
+                    hs.from_hf(draft).pack_for_cpu(), random_prompts))
     return out
 
 

@@ -89,11 +89,11 @@ def random_workload(shape: dict, lengths: list[int], new_tokens: int, scale: flo
     no_eos(hf)
     draft = layer_skip_draft(hf, 2)
     scale_later_layers_(hf, 2, scale)
-    target = hs.from_hf(hf)
+    target = hs.from_hf(hf).pack_for_cpu()  # input-major copies, as hs.load gives on CPU; hf keeps its own
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(1, shape["vocab_size"], (max(lengths),), generator=g).tolist()
     name = f"random hybrid {target.num_parameters() / 1e6:.3g}M"
-    return Workload(name, "tokens", target, hs.from_hf(draft), hf, prompt, lengths)
+    return Workload(name, "tokens", target, hs.from_hf(draft).pack_for_cpu(), hf, prompt, lengths)
 
 
 def no_eos(hf) -> None:

@@ -128,9 +128,10 @@ def random_pair_workloads(args) -> list[Workload]:
         hf = build_bamba(shape, seed=3)
         draft = layer_skip_draft(hf, args.draft_layers)
         scale_later_layers_(hf, args.draft_layers, scale)
-        name = f"random {hs.from_hf(hf).num_parameters() / 1e6:.3g}M, lambda={scale:g}"
-        workloads.append(Workload(name, f"layers 0-{args.draft_layers - 1}", hs.from_hf(hf), hs.from_hf(draft),
-                                  hf, prompts))
+        target = hs.from_hf(hf).pack_for_cpu()  # input-major copies, as hs.load gives on CPU; hf keeps its own
+        name = f"random {target.num_parameters() / 1e6:.3g}M, lambda={scale:g}"
+        workloads.append(Workload(name, f"layers 0-{args.draft_layers - 1}", target,
+                                  hs.from_hf(draft).pack_for_cpu(), hf, prompts))
     return workloads
 
 
