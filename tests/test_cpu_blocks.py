@@ -15,7 +15,7 @@ import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
 from oracles import bamba
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 
 pytestmark = x86_with_compiler
 
@@ -128,6 +128,26 @@ def test_attention_over_pages_of_12_keys_matches_the_module_path(model, blocks_o
     blocks_off()
     plain = run(model, prompts, steps=4, verify_tokens=5, block_size=12)
     for a, b in zip(fused[0], plain[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hidden,heads,kv_heads", [(256, 4, 1), (256, 4, 2), (192, 6, 2), (160, 4, 2), (256, 8, 1)])
+def test_grouped_attention_gives_the_same_bits_on_either_vector_path(both_vector_paths, blocks_off, hidden, heads,
+                                                                     kv_heads):
+    """On AVX-512 two query heads of a KV head share each key load and the
+    values go sixteen columns per vector; every lane runs the AVX2 path's
+    chain, so the logits are the same bits. Groups of 4, 2, 3 (a head left
+    over), 2 and 8 (values four heads at a time); head_dim 64, 64, 32, 40 (its
+    values on the AVX2 loop) and 32; pages of 12 keys (scores end in groups of
+    fewer than eight keys), decode steps and a verify. The module path agrees
+    within float32 rounding."""
+    m = hs.from_hf(bamba(seed=7, dtype=torch.float32, kv_heads=kv_heads, hidden=hidden, heads=heads)).pack_for_cpu()
+    prompts = [[(3 * i + 5) % 90 + 3 for i in range(37)], [(7 * i + 1) % 90 + 3 for i in range(29)]]
+    avx2, avx512 = both_vector_paths(lambda: run(m, prompts, steps=3, verify_tokens=5, block_size=12)[0])
+    for a, b in zip(avx2, avx512, strict=True):
+        assert torch.equal(a, b)
+    blocks_off()
+    for a, b in zip(avx512, run(m, prompts, steps=3, verify_tokens=5, block_size=12)[0], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
