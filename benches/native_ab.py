@@ -16,17 +16,15 @@ Per (batch, forward, library): median and min–max wall milliseconds; per
 pair: new / base of the medians, and whether the two libraries gave the
 same logits bit for bit (they do unless a kernel's chains changed); per
 library: the verify in plain steps (the issue-10 figure, ≤ 1.5 up to batch 8). The libraries must agree on
-the structs the forward passes (`cpu_forward.py`, `cpu_kernels.h`): a
-revision where those differ is refused.
+the structs the forward passes (`cpu_forward.py`, `cpu_kernels.h`) and on
+the functions' arguments (`cpu_native.SIGNATURES`): a revision where those
+differ is refused.
 
     python benches/native_ab.py --base HEAD~1 --batches 1 2 4 8
     python benches/native_ab.py --quick    # the embedded target, batch 1, few repeats
 """
 from __future__ import annotations
 
-import ctypes
-import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -42,11 +40,17 @@ from hybridspec.kernels import cpu_native
 
 ROOT = Path(__file__).resolve().parent.parent
 GAMMA = 4
-SAME_LAYOUT = ("kernels/cpu_forward.py", "kernels/cpu_kernels.h", "kernels/cpu_native.py")
+SAME_LAYOUT = ("kernels/cpu_forward.py", "kernels/cpu_kernels.h")  # the structs, Python and C side
 
 
 def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout
+
+
+def signatures_text(source: str) -> str:
+    """The `SIGNATURES = {…}` table of a `cpu_native.py` source."""
+    start = source.index("SIGNATURES = {")
+    return source[start:source.index("\n}\n", start)]
 
 
 def build_revision(rev: str, directory: Path, sources: Path | None = None):
@@ -55,21 +59,17 @@ def build_revision(rev: str, directory: Path, sources: Path | None = None):
     in `directory`, loaded and typed."""
     if sources is None:
         changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", rev, "--", *SAME_LAYOUT]).returncode
-        if changed:
-            raise SystemExit(f"native_ab: {rev} differs from this checkout in {', '.join(SAME_LAYOUT)}; the "
-                             "forward's structs may not match, so its library cannot stand in for this one")
+        here = signatures_text((ROOT / "kernels" / "cpu_native.py").read_text())
+        if changed or signatures_text(git("show", f"{rev}:kernels/cpu_native.py")) != here:
+            raise SystemExit(f"native_ab: {rev} differs from this checkout in {', '.join(SAME_LAYOUT)} or in "
+                             "cpu_native.SIGNATURES; the forward's structs or the functions' arguments may not "
+                             "match, so its library cannot stand in for this one")
     for path in (*cpu_native.SOURCES, *cpu_native.HEADERS):
         text = (sources / path.name).read_text() if sources else git("show", f"{rev}:kernels/{path.name}")
         (directory / path.name).write_text(text)
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     target = directory / "base.so"
-    subprocess.run([compiler, *cpu_native.FLAGS, "-o", str(target),
-                    *(str(directory / p.name) for p in cpu_native.SOURCES), "-lm"], check=True)
-    lib = ctypes.CDLL(str(target))
-    for name, argtypes in cpu_native.SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = ctypes.c_int, argtypes
-    return lib
+    cpu_native.compile_library(cpu_native.find_compiler(), [directory / p.name for p in cpu_native.SOURCES], target)
+    return cpu_native.load(target)
 
 
 def build_model(name: str, quick: bool):

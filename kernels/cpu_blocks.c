@@ -207,7 +207,6 @@ static void weigh_values(float *o, const float *w, const float *v, int64_t strid
  *   halves then reduce by hsum8x8 as dot8's do.
  * - values: sixteen columns per vector, each column's sum one chain of fused multiply-adds in
  *   key order, as weigh_values' eight. */
-#define TARGET512 __attribute__((target("avx512f")))
 
 /* an 8-float row in both halves of a zmm (a load, no shuffle) */
 TARGET512 static inline __m512 both_halves(const float *p) {
@@ -297,7 +296,7 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
     const int64_t n = first + queries, group = nheads / kv_heads, kv_dim = kv_heads * head_dim;
     const int64_t pages = (n + block_size - 1) / block_size, page_floats = block_size * kv_dim;
     const int64_t h0 = g0 * group, h1 = g1 * group;  /* the query heads of KV heads g0 … g1 - 1 */
-    const int wide = head_dim % 8 == 0 && hs_rows_isa(-1) == 1;  /* the AVX-512 loops above */
+    const int avx512 = head_dim % 8 == 0 && hs_rows_isa(-1) == 1;  /* the AVX-512 loops above */
     for (int64_t page = 0; page < pages; ++page) {  /* the scores */
         const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
         const float *kp = k_cache + table[page] * page_floats;
@@ -308,7 +307,7 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
                 for (int64_t h = h0; h < h1;) {
                     const float *kh = kp + (p - p0) * kv_dim + (h / group) * head_dim;
                     float *sh = scores + (h * queries + i) * n + p;
-                    if (wide && count == 8 && h % group + 1 < group) {  /* h and h + 1 share the keys */
+                    if (avx512 && count == 8 && h % group + 1 < group) {  /* h and h + 1 share the keys */
                         dot8_two_heads(q + i * ld + h * head_dim, q + i * ld + (h + 1) * head_dim, kh, kv_dim,
                                        head_dim, scale, sh, sh + queries * n);
                         h += 2;
@@ -331,7 +330,7 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
         for (int64_t i = 0; i < queries; ++i) {
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;
             if (end <= p0) continue;
-            if (wide && head_dim >= 64) /* each KV head's query heads, up to four at a time */
+            if (avx512 && head_dim >= 64) /* each KV head's query heads, up to four at a time */
                 for (int64_t h = h0; h < h1;) {
                     const int64_t left = group - h % group, heads = left < 4 ? left : 4;
                     weigh_values_heads(o + i * ld + h * head_dim, head_dim, scores + (h * queries + i) * n + p0,

@@ -125,9 +125,7 @@ def build(directory: Path | None = None) -> Path:
     if not cpu_supported():
         raise CpuKernelsUnavailable(f"the kernels are x86 AVX2 + FMA code; this CPU is {platform.machine()} "
                                     f"(torch reports {torch.backends.cpu.get_cpu_capability()})")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        raise CpuKernelsUnavailable("no C compiler found (set CC, or install gcc)")
+    compiler = find_compiler()
     code = b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(FLAGS).encode()
     digest = hashlib.sha256(code).hexdigest()[:16]
     directory = Path(directory) if directory is not None else cache_dir()
@@ -144,15 +142,38 @@ def build(directory: Path | None = None) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:  # built aside, then renamed: no half-written library
         built = Path(tmp) / target.name
-        try:
-            result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"],
-                                    capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise CpuKernelsUnavailable(f"the C compiler {compiler!r} cannot run: {exc}") from exc
-        if result.returncode != 0:
-            raise CpuKernelsUnavailable(f"{compiler} failed on the CPU kernels: {result.stderr.strip()[:2000]}")
+        compile_library(compiler, SOURCES, built)
         os.replace(built, target)
     return target
+
+
+def find_compiler() -> str:
+    """`CC`, else the first of cc, gcc, clang on the PATH; CpuKernelsUnavailable when there is none."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise CpuKernelsUnavailable("no C compiler found (set CC, or install gcc)")
+    return compiler
+
+
+def compile_library(compiler: str, sources, target: Path) -> None:
+    """Compile `sources` (paths; their headers beside them) with FLAGS into the shared library
+    `target`; raises CpuKernelsUnavailable with the compiler's reason when it cannot."""
+    try:
+        result = subprocess.run([compiler, *FLAGS, "-o", str(target), *map(str, sources), "-lm"],
+                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CpuKernelsUnavailable(f"the C compiler {compiler!r} cannot run: {exc}") from exc
+    if result.returncode != 0:
+        raise CpuKernelsUnavailable(f"{compiler} failed on the CPU kernels: {result.stderr.strip()[:2000]}")
+
+
+def load(path: Path):
+    """The shared library at `path`, its functions typed by SIGNATURES."""
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, argtypes
+    return lib
 
 
 def library():
@@ -162,10 +183,7 @@ def library():
         _library = False
     if _library is None:
         try:
-            lib = ctypes.CDLL(str(build()))
-            for name, argtypes in SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype, fn.argtypes = ctypes.c_int, argtypes
+            lib = load(build())
         except (CpuKernelsUnavailable, OSError, AttributeError) as exc:
             warnings.warn(f"hybridspec: the native CPU kernels are off, the torch paths run instead: {exc}",
                           RuntimeWarning, stacklevel=3)

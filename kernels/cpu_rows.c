@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,7 +70,6 @@
         }                                                                                               \
     }
 
-#define TARGET512 __attribute__((target("avx512f")))
 #define AVX2_OPS __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_set1_ps
 #define AVX512_OPS __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_set1_ps
 #define EXPAND(MACRO, ...) MACRO(__VA_ARGS__)  /* the _OPS lists expanded into arguments first */

@@ -1,8 +1,11 @@
-/* Small AVX2 helpers shared by the native CPU kernels (`cpu_native.py`). */
+/* Small SIMD helpers shared by the native CPU kernels (`cpu_native.py`). */
 #ifndef HYBRIDSPEC_CPU_SIMD_H
 #define HYBRIDSPEC_CPU_SIMD_H
 
 #include <immintrin.h>
+
+/* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
+#define TARGET512 __attribute__((target("avx512f")))
 
 /* exp of 8 floats: Cody–Waite reduction by ln 2 and a degree-5 minimax
  * polynomial, about 1 ulp; arguments clamped to the float range. */
