@@ -17,7 +17,7 @@ from hybridspec.kernels.conv_window import conv_window_update_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba, jamba
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures; one_thread autouse)
 
 pytestmark = x86_with_compiler
 
@@ -63,6 +63,34 @@ def test_same_outputs_and_snapshot_writes_as_the_reference(case, padded):
     written = {s for row, n in zip(snap, live) for s in row[:n] if s >= 0}
     untouched = [s for s in range(len(pool)) if s not in written]
     assert torch.equal(native_pool[untouched], pool[untouched])  # sources and unplanned slots kept
+
+
+@pytest.mark.parametrize("case", [(2, 5, 4, 64, 128, 1), (3, 4, 4, 16, 32, 2), (1, 3, 2, 8, 48, 1),
+                                  (2, 3, 6, 8, 5, 3), (1, 2, 2, 6, 32, 1)])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_the_avx512_recurrence_gives_the_avx2_bits(both_vector_paths, case, misaligned):
+    """On AVX-512 the state's update takes 16 columns per vector and four rows
+    of a head at a time, y's sums the AVX2 loop's 8-lane chains: the same y
+    and the same snapshot bits. Bamba's 64 × 128 heads, groups, d_state 48 (a
+    last vector of 8 columns), then shapes the AVX2 loop keeps (d_state 5,
+    headdim 6); slots 64- and 32-byte aligned (the streaming stores' vectors)."""
+    pool, src, snap, args = inputs(*case, seed=3)
+    live = [case[1]] * case[0]
+
+    def placed(states):  # a copy, its slots 64-byte aligned or 8 floats past such a boundary
+        buffer = torch.empty(states.numel() + 16)
+        skip = (-buffer.data_ptr() // 4) % 16 + (8 if misaligned else 0)
+        out = buffer[skip:skip + states.numel()].view(states.shape).copy_(states)
+        assert out.data_ptr() % 64 == (32 if misaligned else 0)
+        return out
+
+    def run():
+        native_pool = placed(pool)
+        y = cpu_mamba2.mamba2_steps(native_pool, SlotPlan(src, snap, live, "cpu"), *args)
+        return y, native_pool
+
+    (y2, pool2), (y16, pool16) = both_vector_paths(run)
+    assert torch.equal(y2, y16) and torch.equal(pool2, pool16)
 
 
 MAMBA1_CASES = [(1, 1, 64, 16), (1, 5, 512, 16), (3, 4, 12, 8), (2, 3, 7, 64)]  # batch, T, d_inner, d_state
