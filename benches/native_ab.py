@@ -65,6 +65,11 @@ def build_revision(rev: str, directory: Path, sources: Path | None = None):
                              "cpu_native.SIGNATURES; the forward's structs or the functions' arguments may not "
                              "match, so its library cannot stand in for this one")
     for path in (*cpu_native.SOURCES, *cpu_native.HEADERS):
+        if sources is not None and not (sources / path.name).is_file():
+            continue  # a file this checkout added: the base's sources do not include it
+        if sources is None and subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:kernels/{path.name}"],
+                                              capture_output=True).returncode:
+            continue
         text = (sources / path.name).read_text() if sources else git("show", f"{rev}:kernels/{path.name}")
         (directory / path.name).write_text(text)
     target = directory / "base.so"

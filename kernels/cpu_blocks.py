@@ -106,6 +106,16 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
     return all(t.dtype is torch.float32 and t.is_cpu for t in tensors)
 
 
+def _products_take(*weights: torch.Tensor) -> bool:
+    """The blocks' product weights: input-major, float32 or its exact bfloat16 copy, on the CPU."""
+    return all(cpu_native.weight_dtype_ok(w) and _input_major(w) for w in weights)
+
+
+def _weight(weight: torch.Tensor) -> int:
+    """A product weight [out, in] as the kernels take it: its input-major data's tagged address."""
+    return cpu_native.weight_address(weight.t())
+
+
 # rows (batch · inputs) up to which a block runs: the rows `linear` gives the product kernel (the
 # whole forward's LM head takes the same kernel), so that a verify of γ + 1 = 5 inputs runs whole up
 # to batch 19 (the products in the kernel's streaming steps, from 10-16 rows its register tiles). One call
@@ -130,12 +140,12 @@ def _mlp_static(layer) -> _Static:
     cfg = mlp.cfg
     weights = [norm.weight, mlp.gate_proj, mlp.up_proj, mlp.down_proj] if cfg.gated else []
     ok = (bool(weights) and cfg.activation == "silu" and mlp.up_bias is None and mlp.gate_bias is None
-          and cfg.gate_multiplier == 1.0 and cfg.down_multiplier == 1.0 and _float32_cpu(*weights)
-          and all(_input_major(w) for w in weights[1:]))
+          and cfg.gate_multiplier == 1.0 and cfg.down_multiplier == 1.0 and _float32_cpu(norm.weight)
+          and _products_take(*weights[1:]))
     if not ok:
         return _Static(weights, False)
-    return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, mlp.gate_proj.t().data_ptr(),
-                                   mlp.up_proj.t().data_ptr(), mlp.down_proj.t().data_ptr(), mlp.up_proj.shape[0]))
+    return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, _weight(mlp.gate_proj), _weight(mlp.up_proj),
+                                   _weight(mlp.down_proj), mlp.up_proj.shape[0]))
 
 
 def mlp_block(layer, h: torch.Tensor) -> torch.Tensor | None:
@@ -176,7 +186,7 @@ def _mamba2_static(layer) -> _Static:
                *(() if mixer.conv_bias is None else (mixer.conv_bias,))]
     ok = (cfg.norm == "gate_then_norm" and mixer.in_scale is None and mixer.in_bias is None
           and mixer.out_bias is None and cfg.time_step_limit == (0.0, float("inf")) and cfg.d_conv <= 16
-          and _float32_cpu(*weights) and _input_major(mixer.in_proj) and _input_major(mixer.out_proj)
+          and _float32_cpu(*weights[:1], *weights[3:]) and _products_take(mixer.in_proj, mixer.out_proj)
           and mixer.conv_kernel().is_contiguous() and all(w.is_contiguous() for w in weights[4:]))
     if not ok:
         return _Static(weights, False)
@@ -184,9 +194,9 @@ def _mamba2_static(layer) -> _Static:
     sizes = (cfg.d_inner, cfg.num_heads, cfg.head_dim, cfg.n_groups, cfg.d_state, cfg.d_conv, cfg.conv_dim,
              mixer.in_proj.shape[0])
     return _Static(weights + [A], True, (
-        norm.weight.data_ptr(), norm.eps, mixer.in_proj.t().data_ptr(), mixer.conv_kernel().data_ptr(),
+        norm.weight.data_ptr(), norm.eps, _weight(mixer.in_proj), mixer.conv_kernel().data_ptr(),
         None if mixer.conv_bias is None else mixer.conv_bias.data_ptr(), mixer.dt_bias.data_ptr(), A.data_ptr(),
-        mixer.D.data_ptr(), mixer.norm_weight.data_ptr(), cfg.group_size, mixer.out_proj.t().data_ptr(), sizes))
+        mixer.D.data_ptr(), mixer.norm_weight.data_ptr(), cfg.group_size, _weight(mixer.out_proj), sizes))
 
 
 def _mamba2_block(layer, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
@@ -235,11 +245,11 @@ def _attention_static(layer) -> _Static:
     inv_freq = attention.inv_freq if cfg.use_rope else None
     if inv_freq is not None:
         weights.append(inv_freq)
-    ok = (not cfg.bias and not cfg.out_bias and _float32_cpu(*weights) and all(map(_input_major, projections))
+    ok = (not cfg.bias and not cfg.out_bias and _float32_cpu(norm.weight, *weights[5:]) and _products_take(*projections)
           and (inv_freq is None or (inv_freq.is_contiguous() and 2 * inv_freq.numel() == cfg.rotary_dim)))
     if not ok:
         return _Static(weights, False)
-    return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, *(w.t().data_ptr() for w in projections),
+    return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, *map(_weight, projections),
                                    None if inv_freq is None else inv_freq.data_ptr(), cfg.rotary_dim // 2,
                                    cfg.softmax_scale, attention.kv_layer, cfg))
 

@@ -93,7 +93,7 @@ class _Table:
             return False
         head_t = model.lm_head.t()
         final = model.final_norm.weight
-        if not (cpu_blocks._float32_cpu(model.embed, head_t, final) and head_t.is_contiguous()
+        if not (cpu_blocks._float32_cpu(model.embed, final) and cpu_native.weight_dtype_ok(head_t) and head_t.is_contiguous()
                 and final.is_contiguous() and model.embed.dim() == 2 and model.embed.shape[0] == head_t.shape[1]):
             return False
         layers = (Layer * len(model.layers))()
@@ -113,7 +113,7 @@ class _Table:
                 record.mlp, record.mlp_norm, record.mlp_eps = 1, norm_w, eps
                 record.gate_t, record.up_t, record.down_t, record.inter = gate_t, up_t, down_t, inter
         self.layers = layers
-        self.head_t, self.final_w, self.final_eps = head_t.data_ptr(), final.data_ptr(), model.final_norm.eps
+        self.head_t, self.final_w, self.final_eps = cpu_native.weight_address(head_t), final.data_ptr(), model.final_norm.eps
         self.hidden, self.vocab = model.embed.shape[1], head_t.shape[1]
         self.embed_strides = model.embed.stride()
         self.has_attention = any(r.mixer == HS_ATTENTION for r in layers)

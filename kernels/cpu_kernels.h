@@ -13,6 +13,10 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts);
 int hs_set_threads(int threads);
 int hs_threads(void);
 
+/* The products' weights (`w` here, the blocks' `*_t` and the LM head): the address of float32
+ * data, or of bfloat16 data with this bit set (an exact copy of a float32 weight whose every
+ * value is a bfloat16 one; cpu_rows.c, "weight storage"). The other kernels pass them on. */
+#define HS_BF16_WEIGHT 1
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
 int hs_rows_isa(int choice);
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,

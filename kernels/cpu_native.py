@@ -54,7 +54,7 @@ SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_pool.c", "cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
                              "cpu_blocks.c", "cpu_forward.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
-                for name in ("cpu_simd.h", "cpu_kernels.h"))
+                for name in ("cpu_simd.h", "cpu_kernels.h", "cpu_rows_weights.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu_rope.c) keep it under any compiler's default
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")
@@ -221,6 +221,22 @@ def takes(*tensors: torch.Tensor) -> bool:
         if t.dtype is not torch.float32 or not t.is_cpu:
             return False
     return available()
+
+
+BF16_WEIGHT = 1  # HS_BF16_WEIGHT (cpu_kernels.h): the bit of a product weight's address that says bfloat16
+
+
+def weight_dtype_ok(weight: torch.Tensor) -> bool:
+    """Whether the products take this weight's storage: float32, or bfloat16 (an
+    exact copy of a float32 weight, `HybridModel.pack_for_cpu`), on the CPU."""
+    return weight.dtype in (torch.float32, torch.bfloat16) and weight.is_cpu
+
+
+def weight_address(weight: torch.Tensor) -> int:
+    """A product weight's address as the kernels take it: bfloat16 data carries
+    BF16_WEIGHT (cpu_rows.c, "weight storage")."""
+    address = weight.data_ptr()
+    return address | BF16_WEIGHT if weight.dtype is torch.bfloat16 else address
 
 
 def takes_forward(plan, *tensors: torch.Tensor) -> bool:

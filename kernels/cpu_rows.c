@@ -48,19 +48,19 @@
 #define PREFETCH_ROWS 8  /* how far ahead, in weight rows, the stream is prefetched */
 
 /* y[0:G, 0:n1] += x[0:G, k:k+Q] @ w[k:k+Q, 0:n1], n1 a multiple of W (the columns per vector) */
-#define DEFINE_STEP(NAME, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, Q)                                 \
-    TARGET static void NAME##_##G##_##Q(const float *x, int64_t ldx, const float *w, int64_t N, int64_t k, \
+#define DEFINE_STEP(NAME, WT, WLOAD, PER_LINE, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, Q)              \
+    TARGET static void NAME##_##G##_##Q(const float *x, int64_t ldx, const WT *w, int64_t N, int64_t k,  \
                                         int64_t n1, float *y, int64_t ldy) {                            \
         VEC b[G][Q];                                                                                    \
         _Pragma("GCC unroll 12") for (int g = 0; g < G; ++g)                                            \
             _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) b[g][q] = SET1(x[g * ldx + k + q]);    \
-        const float *wk = w + k * N;                                                                    \
+        const WT *wk = w + k * N;                                                                       \
         for (int64_t n = 0; n < n1; n += W) {                                                           \
-            if ((n & 15) == 0) /* one prefetch per cache line of each row */                            \
+            if ((n & (PER_LINE - 1)) == 0) /* one prefetch per cache line of each row */                \
                 _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q)                                    \
                     _mm_prefetch((const char *)(wk + (PREFETCH_ROWS + q) * N + n), _MM_HINT_T0);        \
             VEC a[Q];                                                                                   \
-            _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) a[q] = LOAD(wk + q * N + n);           \
+            _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) a[q] = WLOAD(wk + q * N + n);           \
             _Pragma("GCC unroll 12") for (int g = 0; g < G; ++g) {                                      \
                 float *out = y + g * ldy + n;                                                           \
                 VEC acc = LOAD(out);                                                                    \
@@ -73,48 +73,18 @@
 #define AVX2_OPS __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_set1_ps
 #define AVX512_OPS __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_set1_ps
 #define EXPAND(MACRO, ...) MACRO(__VA_ARGS__)  /* the _OPS lists expanded into arguments first */
-#define STEP8(G, Q) EXPAND(DEFINE_STEP, step, , AVX2_OPS, G, Q)
-#define STEP16(G, Q) EXPAND(DEFINE_STEP, step16, TARGET512, AVX512_OPS, G, Q)
-/* G·Q broadcasts, Q weight vectors and one sum in registers: 16 ymm, 32 zmm */
-STEP8(1, 4) STEP8(1, 1) STEP8(2, 4) STEP8(2, 1) STEP8(3, 3) STEP8(3, 1) STEP8(4, 2) STEP8(4, 1) STEP8(5, 2) STEP8(5, 1)
-STEP16(1, 12) STEP16(1, 1) STEP16(2, 6) STEP16(2, 1) STEP16(3, 6) STEP16(3, 1) STEP16(4, 6) STEP16(4, 1)
-STEP16(5, 4) STEP16(5, 1)
-
-typedef void (*step_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t, float *, int64_t);
-typedef struct {
-    int width;                     /* columns per vector */
-    step_fn q[GROUP_ROWS + 1];     /* Q weight rows per step, for G rows */
-    step_fn one[GROUP_ROWS + 1];   /* one weight row per step */
-    int q_of[GROUP_ROWS + 1];      /* that Q (each divides KBLOCK) */
-} step_set;
-static const step_set AVX2_STEPS = {8, {0, step_1_4, step_2_4, step_3_3, step_4_2, step_5_2},
-                                    {0, step_1_1, step_2_1, step_3_1, step_4_1, step_5_1}, {0, 4, 4, 3, 2, 2}};
-static const step_set AVX512_STEPS = {16, {0, step16_1_12, step16_2_6, step16_3_6, step16_4_6, step16_5_4},
-                                      {0, step16_1_1, step16_2_1, step16_3_1, step16_4_1, step16_5_1},
-                                      {0, 12, 6, 6, 6, 4}};
-static const step_set *steps_in_use = 0; /* chosen on first use (hs_rows_isa) */
+static int isa512 = -1; /* the vectors in use: 1 AVX-512, 0 AVX2, -1 not chosen yet (hs_rows_isa) */
 
 /* choice -1: report; 0: the AVX2 steps; 1: the AVX-512 steps (where the CPU has
  * AVX-512F). Returns the path in use after the call (0 or 1), or -1 for a
  * choice this CPU cannot take. The first use picks AVX-512 where there is one. */
 int hs_rows_isa(int choice) {
-    const int has512 = __builtin_cpu_supports("avx512f");
-    if (choice == 0) steps_in_use = &AVX2_STEPS;
-    else if (choice == 1 && has512) steps_in_use = &AVX512_STEPS;
+    const int has512 = __builtin_cpu_supports("avx512f") != 0;
+    if (choice == 0) isa512 = 0;
+    else if (choice == 1 && has512) isa512 = 1;
     else if (choice == 1) return -1;
-    else if (!steps_in_use) steps_in_use = has512 ? &AVX512_STEPS : &AVX2_STEPS;
-    return steps_in_use == &AVX512_STEPS;
-}
-
-/* columns n0 <= n < n1 (those past the last multiple of 8), k0 <= k < k1: the same chain, one float at a time */
-static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, int64_t k1,
-                         int64_t n0, int64_t n1, float *y, int64_t ldy) {
-    for (int g = 0; g < G; ++g)
-        for (int64_t n = n0; n < n1; ++n) {
-            float s = y[g * ldy + n];
-            for (int64_t k = k0; k < k1; ++k) s = fmaf(x[g * ldx + k], w[k * N + n], s);
-            y[g * ldy + n] = s;
-        }
+    else if (isa512 < 0) isa512 = has512;
+    return isa512;
 }
 
 /* Many rows (a batch's verify): register tiles. The weight streamed in memory
@@ -151,28 +121,28 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
  * embedded target's products at 10 rows: 0.89 against 1.00 ms in steps). */
 #define TILE_MIN_ROWS 5
 #define TILE_MIN_ROWS_CACHED 10
-#define CACHED_WEIGHT_FLOATS (512 * 1024)
+#define CACHED_WEIGHT_BYTES (2 << 20)
 
 /* y[0:G, 0:V·W] += x[0:G, k0:k1] @ w[k0:k1, 0:V·W] (W columns per vector), prefetching the
  * `pf_lines` cache lines from `pf` on, a few per weight row, and with `ahead` each weight row's
  * next V·W columns (the next panel's part of the row) */
-#define DEFINE_TILE(NAME, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, V)                                  \
-    TARGET static void NAME##_##G##_##V(const float *x, int64_t ldx, const float *w, int64_t N, int64_t k0, \
-                                        int64_t k1, float *y, int64_t ldy, const float *pf, int64_t pf_lines, \
+#define DEFINE_TILE(NAME, WT, WLOAD, PER_LINE, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, V)               \
+    TARGET static void NAME##_##G##_##V(const float *x, int64_t ldx, const WT *w, int64_t N, int64_t k0,   \
+                                        int64_t k1, float *y, int64_t ldy, const WT *pf, int64_t pf_lines, \
                                         int ahead) {                                                    \
         VEC acc[G][V];                                                                                  \
         const int64_t pf_per_row = (pf_lines + (k1 - k0) - 1) / (k1 - k0);                             \
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                             \
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) acc[g][v] = LOAD(y + g * ldy + W * v); \
         for (int64_t k = k0; k < k1; ++k) {                                                             \
-            const float *wk = w + k * N;                                                                \
+            const WT *wk = w + k * N;                                                                   \
             for (int64_t l = (k - k0) * pf_per_row; l < (k - k0 + 1) * pf_per_row && l < pf_lines; ++l) \
-                _mm_prefetch((const char *)(pf + 16 * l), _MM_HINT_T1);                                 \
+                _mm_prefetch((const char *)(pf + PER_LINE * l), _MM_HINT_T1);                           \
             VEC b[V];                                                                                   \
             if (ahead)                                                                                  \
-                _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) if (W * v % 16 == 0)                \
+                _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) if (W * v % PER_LINE == 0)          \
                     _mm_prefetch((const char *)(wk + W * V + W * v), _MM_HINT_T0);                      \
-            _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) b[v] = LOAD(wk + W * v);               \
+            _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) b[v] = WLOAD(wk + W * v);              \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                       \
                 const VEC a = SET1(x[g * ldx + k]);                                                     \
                 _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) acc[g][v] = FMA(a, b[v], acc[g][v]); \
@@ -181,27 +151,6 @@ static void tail_columns(int G, const float *x, int64_t ldx, const float *w, int
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                             \
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) STORE(y + g * ldy + W * v, acc[g][v]);  \
     }
-
-#define TILE16(G, V) EXPAND(DEFINE_TILE, tile16, TARGET512, AVX512_OPS, G, V)
-#define TILE8(G, V) EXPAND(DEFINE_TILE, tile8, , AVX2_OPS, G, V)
-/* AVX-512: 6 rows × 4 vectors (24 sums + 4 weight vectors in 32 registers), and
- * the narrower tiles for the last columns; AVX2: 4 rows × 3 vectors (12 + 3 of 16) */
-TILE16(6, 4) TILE16(5, 4) TILE16(4, 4) TILE16(3, 4) TILE16(2, 4) TILE16(1, 4)
-TILE16(6, 1) TILE16(5, 1) TILE16(4, 1) TILE16(3, 1) TILE16(2, 1) TILE16(1, 1)
-TILE8(4, 3) TILE8(3, 3) TILE8(2, 3) TILE8(1, 3)
-TILE8(4, 1) TILE8(3, 1) TILE8(2, 1) TILE8(1, 1)
-
-typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int64_t, int64_t, float *, int64_t,
-                        const float *, int64_t, int);
-typedef struct {
-    int rows, width, vectors;            /* the widest tile: rows × vectors of `width` columns */
-    tile_fn wide[7], one[7];             /* by rows: the wide tile and the one-vector tile */
-} tile_set;
-static const tile_set AVX512_TILES = {6, 16, 4, {0, tile16_1_4, tile16_2_4, tile16_3_4, tile16_4_4, tile16_5_4,
-                                                 tile16_6_4},
-                                      {0, tile16_1_1, tile16_2_1, tile16_3_1, tile16_4_1, tile16_5_1, tile16_6_1}};
-static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3, tile8_4_3},
-                                    {0, tile8_1_1, tile8_2_1, tile8_3_1, tile8_4_1}};
 
 /* y (zeroed) += x @ w with the tiles: blocks of `tile_k` weight rows, then
  * panels of columns, then row groups. A block's rows are contiguous in
@@ -221,95 +170,55 @@ static const tile_set AVX2_TILES = {4, 8, 3, {0, tile8_1_3, tile8_2_3, tile8_3_3
  * and 2–7% slower at 40 rows for N = 3072 or 4096 (C harness, weights in
  * cache). Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
-static void tiled_matmul(const tile_set *t, int64_t tile_k, int ahead, const float *x, int64_t ldx,
-                         const float *w, int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0,
-                         int64_t c1, int part, int parts) {
-    float packed[TILE_K * 64] __attribute__((aligned(64)));  /* 16 KiB of stack */
-    const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
-    const int64_t wide = c0 + (c1 - c0) / panel * panel, vec_end = c0 + (c1 - c0) / t->width * t->width;
-    const int64_t vec8 = c0 + (c1 - c0) / 8 * 8;
-    const int64_t calls = ((wide - c0) / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
-    const int copy = N % 1024 == 0;  /* rows a multiple of 4 KiB apart */
-    for (int64_t k0 = 0; k0 < K; k0 += tile_k) {
-        const int64_t k1 = k0 + tile_k < K ? k0 + tile_k : K, k2 = k1 + tile_k < K ? k1 + tile_k : K;
-        /* the next block, (k2 - k1) rows of N in memory order: this part's share of its lines */
-        const int64_t block_lines = ahead ? 0 : (k2 - k1) * N / 16, first = block_lines * part / parts;
-        const float *next = w + k1 * N + 16 * first;
-        const int64_t lines = block_lines * (part + 1) / parts - first;
-        int64_t call = 0;
-        for (int64_t n0 = c0; n0 < vec8;) {
-            /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
-            const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
-            if (step == panel && copy)
-                for (int64_t k = k0; k < k1; ++k) {
-                    if (ahead) /* the next panel's part of the row, as the tiles would */
-                        for (int64_t l = 0; l < panel; l += 16)
-                            _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
-                    memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(float) * panel);
-                }
-            for (int64_t group = 0; group < groups; ++group) {
-                const int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
-                const int G = (int)(m1 - m0);
-                const float *xg = x + m0 * ldx;
-                float *yg = y + m0 * ldy + (n0 - c0);
-                if (step == 8) {  /* one AVX2 vector left: AVX2 tiles of up to 4 rows, no prefetch */
-                    for (int64_t g = 0; g < G; g += 4) {
-                        const int rows = G - g < 4 ? (int)(G - g) : 4;
-                        AVX2_TILES.one[rows](xg + g * ldx, ldx, w + n0, N, k0, k1, yg + g * ldy, ldy, 0, 0, 0);
-                    }
-                    continue;
-                }
-                const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
-                ++call;
-                if (step == panel && copy)
-                    t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, ldy, next + 16 * l0, l1 - l0, 0);
-                else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0, ahead);
-                else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + 16 * l0, l1 - l0, ahead);
-            }
-            n0 += step;
-        }
-    }
-    if (vec8 < c1) tail_columns((int)M, x, ldx, w + c0, N, 0, K, vec8 - c0, c1 - c0, y, ldy);
-}
 
-/* columns c0 <= n < c1 of x @ w into y (rows ldy floats apart, y[0] the row's
- * column c0): the tiles, or the row groups streaming the weight (part of
- * parts: this range's share of the tiles' prefetch) */
-static void product_columns(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y,
-                            int64_t ldy, int64_t c0, int64_t c1, int part, int parts) {
-    for (int64_t m = 0; m < M; ++m) memset(y + m * ldy, 0, (size_t)(c1 - c0) * sizeof(float));
-    const int cached = K * N <= CACHED_WEIGHT_FLOATS;
-    if (M >= (cached ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
-        const int64_t tile_k = !cached && M < TILE_K_LONG_ROWS ? TILE_K_STREAMED : TILE_K;
-        tiled_matmul(steps_in_use == &AVX512_STEPS ? &AVX512_TILES : &AVX2_TILES, tile_k,
-                     !cached && M < AHEAD_MAX_ROWS, x, ldx, w, M, K, N, y, ldy, c0, c1, part, parts);
-        return;
-    }
-    const step_set *set = steps_in_use;
-    /* columns [c0, wide) in the chosen vectors, [wide, vec_end) in AVX2 ones, the rest one at a time */
-    const int64_t groups = (M + GROUP_ROWS - 1) / GROUP_ROWS, wide = (c1 - c0) / set->width * set->width;
-    const int64_t vec_end = (c1 - c0) / 8 * 8;
-    const float *wc = w + c0;
-    for (int64_t k0 = 0; k0 < K; k0 += KBLOCK) {
-        int64_t k1 = k0 + KBLOCK < K ? k0 + KBLOCK : K;
-        for (int64_t group = 0; group < groups; ++group) {
-            int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
-            int G = (int)(m1 - m0), Q = set->q_of[G], Q8 = AVX2_STEPS.q_of[G];
-            const float *xg = x + m0 * ldx;
-            float *yg = y + m0 * ldy;
-            int64_t k = k0;
-            if (wide > 0) {
-                for (; k + Q <= k1; k += Q) set->q[G](xg, ldx, wc, N, k, wide, yg, ldy);
-                for (; k < k1; ++k) set->one[G](xg, ldx, wc, N, k, wide, yg, ldy);
-            }
-            if (wide < vec_end) {  /* 8 columns left over from 16-column vectors */
-                for (k = k0; k + Q8 <= k1; k += Q8) AVX2_STEPS.q[G](xg, ldx, wc + wide, N, k, 8, yg + wide, ldy);
-                for (; k < k1; ++k) AVX2_STEPS.one[G](xg, ldx, wc + wide, N, k, 8, yg + wide, ldy);
-            }
-            if (vec_end < c1 - c0) tail_columns(G, xg, ldx, wc, N, k0, k1, vec_end, c1 - c0, yg, ldy);
-        }
-    }
+/* -- weight storage ---------------------------------------------------------------------------
+ * A weight is float32, or bfloat16 where every value of it is one (a checkpoint stored in bf16,
+ * loaded as float32: `HybridModel.pack_for_cpu`). A bfloat16 value is the top half of its
+ * float32, so the loops widen each weight exactly as they load it (a shift) and run the same
+ * float32 chains: the same bits as the float32 copy, from half the bytes, which is what a
+ * decode step streaming its weights from memory is bound by. The pointer names the type: bit 0
+ * set (HS_BF16_WEIGHT, cpu_kernels.h) for bfloat16; every loop is compiled once per type from
+ * cpu_rows_weights.h. */
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline float bf16_value(uint16_t v) {
+    const uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+#define WS_PASTE(name, type) name##_##type
+#define WS_NAME(name, type) WS_PASTE(name, type)
+#define WS(name) WS_NAME(name, W_TYPE_NAME)
+#define FN_PASTE(name, g, q) name##_##g##_##q
+#define FN_NAME(name, g, q) FN_PASTE(name, g, q)
+#define FN(name, g, q) FN_NAME(WS(name), g, q) /* a step's or tile's name: FN(step, 2, 4) */
+
+#define WT float
+#define W_TYPE_NAME f32
+#define WLOAD8 _mm256_loadu_ps
+#define WLOAD16 _mm512_loadu_ps
+#define WSCALAR(v) (v)
+#define W_PER_LINE 16
+#include "cpu_rows_weights.h"
+#undef WT
+#undef W_TYPE_NAME
+#undef WLOAD8
+#undef WLOAD16
+#undef WSCALAR
+#undef W_PER_LINE
+
+#define WT uint16_t
+#define W_TYPE_NAME bf16
+#define WLOAD8 bf16x8
+#define WLOAD16 bf16x16
+#define WSCALAR(v) bf16_value(v)
+#define W_PER_LINE 32
+#include "cpu_rows_weights.h"
 
 /* -- threads ------------------------------------------------------------------------------
  * With more than one thread (`hs_set_threads`), a product of at least
@@ -320,10 +229,19 @@ static void product_columns(const float *x, int64_t ldx, const float *w, int64_t
 #define PARALLEL_MIN_MACS (1 << 16) /* below this the hand-off costs about what the split saves */
 
 typedef struct {
-    const float *x, *w;
+    const float *x;
+    const void *w;  /* untagged; bf16: its type */
     float *y;
     int64_t ldx, M, K, N;
+    int bf16;
 } product_job;
+
+/* columns c0 <= n < c1 of the product into y (rows ldy floats apart), by the weight's type */
+static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
+                            int parts) {
+    if (j->bf16) product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+    else product_columns_f32(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+}
 
 /* Part `part` of the product. Its columns of y share cache lines (and the
  * pairs of lines the hardware prefetches together) with the next part's
@@ -347,25 +265,25 @@ static void product_part(void *ctx, int part, int parts) {
         else own_floats = (size_t)(j->M * ld);
     }
     if (part == 0 || !own) { /* the first part, or no memory: in place */
-        product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, j->y + c0, j->N, c0, c1, part, parts);
+        product_columns(j, j->y + c0, j->N, c0, c1, part, parts);
         return;
     }
-    product_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, own, ld, c0, c1, part, parts);
+    product_columns(j, own, ld, c0, c1, part, parts);
     for (int64_t m = 0; m < j->M; ++m) memcpy(j->y + m * j->N + c0, own + m * ld, (size_t)(c1 - c0) * sizeof(float));
 }
 
 /* y[M, N] = x[M, K] @ w[K, N]; returns 0, or -1 for sizes it does not take.
- * Rows split into balanced groups of at most GROUP_ROWS (or tiles); columns
- * over the threads (see above). */
+ * w: float32, or bfloat16 with HS_BF16_WEIGHT set in its address (see
+ * "weight storage" above). Rows split into balanced groups of at most
+ * GROUP_ROWS (or tiles); columns over the threads (see above). */
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y) {
     if (M < 0 || K < 0 || N < 0 || (M > 1 && ldx < K)) return -1;
     if (M == 0 || N == 0) return 0;
-    if (!steps_in_use) hs_rows_isa(-1);
+    if (isa512 < 0) hs_rows_isa(-1);
     const int threads = hs_threads(), parts = threads < N / 64 ? threads : (int)(N / 64);
-    if (parts > 1 && M * K * N >= PARALLEL_MIN_MACS) {
-        product_job job = {x, w, y, ldx, M, K, N};
-        if (hs_parallel(product_part, &job, parts)) return 0;
-    }
-    product_columns(x, ldx, w, M, K, N, y, N, 0, N, 0, 1);
+    const int bf16 = ((uintptr_t)w & HS_BF16_WEIGHT) != 0;
+    const product_job job = {x, (const void *)((uintptr_t)w & ~(uintptr_t)HS_BF16_WEIGHT), y, ldx, M, K, N, bf16};
+    if (parts > 1 && M * K * N >= PARALLEL_MIN_MACS && hs_parallel(product_part, (void *)&job, parts)) return 0;
+    product_columns(&job, y, N, 0, N, 0, 1);
     return 0;
 }

@@ -15,7 +15,9 @@ same bits. It is built and loaded with the other native CPU kernels (`cpu_native
 
 Used by `models.common.linear` when every condition holds: float32 CPU
 tensors, at most `MAX_ROWS` rows, an input-major contiguous weight (what
-`HybridModel.pack_for_cpu` stores; `hs.load` packs on CPU), no autograd, and
+`HybridModel.pack_for_cpu` stores; `hs.load` packs on CPU), float32 or its
+exact bfloat16 copy (pack_for_cpu's `exact_bf16`: the kernel widens each
+weight as it loads it, the same bits from half the bytes), no autograd, and
 the native kernels on (`cpu_native.available`). With more than one torch
 thread the kernel splits a product's columns over that many threads (helpers
 it keeps, `cpu_native.sync_threads`). Each output is the fused multiply-add
@@ -61,7 +63,7 @@ def applies(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
     return (0 < x.shape[0] <= MAX_ROWS and x.dim() == 2 and x.stride(1) == 1
             and (x.shape[0] == 1 or x.stride(0) >= x.shape[1]) and weight_t.is_contiguous()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad))
-            and cpu_native.takes(x, weight_t))
+            and cpu_native.weight_dtype_ok(weight_t) and cpu_native.takes(x))
 
 
 def rows_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -72,7 +74,7 @@ def rows_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"rows_matmul: x is {tuple(x.shape)} but the weight is {tuple(weight_t.shape)}")
     out = torch.empty(M, N, dtype=torch.float32)
     row_stride = x.stride(0) if M > 1 else K  # a one-row view may carry any row stride
-    if cpu_native.library().hs_rows_matmul(x.data_ptr(), row_stride, weight_t.data_ptr(), M, K, N,
+    if cpu_native.library().hs_rows_matmul(x.data_ptr(), row_stride, cpu_native.weight_address(weight_t), M, K, N,
                                            out.data_ptr()) != 0:
         raise ValueError(f"rows_matmul: sizes not taken: x {tuple(x.shape)} stride {x.stride()}, weight "
                          f"{tuple(weight_t.shape)}")

@@ -246,3 +246,40 @@ def test_an_unsupported_cpu_takes_the_torch_paths_quietly(monkeypatch, recwarn):
     assert not [w for w in recwarn if "native CPU kernels" in str(w.message)]
     with pytest.raises(cpu_native.CpuKernelsUnavailable, match="aarch64"):
         cpu_native.build()
+
+
+@x86_with_compiler
+@pytest.mark.parametrize("K,N", [(3, 7), (5, 13), (64, 8), (129, 257), (300, 1160), (600, 1000), (130, 2048),
+                                 (520, 2048), (1100, 1000), (7, 4101)])
+def test_a_bfloat16_weight_gives_the_bits_of_its_float32_copy(both_vector_paths, K, N):
+    """A weight whose values are bfloat16 values, stored in bfloat16: every
+    path (the steps below 5 rows, the tiles in L2 and streamed from memory,
+    the panel copy where rows lie a multiple of 4 KiB apart — N = 2048 in
+    bfloat16 — the 8-column AVX2 vector and the columns past it) widens each
+    weight as it loads it and gives the float32 copy's bits, on either vector
+    path and split over two threads."""
+    g = torch.Generator().manual_seed(K * 3 + N)
+    w32 = torch.randn(K, N, generator=g).to(torch.bfloat16).float()
+    w16 = w32.to(torch.bfloat16)
+    x = torch.randn(48, K, generator=g)
+    rows = (1, 2, 4, 5, 9, 10, 23, 24, 39, 40, 48)
+    for path_outputs in both_vector_paths(lambda: [(cpu_rows.rows_matmul(x[:M], w32), cpu_rows.rows_matmul(x[:M], w16))
+                                                   for M in rows]):
+        for M, (want, got) in zip(rows, path_outputs):
+            assert torch.equal(got, want), (M, K, N)
+    torch.set_num_threads(2)
+    assert torch.equal(cpu_rows.rows_matmul(x[:40], w16), cpu_rows.rows_matmul(x[:40], w32))
+
+
+@x86_with_compiler
+def test_linear_takes_a_bfloat16_weight_and_torch_widens_it():
+    """`linear` with a bfloat16 weight (pack_for_cpu's exact copies): the kernel
+    up to MAX_ROWS rows, torch's product of a widened copy past them; both
+    the float32 weight's results."""
+    g = torch.Generator().manual_seed(4)
+    w32 = torch.randn(24, 16, generator=g).to(torch.bfloat16).float().t().contiguous().t()
+    w16 = w32.to(torch.bfloat16).t().contiguous().t()
+    assert cpu_rows.applies(torch.randn(3, 16), common.transposed(w16))
+    for rows in (3, cpu_rows.MAX_ROWS + 5):
+        x = torch.randn(rows, 16, generator=g)
+        assert torch.equal(common.linear(x, w16), common.linear(x, w32)), rows

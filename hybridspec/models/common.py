@@ -73,7 +73,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     few-row CPU kernel where it applies (`kernels.cpu_rows`), else `torch.mm`.  # [..., out]"""
     rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
     weight_t = transposed(weight)
-    out = rows_matmul(rows, weight_t) if applies(rows, weight_t) else torch.mm(rows, weight_t)
+    if applies(rows, weight_t):
+        out = rows_matmul(rows, weight_t)
+    else:  # a weight stored in bfloat16 (`pack_for_cpu`) is widened, exactly, for torch
+        out = torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
     if bias is not None:
         out += bias
     return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])

@@ -34,6 +34,14 @@ LINEAR_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "
                             "out_proj", "x_proj", "dt_proj", "lm_head"})
 
 
+def bf16_exact(weight: torch.Tensor) -> bool:
+    """Whether a float32 weight's every value is a bfloat16 value (a bf16 checkpoint's, widened)."""
+    if weight.dtype is not torch.float32:
+        return False
+    with torch.no_grad():
+        return bool(torch.equal(weight, weight.to(torch.bfloat16).to(torch.float32)))
+
+
 class DecoderLayer(nn.Module):
     """h += r·mixer(norm(h)); h += r·ffn(norm(h))  (either part may be absent).
     At a shared block's occurrence (Zamba2) the mixer reads norm(h + t), t the
@@ -135,26 +143,44 @@ class HybridModel(nn.Module):
         """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
         return [self.layers[i].recurrent for i in self.config.mamba_layers]
 
-    def pack_for_cpu(self) -> "HybridModel":
+    def pack_for_cpu(self, exact_bf16: bool = True) -> "HybridModel":
         """Store every linear weight input-major ([out, in] with its transpose
         contiguous): one-row products (decode, drafting) then stream the weight
         in the order MKL's kernel reads fastest — a 185M-parameter Bamba decodes
         about 1.2–1.35× faster at batch 1 on this project's CPU; at 4+ rows it is
         the same. Values, shapes and outputs' meaning are unchanged.
+
+        With `exact_bf16` (default), a float32 linear weight whose every value is
+        a bfloat16 value (a checkpoint stored in bf16 and loaded as float32, as
+        most hybrid checkpoints are) is stored in bfloat16: the native products
+        widen each weight exactly as they load it, so the logits are the same
+        bits from half the weight memory, and a decode step that streams its
+        weights from memory reads half the bytes (`kernels/cpu_rows.c`, "weight
+        storage"; torch's products widen a copy). Weights shared with anything
+        but linear layers (an embedding tied to the LM head) stay float32.
+
         The packed weights are copies: a model from `from_hf` stops sharing them
         with the HF model (one more copy while that lives); `load` packs on CPU
         by default, where nothing else holds them. Tied weights stay tied. Returns self."""
         def key(weight):  # one tensor's memory, a view of another included
             return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
+        elsewhere = {key(weight) for module in self.modules()  # weights some non-linear parameter also is
+                     for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
+                     if name not in LINEAR_WEIGHTS}
         packed: dict[tuple, nn.Parameter] = {}
         for module in self.modules():
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                if name in LINEAR_WEIGHTS and weight.dim() == 2 and not weight.t().is_contiguous():
-                    new = packed.get(key(weight))
-                    if new is None:
-                        new = packed[key(weight)] = param(weight.detach().t().contiguous().t())
-                    setattr(module, name, new)
+                if name not in LINEAR_WEIGHTS or weight.dim() != 2:
+                    continue
+                compact = exact_bf16 and key(weight) not in elsewhere and bf16_exact(weight)
+                if weight.t().is_contiguous() and not compact:
+                    continue
+                new = packed.get(key(weight))
+                if new is None:
+                    stored = weight.detach().t().contiguous()
+                    new = packed[key(weight)] = param((stored.to(torch.bfloat16) if compact else stored).t())
+                setattr(module, name, new)
         for module in self.modules():  # weights tied to a packed one (an embedding tied to lm_head)
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if key(weight) in packed:

@@ -22,7 +22,7 @@ from torch import nn
 from ..config import AttentionConfig, HybridConfig
 from .attention import Attention
 from .batch import ForwardBatch
-from .common import RMSNorm, activation, param, take
+from .common import RMSNorm, activation, linear, param, take
 from .ffn import MLP
 
 
@@ -88,6 +88,6 @@ class SharedBlockOccurrence(nn.Module):
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """down(act(gate) ⊙ up) with [gate | up] = W·x + adapter(x)."""
         ffn = self.block.ffn
-        gate_up = torch.cat([F.linear(x, ffn.gate_proj), F.linear(x, ffn.up_proj)], dim=-1) + self.gate_up_adapter(x)
+        gate_up = torch.cat([linear(x, ffn.gate_proj), linear(x, ffn.up_proj)], dim=-1) + self.gate_up_adapter(x)
         gate, up = gate_up.chunk(2, dim=-1)
-        return F.linear(activation(ffn.cfg.activation, gate) * up, ffn.down_proj)
+        return linear(activation(ffn.cfg.activation, gate) * up, ffn.down_proj)

@@ -1,0 +1,99 @@
+"""Linear weights stored in bfloat16 where every value is one (`pack_for_cpu`'s
+`exact_bf16`, `kernels/cpu_rows.c` "weight storage"): a float32 model whose
+weights came from a bf16 checkpoint gives the same logits, bit for bit, with
+its linear weights in half the memory — in every family, for prefills the
+blocks run and prefills past them (torch's products of a widened copy),
+decode steps, snapshotted multi-input forwards and generate; weights with
+other values, embeddings tied to the LM head and float64 models keep their
+float32 (float64) storage."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.kernels import cpu_blocks
+from hybridspec.models.hybrid import LINEAR_WEIGHTS
+from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, zamba2
+from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+
+pytestmark = x86_with_compiler
+
+
+def bf16_valued(hf):
+    """The HF model in float32 with every parameter rounded to a bfloat16 value (a bf16 checkpoint, widened)."""
+    hf = hf.to(torch.float32)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    return hf
+
+
+def stored(model) -> dict[str, torch.dtype]:
+    return {name: p.dtype for name, p in model.named_parameters() if name.rsplit(".", 1)[-1] in LINEAR_WEIGHTS}
+
+
+def forwards(model) -> list[torch.Tensor]:
+    """A prefill past the blocks' rows and a short one, decode steps, a snapshotted 5-input forward."""
+    long_prompt = [(5 * i + 3) % 90 + 3 for i in range(cpu_blocks.BLOCK_ROWS + 20)]
+    cache = HybridCache(model.config, max_seqs=2, num_blocks=64, block_size=8, ring_slots=8, dtype=model.dtype)
+    out = [model.prefill(cache, [0, 1], [long_prompt, [12, 13, 14]], last_only=True)]
+    out += [model.decode(cache, [0, 1], [20 + t, 30 + t]) for t in range(3)]
+    heads = [cache.head(s) for s in (0, 1)]
+    snap = torch.tensor([[(h + 1 + t) % 8 for t in range(5)] for h in heads])
+    out.append(model.extend(cache, [0, 1], [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54]], snap_slot=snap))
+    return out
+
+
+@pytest.mark.parametrize("build", [bamba, jamba, nemotron_h, granite, falcon_h1, zamba2])
+def test_the_same_logits_from_half_the_weight_memory(build):
+    hf = bf16_valued(build(seed=2))
+    full = hs.from_hf(hf).pack_for_cpu(exact_bf16=False)
+    compact = hs.from_hf(hf).pack_for_cpu()
+    dtypes = stored(compact)
+    assert dtypes and set(dtypes.values()) == {torch.bfloat16}, dtypes
+    assert set(stored(full).values()) == {torch.float32}
+    assert compact.dtype is torch.float32 and compact.embed.dtype is torch.float32
+
+    def linear_bytes(model):
+        return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                   if name.rsplit(".", 1)[-1] in LINEAR_WEIGHTS)
+    assert 2 * linear_bytes(compact) == linear_bytes(full)
+    for want, got in zip(forwards(full), forwards(compact), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_plain_and_speculative_generate_give_the_same_tokens():
+    """Greedy plain and speculative (a bf16-valued model drafter, γ = 3) generate."""
+    hf = bf16_valued(bamba(seed=6, num_layers=4, attn_layers=(1, 3)))
+    draft_hf = bf16_valued(bamba(seed=7, num_layers=1, attn_layers=()))
+    params = hs.SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 9, 14, 3, 22], [7, 8, 30]]
+    tokens = []
+    for exact_bf16 in (False, True):
+        target = hs.from_hf(hf).pack_for_cpu(exact_bf16=exact_bf16)
+        draft = hs.from_hf(draft_hf).pack_for_cpu(exact_bf16=exact_bf16)
+        engines = (hs.Engine(target, max_batch_size=2),
+                   hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=2))
+        tokens.append([[o.token_ids for o in engine.generate(prompts, params)] for engine in engines])
+    assert tokens[0] == tokens[1]
+    assert tokens[0][0] == tokens[0][1]  # speculative decoding is lossless either way
+
+
+def test_other_values_tied_embeddings_and_float64_keep_their_storage():
+    rounded = bf16_valued(bamba(seed=3))
+    with torch.no_grad():  # one value off the bfloat16 grid: that weight stays float32
+        rounded.model.layers[0].feed_forward.up_proj.weight[0, 0] += 2.0 ** -20
+    dtypes = stored(hs.from_hf(rounded).pack_for_cpu())
+    assert dtypes["layers.0.ffn.up_proj"] is torch.float32
+    assert dtypes["layers.0.ffn.gate_proj"] is torch.bfloat16
+    assert set(stored(hs.from_hf(bamba(seed=3).to(torch.float32)).pack_for_cpu()).values()) == {torch.float32}
+    assert set(stored(hs.from_hf(bamba(seed=3)).pack_for_cpu()).values()) == {torch.float64}
+
+    tied = bamba(seed=3)
+    tied.config.tie_word_embeddings = True
+    tied.tie_weights()
+    model = hs.from_hf(bf16_valued(tied)).pack_for_cpu()
+    assert model.lm_head is model.embed and model.embed.dtype is torch.float32
+    assert stored(model)["layers.0.ffn.up_proj"] is torch.bfloat16
