@@ -4,7 +4,8 @@ bits, `cpu_rows.vector_path`) built on first use and called through ctypes.
 
 Six kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:
-- `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`;
+- `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`
+  (weights float32 or their exact bfloat16 copies, `cpu_rows_weights.h`);
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu_mamba1.c` (`cpu_mamba1.py`): the same for the Mamba-1 mixer;

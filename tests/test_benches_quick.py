@@ -156,3 +156,17 @@ def test_native_ab_quick(benches, tmp_path):
     assert [(r["batch"], r["forward"]) for r in rows] == [(1, "plain"), (1, "verify"), (1, "verify (plain steps)")]
     assert all(r["base_ms"] > 0 and r["new_ms"] > 0 and r["new/base"] > 0 for r in rows)
     assert all(r["same_bits"] for r in rows[:2])
+
+
+def test_exact_bf16_quick(benches, tmp_path):
+    """Both storages of a bf16-valued model: the same logits and tokens, half the linear weights' memory."""
+    from hybridspec.kernels import cpu_native
+    if not cpu_native.available():
+        pytest.skip("the native kernels cannot run on this machine")
+    out = tmp_path / "exact_bf16.json"
+    assert bench_main("exact_bf16")(["--quick", "--batches", "1", "--repeats", "2", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["steps"] and all(row["same_bits"] for row in payload["steps"])
+    assert payload["generate"] and all(row["same_tokens"] for row in payload["generate"])
+    for row in payload["memory"]:
+        assert row["bfloat16_mib"] == pytest.approx(row["float32_mib"] / 2)
