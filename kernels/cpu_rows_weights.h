@@ -1,8 +1,9 @@
 /* The products' loops for one type of weight storage, included by `cpu_rows.c` once per type
  * (float32, and bfloat16 widened to float32 as it is loaded: see there). The includer defines
  * WT (the stored element), WS(name) (the type's name for a function or table), WLOAD8 / WLOAD16
- * (8 / 16 weights widened into an AVX2 / AVX-512 vector), WSCALAR (one weight as a float) and
- * W_PER_LINE (weights per 64-byte cache line). */
+ * (8 / 16 weights widened into an AVX2 / AVX-512 vector), WSCALAR (one weight as a float),
+ * W_PER_LINE (weights per 64-byte cache line) and, for a type the tiles widen, W_WIDENED_TILES
+ * (the float32 tile sets' type; see `tiled_matmul`). */
 
 #define STEP8(G, Q) EXPAND(DEFINE_STEP, WS(step), WT, WLOAD8, W_PER_LINE, , AVX2_OPS, G, Q)
 #define STEP16(G, Q) EXPAND(DEFINE_STEP, WS(step16), WT, WLOAD16, W_PER_LINE, TARGET512, AVX512_OPS, G, Q)
@@ -70,6 +71,14 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
     const int64_t vec8 = c0 + (c1 - c0) / 8 * 8;
     const int64_t calls = ((wide - c0) / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
     const int copy = N * (int64_t)sizeof(WT) % 4096 == 0;  /* rows a multiple of 4 KiB apart */
+#ifdef W_WIDENED_TILES
+    /* enough row groups: each panel's block widened once into float32, the float32 tiles on it */
+    float widened[TILE_K * 64] __attribute__((aligned(64)));
+    const int widen = groups >= WIDEN_MIN_GROUPS;
+    const W_WIDENED_TILES *ft = isa512 ? &W_WIDENED_TILES_512 : &W_WIDENED_TILES_2;
+#else
+    const int widen = 0;
+#endif
     for (int64_t k0 = 0; k0 < K; k0 += tile_k) {
         const int64_t k1 = k0 + tile_k < K ? k0 + tile_k : K, k2 = k1 + tile_k < K ? k1 + tile_k : K;
         /* the next block, (k2 - k1) rows of N in memory order: this part's share of its lines */
@@ -80,11 +89,18 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
         for (int64_t n0 = c0; n0 < vec8;) {
             /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
             const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
-            if (step == panel && copy)
+            if (step == panel && (copy || widen))
                 for (int64_t k = k0; k < k1; ++k) {
                     if (ahead) /* the next panel's part of the row, as the tiles would */
                         for (int64_t l = 0; l < panel; l += W_PER_LINE)
                             _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
+#ifdef W_WIDENED_TILES
+                    if (widen) {
+                        for (int64_t l = 0; l < panel; l += 8)
+                            _mm256_store_ps(widened + (k - k0) * panel + l, WLOAD8(w + k * N + n0 + l));
+                        continue;
+                    }
+#endif
                     memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(WT) * panel);
                 }
             for (int64_t group = 0; group < groups; ++group) {
@@ -101,6 +117,12 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
                 }
                 const int64_t l0 = lines * call / calls, l1 = lines * (call + 1) / calls;
                 ++call;
+#ifdef W_WIDENED_TILES
+                if (step == panel && widen)
+                    ft->wide[G](xg + k0, ldx, widened, panel, 0, k1 - k0, yg, ldy,
+                                (const float *)(next + W_PER_LINE * l0), l1 - l0, 0);
+                else
+#endif
                 if (step == panel && copy)
                     t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, ldy, next + W_PER_LINE * l0, l1 - l0, 0);
                 else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + W_PER_LINE * l0, l1 - l0, ahead);

@@ -254,8 +254,10 @@ def test_an_unsupported_cpu_takes_the_torch_paths_quietly(monkeypatch, recwarn):
 def test_a_bfloat16_weight_gives_the_bits_of_its_float32_copy(both_vector_paths, K, N):
     """A weight whose values are bfloat16 values, stored in bfloat16: every
     path (the steps below 5 rows, the tiles in L2 and streamed from memory,
-    the panel copy where rows lie a multiple of 4 KiB apart — N = 2048 in
-    bfloat16 — the 8-column AVX2 vector and the columns past it) widens each
+    each row group widening what it loads or, from three groups, one widened
+    float32 copy of each panel's block; the panel copy where rows lie a
+    multiple of 4 KiB apart — N = 2048 in bfloat16 — the 8-column AVX2
+    vector and the columns past it) widens each
     weight as it loads it and gives the float32 copy's bits, on either vector
     path and split over two threads."""
     g = torch.Generator().manual_seed(K * 3 + N)
