@@ -55,7 +55,16 @@ int hs_forward(const hs_forward_args *a) {
     if (3 * rows * hidden + need > a->work_size) return -1;
     for (int64_t r = 0; r < rows; ++r)
         if (a->ids[r] < 0 || a->ids[r] >= a->vocab) return -2;
-    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied */
+    const uintptr_t embed = (uintptr_t)a->embed;
+    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied (a bfloat16 table's widened) */
+        if (embed & HS_BF16_WEIGHT) {
+            const uint16_t *e = (const uint16_t *)(embed & ~(uintptr_t)HS_BF16_WEIGHT) + a->ids[r] * a->embed_row;
+            for (int64_t c = 0; c < hidden; ++c) {
+                const uint32_t bits = (uint32_t)e[c * a->embed_col] << 16;
+                memcpy(h + r * hidden + c, &bits, sizeof bits);
+            }
+            continue;
+        }
         const float *e = a->embed + a->ids[r] * a->embed_row;
         if (a->embed_col == 1) memcpy(h + r * hidden, e, sizeof(float) * (size_t)hidden);
         else for (int64_t c = 0; c < hidden; ++c) h[r * hidden + c] = e[c * a->embed_col];

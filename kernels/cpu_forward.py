@@ -93,7 +93,8 @@ class _Table:
             return False
         head_t = model.lm_head.t()
         final = model.final_norm.weight
-        if not (cpu_blocks._float32_cpu(model.embed, final) and cpu_native.weight_dtype_ok(head_t) and head_t.is_contiguous()
+        if not (cpu_blocks._float32_cpu(final) and cpu_native.weight_dtype_ok(model.embed)
+                and cpu_native.weight_dtype_ok(head_t) and head_t.is_contiguous()
                 and final.is_contiguous() and model.embed.dim() == 2 and model.embed.shape[0] == head_t.shape[1]):
             return False
         layers = (Layer * len(model.layers))()
@@ -243,7 +244,7 @@ def _args(model, table: _Table, bsz: int, T: int) -> ForwardArgs:
     """The fields every call's `ForwardArgs` takes from the model and its table."""
     args = ForwardArgs()
     args.layers, args.num_layers = table.layers, len(table.layers)
-    args.embed, args.batch, args.T = model.embed.data_ptr(), bsz, T
+    args.embed, args.batch, args.T = cpu_native.weight_address(model.embed), bsz, T
     args.embed_row, args.embed_col = table.embed_strides
     args.hidden, args.vocab = table.hidden, table.vocab
     return args

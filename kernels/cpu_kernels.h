@@ -77,7 +77,7 @@ typedef struct {
     const hs_layer *layers;
     int64_t num_layers;
     const int64_t *ids;                 /* [batch, T] token ids */
-    const float *embed;                 /* [vocab, hidden] at strides (embed_row, embed_col) */
+    const float *embed;                 /* [vocab, hidden] at strides (embed_row, embed_col); HS_BF16_WEIGHT */
     int64_t embed_row, embed_col, batch, T, hidden, vocab;
     const int64_t *src, *snap;          /* the slot plan: [batch] and [batch, T] */
     const int64_t *slot_mapping, *block_tables, *context_lens, *query_lens;  /* the K/V plan */

@@ -159,7 +159,7 @@ def test_native_ab_quick(benches, tmp_path):
 
 
 def test_exact_bf16_quick(benches, tmp_path):
-    """Both storages of a bf16-valued model: the same logits and tokens, half the linear weights' memory."""
+    """Both storages of a bf16-valued model: the same logits and tokens, about half the parameters' memory."""
     from hybridspec.kernels import cpu_native
     if not cpu_native.available():
         pytest.skip("the native kernels cannot run on this machine")
@@ -169,4 +169,4 @@ def test_exact_bf16_quick(benches, tmp_path):
     assert payload["steps"] and all(row["same_bits"] for row in payload["steps"])
     assert payload["generate"] and all(row["same_tokens"] for row in payload["generate"])
     for row in payload["memory"]:
-        assert row["bfloat16_mib"] == pytest.approx(row["float32_mib"] / 2)
+        assert row["float32_mib"] / 2 < row["bfloat16_mib"] < 0.55 * row["float32_mib"]  # the vectors stay float32

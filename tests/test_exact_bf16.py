@@ -1,11 +1,12 @@
-"""Linear weights stored in bfloat16 where every value is one (`pack_for_cpu`'s
-`exact_bf16`, `kernels/cpu_rows.c` "weight storage"): a float32 model whose
-weights came from a bf16 checkpoint gives the same logits, bit for bit, with
-its linear weights in half the memory — in every family, for prefills the
-blocks run and prefills past them (torch's products of a widened copy),
-decode steps, snapshotted multi-input forwards and generate; weights with
-other values, embeddings tied to the LM head and float64 models keep their
-float32 (float64) storage."""
+"""Linear weights and embeddings stored in bfloat16 where every value is one
+(`pack_for_cpu`'s `exact_bf16`, `kernels/cpu_rows.c` "weight storage"): a
+float32 model whose weights came from a bf16 checkpoint gives the same
+logits, bit for bit, with its linear weights and embedding in half the
+memory — in every family, for prefills the blocks run and prefills past them
+(torch's products of a widened copy), decode steps, snapshotted multi-input
+forwards and generate, with the embedding tied to the LM head or not; weights
+with other values and float64 models keep their storage, and the compute
+dtype stays float32."""
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,12 @@ def bf16_valued(hf):
     return hf
 
 
+STORABLE = LINEAR_WEIGHTS | {"embed"}
+
+
 def stored(model) -> dict[str, torch.dtype]:
-    return {name: p.dtype for name, p in model.named_parameters() if name.rsplit(".", 1)[-1] in LINEAR_WEIGHTS}
+    return {name: p.dtype for name, p in model.named_parameters(remove_duplicate=False)
+            if name.rsplit(".", 1)[-1] in STORABLE}
 
 
 def forwards(model) -> list[torch.Tensor]:
@@ -54,12 +59,12 @@ def test_the_same_logits_from_half_the_weight_memory(build):
     dtypes = stored(compact)
     assert dtypes and set(dtypes.values()) == {torch.bfloat16}, dtypes
     assert set(stored(full).values()) == {torch.float32}
-    assert compact.dtype is torch.float32 and compact.embed.dtype is torch.float32
+    assert compact.dtype is torch.float32 and compact.final_norm.weight.dtype is torch.float32
 
-    def linear_bytes(model):
+    def stored_bytes(model):
         return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
-                   if name.rsplit(".", 1)[-1] in LINEAR_WEIGHTS)
-    assert 2 * linear_bytes(compact) == linear_bytes(full)
+                   if name.rsplit(".", 1)[-1] in STORABLE)
+    assert 2 * stored_bytes(compact) == stored_bytes(full)
     for want, got in zip(forwards(full), forwards(compact), strict=True):
         assert torch.equal(got, want)
 
@@ -91,9 +96,16 @@ def test_other_values_tied_embeddings_and_float64_keep_their_storage():
     assert set(stored(hs.from_hf(bamba(seed=3).to(torch.float32)).pack_for_cpu()).values()) == {torch.float32}
     assert set(stored(hs.from_hf(bamba(seed=3)).pack_for_cpu()).values()) == {torch.float64}
 
+
+
+
+def test_an_embedding_tied_to_the_lm_head_is_stored_once_in_bfloat16():
     tied = bamba(seed=3)
     tied.config.tie_word_embeddings = True
     tied.tie_weights()
-    model = hs.from_hf(bf16_valued(tied)).pack_for_cpu()
-    assert model.lm_head is model.embed and model.embed.dtype is torch.float32
-    assert stored(model)["layers.0.ffn.up_proj"] is torch.bfloat16
+    hf = bf16_valued(tied)
+    full, compact = hs.from_hf(hf).pack_for_cpu(exact_bf16=False), hs.from_hf(hf).pack_for_cpu()
+    assert compact.lm_head is compact.embed and compact.embed.dtype is torch.bfloat16
+    assert compact.lm_head.t().is_contiguous() and compact.dtype is torch.float32
+    for want, got in zip(forwards(full), forwards(compact), strict=True):
+        assert torch.equal(got, want)

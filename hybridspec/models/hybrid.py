@@ -128,7 +128,8 @@ class HybridModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+        """The compute dtype: the final norm's (the embedding and linear weights may be stored in bfloat16, `pack_for_cpu`)."""
+        return self.final_norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
@@ -150,14 +151,17 @@ class HybridModel(nn.Module):
         about 1.2–1.35× faster at batch 1 on this project's CPU; at 4+ rows it is
         the same. Values, shapes and outputs' meaning are unchanged.
 
-        With `exact_bf16` (default), a float32 linear weight whose every value is
-        a bfloat16 value (a checkpoint stored in bf16 and loaded as float32, as
-        most hybrid checkpoints are) is stored in bfloat16: the native products
-        widen each weight exactly as they load it, so the logits are the same
-        bits from half the weight memory, and a decode step that streams its
-        weights from memory reads half the bytes (`kernels/cpu_rows.c`, "weight
-        storage"; torch's products widen a copy). Weights shared with anything
-        but linear layers (an embedding tied to the LM head) stay float32.
+        With `exact_bf16` (default), a float32 linear weight or embedding whose
+        every value is a bfloat16 value (a checkpoint stored in bf16 and loaded
+        as float32, as most hybrid checkpoints are) is stored in bfloat16: the
+        native products widen each weight exactly as they load it and the
+        embedding lookup widens its rows, so the logits are the same bits from
+        half the weight memory, and a decode step that streams its weights from
+        memory reads half the bytes (`kernels/cpu_rows.c`, "weight storage";
+        torch's products widen a copy). The compute dtype (`dtype`) stays the
+        final norm's; norms, biases and the other vectors keep theirs, and so
+        does a weight that something other than a linear layer or the embedding
+        also uses.
 
         The packed weights are copies: a model from `from_hf` stops sharing them
         with the HF model (one more copy while that lives); `load` packs on CPU
@@ -165,9 +169,9 @@ class HybridModel(nn.Module):
         def key(weight):  # one tensor's memory, a view of another included
             return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
-        elsewhere = {key(weight) for module in self.modules()  # weights some non-linear parameter also is
+        elsewhere = {key(weight) for module in self.modules()  # weights some other parameter also is
                      for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
-                     if name not in LINEAR_WEIGHTS}
+                     if name not in LINEAR_WEIGHTS and name != "embed"}
         packed: dict[tuple, nn.Parameter] = {}
         for module in self.modules():
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
@@ -185,6 +189,9 @@ class HybridModel(nn.Module):
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if key(weight) in packed:
                     setattr(module, name, packed[key(weight)])
+        embed = self.embed  # untied: stays [vocab, hidden], rows contiguous for the lookup
+        if exact_bf16 and key(embed) not in packed and key(embed) not in elsewhere and bf16_exact(embed):
+            self.embed = param(embed.detach().to(torch.bfloat16))
         cpu_blocks.forget(self)  # the blocks' cached weight pointers name the old tensors
         return self
 
@@ -197,6 +204,8 @@ class HybridModel(nn.Module):
         each row's logits at its last valid input."""
         bsz, T = input_ids.shape
         h = self.embed.index_select(0, input_ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
+        if h.dtype != self.dtype:  # an embedding stored in bfloat16 (`pack_for_cpu`), widened exactly
+            h = h.to(self.dtype)
         if self.config.embedding_multiplier != 1.0:
             h = h * self.config.embedding_multiplier
         embeddings = h
