@@ -62,7 +62,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
 
     path: the directory. dtype: cast floating weights to it (default None:
     as stored). device: where the tensors are read to (default "cpu").
-    pack: lay linear weights out for CPU decoding (`HybridModel.pack_for_cpu`;
+    pack: lay linear weights out for CPU decoding (`HybridModel.pack_for_cpu`,
+    which also keeps float32 weights whose values are all bfloat16 values in
+    bfloat16, exactly: load a bf16 checkpoint with dtype=torch.float32 on CPU;
     default None: on CPU).
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise CheckpointError (see
