@@ -181,13 +181,13 @@ def mixer_block(layer, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
 def _mamba2_static(layer) -> _Static:
     mixer, norm = layer.mixer, layer.input_norm
     cfg = mixer.cfg
-    weights = [norm.weight, mixer.in_proj, mixer.out_proj, mixer.conv_weight, mixer.dt_bias, mixer.A_log, mixer.D,
-               *(() if mixer.norm_weight is None else (mixer.norm_weight,)),
+    vectors = [mixer.dt_bias, mixer.A_log, mixer.D, *(() if mixer.norm_weight is None else (mixer.norm_weight,)),
                *(() if mixer.conv_bias is None else (mixer.conv_bias,))]
+    weights = [norm.weight, mixer.in_proj, mixer.out_proj, mixer.conv_weight, *vectors]
     ok = (cfg.norm == "gate_then_norm" and mixer.in_scale is None and mixer.in_bias is None
           and mixer.out_bias is None and cfg.time_step_limit == (0.0, float("inf")) and cfg.d_conv <= 16
-          and _float32_cpu(*weights[:1], *weights[3:]) and _products_take(mixer.in_proj, mixer.out_proj)
-          and mixer.conv_kernel().is_contiguous() and all(w.is_contiguous() for w in weights[4:]))
+          and _float32_cpu(norm.weight, mixer.conv_weight, *vectors) and _products_take(mixer.in_proj, mixer.out_proj)
+          and mixer.conv_kernel().is_contiguous() and all(w.is_contiguous() for w in vectors))
     if not ok:
         return _Static(weights, False)
     A = mixer.decay_rate(torch.float32)  # kept by the mixer until A_log changes
@@ -245,7 +245,8 @@ def _attention_static(layer) -> _Static:
     inv_freq = attention.inv_freq if cfg.use_rope else None
     if inv_freq is not None:
         weights.append(inv_freq)
-    ok = (not cfg.bias and not cfg.out_bias and _float32_cpu(norm.weight, *weights[5:]) and _products_take(*projections)
+    ok = (not cfg.bias and not cfg.out_bias and _float32_cpu(norm.weight, *weights[len(projections) + 1:])
+          and _products_take(*projections)
           and (inv_freq is None or (inv_freq.is_contiguous() and 2 * inv_freq.numel() == cfg.rotary_dim)))
     if not ok:
         return _Static(weights, False)

@@ -1,7 +1,8 @@
 /* Few-row matrix products on x86 CPUs with AVX2 and FMA (AVX-512 where present): y = x @ w.
  *
  * x is [M, K] (rows `ldx` floats apart, unit column stride), w is [K, N]
- * contiguous (input-major: what `HybridModel.pack_for_cpu` stores), y is
+ * contiguous (input-major: what `HybridModel.pack_for_cpu` stores), float32
+ * or its exact bfloat16 copy (see "weight storage" below), y is
  * [M, N] contiguous. Built by `cpu_native.py`, used through `cpu_rows.py` (see there for why).
  *
  * The weight is streamed in memory order, Q rows of w at a time, for groups
@@ -152,7 +153,7 @@ int hs_rows_isa(int choice) {
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) STORE(y + g * ldy + W * v, acc[g][v]);  \
     }
 
-/* y (zeroed) += x @ w with the tiles: blocks of `tile_k` weight rows, then
+/* `tiled_matmul` (cpu_rows_weights.h): y (zeroed) += x @ w with the tiles: blocks of `tile_k` weight rows, then
  * panels of columns, then row groups. A block's rows are contiguous in
  * memory; while one block is multiplied, the tile calls prefetch the next one
  * in memory order (each call a share, a line or two per weight row; with
