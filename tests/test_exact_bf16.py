@@ -15,8 +15,9 @@ import torch
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import cpu_blocks
+from hybridspec.models.ffn import MoE
 from hybridspec.models.hybrid import LINEAR_WEIGHTS
-from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, zamba2
+from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, nemotron_h_moe, zamba2
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
@@ -31,12 +32,16 @@ def bf16_valued(hf):
     return hf
 
 
-STORABLE = LINEAR_WEIGHTS | {"embed"}
+def storable(model):
+    """(name, tensor) of what pack_for_cpu may keep in bfloat16: linear weights, MoE experts, the embedding."""
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
+            if name in LINEAR_WEIGHTS or name == "embed" or (isinstance(module, MoE) and name in ("up", "down")):
+                yield f"{module_name}.{name}".lstrip("."), p
 
 
 def stored(model) -> dict[str, torch.dtype]:
-    return {name: p.dtype for name, p in model.named_parameters(remove_duplicate=False)
-            if name.rsplit(".", 1)[-1] in STORABLE}
+    return {name: p.dtype for name, p in storable(model)}
 
 
 def forwards(model) -> list[torch.Tensor]:
@@ -51,7 +56,7 @@ def forwards(model) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("build", [bamba, jamba, nemotron_h, granite, falcon_h1, zamba2])
+@pytest.mark.parametrize("build", [bamba, jamba, nemotron_h, nemotron_h_moe, granite, falcon_h1, zamba2])
 def test_the_same_logits_from_half_the_weight_memory(build):
     hf = bf16_valued(build(seed=2))
     full = hs.from_hf(hf).pack_for_cpu(exact_bf16=False)
@@ -62,8 +67,7 @@ def test_the_same_logits_from_half_the_weight_memory(build):
     assert compact.dtype is torch.float32 and compact.final_norm.weight.dtype is torch.float32
 
     def stored_bytes(model):
-        return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
-                   if name.rsplit(".", 1)[-1] in STORABLE)
+        return sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for _, p in storable(model)}.values())
     assert 2 * stored_bytes(compact) == stored_bytes(full)
     for want, got in zip(forwards(full), forwards(compact), strict=True):
         assert torch.equal(got, want)

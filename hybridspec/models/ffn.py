@@ -71,13 +71,13 @@ class MoE(nn.Module):
 
     def expert(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Expert `index` on x [tokens, hidden]: down(act(gate)·up) or down(act(up))."""
-        up = F.linear(x, self.up[index])
+        up = linear(x, self.up[index])
         if self.cfg.gated:
             gate, up = up.chunk(2, dim=-1)
             up = activation(self.cfg.activation, gate) * up
         else:
             up = activation(self.cfg.activation, up)
-        return F.linear(up, self.down[index])
+        return linear(up, self.down[index])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

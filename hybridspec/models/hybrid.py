@@ -146,10 +146,12 @@ class HybridModel(nn.Module):
 
     def pack_for_cpu(self, exact_bf16: bool = True) -> "HybridModel":
         """Store every linear weight input-major ([out, in] with its transpose
-        contiguous): one-row products (decode, drafting) then stream the weight
-        in the order MKL's kernel reads fastest — a 185M-parameter Bamba decodes
-        about 1.2–1.35× faster at batch 1 on this project's CPU; at 4+ rows it is
-        the same. Values, shapes and outputs' meaning are unchanged.
+        contiguous; a MoE's experts each so): one-row products (decode,
+        drafting) then stream the weight in the order MKL's kernel reads fastest
+        — a 185M-parameter Bamba decodes about 1.2–1.35× faster at batch 1 on
+        this project's CPU; at 4+ rows it is the same — and the native few-row
+        kernel takes them (`linear`). Values, shapes and outputs' meaning are
+        unchanged.
 
         With `exact_bf16` (default), a float32 linear weight or embedding whose
         every value is a bfloat16 value (a checkpoint stored in bf16 and loaded
@@ -169,21 +171,26 @@ class HybridModel(nn.Module):
         def key(weight):  # one tensor's memory, a view of another included
             return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
+        def products(module, name: str, weight) -> bool:  # a linear weight, or a MoE's stack of experts'
+            return ((name in LINEAR_WEIGHTS and weight.dim() == 2)
+                    or (isinstance(module, MoE) and name in ("up", "down") and weight.dim() == 3))
+
         elsewhere = {key(weight) for module in self.modules()  # weights some other parameter also is
                      for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
-                     if name not in LINEAR_WEIGHTS and name != "embed"}
+                     if not products(module, name, weight) and name != "embed"}
         packed: dict[tuple, nn.Parameter] = {}
         for module in self.modules():
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                if name not in LINEAR_WEIGHTS or weight.dim() != 2:
+                if not products(module, name, weight):
                     continue
                 compact = exact_bf16 and key(weight) not in elsewhere and bf16_exact(weight)
-                if weight.t().is_contiguous() and not compact:
+                if weight.transpose(-1, -2).is_contiguous() and not compact:
                     continue
                 new = packed.get(key(weight))
                 if new is None:
-                    stored = weight.detach().t().contiguous()
-                    new = packed[key(weight)] = param((stored.to(torch.bfloat16) if compact else stored).t())
+                    stored = weight.detach().transpose(-1, -2).contiguous()  # [..., in, out]
+                    new = packed[key(weight)] = param((stored.to(torch.bfloat16) if compact else stored)
+                                                      .transpose(-1, -2))
                 setattr(module, name, new)
         for module in self.modules():  # weights tied to a packed one (an embedding tied to lm_head)
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
