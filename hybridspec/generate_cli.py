@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'coupled' makes sampled output identical to plain decoding with the same seed")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps (default cpu)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
-                        help="dtype of the model weights (default: the checkpoint's)")
+                        help="dtype the model computes in (default: float32 on a CPU, where a bf16 checkpoint's "
+                             "linear weights stay bf16 in memory, exactly; the checkpoint's elsewhere)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads on CPU (default: 1 for models of hidden size < 2048 such as "
                              "the embedded pair, torch's default otherwise)")
@@ -151,12 +152,12 @@ def build_llm(args: argparse.Namespace):
     import hybridspec as hs
     from .cli_args import torch_device
     from .codec import TokenizerCodec, load_tokenizer
-    from .llm import DTYPES, as_codec, model_eos_ids
+    from .llm import DTYPES, as_codec, load_dtype, model_eos_ids
     check_counts(args)
     prompt_text = read_prompt(args.prompt)
     device = torch_device("--device", args.device)
     target, draft, target_dir, target_name, draft_name = load_models(
-        args, None if args.dtype is None else DTYPES[args.dtype], device)
+        args, load_dtype(None if args.dtype is None else DTYPES[args.dtype], device), device)
     tokenizer = TokenizerCodec(load_tokenizer(args.tokenizer, "--tokenizer"), args.tokenizer) if args.tokenizer \
         else None
     codec = as_codec(tokenizer, args.model, target.vocab_size)

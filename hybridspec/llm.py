@@ -73,8 +73,9 @@ class LLM:
         `Engine` (γ = 4, a snapshot after every verify input, "rejection",
         16 sequences, the model's limit up to 4096 tokens, no prefix cache).
     device: torch device to load onto (default "cpu"); dtype: "float32",
-        "bfloat16", "float16", "float64" or a torch.dtype (default: the
-        checkpoint's).
+        "bfloat16", "float16", "float64" or a torch.dtype (default: float32
+        on a CPU, where a bf16 checkpoint's linear weights and embedding
+        stay bfloat16 in memory, exactly; the checkpoint's own elsewhere).
     threads: torch intra-op threads for CPU runs (a process-wide torch
         setting); default None: `hybridspec.threads.default_threads` (1 for
         the embedded pair).
@@ -92,7 +93,7 @@ class LLM:
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
                  max_batch_size: int = 16, max_model_len: int | None = None,
                  eos_token_ids: Iterable[int] | None = None, prefix_cache=None):
-        dtype = model_dtype(dtype)
+        dtype = load_dtype(model_dtype(dtype), device)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
         self.target = as_model(embedded_target if model is None else model, dtype, device)
         if draft == DEFAULT_DRAFT:
@@ -157,8 +158,19 @@ def model_dtype(dtype) -> torch.dtype | None:
         return dtype
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}, a torch.dtype, or None for the "
-                          "checkpoint's")
+                          "default (float32 on CPU, else the checkpoint's)")
     return DTYPES[dtype]
+
+
+def load_dtype(dtype: torch.dtype | None, device) -> torch.dtype | None:
+    """The dtype a checkpoint is loaded in: `dtype`, or by default float32 on a
+    CPU (the native kernels run float32; a bf16 checkpoint's linear weights
+    and embedding stay bfloat16 in memory, exactly: `HybridModel.pack_for_cpu`;
+    bf16 compute through torch ran a 35.8M Bamba's decode step 4.5x slower)
+    and the checkpoint's own elsewhere."""
+    if dtype is None and torch.device(device).type == "cpu":
+        return torch.float32
+    return dtype
 
 
 def as_model(model, dtype, device) -> HybridModel:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import hybridspec as hs
 from hybridspec.errors import ConfigError, InvalidRequestError
@@ -117,3 +118,18 @@ def test_help_imports_neither_torch_nor_a_subcommand():
                      "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
                      "print('torch' in sys.modules, 'hybridspec.generate_cli' in sys.modules)")
     assert out.strip().splitlines()[-1] == "False False"
+
+
+def test_a_bf16_checkpoint_on_cpu_computes_in_float32_from_bf16_weights(tmp_path):
+    """By default on a CPU the model computes in float32 (the native kernels),
+    its linear weights and embedding kept in bfloat16, exactly; dtype= still
+    chooses."""
+    from oracles import bamba
+    bamba(seed=1, vocab=256).to(torch.bfloat16).save_pretrained(tmp_path)
+    llm = hs.LLM(str(tmp_path), draft=None, max_batch_size=1, max_model_len=64)
+    assert llm.target.dtype is torch.float32
+    assert llm.target.embed.dtype is torch.bfloat16 and llm.target.lm_head.dtype is torch.bfloat16
+    assert hs.LLM(str(tmp_path), draft=None, dtype="bfloat16", max_batch_size=1, max_model_len=64).target.dtype \
+        is torch.bfloat16
+    [out] = llm.generate(["ab"], hs.SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4
