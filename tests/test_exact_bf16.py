@@ -115,14 +115,18 @@ def test_an_embedding_tied_to_the_lm_head_is_stored_once_in_bfloat16():
         assert torch.equal(got, want)
 
 
-def test_a_bf16_checkpoint_loaded_as_float32_keeps_bf16_storage(tmp_path):
-    """`hs.load(dir, dtype=torch.float32)` of a checkpoint saved in bfloat16 packs
-    its linear weights and embedding in bfloat16 (exact), float32 compute; the
-    logits are those of the float32 copy (`pack_for_cpu(exact_bf16=False)`)."""
-    bamba(seed=8).to(torch.bfloat16).save_pretrained(tmp_path)
+@pytest.mark.parametrize("build", [bamba, jamba, nemotron_h_moe, falcon_h1, zamba2])
+def test_a_bf16_checkpoint_loaded_as_float32_keeps_bf16_storage(tmp_path, build):
+    """`hs.load(dir, dtype=torch.float32)` of a checkpoint saved in bfloat16 keeps
+    its linear weights, experts and embedding in bfloat16 (never widening them
+    on the way) and everything else in float32; the logits are those of the
+    float32 copy (`pack_for_cpu(exact_bf16=False)`)."""
+    build(seed=8).to(torch.bfloat16).save_pretrained(tmp_path)
     model = hs.load(tmp_path, dtype=torch.float32)
     assert model.dtype is torch.float32
     assert set(stored(model).values()) == {torch.bfloat16}
+    products = {p.data_ptr() for _, p in storable(model)}
+    assert all(p.dtype is torch.float32 for p in model.parameters() if p.data_ptr() not in products)
     full = hs.load(tmp_path, dtype=torch.float32, pack=False).pack_for_cpu(exact_bf16=False)
     assert set(stored(full).values()) == {torch.float32}
     for want, got in zip(forwards(full), forwards(model), strict=True):

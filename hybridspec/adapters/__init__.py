@@ -11,7 +11,7 @@ import torch
 
 from ..config import HybridConfig
 from ..errors import CheckpointError, ConfigError, UnsupportedModelError
-from ..models.hybrid import HybridModel
+from ..models.hybrid import HybridModel, bf16_candidate
 from .checkpoint_files import describe_files, read_config, read_weights
 from .common import unmatched
 from .validate import check_weights
@@ -85,12 +85,18 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     state, file_of = read_weights(path, device)
     weights = _checked(config, to_canonical, state, rules, describe_files(path, sorted(set(file_of.values()))),
                        file_of)
-    if dtype is not None:
-        weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq") else v)
-                   for k, v in weights.items()}
-    model = HybridModel(config, weights)
     if pack is None:
         pack = torch.device(device).type == "cpu"
+    if dtype is not None:
+        # packed for float32 compute, a bfloat16 product weight or embedding is kept as it is (what
+        # pack_for_cpu stores, exactly): no float32 copy of the whole model on the way
+        keep = pack and dtype is torch.float32
+        weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq")
+                       and not (keep and v.dtype is torch.bfloat16 and bf16_candidate(k)) else v)
+                   for k, v in weights.items()}
+    del state  # the model holds what it uses: packing frees each original as it copies it
+    model = HybridModel(config, weights)
+    del weights
     if pack:
         model.pack_for_cpu()
     return model

@@ -34,6 +34,17 @@ LINEAR_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "
                             "out_proj", "x_proj", "dt_proj", "lm_head"})
 
 
+def bf16_candidate(name: str) -> bool:
+    """Whether a canonical weight name is one `pack_for_cpu` may keep in bfloat16
+    under float32 compute (a linear weight, a MoE's expert stack, the embedding),
+    so that `load` need not widen it first; pack_for_cpu widens whatever else a
+    float32 model holds in bfloat16."""
+    parts = name.split(".")
+    return (name == "embed_tokens.weight" or name.endswith(("experts.gate_up_proj", "experts.up_proj",
+                                                             "experts.down_proj"))
+            or (len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEAR_WEIGHTS))
+
+
 def bf16_exact(weight: torch.Tensor) -> bool:
     """Whether a float32 weight's every value is a bfloat16 value (a bf16 checkpoint's, widened)."""
     if weight.dtype is not torch.float32:
@@ -178,27 +189,45 @@ class HybridModel(nn.Module):
         elsewhere = {key(weight) for module in self.modules()  # weights some other parameter also is
                      for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                      if not products(module, name, weight) and name != "embed"}
+        float32 = self.dtype is torch.float32
+
+        def storage(weight) -> torch.dtype:
+            """bfloat16 where that is exact and allowed; a bfloat16 weight of a float32 model (`load`'s) else
+            widened; any other weight as it is."""
+            if float32 and exact_bf16 and key(weight) not in elsewhere and (
+                    weight.dtype is torch.bfloat16 or bf16_exact(weight)):
+                return torch.bfloat16
+            return torch.float32 if float32 and weight.dtype is torch.bfloat16 else weight.dtype
+
         packed: dict[tuple, nn.Parameter] = {}
         for module in self.modules():
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if not products(module, name, weight):
                     continue
-                compact = exact_bf16 and key(weight) not in elsewhere and bf16_exact(weight)
-                if weight.transpose(-1, -2).is_contiguous() and not compact:
+                dtype = storage(weight)
+                if weight.transpose(-1, -2).is_contiguous() and dtype is weight.dtype:
                     continue
                 new = packed.get(key(weight))
                 if new is None:
                     stored = weight.detach().transpose(-1, -2).contiguous()  # [..., in, out]
-                    new = packed[key(weight)] = param((stored.to(torch.bfloat16) if compact else stored)
-                                                      .transpose(-1, -2))
+                    new = packed[key(weight)] = param(stored.to(dtype).transpose(-1, -2))
                 setattr(module, name, new)
         for module in self.modules():  # weights tied to a packed one (an embedding tied to lm_head)
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if key(weight) in packed:
                     setattr(module, name, packed[key(weight)])
         embed = self.embed  # untied: stays [vocab, hidden], rows contiguous for the lookup
-        if exact_bf16 and key(embed) not in packed and key(embed) not in elsewhere and bf16_exact(embed):
-            self.embed = param(embed.detach().to(torch.bfloat16))
+        if key(embed) not in packed and storage(embed) is not embed.dtype:
+            self.embed = param(embed.detach().to(storage(embed)))
+        if float32:  # anything else `load` left in bfloat16 takes the float32 model's own dtype
+            chosen = {key(p) for p in packed.values()} | {key(self.embed)}
+            widened: dict[tuple, nn.Parameter] = {}  # tied weights stay tied
+            for module in self.modules():
+                for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+                    if weight.dtype is torch.bfloat16 and key(weight) not in chosen:
+                        if key(weight) not in widened:
+                            widened[key(weight)] = param(weight.detach().to(torch.float32))
+                        setattr(module, name, widened[key(weight)])
         cpu_blocks.forget(self)  # the blocks' cached weight pointers name the old tensors
         return self
 
