@@ -1,6 +1,6 @@
 """Exact bfloat16 weight storage: a float32 model whose weights are bfloat16
 values (a bf16 checkpoint loaded as float32, as hybrid checkpoints ship) with
-its linear weights stored in float32 (`pack_for_cpu(exact_bf16=False)`) and
+its linear weights stored in float32 (`pack_for_cpu(exact_16bit=False)`) and
 in bfloat16 (the default: the kernels widen each weight as they load it),
 side by side in one process.
 
@@ -45,7 +45,7 @@ def bf16_valued_(hf):
 
 
 def both_storages(hf) -> dict[str, hs.HybridModel]:
-    return {"float32": hs.from_hf(hf).pack_for_cpu(exact_bf16=False), "bfloat16": hs.from_hf(hf).pack_for_cpu()}
+    return {"float32": hs.from_hf(hf).pack_for_cpu(exact_16bit=False), "bfloat16": hs.from_hf(hf).pack_for_cpu()}
 
 
 def weights_mib(model) -> float:

@@ -14,6 +14,7 @@
  * block finds wrong, when only the slots and pages the plan reserved for
  * this forward may have been written and the caller aborts it).
  */
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -55,13 +56,18 @@ int hs_forward(const hs_forward_args *a) {
     if (3 * rows * hidden + need > a->work_size) return -1;
     for (int64_t r = 0; r < rows; ++r)
         if (a->ids[r] < 0 || a->ids[r] >= a->vocab) return -2;
-    const uintptr_t embed = (uintptr_t)a->embed;
-    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied (a bfloat16 table's widened) */
-        if (embed & HS_BF16_WEIGHT) {
-            const uint16_t *e = (const uint16_t *)(embed & ~(uintptr_t)HS_BF16_WEIGHT) + a->ids[r] * a->embed_row;
+    const uintptr_t embed = (uintptr_t)a->embed, type = embed & HS_WEIGHT_TYPE;
+    if (type == HS_WEIGHT_TYPE) return -1;
+    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied (a 16-bit table's widened) */
+        if (type) {
+            const uint16_t *e = (const uint16_t *)(embed & ~(uintptr_t)HS_WEIGHT_TYPE) + a->ids[r] * a->embed_row;
             for (int64_t c = 0; c < hidden; ++c) {
-                const uint32_t bits = (uint32_t)e[c * a->embed_col] << 16;
-                memcpy(h + r * hidden + c, &bits, sizeof bits);
+                const uint16_t v = e[c * a->embed_col];
+                if (type == HS_F16_WEIGHT) h[r * hidden + c] = _cvtsh_ss(v);
+                else {
+                    const uint32_t bits = (uint32_t)v << 16;
+                    memcpy(h + r * hidden + c, &bits, sizeof bits);
+                }
             }
             continue;
         }

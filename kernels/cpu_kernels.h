@@ -13,10 +13,13 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts);
 int hs_set_threads(int threads);
 int hs_threads(void);
 
-/* The products' weights (`w` here, the blocks' `*_t` and the LM head): the address of float32
- * data, or of bfloat16 data with this bit set (an exact copy of a float32 weight whose every
- * value is a bfloat16 one; cpu_rows.c, "weight storage"). The other kernels pass them on. */
+/* The products' weights (`w` here, the blocks' `*_t`, the LM head and the embedding): the
+ * address of float32 data, or of bfloat16 / float16 data with HS_BF16_WEIGHT / HS_F16_WEIGHT
+ * set (an exact copy of a float32 weight whose every value is a bfloat16 / float16 one, at least
+ * 4-byte aligned; cpu_rows.c, "weight storage"). The other kernels pass them on. */
 #define HS_BF16_WEIGHT 1
+#define HS_F16_WEIGHT 2
+#define HS_WEIGHT_TYPE 3 /* the bits that say the type */
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
 int hs_rows_isa(int choice);
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
@@ -77,7 +80,7 @@ typedef struct {
     const hs_layer *layers;
     int64_t num_layers;
     const int64_t *ids;                 /* [batch, T] token ids */
-    const float *embed;                 /* [vocab, hidden] at strides (embed_row, embed_col); HS_BF16_WEIGHT */
+    const float *embed;                 /* [vocab, hidden] at strides (embed_row, embed_col); HS_WEIGHT_TYPE */
     int64_t embed_row, embed_col, batch, T, hidden, vocab;
     const int64_t *src, *snap;          /* the slot plan: [batch] and [batch, T] */
     const int64_t *slot_mapping, *block_tables, *context_lens, *query_lens;  /* the K/V plan */

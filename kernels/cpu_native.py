@@ -5,7 +5,7 @@ bits, `cpu_rows.vector_path`) built on first use and called through ctypes.
 Six kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`
-  (weights float32 or their exact bfloat16 copies, `cpu_rows_weights.h`);
+  (weights float32 or their exact bfloat16 / float16 copies, `cpu_rows_weights.h`);
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu_mamba1.c` (`cpu_mamba1.py`): the same for the Mamba-1 mixer;
@@ -58,7 +58,7 @@ HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD
                 for name in ("cpu_simd.h", "cpu_kernels.h", "cpu_rows_weights.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu_rope.c) keep it under any compiler's default
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")
 BUILD_TIMEOUT_S = 300  # a compiler that has not finished by then is taken as failed
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -224,20 +224,21 @@ def takes(*tensors: torch.Tensor) -> bool:
     return available()
 
 
-BF16_WEIGHT = 1  # HS_BF16_WEIGHT (cpu_kernels.h): the bit of a product weight's address that says bfloat16
+# HS_BF16_WEIGHT, HS_F16_WEIGHT (cpu_kernels.h): the bits of a product weight's address that say its type
+WEIGHT_TYPE_BITS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def weight_dtype_ok(weight: torch.Tensor) -> bool:
-    """Whether the products take this weight's storage: float32, or bfloat16 (an
-    exact copy of a float32 weight, `HybridModel.pack_for_cpu`), on the CPU."""
-    return weight.dtype in (torch.float32, torch.bfloat16) and weight.is_cpu
+    """Whether the products take this weight's storage: float32, or bfloat16 or
+    float16 (an exact copy of a float32 weight, `HybridModel.pack_for_cpu`,
+    4-byte aligned so that its address can carry the type), on the CPU."""
+    return weight.dtype in WEIGHT_TYPE_BITS and weight.is_cpu and weight.data_ptr() % 4 == 0
 
 
 def weight_address(weight: torch.Tensor) -> int:
-    """A product weight's address as the kernels take it: bfloat16 data carries
-    BF16_WEIGHT (cpu_rows.c, "weight storage")."""
-    address = weight.data_ptr()
-    return address | BF16_WEIGHT if weight.dtype is torch.bfloat16 else address
+    """A product weight's address as the kernels take it: 16-bit data carries
+    its type's bit (cpu_rows.c, "weight storage")."""
+    return weight.data_ptr() | WEIGHT_TYPE_BITS[weight.dtype]
 
 
 def takes_forward(plan, *tensors: torch.Tensor) -> bool:

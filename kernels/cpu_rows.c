@@ -173,12 +173,13 @@ int hs_rows_isa(int choice) {
  * chain stays k = 0, 1, …, K - 1. */
 
 /* -- weight storage ---------------------------------------------------------------------------
- * A weight is float32, or bfloat16 where every value of it is one (a checkpoint stored in bf16,
- * loaded as float32: `HybridModel.pack_for_cpu`). A bfloat16 value is the top half of its
- * float32, so the loops widen each weight exactly as they load it (a shift) and run the same
- * float32 chains: the same bits as the float32 copy, from half the bytes, which is what a
- * decode step streaming its weights from memory is bound by. The pointer names the type: bit 0
- * set (HS_BF16_WEIGHT, cpu_kernels.h) for bfloat16; every loop is compiled once per type from
+ * A weight is float32, or bfloat16 or float16 where every value of it is one (a checkpoint
+ * stored in bf16 or fp16, loaded as float32: `HybridModel.pack_for_cpu`). Either converts to
+ * float32 exactly (a bfloat16 value is the top half of its float32: a shift; float16 by the
+ * F16C conversion), so the loops widen each weight as they load it and run the same float32
+ * chains: the same bits as the float32 copy, from half the bytes, which is what a decode step
+ * streaming its weights from memory is bound by. The pointer names the type (HS_WEIGHT_TYPE,
+ * cpu_kernels.h: bit 0 bfloat16, bit 1 float16); every loop is compiled once per type from
  * cpu_rows_weights.h. */
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -192,6 +193,11 @@ static inline float bf16_value(uint16_t v) {
     memcpy(&f, &bits, sizeof f);
     return f;
 }
+static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+TARGET512 static inline __m512 f16x16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
 #define WS_PASTE(name, type) name##_##type
 #define WS_NAME(name, type) WS_PASTE(name, type)
 #define WS(name) WS_NAME(name, W_TYPE_NAME)
@@ -229,6 +235,16 @@ static inline float bf16_value(uint16_t v) {
 #define WSCALAR(v) bf16_value(v)
 #define W_PER_LINE 32
 #include "cpu_rows_weights.h"
+#undef W_TYPE_NAME
+#undef WLOAD8
+#undef WLOAD16
+#undef WSCALAR
+
+#define W_TYPE_NAME f16  /* the same 16-bit weights and widened tiles, the F16C conversion */
+#define WLOAD8 f16x8
+#define WLOAD16 f16x16
+#define WSCALAR(v) f16_value(v)
+#include "cpu_rows_weights.h"
 
 /* -- threads ------------------------------------------------------------------------------
  * With more than one thread (`hs_set_threads`), a product of at least
@@ -240,16 +256,17 @@ static inline float bf16_value(uint16_t v) {
 
 typedef struct {
     const float *x;
-    const void *w;  /* untagged; bf16: its type */
+    const void *w;  /* untagged; type: its HS_WEIGHT_TYPE bits */
     float *y;
     int64_t ldx, M, K, N;
-    int bf16;
+    int type;
 } product_job;
 
 /* columns c0 <= n < c1 of the product into y (rows ldy floats apart), by the weight's type */
 static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
                             int parts) {
-    if (j->bf16) product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+    if (j->type == HS_BF16_WEIGHT) product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+    else if (j->type == HS_F16_WEIGHT) product_columns_f16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
     else product_columns_f32(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
 }
 
@@ -283,7 +300,7 @@ static void product_part(void *ctx, int part, int parts) {
 }
 
 /* y[M, N] = x[M, K] @ w[K, N]; returns 0, or -1 for sizes it does not take.
- * w: float32, or bfloat16 with HS_BF16_WEIGHT set in its address (see
+ * w: float32, or bfloat16 / float16 with HS_BF16_WEIGHT / HS_F16_WEIGHT set in its address (see
  * "weight storage" above). Rows split into balanced groups of at most
  * GROUP_ROWS (or tiles); columns over the threads (see above). */
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y) {
@@ -291,8 +308,9 @@ int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64
     if (M == 0 || N == 0) return 0;
     if (isa512 < 0) hs_rows_isa(-1);
     const int threads = hs_threads(), parts = threads < N / 64 ? threads : (int)(N / 64);
-    const int bf16 = ((uintptr_t)w & HS_BF16_WEIGHT) != 0;
-    const product_job job = {x, (const void *)((uintptr_t)w & ~(uintptr_t)HS_BF16_WEIGHT), y, ldx, M, K, N, bf16};
+    const int type = (int)((uintptr_t)w & HS_WEIGHT_TYPE);
+    if (type == HS_WEIGHT_TYPE) return -1;
+    const product_job job = {x, (const void *)((uintptr_t)w & ~(uintptr_t)HS_WEIGHT_TYPE), y, ldx, M, K, N, type};
     if (parts > 1 && M * K * N >= PARALLEL_MIN_MACS && hs_parallel(product_part, (void *)&job, parts)) return 0;
     product_columns(&job, y, N, 0, N, 0, 1);
     return 0;

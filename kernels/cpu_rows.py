@@ -16,8 +16,9 @@ same bits. It is built and loaded with the other native CPU kernels (`cpu_native
 Used by `models.common.linear` when every condition holds: float32 CPU
 tensors, at most `MAX_ROWS` rows, an input-major contiguous weight (what
 `HybridModel.pack_for_cpu` stores; `hs.load` packs on CPU), float32 or its
-exact bfloat16 copy (pack_for_cpu's `exact_bf16`: the kernel widens each
-weight as it loads it, the same bits from half the bytes), no autograd, and
+exact bfloat16 or float16 copy (pack_for_cpu's `exact_16bit`: the kernel
+widens each weight as it loads it, the same bits from half the bytes), no
+autograd, and
 the native kernels on (`cpu_native.available`). With more than one torch
 thread the kernel splits a product's columns over that many threads (helpers
 it keeps, `cpu_native.sync_threads`). Each output is the fused multiply-add

@@ -249,20 +249,22 @@ def test_an_unsupported_cpu_takes_the_torch_paths_quietly(monkeypatch, recwarn):
 
 
 @x86_with_compiler
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("K,N", [(3, 7), (5, 13), (64, 8), (129, 257), (300, 1160), (600, 1000), (130, 2048),
                                  (520, 2048), (1100, 1000), (7, 4101)])
-def test_a_bfloat16_weight_gives_the_bits_of_its_float32_copy(both_vector_paths, K, N):
-    """A weight whose values are bfloat16 values, stored in bfloat16: every
+def test_a_16bit_weight_gives_the_bits_of_its_float32_copy(both_vector_paths, K, N, half):
+    """A weight whose values are bfloat16 (float16) values, stored so: every
     path (the steps below 5 rows, the tiles in L2 and streamed from memory,
     each row group widening what it loads or, from three groups, one widened
     float32 copy of each panel's block; the panel copy where rows lie a
     multiple of 4 KiB apart — N = 2048 in bfloat16 — the 8-column AVX2
     vector and the columns past it) widens each
     weight as it loads it and gives the float32 copy's bits, on either vector
-    path and split over two threads."""
+    path and split over two threads. (N = 2048 lies 4 KiB apart in either
+    16-bit type.)"""
     g = torch.Generator().manual_seed(K * 3 + N)
-    w32 = torch.randn(K, N, generator=g).to(torch.bfloat16).float()
-    w16 = w32.to(torch.bfloat16)
+    w32 = torch.randn(K, N, generator=g).to(half).float()
+    w16 = w32.to(half)
     x = torch.randn(48, K, generator=g)
     rows = (1, 2, 4, 5, 9, 10, 23, 24, 39, 40, 48)
     for path_outputs in both_vector_paths(lambda: [(cpu_rows.rows_matmul(x[:M], w32), cpu_rows.rows_matmul(x[:M], w16))

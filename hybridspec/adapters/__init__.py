@@ -11,7 +11,7 @@ import torch
 
 from ..config import HybridConfig
 from ..errors import CheckpointError, ConfigError, UnsupportedModelError
-from ..models.hybrid import HybridModel, bf16_candidate
+from ..models.hybrid import HALF_DTYPES, HybridModel, storable_16bit
 from .checkpoint_files import describe_files, read_config, read_weights
 from .common import unmatched
 from .validate import check_weights
@@ -63,9 +63,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     path: the directory. dtype: cast floating weights to it (default None:
     as stored). device: where the tensors are read to (default "cpu").
     pack: lay linear weights out for CPU decoding (`HybridModel.pack_for_cpu`,
-    which also keeps float32 weights whose values are all bfloat16 values in
-    bfloat16, exactly: load a bf16 checkpoint with dtype=torch.float32 on CPU;
-    default None: on CPU).
+    which also keeps float32 weights whose values are all bfloat16 or float16
+    values in that type, exactly: load a bf16 or fp16 checkpoint with
+    dtype=torch.float32 on CPU; default None: on CPU).
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise CheckpointError (see
     `checkpoint_files`, `validate`)."""
@@ -88,11 +88,11 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     if pack is None:
         pack = torch.device(device).type == "cpu"
     if dtype is not None:
-        # packed for float32 compute, a bfloat16 product weight or embedding is kept as it is (what
+        # packed for float32 compute, a 16-bit product weight or embedding is kept as it is (what
         # pack_for_cpu stores, exactly): no float32 copy of the whole model on the way
         keep = pack and dtype is torch.float32
         weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq")
-                       and not (keep and v.dtype is torch.bfloat16 and bf16_candidate(k)) else v)
+                       and not (keep and v.dtype in HALF_DTYPES and storable_16bit(k)) else v)
                    for k, v in weights.items()}
     del state  # the model holds what it uses: packing frees each original as it copies it
     model = HybridModel(config, weights)

@@ -34,23 +34,26 @@ LINEAR_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "
                             "out_proj", "x_proj", "dt_proj", "lm_head"})
 
 
-def bf16_candidate(name: str) -> bool:
+HALF_DTYPES = (torch.bfloat16, torch.float16)  # what pack_for_cpu may keep weights in under float32 compute
+
+
+def storable_16bit(name: str) -> bool:
     """Whether a canonical weight name is one `pack_for_cpu` may keep in bfloat16
-    under float32 compute (a linear weight, a MoE's expert stack, the embedding),
-    so that `load` need not widen it first; pack_for_cpu widens whatever else a
-    float32 model holds in bfloat16."""
+    or float16 under float32 compute (a linear weight, a MoE's expert stack, the
+    embedding), so that `load` need not widen it first; pack_for_cpu widens
+    whatever else a float32 model holds in 16 bits."""
     parts = name.split(".")
     return (name == "embed_tokens.weight" or name.endswith(("experts.gate_up_proj", "experts.up_proj",
                                                              "experts.down_proj"))
             or (len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEAR_WEIGHTS))
 
 
-def bf16_exact(weight: torch.Tensor) -> bool:
-    """Whether a float32 weight's every value is a bfloat16 value (a bf16 checkpoint's, widened)."""
+def exact_in(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a float32 weight's every value is a `dtype` value (a checkpoint's stored in it, widened)."""
     if weight.dtype is not torch.float32:
         return False
     with torch.no_grad():
-        return bool(torch.equal(weight, weight.to(torch.bfloat16).to(torch.float32)))
+        return bool(torch.equal(weight, weight.to(dtype).to(torch.float32)))
 
 
 class DecoderLayer(nn.Module):
@@ -155,7 +158,7 @@ class HybridModel(nn.Module):
         """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
         return [self.layers[i].recurrent for i in self.config.mamba_layers]
 
-    def pack_for_cpu(self, exact_bf16: bool = True) -> "HybridModel":
+    def pack_for_cpu(self, exact_16bit: bool = True) -> "HybridModel":
         """Store every linear weight input-major ([out, in] with its transpose
         contiguous; a MoE's experts each so): one-row products (decode,
         drafting) then stream the weight in the order MKL's kernel reads fastest
@@ -164,12 +167,13 @@ class HybridModel(nn.Module):
         kernel takes them (`linear`). Values, shapes and outputs' meaning are
         unchanged.
 
-        With `exact_bf16` (default), a float32 linear weight or embedding whose
+        With `exact_16bit` (default), a float32 linear weight or embedding whose
         every value is a bfloat16 value (a checkpoint stored in bf16 and loaded
-        as float32, as most hybrid checkpoints are) is stored in bfloat16: the
-        native products widen each weight exactly as they load it and the
-        embedding lookup widens its rows, so the logits are the same bits from
-        half the weight memory, and a decode step that streams its weights from
+        as float32, as most hybrid checkpoints are), or else a float16 value
+        (mamba_ssm's fp16 checkpoints), is stored in that type: the native
+        products widen each weight exactly as they load it and the embedding
+        lookup widens its rows, so the logits are the same bits from half the
+        weight memory, and a decode step that streams its weights from
         memory reads half the bytes (`kernels/cpu_rows.c`, "weight storage";
         torch's products widen a copy). The compute dtype (`dtype`) stays the
         final norm's; norms, biases and the other vectors keep theirs, and so
@@ -192,12 +196,13 @@ class HybridModel(nn.Module):
         float32 = self.dtype is torch.float32
 
         def storage(weight) -> torch.dtype:
-            """bfloat16 where that is exact and allowed; a bfloat16 weight of a float32 model (`load`'s) else
-            widened; any other weight as it is."""
-            if float32 and exact_bf16 and key(weight) not in elsewhere and (
-                    weight.dtype is torch.bfloat16 or bf16_exact(weight)):
-                return torch.bfloat16
-            return torch.float32 if float32 and weight.dtype is torch.bfloat16 else weight.dtype
+            """bfloat16, else float16, where that is exact and allowed; a 16-bit weight of a float32 model
+            (`load`'s) else widened; any other weight as it is."""
+            if float32 and exact_16bit and key(weight) not in elsewhere:
+                for half in HALF_DTYPES:
+                    if weight.dtype is half or exact_in(weight, half):
+                        return half
+            return torch.float32 if float32 and weight.dtype in HALF_DTYPES else weight.dtype
 
         packed: dict[tuple, nn.Parameter] = {}
         for module in self.modules():
@@ -219,12 +224,12 @@ class HybridModel(nn.Module):
         embed = self.embed  # untied: stays [vocab, hidden], rows contiguous for the lookup
         if key(embed) not in packed and storage(embed) is not embed.dtype:
             self.embed = param(embed.detach().to(storage(embed)))
-        if float32:  # anything else `load` left in bfloat16 takes the float32 model's own dtype
+        if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
             chosen = {key(p) for p in packed.values()} | {key(self.embed)}
             widened: dict[tuple, nn.Parameter] = {}  # tied weights stay tied
             for module in self.modules():
                 for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                    if weight.dtype is torch.bfloat16 and key(weight) not in chosen:
+                    if weight.dtype in HALF_DTYPES and key(weight) not in chosen:
                         if key(weight) not in widened:
                             widened[key(weight)] = param(weight.detach().to(torch.float32))
                         setattr(module, name, widened[key(weight)])

@@ -1,8 +1,8 @@
-"""Linear weights and embeddings stored in bfloat16 where every value is one
-(`pack_for_cpu`'s `exact_bf16`, `kernels/cpu_rows.c` "weight storage"): a
-float32 model whose weights came from a bf16 checkpoint gives the same
-logits, bit for bit, with its linear weights and embedding in half the
-memory — in every family, for prefills the blocks run and prefills past them
+"""Linear weights and embeddings stored in bfloat16 (or float16) where every
+value is one (`pack_for_cpu`'s `exact_16bit`, `kernels/cpu_rows.c` "weight
+storage"): a float32 model whose weights came from a bf16 (fp16) checkpoint
+gives the same logits, bit for bit, with its linear weights and embedding in
+half the memory — in every family, for prefills the blocks run and prefills past them
 (torch's products of a widened copy), decode steps, snapshotted multi-input
 forwards and generate, with the embedding tied to the LM head or not; weights
 with other values and float64 models keep their storage, and the compute
@@ -23,13 +23,16 @@ from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_threa
 pytestmark = x86_with_compiler
 
 
-def bf16_valued(hf):
-    """The HF model in float32 with every parameter rounded to a bfloat16 value (a bf16 checkpoint, widened)."""
+def bf16_valued(hf, half: torch.dtype = torch.bfloat16):
+    """The HF model in float32 with every parameter rounded to a `half` value (a bf16 / fp16 checkpoint, widened)."""
     hf = hf.to(torch.float32)
     with torch.no_grad():
         for p in hf.parameters():
-            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+            p.copy_(p.to(half).to(torch.float32))
     return hf
+
+
+HALVES = [torch.bfloat16, torch.float16]
 
 
 def storable(model):
@@ -56,13 +59,14 @@ def forwards(model) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("half", HALVES)
 @pytest.mark.parametrize("build", [bamba, jamba, nemotron_h, nemotron_h_moe, granite, falcon_h1, zamba2])
-def test_the_same_logits_from_half_the_weight_memory(build):
-    hf = bf16_valued(build(seed=2))
-    full = hs.from_hf(hf).pack_for_cpu(exact_bf16=False)
+def test_the_same_logits_from_half_the_weight_memory(build, half):
+    hf = bf16_valued(build(seed=2), half)
+    full = hs.from_hf(hf).pack_for_cpu(exact_16bit=False)
     compact = hs.from_hf(hf).pack_for_cpu()
     dtypes = stored(compact)
-    assert dtypes and set(dtypes.values()) == {torch.bfloat16}, dtypes
+    assert dtypes and set(dtypes.values()) == {half}, dtypes
     assert set(stored(full).values()) == {torch.float32}
     assert compact.dtype is torch.float32 and compact.final_norm.weight.dtype is torch.float32
 
@@ -80,9 +84,9 @@ def test_plain_and_speculative_generate_give_the_same_tokens():
     params = hs.SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = [[5, 9, 14, 3, 22], [7, 8, 30]]
     tokens = []
-    for exact_bf16 in (False, True):
-        target = hs.from_hf(hf).pack_for_cpu(exact_bf16=exact_bf16)
-        draft = hs.from_hf(draft_hf).pack_for_cpu(exact_bf16=exact_bf16)
+    for exact_16bit in (False, True):
+        target = hs.from_hf(hf).pack_for_cpu(exact_16bit=exact_16bit)
+        draft = hs.from_hf(draft_hf).pack_for_cpu(exact_16bit=exact_16bit)
         engines = (hs.Engine(target, max_batch_size=2),
                    hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=2))
         tokens.append([[o.token_ids for o in engine.generate(prompts, params)] for engine in engines])
@@ -108,26 +112,27 @@ def test_an_embedding_tied_to_the_lm_head_is_stored_once_in_bfloat16():
     tied.config.tie_word_embeddings = True
     tied.tie_weights()
     hf = bf16_valued(tied)
-    full, compact = hs.from_hf(hf).pack_for_cpu(exact_bf16=False), hs.from_hf(hf).pack_for_cpu()
+    full, compact = hs.from_hf(hf).pack_for_cpu(exact_16bit=False), hs.from_hf(hf).pack_for_cpu()
     assert compact.lm_head is compact.embed and compact.embed.dtype is torch.bfloat16
     assert compact.lm_head.t().is_contiguous() and compact.dtype is torch.float32
     for want, got in zip(forwards(full), forwards(compact), strict=True):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("half", HALVES)
 @pytest.mark.parametrize("build", [bamba, jamba, nemotron_h_moe, falcon_h1, zamba2])
-def test_a_bf16_checkpoint_loaded_as_float32_keeps_bf16_storage(tmp_path, build):
-    """`hs.load(dir, dtype=torch.float32)` of a checkpoint saved in bfloat16 keeps
-    its linear weights, experts and embedding in bfloat16 (never widening them
-    on the way) and everything else in float32; the logits are those of the
-    float32 copy (`pack_for_cpu(exact_bf16=False)`)."""
-    build(seed=8).to(torch.bfloat16).save_pretrained(tmp_path)
+def test_a_16bit_checkpoint_loaded_as_float32_keeps_16bit_storage(tmp_path, build, half):
+    """`hs.load(dir, dtype=torch.float32)` of a checkpoint saved in bfloat16
+    (float16) keeps its linear weights, experts and embedding in that type
+    (never widening them on the way) and everything else in float32; the
+    logits are those of the float32 copy (`pack_for_cpu(exact_16bit=False)`)."""
+    build(seed=8).to(half).save_pretrained(tmp_path)
     model = hs.load(tmp_path, dtype=torch.float32)
     assert model.dtype is torch.float32
-    assert set(stored(model).values()) == {torch.bfloat16}
+    assert set(stored(model).values()) == {half}
     products = {p.data_ptr() for _, p in storable(model)}
     assert all(p.dtype is torch.float32 for p in model.parameters() if p.data_ptr() not in products)
-    full = hs.load(tmp_path, dtype=torch.float32, pack=False).pack_for_cpu(exact_bf16=False)
+    full = hs.load(tmp_path, dtype=torch.float32, pack=False).pack_for_cpu(exact_16bit=False)
     assert set(stored(full).values()) == {torch.float32}
     for want, got in zip(forwards(full), forwards(model), strict=True):
         assert torch.equal(got, want)
