@@ -136,3 +136,19 @@ def test_a_16bit_checkpoint_loaded_as_float32_keeps_16bit_storage(tmp_path, buil
     assert set(stored(full).values()) == {torch.float32}
     for want, got in zip(forwards(full), forwards(model), strict=True):
         assert torch.equal(got, want)
+
+
+def test_a_mamba_ssm_fp16_checkpoint_keeps_float16_storage(tmp_path):
+    """mamba_ssm's checkpoints are float16 (`pytorch_model.bin`, the attention's
+    fused in_proj split into q, k, v on load): float32 compute from float16
+    linear weights, the float32 copy's logits."""
+    from hybridspec.adapters import bamba as bamba_adapter
+    from test_mamba_ssm_layout import bamba_oracle, hf_state, save_mamba_ssm
+    m = bamba_oracle(7, (1,), 3, 2)
+    weights = {k: v.to(torch.float16) for k, v in bamba_adapter.weights_from_state(hf_state(m)).items()}
+    save_mamba_ssm(tmp_path, bamba_adapter.config_from_dict(m.config.to_dict()), weights, binary=True)
+    model = hs.load(tmp_path, dtype=torch.float32)
+    assert model.dtype is torch.float32 and set(stored(model).values()) == {torch.float16}
+    full = hs.load(tmp_path, dtype=torch.float32, pack=False).pack_for_cpu(exact_16bit=False)
+    for want, got in zip(forwards(full), forwards(model), strict=True):
+        assert torch.equal(got, want)
