@@ -75,7 +75,8 @@ class LLM:
     device: torch device to load onto (default "cpu"); dtype: "float32",
         "bfloat16", "float16", "float64" or a torch.dtype (default: float32
         on a CPU, where a bf16 checkpoint's linear weights and embedding
-        stay bfloat16 in memory, exactly; the checkpoint's own elsewhere).
+        stay bfloat16 in memory, exactly (fp16: float16); the checkpoint's
+        own elsewhere).
     threads: torch intra-op threads for CPU runs (a process-wide torch
         setting); default None: `hybridspec.threads.default_threads` (1 for
         the embedded pair).
@@ -165,7 +166,7 @@ def model_dtype(dtype) -> torch.dtype | None:
 def load_dtype(dtype: torch.dtype | None, device) -> torch.dtype | None:
     """The dtype a checkpoint is loaded in: `dtype`, or by default float32 on a
     CPU (the native kernels run float32; a bf16 checkpoint's linear weights
-    and embedding stay bfloat16 in memory, exactly: `HybridModel.pack_for_cpu`;
+    and embedding stay bfloat16 in memory, exactly (an fp16 one's float16): `HybridModel.pack_for_cpu`;
     bf16 compute through torch ran a 35.8M Bamba's decode step 4.5x slower)
     and the checkpoint's own elsewhere."""
     if dtype is None and torch.device(device).type == "cpu":

@@ -107,7 +107,7 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
 
 
 def _products_take(*weights: torch.Tensor) -> bool:
-    """The blocks' product weights: input-major, float32 or its exact bfloat16 copy, on the CPU."""
+    """The blocks' product weights: input-major, float32 or its exact 16-bit copy, on the CPU."""
     return all(cpu_native.weight_dtype_ok(w) and _input_major(w) for w in weights)
 
 

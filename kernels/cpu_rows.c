@@ -2,7 +2,7 @@
  *
  * x is [M, K] (rows `ldx` floats apart, unit column stride), w is [K, N]
  * contiguous (input-major: what `HybridModel.pack_for_cpu` stores), float32
- * or its exact bfloat16 copy (see "weight storage" below), y is
+ * or its exact bfloat16 / float16 copy (see "weight storage" below), y is
  * [M, N] contiguous. Built by `cpu_native.py`, used through `cpu_rows.py` (see there for why).
  *
  * The weight is streamed in memory order, Q rows of w at a time, for groups

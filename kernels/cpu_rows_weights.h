@@ -1,5 +1,5 @@
 /* The products' loops for one type of weight storage, included by `cpu_rows.c` once per type
- * (float32, and bfloat16 widened to float32 as it is loaded: see there). The includer defines
+ * (float32, and bfloat16 and float16 widened to float32 as they are loaded: see there). The includer defines
  * WT (the stored element), WS(name) (the type's name for a function or table), WLOAD8 / WLOAD16
  * (8 / 16 weights widened into an AVX2 / AVX-512 vector), WSCALAR (one weight as a float),
  * W_PER_LINE (weights per 64-byte cache line) and, for a type the tiles widen, W_WIDENED_TILES

@@ -75,7 +75,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     weight_t = transposed(weight)
     if applies(rows, weight_t):
         out = rows_matmul(rows, weight_t)
-    else:  # a weight stored in bfloat16 (`pack_for_cpu`) is widened, exactly, for torch
+    else:  # a weight stored in 16 bits (`pack_for_cpu`) is widened, exactly, for torch
         out = torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
     if bias is not None:
         out += bias

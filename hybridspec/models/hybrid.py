@@ -142,7 +142,7 @@ class HybridModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The compute dtype: the final norm's (the embedding and linear weights may be stored in bfloat16, `pack_for_cpu`)."""
+        """The compute dtype: the final norm's (the embedding and linear weights may be stored in 16 bits, `pack_for_cpu`)."""
         return self.final_norm.weight.dtype
 
     @property
@@ -222,8 +222,8 @@ class HybridModel(nn.Module):
                 if key(weight) in packed:
                     setattr(module, name, packed[key(weight)])
         embed = self.embed  # untied: stays [vocab, hidden], rows contiguous for the lookup
-        if key(embed) not in packed and storage(embed) is not embed.dtype:
-            self.embed = param(embed.detach().to(storage(embed)))
+        if key(embed) not in packed and (dtype := storage(embed)) is not embed.dtype:
+            self.embed = param(embed.detach().to(dtype))
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
             chosen = {key(p) for p in packed.values()} | {key(self.embed)}
             widened: dict[tuple, nn.Parameter] = {}  # tied weights stay tied
@@ -245,7 +245,7 @@ class HybridModel(nn.Module):
         each row's logits at its last valid input."""
         bsz, T = input_ids.shape
         h = self.embed.index_select(0, input_ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
-        if h.dtype != self.dtype:  # an embedding stored in bfloat16 (`pack_for_cpu`), widened exactly
+        if h.dtype != self.dtype:  # an embedding stored in 16 bits (`pack_for_cpu`), widened exactly
             h = h.to(self.dtype)
         if self.config.embedding_multiplier != 1.0:
             h = h * self.config.embedding_multiplier

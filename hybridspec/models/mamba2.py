@@ -86,7 +86,7 @@ class Mamba2Mixer(LogReplay, nn.Module):
         self.dt_bias, self.A_log, self.D = param(weights["dt_bias"]), param(weights["A_log"]), param(weights["D"])
         self.norm_weight = param(weights["norm.weight"]) if cfg.norm != "gate_only" else None
         scale = in_proj_scale(cfg)
-        # in the compute dtype: D's (in_proj may be stored in bfloat16 under float32 compute, `load`)
+        # in the compute dtype: D's (in_proj may be stored in 16 bits under float32 compute, `load`)
         self.register_buffer("in_scale", None if scale is None else scale.to(self.D.dtype), persistent=False)
         self.out_proj = param(weights["out_proj.weight"])
         self.out_bias = param(weights["out_proj.bias"]) if cfg.proj_bias else None
