@@ -75,6 +75,8 @@ def test_the_same_logits_from_half_the_weight_memory(build, half):
     assert 2 * stored_bytes(compact) == stored_bytes(full)
     for want, got in zip(forwards(full), forwards(compact), strict=True):
         assert torch.equal(got, want)
+    compact.pack_for_cpu()  # packing again changes nothing
+    assert stored(compact) == dtypes
 
 
 def test_plain_and_speculative_generate_give_the_same_tokens():

@@ -225,11 +225,11 @@ class HybridModel(nn.Module):
         if key(embed) not in packed and (dtype := storage(embed)) is not embed.dtype:
             self.embed = param(embed.detach().to(dtype))
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
-            chosen = {key(p) for p in packed.values()} | {key(self.embed)}
             widened: dict[tuple, nn.Parameter] = {}  # tied weights stay tied
             for module in self.modules():
                 for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                    if weight.dtype in HALF_DTYPES and key(weight) not in chosen:
+                    if (weight.dtype in HALF_DTYPES and not products(module, name, weight)
+                            and key(weight) != key(self.embed)):
                         if key(weight) not in widened:
                             widened[key(weight)] = param(weight.detach().to(torch.float32))
                         setattr(module, name, widened[key(weight)])
