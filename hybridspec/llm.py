@@ -165,10 +165,10 @@ def model_dtype(dtype) -> torch.dtype | None:
 
 def load_dtype(dtype: torch.dtype | None, device) -> torch.dtype | None:
     """The dtype a checkpoint is loaded in: `dtype`, or by default float32 on a
-    CPU (the native kernels run float32; a bf16 checkpoint's linear weights
-    and embedding stay bfloat16 in memory, exactly (an fp16 one's float16): `HybridModel.pack_for_cpu`;
-    bf16 compute through torch ran a 35.8M Bamba's decode step 4.5x slower)
-    and the checkpoint's own elsewhere."""
+    CPU and the checkpoint's own elsewhere. On a CPU the native kernels run
+    float32, and a bf16 (fp16) checkpoint's linear weights and embedding stay
+    16-bit in memory, exactly (`HybridModel.pack_for_cpu`); bf16 compute
+    through torch ran a 35.8M Bamba's decode step 4.5x slower."""
     if dtype is None and torch.device(device).type == "cpu":
         return torch.float32
     return dtype

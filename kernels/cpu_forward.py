@@ -114,7 +114,8 @@ class _Table:
                 record.mlp, record.mlp_norm, record.mlp_eps = 1, norm_w, eps
                 record.gate_t, record.up_t, record.down_t, record.inter = gate_t, up_t, down_t, inter
         self.layers = layers
-        self.head_t, self.final_w, self.final_eps = cpu_native.weight_address(head_t), final.data_ptr(), model.final_norm.eps
+        self.head_t = cpu_native.weight_address(head_t)
+        self.final_w, self.final_eps = final.data_ptr(), model.final_norm.eps
         self.hidden, self.vocab = model.embed.shape[1], head_t.shape[1]
         self.embed_strides = model.embed.stride()
         self.has_attention = any(r.mixer == HS_ATTENTION for r in layers)

@@ -265,8 +265,10 @@ typedef struct {
 /* columns c0 <= n < c1 of the product into y (rows ldy floats apart), by the weight's type */
 static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
                             int parts) {
-    if (j->type == HS_BF16_WEIGHT) product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
-    else if (j->type == HS_F16_WEIGHT) product_columns_f16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+    if (j->type == HS_BF16_WEIGHT)
+        product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+    else if (j->type == HS_F16_WEIGHT)
+        product_columns_f16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
     else product_columns_f32(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
 }
 

@@ -57,10 +57,12 @@ typedef struct {
     WS(tile_fn) wide[7], one[7];       /* by rows: the wide tile and the one-vector tile */
 } WS(tile_set);
 static const WS(tile_set) WS(AVX512_TILES) = {
-    6, 16, 4, {0, FN(tile16, 1, 4), FN(tile16, 2, 4), FN(tile16, 3, 4), FN(tile16, 4, 4), FN(tile16, 5, 4), FN(tile16, 6, 4)},
+    6, 16, 4,
+    {0, FN(tile16, 1, 4), FN(tile16, 2, 4), FN(tile16, 3, 4), FN(tile16, 4, 4), FN(tile16, 5, 4), FN(tile16, 6, 4)},
     {0, FN(tile16, 1, 1), FN(tile16, 2, 1), FN(tile16, 3, 1), FN(tile16, 4, 1), FN(tile16, 5, 1), FN(tile16, 6, 1)}};
-static const WS(tile_set) WS(AVX2_TILES) = {4, 8, 3, {0, FN(tile8, 1, 3), FN(tile8, 2, 3), FN(tile8, 3, 3), FN(tile8, 4, 3)},
-                                        {0, FN(tile8, 1, 1), FN(tile8, 2, 1), FN(tile8, 3, 1), FN(tile8, 4, 1)}};
+static const WS(tile_set) WS(AVX2_TILES) = {
+    4, 8, 3, {0, FN(tile8, 1, 3), FN(tile8, 2, 3), FN(tile8, 3, 3), FN(tile8, 4, 3)},
+    {0, FN(tile8, 1, 1), FN(tile8, 2, 1), FN(tile8, 3, 1), FN(tile8, 4, 1)}};
 
 static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, const float *x, int64_t ldx,
                              const WT *w, int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0,
@@ -125,7 +127,8 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
 #endif
                 if (step == panel && copy)
                     t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, ldy, next + W_PER_LINE * l0, l1 - l0, 0);
-                else if (step == panel) t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + W_PER_LINE * l0, l1 - l0, ahead);
+                else if (step == panel)
+                    t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + W_PER_LINE * l0, l1 - l0, ahead);
                 else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + W_PER_LINE * l0, l1 - l0, ahead);
             }
             n0 += step;
@@ -143,7 +146,8 @@ static void WS(product_columns)(const float *x, int64_t ldx, const WT *w, int64_
     const int cached = K * N * (int64_t)sizeof(WT) <= CACHED_WEIGHT_BYTES;
     if (M >= (cached ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
         const int64_t tile_k = !cached && M < TILE_K_LONG_ROWS ? TILE_K_STREAMED : TILE_K;
-        WS(tiled_matmul)(isa512 ? &WS(AVX512_TILES) : &WS(AVX2_TILES), tile_k, !cached && M < AHEAD_MAX_ROWS, x, ldx, w, M, K, N, y, ldy, c0, c1, part, parts);
+        WS(tiled_matmul)(isa512 ? &WS(AVX512_TILES) : &WS(AVX2_TILES), tile_k, !cached && M < AHEAD_MAX_ROWS, x,
+                         ldx, w, M, K, N, y, ldy, c0, c1, part, parts);
         return;
     }
     const WS(step_set) *set = isa512 ? &WS(AVX512_STEPS) : &WS(AVX2_STEPS);

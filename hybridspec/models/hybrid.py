@@ -142,7 +142,8 @@ class HybridModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The compute dtype: the final norm's (the embedding and linear weights may be stored in 16 bits, `pack_for_cpu`)."""
+        """The compute dtype: the final norm's (the embedding and linear weights
+        may be stored in 16 bits, `pack_for_cpu`)."""
         return self.final_norm.weight.dtype
 
     @property
