@@ -23,7 +23,7 @@ from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_threa
 pytestmark = x86_with_compiler
 
 
-def bf16_valued(hf, half: torch.dtype = torch.bfloat16):
+def half_valued(hf, half: torch.dtype = torch.bfloat16):
     """The HF model in float32 with every parameter rounded to a `half` value (a bf16 / fp16 checkpoint, widened)."""
     hf = hf.to(torch.float32)
     with torch.no_grad():
@@ -62,7 +62,7 @@ def forwards(model) -> list[torch.Tensor]:
 @pytest.mark.parametrize("half", HALVES)
 @pytest.mark.parametrize("build", [bamba, jamba, nemotron_h, nemotron_h_moe, granite, falcon_h1, zamba2])
 def test_the_same_logits_from_half_the_weight_memory(build, half):
-    hf = bf16_valued(build(seed=2), half)
+    hf = half_valued(build(seed=2), half)
     full = hs.from_hf(hf).pack_for_cpu(exact_16bit=False)
     compact = hs.from_hf(hf).pack_for_cpu()
     dtypes = stored(compact)
@@ -81,8 +81,8 @@ def test_the_same_logits_from_half_the_weight_memory(build, half):
 
 def test_plain_and_speculative_generate_give_the_same_tokens():
     """Greedy plain and speculative (a bf16-valued model drafter, γ = 3) generate."""
-    hf = bf16_valued(bamba(seed=6, num_layers=4, attn_layers=(1, 3)))
-    draft_hf = bf16_valued(bamba(seed=7, num_layers=1, attn_layers=()))
+    hf = half_valued(bamba(seed=6, num_layers=4, attn_layers=(1, 3)))
+    draft_hf = half_valued(bamba(seed=7, num_layers=1, attn_layers=()))
     params = hs.SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
     prompts = [[5, 9, 14, 3, 22], [7, 8, 30]]
     tokens = []
@@ -96,9 +96,9 @@ def test_plain_and_speculative_generate_give_the_same_tokens():
     assert tokens[0][0] == tokens[0][1]  # speculative decoding is lossless either way
 
 
-def test_other_values_tied_embeddings_and_float64_keep_their_storage():
-    rounded = bf16_valued(bamba(seed=3))
-    with torch.no_grad():  # one value off the bfloat16 grid: that weight stays float32
+def test_other_values_and_float64_keep_their_storage():
+    rounded = half_valued(bamba(seed=3))
+    with torch.no_grad():  # one value off the bfloat16 and float16 grids: that weight stays float32
         rounded.model.layers[0].feed_forward.up_proj.weight[0, 0] += 2.0 ** -20
     dtypes = stored(hs.from_hf(rounded).pack_for_cpu())
     assert dtypes["layers.0.ffn.up_proj"] is torch.float32
@@ -107,13 +107,11 @@ def test_other_values_tied_embeddings_and_float64_keep_their_storage():
     assert set(stored(hs.from_hf(bamba(seed=3)).pack_for_cpu()).values()) == {torch.float64}
 
 
-
-
 def test_an_embedding_tied_to_the_lm_head_is_stored_once_in_bfloat16():
     tied = bamba(seed=3)
     tied.config.tie_word_embeddings = True
     tied.tie_weights()
-    hf = bf16_valued(tied)
+    hf = half_valued(tied)
     full, compact = hs.from_hf(hf).pack_for_cpu(exact_16bit=False), hs.from_hf(hf).pack_for_cpu()
     assert compact.lm_head is compact.embed and compact.embed.dtype is torch.bfloat16
     assert compact.lm_head.t().is_contiguous() and compact.dtype is torch.float32
