@@ -18,7 +18,7 @@ from torch import nn
 
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
-from hybridspec.kernels import cpu_blocks, cpu_forward
+from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
 
 from ..config import HybridConfig
 from ..errors import NumericalError
@@ -176,10 +176,11 @@ class HybridModel(nn.Module):
         lookup widens its rows, so the logits are the same bits from half the
         weight memory, and a decode step that streams its weights from
         memory reads half the bytes (`kernels/cpu_rows.c`, "weight storage";
-        torch's products widen a copy). The compute dtype (`dtype`) stays the
-        final norm's; norms, biases and the other vectors keep theirs, and so
-        does a weight that something other than a linear layer or the embedding
-        also uses.
+        torch's products widen a copy). Only where the native CPU kernels run
+        (`kernels.cpu_native.available`): elsewhere every weight is float32. The
+        compute dtype (`dtype`) stays the final norm's; norms, biases and the
+        other vectors keep theirs, and so does a weight that something other
+        than a linear layer or the embedding also uses.
 
         The packed weights are copies: a model from `from_hf` stops sharing them
         with the HF model (one more copy while that lives); `load` packs on CPU
@@ -195,11 +196,14 @@ class HybridModel(nn.Module):
                      for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                      if not products(module, name, weight) and name != "embed"}
         float32 = self.dtype is torch.float32
+        # 16 bits only where the native kernels run: torch's products widen a copy per call (a 35.8M
+        # Bamba's decode step 1.37x slower than from float32 with the kernels off)
+        exact_16bit = exact_16bit and float32 and cpu_native.available()
 
         def storage(weight) -> torch.dtype:
             """bfloat16, else float16, where that is exact and allowed; a 16-bit weight of a float32 model
             (`load`'s) else widened; any other weight as it is."""
-            if float32 and exact_16bit and key(weight) not in elsewhere:
+            if exact_16bit and key(weight) not in elsewhere:
                 for half in HALF_DTYPES:
                     if weight.dtype is half or exact_in(weight, half):
                         return half
