@@ -64,6 +64,16 @@ static const WS(tile_set) WS(AVX2_TILES) = {
     4, 8, 3, {0, FN(tile8, 1, 3), FN(tile8, 2, 3), FN(tile8, 3, 3), FN(tile8, 4, 3)},
     {0, FN(tile8, 1, 1), FN(tile8, 2, 1), FN(tile8, 3, 1), FN(tile8, 4, 1)}};
 
+/* whether the tiles widen each panel's block once (16-bit weights, from WIDEN_MIN_GROUPS row groups) */
+static inline int WS(widens)(const WS(tile_set) *t, int64_t M) {
+#ifdef W_WIDENED_TILES
+    return (M + t->rows - 1) / t->rows >= WIDEN_MIN_GROUPS;
+#else
+    (void)t, (void)M;
+    return 0;
+#endif
+}
+
 static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, const float *x, int64_t ldx,
                              const WT *w, int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0,
                              int64_t c1, int part, int parts) {
@@ -74,13 +84,11 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
     const int64_t calls = ((wide - c0) / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
     const int copy = N * (int64_t)sizeof(WT) % 4096 == 0;  /* rows a multiple of 4 KiB apart */
 #ifdef W_WIDENED_TILES
-    /* enough row groups: each panel's block widened once into float32, the float32 tiles on it */
+    /* with `widen`, each panel's block widened once into float32, the float32 tiles on it */
     float widened[TILE_K * 64] __attribute__((aligned(64)));
-    const int widen = groups >= WIDEN_MIN_GROUPS;
     const W_WIDENED_TILES *ft = isa512 ? &W_WIDENED_TILES_512 : &W_WIDENED_TILES_2;
-#else
-    const int widen = 0;
 #endif
+    const int widen = WS(widens)(t, M);
     for (int64_t k0 = 0; k0 < K; k0 += tile_k) {
         const int64_t k1 = k0 + tile_k < K ? k0 + tile_k : K, k2 = k1 + tile_k < K ? k1 + tile_k : K;
         /* the next block, (k2 - k1) rows of N in memory order: this part's share of its lines */
@@ -145,9 +153,13 @@ static void WS(product_columns)(const float *x, int64_t ldx, const WT *w, int64_
     for (int64_t m = 0; m < M; ++m) memset(y + m * ldy, 0, (size_t)(c1 - c0) * sizeof(float));
     const int cached = K * N * (int64_t)sizeof(WT) <= CACHED_WEIGHT_BYTES;
     if (M >= (cached ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
-        const int64_t tile_k = !cached && M < TILE_K_LONG_ROWS ? TILE_K_STREAMED : TILE_K;
-        WS(tiled_matmul)(isa512 ? &WS(AVX512_TILES) : &WS(AVX2_TILES), tile_k, !cached && M < AHEAD_MAX_ROWS, x,
-                         ldx, w, M, K, N, y, ldy, c0, c1, part, parts);
+        const WS(tile_set) *t = isa512 ? &WS(AVX512_TILES) : &WS(AVX2_TILES);
+        const int widen = WS(widens)(t, M);
+        /* streamed from memory below TILE_K_LONG_ROWS rows: shorter blocks, each tile fetching its rows'
+         * next panel; widened, TILE_K_WIDENED rows and the next block (cpu_rows.c) */
+        const int64_t tile_k = cached || M >= TILE_K_LONG_ROWS ? TILE_K : widen ? TILE_K_WIDENED : TILE_K_STREAMED;
+        WS(tiled_matmul)(t, tile_k, !cached && M < AHEAD_MAX_ROWS && !widen, x, ldx, w, M, K, N, y, ldy,
+                         c0, c1, part, parts);
         return;
     }
     const WS(step_set) *set = isa512 ? &WS(AVX512_STEPS) : &WS(AVX2_STEPS);
