@@ -123,11 +123,11 @@ int hs_rows_isa(int choice) {
 #define TILE_MIN_ROWS 5
 #define TILE_MIN_ROWS_CACHED 10
 #define CACHED_WEIGHT_BYTES (2 << 20)
-/* Widened tiles (16-bit weights, see WIDEN_MIN_GROUPS) streaming their weight from memory (below TILE_K_LONG_ROWS rows) take blocks of
- * TILE_K_WIDENED rows with the next block prefetched, where unwidened ones take TILE_K_STREAMED
- * with each row's next panel (and from 24 rows, blocks of TILE_K with the next block below
- * AHEAD_MAX_ROWS too): a 16-bit weight is half the bytes to fetch, and the longer blocks fewer
- * sums to load and store. The 35.8M target's bf16 products at 15 / 20 / 30 rows: 0.80–0.82 /
+/* Widened tiles (16-bit weights, see WIDEN_MIN_GROUPS) streaming their weight from memory take,
+ * below TILE_K_LONG_ROWS rows, blocks of TILE_K_WIDENED rows with the next block prefetched, where
+ * unwidened ones take TILE_K_STREAMED with each row's next panel (and from 24 rows, blocks of
+ * TILE_K with the next block below AHEAD_MAX_ROWS too): a 16-bit weight is half the bytes to
+ * fetch, and the longer blocks fewer sums to load and store. The 35.8M target's bf16 products at 15 / 20 / 30 rows: 0.80–0.82 /
  * 0.82–0.83 / 0.81–0.83 of float32's time against 0.85–0.87 / 0.89–0.91 / 0.94 (C harness, two
  * runs; `widen` passed into tiled_matmul as an argument instead of derived there ran 0.91–0.93) */
 #define TILE_K_WIDENED 32
