@@ -161,3 +161,24 @@ def test_without_the_native_kernels_weights_stay_float32(monkeypatch):
     monkeypatch.setattr(cpu_native, "_enabled", False)
     model = hs.from_hf(half_valued(bamba(seed=2))).pack_for_cpu()
     assert set(stored(model).values()) == {torch.float32}
+
+
+def test_leaving_the_cpu_widens_the_16bit_weights():
+    """16-bit storage is for the CPU kernels: a float32 model moved elsewhere
+    (here the meta device, where CUDA would be) widens those weights, every
+    one its own (meta tensors share an address: ties go by the Parameter)."""
+    model = hs.from_hf(half_valued(bamba(seed=3))).pack_for_cpu()
+    assert set(stored(model).values()) == {torch.bfloat16}
+    count = len(list(model.parameters()))
+    model.to("meta")
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and model.dtype is torch.float32
+    assert len(list(model.parameters())) == count
+
+
+def test_widening_keeps_a_tied_embedding_tied():
+    tied = bamba(seed=3)
+    tied.config.tie_word_embeddings = True
+    tied.tie_weights()
+    model = hs.from_hf(half_valued(tied)).pack_for_cpu()
+    model._widen_16bit()  # what leaving the CPU does
+    assert model.lm_head is model.embed and model.embed.dtype is torch.float32

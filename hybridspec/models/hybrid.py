@@ -232,15 +232,29 @@ class HybridModel(nn.Module):
         if key(embed) not in packed and (dtype := storage(embed)) is not embed.dtype:
             self.embed = param(embed.detach().to(dtype))
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
-            widened: dict[tuple, nn.Parameter] = {}  # tied weights stay tied
-            for module in self.modules():
-                for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                    if (weight.dtype in HALF_DTYPES and not products(module, name, weight)
-                            and key(weight) != key(self.embed)):
-                        if key(weight) not in widened:
-                            widened[key(weight)] = param(weight.detach().to(torch.float32))
-                        setattr(module, name, widened[key(weight)])
+            self._widen_16bit(keep=lambda module, name, weight: (products(module, name, weight)
+                                                                 or key(weight) == key(self.embed)))
         cpu_blocks.forget(self)  # the blocks' cached weight pointers name the old tensors
+        return self
+
+    def _widen_16bit(self, keep=lambda module, name, weight: False) -> None:
+        """Each 16-bit parameter widened to float32, but those `keep` names (a
+        Parameter tied to several names stays one)."""
+        widened: dict[int, nn.Parameter] = {}
+        for module in self.modules():
+            for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+                if weight.dtype in HALF_DTYPES and not keep(module, name, weight):
+                    if id(weight) not in widened:
+                        widened[id(weight)] = param(weight.detach().to(torch.float32))
+                    setattr(module, name, widened[id(weight)])
+
+    def _apply(self, fn, recurse=True):
+        """`nn.Module.to` and kin; a float32 model leaving the CPU widens the 16-bit
+        weights `pack_for_cpu` kept (there torch's products would widen them per call)."""
+        super()._apply(fn, recurse)
+        if self.final_norm.weight.device.type != "cpu" and self.dtype is torch.float32:
+            self._widen_16bit()
+            cpu_blocks.forget(self)
         return self
 
     def num_parameters(self) -> int:
