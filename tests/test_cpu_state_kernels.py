@@ -120,6 +120,36 @@ def test_mamba1_same_outputs_and_snapshot_writes_as_the_reference(case, padded):
     assert not cpu_mamba1.applies(torch.zeros(4, 3, 12), x, plan)  # d_state 12: not a multiple of 8
 
 
+@pytest.mark.parametrize("case", [(2, 5, 64, 16), (1, 3, 7, 32), (2, 4, 5, 48), (1, 2, 6, 8)])
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_the_avx512_mamba1_recurrence_gives_the_avx2_bits(both_vector_paths, case, misaligned):
+    """On AVX-512 two channels at a time, their state rows in 16-lane vectors
+    with exp16 and y's sums as the AVX2 loop's 8-lane chains: the same y and
+    snapshots, bit for bit. d_state 16, 32 (an odd channel left to the AVX2
+    loop), 48 and 8 (AVX2 only); slots 64-byte aligned or 8 floats past, and
+    decays down to e^-16 and below (exp's clamp)."""
+    batch, T, d_inner, d_state = case
+    g = torch.Generator().manual_seed(d_inner * T + d_state)
+    per_row = T + 2
+    pool = torch.randn(batch * per_row, d_inner, d_state, generator=g)
+    src = [b * per_row for b in range(batch)]
+    snap = [[b * per_row + 1 + t if t % 2 == 0 or t == T - 1 else -1 for t in range(T)] for b in range(batch)]
+    x, dt = torch.randn(batch, T, d_inner, generator=g), 4 * torch.rand(batch, T, d_inner, generator=g)
+    A = -30 * torch.rand(d_inner, d_state, generator=g)
+    B, C = torch.randn(batch, T, d_state, generator=g), torch.randn(batch, T, d_state, generator=g)
+    D = torch.randn(d_inner, generator=g)
+
+    def run():
+        buffer = torch.empty(pool.numel() + 16)
+        skip = (-buffer.data_ptr() // 4) % 16 + (8 if misaligned else 0)
+        states = buffer[skip:skip + pool.numel()].view(pool.shape).copy_(pool)
+        y = cpu_mamba1.mamba1_steps(states, SlotPlan(src, snap, [T] * batch, "cpu"), x, dt, A, B, C, D)
+        return y, states
+
+    (y2, pool2), (y16, pool16) = both_vector_paths(run)
+    assert torch.equal(y2, y16) and torch.equal(pool2, pool16)
+
+
 CONV_CASES = [  # batch, T, conv_dim, d_conv, bias, activation
     (1, 1, 640, 4, True, "silu"), (1, 5, 640, 4, True, "silu"), (3, 4, 7, 3, False, None), (2, 2, 5, 4, True, None),
     (2, 40, 21, 4, True, "silu")]  # a prefill's length, channels past the last multiple of 8
