@@ -2,8 +2,10 @@
 
 Triton runs on CUDA tensors; everywhere else (CPU) the `_ref` functions run.
 `HYBRIDSPEC_KERNELS=reference` forces the references on a GPU too, to tell a
-kernel bug from a runtime bug. (Tests run the kernels on CPU tensors under
-`TRITON_INTERPRET=1` by calling the launchers directly.)
+kernel bug from a runtime bug; `HYBRIDSPEC_KERNELS=triton` forces the kernels
+on every device, which on CPU tensors needs `TRITON_INTERPRET=1` (the tests
+run a whole model's GPU path that way, slowly; turn the native CPU kernels
+off too, `HYBRIDSPEC_CPU_KERNELS=torch`, or they take float32 CPU work first).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Callable, TypeVar
 import torch
 
 KERNELS_ENV = "HYBRIDSPEC_KERNELS"
-KERNEL_CHOICES = ("auto", "reference")
+KERNEL_CHOICES = ("auto", "reference", "triton")
 
 F = TypeVar("F", bound=Callable)
 
@@ -28,7 +30,7 @@ def triton_runs_on(device: torch.device | str) -> bool:
     choice = os.environ.get(KERNELS_ENV, "auto")
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"{KERNELS_ENV}={choice!r} must be one of {KERNEL_CHOICES}; unset it for 'auto'")
-    return torch.device(device).type == "cuda" and choice == "auto"
+    return choice == "triton" or (choice == "auto" and torch.device(device).type == "cuda")
 
 
 def pick(kernel: F, reference: F, tensor: torch.Tensor) -> F:

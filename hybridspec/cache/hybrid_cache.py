@@ -57,6 +57,7 @@ class HybridCache:
         self.state_dtype = state_dtype or default_state_dtype(dtype)
         self.states = StatePool(shapes, max_seqs, ring_slots, self.state_dtype, self.device) if shapes else None
         self.computed_len: dict[int, int] = {}
+        self.graphs = None  # ForwardGraphs (hybridspec.models.graphs) when the forwards over this cache are captured
 
     # -- sequences ----------------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ import functools
 import torch
 
 from hybridspec.errors import CacheFullError
+from hybridspec.kernels.dispatch import use_triton
+from hybridspec.kernels.kv_write import kv_write
 from hybridspec.kernels.paged_attention import gather_pages
 
 from .block_pool import BlockPool, BlockPoolState, consecutive_runs
@@ -359,6 +361,10 @@ class PagedKVCache:
                 raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {expected} [batch, T_max, heads, dim]")
             if x.dtype != self.k_cache.dtype:
                 raise ValueError(f"{name} has dtype {x.dtype}; the cache holds {self.k_cache.dtype}")
+        if use_triton(k):  # one fixed-shape launch over slot_mapping (-1: skip): a CUDA graph can hold it
+            kv_write(self._flat_layers(self.k_cache)[layer], self._flat_layers(self.v_cache)[layer],
+                     meta.slot_mapping, k, v)
+            return
         flat_shape = (-1, self.num_kv_heads, self.head_dim)
         for cache, x in ((self.k_cache, k), (self.v_cache, v)):
             new = x.reshape(flat_shape)  # [batch * T_max, heads, dim]

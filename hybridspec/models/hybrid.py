@@ -310,12 +310,14 @@ class HybridModel(nn.Module):
         plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
         batch = plan.batch
         batch.input_log = input_log
+        graphs = cache.graphs  # captured CUDA graphs of the few-input forwards (`models.graphs`), or None
         try:
-            whole = cpu_forward.forward(self, token_lists, batch, cache, last_only)  # one C call, where it applies
-            if whole is None:  # layer by layer
+            if graphs is not None and graphs.takes(plan, input_log):
+                logits, finite = graphs.run(plan, token_lists, last_only), False
+            elif (whole := cpu_forward.forward(self, token_lists, batch, cache, last_only)) is not None:
+                logits, finite = whole.values, whole.finite  # one C call, where it applies
+            else:  # layer by layer
                 logits, finite = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only), False
-            else:
-                logits, finite = whole.values, whole.finite
             if not finite:
                 check_finite(logits, batch.num_tokens, last_only)
         except Exception:

@@ -27,6 +27,11 @@ def test_cuda_tensors_take_the_kernel_unless_references_are_forced(monkeypatch):
     assert pick(kernel, reference, x) is reference
 
 
+def test_triton_forces_the_kernel_on_every_device(monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "triton")
+    assert pick(kernel, reference, torch.zeros(1)) is kernel
+
+
 def test_an_unknown_choice_names_the_variable(monkeypatch):
     monkeypatch.setenv(KERNELS_ENV, "fast")
     with pytest.raises(ValueError, match="HYBRIDSPEC_KERNELS='fast'"):

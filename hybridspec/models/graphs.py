@@ -1,0 +1,241 @@
+"""CUDA graphs of the few-input forwards: decode steps, drafting steps and
+verification.
+
+A decode step of a hybrid model launches a few hundred small kernels; on a
+GPU the host, not the device, then sets the pace. A captured CUDA graph
+replays all of them with one launch. What a graph holds is fixed: tensor
+addresses, shapes, and every value Python computed while it was captured. So
+a forward is captured over **static buffers** that stand for everything that
+changes from one forward to the next:
+
+    tokens, positions, slot_mapping, snap   [B, T]
+    src, num_tokens, last_index,
+    context_lens, query_lens                [B]
+    block_tables                            [B, W]
+
+all int64 views of one device tensor, filled from the host by one copy per
+forward (`StaticForward.fill`). B is the batch rounded up to a captured size
+(`GRAPH_BATCH_SIZES`); the rows past the real ones are **padding**: no inputs
+(num_tokens 0, query_lens 0), no writes (slot_mapping and snap -1), their
+logits dropped. T is the forward's input count, captured as it comes (1 for
+decode, γ + 1 for verification, up to `MAX_GRAPH_INPUTS`); W the block-table
+width of `max_model_len`. The layers see these buffers through a
+`ForwardBatch` whose slot plan holds tensors only (`StaticSlots`): the Triton
+kernels read slots and lengths on the device, the K/V write is one
+fixed-shape launch (`kernels.kv_write`), and nothing reads a value back to
+the host, so the same graph serves every batch of its shape.
+
+A shape is captured the first time a forward needs it: one warm-up run with
+every row padding (it compiles the kernels and makes the cached constants,
+and writes nothing), the capture, then the replay with the real buffers.
+Graphs share one memory pool and run one at a time; each returns a copy of
+its logits, since the next replay reuses the pool.
+
+Forwards the graphs leave to the eager path: more inputs than
+`MAX_GRAPH_INPUTS` (prefill), a batch past the largest captured size, and
+forwards that keep an input log (their logged tensors would live in the
+pool). Models with MoE layers are refused: routing reads the chosen experts
+back to the host.
+
+Where CUDA is absent (tests: the Triton kernels interpreted on CPU tensors,
+`HYBRIDSPEC_KERNELS=triton`, the native CPU kernels off) nothing is captured
+and a "replay" runs the forward again over the same static buffers, so
+everything but the capture itself is exercised: a value Python took from one
+forward's lists instead of the buffers would be wrong in the next.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+from hybridspec.kernels import cpu_native
+from hybridspec.kernels.dispatch import triton_runs_on
+
+from ..errors import ConfigError
+from .batch import ForwardBatch
+from .ffn import MoE
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+MAX_GRAPH_INPUTS = 8  # verification of γ ≤ 7; longer forwards run eagerly
+
+
+class StaticSlots:
+    """A captured forward's slot plan: the tensors the Triton paths read, and
+    nothing a host-side (CPU) path could take instead."""
+
+    def __init__(self, batch: int, num_inputs: int, src, snap, num_tokens, last_index, device):
+        self.batch, self.num_inputs, self.device = batch, num_inputs, device
+        self.src, self.snap, self.num_tokens, self.last_index = src, snap, num_tokens, last_index
+
+
+class StaticKV:
+    """A captured forward's K/V plan (`KVWriteMeta`'s tensors)."""
+
+    def __init__(self, batch: int, num_inputs: int, slot_mapping, context_lens, query_lens, block_tables):
+        self.seq_ids, self.t_max = tuple(range(batch)), num_inputs  # shapes only: the rows are the buffers'
+        self.slot_mapping, self.context_lens, self.query_lens = slot_mapping, context_lens, query_lens
+        self.block_tables = block_tables
+
+
+@dataclass
+class _Entry:
+    graph: object | None = None  # torch.cuda.CUDAGraph once captured
+    out: torch.Tensor | None = None  # the captured forward's logits [B, T or 1, vocab]
+
+
+class StaticForward:
+    """The static buffers of one captured shape (B rows, T inputs, last_only)."""
+
+    FIELDS_BT = ("tokens", "positions", "snap", "slot_mapping")
+    FIELDS_B = ("src", "num_tokens", "last_index", "context_lens", "query_lens")
+
+    def __init__(self, rows: int, num_inputs: int, width: int, device, pad_slot: int, has_kv: bool):
+        self.rows, self.num_inputs, self.width, self.pad_slot, self.has_kv = rows, num_inputs, width, pad_slot, has_kv
+        B, T = rows, num_inputs
+        sizes = [B * T] * len(self.FIELDS_BT) + [B] * len(self.FIELDS_B) + [B * width]
+        self.device_flat = torch.zeros(sum(sizes), dtype=torch.long, device=device)
+        self.host_flat = torch.zeros(sum(sizes), dtype=torch.long,
+                                     pin_memory=torch.device(device).type == "cuda")
+        views = self.device_flat.split(sizes)
+        for name, view in zip(self.FIELDS_BT, views):
+            setattr(self, name, view.view(B, T))
+        for name, view in zip(self.FIELDS_B, views[len(self.FIELDS_BT):]):
+            setattr(self, name, view)
+        self.block_tables = views[-1].view(B, width)
+
+    def batch(self) -> ForwardBatch:
+        """A ForwardBatch over the buffers (a new one per call: its `shared` values are per forward)."""
+        B, T = self.rows, self.num_inputs
+        slots = StaticSlots(B, T, self.src, self.snap, self.num_tokens, self.last_index, self.device_flat.device)
+        kv = (StaticKV(B, T, self.slot_mapping, self.context_lens, self.query_lens, self.block_tables)
+              if self.has_kv else None)
+        batch = ForwardBatch(slots=slots, start_lens=[], kv=kv)
+        batch.__dict__.update(snap_slot=self.snap, positions=self.positions)  # its cached properties, preset
+        return batch
+
+    def fill(self, plan=None, token_lists=None) -> None:
+        """Write one forward's values (`plan`: a `ForwardPlan`; None: every row padding) into the buffers."""
+        B, T, W = self.rows, self.num_inputs, self.width
+        n = 0 if plan is None else len(plan.seq_ids)
+        pad_bt, pad_b = [-1] * T, [0] * T
+        tokens, positions, snap, slot_mapping = [], [], [], []
+        src, num_tokens, last_index, context, query, tables = [], [], [], [], [], []
+        kv = None if plan is None else plan.batch.kv
+        slot_plan = None if plan is None else plan.batch.slots
+        for r in range(B):
+            if r < n:
+                row_tokens = list(token_lists[r])
+                tokens += row_tokens + [0] * (T - len(row_tokens))
+                positions += range(plan.start_lens[r], plan.start_lens[r] + T)
+                snap += slot_plan.snap_list[r]
+                src.append(slot_plan.src_list[r])
+                num_tokens.append(slot_plan.num_tokens_list[r])
+                last_index.append(r * T + max(slot_plan.num_tokens_list[r] - 1, 0))
+                if kv is not None:
+                    slot_mapping += kv.slot_rows[r]
+                    context.append(kv.context_list[r])
+                    query.append(kv.query_list[r])
+                    tables += kv.table_rows[r] + [-1] * (W - len(kv.table_rows[r]))
+                else:
+                    slot_mapping += pad_bt
+                    context.append(0)
+                    query.append(0)
+                    tables += [-1] * W
+            else:  # padding: reads a slot, writes nothing, attends to nothing
+                tokens += pad_b
+                positions += pad_b
+                snap += pad_bt
+                slot_mapping += pad_bt
+                src.append(self.pad_slot)
+                num_tokens.append(0)
+                last_index.append(r * T)
+                context.append(0)
+                query.append(0)
+                tables += [-1] * W
+        values = tokens + positions + snap + slot_mapping + src + num_tokens + last_index + context + query + tables
+        self.host_flat.numpy()[:] = values
+        self.device_flat.copy_(self.host_flat)  # blocking: the host buffer is rewritten next forward
+
+
+def graph_batch_size(rows: int) -> int | None:
+    """The captured batch size a forward of `rows` rows runs at (None: too many)."""
+    at = bisect.bisect_left(GRAPH_BATCH_SIZES, rows)
+    return GRAPH_BATCH_SIZES[at] if at < len(GRAPH_BATCH_SIZES) else None
+
+
+def check_graphable(model, device) -> None:
+    """Raise ConfigError unless `model`'s few-input forwards can be captured on `device`."""
+    if not triton_runs_on(device):
+        raise ConfigError(f"cuda_graphs=True needs the Triton kernels, which run on CUDA devices; the model is on "
+                          f"{device}. Move it to a GPU or leave cuda_graphs off")
+    if torch.device(device).type != "cuda" and cpu_native.available():
+        raise ConfigError("cuda_graphs=True on a CPU (HYBRIDSPEC_KERNELS=triton, for tests) needs the native CPU "
+                          "kernels off (HYBRIDSPEC_CPU_KERNELS=torch): they read the host-side plans")
+    if any(isinstance(m, MoE) for m in model.modules()):
+        raise ConfigError("cuda_graphs=True: models with MoE layers are not captured (routing reads the chosen "
+                          "experts back to the host); leave cuda_graphs off for this model")
+
+
+class ForwardGraphs:
+    """The captured forwards of one model over one cache (`HybridCache.graphs`;
+    `HybridModel.extend` asks `takes` and calls `run`)."""
+
+    def __init__(self, model, cache, max_batch_size: int, max_model_len: int,
+                 max_inputs: int = MAX_GRAPH_INPUTS):
+        check_graphable(model, cache.device)
+        self.model, self.cache = model, cache
+        self.max_rows = min(max_batch_size, GRAPH_BATCH_SIZES[-1])
+        self.max_inputs = max_inputs
+        self.width = max(1, -(-max_model_len // cache.block_size))
+        self.capture = cache.device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.forwards: dict[tuple[int, int, bool], tuple[StaticForward, _Entry]] = {}
+        self.replays = 0  # forwards run through the graphs (for tests and benchmarks)
+
+    def takes(self, plan, input_log) -> bool:
+        """Whether this forward runs through a graph."""
+        rows, T = len(plan.seq_ids), max(plan.num_new)
+        if input_log is not None or T > self.max_inputs or rows > self.max_rows:
+            return False
+        kv = plan.batch.kv
+        return kv is None or all(len(r) <= self.width for r in kv.table_rows)
+
+    def run(self, plan, token_lists: list[list[int]], last_only: bool) -> torch.Tensor:
+        """The forward's logits [rows, T or 1, vocab] (a copy), the states and K/V
+        written as the eager forward writes them."""
+        rows, T = len(plan.seq_ids), max(plan.num_new)
+        key = (graph_batch_size(rows), T, last_only and T > 1)
+        if key not in self.forwards:
+            self.forwards[key] = self._capture(*key)
+        static, entry = self.forwards[key]
+        static.fill(plan, token_lists)
+        if entry.graph is not None:
+            entry.graph.replay()
+            out = entry.out
+        else:  # no CUDA: run the forward over the same buffers
+            out = self._forward(static, key[2])
+        self.replays += 1
+        return out[:rows].clone()
+
+    def _forward(self, static: StaticForward, last_only: bool) -> torch.Tensor:
+        return self.model(static.tokens, static.batch(), self.cache, last_only)
+
+    def _capture(self, rows: int, T: int, last_only: bool) -> tuple[StaticForward, _Entry]:
+        has_kv = self.cache.kv is not None
+        static = StaticForward(rows, T, self.width, self.cache.device, pad_slot=0, has_kv=has_kv)
+        entry = _Entry()
+        if not self.capture:
+            return static, entry
+        static.fill()  # every row padding: the warm-up writes nothing
+        stream = torch.cuda.Stream(self.cache.device)
+        stream.wait_stream(torch.cuda.current_stream(self.cache.device))
+        with torch.cuda.stream(stream):
+            self._forward(static, last_only)
+        torch.cuda.current_stream(self.cache.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            entry.out = self._forward(static, last_only)
+        entry.graph = graph
+        return static, entry

@@ -1,0 +1,180 @@
+"""CUDA graphs of the few-input forwards (`hybridspec.models.graphs`).
+
+Without a GPU the graphs' static path still runs: the Triton kernels
+interpreted on CPU tensors (`HYBRIDSPEC_KERNELS=triton`, native CPU kernels
+off), every forward of a shape over the same static buffers, nothing read
+back to the host inside it (`no_host_reads`). So these tests catch what
+would break a captured graph — a value taken from one forward's host lists,
+a padding row that writes, a read-back — everywhere but in the capture
+itself, which the last test (GPU only, `benches/gpu_check.sh`) runs.
+"""
+import contextlib
+import os
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.errors import ConfigError
+from hybridspec.kernels import cpu_native
+from hybridspec.kernels.dispatch import KERNELS_ENV
+from hybridspec.models import graphs
+from oracles import bamba, jamba, nemotron_h, zamba2
+
+PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="the CPU runs of the GPU path need TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def gpu_path_on_cpu(monkeypatch):
+    """The Triton kernels on CPU tensors (interpreted), the native CPU kernels off."""
+    monkeypatch.setenv(KERNELS_ENV, "triton")
+    cpu_native.set_enabled(False)
+    yield
+    cpu_native.set_enabled(None)
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Raise on any tensor value read back to the host (a synchronisation on a GPU, illegal in a capture)."""
+    saved = {name: getattr(torch.Tensor, name)
+             for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")}
+
+    def deny(name):
+        def read(*args, **kwargs):
+            raise AssertionError(f"a graphed forward called Tensor.{name}: a host synchronisation")
+        return read
+
+    for name in saved:
+        setattr(torch.Tensor, name, deny(name))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@pytest.fixture
+def guarded_forwards(monkeypatch):
+    forward = graphs.ForwardGraphs._forward
+
+    def guarded(self, static, last_only):
+        with no_host_reads():
+            return forward(self, static, last_only)
+    monkeypatch.setattr(graphs.ForwardGraphs, "_forward", guarded)
+
+
+def tokens(engine, prompts=PROMPTS, max_new_tokens=6):
+    return [o.token_ids for o in engine.generate(prompts, hs.SamplingParams(max_new_tokens=max_new_tokens))]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return hs.from_hf(bamba(seed=11, attn_layers=(1,), num_layers=3, dtype=torch.float32))
+
+
+@needs_interpreter
+def test_model_drafter_rounds_give_the_eager_tokens(target, gpu_path_on_cpu, guarded_forwards):
+    draft = hs.from_hf(bamba(seed=12, attn_layers=(1,), num_layers=2, dtype=torch.float32))
+    kwargs = dict(draft=draft, max_batch_size=4, max_model_len=64, block_size=4)
+    eager = tokens(hs.Engine(target, **kwargs))
+    engine = hs.Engine(target, cuda_graphs=True, **kwargs)
+    assert tokens(engine) == eager
+    target_graphs, draft_graphs = engine.cache.graphs, engine.speculator.drafter.cache.graphs
+    assert target_graphs.replays > 0 and draft_graphs.replays > 0
+    assert (4, 5, False) in target_graphs.forwards  # 3 rows padded to 4, γ + 1 = 5 verify inputs
+    assert (4, 1, False) in draft_graphs.forwards  # drafting steps
+
+
+@needs_interpreter
+@pytest.mark.parametrize("make", [
+    lambda: nemotron_h(seed=3, dtype=torch.float32),  # attention without rotary embeddings
+    lambda: zamba2(seed=3, dtype=torch.float32),  # shared attention blocks
+    lambda: jamba(seed=3, dtype=torch.float32, expert_period=100, num_experts=1),  # Mamba-1, no MoE layer
+], ids=["nemotron_h", "zamba2", "jamba_mamba1"])
+def test_families_give_the_eager_tokens(make, gpu_path_on_cpu, guarded_forwards):
+    model = hs.from_hf(make())
+    kwargs = dict(draft=hs.NgramDrafter(), max_batch_size=4, max_model_len=64, block_size=4)
+    engine = hs.Engine(model, cuda_graphs=True, **kwargs)
+    assert tokens(engine, max_new_tokens=4) == tokens(hs.Engine(model, **kwargs), max_new_tokens=4)
+    assert engine.cache.graphs.replays > 0
+
+
+@needs_interpreter
+def test_one_shape_replayed_over_changing_batches(target, gpu_path_on_cpu, guarded_forwards):
+    """Decode steps of 3, 4 and 3 rows (other rows, another order) all run the
+    4-row graph of one input: its buffers, not the first forward's lists, decide
+    every later forward. Logits, K/V and every ring slot match the eager forwards."""
+    caches = [hs.Engine(target, max_batch_size=4, max_model_len=64, block_size=4).cache for _ in range(2)]
+    caches[1].graphs = graphs.ForwardGraphs(target, caches[1], max_batch_size=4, max_model_len=64)
+    for cache in caches:  # prompts past MAX_GRAPH_INPUTS: eager
+        target.prefill(cache, [0, 1, 2, 3], [[5, 6, 7, 8, 9, 10, 11, 12, 13], [14, 15], [16] * 11, [17, 18, 19]])
+    outs = [[], []]
+    for seq_ids, toks in (([1, 2, 3], [20, 21, 22]), ([0, 1, 2, 3], [23, 24, 25, 26]), ([3, 0, 2], [27, 28, 29]),
+                          ([0, 1, 2, 3], [30, 31, 32, 33])):
+        for cache, out in zip(caches, outs):
+            out.append(target.decode(cache, seq_ids, toks))
+    assert list(caches[1].graphs.forwards) == [(4, 1, False)] and caches[1].graphs.replays == 4
+    for eager, graphed in zip(*outs):
+        torch.testing.assert_close(graphed, eager, rtol=1e-6, atol=1e-6)
+    eager_cache, graph_cache = caches
+    assert eager_cache.computed_len == graph_cache.computed_len
+    for s in (0, 1, 2, 3):
+        assert eager_cache.head(s) == graph_cache.head(s)
+        n = eager_cache.computed_len[s]
+        for name in ("k_cache", "v_cache"):
+            kv = [getattr(c.kv, name)[0].reshape(-1, *getattr(c.kv, name).shape[-2:]) for c in caches]
+            slots = [p * 4 + o for p in eager_cache.kv.block_table(s) for o in range(4)][:n]
+            torch.testing.assert_close(kv[1][slots], kv[0][slots], rtol=1e-6, atol=1e-6)
+    for pool in ("ssm_states", "conv_states"):
+        for eager, graphed in zip(getattr(eager_cache.states, pool), getattr(graph_cache.states, pool)):
+            torch.testing.assert_close(graphed, eager, rtol=1e-6, atol=1e-6)
+
+
+@needs_interpreter
+def test_long_forwards_and_logged_forwards_stay_eager(target, gpu_path_on_cpu):
+    engine = hs.Engine(target, max_batch_size=4, max_model_len=64, block_size=4, cuda_graphs=True)
+    cache = engine.cache
+    target.prefill(cache, [0], [list(range(3, 3 + graphs.MAX_GRAPH_INPUTS + 1))])  # one input too many
+    assert cache.graphs.replays == 0
+    plan = cache.plan_forward([0], [2], [[cache.spare_slot(0), -1]])
+    assert not cache.graphs.takes(plan, input_log={}) and cache.graphs.takes(plan, input_log=None)
+    cache.abort_forward(plan)
+    target.decode(cache, [0], [4])
+    assert cache.graphs.replays == 1
+
+
+def test_engine_refuses_graphs_it_cannot_capture(target, monkeypatch):
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    with pytest.raises(ConfigError, match="needs the Triton kernels.*on cpu"):
+        hs.Engine(target, cuda_graphs=True)
+    with pytest.raises(ConfigError, match="cuda_graphs='yes' must be True or False"):
+        hs.Engine(target, cuda_graphs="yes")
+    monkeypatch.setenv(KERNELS_ENV, "triton")
+    if cpu_native.available():
+        with pytest.raises(ConfigError, match="native CPU kernels off"):
+            hs.Engine(target, cuda_graphs=True)
+    cpu_native.set_enabled(False)
+    try:
+        with pytest.raises(ConfigError, match="MoE layers"):
+            hs.Engine(hs.from_hf(jamba(seed=1, dtype=torch.float32)), cuda_graphs=True)
+    finally:
+        cpu_native.set_enabled(None)
+
+
+def test_graph_batch_sizes_round_up():
+    assert [graphs.graph_batch_size(n) for n in (1, 2, 3, 5, 9, 16, 17)] == [1, 2, 4, 8, 12, 16, 24]
+    assert graphs.graph_batch_size(graphs.GRAPH_BATCH_SIZES[-1] + 1) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures on a GPU (benches/gpu_check.sh)")
+def test_captured_graphs_replay_the_eager_tokens():
+    model = hs.from_hf(bamba(seed=11, attn_layers=(1,), num_layers=3, dtype=torch.float32)).to("cuda")
+    draft = hs.from_hf(bamba(seed=12, attn_layers=(1,), num_layers=2, dtype=torch.float32)).to("cuda")
+    kwargs = dict(draft=draft, max_batch_size=4, max_model_len=64, block_size=4)
+    engine = hs.Engine(model, cuda_graphs=True, **kwargs)
+    assert tokens(engine, max_new_tokens=16) == tokens(hs.Engine(model, **kwargs), max_new_tokens=16)
+    assert all(entry.graph is not None for _, entry in engine.cache.graphs.forwards.values())
+    assert engine.cache.graphs.replays > 0
