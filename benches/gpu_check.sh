@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On an NVIDIA GPU machine: run the kernel tests compiled (not interpreted)
-# and time every kernel against its reference and the bandwidth it should
-# reach. Budget: under 5 minutes on an H200. Works offline when the machine's
+# and the CUDA-graph tests (capture, replay against eager), time every kernel
+# against its reference and the bandwidth it should reach, and time decoding
+# with graphs against eager launches. Budget: under 7 minutes on an H200. Works offline when the machine's
 # python already has torch and triton (the device machines reach no registry).
 #   bash benches/gpu_check.sh            (OUT=dir to copy the JSON there)
 set -uo pipefail
@@ -16,8 +17,10 @@ fi
 export TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,memory.total --format=csv || true
 "$PY" -c "import torch; print('cuda available:', torch.cuda.is_available(), torch.__version__)"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -20
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/kernels tests/test_cuda_graphs.py 2>&1 | tail -20
 status=${PIPESTATUS[0]}
 timeout 120 "$PY" benches/kernel_timing.py
-[ -n "${OUT:-}" ] && cp benches/out/kernel_timing.json "$OUT/" 2>/dev/null
+# CUDA graphs against eager launches (captures, replays, same tokens): benches/out/cuda_graphs.json
+timeout 150 "$PY" benches/cuda_graphs.py --batches 1 4 16 --tokens 48 --repeats 3 || status=1
+[ -n "${OUT:-}" ] && cp benches/out/kernel_timing.json benches/out/cuda_graphs.json "$OUT/" 2>/dev/null
 exit "$status"

@@ -3,6 +3,7 @@ shared helpers in benches/common.py do what they say."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -170,3 +171,20 @@ def test_exact_bf16_quick(benches, tmp_path):
     assert payload["generate"] and all(row["same_tokens"] for row in payload["generate"])
     for row in payload["memory"]:
         assert row["float32_mib"] / 2 < row["bfloat16_mib"] < 0.55 * row["float32_mib"]  # the vectors stay float32
+
+
+def test_cuda_graphs_quick(benches, tmp_path, monkeypatch):
+    """Without CUDA: the graphs' static path against eager, interpreted on CPU."""
+    import torch
+    from hybridspec.kernels import cpu_native
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 without a GPU")
+    monkeypatch.setenv("HYBRIDSPEC_KERNELS", "auto")  # the bench sets "triton" on CPU; restored after
+    out = tmp_path / "cuda_graphs.json"
+    try:
+        assert bench_main("cuda_graphs")(["--quick", "--out", str(out)]) == 0
+    finally:
+        cpu_native.set_enabled(None)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["mode"]) for r in rows] == [(1, "plain"), (1, "speculative")]
+    assert all(r["same_tokens"] and r["graphs_ms"] > 0 and r["graph_replays"] > 0 for r in rows)

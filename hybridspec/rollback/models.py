@@ -28,6 +28,11 @@ def tiny_model(seed: int = 0, layer_types=("mamba2", "attention", "mamba2"), dty
         mamba2=Mamba2Config(num_heads=4, head_dim=16, d_state=8, chunk_size=8),
         mamba1=Mamba1Config(d_inner=64, d_state=8, dt_rank=4), mlp=MLPConfig(48),
         max_position_embeddings=512, family="tiny")
+    return random_model(config, seed, dtype, device)
+
+
+def random_model(config: HybridConfig, seed: int = 0, dtype=torch.float64, device="cpu") -> HybridModel:
+    """A HybridModel of `config` with random weights (`_random_weight`'s values)."""
     g = torch.Generator().manual_seed(seed)
     weights = {name: _random_weight(name, expected.shape, g).to(device=device, dtype=dtype)
                for name, expected in expected_tensors(config).items()}
