@@ -69,9 +69,10 @@ class LLM:
         None: the model directory's own tokenizer, or bytes for a byte-level
         model (vocabulary 256).
     num_draft_tokens ("auto": adaptive γ), max_draft_tokens, checkpoint, verify,
-    max_batch_size, max_model_len, prefix_cache: as in
+    max_batch_size, max_model_len, prefix_cache, cuda_graphs: as in
         `Engine` (γ = 4, a snapshot after every verify input, "rejection",
-        16 sequences, the model's limit up to 4096 tokens, no prefix cache).
+        16 sequences, the model's limit up to 4096 tokens, no prefix cache,
+        no CUDA graphs).
     device: torch device to load onto (default "cpu"); dtype: "float32",
         "bfloat16", "float16", "float64" or a torch.dtype (default: float32
         on a CPU, where a bf16 checkpoint's linear weights and embedding
@@ -93,7 +94,7 @@ class LLM:
                  verify: Literal["rejection", "coupled"] = "rejection",
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
                  max_batch_size: int = 16, max_model_len: int | None = None,
-                 eos_token_ids: Iterable[int] | None = None, prefix_cache=None):
+                 eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool = False):
         dtype = load_dtype(model_dtype(dtype), device)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
         self.target = as_model(embedded_target if model is None else model, dtype, device)
@@ -106,7 +107,8 @@ class LLM:
         self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), num_draft_tokens=num_draft_tokens,
                              max_draft_tokens=max_draft_tokens, checkpoint=checkpoint,
                              verify=verify, max_batch_size=max_batch_size, max_model_len=max_model_len,
-                             eos_token_ids=eos_token_ids, decode=self.codec.decode, prefix_cache=prefix_cache)
+                             eos_token_ids=eos_token_ids, decode=self.codec.decode, prefix_cache=prefix_cache,
+                             cuda_graphs=cuda_graphs)
 
     @property
     def stats(self) -> EngineStats:

@@ -66,6 +66,12 @@ def test_device_the_build_lacks(capsys):
     assert "not a torch device" in error_line(capsys, ["check", "--quick", "--device", "gpu0"])
 
 
+def test_cuda_graphs_on_a_cpu_device(capsys, monkeypatch):
+    monkeypatch.delenv("HYBRIDSPEC_KERNELS", raising=False)
+    line = error_line(capsys, ["generate", "--cuda-graphs", "--draft", "none", "-n", "2", "hello"])
+    assert "cuda_graphs=True needs the Triton kernels" in line and "on cpu" in line
+
+
 @pytest.mark.parametrize("raised,status", [(KeyboardInterrupt, 130), (BrokenPipeError, 141)])
 def test_interrupt_and_closed_pipe(capsys, monkeypatch, raised, status):
     def stop(args):
