@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# On an NVIDIA GPU machine: run the kernel tests compiled (not interpreted)
-# and the CUDA-graph tests (capture, replay against eager), time every kernel
-# against its reference and the bandwidth it should reach, and time decoding
-# with graphs against eager launches. Budget: under 7 minutes on an H200. Works offline when the machine's
-# python already has torch and triton (the device machines reach no registry).
-#   bash benches/gpu_check.sh            (OUT=dir to copy the JSON there)
+# On an NVIDIA GPU machine, in stages (each with its own timeout; the default
+# runs them all, in this order, in about 8 minutes at most on an H200):
+#   kernels  the kernel tests compiled (not interpreted) and the CUDA-graph
+#            tests (capture, replay against eager)              ≤ 200 s
+#   check    the rollback-correctness suite on the GPU path, float32 and
+#            float64 (whose attention takes the torch reference) ≤ 2 × 80 s
+#   timing   every kernel against its reference and the bandwidth it should
+#            reach (benches/kernel_timing.py)                  ≤ 80 s
+#   graphs   decoding with CUDA graphs against eager launches
+#            (benches/cuda_graphs.py)                           ≤ 100 s
+# A device session with less time runs some: `bash benches/gpu_check.sh kernels graphs`.
+# Works offline when the machine's python already has torch and triton (the
+# device machines reach no registry). OUT=dir copies the JSON there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+STAGES=${*:-kernels check timing graphs}
 if ! "$PY" -c "import torch, triton" 2>/dev/null; then
   "$PY" -m pip install -q torch triton safetensors numpy tqdm pytest hypothesis scipy || exit 1
 fi
@@ -17,10 +25,28 @@ fi
 export TRITON_INTERPRET=0
 nvidia-smi --query-gpu=name,memory.total --format=csv || true
 "$PY" -c "import torch; print('cuda available:', torch.cuda.is_available(), torch.__version__)"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/kernels tests/test_cuda_graphs.py 2>&1 | tail -20
-status=${PIPESTATUS[0]}
-timeout 120 "$PY" benches/kernel_timing.py
-# CUDA graphs against eager launches (captures, replays, same tokens): benches/out/cuda_graphs.json
-timeout 150 "$PY" benches/cuda_graphs.py --batches 1 4 16 --tokens 48 --repeats 3 || status=1
-[ -n "${OUT:-}" ] && cp benches/out/kernel_timing.json benches/out/cuda_graphs.json "$OUT/" 2>/dev/null
+status=0
+for stage in $STAGES; do
+  start=$SECONDS
+  echo "== $stage"
+  case $stage in
+    kernels)
+      timeout 200 "$PY" -m pytest -q -p no:cacheprovider tests/kernels tests/test_cuda_graphs.py 2>&1 | tail -20
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    check)
+      for dtype in float32 float64; do
+        timeout 80 "$PY" -m hybridspec.cli check --quick --device cuda --dtype "$dtype" 2>&1 | tail -4
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
+    timing)
+      timeout 80 "$PY" benches/kernel_timing.py || status=1
+      [ -n "${OUT:-}" ] && cp benches/out/kernel_timing.json "$OUT/" 2>/dev/null ;;
+    graphs)
+      timeout 100 "$PY" benches/cuda_graphs.py --batches 1 4 16 --tokens 48 --repeats 3 || status=1
+      [ -n "${OUT:-}" ] && cp benches/out/cuda_graphs.json "$OUT/" 2>/dev/null ;;
+    *)
+      echo "unknown stage '$stage' (kernels, check, timing, graphs)"; status=2 ;;
+  esac
+  echo "== $stage: $((SECONDS - start)) s"
+done
 exit "$status"

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .triton_import import tl, triton
 
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # float64 models attend with the reference
 _BLOCK_N = 64  # key positions per inner step; independent of the page size
 
 
@@ -156,8 +156,8 @@ def paged_attention(
 ) -> torch.Tensor:  # [batch, T_max, num_q_heads, head_dim], zeros in padding rows
     """Triton paged attention; see the module docstring for the math."""
     _check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens)
-    if q.dtype not in _SUPPORTED_DTYPES:
-        raise ValueError(f"q has dtype {q.dtype}; the kernel supports {_SUPPORTED_DTYPES}, use paged_attention_ref")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; the kernel supports {SUPPORTED_DTYPES}, use paged_attention_ref")
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("paged_attention needs CUDA tensors (or TRITON_INTERPRET=1); use paged_attention_ref on CPU")
     batch, T_max, num_q_heads, head_dim = q.shape

@@ -147,6 +147,23 @@ def test_engine_refuses_graphs_it_cannot_capture(monkeypatch):
             hs.Engine(target, cuda_graphs=True)
 
 
+@needs_interpreter
+def test_float64_attention_takes_the_reference_on_the_gpu_path(gpu_path_on_cpu):
+    """The Triton attention has no float64: such a model attends with the torch
+    reference (its other kernels run in float64); graphs refuse it."""
+    from hybridspec.rollback.models import tiny_model
+    model = tiny_model(2, dtype=torch.float64)
+    kwargs = dict(draft=hs.NgramDrafter(), max_batch_size=4, max_model_len=64, block_size=4)
+    gpu_path = tokens(hs.Engine(model, **kwargs), max_new_tokens=4)
+    cpu_native.set_enabled(None)
+    os.environ[KERNELS_ENV] = "reference"  # the fixture's monkeypatch restores it
+    assert gpu_path == tokens(hs.Engine(model, **kwargs), max_new_tokens=4)
+    os.environ[KERNELS_ENV] = "triton"
+    cpu_native.set_enabled(False)
+    with pytest.raises(ConfigError, match="torch.float64 model's attention"):
+        hs.Engine(model, cuda_graphs=True)
+
+
 def test_engine_refuses_graphs_of_moe_models(gpu_path_on_cpu):
     pytest.importorskip("transformers")
     with pytest.raises(ConfigError, match="MoE layers"):

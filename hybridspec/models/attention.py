@@ -10,7 +10,7 @@ from torch import nn
 
 from hybridspec.kernels import cpu_rope
 from hybridspec.kernels.dispatch import use_triton
-from hybridspec.kernels.paged_attention import paged_attention, paged_attention_cpu
+from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES, paged_attention, paged_attention_cpu
 
 from ..config import AttentionConfig
 from .batch import ForwardBatch
@@ -133,10 +133,10 @@ class Attention(nn.Module):
         meta = batch.kv
         cache.kv.write(self.kv_layer, meta, k, v)
         k_cache, v_cache = cache.kv.k_cache[self.kv_layer], cache.kv.v_cache[self.kv_layer]
-        if use_triton(q):
+        if use_triton(q) and q.dtype in SUPPORTED_DTYPES:
             out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_lens,
                                   cfg.softmax_scale)  # [batch, T, heads, head_dim]
-        else:  # torch: a sequence's consecutive pages are read as one view of the cache
+        else:  # torch (CPU, and float64 anywhere): a sequence's consecutive pages are read as one view of the cache
             out = paged_attention_cpu(q, k_cache, v_cache, meta.page_runs, meta.context_list, meta.query_list,
                                       cfg.softmax_scale)
         return linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)

@@ -52,6 +52,7 @@ import torch
 
 from hybridspec.kernels import cpu_native
 from hybridspec.kernels.dispatch import triton_runs_on
+from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES
 
 from ..errors import ConfigError
 from .batch import ForwardBatch
@@ -173,6 +174,9 @@ def check_graphable(model, device) -> None:
     if torch.device(device).type != "cuda" and cpu_native.available():
         raise ConfigError("cuda_graphs=True on a CPU (HYBRIDSPEC_KERNELS=triton, for tests) needs the native CPU "
                           "kernels off (HYBRIDSPEC_CPU_KERNELS=torch): they read the host-side plans")
+    if model.config.attention_layers and model.dtype not in SUPPORTED_DTYPES:
+        raise ConfigError(f"cuda_graphs=True: a {model.dtype} model's attention runs the torch reference, which "
+                          f"reads host-side plans; graphs need one of {SUPPORTED_DTYPES} (or leave cuda_graphs off)")
     if any(isinstance(m, MoE) for m in model.modules()):
         raise ConfigError("cuda_graphs=True: models with MoE layers are not captured (routing reads the chosen "
                           "experts back to the host); leave cuda_graphs off for this model")
