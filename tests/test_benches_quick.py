@@ -188,3 +188,21 @@ def test_cuda_graphs_quick(benches, tmp_path, monkeypatch):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["batch"], r["mode"]) for r in rows] == [(1, "plain"), (1, "speculative")]
     assert all(r["same_tokens"] and r["graphs_ms"] > 0 and r["graph_replays"] > 0 for r in rows)
+
+
+def test_gpu_launches_quick(benches, tmp_path, monkeypatch):
+    """The GPU path's operation count per forward, on CPU (interpreted): the same for a decode step and a
+    verify forward (no per-input or per-row loop on that path)."""
+    from hybridspec.kernels import cpu_native
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1")
+    monkeypatch.setenv("HYBRIDSPEC_KERNELS", "auto")  # the bench sets "triton"; restored after
+    out = tmp_path / "gpu_launches.json"
+    try:
+        assert bench_main("gpu_launches")(["--quick", "--out", str(out)]) == 0
+    finally:
+        cpu_native.set_enabled(None)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["forward"] for r in rows] == ["decode step", "verify, 5 inputs"]
+    assert all(r["triton_launches"] > 0 and r["ops"] > r["triton_launches"] for r in rows)
+    assert rows[0]["launches"] == rows[1]["launches"]
