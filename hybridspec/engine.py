@@ -27,7 +27,7 @@ from .cache.hybrid_cache import HybridCache, scratch_cache
 from .cache.prefix_cache import PrefixCache, PrefixStore, as_prefix_settings
 from .errors import ConfigError, InvalidRequestError
 from .logprobs import TokenLogprob, batch_logprobs
-from .models.graphs import ForwardGraphs, check_graphable
+from .models.graphs import ForwardGraphs, graphed
 from .models.hybrid import HybridModel
 from .penalties import penalty_context
 from .requests import engine_eos_ids, engine_sizes, normalize_requests
@@ -164,9 +164,12 @@ class Engine:
         (default: off). A model drafter gets a prefix cache of its own.
     cuda_graphs: capture the few-input forwards (decode, drafting,
         verification) of the target and a model drafter as CUDA graphs and
-        replay them (`hybridspec.models.graphs`; default False). Needs the
-        models on a CUDA device and no MoE layers; prefill and forwards of
-        more than 8 inputs run as usual.
+        replay them (`hybridspec.models.graphs`). True needs the models on a
+        CUDA device, no MoE layers and no float64 attention (else
+        ConfigError); False: never; None (default): the environment's
+        `HYBRIDSPEC_CUDA_GRAPHS` ("1": for each model that can be captured,
+        the others eager; unset or "0": never). Prefill and forwards of more
+        than 8 inputs run as usual.
 
     Requests: `generate` (a list in, a list out), `stream` (an iterator of
     new tokens), or `add_request` / `step` / `abort` for a server's own loop;
@@ -183,7 +186,7 @@ class Engine:
                  max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None,
                  state_dtype: torch.dtype | None = None, eos_token_ids: Iterable[int] | None = None,
                  decode: Decode | None = None, prefix_cache: bool | PrefixCache | None = None,
-                 cuda_graphs: bool = False):
+                 cuda_graphs: bool | None = None):
         if not isinstance(target, HybridModel):
             raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
         if verify not in ("rejection", "coupled"):
@@ -193,11 +196,7 @@ class Engine:
                               "or None for the default")
         if decode is not None and not callable(decode):
             raise ConfigError(f"decode={decode!r} must be a function from token ids to text, e.g. tokenizer.decode")
-        if not isinstance(cuda_graphs, bool):
-            raise ConfigError(f"cuda_graphs={cuda_graphs!r} must be True or False")
-        if cuda_graphs:
-            for model in (target, draft) if isinstance(draft, HybridModel) else (target,):
-                check_graphable(model, model.device)
+        graphed_models = graphed(cuda_graphs, (target, draft) if isinstance(draft, HybridModel) else (target,))
         prefix_settings = as_prefix_settings(prefix_cache)
         self.eos_token_ids = engine_eos_ids(target.config, eos_token_ids)
         self.decode = decode
@@ -241,11 +240,11 @@ class Engine:
         if self.speculator is not None and isinstance(self.speculator.drafter, ModelDrafter):
             caches.append(self.speculator.drafter.cache)
             stores.append(self.speculator.drafter.prefix)
-        if cuda_graphs:
-            graphed = [(target, self.cache)]
-            if len(caches) > 1:
-                graphed.append((self.speculator.drafter.model, self.speculator.drafter.cache))
-            for model, cache in graphed:
+        model_caches = [(target, self.cache)]
+        if len(caches) > 1:
+            model_caches.append((self.speculator.drafter.model, self.speculator.drafter.cache))
+        for model, cache in model_caches:
+            if model in graphed_models:
                 cache.graphs = ForwardGraphs(model, cache, self.max_batch_size, self.max_model_len)
         reclaim = None if self.prefix is None else functools.partial(make_room, dict(zip(map(id, caches), stores)))
         self.scheduler = Scheduler(caches, self.max_batch_size, self._release, reclaim)

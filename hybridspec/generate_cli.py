@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps (default cpu)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay decode and verify forwards as captured CUDA graphs (a CUDA --device; "
-                             "models without MoE layers)")
+                             "models without MoE layers; default: HYBRIDSPEC_CUDA_GRAPHS=1 turns them on where "
+                             "they can run)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
                         help="dtype the model computes in (default: float32 on a CPU, where a bf16 checkpoint's "
                              "linear weights stay bf16 in memory, exactly; the checkpoint's elsewhere)")
@@ -170,9 +171,9 @@ def build_llm(args: argparse.Namespace):
                                                       len(prompt) + args.max_new_tokens + max_gamma(args.gamma) + 1))
     llm = hs.LLM(target, draft=draft, tokenizer=codec, num_draft_tokens=args.gamma,
                  checkpoint=parse_policy(args.policy), verify=args.verify, threads=args.threads,
-                 eos_token_ids=eos, cuda_graphs=args.cuda_graphs, **sizes)
+                 eos_token_ids=eos, cuda_graphs=args.cuda_graphs or None, **sizes)
     plain = None if draft is None or args.no_baseline else \
-        hs.Engine(target, eos_token_ids=eos, decode=codec.decode, cuda_graphs=args.cuda_graphs, **sizes)
+        hs.Engine(target, eos_token_ids=eos, decode=codec.decode, cuda_graphs=args.cuda_graphs or None, **sizes)
     return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
 
 

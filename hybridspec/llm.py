@@ -72,7 +72,7 @@ class LLM:
     max_batch_size, max_model_len, prefix_cache, cuda_graphs: as in
         `Engine` (γ = 4, a snapshot after every verify input, "rejection",
         16 sequences, the model's limit up to 4096 tokens, no prefix cache,
-        no CUDA graphs).
+        CUDA graphs as `HYBRIDSPEC_CUDA_GRAPHS` says: none unless it is "1").
     device: torch device to load onto (default "cpu"); dtype: "float32",
         "bfloat16", "float16", "float64" or a torch.dtype (default: float32
         on a CPU, where a bf16 checkpoint's linear weights and embedding
@@ -94,7 +94,7 @@ class LLM:
                  verify: Literal["rejection", "coupled"] = "rejection",
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
                  max_batch_size: int = 16, max_model_len: int | None = None,
-                 eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool = False):
+                 eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool | None = None):
         dtype = load_dtype(model_dtype(dtype), device)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
         self.target = as_model(embedded_target if model is None else model, dtype, device)

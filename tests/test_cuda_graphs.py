@@ -139,8 +139,13 @@ def test_engine_refuses_graphs_it_cannot_capture(monkeypatch):
     monkeypatch.delenv(KERNELS_ENV, raising=False)
     with pytest.raises(ConfigError, match="needs the Triton kernels.*on cpu"):
         hs.Engine(target, cuda_graphs=True)
-    with pytest.raises(ConfigError, match="cuda_graphs='yes' must be True or False"):
+    with pytest.raises(ConfigError, match="cuda_graphs='yes' must be True, False or None"):
         hs.Engine(target, cuda_graphs="yes")
+    monkeypatch.setenv(graphs.GRAPHS_ENV, "yes")
+    with pytest.raises(ConfigError, match="HYBRIDSPEC_CUDA_GRAPHS='yes' must be 0 or 1"):
+        hs.Engine(target)
+    monkeypatch.setenv(graphs.GRAPHS_ENV, "1")  # where a model can be captured: not on this CPU, so eager
+    assert hs.Engine(target).cache.graphs is None
     monkeypatch.setenv(KERNELS_ENV, "triton")
     if cpu_native.available():
         with pytest.raises(ConfigError, match="native CPU kernels off"):
@@ -164,10 +169,26 @@ def test_float64_attention_takes_the_reference_on_the_gpu_path(gpu_path_on_cpu):
         hs.Engine(model, cuda_graphs=True)
 
 
-def test_engine_refuses_graphs_of_moe_models(gpu_path_on_cpu):
+def test_engine_refuses_graphs_of_moe_models(gpu_path_on_cpu, monkeypatch):
     pytest.importorskip("transformers")
+    moe = hs.from_hf(jamba(seed=1, dtype=torch.float32))
     with pytest.raises(ConfigError, match="MoE layers"):
-        hs.Engine(hs.from_hf(jamba(seed=1, dtype=torch.float32)), cuda_graphs=True)
+        hs.Engine(moe, cuda_graphs=True)
+    monkeypatch.setenv(graphs.GRAPHS_ENV, "1")  # the environment's default: graphs where they can run
+    assert hs.Engine(moe).cache.graphs is None
+
+
+@needs_interpreter
+def test_the_environment_turns_graphs_on_for_each_model_that_takes_them(gpu_path_on_cpu, monkeypatch):
+    from hybridspec.rollback.models import perturbed_copy, tiny_model
+    target = tiny_model(3, dtype=torch.float32)
+    monkeypatch.setenv(graphs.GRAPHS_ENV, "1")
+    engine = hs.Engine(target, draft=perturbed_copy(target))
+    assert engine.cache.graphs is not None and engine.speculator.drafter.cache.graphs is not None
+    float64_draft = tiny_model(3, dtype=torch.float64)  # attention in float64: eager
+    engine = hs.Engine(tiny_model(3, dtype=torch.float64), draft=float64_draft)
+    assert engine.cache.graphs is None and engine.speculator.drafter.cache.graphs is None
+    assert hs.Engine(target, cuda_graphs=False).cache.graphs is None
 
 
 def test_graph_batch_sizes_round_up():

@@ -31,7 +31,10 @@ and writes nothing), the capture, then the replay with the real buffers.
 Graphs share one memory pool and run one at a time; each returns a copy of
 its logits, since the next replay reuses the pool.
 
-Forwards the graphs leave to the eager path: more inputs than
+`Engine(cuda_graphs=True)` captures the target's and a model drafter's
+forwards, or raises ConfigError for a model that cannot be captured; with the
+default None, `HYBRIDSPEC_CUDA_GRAPHS=1` captures those that can be
+(`graphed`). Forwards the graphs leave to the eager path: more inputs than
 `MAX_GRAPH_INPUTS` (prefill), a batch past the largest captured size, and
 forwards that keep an input log (their logged tensors would live in the
 pool). Models with MoE layers are refused: routing reads the chosen experts
@@ -46,6 +49,7 @@ forward's lists instead of the buffers would be wrong in the next.
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +64,7 @@ from .ffn import MoE
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_INPUTS = 8  # verification of γ ≤ 7; longer forwards run eagerly
+GRAPHS_ENV = "HYBRIDSPEC_CUDA_GRAPHS"  # "1": an Engine left at cuda_graphs=None captures where it can
 
 
 class StaticSlots:
@@ -180,6 +185,34 @@ def check_graphable(model, device) -> None:
     if any(isinstance(m, MoE) for m in model.modules()):
         raise ConfigError("cuda_graphs=True: models with MoE layers are not captured (routing reads the chosen "
                           "experts back to the host); leave cuda_graphs off for this model")
+
+
+def graphed(cuda_graphs: bool | None, models) -> list:
+    """The models whose forwards an Engine captures: with True every one (a
+    ConfigError for one that cannot be, `check_graphable`), with False none,
+    with None those that can be when `HYBRIDSPEC_CUDA_GRAPHS=1` (none when it
+    is unset or "0")."""
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise ConfigError(f"cuda_graphs={cuda_graphs!r} must be True, False or None (the environment's "
+                          f"{GRAPHS_ENV})")
+    if cuda_graphs is None:
+        setting = os.environ.get(GRAPHS_ENV, "0")
+        if setting not in ("0", "1"):
+            raise ConfigError(f"{GRAPHS_ENV}={setting!r} must be 0 or 1; unset it for 0")
+        if setting == "0":
+            return []
+    elif not cuda_graphs:
+        return []
+    out = []
+    for model in models:
+        try:
+            check_graphable(model, model.device)
+        except ConfigError:
+            if cuda_graphs:
+                raise
+            continue
+        out.append(model)
+    return out
 
 
 class ForwardGraphs:
