@@ -264,8 +264,8 @@ class Engine:
         return GammaController(gamma_max, costs)
 
     def _new_cache(self, ring_slots: int) -> HybridCache:
-        """The target's cache with this engine's sizes."""
-        return HybridCache(self.target.config, ring_slots=ring_slots, state_dtype=self.state_dtype,
+        """The target's cache with this engine's sizes (plain steps take turns between two ring offsets)."""
+        return HybridCache(self.target.config, ring_slots=ring_slots, state_dtype=self.state_dtype, spare="pair",
                            **self.cache_kwargs)
 
     # -- requests ------------------------------------------------------------------------------

@@ -77,3 +77,31 @@ def test_plain_heads_move_to_the_common_offset_with_their_state():
     plan = cache.plan_forward(ids, [1, 1, 1], None)
     assert plan.batch.slots.src_span is not None and plan.batch.slots.steps[0].span is not None
     cache.abort_forward(plan)
+
+
+def test_plain_steps_of_a_target_cache_take_turns_between_two_ring_offsets():
+    """spare="pair" (the Engine's target cache): plain steps write the head's partner
+    at offset XOR 1, so a large ring's states stay in two offsets; "next" (a model
+    drafter's cache, which keeps its chain of drafts) cycles through the ring.
+    Both give the same logits."""
+    from hybridspec.rollback.models import tiny_model
+    model = tiny_model(3)
+    caches = {spare: HybridCache(model.config, max_seqs=2, num_blocks=8, block_size=8, ring_slots=5,
+                                 dtype=model.dtype, spare=spare) for spare in ("next", "pair")}
+    offsets, logits = {spare: [] for spare in caches}, {spare: [] for spare in caches}
+    for spare, cache in caches.items():
+        model.prefill(cache, [0, 1], [[3, 1, 4], [1, 5, 9]], last_only=True)
+        for token in (2, 6, 5, 3, 5, 8):
+            logits[spare].append(model.decode(cache, [0, 1], [token, token + 1]))
+            offsets[spare].append(cache.states.ring_slots(1).index(cache.head(1)))
+    assert offsets["next"] == [2, 3, 4, 0, 1, 2]  # prefill wrote offset 1
+    assert offsets["pair"] == [0, 1, 0, 1, 0, 1]
+    for a, b in zip(logits["next"], logits["pair"]):
+        assert torch.equal(a, b)
+    odd = HybridCache(model.config, max_seqs=1, num_blocks=4, block_size=8, ring_slots=3, dtype=model.dtype,
+                      spare="pair")
+    odd.add_sequences([0])
+    ring = odd.states.ring_slots(0)
+    odd.states.set_head(0, ring[2], 0)
+    assert odd.spare_slot(0) == ring[0]  # the last offset of an odd ring has no partner: the next slot
+    assert hs.Engine(model, draft=hs.NgramDrafter()).cache.spare == "pair"
