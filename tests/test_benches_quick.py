@@ -173,36 +173,34 @@ def test_exact_bf16_quick(benches, tmp_path):
         assert row["float32_mib"] / 2 < row["bfloat16_mib"] < 0.55 * row["float32_mib"]  # the vectors stay float32
 
 
-def test_cuda_graphs_quick(benches, tmp_path, monkeypatch):
-    """Without CUDA: the graphs' static path against eager, interpreted on CPU."""
-    import torch
+def run_on_gpu_path(name: str, out: Path, monkeypatch) -> list[dict]:
+    """Run bench `name` --quick, which puts the GPU path on CPU (HYBRIDSPEC_KERNELS=triton, native
+    kernels off; both restored after), and return its JSON rows."""
     from hybridspec.kernels import cpu_native
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs TRITON_INTERPRET=1 without a GPU")
-    monkeypatch.setenv("HYBRIDSPEC_KERNELS", "auto")  # the bench sets "triton" on CPU; restored after
-    out = tmp_path / "cuda_graphs.json"
+    monkeypatch.setenv("HYBRIDSPEC_KERNELS", "auto")
     try:
-        assert bench_main("cuda_graphs")(["--quick", "--out", str(out)]) == 0
+        assert bench_main(name)(["--quick", "--out", str(out)]) == 0
     finally:
         cpu_native.set_enabled(None)
-    rows = json.loads(out.read_text())["rows"]
+    return json.loads(out.read_text())["rows"]
+
+
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+
+
+@needs_interpreter
+def test_cuda_graphs_quick(benches, tmp_path, monkeypatch):
+    """Without CUDA: the graphs' static path against eager, interpreted on CPU."""
+    rows = run_on_gpu_path("cuda_graphs", tmp_path / "cuda_graphs.json", monkeypatch)
     assert [(r["batch"], r["mode"]) for r in rows] == [(1, "plain"), (1, "speculative")]
     assert all(r["same_tokens"] and r["graphs_ms"] > 0 and r["graph_replays"] > 0 for r in rows)
 
 
+@needs_interpreter
 def test_gpu_launches_quick(benches, tmp_path, monkeypatch):
     """The GPU path's operation count per forward, on CPU (interpreted): the same for a decode step and a
     verify forward (no per-input or per-row loop on that path)."""
-    from hybridspec.kernels import cpu_native
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs TRITON_INTERPRET=1")
-    monkeypatch.setenv("HYBRIDSPEC_KERNELS", "auto")  # the bench sets "triton"; restored after
-    out = tmp_path / "gpu_launches.json"
-    try:
-        assert bench_main("gpu_launches")(["--quick", "--out", str(out)]) == 0
-    finally:
-        cpu_native.set_enabled(None)
-    rows = json.loads(out.read_text())["rows"]
+    rows = run_on_gpu_path("gpu_launches", tmp_path / "gpu_launches.json", monkeypatch)
     assert [r["forward"] for r in rows] == ["decode step", "verify, 5 inputs"]
     assert all(r["triton_launches"] > 0 and r["ops"] > r["triton_launches"] for r in rows)
     assert rows[0]["launches"] == rows[1]["launches"]
