@@ -125,41 +125,30 @@ class StaticForward:
         """Write one forward's values (`plan`: a `ForwardPlan`; None: every row padding) into the buffers."""
         B, T, W = self.rows, self.num_inputs, self.width
         n = 0 if plan is None else len(plan.seq_ids)
-        pad_bt, pad_b = [-1] * T, [0] * T
-        tokens, positions, snap, slot_mapping = [], [], [], []
-        src, num_tokens, last_index, context, query, tables = [], [], [], [], [], []
-        kv = None if plan is None else plan.batch.kv
-        slot_plan = None if plan is None else plan.batch.slots
-        for r in range(B):
-            if r < n:
-                row_tokens = list(token_lists[r])
-                tokens += row_tokens + [0] * (T - len(row_tokens))
-                positions += range(plan.start_lens[r], plan.start_lens[r] + T)
-                snap += slot_plan.snap_list[r]
-                src.append(slot_plan.src_list[r])
-                num_tokens.append(slot_plan.num_tokens_list[r])
-                last_index.append(r * T + max(slot_plan.num_tokens_list[r] - 1, 0))
-                if kv is not None:
-                    slot_mapping += kv.slot_rows[r]
-                    context.append(kv.context_list[r])
-                    query.append(kv.query_list[r])
-                    tables += kv.table_rows[r] + [-1] * (W - len(kv.table_rows[r]))
-                else:
-                    slot_mapping += pad_bt
-                    context.append(0)
-                    query.append(0)
-                    tables += [-1] * W
-            else:  # padding: reads a slot, writes nothing, attends to nothing
-                tokens += pad_b
-                positions += pad_b
-                snap += pad_bt
-                slot_mapping += pad_bt
-                src.append(self.pad_slot)
-                num_tokens.append(0)
-                last_index.append(r * T)
-                context.append(0)
-                query.append(0)
-                tables += [-1] * W
+        tokens, positions, snap, src, num_tokens = [], [], [], [], []
+        slot_mapping, context, query, tables = [-1] * (n * T), [0] * n, [0] * n, [-1] * (n * W)
+        if n:
+            slots, kv = plan.batch.slots, plan.batch.kv
+            for row, start in zip(token_lists, plan.start_lens):
+                tokens += list(row) + [0] * (T - len(row))
+                positions += range(start, start + T)
+            snap = [slot for row in slots.snap_list for slot in row]
+            src, num_tokens = list(slots.src_list), list(slots.num_tokens_list)
+            if kv is not None:
+                slot_mapping = [slot for row in kv.slot_rows for slot in row]
+                context, query = list(kv.context_list), list(kv.query_list)
+                tables = [page for row in kv.table_rows for page in row + [-1] * (W - len(row))]
+        pad = B - n  # padding rows: no inputs, no writes, attend to nothing, read pad_slot
+        tokens += [0] * (pad * T)
+        positions += [0] * (pad * T)
+        snap += [-1] * (pad * T)
+        slot_mapping += [-1] * (pad * T)
+        src += [self.pad_slot] * pad
+        num_tokens += [0] * pad
+        context += [0] * pad
+        query += [0] * pad
+        tables += [-1] * (pad * W)
+        last_index = [r * T + max(k - 1, 0) for r, k in enumerate(num_tokens)]
         values = tokens + positions + snap + slot_mapping + src + num_tokens + last_index + context + query + tables
         self.host_flat.numpy()[:] = values
         self.device_flat.copy_(self.host_flat)  # blocking: the host buffer is rewritten next forward
