@@ -60,7 +60,7 @@ def test_prepare_write_meta():
         [t0[1] * 4 + 2, t0[1] * 4 + 3, t0[2] * 4 + 0],
         [t1[0] * 4 + 0, -1, -1],
     ]
-    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.tolist() == [t0, t1 + [-1, -1]]
+    assert meta.block_tables.dtype == torch.int64 and meta.block_tables.tolist() == [t0, t1 + [-1, -1]]
     assert meta.context_lens.tolist() == [9, 1] and meta.query_lens.tolist() == [3, 1]
     assert meta.page_runs == (tuple(consecutive_runs(t0)), tuple(consecutive_runs(t1)))
     assert cache.kv_len(0) == 6 and cache.kv_len(1) == 0  # prepare_write does not advance kv_len

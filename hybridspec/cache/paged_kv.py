@@ -79,11 +79,9 @@ class KVWriteMeta:
         slots, context, query, tables = flat.split([batch * self.t_max, batch, batch, batch * width])
         return slots.view(batch, self.t_max), context, query, tables.view(batch, width)
 
-    @functools.cached_property
-    def block_tables(self) -> torch.Tensor:  # [batch, max_blocks] int32: pages covering context_lens, -1 padded
-        width = max(1, max((len(r) for r in self.table_rows), default=0))
-        return self._tensor([r + [-1] * (width - len(r)) for r in self.table_rows],
-                            torch.int32).reshape(len(self.seq_ids), width)
+    @property
+    def block_tables(self) -> torch.Tensor:  # [batch, max_blocks] int64: pages covering context_lens, -1 padded
+        return self.packed[3]
 
     @functools.cached_property
     def context_lens(self) -> torch.Tensor:  # [batch] int64: the keys attention sees after the write

@@ -41,10 +41,9 @@ class ForwardBatch:
     def src_slot(self) -> torch.Tensor:  # [batch] int64
         return self.slots.src
 
-    @functools.cached_property
+    @property
     def snap_slot(self) -> torch.Tensor:  # [batch, T] int64
-        return torch.tensor(self.slots.snap_list, dtype=torch.long, device=self.slots.device).view(
-            self.slots.batch, self.slots.num_inputs)
+        return self.slots.snap
 
     @functools.cached_property
     def positions(self) -> torch.Tensor:  # [batch, T] absolute position of each input

@@ -118,7 +118,7 @@ class StaticForward:
         kv = (StaticKV(B, T, self.slot_mapping, self.context_lens, self.query_lens, self.block_tables)
               if self.has_kv else None)
         batch = ForwardBatch(slots=slots, start_lens=[], kv=kv)
-        batch.__dict__.update(snap_slot=self.snap, positions=self.positions)  # its cached properties, preset
+        batch.__dict__["positions"] = self.positions  # its cached property, preset
         return batch
 
     def fill(self, plan=None, token_lists=None) -> None:
