@@ -60,9 +60,9 @@ def no_host_reads():
 def guarded_forwards(monkeypatch):
     forward = graphs.ForwardGraphs._forward
 
-    def guarded(self, static, last_only):
+    def guarded(self, *args):
         with no_host_reads():
-            return forward(self, static, last_only)
+            return forward(self, *args)
     monkeypatch.setattr(graphs.ForwardGraphs, "_forward", guarded)
 
 
@@ -103,7 +103,7 @@ def test_one_shape_replayed_over_changing_batches(target, gpu_path_on_cpu, guard
                           ([0, 1, 2, 3], [30, 31, 32, 33])):
         for cache, out in zip(caches, outs):
             out.append(target.decode(cache, seq_ids, toks))
-    assert list(caches[1].graphs.forwards) == [(4, 1, False)] and caches[1].graphs.replays == 4
+    assert list(caches[1].graphs.forwards) == [(4, 1, False, False)] and caches[1].graphs.replays == 4
     for eager, graphed in zip(*outs):
         torch.testing.assert_close(graphed, eager, rtol=1e-6, atol=1e-6)
     eager_cache, graph_cache = caches
@@ -121,16 +121,26 @@ def test_one_shape_replayed_over_changing_batches(target, gpu_path_on_cpu, guard
 
 
 @needs_interpreter
-def test_long_forwards_and_logged_forwards_stay_eager(target, gpu_path_on_cpu):
-    engine = hs.Engine(target, max_batch_size=4, max_model_len=64, block_size=4, cuda_graphs=True)
-    cache = engine.cache
-    target.prefill(cache, [0], [list(range(3, 3 + graphs.MAX_GRAPH_INPUTS + 1))])  # one input too many
-    assert cache.graphs.replays == 0
-    plan = cache.plan_forward([0], [2], [[cache.spare_slot(0), -1]])
-    assert not cache.graphs.takes(plan, input_log={}) and cache.graphs.takes(plan, input_log=None)
-    cache.abort_forward(plan)
-    target.decode(cache, [0], [4])
-    assert cache.graphs.replays == 1
+def test_long_forwards_stay_eager_and_logged_forwards_hand_out_their_log(target, gpu_path_on_cpu,
+                                                                          guarded_forwards):
+    """A prefill past MAX_GRAPH_INPUTS runs eagerly; a verify forward that keeps an
+    input log (a log-replaying policy) runs its own graph shape and gives the
+    eager forward's log, in copies."""
+    caches = [hs.Engine(target, max_batch_size=4, max_model_len=64, block_size=4).cache for _ in range(2)]
+    caches[1].graphs = graphs.ForwardGraphs(target, caches[1], max_batch_size=4, max_model_len=64)
+    logs = []
+    for cache in caches:
+        target.prefill(cache, [0, 1], [list(range(3, 3 + graphs.MAX_GRAPH_INPUTS + 1)), [5, 6]])
+        snap = [[-1, -1, cache.spare_slot(s)] for s in (0, 1)]
+        logs.append({})
+        target.extend(cache, [0, 1], [[7, 8, 9], [10, 11, 12]], snap_slot=snap, input_log=logs[-1])
+    assert caches[1].graphs.replays == 1 and list(caches[1].graphs.forwards) == [(2, 3, False, True)]
+    eager, graphed = logs
+    assert sorted(graphed) == sorted(eager) and graphed
+    for layer in eager:
+        for name in ("xs", "x", "dt", "B", "C"):
+            torch.testing.assert_close(getattr(graphed[layer], name), getattr(eager[layer], name),
+                                       rtol=1e-6, atol=1e-6)
 
 
 def test_engine_refuses_graphs_it_cannot_capture(monkeypatch):
@@ -214,5 +224,5 @@ def test_rounds_replay_the_eager_tokens(request):
     assert captured and all(captured) == (device == "cuda") and any(captured) == (device == "cuda")
     target_graphs, draft_graphs = engine.cache.graphs, engine.speculator.drafter.cache.graphs
     assert target_graphs.replays > 0 and draft_graphs.replays > 0
-    assert (4, 5, False) in target_graphs.forwards  # 3 rows padded to 4, γ + 1 = 5 verify inputs
-    assert (4, 1, False) in draft_graphs.forwards  # drafting steps
+    assert (4, 5, False, False) in target_graphs.forwards  # 3 rows padded to 4, γ + 1 = 5 verify inputs
+    assert (4, 1, False, False) in draft_graphs.forwards  # drafting steps

@@ -29,16 +29,19 @@ A shape is captured the first time a forward needs it: one warm-up run with
 every row padding (it compiles the kernels and makes the cached constants,
 and writes nothing), the capture, then the replay with the real buffers.
 Graphs share one memory pool and run one at a time; each returns a copy of
-its logits, since the next replay reuses the pool.
+its logits, since the next replay reuses the pool. A forward that keeps an
+input log (a checkpoint policy that log-replays) runs a graph of its own
+shape whose layers put their inputs' tensors in a dict while it is
+captured; each replay hands the caller copies of them.
 
 `Engine(cuda_graphs=True)` captures the target's and a model drafter's
 forwards, or raises ConfigError for a model that cannot be captured; with the
 default None, `HYBRIDSPEC_CUDA_GRAPHS=1` captures those that can be
 (`graphed`). Forwards the graphs leave to the eager path: more inputs than
-`MAX_GRAPH_INPUTS` (prefill), a batch past the largest captured size, and
-forwards that keep an input log (their logged tensors would live in the
-pool). Models with MoE layers are refused: routing reads the chosen experts
-back to the host.
+`MAX_GRAPH_INPUTS` (prefill) and a batch past the largest captured size.
+Models with MoE layers are refused (routing reads the chosen experts back to
+the host), and so are float64 models with attention (the Triton attention
+has no float64).
 
 Where CUDA is absent (tests: the Triton kernels interpreted on CPU tensors,
 `HYBRIDSPEC_KERNELS=triton`, the native CPU kernels off) nothing is captured
@@ -54,6 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridspec.checkpoints.input_log import MambaInputLog
 from hybridspec.kernels import cpu_native
 from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES
@@ -89,6 +93,7 @@ class StaticKV:
 class _Entry:
     graph: object | None = None  # torch.cuda.CUDAGraph once captured
     out: torch.Tensor | None = None  # the captured forward's logits [B, T or 1, vocab]
+    log: dict | None = None  # a logging shape's input log: each Mamba layer's MambaInputLog of the graph's tensors
 
 
 class StaticForward:
@@ -217,38 +222,47 @@ class ForwardGraphs:
         self.width = max(1, -(-max_model_len // cache.block_size))
         self.capture = cache.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
-        self.forwards: dict[tuple[int, int, bool], tuple[StaticForward, _Entry]] = {}
+        # (B, T, last_only, logs) -> its buffers and graph
+        self.forwards: dict[tuple[int, int, bool, bool], tuple[StaticForward, _Entry]] = {}
         self.replays = 0  # forwards run through the graphs (for tests and benchmarks)
 
-    def takes(self, plan, input_log) -> bool:
+    def takes(self, plan) -> bool:
         """Whether this forward runs through a graph."""
         rows, T = len(plan.seq_ids), max(plan.num_new)
-        if input_log is not None or T > self.max_inputs or rows > self.max_rows:
+        if T > self.max_inputs or rows > self.max_rows:
             return False
         kv = plan.batch.kv
         return kv is None or all(len(r) <= self.width for r in kv.table_rows)
 
-    def run(self, plan, token_lists: list[list[int]], last_only: bool) -> torch.Tensor:
+    def run(self, plan, token_lists: list[list[int]], last_only: bool, input_log=None) -> torch.Tensor:
         """The forward's logits [rows, T or 1, vocab] (a copy), the states and K/V
-        written as the eager forward writes them."""
+        written as the eager forward writes them; `input_log` (a dict, or None)
+        receives copies of each Mamba layer's inputs, as the eager forward's."""
         rows, T = len(plan.seq_ids), max(plan.num_new)
-        key = (graph_batch_size(rows), T, last_only and T > 1)
+        key = (graph_batch_size(rows), T, last_only and T > 1, input_log is not None)
         if key not in self.forwards:
             self.forwards[key] = self._capture(*key)
         static, entry = self.forwards[key]
         static.fill(plan, token_lists)
         if entry.graph is not None:
             entry.graph.replay()
-            out = entry.out
+            out, log = entry.out, entry.log
         else:  # no CUDA: run the forward over the same buffers
-            out = self._forward(static, key[2])
+            log = {} if input_log is not None else None
+            out = self._forward(static, key[2], log)
+        if input_log is not None:  # copies: the next replay reuses the pool
+            for layer, inputs in log.items():
+                input_log[layer] = MambaInputLog(*(t[:rows].clone() for t in (inputs.xs, inputs.x, inputs.dt,
+                                                                              inputs.B, inputs.C)))
         self.replays += 1
         return out[:rows].clone()
 
-    def _forward(self, static: StaticForward, last_only: bool) -> torch.Tensor:
-        return self.model(static.tokens, static.batch(), self.cache, last_only)
+    def _forward(self, static: StaticForward, last_only: bool, input_log: dict | None) -> torch.Tensor:
+        batch = static.batch()
+        batch.input_log = input_log
+        return self.model(static.tokens, batch, self.cache, last_only)
 
-    def _capture(self, rows: int, T: int, last_only: bool) -> tuple[StaticForward, _Entry]:
+    def _capture(self, rows: int, T: int, last_only: bool, logs: bool) -> tuple[StaticForward, _Entry]:
         has_kv = self.cache.kv is not None
         static = StaticForward(rows, T, self.width, self.cache.device, pad_slot=0, has_kv=has_kv)
         entry = _Entry()
@@ -258,10 +272,11 @@ class ForwardGraphs:
         stream = torch.cuda.Stream(self.cache.device)
         stream.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(stream):
-            self._forward(static, last_only)
+            self._forward(static, last_only, {} if logs else None)
         torch.cuda.current_stream(self.cache.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        entry.log = {} if logs else None  # the layers put the graph's log tensors in it while it is captured
         with torch.cuda.graph(graph, pool=self.pool):
-            entry.out = self._forward(static, last_only)
+            entry.out = self._forward(static, last_only, entry.log)
         entry.graph = graph
         return static, entry
