@@ -10,6 +10,8 @@ itself, which the last test (GPU only, `benches/gpu_check.sh`) runs.
 """
 import contextlib
 import os
+import re
+import warnings
 
 import pytest
 import torch
@@ -141,6 +143,25 @@ def test_long_forwards_stay_eager_and_logged_forwards_hand_out_their_log(target,
         for name in ("xs", "x", "dt", "B", "C"):
             torch.testing.assert_close(getattr(graphed[layer], name), getattr(eager[layer], name),
                                        rtol=1e-6, atol=1e-6)
+
+
+@needs_interpreter
+def test_a_shape_that_fails_to_capture_runs_eagerly_after_one_warning(target, gpu_path_on_cpu, monkeypatch):
+    engine = hs.Engine(target, max_batch_size=2, max_model_len=64, block_size=4, cuda_graphs=True)
+    eager = tokens(hs.Engine(target, max_batch_size=2, max_model_len=64, block_size=4), PROMPTS[:2])
+    calls = []
+
+    def failing(self, *key):
+        calls.append(key)
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(graphs.ForwardGraphs, "_capture", failing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert tokens(engine, PROMPTS[:2]) == eager
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert any(re.search("capture of 2 rows x 1 inputs failed .*not permitted.*runs eagerly", m) for m in messages)
+    assert engine.cache.graphs.replays == 0 and (2, 1, False, False) in calls
+    assert len(calls) == len(set(calls)) == len(messages)  # each shape tried, and warned about, once
 
 
 def test_engine_refuses_graphs_it_cannot_capture(monkeypatch):

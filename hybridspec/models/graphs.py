@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -223,7 +224,7 @@ class ForwardGraphs:
         self.capture = cache.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         # (B, T, last_only, logs) -> its buffers and graph
-        self.forwards: dict[tuple[int, int, bool, bool], tuple[StaticForward, _Entry]] = {}
+        self.forwards: dict[tuple[int, int, bool, bool], tuple[StaticForward, _Entry] | None] = {}  # None: eager
         self.replays = 0  # forwards run through the graphs (for tests and benchmarks)
 
     def takes(self, plan) -> bool:
@@ -234,14 +235,24 @@ class ForwardGraphs:
         kv = plan.batch.kv
         return kv is None or all(len(r) <= self.width for r in kv.table_rows)
 
-    def run(self, plan, token_lists: list[list[int]], last_only: bool, input_log=None) -> torch.Tensor:
+    def run(self, plan, token_lists: list[list[int]], last_only: bool, input_log=None) -> torch.Tensor | None:
         """The forward's logits [rows, T or 1, vocab] (a copy), the states and K/V
         written as the eager forward writes them; `input_log` (a dict, or None)
-        receives copies of each Mamba layer's inputs, as the eager forward's."""
+        receives copies of each Mamba layer's inputs, as the eager forward's.
+        None, with nothing written, where its shape could not be captured (a
+        warning names the error once; that shape then runs eagerly)."""
         rows, T = len(plan.seq_ids), max(plan.num_new)
         key = (graph_batch_size(rows), T, last_only and T > 1, input_log is not None)
         if key not in self.forwards:
-            self.forwards[key] = self._capture(*key)
+            try:
+                self.forwards[key] = self._capture(*key)
+            except Exception as error:  # the warm-up wrote nothing and a capture runs nothing: eager is safe
+                warnings.warn(f"CUDA graph capture of {key[0]} rows x {T} inputs failed ({type(error).__name__}: "
+                              f"{error}); that shape runs eagerly. Engine(cuda_graphs=False) turns graphs off",
+                              RuntimeWarning, stacklevel=3)
+                self.forwards[key] = None
+        if self.forwards[key] is None:
+            return None
         static, entry = self.forwards[key]
         static.fill(plan, token_lists)
         if entry.graph is not None:

@@ -312,8 +312,9 @@ class HybridModel(nn.Module):
         batch.input_log = input_log
         graphs = cache.graphs  # captured CUDA graphs of the few-input forwards (`models.graphs`), or None
         try:
-            if graphs is not None and graphs.takes(plan):
-                logits, finite = graphs.run(plan, token_lists, last_only, input_log), False
+            if graphs is not None and graphs.takes(plan) and (
+                    graphed := graphs.run(plan, token_lists, last_only, input_log)) is not None:
+                logits, finite = graphed, False
             elif (whole := cpu_forward.forward(self, token_lists, batch, cache, last_only)) is not None:
                 logits, finite = whole.values, whole.finite  # one C call, where it applies
             else:  # layer by layer
