@@ -247,3 +247,4 @@ def test_rounds_replay_the_eager_tokens(request):
     assert target_graphs.replays > 0 and draft_graphs.replays > 0
     assert (4, 5, False, False) in target_graphs.forwards  # 3 rows padded to 4, γ + 1 = 5 verify inputs
     assert (4, 1, False, False) in draft_graphs.forwards  # drafting steps
+    assert (4, 4, True, False) not in target_graphs.forwards  # the prompts' prefill (4 tokens at most) is eager

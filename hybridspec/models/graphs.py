@@ -38,7 +38,8 @@ captured; each replay hands the caller copies of them.
 forwards, or raises ConfigError for a model that cannot be captured; with the
 default None, `HYBRIDSPEC_CUDA_GRAPHS=1` captures those that can be
 (`graphed`). Forwards the graphs leave to the eager path: more inputs than
-`MAX_GRAPH_INPUTS` (prefill) and a batch past the largest captured size.
+`MAX_GRAPH_INPUTS`, a prompt's prefill (a row from the empty state) and a
+batch past the largest captured size.
 Models with MoE layers are refused (routing reads the chosen experts back to
 the host), and so are float64 models with attention (the Triton attention
 has no float64).
@@ -228,9 +229,11 @@ class ForwardGraphs:
         self.replays = 0  # forwards run through the graphs (for tests and benchmarks)
 
     def takes(self, plan) -> bool:
-        """Whether this forward runs through a graph."""
+        """Whether this forward runs through a graph: not a prompt's prefill
+        (a row from the empty state; each prompt length would be a capture
+        replayed rarely), nor a forward past the captured sizes."""
         rows, T = len(plan.seq_ids), max(plan.num_new)
-        if T > self.max_inputs or rows > self.max_rows:
+        if T > self.max_inputs or rows > self.max_rows or 0 in plan.start_lens:
             return False
         kv = plan.batch.kv
         return kv is None or all(len(r) <= self.width for r in kv.table_rows)
