@@ -1,7 +1,9 @@
 """CUDA graphs against eager launches: plain decoding and speculative rounds
 on a GPU, the same requests both ways, interleaved.
 
-Target: a random float32 hybrid built in code with Bamba-9B's layer mix at a
+Also the decode forward alone (`HybridModel.decode` over a cache, no
+sampling or scheduling), eager against graphed, ms per step and whether the
+logits are the same bits. Target: a random float32 hybrid built in code with Bamba-9B's layer mix at a
 GPU-friendly size (hidden 1024, 16 layers, one attention layer in eight,
 Mamba-2 heads of 64 × 128, about 0.3B parameters); drafter: 4 layers of the
 same shape. Nothing is downloaded, and transformers is not needed. Per batch size: ms per generated
@@ -77,6 +79,34 @@ def measure(engines: dict, prompts, params, repeats: int, device) -> tuple[dict,
     return {name: (statistics.median(s), min(s), max(s)) for name, s in samples.items()}, same
 
 
+def step_times(target, batch: int, steps: int, repeats: int, device) -> tuple[dict, bool]:
+    """The decode forward alone (`HybridModel.decode`, no sampling or scheduling): seconds per step over
+    `steps` steps, eager and graphed caches interleaved run by run (median, min, max), and whether their
+    logits were the same."""
+    from hybridspec.cache.hybrid_cache import HybridCache
+    from hybridspec.models.graphs import ForwardGraphs
+    caches = {}
+    for graphed in (False, True):
+        cache = HybridCache(target.config, max_seqs=batch, num_blocks=batch * 16, block_size=16, ring_slots=2,
+                            dtype=target.dtype, device=device, spare="pair")
+        if graphed:
+            cache.graphs = ForwardGraphs(target, cache, batch, 256)
+        target.prefill(cache, list(range(batch)), [[3 + b] * 16 for b in range(batch)], last_only=True)
+        caches[graphed] = cache
+    ids, samples, last = list(range(batch)), {False: [], True: []}, {}
+    for run in range(repeats + 1):  # run 0 warms up (and captures)
+        for graphed, cache in caches.items():
+            synchronize(device)
+            start = time.perf_counter()
+            for step in range(steps):
+                last[graphed] = target.decode(cache, ids, [(5 * step + b) % target.vocab_size for b in ids])
+            synchronize(device)
+            if run:
+                samples[graphed].append((time.perf_counter() - start) / steps)
+    same = bool(torch.equal(last[False], last[True]))
+    return {graphed: (statistics.median(s), min(s), max(s)) for graphed, s in samples.items()}, same
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--batches", type=int, nargs="+", default=None)
@@ -113,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
                              speedup=eager[0] / graphed[0], eager_range_ms=[t * 1e3 for t in eager[1:]],
                              graphs_range_ms=[t * 1e3 for t in graphed[1:]], same_tokens=same,
                              graph_replays=engines[True].cache.graphs.replays))
+        times, same = step_times(target, batch, tokens, repeats, device)
+        eager, graphed = times[False], times[True]
+        rows.append(dict(batch=batch, mode="decode forward", eager_ms=eager[0] * 1e3, graphs_ms=graphed[0] * 1e3,
+                         speedup=eager[0] / graphed[0], eager_range_ms=[t * 1e3 for t in eager[1:]],
+                         graphs_range_ms=[t * 1e3 for t in graphed[1:]], same_tokens=same, graph_replays=None))
     print_table(rows, ["batch", "mode", ("eager_ms", "eager ms/token"), ("graphs_ms", "graphs ms/token"),
-                       ("speedup", "eager / graphs"), ("same_tokens", "same tokens")])
+                       ("speedup", "eager / graphs"), ("same_tokens", "same tokens / logits")])
     write_json(args.out or out_dir() / "cuda_graphs.json",
                dict(device=str(device), quick=args.quick, tokens=tokens, repeats=repeats, rows=rows))
     return 0
