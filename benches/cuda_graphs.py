@@ -107,6 +107,14 @@ def step_times(target, batch: int, steps: int, repeats: int, device) -> tuple[di
     return {graphed: (statistics.median(s), min(s), max(s)) for graphed, s in samples.items()}, same
 
 
+def result_row(batch: int, mode: str, times: dict, same: bool, graph_replays: int | None) -> dict:
+    """One table row from {graphed: (median, min, max) seconds}: milliseconds, eager / graphs, ranges."""
+    eager, graphed = times[False], times[True]
+    return dict(batch=batch, mode=mode, eager_ms=eager[0] * 1e3, graphs_ms=graphed[0] * 1e3,
+                speedup=eager[0] / graphed[0], eager_range_ms=[t * 1e3 for t in eager[1:]],
+                graphs_range_ms=[t * 1e3 for t in graphed[1:]], same_tokens=same, graph_replays=graph_replays)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--batches", type=int, nargs="+", default=None)
@@ -138,16 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             engines = {graphs: hs.Engine(target, max_batch_size=batch, max_model_len=256, cuda_graphs=graphs,
                                          **kwargs) for graphs in (False, True)}
             times, same = measure(engines, prompts, params, repeats, device)
-            eager, graphed = times[False], times[True]
-            rows.append(dict(batch=batch, mode=mode, eager_ms=eager[0] * 1e3, graphs_ms=graphed[0] * 1e3,
-                             speedup=eager[0] / graphed[0], eager_range_ms=[t * 1e3 for t in eager[1:]],
-                             graphs_range_ms=[t * 1e3 for t in graphed[1:]], same_tokens=same,
-                             graph_replays=engines[True].cache.graphs.replays))
+            rows.append(result_row(batch, mode, times, same, engines[True].cache.graphs.replays))
         times, same = step_times(target, batch, tokens, repeats, device)
-        eager, graphed = times[False], times[True]
-        rows.append(dict(batch=batch, mode="decode forward", eager_ms=eager[0] * 1e3, graphs_ms=graphed[0] * 1e3,
-                         speedup=eager[0] / graphed[0], eager_range_ms=[t * 1e3 for t in eager[1:]],
-                         graphs_range_ms=[t * 1e3 for t in graphed[1:]], same_tokens=same, graph_replays=None))
+        rows.append(result_row(batch, "decode forward", times, same, None))
     print_table(rows, ["batch", "mode", ("eager_ms", "eager ms/token"), ("graphs_ms", "graphs ms/token"),
                        ("speedup", "eager / graphs"), ("same_tokens", "same tokens / logits")])
     write_json(args.out or out_dir() / "cuda_graphs.json",

@@ -236,14 +236,12 @@ class Engine:
             if adaptive:
                 self.gamma_controller = self._gamma_controller(drafter, num_draft_tokens)
         self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings)
-        caches, stores = [self.cache], [self.prefix]
+        caches, stores, models = [self.cache], [self.prefix], [target]
         if self.speculator is not None and isinstance(self.speculator.drafter, ModelDrafter):
             caches.append(self.speculator.drafter.cache)
             stores.append(self.speculator.drafter.prefix)
-        model_caches = [(target, self.cache)]
-        if len(caches) > 1:
-            model_caches.append((self.speculator.drafter.model, self.speculator.drafter.cache))
-        for model, cache in model_caches:
+            models.append(self.speculator.drafter.model)
+        for model, cache in zip(models, caches):
             if model in graphed_models:
                 cache.graphs = ForwardGraphs(model, cache, self.max_batch_size, self.max_model_len)
         reclaim = None if self.prefix is None else functools.partial(make_room, dict(zip(map(id, caches), stores)))
