@@ -205,3 +205,31 @@ def test_gpu_launches_quick(benches, tmp_path, monkeypatch):
     assert [r["forward"] for r in rows] == ["decode step", "verify, 5 inputs"]
     assert all(r["triton_launches"] > 0 and r["ops"] > r["triton_launches"] for r in rows)
     assert rows[0]["launches"] == rows[1]["launches"]
+
+
+def test_targets_quick(benches, tmp_path):
+    """Every bench the targets table reads runs (in its own process) and its JSON
+    still has what the table takes: a figure and a verdict in every row."""
+    out = tmp_path / "targets.json"
+    assert bench_main("targets")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    targets = sys.modules["targets"]
+    assert set(payload["runs"]) == {run.bench for run in targets.RUNS}
+    assert {r["bench"] for r in payload["rows"]} == set(payload["runs"])
+    for row in payload["rows"]:
+        assert isinstance(row["figure"], float) and row["met"] in (True, False)
+    assert (tmp_path / "targets" / "round_cost.json").exists()  # each bench's own JSON kept beside the summary
+    growth = [r for r in payload["rows"] if r["target"].startswith("decode growth")]
+    assert len(growth) == 2 and all(r["where"].startswith(("32 ->", "64 ->")) for r in growth)
+
+
+def test_targets_verdicts(benches, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHES))
+    import targets
+    assert targets.row("t", "w", 1.31, 1.3, at_most=True)["met"] is False
+    assert targets.row("t", "w", 1.3, 1.3, at_most=True)["met"] is True
+    assert targets.row("t", "w", 1.49, 1.5, at_most=False)["met"] is False
+    assert targets.row("t", "w", None, 1.5, at_most=False)["met"] is None  # no figure (tokens differ): no verdict
+    rows = targets.snapshot_rows({"snapshot_overhead": [
+        {"batch": 4, "ring_slots": 6, "extra_fraction": 0.01}, {"batch": 4, "ring_slots": 10, "extra_fraction": 0.2}]})
+    assert [(r["figure"], r["met"]) for r in rows] == [(0.2, False)]  # the engine's CPU ring, not the smaller one
