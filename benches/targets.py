@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from common import bench_parser, describe_machine, out_dir, print_table, write_json
+from common import bench_parser, describe_machine, out_dir, print_table, set_threads, write_json
 
 BENCHES = Path(__file__).resolve().parent
 
@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     out = args.out or out_dir() / ("targets_quick.json" if args.quick else "targets.json")
     folder = out.parent / out.stem  # each bench's JSON (and plots) beside the summary
     folder.mkdir(parents=True, exist_ok=True)
+    set_threads(args.threads)  # what each bench is given (this process only reads their JSON)
     print(f"{describe_machine()}; benches' JSON into {folder}", flush=True)
     rows, runs = [], {}
     chosen = [r for r in RUNS if args.only is None or r.bench in args.only]
