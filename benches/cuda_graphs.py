@@ -85,12 +85,12 @@ def step_times(target, batch: int, steps: int, repeats: int, device) -> tuple[di
     logits were the same."""
     from hybridspec.cache.hybrid_cache import HybridCache
     from hybridspec.models.graphs import ForwardGraphs
-    caches = {}
+    caches, pages = {}, -(-(16 + steps * (repeats + 1)) // 16)  # the prompt, then every run's steps
     for graphed in (False, True):
-        cache = HybridCache(target.config, max_seqs=batch, num_blocks=batch * 16, block_size=16, ring_slots=2,
+        cache = HybridCache(target.config, max_seqs=batch, num_blocks=batch * pages, block_size=16, ring_slots=2,
                             dtype=target.dtype, device=device, spare="pair")
         if graphed:
-            cache.graphs = ForwardGraphs(target, cache, batch, 256)
+            cache.graphs = ForwardGraphs(target, cache, batch, pages * 16)
         target.prefill(cache, list(range(batch)), [[3 + b] * 16 for b in range(batch)], last_only=True)
         caches[graphed] = cache
     ids, samples, last = list(range(batch)), {False: [], True: []}, {}

@@ -3,20 +3,24 @@
 # runs them all, in this order, in under 9.5 minutes at most):
 #   kernels  the kernel tests compiled (not interpreted) and the CUDA-graph
 #            tests (capture, replay against eager)              ≤ 180 s
-#   check    the rollback-correctness suite on the GPU path: float32 eager,
-#            float32 with CUDA graphs, float64 (whose attention takes the
-#            torch reference, so no graphs)                     ≤ 3 × 70 s
 #   timing   every kernel against its reference and the bandwidth it should
 #            reach (benches/kernel_timing.py)                  ≤ 70 s
 #   graphs   decoding with CUDA graphs against eager launches
 #            (benches/cuda_graphs.py)                           ≤ 100 s
+#   check    the rollback-correctness suite on the GPU path: float32 eager,
+#            float32 with CUDA graphs, float64 (whose attention takes the
+#            torch reference, so no graphs)                     ≤ 3 × 70 s
+# The longest stage comes last, so a run cut short still has the others.
 # A device session with less time runs some: `bash benches/gpu_check.sh kernels graphs`.
 # Works offline when the machine's python already has torch and triton (the
-# device machines reach no registry). OUT=dir copies the JSON there.
+# device machines reach no registry). OUT=dir copies the JSON there, and the
+# whole output (gpu_check.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # benches/*.py put benches/ first on sys.path
 PY=${PYTHON:-python3}
-STAGES=${*:-kernels check timing graphs}
+STAGES=${*:-kernels timing graphs check}
+if [ -n "${OUT:-}" ]; then exec > >(tee -a "$OUT/gpu_check.log") 2>&1; fi
 if ! "$PY" -c "import torch, triton" 2>/dev/null; then
   "$PY" -m pip install -q torch triton safetensors numpy tqdm pytest hypothesis scipy || exit 1
 fi

@@ -35,11 +35,18 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def cases(quick: bool):
+SIZES = {  # batch, T, nheads, headdim, d_state, ngroups, vocabulary
+    "full": (32, 5, 128, 64, 128, 8, 128256),
+    "quick": (4, 5, 32, 64, 128, 1, 4096),
+    "tiny": (2, 3, 2, 8, 16, 1, 64),  # the test of the cases' arguments (interpreted on CPU)
+}
+
+
+def cases(size: str, dev="cuda"):
     """(name, kernel call, reference call, bytes the kernel must move)."""
     from hybridspec.kernels import conv_window, mamba2_verify, rejection, ssm_replay
-    dev, f32 = "cuda", torch.float32
-    batch, T, nheads, headdim, d_state, ngroups = (4, 5, 32, 64, 128, 1) if quick else (32, 5, 128, 64, 128, 8)
+    f32 = torch.float32
+    batch, T, nheads, headdim, d_state, ngroups, V = SIZES[size]
     slots = batch * (T + 1)
     states = torch.randn(slots, nheads, headdim, d_state, device=dev, dtype=f32)
     src = torch.arange(batch, device=dev) * (T + 1)
@@ -55,7 +62,7 @@ def cases(quick: bool):
     args = (states, src, snap, x, dt, A, B, C, D, ntok)
     yield ("mamba2_verify", lambda: mamba2_verify.mamba2_verify(*args), lambda: mamba2_verify.mamba2_verify_ref(*args),
            state_bytes * (1 + T) + nbytes(x, dt, B, C) * 2)
-    rargs = (states, src, snap[:, -1], ntok, x, dt, A, B, C)
+    rargs = (states, src, snap[:, -1].contiguous(), ntok, x, dt, A, B, C)
     yield ("mamba2_replay", lambda: ssm_replay.mamba2_replay(*rargs), lambda: ssm_replay.mamba2_replay_ref(*rargs),
            state_bytes * 2 + nbytes(x, dt, B))
     conv_dim, d_conv = nheads * headdim + 2 * ngroups * d_state, 4
@@ -65,7 +72,7 @@ def cases(quick: bool):
     cargs = (conv, src, snap, xs, w, bias, ntok, "silu")
     yield ("conv_window_update", lambda: conv_window.conv_window_update(*cargs),
            lambda: conv_window.conv_window_update_ref(*cargs), nbytes(xs) * 2 + conv[0].numel() * 4 * batch * (1 + T))
-    V, G = (4096, 4) if quick else (128256, 4)
+    G = 4
     p = torch.softmax(torch.randn(batch, G + 1, V, device=dev), -1)
     q = torch.softmax(torch.randn(batch, G, V, device=dev), -1)
     d = torch.randint(0, V, (batch, G), device=dev)
@@ -85,7 +92,7 @@ def main(argv=None) -> int:
         return 0
     peak = float(torch.cuda.get_device_properties(0).total_memory)  # printed for context only
     rows = []
-    for name, kernel, ref, moved in cases(args.quick):
+    for name, kernel, ref, moved in cases("quick" if args.quick else "full"):
         tk, tr = cuda_time(kernel), cuda_time(ref)
         rows.append(dict(kernel=name, kernel_us=tk * 1e6, ref_us=tr * 1e6, speedup_vs_ref=tr / tk,
                          bytes=moved, achieved_GBps=moved / tk / 1e9))

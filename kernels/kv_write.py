@@ -25,7 +25,7 @@ def _kv_write_kernel(
     # One program per (input, block of the heads·head_dim values of one row).
     i = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    slot = tl.load(slot_ptr + i)
+    slot = tl.load(slot_ptr + i).to(tl.int64)  # int64 offsets whatever the mapping's type
     if slot >= 0:
         mask = offs < row_size
         k = tl.load(k_ptr + i * stride_k_in + offs, mask=mask)

@@ -47,7 +47,7 @@ def _paged_attention_kernel(
 ):
     # One program: row b, query head h, BLOCK_M query tokens; online softmax over key tiles.
     # Tiles are upcast to float32 (exact dot products, and the interpreter's bf16 dot is wrong).
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)  # int64 offsets: batch × T × heads × head_dim can pass 2^31 in a prefill
     h = tl.program_id(1)
     m_tile = tl.program_id(2)
     kv_h = h // GROUP
@@ -56,7 +56,7 @@ def _paged_attention_kernel(
     query_len = tl.load(query_lens_ptr + b)
     first_pos = context_len - query_len  # absolute position of query token 0
 
-    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query token index t
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)  # query token index t
     offs_d = tl.arange(0, BLOCK_D)
     is_query = offs_m < query_len
     is_dim = offs_d < HEAD_DIM
