@@ -6,10 +6,11 @@ On CPU in float32 (the native kernels on) the replay runs the forward's own C
 loops (`cpu_mamba2` / `cpu_mamba1` and `cpu_conv`) over the replayed rows,
 with a plan that writes only each row's last replayed input, into its
 destination slot: the state is the one the forward would have snapshotted
-there, bit for bit, since it is the same code over the same inputs. The torch
-references run each input as a few whole-state operations over every row,
-about 20× slower (the 8-layer model of `benches/memory_vs_replay.py`: 4.5 ms
-against 0.2 ms for one row's replay of 3 inputs in all 7 Mamba layers)."""
+there, bit for bit, since it is the same code over the same inputs (Mamba-1's
+torch reference differs from its C loop in the last bits: another exp). The
+references run each input as a few whole-state operations over every row:
+one row's replay of 3 inputs in the 7 Mamba layers of
+`benches/memory_vs_replay.py`'s model took 4.5 ms there, 0.5 ms here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
