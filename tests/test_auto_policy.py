@@ -183,3 +183,22 @@ def test_unbound_policy_refuses_to_pick():
     with pytest.raises(ConfigError, match="not bound"):
         AutoCheckpointPolicy().for_round([0.5], 1)
     assert AutoCheckpointPolicy().ring_size(GAMMA) == GAMMA + 2
+
+
+def test_choices_are_priced_once_per_rate_grid_point(target, monkeypatch):
+    """A round's choice is `choose` at the running rate rounded to 1/RATE_GRID,
+    priced once per (rate, batch) and then remembered."""
+    import hybridspec.checkpoints.auto as auto
+    policy = engine_with(target, AutoCheckpointPolicy(costs=REPLAY_DEAR)).speculator.policy
+    calls, real = [], auto.choose
+    monkeypatch.setattr(auto, "choose", lambda *a: calls.append(a) or real(*a))
+    histories = [[0.85] * 20, [0.85] * 19 + [0.8501], [0.3, 0.9], [0.1] * 20]
+    for history in histories * 2:
+        for batch in (1, 3):
+            choice = policy.decide(history, batch)
+            rate = round(auto.running_rate(history, policy.acceptance_window) * auto.RATE_GRID) / auto.RATE_GRID
+            bound = policy.binding
+            assert choice == real(hs.sim.alpha_from_acceptance_rate(rate, GAMMA), GAMMA, batch, bound.costs,
+                                  bound.footprint, None, bound.ring_slots - 1)
+    # the first two histories share a grid point: 3 rates × 2 batches priced, once each
+    assert len(calls) == 6
