@@ -133,7 +133,7 @@ class StaticForward:
         B, T, W = self.rows, self.num_inputs, self.width
         n = 0 if plan is None else len(plan.seq_ids)
         tokens, positions, snap, src, num_tokens = [], [], [], [], []
-        slot_mapping, context, query, tables = [-1] * (n * T), [0] * n, [0] * n, [-1] * (n * W)
+        slot_mapping, context, query, table_rows = [-1] * (n * T), [0] * n, [0] * n, []
         if n:
             slots, kv = plan.batch.slots, plan.batch.kv
             for row, start in zip(token_lists, plan.start_lens):
@@ -143,8 +143,7 @@ class StaticForward:
             src, num_tokens = list(slots.src_list), list(slots.num_tokens_list)
             if kv is not None:
                 slot_mapping = [slot for row in kv.slot_rows for slot in row]
-                context, query = list(kv.context_list), list(kv.query_list)
-                tables = [page for row in kv.table_rows for page in row + [-1] * (W - len(row))]
+                context, query, table_rows = list(kv.context_list), list(kv.query_list), kv.table_rows
         pad = B - n  # padding rows: no inputs, no writes, attend to nothing, read pad_slot
         tokens += [0] * (pad * T)
         positions += [0] * (pad * T)
@@ -154,10 +153,13 @@ class StaticForward:
         num_tokens += [0] * pad
         context += [0] * pad
         query += [0] * pad
-        tables += [-1] * (pad * W)
         last_index = [r * T + max(k - 1, 0) for r, k in enumerate(num_tokens)]
-        values = tokens + positions + snap + slot_mapping + src + num_tokens + last_index + context + query + tables
-        self.host_flat.numpy()[:] = values
+        host = self.host_flat.numpy()
+        host[:-B * W] = tokens + positions + snap + slot_mapping + src + num_tokens + last_index + context + query
+        tables = host[-B * W:].reshape(B, W)  # row by row into the array: W can be thousands of pages
+        tables.fill(-1)
+        for r, pages in enumerate(table_rows):
+            tables[r, :len(pages)] = pages
         self.device_flat.copy_(self.host_flat)  # blocking: the host buffer is rewritten next forward
 
 
