@@ -11,7 +11,7 @@ read into one table of target, where, figure, threshold and whether it is met.
 | aten operations per generated token, speculative, batch 1, embedded pair, 64 tokens after 128 bytes | ≤ 975 | host_overhead |
 | verify forward with a snapshot after every input against the final state only, batch 1 / 4 / 16 (the engine's CPU ring, 2(γ + 1) slots) | ≤ 1.05× | memory_vs_replay |
 | speculative against plain, embedded pair, batch 1, 4 held-out prompts one by one | ≥ 1.5× | e2e |
-| plain engine against HF `generate`, 185M Bamba-shaped model packed as `hs.load` packs, batch 1 and 4 | ≥ 1.3× | plain_decode |
+| plain engine against HF `generate`, 180.5M Bamba-shaped model packed as `hs.load` packs, batch 1 and 4 | ≥ 1.3× | plain_decode |
 | verify forward of γ + 1 = 5 inputs, in plain decode steps, batch 1 / 2 / 4 / 8 | ≤ 1.5 | round_cost |
 
 975 is a third of the 2,926 operations per token counted when the target was
@@ -20,7 +20,7 @@ how it times: medians or fastest of alternating calls, one torch thread);
 nothing here re-times or adjusts it. Each bench's own JSON and tables are
 kept (`--out`'s folder), so every figure can be traced to its run.
 
-    python benches/targets.py            # every bench at full size (about 40 minutes here)
+    python benches/targets.py            # every bench at full size (9–10 minutes here)
     python benches/targets.py --quick    # each bench's smoke run: checks the wiring, measures nothing
 """
 from __future__ import annotations
@@ -47,8 +47,8 @@ ENGINE_RING_SLOTS = 10  # 2(γ + 1) for γ = 4: the ring an engine on CPU sizes 
 
 @dataclass(frozen=True)
 class Run:
-    """One bench's process: its arguments at full size and in --quick, and what
-    its JSON gives (`rows(payload)`: the table's rows)."""
+    """One bench's process: its arguments at full size (--quick replaces them),
+    and what its JSON gives (`rows(payload)`: the table's rows)."""
     bench: str
     args: tuple[str, ...]
     rows: Callable[[dict], list[dict]]
