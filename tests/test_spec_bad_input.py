@@ -87,6 +87,22 @@ def test_round_that_raises_with_pure_mamba_or_attention(layer_types, batch):
         assert result.passed, result.detail
 
 
+@pytest.mark.parametrize("site,policy", [("draft", "k=1"), ("verify", "k=2"), ("replay", "k=0"),
+                                         ("replay", "log off"), ("drafter commit", "k=1")])
+def test_round_that_raises_where_the_whole_forward_is_one_native_call(site, policy):
+    """The embedded pair in float32 runs each forward as one C call, so no layer's
+    forward is called: the fault comes after the model call that did the work,
+    and the round still leaves every sequence unchanged."""
+    from hybridspec.kernels import cpu_native
+    if not cpu_native.available():
+        pytest.skip("native CPU kernels not built here")
+    from hybridspec.embedded import embedded_paths
+    target, draft = (hs.load(path) for path in embedded_paths())
+    batch = workload(target.vocab_size, seed=2, max_new_tokens=(12, 7, 10))
+    result = failed_round(f"{site} {policy}", target, draft, 4, POLICIES[policy], *batch, site=site)
+    assert result.passed, result.detail
+
+
 def test_engine_works_after_a_failed_round(target, draft, batch):
     """The failed round's engine generates the plain output afterwards."""
     engine = hs.Engine(target, draft=draft, num_draft_tokens=4, block_size=4)

@@ -195,31 +195,62 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
     - "replay": the target's last Mamba layer's log replay, or its last layer
       in a token replay;
     - "drafter commit": the drafter's commit of a second row (the target's
-      rows already committed)."""
+      rows already committed).
+    Where a model's whole forward runs as one native call (float32 on CPU,
+    `cpu_forward`), its layers' `forward` is never called: there the fault
+    comes right after the model call that did the site's work returns (the
+    drafter's first call of the round, the verify forward, a token replay),
+    with its writes made."""
     spec, target, fired = engine.speculator, engine.target, []
     model_drafter = hasattr(spec.drafter, "model")
+    layer_calls = []  # layer forwards seen while armed: a model call that saw none ran whole
+
+    def armed(phase: str) -> bool:
+        return observer.phase == phase and observer.rounds >= fire_round and not fired
+
+    def fire():
+        fired.append(site)
+        raise InjectedFault(f"injected at {site!r} in round {observer.rounds}")
 
     def hook(obj, name: str, phase: str, skip: int = 0):
         original, calls = getattr(obj, name), []
 
         def hooked(*args, **kwargs):
-            if observer.phase == phase and observer.rounds >= fire_round and not fired:
+            if armed(phase):
+                layer_calls.append(1)
                 calls.append(1)
                 if len(calls) > skip:
-                    fired.append(site)
-                    raise InjectedFault(f"injected at {site!r} in round {observer.rounds}")
+                    fire()
             return original(*args, **kwargs)
+        setattr(obj, name, hooked)
+        return obj, name
+
+    def after_whole(obj, name: str, phase: str):
+        """Fire after `obj.name` returns where it ran no layer's forward."""
+        original = getattr(obj, name)
+
+        def hooked(*args, **kwargs):
+            before = len(layer_calls)
+            out = original(*args, **kwargs)
+            if armed(phase) and len(layer_calls) == before:
+                fire()
+            return out
         setattr(obj, name, hooked)
         return obj, name
 
     hooks = []
     if site == "draft":
-        hooks.append(hook(spec.drafter.model.layers[-1], "forward", "draft", skip=1) if model_drafter
-                     else hook(spec.drafter, "lookup", "draft"))
+        if model_drafter:
+            hooks.append(hook(spec.drafter.model.layers[-1], "forward", "draft", skip=1))
+            hooks += [after_whole(spec.drafter.model, name, "draft") for name in ("extend", "extend_greedy")]
+        else:
+            hooks.append(hook(spec.drafter, "lookup", "draft"))
     elif site == "verify":
         hooks.append(hook(target.layers[-1], "forward", "verify"))
+        hooks.append(after_whole(target, "extend", "verify"))
     elif site == "replay":
         hooks.append(hook(target.layers[-1], "forward", "commit"))
+        hooks.append(after_whole(target, "extend", "commit"))
         if target.recurrent_layers:
             hooks.append(hook(target.recurrent_layers[-1], "replay", "commit"))
     elif site == "drafter commit" and model_drafter:
