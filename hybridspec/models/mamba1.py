@@ -43,7 +43,8 @@ class Mamba1Mixer(LogReplay, nn.Module):
     out_proj.weight, and with `inner_layernorms` dt_norm/b_norm/c_norm.weight."""
 
     replay_kernels = (mamba1_replay, mamba1_replay_ref)
-    native_steps, native_applies = staticmethod(cpu_mamba1.mamba1_steps), staticmethod(cpu_mamba1.applies)  # log replay on CPU
+    # log replay on CPU (`log_replay.LogReplay`): the forward's C recurrence and the shapes it takes
+    native_steps, native_applies = staticmethod(cpu_mamba1.mamba1_steps), staticmethod(cpu_mamba1.applies)
 
     def __init__(self, cfg: Mamba1Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()

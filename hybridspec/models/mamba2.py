@@ -74,7 +74,8 @@ SSD_MIN_TOKENS = 16
 
 class Mamba2Mixer(LogReplay, nn.Module):
     replay_kernels = (mamba2_replay, mamba2_replay_ref)
-    native_steps, native_applies = staticmethod(cpu_mamba2.mamba2_steps), staticmethod(cpu_mamba2.applies)  # log replay on CPU
+    # log replay on CPU (`log_replay.LogReplay`): the forward's C recurrence and the shapes it takes
+    native_steps, native_applies = staticmethod(cpu_mamba2.mamba2_steps), staticmethod(cpu_mamba2.applies)
 
     def __init__(self, cfg: Mamba2Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()

@@ -203,7 +203,7 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
     with its writes made."""
     spec, target, fired = engine.speculator, engine.target, []
     model_drafter = hasattr(spec.drafter, "model")
-    layer_calls = []  # layer forwards seen while armed: a model call that saw none ran whole
+    site_calls = []  # hooked calls seen while armed: a model call during which none ran, ran whole
 
     def armed(phase: str) -> bool:
         return observer.phase == phase and observer.rounds >= fire_round and not fired
@@ -217,7 +217,7 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
 
         def hooked(*args, **kwargs):
             if armed(phase):
-                layer_calls.append(1)
+                site_calls.append(1)
                 calls.append(1)
                 if len(calls) > skip:
                     fire()
@@ -226,13 +226,13 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
         return obj, name
 
     def after_whole(obj, name: str, phase: str):
-        """Fire after `obj.name` returns where it ran no layer's forward."""
+        """Fire after `obj.name` returns where no hooked call (a layer's forward) ran inside it."""
         original = getattr(obj, name)
 
         def hooked(*args, **kwargs):
-            before = len(layer_calls)
+            before = len(site_calls)
             out = original(*args, **kwargs)
-            if armed(phase) and len(layer_calls) == before:
+            if armed(phase) and len(site_calls) == before:
                 fire()
             return out
         setattr(obj, name, hooked)
