@@ -1,8 +1,7 @@
-"""Batch sweep: tokens/s of plain decoding, fixed γ (2, 4) and adaptive γ
-(`num_draft_tokens="auto"`) at concurrency 1 … 64, side by side, with the
-speedup the simulator predicts from this engine's measured costs.
+"""Tokens/s of plain, fixed-γ and adaptive-γ decoding at batch 1 … 64, and the predicted speedup.
 
-Workloads (greedy, so every variant emits the same tokens, which is checked):
+The variants run side by side; the prediction is the simulator's, from this
+engine's measured costs. Workloads (greedy, so every variant emits the same tokens, which is checked):
 - the embedded pair (byte-level target and its small draft), prompts cut from
   held-out standard-library files;
 - a larger random Bamba pair with controlled acceptance (benches/e2e.py's

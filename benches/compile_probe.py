@@ -1,4 +1,4 @@
-"""Does `torch.compile` speed up the runtime's per-token torch work on CPU? Measured, not assumed.
+"""Whether `torch.compile` speeds up the runtime's per-token torch work on CPU.
 
 The parts of a step that are not matrix multiplications (those already run in
 MKL/oneDNN) and that a compiler could fuse: the Mamba-2 recurrence of a

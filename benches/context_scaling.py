@@ -1,5 +1,4 @@
-"""Context length: decode ms per token and prefill ms against prompt length, for
-the engine (plain and speculative) and HF `generate` on the same weights.
+"""Decode ms per token and prefill ms against prompt length, engine against HF `generate`.
 
 Workloads (greedy, batch 1):
 - the embedded pair (`hybridspec.embedded`): prefixes of one held-out

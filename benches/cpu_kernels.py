@@ -1,4 +1,6 @@
-"""The native CPU kernels (`hybridspec/kernels/cpu_native.py`): few-row products,
+"""The native CPU kernels: few-row products against MKL, and what they make of a step.
+
+The native CPU kernels (`hybridspec/kernels/cpu_native.py`): few-row products,
 `torch.mm` (MKL) against the kernel `linear` takes for 1 … 96 rows
 (`cpu_rows.c`), with the weights out of cache as in a decode step; then what
 the three kernels together (products, the Mamba-2 recurrence `cpu_mamba2.c`,

@@ -1,7 +1,6 @@
-"""CUDA graphs against eager launches: plain decoding and speculative rounds
-on a GPU, the same requests both ways, interleaved.
+"""CUDA graphs against eager launches on a GPU: ms per token, plain and speculative.
 
-Also the decode forward alone (`HybridModel.decode` over a cache, no
+The same requests run both ways, interleaved. Also the decode forward alone (`HybridModel.decode` over a cache, no
 sampling or scheduling), eager against graphed, ms per step and whether the
 logits are the same bits. Target: a random float32 hybrid built in code with Bamba-9B's layer mix at a
 GPU-friendly size (hidden 1024, 16 layers, one attention layer in eight,

@@ -1,4 +1,4 @@
-"""End to end: speculative versus plain decoding tokens/s, with HF `generate` on the same weights.
+"""End to end: speculative against plain decoding tokens/s, with HF `generate` on the same weights.
 
 Workloads (greedy, so all three must produce the same tokens):
 - embedded pair, model drafter: the shipped byte-level target and draft

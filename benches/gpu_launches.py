@@ -1,4 +1,6 @@
-"""Device work per forward on the GPU path, counted on any machine: the
+"""Operations (GPU kernel launches) per decode step and verify forward on the GPU path.
+
+Device work per forward on the GPU path, counted on any machine: the
 operations a decode step and a verify forward issue where the Triton kernels
 run, which on a GPU are kernel launches, eager or captured in a CUDA graph.
 

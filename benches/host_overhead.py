@@ -1,8 +1,7 @@
-"""Host overhead: aten operations per generated token and per round, and the
-share of wall time spent outside any operation (Python, dispatch), for plain
-and speculative decoding on the embedded pair.
+"""Host overhead: aten operations per generated token and wall time outside operations.
 
-Workload: one held-out 128-byte prompt (as `benches/e2e.py` cuts them), 64 new
+Plain and speculative decoding on the embedded pair; time outside any operation is
+Python and dispatch. Workload: one held-out 128-byte prompt (as `benches/e2e.py` cuts them), 64 new
 tokens, greedy, batch 1, γ = 4, k = 1. Each engine generates once to warm up,
 then once under `torch.profiler` (CPU activities). Counted: every `aten::`
 event (nested ones included, as the profiler lists them); "top-level" are the

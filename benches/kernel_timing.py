@@ -1,5 +1,6 @@
-"""Time each Triton kernel against its torch reference on a GPU, and against
-the memory bandwidth it should reach (bytes it must move / time).
+"""Each Triton kernel against its torch reference and its memory bandwidth bound (CUDA).
+
+The bandwidth reached is the bytes a kernel must move over its time.
 
     TRITON_INTERPRET=0 python benches/kernel_timing.py [--quick]
 

@@ -1,4 +1,4 @@
-"""Plain decoding: hybridspec's `Engine(target)` against HF `generate` on the same weights.
+"""Plain decoding: `Engine(target)` against HF `generate` on the same weights.
 
 A Bamba-shaped random model (float32, CPU, ~185M parameters: hidden 768, 16
 layers with one attention layer in eight, Mamba2 headdim 64 and d_state 128,

@@ -1,4 +1,6 @@
-"""Round cost: c (draft step / target step) and the verification cost of γ + 1
+"""Round cost: draft cost c and verify cost per batch, for `hybridspec simulate --measured`.
+
+Round cost: c (draft step / target step) and the verification cost of γ + 1
 tokens (in target steps) at batch 1 … 32, written in the JSON that
 `hybridspec simulate --measured` reads; the speedup the simulator predicts
 from them against the speedup measured with the engine, per batch, and the

@@ -1,4 +1,6 @@
-"""The CPU speed targets in one run: each bench that measures one runs in a
+"""Every CPU speed target in one run: each measuring bench in its own process, one table.
+
+The CPU speed targets in one run: each bench that measures one runs in a
 process of its own, one after another on the same commit, and their JSON is
 read into one table of target, where, figure, threshold and whether it is met.
 

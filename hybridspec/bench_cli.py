@@ -5,6 +5,7 @@ installed package."""
 from __future__ import annotations
 
 import argparse
+import ast
 import runpy
 import sys
 from pathlib import Path
@@ -18,6 +19,20 @@ def available() -> list[str]:
     return sorted(p.stem for p in BENCHES_DIR.glob("*.py") if p.stem != "common" and not p.stem.startswith("_"))
 
 
+def summary(name: str) -> str:
+    """The first line of benchmark `name`'s docstring: what it measures. Read
+    from the source, not imported, so listing costs no torch import."""
+    tree = ast.parse((BENCHES_DIR / f"{name}.py").read_text(encoding="utf-8"))
+    doc = ast.get_docstring(tree) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else "(no docstring)"
+
+
+def listing(names: list[str]) -> str:
+    """One line per benchmark: its name, then what it measures."""
+    width = max(map(len, names))
+    return "\n".join(f"  {name:<{width}}  {summary(name)}" for name in names)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", help="benchmark to run (omit to list them)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
@@ -26,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     names = available()
     if not args.name:
-        print("benchmarks:", ", ".join(names) if names else f"none found in {BENCHES_DIR}")
+        if not names:
+            print(f"benchmarks: none found in {BENCHES_DIR}")
+            return 0
+        print(f"benchmarks (hybridspec bench NAME --help for a benchmark's flags):\n{listing(names)}")
         return 0
     if args.name not in names:
         print(f"hybridspec bench: unknown benchmark {args.name!r}; available: {', '.join(names) or 'none'} "

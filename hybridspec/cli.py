@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from . import __version__
@@ -24,10 +25,37 @@ SUBCOMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, as every other user error
+    of the CLI is: `hybridspec generate: error: --temperature: 'abc' is not a
+    number`, exit status 2. argparse's own error prints the whole usage first,
+    which buries the line that says what is wrong. Subparsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line_message(message, self.prog)}\n")
+
+
+# argparse's wording for a value its `type` rejected, and ours
+_TYPE_ERROR = re.compile(r"^argument (?P<flag>[^:]+): invalid (?P<type>\w+) value: (?P<value>.*)$")
+_TYPE_WORDS = {"float": "a number", "int": "an integer"}
+
+
+def one_line_message(message: str, prog: str) -> str:
+    """argparse's error `message` as the CLI says it: the flag first, then what is wrong with its value."""
+    match = _TYPE_ERROR.match(message)
+    if match:
+        expected = _TYPE_WORDS.get(match["type"], f"a valid {match['type']}")
+        return f"{match['flag']}: {match['value']} is not {expected}"
+    message = message.removeprefix("argument ")
+    if message.startswith(("unrecognized arguments", "the following arguments are required")):
+        message += f"; `{prog} --help` lists the arguments"
+    return message
+
+
 def build_parser(commands: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; the subparsers of `commands` (default: all) get their
     arguments, which imports their modules."""
-    parser = argparse.ArgumentParser(prog="hybridspec", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="hybridspec", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"hybridspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():

@@ -11,13 +11,16 @@ runs. `PROMPT` `-` reads the prompt from stdin.
 The generated text goes to stdout after the prompt (on a terminal it streams
 as rounds commit), then the statistics to stderr; `--json` prints one JSON
 object (text and statistics) to stdout instead. Progress bars, labelled with
-the run, appear on stderr only when stderr is a terminal and stdout is not
-streaming, and never with `--json`.
+the run, appear on stderr whenever stderr is a terminal, never with `--json`;
+the run whose text streams to the terminal has none (its text is its
+progress). The statistics are lines of at most about `SUMMARY_WIDTH`
+characters, broken between phrases.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import secrets
 import statistics
 import sys
@@ -208,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     first = "speculative" if llm.engine.speculator is not None else "plain"
     engines = [(first, llm.engine)] + ([("plain", plain)] if plain is not None else [])
     streaming = sys.stdout.isatty() and not args.json
-    bars = sys.stderr.isatty() and not args.json and not streaming
+    bars = sys.stderr.isatty() and not args.json
     repeats = args.repeats if len(engines) == 2 else 1
     runs = {name: [] for name, _ in engines}
     for name, engine in engines:
@@ -219,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             if streaming and i == 0 and name == first:
                 sys.stdout.write(prompt_text)
                 stream = TextStream(llm.codec, sys.stdout, params.stop)
-            label = f"{name} run {i + 1}/{repeats}" if bars else False
+            label = f"{name} run {i + 1}/{repeats}" if bars and stream is None else False
             runs[name].append(timed_generate(engine, prompt, params, label, stream))
             if stream is not None:
                 stream.finish(runs[name][0][0].stop_reason)
@@ -315,6 +318,11 @@ def build_report(args, runs: dict, names: dict, llm, prompt_text: str, prompt: l
 
 
 def render_summary(report: dict) -> str:
+    """The statistics, each line wrapped between phrases to at most `SUMMARY_WIDTH` characters."""
+    return "\n".join(part for line in summary_lines(report) for part in wrap_phrases(line))
+
+
+def summary_lines(report: dict) -> list[str]:
     main = report["speculative"] or report["plain"]
     lines = [f"--- {report['model']}, {report['prompt_tokens']} prompt tokens, {main['new_tokens']} new tokens "
              f"({report['finish_reason']}), {report['device']} {report['dtype']}, {report['threads']} thread(s)"]
@@ -323,7 +331,7 @@ def render_summary(report: dict) -> str:
     spec, plain = report["speculative"], report["plain"]
     if spec is None:
         lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s")
-        return "\n".join(lines)
+        return lines
     stats = spec["stats"]
     lines.append(f"speculative: draft {report['draft']}, gamma {report['gamma']}, policy {report['policy']}, "
                  f"verify {report['verify']}")
@@ -334,14 +342,31 @@ def render_summary(report: dict) -> str:
         lines.append("gamma chosen (rounds): " + ", ".join(f"{g}: {n}" for g, n in counts))
     if plain is None:
         lines.append("plain decoding: skipped (--no-baseline), no speedup measured")
-        return "\n".join(lines)
+        return lines
     same = report["same_as_plain"]
     same_text = "n/a (rejection sampling)" if same is None else ("yes" if same else "NO")
     low, high = report["speedup_range"]
-    lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s{_median_note(plain)}; speedup "
-                 f"{report['speedup']:.2f}x ({report['speedup_method']}; per pair {low:.2f}x-{high:.2f}x); "
-                 f"same tokens as plain: {same_text}")
-    return "\n".join(lines)
+    lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s{_median_note(plain)}")
+    lines.append(f"speedup {report['speedup']:.2f}x ({report['speedup_method']}; per pair {low:.2f}x-{high:.2f}x)")
+    lines.append(f"same tokens as plain: {same_text}")
+    return lines
+
+
+SUMMARY_WIDTH = 100
+
+
+def wrap_phrases(line: str, width: int = SUMMARY_WIDTH) -> list[str]:
+    """`line` broken after its commas and semicolons into lines of at most `width`
+    characters (a single phrase longer than that, a long path, stays whole);
+    continuation lines are indented by two spaces."""
+    phrases = re.findall(r"[^,;]+(?:[,;]|$)", line) or [line]
+    lines = [phrases[0]]
+    for phrase in phrases[1:]:
+        if len(lines[-1]) + len(phrase) <= width:
+            lines[-1] += phrase
+        else:
+            lines.append("  " + phrase.lstrip())
+    return lines
 
 
 def _median_note(run: dict) -> str:

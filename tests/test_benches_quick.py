@@ -233,3 +233,18 @@ def test_targets_verdicts(benches, monkeypatch):
     rows = targets.snapshot_rows({"snapshot_overhead": [
         {"batch": 4, "ring_slots": 6, "extra_fraction": 0.01}, {"batch": 4, "ring_slots": 10, "extra_fraction": 0.2}]})
     assert [(r["figure"], r["met"]) for r in rows] == [(0.2, False)]  # the engine's CPU ring, not the smaller one
+
+
+def test_bench_listing_says_what_each_measures(capsys):
+    """`hybridspec bench` lists every bench with the first line of its docstring."""
+    from hybridspec.bench_cli import available, summary
+    from hybridspec.cli import main
+    assert main(["bench"]) == 0
+    out = capsys.readouterr().out
+    names = available()
+    assert names and "common" not in names
+    for name in names:
+        line = summary(name)
+        assert line.endswith(".") and len(line) <= 100, (name, line)  # one sentence, one line
+        assert any(row.split() and row.split()[0] == name and row.rstrip().endswith(line)
+                   for row in out.splitlines()), (name, out)

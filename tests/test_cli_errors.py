@@ -48,6 +48,44 @@ def test_bad_tokenizer_directories(capsys, model_dir, tmp_path):
     assert "transformers cannot load a tokenizer" in line
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["generate", "--temperature", "abc"], "hybridspec generate: error: --temperature: 'abc' is not a number"),
+    (["generate", "-n", "many"], "hybridspec generate: error: -n/--max-new-tokens/--max-tokens: 'many' is not an "
+                                 "integer"),
+    (["generate", "--gamma", "x"], "hybridspec generate: error: --gamma: 'x' is not a positive integer or 'auto'"),
+    (["simulate", "--rounds", "1e3"], "hybridspec simulate: error: --rounds: '1e3' is not an integer"),
+    (["check", "--threads", "two"], "hybridspec check: error: --threads: 'two' is not an integer"),
+])
+def test_argument_type_errors_are_one_line(capsys, argv, line):
+    """argparse's own errors print the whole usage first; ours are the one line every user error is."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err == line + "\n" and captured.out == ""
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["generate", "--verify", "sometimes"], ["hybridspec generate: error: --verify: invalid choice"]),
+    (["generate", "--bogus"], ["unrecognized arguments: --bogus", "--help"]),
+    ([], ["hybridspec: error:", "required", "--help"]),
+    (["simulate", "--rounds"], ["hybridspec simulate: error: --rounds: expected one argument"]),
+])
+def test_other_argument_errors_are_one_line(capsys, argv, words):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "usage:" not in err and all(word in err for word in words), err
+
+
+def test_the_console_script_exits_2_with_one_line():
+    child = subprocess.run([sys.executable, "-m", "hybridspec.cli", "generate", "--temperature", "abc"],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 2 and child.stdout == ""
+    assert child.stderr == "hybridspec generate: error: --temperature: 'abc' is not a number\n"
+
+
 @pytest.mark.parametrize("flag", ["--json", "--plot"])
 def test_outputs_into_a_missing_folder_fail_before_any_work(capsys, tmp_path, flag):
     line = error_line(capsys, ["simulate", "--rounds", "200", flag, str(tmp_path / "missing" / "out")])

@@ -15,7 +15,7 @@ import hybridspec as hs
 from hybridspec.cli import main
 from hybridspec.embedded import embedded_paths
 from hybridspec.errors import ConfigError
-from hybridspec.generate_cli import DEFAULT_PROMPT, parse_policy
+from hybridspec.generate_cli import DEFAULT_PROMPT, SUMMARY_WIDTH, parse_policy, wrap_phrases
 
 
 def save_bamba(path, vocab=256, hidden=32, layers=2, seed=0):
@@ -232,6 +232,36 @@ def test_bars_only_on_a_terminal_and_never_with_json(capsys, monkeypatch, pair):
     assert out.startswith("ab")
     report, err = run_json(capsys, argv)
     assert err == "" and report["speculative"]["runs"] == 2
+
+
+def test_bars_on_a_terminal_even_when_stdout_is_one_too(capsys, monkeypatch, pair):
+    """Bars follow stderr alone; the run whose text streams to the terminal has none."""
+    target, draft = pair
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["generate", "ab", "--model", target, "--draft", draft, "-n", "6", "--repeats", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("ab")  # streamed
+    assert "plain run 1/2" in err and "speculative run 2/2" in err and "plain run 2/2" in err
+    assert "speculative run 1/2" not in err  # the streamed run
+
+
+def test_statistics_lines_break_between_phrases(capsys, pair):
+    target, draft = pair
+    assert main(["generate", "ab", "--model", target, "--draft", draft, "-n", "6", "--repeats", "2"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("---") and any(line.startswith("speedup ") for line in lines)
+    assert all(len(line) <= SUMMARY_WIDTH for line in lines), lines
+    assert "same tokens as plain: yes" in lines
+
+
+def test_wrap_phrases_breaks_only_after_a_comma_or_semicolon():
+    line = "; ".join(f"phrase {i}, with words" for i in range(20))
+    parts = wrap_phrases(line, width=60)
+    assert len(parts) > 1 and all(len(part) <= 60 for part in parts)
+    assert all(part.rstrip().endswith((",", ";")) for part in parts[:-1])
+    assert " ".join(part.strip() for part in parts) == line
+    assert wrap_phrases("x" * 150) == ["x" * 150]  # one phrase longer than the width stays whole
 
 
 def test_count_flags_are_checked(capsys, pair):
