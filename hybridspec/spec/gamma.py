@@ -7,54 +7,41 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   acceptance); γ = 0 is a plain step inside the round (one token).
 - α̂_b: the sequence's acceptance estimate, an exponentially weighted count of
   accepted drafts over drafts tried (a draft is tried up to the first
-  rejection), shrunk toward the engine-wide estimate, which is itself shrunk
-  toward `prior_alpha`. Rounds that draft nothing decay the counts slowly
-  (`IDLE_DECAY`), so an estimate drifts back to the prior; and after
-  `PROBE_EVERY` rounds in a row without drafts one round drafts G = γ_max / 2
-  anyway, so a pessimistic estimate is put to the test instead of freezing;
-  where a model drafter is behind the rows (they have not drafted for a
-  while), only the row it is least behind drafts in a probe, so a probe does
-  not pay every row's absorption (at batch 8 on the embedded pair that was
-  about a tenth of a `generate`, probes included). The wait doubles after
-  every probe (up to `MAX_PROBE_EVERY`) and returns to `PROBE_EVERY` once
-  drafting is chosen on its merits, so where speculation does not pay,
-  probing costs less and less. The very first round drafts at least G =
-  γ_max / 2, so the drafter's cost at a G that pays is measured before a few
-  rounds at G = 1 (whose steps cost the most each) can price drafting out.
+  rejection), shrunk toward the engine-wide estimate, itself shrunk toward
+  `prior_alpha`. Rounds that draft nothing decay the counts (`IDLE_DECAY`),
+  so an estimate drifts back to the prior. Probes keep a pessimistic
+  estimate from freezing: after `PROBE_EVERY` rounds without drafts one
+  round drafts G = γ_max / 2 anyway (the wait doubles after every probe up
+  to `MAX_PROBE_EVERY`, so where speculation does not pay probing costs
+  less and less), and only for the row a model drafter is least behind, so
+  a probe does not pay every row's absorption. The first round drafts at
+  least γ_max / 2, so the drafter's cost is measured at a G that can pay
+  before rounds at G = 1 (whose steps cost the most each) price it out.
 - cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B,G · G · draft_step(B)
   + residual_B: a target forward of G + 1 tokens per row at batch B (with the
   engine's snapshot writes, measured at start-up on scratch caches, linear
   between the measured batches and token counts), G drafter steps, and the
-  rest of the round's wall time (sampling, commit, replay, host bookkeeping). The scales (1 until a round
-  is seen) and residuals (0) are learned online per measured batch size from
-  each round's phase times (exponential averages, the scales in log space),
-  so costs follow the machine's load and what start-up missed. The forward's
-  scale is learned apart for plain steps and verify forwards (steady plain
-  steps ran at 0.88 of start-up's measurement on the random 9.7M pair at
-  batch 4, verifies at 1.16), the other kind's standing in until one is
-  seen, and the round right after a prefill teaches neither: its forward
-  runs cold (plain steps there at 1.72 against a steady 1.22 on the
-  embedded pair at batch 8). While the engine drafts, plain steps are rare
-  and most follow prefills, so after PROBE_EVERY rounds (doubling after
-  each, up to MAX_PROBE_EVERY) without a plain step that taught its scale,
-  one round is a plain step, unless drafting's predicted goodput is at least
-  PLAIN_PROBE_MARGIN times plain's (then no price of a plain step could
-  change the choice). (Learned from post-prefill steps alone, the
-  plain scale had kept the embedded pair drafting at batch 8, 0.85 × plain;
-  priced as verifies are, plain steps lost to drafting on the random pair
-  at batch 4, 0.80 × plain.) The drafter's scale is learned per G (the nearest G's
-  stands in until one is seen): its steps do not cost G times one step (a
-  greedy drafter's G steps run as one native call, about 0.4 of G separate
-  steps for the embedded draft at G = 4), and with one scale the cost of
-  the G seen most stood in for every other. The residuals are learned apart
-  for rounds that draft (G > 0) and plain ones (until a kind is seen, the
-  other's stands in).
+  rest of the round's wall time (sampling, commit, replay, host bookkeeping).
+  Scales (1 until a round is seen) and residuals (0) are learned online per
+  batch size from each round's phase times (exponential averages, scales in
+  log space), so costs follow the machine's load and what start-up missed.
+  The forward's scale is learned apart for plain steps and verify forwards,
+  because the two drift from start-up's figures differently; the round right
+  after a prefill teaches neither, because its forward runs cold. While the
+  engine drafts, plain steps are rare and most follow prefills, so after
+  `PROBE_EVERY` rounds (doubling up to `MAX_PROBE_EVERY`) without a plain
+  step that taught its scale one round is a plain step, unless drafting's
+  predicted goodput is at least `PLAIN_PROBE_MARGIN` times plain's (then no
+  price of a plain step could change the choice). The drafter's scale is
+  learned per G (the nearest G's stands in until one is seen), because G
+  steps do not cost G times one step (a greedy drafter's G steps run as one
+  native call). The residuals are learned apart for rounds that draft and
+  plain ones.
 - absorb: a model drafter behind a row by n tokens (a new prompt, or rounds
-  that drafted nothing) absorbs them before it drafts for the row: one-off
-  work plain decoding never does (the embedded pair's prompts at batch 8: 22
-  ms of a 258 ms `generate`). A G ≥ 1 that drafts for the row is charged its
-  share n · absorb_s · E[tokens_b] / (cap_b + 1): the absorption spread over
-  the tokens the row has left, absorb_s the seconds per absorbed token
+  that drafted nothing) absorbs them before it drafts for the row, one-off
+  work plain decoding never does. A G ≥ 1 that drafts for the row is charged
+  its share n · absorb_s · E[tokens_b] / (cap_b + 1): the absorption spread
+  over the tokens the row has left, absorb_s the seconds per absorbed token
   learned from past rounds (nothing is charged before one is seen). A row
   with few tokens left and a long way behind stays plain.
 - cap_b: drafts the request can still use (max_new_tokens − generated − 1).
@@ -65,7 +52,8 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   previous round. With row_draft_s = 0 every row drafts G.
 
 The batch's G is searched exhaustively (γ_max + 1 candidates); the whole
-choice is O(B · γ_max) host arithmetic per round.
+choice is O(B · γ_max) host arithmetic per round. The measurements behind
+these choices are in docs/results/gamma.md.
 """
 from __future__ import annotations
 
