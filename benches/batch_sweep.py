@@ -24,7 +24,7 @@ and verify_cost from the adaptive engine's start-up measurements
 tokens / plain step. The predicted crossover is the first B where it falls
 below 1.
 
-Targets (issue 12): adaptive ≥ 0.97 × plain at every point, and ≥ 0.95 × the
+Targets: adaptive ≥ 0.97 × plain at every point, and ≥ 0.95 × the
 best fixed γ.
 
     python benches/batch_sweep.py            # the measurement (tens of minutes)

@@ -15,7 +15,7 @@ would still be spinning while the other's forward runs.
 Per (batch, forward, library): median and min–max wall milliseconds; per
 pair: new / base of the medians, and whether the two libraries gave the
 same logits bit for bit (they do unless a kernel's chains changed); per
-library: the verify in plain steps (the issue-10 figure, ≤ 1.5 up to batch 8). The libraries must agree on
+library: the verify in plain steps (the target: ≤ 1.5 up to batch 8). The libraries must agree on
 the structs the forward passes (`cpu_forward.py`, `cpu_kernels.h`) and on
 the functions' arguments (`cpu_native.SIGNATURES`): a revision where those
 differ is refused.

@@ -16,8 +16,7 @@ read into one table of target, where, figure, threshold and whether it is met.
 | plain engine against HF `generate`, 180.5M Bamba-shaped model packed as `hs.load` packs, batch 1 and 4 | ≥ 1.3× | plain_decode |
 | verify forward of γ + 1 = 5 inputs, in plain decode steps, batch 1 / 2 / 4 / 8 | ≤ 1.5 | round_cost |
 
-975 is a third of the 2,926 operations per token counted when the target was
-set. Every figure is what its bench reports (see each bench's docstring for
+Every figure is what its bench reports (see each bench's docstring for
 how it times: medians or fastest of alternating calls, one torch thread);
 nothing here re-times or adjusts it. Each bench's own JSON and tables are
 kept (`--out`'s folder), so every figure can be traced to its run.

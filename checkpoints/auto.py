@@ -111,9 +111,8 @@ class AutoBinding:
         self.gamma, self.footprint, self.costs = gamma, footprint, costs
         self.ring_slots = ring_slots
         self.choices: Counter[tuple[int, bool]] = Counter()
-        # (acceptance rate, batch) -> RoundChoice: α from the rate and `choose` pricing every candidate
-        # through the cost model took 0.4–0.8 ms a round, a quarter of a batch-1 round of
-        # memory_vs_replay's model; rounds repeat their rate on its grid (RATE_GRID)
+        # (acceptance rate, batch) -> RoundChoice: pricing every candidate through the cost model is a
+        # large share of a small round's host time, and rounds repeat their rate on its grid (RATE_GRID)
         self.memo: dict[tuple[float, int], RoundChoice] = {}
 
 

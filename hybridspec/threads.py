@@ -3,21 +3,17 @@
 The native CPU kernels split each matrix product's columns, and the
 Mamba-2 recurrence's heads and a long context's KV heads, over torch's
 thread count (`kernels/cpu_pool.c`; their bits are the same at any count,
-while prefills past 96 rows take MKL's products, whose bits may not be). Measured on a 2-vCPU Intel machine
-with `benches/threads.py` (wall clock, two threads against one, in one run):
-round_cost's 35.8M Bamba (hidden 512) decodes 1.58-1.62x faster and verifies
-1.64-1.65x faster at batch 1 and 4; the embedded target (hidden 256), whose
-products take microseconds, runs its steps 1.07-1.27x, and its generate
-1.13x (plain) and 1.12x (speculative).
-Through torch's own threads instead (the kernels off, as for the layers
-they do not take) both ran slower than on one thread with the kernels (the
-embedded target 4x slower), as they had on the AMD machine this project
-started on (136 against 14 tok/s). A helper on a core that other work holds
-delays the product it took part of, so a shared machine gains less or loses.
-Models of hidden size below 2048 therefore default to one thread; larger
-ones, whose products split well, keep torch's default (one per core); pass
-`threads=` / `--threads` to use more (measure first on a shared machine).
-GPU runs are not affected.
+while prefills past 96 rows take MKL's products, whose bits may not be).
+A model with large products gains from more threads; a small one, whose
+products take microseconds, gains little, because its step is mostly the
+serial work around them, and through torch's own threads (the kernels off,
+as for the layers they do not take) it runs slower than on one thread with
+the kernels. A helper on a core that other work holds delays the product it
+took part of, so a shared machine gains less or loses. Models of hidden size
+below 2048 therefore default to one thread; larger ones, whose products
+split well, keep torch's default (one per core); pass `threads=` /
+`--threads` to use more (measure first on a shared machine). GPU runs are
+not affected. The measurements: docs/results/threads.md.
 """
 from __future__ import annotations
 
