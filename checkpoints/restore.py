@@ -75,7 +75,7 @@ def token_replay(model, cache, seq_ids: list[int], decisions: list[RestoreDecisi
         return
     for i in rows:
         d = decisions[i]
-        cache.commit(seq_ids[i], start_lens[i] + d.src_input + 1, d.src_slot)
+        cache.rewind_to(seq_ids[i], start_lens[i] + d.src_input + 1, d.src_slot)
     tokens = [verify_inputs[i][decisions[i].src_input + 1: decisions[i].boundary_input + 1] for i in rows]
     T = max(map(len, tokens))
     snap = torch.full((len(rows), T), -1, dtype=torch.long, device=model.device)
