@@ -4,7 +4,9 @@
 the baseline every benchmark compares against. With `draft=` it runs
 speculative rounds (`hybridspec.spec.speculator`): draft → verify → commit.
 The Engine builds the pieces a `Speculator` receives (drafter, bound
-checkpoint policy, target cache, stats); docs/design.md draws the whole.
+checkpoint policy, target cache) and applies what each round or plain step
+returns to the requests, in one place (`_apply`); docs/design.md draws the
+whole.
 """
 from __future__ import annotations
 
