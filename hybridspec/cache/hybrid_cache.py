@@ -3,7 +3,7 @@ the paged KV cache of the attention layers and the state pool (a ring of slots
 per sequence, `hybridspec.checkpoints.state_pool`) of the Mamba layers — and
 `computed_len` per sequence, the one length both are kept at. `commit` moves
 every layer of a sequence to an accepted boundary at once, `rewind_to` back to
-an earlier length (a round start, a snapshot); which ring slot holds the state
+an earlier length (a round start); which ring slot holds the state
 there is the checkpoints' decision (`Checkpointer`). Every length these take
 is a computed length.
 """
@@ -233,8 +233,8 @@ class HybridCache:
 
     def rewind_to(self, seq_id: int, computed_len: int, head_slot: int) -> None:
         """Move every layer of `seq_id` back to an earlier `computed_len` whose
-        state `head_slot` still holds (a round start, a snapshot to replay
-        from): the KV length (pages wholly past it freed) and the ring head."""
+        state `head_slot` still holds (a round start, which nothing in the round
+        wrote): the KV length (pages wholly past it freed) and the ring head."""
         if computed_len > self.computed_len[seq_id]:
             raise ValueError(f"rewind_to(seq {seq_id}, computed_len={computed_len}) is past its computed length "
                              f"{self.computed_len[seq_id]}; a forward's `commit` moves a sequence forward")
