@@ -94,7 +94,7 @@ def step_rows(repeats: int) -> list[dict]:
         def forward(n: int, model=model, cache=cache, length=cache.computed_len[0], head=cache.head(0)):
             snap = torch.tensor([plan_snapshots(cache.states.ring_slots(0), head, list(range(n)), n).snap_slot])
             model.extend(cache, [0], [prompt[-n:]], last_only=n == 1, snap_slot=snap)
-            cache.commit(0, length, head)
+            cache.rewind_to(0, length, head)
         forwards[name] = forward
     cases = [(model, mode, n) for model in forwards for mode in MODES for n in (1, 5)]
     samples = {key: [] for key in cases}

@@ -83,7 +83,7 @@ def forward_counts(model, batch: int, num_inputs: int) -> dict:
     def forward():
         model.extend(cache, ids, tokens, last_only=num_inputs == 1, snap_slot=snap)
         for b, h in zip(ids, heads):  # back to the prompt
-            cache.commit(b, 20, h)
+            cache.rewind_to(b, 20, h)
 
     forward()  # warm-up
     with LaunchCounter() as counter:

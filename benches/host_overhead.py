@@ -69,7 +69,7 @@ def decode_step_breakdown(target, prompt: list[int]) -> list[dict]:
 
     def step():
         target.decode(cache, [0], [prompt[-1]])
-        cache.commit(0, len(prompt), cache.head(0))
+        cache.rewind_to(0, len(prompt), cache.head(0))
 
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -187,7 +187,7 @@ def snapshot_overhead(target, batch: int, repeats: int, ring_slots: int = GAMMA 
     def verify(snap: torch.Tensor):
         target.extend(cache, ids, tokens, snap_slot=snap)
         for s, length, head in zip(ids, start, heads):
-            cache.commit(s, length, head)
+            cache.rewind_to(s, length, head)
 
     t = cpu_side_by_side({"final only": lambda: verify(final), "every input": lambda: verify(every)}, repeats)
     return {"batch": batch, "ring_slots": ring_slots, "final_only_ms": 1e3 * t["final only"],

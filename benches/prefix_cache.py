@@ -107,7 +107,7 @@ def measure(target, draft, settings, workload, params, repeats: int, clock) -> d
         runs.append((wall, engine, outputs, ttfts, prompt_tokens))
     wall, engine, outputs, ttfts, prompt_tokens = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     stats = engine.total_stats
-    stores = [s for s in (engine.prefix, getattr(engine.speculator.drafter, "prefix", None)) if s is not None]
+    stores = [s for s in (engine.prefix, engine.speculator.drafter.prefix) if s is not None]
     generated = sum(map(len, outputs))
     return dict(outputs=outputs, ttft_ms=1000 * sum(ttfts) / len(ttfts), first_ttft_ms=1000 * ttfts[0],
                 later_ttft_ms=1000 * sum(ttfts[1:]) / max(1, len(ttfts) - 1), prompt_tokens=prompt_tokens,

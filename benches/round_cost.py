@@ -95,7 +95,7 @@ class ScratchCache:
         tokens = [[(3 * b + 5 * i + 1) % self.model.vocab_size for i in range(num_inputs)] for b in self.ids]
         logits = self.model.extend(self.cache, self.ids, tokens, last_only=num_inputs == 1, snap_slot=snap)
         for s, length, head in zip(self.ids, self.start, self.heads):
-            self.cache.commit(s, length, head)
+            self.cache.rewind_to(s, length, head)
         return logits
 
 

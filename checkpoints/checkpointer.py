@@ -3,13 +3,13 @@ speculative rounds. The round speaks three verbs to it:
 
 - `plan(round, policy)`: where each row's verify forward writes snapshots
   (`round.plans`, `round.snap_slot` [batch, G + 1]; heads aligned first,
-  `align_heads`) and, when the policy logs and some boundary may find no
+  `HybridCache.align_heads`) and, when the policy logs and some boundary may find no
   snapshot, the input log to fill (`round.input_log`);
 - `commit(round)`: for each live row, the cheapest restore of the state after
   verify input n (snapshot hit, log replay, token replay: `round.decisions`),
-  then every layer of the row moved to its boundary;
+  then every layer of the row moved to its boundary (`HybridCache.commit`);
 - `revert(round)`: every row back to where the round began (its pinned head
-  was never written).
+  was never written; `HybridCache.rewind_to`).
 It reaches the model only through `model.recurrent_layers` (`RecurrentLayer`)
 and its `extend` (token replay).
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.checkpoints.restore import RestoreDecision, decide, log_replay, token_replay
-from hybridspec.checkpoints.ring import head_half, plan_snapshots
+from hybridspec.checkpoints.ring import plan_snapshots
 
 if TYPE_CHECKING:
     from hybridspec.spec.round import RoundBatch
@@ -39,7 +39,8 @@ class Checkpointer:
         if not self.has_state:
             return
         snapshots = [policy.snapshot_inputs(len(inputs)) for inputs in round.verify_inputs]
-        self.align_heads(round, [len(inputs) for inputs in snapshots])
+        # under ring halves, every head in the half most rows' heads are in: one span per input
+        round.start_heads = self.cache.align_heads(round.seq_ids, [len(inputs) for inputs in snapshots])
         for b, (s, head, inputs) in enumerate(zip(round.seq_ids, round.start_heads, snapshots)):
             plan = plan_snapshots(self.cache.states.ring_slots(s), head, inputs, T)
             round.plans[b] = plan
@@ -49,29 +50,6 @@ class Checkpointer:
         if policy.log_inputs and any(len(plan.survivors) < len(inputs)
                                      for plan, inputs in zip(round.plans, round.verify_inputs)):
             round.input_log = {}
-
-    def align_heads(self, round: RoundBatch, counts: list[int]) -> None:
-        """Under ring halves, put every row's head in the half most rows' heads
-        are in (`head_half`), so that the round writes the same ring offsets in
-        every row (one span per input: the recurrence runs in place). A row on
-        the other side has its head state copied once into its ring slot at the
-        majority's most common head offset, and that slot becomes its head
-        (same position); `round.start_heads` follows. The round never writes a
-        head (`plan_snapshots`), so the copy is safe whatever each row's count."""
-        states = self.cache.states
-        rings = [states.ring_slots(s) for s in round.seq_ids]
-        halves = [head_half(ring, head, count) for ring, head, count in zip(rings, round.start_heads, counts)]
-        known = [h for h in halves if h is not None]
-        if len(set(known)) < 2:
-            return
-        majority = max(("low", "high"), key=known.count)
-        offsets = [ring.index(head) for ring, head, half in zip(rings, round.start_heads, halves) if half == majority]
-        offset = max(set(offsets), key=offsets.count)  # the majority's most common head offset: sources in one span
-        for b, (s, ring, half) in enumerate(zip(round.seq_ids, rings, halves)):
-            if half is None or half == majority:
-                continue
-            states.move_head(s, ring[offset])
-            round.start_heads[b] = ring[offset]
 
     def commit(self, round: RoundBatch) -> list[RestoreDecision | None]:
         """Restore each live row's state at its boundary and move every layer there."""
@@ -93,7 +71,7 @@ class Checkpointer:
         """Every row of the round back to its round-start length and head."""
         for s, length, head in zip(round.seq_ids, round.start_lens, round.start_heads):
             if self.cache.has_sequence(s):
-                self.cache.commit(s, length, head)
+                self.cache.rewind_to(s, length, head)
 
     def held_bytes(self, round: RoundBatch) -> int:
         """Checkpoint bytes the round held: surviving snapshots plus the input log."""

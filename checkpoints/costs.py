@@ -160,7 +160,7 @@ class ScratchForwards:
         self.model.extend(self.cache, self.ids, [t[:count] for t in self.inputs], last_only=last_only,
                           snap_slot=snap, input_log=input_log)
         for s, length, head in zip(self.ids, self.start, self.heads):
-            self.cache.commit(s, length, head)  # back to the start: KV truncated, head untouched
+            self.cache.rewind_to(s, length, head)  # back to the start: KV truncated, head untouched
 
 
 def _measure_at(model, gamma: int, batch: int, new_cache, repeats: int, clock) -> dict[str, float]:

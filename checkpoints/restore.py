@@ -73,7 +73,7 @@ def token_replay(model, cache, seq_ids: list[int], decisions: list[RestoreDecisi
     rows = [i for i, d in enumerate(decisions) if d is not None and d.path == "token"]
     if not rows:
         return
-    for i in rows:
+    for i in rows:  # verify inputs 0..src are accepted (src <= n): commit them, the snapshot holds their state
         d = decisions[i]
         cache.commit(seq_ids[i], start_lens[i] + d.src_input + 1, d.src_slot)
     tokens = [verify_inputs[i][decisions[i].src_input + 1: decisions[i].boundary_input + 1] for i in rows]

@@ -12,7 +12,7 @@ half just written, and every row that started in the same half writes the
 same offsets every round: with the pool's offset-major layout, the rows'
 step-t slots form one span and the torch recurrence computes into them in
 place instead of copying each state after computing it. A row that joins
-with its head in the other half is moved once (`Checkpointer.align_heads`:
+with its head in the other half is moved once (`HybridCache.align_heads`:
 its head state copied into the majority's half).
 """
 from __future__ import annotations

@@ -32,6 +32,7 @@ _HOMES = {
     "SamplingParams": "hybridspec.sampling",
     "StatelessDrafter": "hybridspec.spec.drafters",
     "TokenLogprob": "hybridspec.logprobs",
+    "derived_seed": "hybridspec.sampling",
     "from_hf": "hybridspec.adapters",
     "load": "hybridspec.adapters",
 }

@@ -4,7 +4,9 @@
 the baseline every benchmark compares against. With `draft=` it runs
 speculative rounds (`hybridspec.spec.speculator`): draft → verify → commit.
 The Engine builds the pieces a `Speculator` receives (drafter, bound
-checkpoint policy, target cache, stats); docs/design.md draws the whole.
+checkpoint policy, target cache) and applies what each round or plain step
+returns to the requests, in one place (`_apply`); docs/design.md draws the
+whole.
 """
 from __future__ import annotations
 
@@ -26,18 +28,19 @@ from hybridspec.state_memory import default_state_dtype
 from .cache.hybrid_cache import HybridCache, scratch_cache
 from .cache.prefix_cache import PrefixCache, PrefixStore, as_prefix_settings
 from .errors import ConfigError, InvalidRequestError
-from .logprobs import TokenLogprob, batch_logprobs
+from .logprobs import TokenLogprob
 from .models.graphs import ForwardGraphs, graphed
 from .models.hybrid import HybridModel
-from .penalties import penalty_context
+from .next_token import sample_next
 from .requests import engine_eos_ids, engine_sizes, normalize_requests
 from .scheduler import Scheduler
-from .sampling import RowParams, SamplingParams, argmax_suffices, derived_seed, process_logits, sample
-from .spec.drafters import ModelDrafter, as_drafter
+from .sampling import RowParams, SamplingParams, derived_seed
+from .spec.drafters import Drafter, as_draft, as_drafter
 from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController, measure_round_costs, measured_batches
+from .spec.round import RowResult
 from .spec.speculator import Speculator
 from .stats import EngineStats
-from .stopping import Decode, StopRule
+from .stopping import Cut, Decode, StopRule
 
 
 @dataclass
@@ -95,31 +98,26 @@ class Request:
     def last_token(self) -> int:
         return self.output.token_ids[-1] if self.output.token_ids else self.output.prompt_token_ids[-1]
 
-    def would_keep(self, tokens: list[int]) -> int:
-        """How many of `tokens` `emit` would keep: up to and including the token
-        that ends the request (stop token, EOS, stop string, max_new_tokens)."""
-        return self.stops.cut(self.output.token_ids, [int(t) for t in tokens]).kept
+    def cut(self, tokens: list[int]) -> Cut:
+        """What emitting `tokens` would do: how many it keeps (up to and including
+        the token that ends the request: stop token, EOS, stop string,
+        max_new_tokens) and whether, and why, the request ends."""
+        return self.stops.cut(self.output.token_ids, [int(t) for t in tokens])
 
-    def would_finish(self, tokens: list[int]) -> bool:
-        """Whether emitting `tokens` ends the request."""
-        return self.stops.cut(self.output.token_ids, [int(t) for t in tokens]).finished
-
-    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
-        """Append the kept prefix of `tokens` (the rest of a round is cut) and
-        of their `logprobs`; set finish_reason and stop_reason when it ends.
-        An ended (e.g. aborted) request keeps nothing."""
+    def emit(self, result: RowResult) -> None:
+        """Append what a round or a plain step gave this request (its tokens
+        after the stop rules, their logprobs); set finish_reason and
+        stop_reason when it ends. An ended (e.g. aborted) request keeps nothing."""
         if self.finished:
-            return 0
-        tokens = [int(t) for t in tokens]
-        cut = self.stops.cut(self.output.token_ids, tokens)
-        self.output.token_ids.extend(tokens[:cut.kept])
-        if logprobs is not None:
-            self.output.logprobs = (self.output.logprobs or []) + logprobs[:cut.kept]
-        if self.on_emit is not None and cut.kept:
-            self.on_emit(tokens[:cut.kept])
-        if cut.finished:
-            self.output.finish_reason, self.output.stop_reason = cut.finish_reason, cut.stop_reason
-        return cut.kept
+            return
+        tokens = [int(t) for t in result.tokens]
+        self.output.token_ids.extend(tokens)
+        if result.logprobs is not None:
+            self.output.logprobs = (self.output.logprobs or []) + result.logprobs
+        if self.on_emit is not None and tokens:
+            self.on_emit(tokens)
+        if result.cut.finished:
+            self.output.finish_reason, self.output.stop_reason = result.cut.finish_reason, result.cut.stop_reason
 
     @property
     def finished(self) -> bool:
@@ -132,8 +130,10 @@ class Engine:
 
     target: the model whose distribution is sampled (`hs.from_hf`, `hs.load`).
     draft: None (default: plain decoding, the baseline), a HybridModel sharing
-        the target's vocabulary, `hs.NgramDrafter()`, or any
-        `hybridspec.spec.Drafter`.
+        the target's vocabulary, a draft checkpoint directory (loaded in the
+        target's dtype, on its device), "ngram" or `hs.NgramDrafter(...)`
+        (prompt lookup), or any `hybridspec.spec.Drafter` (`as_draft`: what
+        `hs.LLM(draft=...)` takes).
     num_draft_tokens: γ, drafts per sequence per round (default 4; >= 1), or
         "auto": γ per sequence per round in 0 … max_draft_tokens, chosen for
         the most expected tokens per second from acceptance estimates and
@@ -196,7 +196,7 @@ class Engine:
                               "or None for the default")
         if decode is not None and not callable(decode):
             raise ConfigError(f"decode={decode!r} must be a function from token ids to text, e.g. tokenizer.decode")
-        graphed_models = graphed(cuda_graphs, (target, draft) if isinstance(draft, HybridModel) else (target,))
+        draft = as_draft(draft, target.dtype, target.device)
         prefix_settings = as_prefix_settings(prefix_cache)
         self.eos_token_ids = engine_eos_ids(target.config, eos_token_ids)
         self.decode = decode
@@ -221,26 +221,28 @@ class Engine:
             num_draft_tokens = DEFAULT_MAX_DRAFT_TOKENS if max_draft_tokens is None else max_draft_tokens
             if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
                 raise ConfigError(f"max_draft_tokens={max_draft_tokens!r} must be an integer >= 1 (8 is typical)")
-        if draft is None:
+        if draft is not None:
+            validate_gamma(num_draft_tokens)
+        drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
+        graphed_models = graphed(cuda_graphs, [target] + _drafter_models(drafter))
+        if drafter is None:
             self.cache = self._new_cache(ring_slots=2)
         else:
-            validate_gamma(num_draft_tokens)
             policy = resolve_policy(checkpoint).bind(  # "auto" measures step costs here
                 target, num_draft_tokens, max_batch_size=self.max_batch_size, state_dtype=self.state_dtype,
                 new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
-            drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
             halves = ring_halves_by_default(target.device)  # CPU: batched snapshot writes in place
             self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens, halves=halves))
-            self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache, self.stats,
+            self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache,
                                          coupled=verify == "coupled", check_invariants=self.check_invariants)
             if adaptive:
                 self.gamma_controller = self._gamma_controller(drafter, num_draft_tokens)
         self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings)
         caches, stores, models = [self.cache], [self.prefix], [target]
-        if self.speculator is not None and isinstance(self.speculator.drafter, ModelDrafter):
-            caches.append(self.speculator.drafter.cache)
-            stores.append(self.speculator.drafter.prefix)
-            models.append(self.speculator.drafter.model)
+        if drafter is not None and drafter.cache is not None:
+            caches.append(drafter.cache)
+            stores.append(drafter.prefix)
+            models.append(drafter.model)
         for model, cache in zip(models, caches):
             if model in graphed_models:
                 cache.graphs = ForwardGraphs(model, cache, self.max_batch_size, self.max_model_len)
@@ -252,9 +254,9 @@ class Engine:
         self._next_seq_id = 0
         self._next_request_id = 0
 
-    def _gamma_controller(self, drafter, gamma_max: int) -> GammaController:
+    def _gamma_controller(self, drafter: Drafter, gamma_max: int) -> GammaController:
         """γ per round from costs measured now on scratch caches of this engine's models."""
-        draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
+        draft_model = drafter.model
         new_draft_cache = None if draft_model is None else functools.partial(scratch_cache, draft_model)
         costs = measure_round_costs(self.target, draft_model, gamma_max, measured_batches(self.max_batch_size),
                                     functools.partial(scratch_cache, self.target, state_dtype=self.state_dtype),
@@ -285,8 +287,6 @@ class Engine:
         `finished` marks its last report. Requests that finished or were
         aborted leave every cache before it returns."""
         step_stats = EngineStats()
-        if self.speculator is not None:
-            self.speculator.stats = step_stats
         before = {}
         try:
             admitted = self.scheduler.admit(self._round_tokens)
@@ -467,21 +467,22 @@ class Engine:
         stats.sequences += len(fresh)
         if fresh:
             fresh_requests = [requests[b] for b in fresh]
-            self._sample_and_emit(fresh_requests, logits, self._rows(fresh_requests), stats)
+            self._apply(fresh_requests, self._sample(fresh_requests, logits, self._rows(fresh_requests), stats))
 
-    def _sample_and_emit(self, requests: list[Request], logits: torch.Tensor, rows: RowParams,
-                         stats: EngineStats) -> None:
+    def _sample(self, requests: list[Request], logits: torch.Tensor, rows: RowParams,
+                stats: EngineStats) -> list[RowResult]:
+        """A plain step's token per request from logits [batch, vocab] (`sample_next`)."""
         with stats.phase("sampling"):
-            if argmax_suffices(rows, requests):
-                tokens, logprobs = logits.argmax(dim=-1).tolist(), [None] * len(requests)
-            else:
-                positions = torch.tensor([r.committed_len for r in requests], device=logits.device)
-                probs = process_logits(logits, rows, penalty_context(requests, logits.shape[-1], logits.device))
-                tokens = sample(probs, rows, positions).tolist()
-                logprobs = batch_logprobs(probs[:, None], [[t] for t in tokens], requests)
-        for r, t, lp in zip(requests, tokens, logprobs):
-            r.emit([t], lp)
+            tokens, logprobs = sample_next(logits, rows, requests)
         stats.emitted_tokens += len(requests)
+        return [RowResult.of(r, [t], lp) for r, t, lp in zip(requests, tokens, logprobs)]
+
+    @staticmethod
+    def _apply(requests: list[Request], results: list[RowResult]) -> None:
+        """Emit what a round or a plain step gave each request: the one place
+        the requests' outputs grow."""
+        for r, result in zip(requests, results):
+            r.emit(result)
 
     def _in_ring_order(self, requests: list[Request]) -> list[Request]:
         """The batch by state ring: consecutive rings make each step's slots one
@@ -497,44 +498,50 @@ class Engine:
         began = time.perf_counter()
         rows, ids = self._rows(requests), [r.seq_id for r in requests]
         controller, gammas = self.gamma_controller, None
-        drafter = None if self.speculator is None else self.speculator.drafter
         if controller is not None:
-            behind = drafter.backlog(requests) if hasattr(drafter, "backlog") else None
             gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests],
-                                       behind)
+                                       self.speculator.drafter.backlog(requests))
         before = dict(stats.seconds)
+        backlog_s, backlog_tokens = 0.0, 0  # the drafter's one-off absorption in this round
         if self.speculator is not None and (gammas is None or any(gammas)):
-            round = self.speculator.round(requests, rows, gammas)
+            round = self.speculator.round(requests, rows, stats, gammas)
+            results = round.results
             drafted, accepted, asked = [len(d) for d in round.drafts], round.accepted, round.gammas
+            backlog_s, backlog_tokens = round.backlog_seconds, round.backlog_tokens
         else:
-            self._decode_step(requests, rows, stats)
+            results = self._decode_step(requests, rows, stats)
             drafted = accepted = asked = [0] * len(requests)
             if self.speculator is not None:  # the drafter catches up in the next round that drafts
                 stats.gamma_counts[0] = stats.gamma_counts.get(0, 0) + len(requests)
+        self._apply(requests, results)
         if controller is not None:
             seconds = {phase: stats.seconds[phase] - before.get(phase, 0.0) for phase in stats.seconds}
             seconds["round"] = time.perf_counter() - began
-            drafted_any = any(asked)
-            backlog_s = getattr(drafter, "backlog_seconds", 0.0) if drafted_any else 0.0
-            backlog_tokens = getattr(drafter, "backlog_tokens", 0) if drafted_any else 0
             seconds["draft"] -= backlog_s  # a prompt's one-off absorption is not what a round costs ...
             seconds["round"] -= backlog_s
             seconds["backlog"] = backlog_s  # ... it is learned per token and amortised (spec/gamma.py)
             controller.observe(ids, drafted, accepted, asked, seconds, backlog_tokens, after_prefill)
 
-    def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> None:
-        """One target step per sequence, sampled as plain decoding does."""
+    def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> list[RowResult]:
+        """One target step per sequence, sampled as plain decoding does; what
+        each request gains (not yet applied)."""
         with stats.phase("verify"):
             ids = [r.seq_id for r in requests]
             self.cache.align_heads(ids)  # one span of sources and of spare slots: the torch step runs in place
             logits = self.target.decode(self.cache, ids, [r.last_token for r in requests])
-        self._sample_and_emit(requests, logits, rows, stats)
-        if self.check_invariants:
-            for r in requests:
-                if not r.finished:
+        results = self._sample(requests, logits, rows, stats)
+        if self.check_invariants:  # the step's boundary: the committed length before its token
+            for r, result in zip(requests, results):
+                if not result.finished:
                     self.cache.check_invariant(r.seq_id, r.committed_len)
         stats.rounds += 1
         stats.sequence_rounds += len(requests)
+        return results
+
+
+def _drafter_models(drafter: Drafter | None) -> list[HybridModel]:
+    """The model a drafter runs, as a list (none for plain decoding or a model-free drafter)."""
+    return [] if drafter is None or drafter.model is None else [drafter.model]
 
 
 def make_room(stores: dict, cache: HybridCache, num_pages: int) -> None:

@@ -27,7 +27,7 @@ from .errors import ConfigError, InvalidRequestError
 from .logprobs import TokenLogprob
 from .models.hybrid import HybridModel
 from .sampling import SamplingParams
-from .spec.drafters import NgramDrafter
+from .spec.drafters import as_draft
 from .stats import EngineStats
 from .stopping import cut_text
 from .threads import use_threads
@@ -63,7 +63,8 @@ class LLM:
     model: a checkpoint directory (`hs.load`), a loaded `HybridModel`, or None
         (default: the embedded byte-level target).
     draft: a draft checkpoint directory, "ngram" (prompt lookup,
-        `hs.NgramDrafter`), None (plain decoding), a HybridModel or a `Drafter`;
+        `hs.NgramDrafter`), None (plain decoding), a HybridModel or a `Drafter`
+        (what `Engine(draft=...)` takes: `hybridspec.spec.drafters.as_draft`);
         default: the embedded draft with the embedded target, "ngram" otherwise.
     tokenizer: a local HF tokenizer directory or a loaded tokenizer; default
         None: the model directory's own tokenizer, or bytes for a byte-level
@@ -183,13 +184,6 @@ def as_model(model, dtype, device) -> HybridModel:
     if isinstance(model, (str, Path)):
         return load(model, dtype=dtype, device=device)
     raise ConfigError(f"expected a checkpoint directory or a HybridModel, got a {type(model).__name__}")
-
-
-def as_draft(draft, dtype, device):
-    """What `Engine(draft=...)` takes for an LLM `draft` argument."""
-    if draft == "ngram":
-        return NgramDrafter()
-    return load(draft, dtype=dtype, device=device) if isinstance(draft, (str, Path)) else draft
 
 
 def as_codec(tokenizer, model, vocab_size: int) -> ByteCodec | TokenizerCodec:

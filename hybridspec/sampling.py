@@ -45,7 +45,8 @@ class SamplingParams:
     min_p: drop tokens below min_p times the most likely token's probability,
         in [0, 1] (0.0, the default: off).
     seed: the request's sampling seed, an integer in [0, 2**63); None (default)
-        draws a fresh one. Sample i of n uses `derived_seed(seed, i)`.
+        draws a fresh one. Sample i of n uses `hs.derived_seed(seed, i)`: the
+        same request with n=1 and that seed gives sample i's tokens.
     n: samples per prompt (default 1); n > 1 needs temperature > 0.
     stop: strings that end the request; the output text is cut just before the
         first one (it may span tokens). Needs a detokenizer (`hs.LLM`, or
@@ -143,8 +144,12 @@ class SamplingParams:
 
 
 def derived_seed(seed: int, sample: int) -> int:
-    """The seed of sample `sample` of a request seeded `seed`: `seed` itself for
-    sample 0 (so n=1 is unchanged), a hash of both for the others."""
+    """The seed of sample `sample` (0 … n-1) of a request seeded `seed` with n
+    samples: `seed` itself for sample 0 (so n=1 is unchanged), a hash of both
+    for the others, in [0, 2**63). Noise is keyed by (seed, position), so the
+    request with n=1 and `seed=hs.derived_seed(seed, i)` reproduces sample i's
+    tokens exactly (same engine settings: plain, or speculative with
+    verify="coupled")."""
     if sample == 0:
         return seed
     digest = hashlib.blake2b(f"{seed}/{sample}".encode(), digest_size=8).digest()

@@ -56,7 +56,7 @@ def assert_matches_fresh_prefill(model, cache, seq_id, tokens, logits):
     """Every layer of `seq_id` and the first-token logits equal a from-scratch prefill of `tokens`."""
     n = len(tokens)
     assert cache.computed_len[seq_id] == n
-    cache.check_invariant(seq_id, n + 1)
+    cache.check_invariant(seq_id, n)
     fresh = new_cache(model, cache.block_size, max_seqs=1)
     want_logits = model.prefill(fresh, [0], [tokens], last_only=True)[:, 0]
     assert (logits - want_logits).abs().max().item() <= ATOL

@@ -1,4 +1,4 @@
-"""Ring halves keep a batch's snapshot slots in one span: `Checkpointer.align_heads`
+"""Ring halves keep a batch's snapshot slots in one span: `HybridCache.align_heads`
 moves a row whose head sits in the other half (a copy, same state and position),
 and the engine runs rows in ring order."""
 from __future__ import annotations

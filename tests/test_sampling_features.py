@@ -1,5 +1,6 @@
 """EOS, logprobs, n samples and penalties: the same under speculative and
 plain decoding, and speculative sampling with penalties stays unbiased."""
+import dataclasses
 import itertools
 import types
 
@@ -100,6 +101,18 @@ def test_n_samples_are_distinct_and_reproducible(engines):
     assert [o.sample_index for o in nine] == list(range(9))  # more than max_batch_size=8: they queue
     with pytest.raises(InvalidRequestError, match="identical greedy"):
         hs.SamplingParams(n=2)
+
+
+def test_a_sample_is_reproduced_alone_with_its_derived_seed(engines):
+    """`hs.derived_seed(seed, i)` is the seed sample i of a request with n > 1
+    samples with: the request with n=1 and that seed gives sample i's tokens."""
+    params = hs.SamplingParams(max_new_tokens=8, temperature=1.0, seed=11, n=3, ignore_eos=True)
+    for engine in engines:
+        samples = engine.generate([[5, 6]], params)
+        for i, sample in enumerate(samples):
+            alone = engine.generate([[5, 6]], dataclasses.replace(params, n=1, seed=hs.derived_seed(11, i)))
+            assert alone[0].token_ids == sample.token_ids
+    assert hs.derived_seed(11, 0) == 11 and len({hs.derived_seed(11, i) for i in range(3)}) == 3
 
 
 def test_penalised_greedy_and_coupled_outputs_match_plain(engines):

@@ -44,7 +44,7 @@ def assert_empty(engine):
         assert engine.cache.kv.num_free_blocks == engine.cache.kv.num_blocks
     assert engine.cache.states.num_free_rings == engine.cache.states.max_seqs
     drafter = engine.speculator.drafter if engine.speculator is not None else None
-    if drafter is not None and hasattr(drafter, "cache"):
+    if drafter is not None and drafter.cache is not None:
         assert drafter.cache.computed_len == {}
         assert drafter.cache.kv is None or drafter.cache.kv.num_free_blocks == drafter.cache.kv.num_blocks
 

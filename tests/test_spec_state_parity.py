@@ -82,6 +82,21 @@ def test_scripted_drafter_fixes_acceptance(models, policy):
     assert 0.3 < result.stats["acceptance_rate"] < 0.8
 
 
+def test_token_replay_from_a_snapshot_past_the_head(models):
+    """k = 2 without a log: boundaries 1 and 3 are token-replayed from the
+    snapshots after inputs 0 and 2 (the verify inputs up to them committed
+    first), not from the head."""
+    target, _ = models
+    prompts = [[5, 9, 14, 20], [7, 7, 30]]
+    params = [hs.SamplingParams(max_new_tokens=m) for m in (22, 17)]
+    expected = plain_outputs(target, prompts, params)
+    draft = ScriptedDrafter(prompts, [o.token_ids for o in expected], [1, 3, 0, 2, 4], target.vocab_size)
+    policy = hs.CheckpointPolicy(snapshot_every=2, log_inputs=False)
+    result = speculative_parity("token replay", target, draft, 4, policy, prompts, params, expected, check_states=True)
+    assert result.passed, result.detail
+    assert result.stats["token_replayed_tokens"] > 0
+
+
 def test_state_check_catches_a_skipped_replay(models, monkeypatch):
     """Sabotage: commit to the nearest earlier snapshot without replaying.
     The invariant's bookkeeping still agrees; the state comparison does not."""

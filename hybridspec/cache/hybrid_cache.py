@@ -2,8 +2,10 @@
 the paged KV cache of the attention layers and the state pool (a ring of slots
 per sequence, `hybridspec.checkpoints.state_pool`) of the Mamba layers — and
 `computed_len` per sequence, the one length both are kept at. `commit` moves
-every layer of a sequence to a boundary at once; which ring slot holds the
-state there is the checkpoints' decision (`Checkpointer`).
+every layer of a sequence to an accepted boundary at once, `rewind_to` back to
+an earlier length (a round start); which ring slot holds the state
+there is the checkpoints' decision (`Checkpointer`). Every length these take
+is a computed length.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hybridspec.checkpoints.ring import head_half
 from hybridspec.checkpoints.state_pool import SlotState, StatePool
 from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.kernels.slot_plan import SlotPlan
@@ -108,20 +111,45 @@ class HybridCache:
     def head(self, seq_id: int) -> int:
         return self.states.head(seq_id) if self.states is not None else -1
 
-    def align_heads(self, seq_ids: list[int]) -> None:
-        """Move every head of `seq_ids` to the ring offset most of them are at (a
-        copy for the others, `StatePool.move_head`), so that a plain forward's
-        sources and spare slots form spans of the pool (states computed in
-        place). Outside a round no ring slot but the head holds anything needed.
-        Nothing moves where the Triton kernels run: they take any slots."""
-        if self.states is None or len(seq_ids) < 2 or triton_runs_on(self.device):
-            return
+    def align_heads(self, seq_ids: list[int], snapshot_counts: list[int] | None = None) -> list[int]:
+        """Put the heads of `seq_ids` at one ring offset where they differ, so
+        that a forward over them reads and writes spans of the pool (states
+        computed in place; `kernels/slot_plan.py`). A head that moves has its
+        state copied (`StatePool.move_head`): same state, same position.
+        Returns every row's head afterwards.
+
+        - A plain step (`snapshot_counts` None): every head to the offset most
+          of them are at. Outside a round no ring slot but the head holds
+          anything needed. Nothing moves where the Triton kernels run: they
+          take any slots.
+        - A round under ring halves (`snapshot_counts[b]`: row b's snapshots,
+          `head_half`): only a head in the other half than most rows' moves,
+          to the majority's most common head offset, so that the round writes
+          the same offsets in every row. The round never writes a head
+          (`plan_snapshots`), so the copy is safe whatever each row's count."""
+        heads = [self.head(s) for s in seq_ids]
+        if self.states is None or len(seq_ids) < 2:
+            return heads
+        if snapshot_counts is None and triton_runs_on(self.device):
+            return heads
         rings = [self.states.ring_slots(s) for s in seq_ids]
-        offsets = [ring.index(self.states.head(s)) for s, ring in zip(seq_ids, rings)]
-        offset = max(set(offsets), key=offsets.count)
-        for s, ring, at in zip(seq_ids, rings, offsets):
-            if at != offset:
+        offsets = [ring.index(head) for ring, head in zip(rings, heads)]
+        if snapshot_counts is None:  # each offset is its own group
+            groups, candidates = offsets, set(offsets)
+        else:
+            groups = [head_half(ring, head, count) for ring, head, count in zip(rings, heads, snapshot_counts)]
+            candidates = ("low", "high")
+        known = [g for g in groups if g is not None]
+        if len(set(known)) < 2:
+            return heads
+        majority = max(candidates, key=known.count)
+        chosen = [at for at, group in zip(offsets, groups) if group == majority]
+        offset = max(set(chosen), key=chosen.count)  # the majority's most common head offset: sources in one span
+        for b, (s, ring, group) in enumerate(zip(seq_ids, rings, groups)):
+            if group is not None and group != majority:
                 self.states.move_head(s, ring[offset])
+                heads[b] = ring[offset]
+        return heads
 
     def spare_slot(self, seq_id: int) -> int:
         """The ring slot a forward without a snapshot plan writes (`spare`): the
@@ -198,27 +226,40 @@ class HybridCache:
         self.computed_len[seq_id] = state_position
 
     def commit(self, seq_id: int, boundary: int, head_slot: int) -> None:
-        """Move every layer of `seq_id` to `boundary`: KV length (pages wholly
-        past it freed) and the ring head (which must hold the state there)."""
-        if self.kv is not None:
-            current = self.kv.kv_len(seq_id)
-            if boundary <= current:
-                self.kv.truncate(seq_id, boundary)
-            else:
-                self.kv.commit(seq_id, boundary)
-        if self.states is not None:
-            self.states.set_head(seq_id, head_slot, boundary)
-        self.computed_len[seq_id] = boundary
+        """Move every layer of `seq_id` to the accepted `boundary` (a computed
+        length, at most what the last forward absorbed): the KV length (pages
+        wholly past it freed) and the ring head, which must hold the state there."""
+        self._move_to(seq_id, boundary, head_slot)
 
-    def check_invariant(self, seq_id: int, committed_len: int) -> None:
-        """kv_len == ssm_pos == conv_pos == computed_len == committed_len - 1."""
+    def rewind_to(self, seq_id: int, computed_len: int, head_slot: int) -> None:
+        """Move every layer of `seq_id` back to an earlier `computed_len` whose
+        state `head_slot` still holds (a round start, which nothing in the round
+        wrote): the KV length (pages wholly past it freed) and the ring head."""
+        if computed_len > self.computed_len[seq_id]:
+            raise ValueError(f"rewind_to(seq {seq_id}, computed_len={computed_len}) is past its computed length "
+                             f"{self.computed_len[seq_id]}; a forward's `commit` moves a sequence forward")
+        self._move_to(seq_id, computed_len, head_slot)
+
+    def _move_to(self, seq_id: int, computed_len: int, head_slot: int) -> None:
+        if self.kv is not None:
+            if computed_len <= self.kv.kv_len(seq_id):
+                self.kv.truncate(seq_id, computed_len)
+            else:
+                self.kv.commit(seq_id, computed_len)
+        if self.states is not None:
+            self.states.set_head(seq_id, head_slot, computed_len)
+        self.computed_len[seq_id] = computed_len
+
+    def check_invariant(self, seq_id: int, boundary: int) -> None:
+        """Every layer of `seq_id` at `boundary` (a computed length: committed_len − 1
+        outside a round): kv_len == state position == computed_len == boundary."""
         computed = self.computed_len[seq_id]
         kv_len = self.kv.kv_len(seq_id) if self.kv is not None else computed
         state_pos = self.states.head_position(seq_id) if self.states is not None else computed
-        if not kv_len == state_pos == computed == committed_len - 1:
+        if not kv_len == state_pos == computed == boundary:
             raise InvariantError(f"sequence {seq_id}: kv_len={kv_len}, state position={state_pos}, "
-                                 f"computed_len={computed}, committed_len={committed_len} (expected all equal "
-                                 "to committed_len - 1)")
+                                 f"computed_len={computed}, expected all equal to the boundary {boundary} "
+                                 "(committed_len - 1)")
 
     def bookkeeping(self) -> dict:
         """A comparable export of every index (for 'nothing changed' assertions).

@@ -67,7 +67,7 @@ def _sequence_states(engine: Engine, requests) -> dict:
     """Copies of everything a round may change for `requests`: each cache's
     bookkeeping, each sequence's head states and K/V, the outputs."""
     caches = {"target": engine.cache}
-    if hasattr(engine.speculator.drafter, "cache"):
+    if engine.speculator.drafter.cache is not None:
         caches["drafter"] = engine.speculator.drafter.cache
     out = {}
     for who, cache in caches.items():
@@ -94,9 +94,11 @@ class RoundObserver:
 
     It records, per round, (verify inputs, accepted) of every row the commit
     keeps live; checks the boundary invariant after every round (target and
-    drafter) and, with `check_states`, every layer's state (`problems`). With
-    `capture` it copies every sequence's state before each round; if a round
-    raises, `reverted` lists what differs afterwards (None: nothing raised)."""
+    drafter) and, with `check_states`, every layer's state (`problems`), of
+    the committed tokens the round's results make (the Engine emits them
+    after the round). With `capture` it copies every sequence's state before
+    each round; if a round raises, `reverted` lists what differs afterwards
+    (None: nothing raised)."""
 
     def __init__(self, engine: Engine, check_states: bool = False, capture: bool = False):
         self.engine, self.spec = engine, engine.speculator
@@ -133,24 +135,20 @@ class RoundObserver:
             if self._before is not None:
                 self.reverted = _differences(self._before, _sequence_states(self.engine, round.requests))
             return
-        for r in round.requests:
-            if not r.finished:
-                self.problems += self._check(r)
+        for b in round.live:
+            r = round.requests[b]
+            self.problems += self._check(r, r.output.prompt_token_ids + r.output.token_ids + round.results[b].tokens)
 
-    def _check(self, request) -> list[str]:
-        committed = request.output.prompt_token_ids + request.output.token_ids
+    def _check(self, request, committed: list[int]) -> list[str]:
         s, drafter = request.seq_id, self.spec.drafter
+        boundary = len(committed) - 1
         try:
-            self.engine.cache.check_invariant(s, len(committed))
-            if hasattr(drafter, "cache"):
-                drafter.cache.check_invariant(s, drafter.cache.computed_len[s] + 1)
+            self.engine.cache.check_invariant(s, boundary)
+            drafter.check_invariant(s, boundary)
         except InvariantError as error:
             return [str(error)]
         problems = []
-        if hasattr(drafter, "cache") and drafter.cache.computed_len[s] > len(committed) - 1:
-            problems.append(f"drafter of sequence {s} absorbed {drafter.cache.computed_len[s]} tokens, past the "
-                            f"boundary {len(committed) - 1}")
-        elif self.check_states and hasattr(drafter, "cache"):
+        if self.check_states and drafter.cache is not None:
             problems += _state_problems(drafter.model, drafter.cache, s, committed[:drafter.cache.computed_len[s]],
                                         f"drafter of sequence {s}")
         if self.check_states:
@@ -202,7 +200,7 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
     drafter's first call of the round, the verify forward, a token replay),
     with its writes made."""
     spec, target, fired = engine.speculator, engine.target, []
-    model_drafter = hasattr(spec.drafter, "model")
+    model_drafter = spec.drafter.model is not None
     site_calls = []  # hooked calls seen while armed: a model call during which none ran, ran whole
 
     def armed(phase: str) -> bool:
@@ -269,6 +267,7 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
 
 def witness_bookkeeping(engine: Engine) -> tuple:
     drafter = engine.speculator.drafter if engine.speculator else None
-    return engine.cache.bookkeeping(), (drafter.cache.bookkeeping() if hasattr(drafter, "cache") else None)
+    drafter_cache = None if drafter is None else drafter.cache
+    return engine.cache.bookkeeping(), (None if drafter_cache is None else drafter_cache.bookkeeping())
 
 

@@ -7,6 +7,11 @@ length `start_lens[b] = m - 1` (t[m-1] is pending). Its verify inputs are
 row's boundary is m + n, `boundary(b)`: the computed length every layer of
 the target and the drafter is moved to. Every commit call in the round takes
 this one length, a computed length.
+
+What a round gives each row is a `RowResult` (`RoundBatch.results`): the
+tokens the stop rules keep and whether the row finished. The Engine applies
+results, a round's and a plain step's alike, in one place (`Engine._apply`);
+only then do the requests' outputs grow.
 """
 from __future__ import annotations
 
@@ -19,6 +24,26 @@ from hybridspec.checkpoints.restore import RestoreDecision
 from hybridspec.checkpoints.ring import SnapshotPlan
 
 from ..logprobs import TokenLogprob
+from ..stopping import Cut
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """What one row gains from a round or a plain step."""
+
+    tokens: list[int]  # [kept] the emitted tokens the stop rules keep
+    cut: Cut  # the stop rules' verdict: cut.kept = len(tokens), whether and why the row finished
+    logprobs: list[TokenLogprob] | None  # [kept] of `tokens`, when the request asks for them
+
+    @classmethod
+    def of(cls, request, emitted: list[int], logprobs: list[TokenLogprob] | None) -> "RowResult":
+        """`emitted` (and their `logprobs`) cut by `request`'s stop rules."""
+        cut = request.cut(emitted)
+        return cls(emitted[:cut.kept], cut, None if logprobs is None else logprobs[:cut.kept])
+
+    @property
+    def finished(self) -> bool:
+        return self.cut.finished
 
 
 @dataclass
@@ -35,10 +60,12 @@ class RoundBatch:
     input_log: InputLog | None = None  # the verify forward's mixer inputs, when the policy logs
     accepted: list[int] = field(default_factory=list)  # [batch] n: drafts the verifier kept
     tokens: list[list[int]] = field(default_factory=list)  # [batch][n + 1] accepted drafts + recovered/bonus
-    kept: list[int] = field(default_factory=list)  # [batch] of `tokens`, how many the stop rules keep
     logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)  # [batch] of `tokens`, if asked for
+    results: list[RowResult] = field(default_factory=list)  # [batch] `tokens` cut by the stop rules
     live: list[int] = field(default_factory=list)  # rows the round does not finish: they commit
     decisions: list[RestoreDecision | None] = field(default_factory=list)  # [batch] how each live row restored
+    backlog_seconds: float = 0.0  # the drafter's one-off absorption of backlogs in this round (`Proposal`)
+    backlog_tokens: int = 0
 
     @property
     def verify_inputs(self) -> list[list[int]]:
@@ -49,6 +76,11 @@ class RoundBatch:
     def num_inputs(self) -> int:
         """T = G + 1: the padded length of the verify forward."""
         return 1 + max(map(len, self.drafts))
+
+    @property
+    def kept(self) -> list[int]:
+        """[batch] of `tokens`, how many the stop rules keep."""
+        return [r.cut.kept for r in self.results]
 
     def boundary(self, b: int) -> int:
         """Computed length of row b after the commit: m + n."""

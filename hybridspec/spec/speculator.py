@@ -8,11 +8,13 @@ t[0..m-1], computed length m-1 and the pending token t[m-1].
    `Checkpointer` planned;
 3. accept: rejection sampling (or greedy / coupled) gives n accepted drafts
    and one recovered or bonus token;
-4. commit: the `Checkpointer` moves every layer of the target to the boundary
-   m+n (state after verify input n), the drafter follows, then the tokens are
-   emitted.
+4. commit: the stop rules cut each row's tokens (`RowResult`); the
+   `Checkpointer` moves every layer of the target to the boundary m+n (state
+   after verify input n) of each row the round does not finish, and the
+   drafter follows.
 If any step raises, every sequence returns to where the round began.
-Everything the round knows travels in one `RoundBatch`.
+Everything the round knows travels in one `RoundBatch`, which `round` returns:
+the Engine applies its `results` to the requests (emits the tokens).
 """
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ from hybridspec.kernels.rejection import (MODE_COUPLED, MODE_GREEDY, MODE_REJECT
 from ..errors import InvalidRequestError
 from ..logprobs import batch_logprobs
 from ..models.hybrid import HybridModel
+from ..next_token import sample_next
 from ..penalties import penalty_context
-from ..sampling import RowParams, argmax_suffices, process_logits, sample
+from ..sampling import RowParams, argmax_suffices, process_logits
 from ..stats import EngineStats
 from .drafters import Drafter, Proposal
-from .round import RoundBatch
+from .round import RoundBatch, RowResult
 
 
 class RoundHook(Protocol):
@@ -45,54 +48,53 @@ class RoundHook(Protocol):
 
     def committed(self, round: RoundBatch) -> None: ...  # after every live row reached its boundary
 
-    def round_ended(self, round: RoundBatch, error: BaseException | None) -> None: ...  # after emit or revert
+    def round_ended(self, round: RoundBatch, error: BaseException | None) -> None: ...  # after the commit or revert
 
 
 class Speculator:
     """Runs speculative rounds of `target` against `drafter` with γ = `gamma`
     drafts per sequence, snapshots placed by `policy`, the target's caches in
-    `cache`, counts in `stats`. `coupled`: verify="coupled"; `check_invariants`:
-    assert the boundary invariant after every commit."""
+    `cache`. `coupled`: verify="coupled"; `check_invariants`: assert the
+    boundary invariant after every commit."""
 
     def __init__(self, target: HybridModel, drafter: Drafter, gamma: int, policy: CheckpointPolicy, cache,
-                 stats: EngineStats, coupled: bool = False, check_invariants: bool = False):
+                 coupled: bool = False, check_invariants: bool = False):
         self.target, self.drafter, self.gamma, self.policy = target, drafter, gamma, policy
-        self.cache, self.stats, self.coupled, self.check = cache, stats, coupled, check_invariants
+        self.cache, self.coupled, self.check = cache, coupled, check_invariants
         self.checkpointer = Checkpointer(target, cache)
         self.acceptance_history: list[float] = []  # accepted / drafted of every round so far
         self.hooks: list[RoundHook] = []
 
     # -- one round ----------------------------------------------------------------------------
 
-    def round(self, requests, rows: RowParams, gammas: list[int] | None = None) -> RoundBatch:
+    def round(self, requests, rows: RowParams, stats: EngineStats, gammas: list[int] | None = None) -> RoundBatch:
         """One draft → verify → accept → commit cycle over `requests` (every
         one unfinished, each in the target's cache and started in the
         drafter); `gammas`: drafts to ask for per row (default γ each; 0 makes
-        the row a plain step inside the round). Returns the round's RoundBatch
-        (drafts, accepted counts, kept tokens)."""
+        the row a plain step inside the round). Times its phases and counts
+        its tokens in `stats`. Returns the round's RoundBatch (drafts,
+        accepted counts, `results`: what each request gains, not yet applied)."""
         ids = [r.seq_id for r in requests]
         round = RoundBatch(requests, ids, [r.committed_len - 1 for r in requests], [self.cache.head(s) for s in ids])
         self._notify("round_started", round)
         try:
             self._phase("draft")
-            self.propose(round, rows, gammas)
+            self.propose(round, rows, stats, gammas)
             self._phase("verify")
-            self.verify(round, rows)
+            self.verify(round, rows, stats)
             self._phase("commit")
-            self.commit(round)
+            self.commit(round, stats)
         except BaseException as error:
             self.revert(round)
             self._notify("round_ended", round, error)
             raise
-        for r, tokens, kept, logprobs in zip(requests, round.tokens, round.kept, round.logprobs):
-            r.emit(tokens[:kept], logprobs)
-        self._count(round)
+        self._count(round, stats)
         self._notify("round_ended", round, None)
         return round
 
-    def propose(self, round: RoundBatch, rows: RowParams, gammas: list[int] | None = None) -> None:
+    def propose(self, round: RoundBatch, rows: RowParams, stats: EngineStats, gammas: list[int] | None = None) -> None:
         """Drafts per row (γ clamped so a round never passes max_new_tokens) and q."""
-        with self.stats.phase("draft"):
+        with stats.phase("draft"):
             asked = [self.gamma] * len(round.requests) if gammas is None else gammas
             gammas = [max(0, min(g, r.params.max_new_tokens - len(r.output.token_ids) - 1))
                       for g, r in zip(asked, round.requests)]
@@ -109,6 +111,7 @@ class Speculator:
                                               "for; no state was changed")
             self._check_probs(proposal, len(round.requests))
             round.drafts, round.draft_probs = proposal.tokens, proposal.probs
+            round.backlog_seconds, round.backlog_tokens = proposal.backlog_seconds, proposal.backlog_tokens
 
     def _check_probs(self, proposal: Proposal, batch: int) -> None:
         """q must be [batch, ≥ longest draft, vocab] when a drafter gives it."""
@@ -122,20 +125,23 @@ class Speculator:
                                       f"[batch={batch}, >= {longest} drafts, vocab={vocab}] or None for one-hot "
                                       "drafts; no state was changed")
 
-    def verify(self, round: RoundBatch, rows: RowParams) -> None:
+    def verify(self, round: RoundBatch, rows: RowParams, stats: EngineStats) -> None:
         """The target's forward over the verify inputs, then the accept rule."""
         self.checkpointer.plan(round, self.policy.for_round(self.acceptance_history, len(round.seq_ids)))
-        with self.stats.phase("verify"):
+        with stats.phase("verify"):
             logits = self.target.extend(self.cache, round.seq_ids, round.verify_inputs, snap_slot=round.snap_slot,
                                         input_log=round.input_log)  # [batch, G + 1, vocab]
-        with self.stats.phase("sampling"):
+        with stats.phase("sampling"):
             round.tokens, round.accepted = self.accept(logits, round, rows)
 
     def accept(self, logits: torch.Tensor, round: RoundBatch, rows: RowParams) -> tuple[list[list[int]], list[int]]:
         """Rejection sampling over post-processed p and q: (emitted tokens per row, accepted counts);
         the emitted tokens' log-probabilities go to `round.logprobs`."""
         B, T, V = logits.shape
-        if T > 1 and argmax_suffices(rows, round.requests):  # greedy_accept on p's argmax, the logits'
+        if T == 1:  # no row drafted: a plain step's sampling (the same keyed noise at the same position)
+            tokens, round.logprobs = sample_next(logits[:, 0], rows, round.requests)
+            return [[t] for t in tokens], [0] * B
+        if argmax_suffices(rows, round.requests):  # greedy_accept on p's argmax, the logits'
             round.logprobs = [None] * B
             return greedy_accept(logits, round.drafts)
         context = penalty_context(round.requests, V, logits.device)  # p_{j+1} sees d_1..d_j, as q_{j+1} did
@@ -143,11 +149,6 @@ class Speculator:
         # each row's parameters once per input; not needed when no filter or penalty reads them
         flat_rows = rows.repeat(T) if context is not None or rows.flags.any_filter else rows
         p = process_logits(logits.reshape(B * T, V), flat_rows, context).view(B, T, V)  # [batch, G + 1, vocab]
-        if T == 1:  # no row drafted: a plain step's sampling (the same keyed noise at the same position)
-            positions = torch.tensor([m + 1 for m in round.start_lens], device=p.device)
-            tokens = [[t] for t in sample(p[:, 0], rows, positions).tolist()]
-            round.logprobs = batch_logprobs(p, tokens, round.requests)
-            return tokens, [0] * B
         if rows.flags.all_greedy:  # one argmax and one readback (the greedy rule needs no q and no noise)
             tokens, accepted = greedy_accept(p, round.drafts)
         else:
@@ -174,20 +175,21 @@ class Speculator:
         out, n = verify(p, q, draft_tokens, num_draft, mode, rows.seeds, positions)
         return out.tolist(), n.tolist()
 
-    def commit(self, round: RoundBatch) -> None:
-        """Cut each row's tokens at its stops, then move the target (every layer)
-        and the drafter of every row the round does not finish to its boundary."""
-        with self.stats.phase("commit"):
-            emitted = [t[:n + 1] for t, n in zip(round.tokens, round.accepted)]
-            round.kept = [r.would_keep(e) for r, e in zip(round.requests, emitted)]
-            round.live = [b for b, (r, e) in enumerate(zip(round.requests, emitted)) if not r.would_finish(e)]
+    def commit(self, round: RoundBatch, stats: EngineStats) -> None:
+        """Cut each row's tokens at its stops (`round.results`), then move the
+        target (every layer) and the drafter of every row the round does not
+        finish to its boundary."""
+        with stats.phase("commit"):
+            round.results = [RowResult.of(r, t[:n + 1], lp)
+                             for r, t, n, lp in zip(round.requests, round.tokens, round.accepted, round.logprobs)]
+            round.live = [b for b, result in enumerate(round.results) if not result.finished]
             self.checkpointer.commit(round)
             live_ids = [round.seq_ids[b] for b in round.live]
             boundaries = [round.boundary(b) for b in round.live]
             self.drafter.commit(live_ids, boundaries)
             if self.check:
                 for s, boundary in zip(live_ids, boundaries):
-                    self.cache.check_invariant(s, boundary + 1)
+                    self.cache.check_invariant(s, boundary)
                     self.drafter.check_invariant(s, boundary)
             self._notify("committed", round)
 
@@ -198,8 +200,7 @@ class Speculator:
 
     # -- bookkeeping --------------------------------------------------------------------------
 
-    def _count(self, round: RoundBatch) -> None:
-        stats = self.stats
+    def _count(self, round: RoundBatch, stats: EngineStats) -> None:
         drafted = sum(map(len, round.drafts))
         stats.rounds += 1
         stats.sequence_rounds += len(round.requests)

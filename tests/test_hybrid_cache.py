@@ -1,0 +1,36 @@
+"""`HybridCache`'s verbs: `commit` moves every layer to an accepted boundary,
+`rewind_to` back to an earlier computed length; `check_invariant` takes the
+boundary, a computed length, like both."""
+import pytest
+
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.errors import InvariantError
+from hybridspec.rollback.models import tiny_model
+
+
+@pytest.fixture
+def model_and_cache():
+    model = tiny_model(4)
+    cache = HybridCache(model.config, max_seqs=1, num_blocks=8, block_size=4, ring_slots=4, dtype=model.dtype)
+    model.prefill(cache, [0], [[3, 1, 4, 1, 5]], last_only=True)
+    return model, cache
+
+
+def test_rewind_to_moves_every_layer_back_and_refuses_to_move_forward(model_and_cache):
+    model, cache = model_and_cache
+    start_len, start_head = cache.computed_len[0], cache.head(0)
+    pages = len(cache.kv.block_table(0))
+    model.extend(cache, [0], [[9, 2, 6, 5]], last_only=True)  # 9 computed: a page more
+    assert cache.computed_len[0] == 9 and len(cache.kv.block_table(0)) == pages + 1
+    cache.rewind_to(0, start_len, start_head)
+    assert (cache.computed_len[0], cache.kv.kv_len(0), cache.head(0)) == (start_len, start_len, start_head)
+    assert cache.states.head_position(0) == start_len and len(cache.kv.block_table(0)) == pages
+    with pytest.raises(ValueError, match="past its computed length 5"):
+        cache.rewind_to(0, start_len + 1, start_head)
+
+
+def test_check_invariant_takes_the_boundary(model_and_cache):
+    _, cache = model_and_cache
+    cache.check_invariant(0, 5)  # every layer has absorbed the five prompt tokens
+    with pytest.raises(InvariantError, match="boundary 6"):
+        cache.check_invariant(0, 6)
