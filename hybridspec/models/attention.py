@@ -10,6 +10,7 @@ from torch import nn
 
 from hybridspec.kernels import cpu_rope
 from hybridspec.kernels.dispatch import use_triton
+from hybridspec.kernels.descriptors import AttentionDesc
 from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES, paged_attention, paged_attention_cpu
 
 from ..config import AttentionConfig
@@ -107,6 +108,14 @@ class Attention(nn.Module):
                                                  for p in "qkv")
         self.o_bias = param(weights["o_proj.bias"]) if cfg.out_bias else None
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def describe(self) -> AttentionDesc:
+        cfg = self.cfg
+        return AttentionDesc(q_proj=self.q_proj, k_proj=self.k_proj, v_proj=self.v_proj, o_proj=self.o_proj,
+                             qkv_bias=bool(cfg.bias), o_bias=bool(cfg.out_bias),
+                             inv_freq=self.inv_freq if cfg.use_rope else None, rotary_dim=cfg.rotary_dim,
+                             softmax_scale=cfg.softmax_scale, num_heads=cfg.num_heads,
+                             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, kv_layer=self.kv_layer)
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [batch, T, h·d], k, v [batch, T, h_kv·d] (Zamba2's occurrences add their adapters here)."""

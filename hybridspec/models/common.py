@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridspec.kernels import cpu_norm
+from hybridspec.kernels.descriptors import NormDesc
 from hybridspec.kernels.cpu_rows import applies, rows_matmul
 
 
@@ -116,3 +117,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    def describe(self) -> NormDesc:
+        return NormDesc(self.weight, self.eps)

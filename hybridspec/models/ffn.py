@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels.descriptors import MLPDesc, MoEDesc
+
 from ..config import MLPConfig, MoEConfig
 from .common import activation, compute_dtype, linear, param, take
 
@@ -35,6 +37,12 @@ class MLP(nn.Module):
         out = linear(up, self.down_proj, self.down_bias)
         return out if cfg.down_multiplier == 1.0 else out * cfg.down_multiplier
 
+    def describe(self) -> MLPDesc:
+        cfg = self.cfg
+        return MLPDesc(up=self.up_proj, down=self.down_proj, gate=self.gate_proj, up_bias=self.up_bias,
+                       gate_bias=self.gate_bias, down_bias=self.down_bias, activation=cfg.activation,
+                       gate_multiplier=cfg.gate_multiplier, down_multiplier=cfg.down_multiplier)
+
 
 class MoE(nn.Module):
     """Routed experts (+ an optional dense shared MLP).
@@ -56,6 +64,10 @@ class MoE(nn.Module):
         shared = take(weights, "shared")
         self.shared = (MLP(MLPConfig(cfg.shared_intermediate_size, cfg.activation, gated=cfg.gated), shared)
                        if cfg.shared_intermediate_size else None)
+
+    def describe(self) -> MoEDesc:
+        return MoEDesc(num_experts=self.cfg.num_experts, top_k=self.cfg.top_k,
+                       shared=None if self.shared is None else self.shared.describe())
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [tokens, k], expert ids [tokens, k])."""

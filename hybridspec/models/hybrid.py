@@ -22,6 +22,8 @@ from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
 
 from ..config import HybridConfig
 from ..errors import NumericalError
+from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
+
 from .attention import Attention, rope_inv_freq
 from .batch import ForwardBatch
 from .common import RMSNorm, linear, param, take
@@ -90,23 +92,29 @@ class DecoderLayer(nn.Module):
             self.mixer = None
         ffn_weights = take(weights, "ffn")
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
-        # the blocks `kernels.cpu_blocks` may run whole (one C call each, float32 CPU decoding)
-        self.mamba2, self.attention = mixer_type == "mamba2", type(self.mixer) is Attention
-        plain = self.shared is None and self.residual_multiplier == 1.0
-        self.whole_mixer, self.whole_mlp = plain and (self.mamba2 or self.attention), plain and ffn_type == "mlp"
+        self.blocks = cpu_blocks.LayerBlocks(None, None)  # the native blocks of this layer (`HybridModel.bind_backend`)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
         """h, embeddings (the scaled token embeddings, read by shared blocks) [batch, T, hidden]."""
         if self.mixer is not None:
-            out = cpu_blocks.mixer_block(self, h, batch, cache) if self.whole_mixer else None  # one C call
+            blocks = self.blocks
+            out = cpu_blocks.mixer_block(blocks.mixer, h, batch, cache) if blocks.mixer is not None else None
             if out is None:
                 x = h if self.shared is None else h + self.shared(h, embeddings, batch, cache)
                 out = h + self.scaled(self.mixer(self.input_norm(x), batch, cache))
             h = out
         if self.ffn is not None:
-            out = cpu_blocks.mlp_block(self, h) if self.whole_mlp else None  # one C call
+            blocks = self.blocks
+            out = cpu_blocks.mlp_block(blocks.mlp, h) if blocks.mlp is not None else None  # one C call
             h = out if out is not None else h + self.scaled(self.ffn(self.ffn_norm(h)))
         return h
+
+    def describe(self) -> LayerDesc:
+        return LayerDesc(mixer=None if self.mixer is None else self.mixer.describe(),
+                         mixer_norm=None if self.input_norm is None else self.input_norm.describe(),
+                         ffn=None if self.ffn is None else self.ffn.describe(),
+                         ffn_norm=None if self.ffn_norm is None else self.ffn_norm.describe(),
+                         residual_multiplier=self.residual_multiplier, shared_block=self.shared is not None)
 
     @property
     def recurrent(self) -> RecurrentLayer:
@@ -141,6 +149,23 @@ class HybridModel(nn.Module):
         self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps)
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
+        self.bind_backend()
+
+    def describe(self) -> ModelDesc:
+        """What the kernels see of this model (`kernels.descriptors`)."""
+        return ModelDesc(embed=self.embed, layers=tuple(layer.describe() for layer in self.layers),
+                         final_norm=self.final_norm.describe(), lm_head=self.lm_head,
+                         embedding_multiplier=self.config.embedding_multiplier,
+                         logits_scaling=self.config.logits_scaling, dtype=self.dtype)
+
+    def bind_backend(self) -> None:
+        """Describe the model to its kernels again: after construction and whenever
+        its parameters are replaced (`pack_for_cpu`, `to`)."""
+        desc = self.describe()
+        blocks = [cpu_blocks.LayerBlocks.of(layer) for layer in desc.layers]
+        for layer, layer_blocks in zip(self.layers, blocks):
+            layer.blocks = layer_blocks
+        self.whole = cpu_forward.WholeForward(desc, blocks)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -234,7 +259,7 @@ class HybridModel(nn.Module):
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
             self._widen_16bit(keep=lambda module, name, weight: (products(module, name, weight)
                                                                  or key(weight) == key(self.embed)))
-        cpu_blocks.forget(self)  # the blocks' cached weight pointers name the old tensors
+        self.bind_backend()  # the kernels' weight pointers name the old tensors
         return self
 
     def _widen_16bit(self, keep=lambda module, name, weight: False) -> None:
@@ -254,7 +279,7 @@ class HybridModel(nn.Module):
         super()._apply(fn, recurse)
         if self.final_norm.weight.device.type != "cpu" and self.dtype is torch.float32:
             self._widen_16bit()
-            cpu_blocks.forget(self)
+        self.bind_backend()
         return self
 
     def num_parameters(self) -> int:
@@ -315,7 +340,7 @@ class HybridModel(nn.Module):
             if graphs is not None and graphs.takes(plan) and (
                     graphed := graphs.run(plan, token_lists, last_only, input_log)) is not None:
                 logits, finite = graphed, False
-            elif (whole := cpu_forward.forward(self, token_lists, batch, cache, last_only)) is not None:
+            elif (whole := cpu_forward.forward(self.whole, token_lists, batch, cache, last_only)) is not None:
                 logits, finite = whole.values, whole.finite  # one C call, where it applies
             else:  # layer by layer
                 logits, finite = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only), False
@@ -342,10 +367,10 @@ class HybridModel(nn.Module):
         steps, vocab], the ring head after each step [batch][steps]), committed
         like `steps` decodes; None, with nothing changed, where the whole forward
         does not run (the caller then decodes step by step)."""
-        if steps < 1 or not cpu_forward.takes_greedy(self, cache, len(seq_ids)):
+        if steps < 1 or not cpu_forward.takes_greedy(self.whole, cache, len(seq_ids)):
             return None
         return self._chained(cache, seq_ids, steps, steps, lambda chains, meta, starts: cpu_forward.greedy_steps(
-            self, cache, tokens, steps, chains, meta, starts))
+            self.whole, cache, tokens, steps, chains, meta, starts))
 
     @torch.inference_mode()
     def extend_greedy(self, cache, seq_ids: list[int], token_lists: list[list[int]],
@@ -362,11 +387,11 @@ class HybridModel(nn.Module):
         `decode_greedy`'s reasons)."""
         T = len(token_lists[0]) if token_lists else 0
         if (steps < 1 or T < 1 or any(len(t) != T for t in token_lists)
-                or len(seq_ids) * T > cpu_blocks.BLOCK_ROWS or not cpu_forward.takes_greedy(self, cache, len(seq_ids))):
+                or len(seq_ids) * T > cpu_blocks.BLOCK_ROWS or not cpu_forward.takes_greedy(self.whole, cache, len(seq_ids))):
             return None
 
         def call(chains, meta, starts):
-            first, drafts, logits, finite = cpu_forward.extend_greedy(self, cache, token_lists, steps, chains, meta,
+            first, drafts, logits, finite = cpu_forward.extend_greedy(self.whole, cache, token_lists, steps, chains, meta,
                                                                       starts)
             return (first, drafts), logits, finite
         done = self._chained(cache, seq_ids, steps + 1, T + steps, call)

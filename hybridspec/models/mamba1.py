@@ -29,6 +29,7 @@ from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
 from hybridspec.checkpoints.input_log import MambaInputLog
 from hybridspec.kernels.dispatch import use_triton
+from hybridspec.kernels.descriptors import Mamba1Desc
 
 from ..config import Mamba1Config
 from .batch import ForwardBatch
@@ -63,6 +64,9 @@ class Mamba1Mixer(LogReplay, nn.Module):
             self.dt_norm = RMSNorm(weights["dt_norm.weight"], eps)
             self.b_norm = RMSNorm(weights["b_norm.weight"], eps)
             self.c_norm = RMSNorm(weights["c_norm.weight"], eps)
+
+    def describe(self) -> Mamba1Desc:
+        return Mamba1Desc(d_inner=self.cfg.d_inner, d_state=self.cfg.d_state, state_layer=self.state_layer)
 
     def ssm_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(Δ [batch, T, d_inner] in the compute dtype, B, C [batch, T, d_state]) from x [batch, T, d_inner]."""

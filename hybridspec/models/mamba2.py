@@ -23,6 +23,7 @@ from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
 from hybridspec.kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
 from hybridspec.checkpoints.input_log import MambaInputLog
 from hybridspec.kernels.dispatch import use_triton
+from hybridspec.kernels.descriptors import Mamba2Desc
 
 from ..config import Mamba2Config
 from .batch import ForwardBatch
@@ -137,6 +138,17 @@ class Mamba2Mixer(LogReplay, nn.Module):
         dt [batch, T, nheads], B, C [batch, T, ngroups, d_state]."""
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
+
+    def describe(self) -> Mamba2Desc:
+        cfg = self.cfg
+        return Mamba2Desc(
+            in_proj=self.in_proj, in_bias=self.in_bias, in_scale=self.in_scale, conv_kernel=self.conv_kernel(),
+            conv_bias=self.conv_bias, dt_bias=self.dt_bias, A=self.decay_rate(torch.float32), D=self.D,
+            norm_weight=self.norm_weight, norm=cfg.norm, group_size=cfg.group_size,
+            time_step_limit=tuple(cfg.time_step_limit), out_proj=self.out_proj, out_bias=self.out_bias,
+            d_inner=cfg.d_inner, num_heads=cfg.num_heads, head_dim=cfg.head_dim, n_groups=cfg.n_groups,
+            d_state=cfg.d_state, d_conv=cfg.d_conv, conv_dim=cfg.conv_dim, state_layer=self.state_layer,
+            make_log=MambaInputLog)
 
     def decay_rate(self, dtype: torch.dtype) -> torch.Tensor:
         """A = -exp(A_log) in `dtype`, kept until A_log changes."""
