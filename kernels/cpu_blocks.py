@@ -175,9 +175,8 @@ def mlp_block(block: MLPBlock, h: torch.Tensor) -> torch.Tensor | None:
     norm_w, eps, gate_t, up_t, down_t, inter = static.args
     rows, hidden = h.shape[0] * h.shape[1], h.shape[2]
     out = torch.empty(h.shape, dtype=torch.float32)
-    if cpu_native.library().hs_mlp_block(h.data_ptr(), norm_w, eps, gate_t, up_t, down_t,
-                                         _work(rows * (hidden + 2 * inter)).data_ptr(), out.data_ptr(), rows, hidden,
-                                         inter) != 0:
+    if cpu_native.call("mlp_block", h.data_ptr(), norm_w, eps, gate_t, up_t, down_t,
+                       _work(rows * (hidden + 2 * inter)).data_ptr(), out.data_ptr(), rows, hidden, inter) != 0:
         raise ValueError(f"mlp_block: shapes not taken: h {tuple(h.shape)}, intermediate {inter}")
     return out
 
@@ -231,7 +230,8 @@ def _mamba2_block(mixer: Mamba2Desc, static: _Static, h: torch.Tensor, batch, ca
     logged = None if batch.input_log is None else logged_inputs(mixer, batch, bsz, T)
     work = rows * (hidden + proj + conv_dim + nheads + 2 * d_inner) + head_dim * d_state
     out = torch.empty(h.shape, dtype=torch.float32)
-    if cpu_native.library().hs_mamba2_block(
+    if cpu_native.call(
+            "mamba2_block",
             h.data_ptr(), norm_w, eps, in_t, conv.data_ptr(), ssm.data_ptr(), plan.src.data_ptr(),
             plan.snap.data_ptr(), conv_w, conv_b, dt_bias, A, D, gate_w, group, out_t, _work(work).data_ptr(),
             None if logged is None else logged.data_ptr(), out.data_ptr(), bsz, T, hidden, d_inner, nheads,
@@ -292,7 +292,8 @@ def _attention_block(static: _Static, h: torch.Tensor, batch, cache) -> torch.Te
     block_size = k_cache.shape[1]
     work = rows * (hidden + 2 * (heads + kv_heads) * head_dim + 2 * half) + T * heads * max(meta.context_list)
     out = torch.empty(h.shape, dtype=torch.float32)
-    if cpu_native.library().hs_attention_block(
+    if cpu_native.call(
+            "attention_block",
             h.data_ptr(), norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, k_cache.data_ptr(), v_cache.data_ptr(),
             slot_mapping.data_ptr(), tables.data_ptr(), tables.shape[1], block_size, context_lens.data_ptr(),
             query_lens.data_ptr(), scale, _work(work).data_ptr(), out.data_ptr(), bsz, T, hidden, heads,

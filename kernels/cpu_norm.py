@@ -40,8 +40,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
         return None
     n = rows.shape[1]
     out = torch.empty(x.shape, dtype=torch.float32)
-    status = cpu_native.library().hs_rms_norm(
-        rows.data_ptr(), rows.stride(0), None if gate_rows is None else gate_rows.data_ptr(),
+    status = cpu_native.call(
+        "rms_norm",
+                rows.data_ptr(), rows.stride(0), None if gate_rows is None else gate_rows.data_ptr(),
         0 if gate_rows is None else gate_rows.stride(0), None if weight is None else weight.data_ptr(),
         out.data_ptr(), rows.shape[0], n, group or n, eps)
     if status != 0:

@@ -92,7 +92,7 @@ class DecoderLayer(nn.Module):
             self.mixer = None
         ffn_weights = take(weights, "ffn")
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
-        self.blocks = cpu_blocks.LayerBlocks(None, None)  # the native blocks of this layer (`HybridModel.bind_backend`)
+        self.blocks = cpu_blocks.LayerBlocks(None, None)  # its native blocks (`HybridModel.bind_backend`)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
         """h, embeddings (the scaled token embeddings, read by shared blocks) [batch, T, hidden]."""
