@@ -7,8 +7,7 @@ MLP block (norm, three products, SiLU, product, residual) is about ten torch
 operations and C calls, the Mamba-2 block about twenty-five (norm, in_proj,
 split, copies, conv, softplus, recurrence, gated norm, out_proj, residual),
 the attention block about twenty (norm, three products, rotary embedding,
-K/V writes, attention, o_proj, residual); the embedded target's decode step
-spent about 0.2, 0.4 and 0.6 ms in each. The C side chains the other native
+K/V writes, attention, o_proj, residual). The C side chains the other native
 kernels (`cpu_rows.c`, `cpu_norm.c`, `cpu_conv.c`, `cpu_mamba2.c`,
 `cpu_rope.c`) in the same order, so the slots and pages written and every
 product are the same as on the module path; SiLU (MLP), softplus (Δ), the
@@ -18,11 +17,15 @@ Every value of a row depends only on that row (and a query only on the keys
 it sees), so a row's bits do not depend on the batch, and a verify input
 gets the bits a decode step at its position gets.
 
-The weights' pointers and the checks that depend only on the module are
-made once per layer (`_Static`, remade when a weight's storage changes:
-`model.to(...)`); a call then checks only what changes per forward.
+A block is made from the layer's descriptor (`kernels.descriptors`), by the
+kind of each part (`LayerBlocks.of`: a Mamba-2 or attention mixer, a dense
+MLP; never an MoE or a composed mixer), and only for a backend with the
+blocks (`kernels.backend`). The weights' pointers and the checks that depend
+only on the layer are made once per block (`_Static`, remade when a weight's
+storage changes: `model.to(...)`); a call then checks only what changes per
+forward.
 
-`DecoderLayer` calls `mixer_block` and `mlp_block` first; they return None
+`DecoderLayer` calls its blocks first (`mixer_block`, `mlp_block`); they return None
 (and the modules run) unless every condition holds: the native kernels'
 (`cpu_native.takes`; for the Mamba block every row runs all its inputs), at
 most `BLOCK_ROWS` rows (batch · inputs), input-major weights
@@ -41,16 +44,6 @@ import torch
 from hybridspec.kernels import cpu_native
 from hybridspec.kernels.descriptors import AttentionDesc, LayerDesc, Mamba2Desc, MLPDesc
 from hybridspec.kernels.cpu_rows import MAX_ROWS
-
-_enabled = True  # `set_enabled`: the whole-block path on or off (the other native kernels stay as they are)
-
-
-def set_enabled(flag: bool) -> None:
-    """Turn the whole-block path on or off for this process (benches compare the
-    modules' path with the other native kernels against it)."""
-    global _enabled
-    _enabled = bool(flag)
-
 
 _LOCAL = threading.local()  # per thread: the C calls release the GIL, so threads must not share scratch
 
@@ -96,6 +89,12 @@ class Block:
         raise NotImplementedError
 
 
+class MixerBlock(Block):
+    def __call__(self, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+        """h + mixer(norm(h)) in one C call, or None where it does not apply (`mixer_block`)."""
+        return mixer_block(self, h, batch, cache)
+
+
 class LayerBlocks(NamedTuple):
     """The native blocks of one decoder layer: `mixer` and `mlp` None where no
     block takes that part (its kind, a shared block feeding it, a residual multiplier)."""
@@ -103,7 +102,10 @@ class LayerBlocks(NamedTuple):
     mlp: "MLPBlock | None"
 
     @staticmethod
-    def of(layer: LayerDesc) -> "LayerBlocks":
+    def of(layer: LayerDesc, native: bool = True) -> "LayerBlocks":
+        """The blocks the native path takes of `layer` (none unless `native`)."""
+        if not native:
+            return NO_BLOCKS
         plain = not layer.shared_block and layer.residual_multiplier == 1.0
         mixer = None
         if plain and isinstance(layer.mixer, Mamba2Desc):
@@ -111,6 +113,9 @@ class LayerBlocks(NamedTuple):
         elif plain and isinstance(layer.mixer, AttentionDesc):
             mixer = AttentionBlock(layer)
         return LayerBlocks(mixer, MLPBlock(layer) if plain and isinstance(layer.ffn, MLPDesc) else None)
+
+
+NO_BLOCKS = LayerBlocks(None, None)
 
 
 def _input_major(weight: torch.Tensor) -> bool:
@@ -145,7 +150,7 @@ BLOCK_ROWS = MAX_ROWS
 
 def _takes_rows(h: torch.Tensor) -> bool:
     """The per-call conditions every block shares."""
-    return (_enabled and h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
+    return (h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
             and h.is_contiguous() and not torch.is_grad_enabled() and cpu_native.available())
 
 
@@ -153,6 +158,10 @@ def _takes_rows(h: torch.Tensor) -> bool:
 
 class MLPBlock(Block):
     """h + mlp(norm(h)): a gated SiLU MLP without biases or multipliers."""
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor | None:
+        """h + mlp(norm(h)) in one C call, or None where it does not apply (`mlp_block`)."""
+        return mlp_block(self, h)
 
     @staticmethod
     def make_static(layer: LayerDesc) -> _Static:
@@ -191,7 +200,7 @@ def mixer_block(block: "Mamba2Block | AttentionBlock", h: torch.Tensor, batch, c
     return block.run(static, h, batch, cache) if static.ok and _takes_rows(h) else None
 
 
-class Mamba2Block(Block):
+class Mamba2Block(MixerBlock):
     """h + mamba2(norm(h)): RMSNorm(y ⊙ silu(z)), no projection biases or
     multipliers, the default Δ limits, a conv window of at most 16."""
 
@@ -255,7 +264,7 @@ def logged_inputs(mixer: Mamba2Desc, batch, bsz: int, T: int) -> torch.Tensor:
     return logged
 
 
-class AttentionBlock(Block):
+class AttentionBlock(MixerBlock):
     """h + attention(norm(h)): no biases; the rotary embedding over its dims or none."""
 
     @staticmethod

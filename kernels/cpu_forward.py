@@ -2,20 +2,21 @@
 embeddings, every decoder layer's blocks (`cpu_blocks.c`), each row's kept
 input, final norm and LM head.
 
-Why: with each block one C call, a decode step of the embedded draft still
-spent about 340 µs in Python against 75 µs in C, and the target 0.6 ms
-against 1 ms: the layer loop, each block's checks and pointers, the norm and
-head calls. Here a table of every layer's weights and of one cache's state
+Why: with each block one C call, a decode step of a small model still spends
+most of its time in Python (the layer loop, each block's checks and pointers,
+the norm and head calls). Here a table of every layer's weights (read from
+the model's descriptors, `kernels.descriptors`) and of one cache's state
 pools and K/V pages (`_Table`, ctypes structs) is made once per (model,
-cache); a forward fills one struct with its token ids, slot plan, K/V plan
+cache) and kept by the model's `WholeForward`; a forward fills one struct with its token ids, slot plan, K/V plan
 and input logs and makes one call. The C side calls the functions the
 per-layer path calls, with the same arguments, in the same order, so
 logits, states, conv windows, K/V and logs are that path's, bit for bit,
 and a row's bits still do not depend on the batch.
 
-`HybridModel.extend` calls `forward` first; it returns None (and the layers
-run one by one, the blocks where they apply) unless every layer runs whole
-(`DecoderLayer.whole_mixer` / `whole_mlp` and the blocks' own conditions:
+`HybridModel.extend` calls its `WholeForward` first (a backend with the whole
+forward, `kernels.backend`); it returns None (and the layers run one by one,
+the blocks where they apply) unless every layer runs whole (a block for the
+kind of each part its descriptor names, and the blocks' own conditions:
 `cpu_blocks`), the embedding and logits multipliers are 1, the rows (padded
 to the longest) fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors are
 float32 and contiguous. A row of fewer inputs runs padded with token 0: its
@@ -26,6 +27,7 @@ the kernel `linear` gives it (`cpu_blocks.BLOCK_ROWS` is `cpu_rows.MAX_ROWS`).
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import weakref
 from typing import NamedTuple
@@ -33,18 +35,7 @@ from typing import NamedTuple
 import torch
 
 from hybridspec.kernels import cpu_blocks, cpu_native
-from hybridspec.kernels.cpu_rows import MAX_ROWS
 from hybridspec.kernels.descriptors import ModelDesc
-
-_enabled = True  # `set_enabled`: the whole-forward path on or off (the blocks stay as they are)
-
-
-def set_enabled(flag: bool) -> None:
-    """Turn the whole-forward path on or off for this process (tests and benches
-    compare it with the layer-by-layer path)."""
-    global _enabled
-    _enabled = bool(flag)
-
 
 _f32_p, _i64_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -193,11 +184,43 @@ class WholeForward:
         self.desc, self.blocks = desc, blocks
         self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> _Table
 
+    def __deepcopy__(self, memo) -> "WholeForward":
+        """A copy over the copied descriptors (a deep-copied model's), with no tables: they name caches."""
+        return WholeForward(copy.deepcopy(self.desc, memo), copy.deepcopy(self.blocks, memo))
+
     def table(self, cache) -> _Table:
         table = self._tables.get(cache)
         if table is None or not table.current():
             table = self._tables[cache] = _Table(self, cache)
         return table
+
+    def __call__(self, token_lists: list[list[int]], batch, cache, last_only: bool) -> "Whole | None":
+        """The forward in one C call, or None where it does not apply (`forward`)."""
+        return forward(self, token_lists, batch, cache, last_only)
+
+    def greedy_steps(self, cache, tokens: list[int], steps: int, plan):
+        """`greedy_steps` where it runs for these rows: `plan()` then gives
+        (chains, K/V plan, starts), or None (nothing planned, nothing run).
+        None where it declines, before `plan` is called."""
+        if not takes_greedy(self, cache, len(tokens)) or (planned := plan()) is None:
+            return None
+        return greedy_steps(self, cache, tokens, steps, *planned)
+
+    def extend_greedy(self, cache, token_lists: list[list[int]], steps: int, plan):
+        """`extend_greedy`, planned and declined as `greedy_steps`."""
+        if not takes_greedy(self, cache, len(token_lists), len(token_lists[0])) or (planned := plan()) is None:
+            return None
+        return extend_greedy(self, cache, token_lists, steps, *planned)
+
+
+class NoWholeForward:
+    """A backend without the whole forward: every call declines."""
+
+    def __call__(self, token_lists, batch, cache, last_only) -> None:
+        return None
+
+
+NO_WHOLE_FORWARD = NoWholeForward()
 
 
 class Whole(NamedTuple):
@@ -212,7 +235,7 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
     call; None where it does not apply (see the module docstring). The token ids and
     the forward's slot and K/V plans go to C as one int64 array made from the
     plans' host lists (no tensors of them are made)."""
-    if not (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and cpu_native.available()):
+    if torch.is_grad_enabled() or not cpu_native.available():
         return None
     bsz, lengths = len(token_lists), [len(tokens) for tokens in token_lists]
     T = max(lengths, default=0)
@@ -328,10 +351,11 @@ class _Call:
         args.work_size, args.out = work, out.data_ptr()
 
 
-def takes_greedy(whole: WholeForward, cache, batch: int) -> bool:
-    """Whether `greedy_steps` runs for `batch` rows of the model on `cache`."""
-    return (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and 0 < batch <= MAX_ROWS
-            and cpu_native.available() and whole.table(cache).ok)
+def takes_greedy(whole: WholeForward, cache, batch: int, T: int = 1) -> bool:
+    """Whether `greedy_steps` runs for `batch` rows of the model on `cache`, and
+    `extend_greedy` for a catch-up of T inputs per row before them."""
+    return (not torch.is_grad_enabled() and 0 < batch * T <= cpu_blocks.BLOCK_ROWS and cpu_native.available()
+            and whole.table(cache).ok)
 
 
 def greedy_steps(whole: WholeForward, cache, tokens: list[int], steps: int, chains: list[list[int]] | None, meta,

@@ -26,9 +26,9 @@ They are compiled together with the system's C compiler (`CC`, else `cc`,
 second, once per source version) and loaded with ctypes: no torch headers,
 no build step at install. Where they cannot be built (no compiler) the torch
 paths run after one warning; on a CPU without AVX2 and FMA (ARM, old x86)
-they run without one. `HYBRIDSPEC_CPU_KERNELS=torch` (read on first use) or
-`set_enabled(False)` turns them off; float64 (the parity suites) never takes
-them. They run at any torch thread count: the matrix products
+they run without one. A model runs them where its backend is native
+(`kernels.backend`: HYBRIDSPEC_BACKEND=torch turns them off); float64 (the
+parity suites) never takes them. They run at any torch thread count: the matrix products
 (`cpu_rows.c`, which every block and the whole forward call) split their
 columns, and the Mamba-2 recurrence its heads, over torch's intra-op thread
 count (`sync_threads`), with the same bits at every count; the other kernels
@@ -48,8 +48,6 @@ from pathlib import Path
 
 import torch
 
-KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
-KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_pool.c", "cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
@@ -107,28 +105,10 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
 }
 
 _library = None  # the loaded ctypes library, False when it cannot run here
-_enabled = None  # None: not decided yet (see `enabled`)
 
 
 class CpuKernelsUnavailable(RuntimeError):
     """The C kernels cannot be built or loaded on this machine (the reason in the message)."""
-
-
-def enabled() -> bool:
-    """Whether the kernels may run: `HYBRIDSPEC_CPU_KERNELS`, read on first use, or what `set_enabled` said."""
-    global _enabled
-    if _enabled is None:
-        choice = os.environ.get(KERNELS_ENV, "auto")
-        if choice not in KERNEL_CHOICES:
-            raise ValueError(f"{KERNELS_ENV}={choice!r} must be one of {KERNEL_CHOICES}; unset it for 'auto'")
-        _enabled = choice == "auto"
-    return _enabled
-
-
-def set_enabled(flag: bool | None) -> None:
-    """Turn the kernels on or off for this process (None: back to `HYBRIDSPEC_CPU_KERNELS`)."""
-    global _enabled
-    _enabled = None if flag is None else bool(flag)
 
 
 def cpu_supported() -> bool:
@@ -217,9 +197,10 @@ def library():
 
 
 def available() -> bool:
-    """Whether the kernels run here (built and loaded, and not turned off); when
-    they do, their products use torch's thread count (`sync_threads`)."""
-    if not ((_enabled if _enabled is not None else enabled()) and (_library if _library is not None else library())):
+    """Whether the kernels run here (built and loaded); when they do, their
+    products use torch's thread count (`sync_threads`). Whether a model runs them
+    is its backend's choice (`kernels.backend`)."""
+    if not (_library if _library is not None else library()):
         return False
     sync_threads()
     return True
@@ -239,7 +220,7 @@ def sync_threads() -> int:
 
 
 def takes(*tensors: torch.Tensor) -> bool:
-    """The conditions every kernel shares: each tensor float32 on the CPU, the kernels built and on."""
+    """The conditions every kernel shares: each tensor float32 on the CPU, the kernels built."""
     for t in tensors:
         if t.dtype is not torch.float32 or not t.is_cpu:
             return False

@@ -1,7 +1,6 @@
 """RMSNorm, plain and gated, on CPU in C (`cpu_norm.c`) for float32 runs.
 
-Why: the torch form (`models.common.rms_norm`, and the gated one of the
-Mamba-2 mixer) is seven to nine operations per call, and a small model calls
+Why: the torch form (`ops.Norm`, plain and gated) is seven to nine operations per call, and a small model calls
 it two or three times per layer per forward; one C call reads the row once
 for the statistics and once to write. Used under the conditions of the other
 native kernels (`cpu_native.takes`), for rows with a unit channel stride.

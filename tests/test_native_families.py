@@ -101,9 +101,9 @@ def test_native_forward_matches_the_torch_path_and_the_layers(family, whole_call
     assert model.dtype is torch.float32
     native = run(model)
     assert whole_calls["ran"] == (5 if runs_whole else 0), dict(whole_calls)
-    with whole_forward_off():
+    with whole_forward_off(model):
         layers = run(model)
-    with native_off():
+    with native_off(model):
         reference = run(model)
     for a, b, c in zip(native[0], layers[0], reference[0], strict=True):
         assert torch.equal(a, b)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hybridspec.checkpoints.state_pool import SlotState, StatePool
-from hybridspec.kernels.dispatch import triton_runs_on
+from hybridspec.kernels import backend as backends
 from hybridspec.kernels.slot_plan import SlotPlan
 from hybridspec.state_memory import default_state_dtype
 
@@ -59,10 +59,11 @@ class HybridCache:
             raise ValueError(f"spare={spare!r} must be 'next' or 'pair'")
         self.spare = spare
         self.config, self.device, self.dtype = config, torch.device(device), dtype
+        self.backend = backends.select(self.device, dtype)  # the kernels its forwards run, chosen once
         self.block_size, self.ring_slots, self.max_seqs = block_size, ring_slots, max_seqs
         attn = config.attention
         self.kv = (PagedKVCache(len(config.attention_layers), num_blocks, block_size, attn.num_kv_heads,
-                                attn.head_dim, dtype, self.device) if config.attention_layers else None)
+                                attn.head_dim, dtype, self.device, self.backend) if config.attention_layers else None)
         shapes = config.recurrent_state_shapes()
         self.state_dtype = state_dtype or default_state_dtype(dtype)
         self.states = StatePool(shapes, max_seqs, ring_slots, self.state_dtype, self.device) if shapes else None
@@ -114,7 +115,7 @@ class HybridCache:
         sources and spare slots form spans of the pool (states computed in
         place). Outside a round no ring slot but the head holds anything needed.
         Nothing moves where the Triton kernels run: they take any slots."""
-        if self.states is None or len(seq_ids) < 2 or triton_runs_on(self.device):
+        if self.states is None or len(seq_ids) < 2 or self.backend.writes_any_slot:
             return
         rings = [self.states.ring_slots(s) for s in seq_ids]
         offsets = [ring.index(self.states.head(s)) for s, ring in zip(seq_ids, rings)]
