@@ -59,12 +59,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridspec.checkpoints.input_log import MambaInputLog
 from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES
 
 from ..errors import ConfigError
 from .batch import ForwardBatch
 from .ffn import MoE
+from .mamba_log import MambaInputLog
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_INPUTS = 8  # verification of γ ≤ 7; longer forwards run eagerly

@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.checkpoints.input_log import MambaInputLog
 from hybridspec.kernels.descriptors import Mamba1Desc
 
 from ..config import Mamba1Config
 from .batch import ForwardBatch
 from .common import Kernelled, RMSNorm, compute_dtype, param
 from .log_replay import LogReplay
+from .mamba_log import MambaInputLog
 
 
 class Mamba1Mixer(LogReplay, Kernelled, nn.Module):

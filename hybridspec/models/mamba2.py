@@ -16,16 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.checkpoints.input_log import MambaInputLog
 from hybridspec.kernels.descriptors import Mamba2Desc
 from hybridspec.kernels.ops import SSD_MIN_TOKENS  # noqa: F401 (where the chunked scan takes over)
+from hybridspec.kernels.ops import Norm
 
 from ..config import Mamba2Config
 from .batch import ForwardBatch
-from hybridspec.kernels.ops import Norm
-
 from .common import Kernelled, as_dtype, compute_dtype, param
 from .log_replay import LogReplay
+from .mamba_log import MambaInputLog
 from .ssd import ssd_chunk_scan
 
 
