@@ -68,26 +68,28 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
-        out = self.product(rows, transposed(weight))
+        weight_t = transposed(weight)
+        # a weight stored in 16 bits (`pack_for_cpu`) is widened, exactly, for torch
+        out = torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
-
-    @staticmethod
-    def product(rows: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-        # a weight stored in 16 bits (`pack_for_cpu`) is widened, exactly, for torch
-        return torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
 
 
 class NativeLinear(Linear):
     """The few-row C kernel (`cpu_rows`) where it takes the operands."""
     reads_16bit = True
 
-    @staticmethod
-    def product(rows: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
+        weight_t = transposed(weight)
         if cpu_rows.applies(rows, weight_t):
-            return cpu_rows.rows_matmul(rows, weight_t)
-        return torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
+            out = cpu_rows.rows_matmul(rows, weight_t)
+        else:
+            out = torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
+        if bias is not None:
+            out += bias
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
 
 # -- RMSNorm ----------------------------------------------------------------------------------------
