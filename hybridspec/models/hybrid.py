@@ -149,6 +149,7 @@ class HybridModel(Kernelled, nn.Module):
         self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps)
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
+        self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
         self.bind_backend()
 
     def describe(self) -> ModelDesc:
@@ -163,7 +164,9 @@ class HybridModel(Kernelled, nn.Module):
         `name`, else the process's choice) and describe the model to it: every
         module computes through its ops, the native blocks and the whole forward
         read the descriptors. Runs at construction and whenever the parameters
-        are replaced (`pack_for_cpu`, `to`): never per forward."""
+        are replaced (`pack_for_cpu`, `to`, which keep a `name` given here):
+        never per forward."""
+        self.backend_name = name
         backend = self.backend = backends.select(self.device, self.dtype, name)
         for module in self.modules():
             if isinstance(module, Kernelled):
@@ -267,7 +270,7 @@ class HybridModel(Kernelled, nn.Module):
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
             self._widen_16bit(keep=lambda module, name, weight: (products(module, name, weight)
                                                                  or key(weight) == key(self.embed)))
-        self.bind_backend()  # the kernels' weight pointers name the old tensors
+        self.bind_backend(self.backend_name)  # the kernels' weight pointers name the old tensors
         return self
 
     def _widen_16bit(self, keep=lambda module, name, weight: False) -> None:
@@ -286,10 +289,10 @@ class HybridModel(Kernelled, nn.Module):
         float32 model whose new backend's products do not read 16-bit weights
         widens those `pack_for_cpu` kept (torch's products would widen them per call)."""
         super()._apply(fn, recurse)
-        self.bind_backend()
+        self.bind_backend(self.backend_name)
         if self.dtype is torch.float32 and not self.backend.reads_16bit_weights and self._has_16bit():
             self._widen_16bit()
-            self.bind_backend()
+            self.bind_backend(self.backend_name)
         return self
 
     def _has_16bit(self) -> bool:
