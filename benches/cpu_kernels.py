@@ -16,9 +16,9 @@ from memory); µs per product. The two implementations alternate call by call,
 
 Steps: the embedded target's and draft's plain decode step (1 input) and a
 forward of 5 inputs with a snapshot after every input (what a verify does),
-at batch 1, with the native kernels off (`cpu_native.set_enabled`), on under
-the modules (`cpu_blocks.set_enabled(False)`), on with whole blocks layer by
-layer (`cpu_forward.set_enabled(False)`) and on with the whole forward in one
+at batch 1, with the native kernels off (backend "torch"), on under the
+modules ("native-ops"), on with whole blocks layer by layer
+("native-blocks") and on with the whole forward in one
 call (the default), alternating; ms per forward.
 
     python benches/cpu_kernels.py            # about a minute
@@ -68,8 +68,8 @@ def product_rows(shapes: dict, rows: tuple, repeats: int, copies_bytes: int) -> 
     return out
 
 
-MODES = (("torch", False, False, False), ("kernels, modules", True, False, False),  # name, kernels, blocks, forward
-         ("kernels, whole blocks", True, True, False), ("kernels, whole forward", True, True, True))
+MODES = (("torch", "torch"), ("kernels, modules", "native-ops"),  # name, backend (`hybridspec.kernels.backend`)
+         ("kernels, whole blocks", "native-blocks"), ("kernels, whole forward", "native"))
 
 
 def step_rows(repeats: int) -> list[dict]:
@@ -82,11 +82,10 @@ def step_rows(repeats: int) -> list[dict]:
     from hybridspec.checkpoints.policy import ring_halves_by_default
     from hybridspec.checkpoints.ring import plan_snapshots
     from hybridspec.embedded import embedded_paths
-    from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
     prompt = list(b"def parse(self, text):\n    for line in text.splitlines():\n        if not line:" * 3)
-    forwards = {}
+    forwards, models = {}, {}
     for name, path in zip(("target", "draft"), embedded_paths()):
-        model = hs.load(path)
+        model = models[name] = hs.load(path)
         ring = hs.CheckpointPolicy().ring_size(4, halves=ring_halves_by_default(model.device))
         cache = HybridCache(model.config, max_seqs=1, num_blocks=8, block_size=64, ring_slots=ring, dtype=model.dtype)
         model.prefill(cache, [0], [prompt], last_only=True)
@@ -101,16 +100,13 @@ def step_rows(repeats: int) -> list[dict]:
     try:
         for _ in range(repeats + 1):
             for model, mode, n in cases:
-                cpu_native.set_enabled(mode[1])
-                cpu_blocks.set_enabled(mode[2])
-                cpu_forward.set_enabled(mode[3])
+                models[model].bind_backend(mode[1])
                 start = time.process_time()
                 forwards[model](n)
                 samples[(model, mode, n)].append(time.process_time() - start)
     finally:
-        cpu_native.set_enabled(None)
-        cpu_blocks.set_enabled(True)
-        cpu_forward.set_enabled(True)
+        for m in models.values():
+            m.bind_backend()
     rows = []
     for model in forwards:
         for mode in MODES:

@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                              "run of the graphs' static path, interpreted)")
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("on CPU, --quick needs TRITON_INTERPRET=1 set before python starts")
-        from hybridspec.kernels import cpu_native
-        os.environ["HYBRIDSPEC_KERNELS"] = "triton"
-        cpu_native.set_enabled(False)
+        os.environ["HYBRIDSPEC_BACKEND"] = "triton"
     batches = args.batches or ([1] if args.quick else [1, 4, 16])
     tokens = args.tokens or (3 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 5)

@@ -5,7 +5,7 @@ operations a decode step and a verify forward issue where the Triton kernels
 run, which on a GPU are kernel launches, eager or captured in a CUDA graph.
 
 The GPU path runs here on CPU tensors with the Triton kernels interpreted
-(`HYBRIDSPEC_KERNELS=triton`, native CPU kernels off); what is counted does
+(`HYBRIDSPEC_BACKEND=triton`); what is counted does
 not depend on the device: every aten operation that is not a view (a view
 launches nothing) issued outside a Triton kernel, and every Triton launch.
 With `cuda_graphs=True` the forward is the same operations, replayed from
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                          "TRITON_INTERPRET=1 set before python starts")
     import hybridspec as hs
     from hybridspec.embedded import embedded_paths
-    from hybridspec.kernels import cpu_native
-    os.environ["HYBRIDSPEC_KERNELS"] = "triton"
-    cpu_native.set_enabled(False)
+    os.environ["HYBRIDSPEC_BACKEND"] = "triton"
     set_threads(args.threads)
     target_dir, draft_dir = embedded_paths()
     models = {} if args.quick else {"embedded target": hs.load(target_dir, dtype=torch.float32)}

@@ -60,18 +60,17 @@ def interleaved(fns: dict, counts: list[int], repeats: int) -> dict:
 
 def forward_rows(label: str, model, counts: list[int], batches, repeats: int) -> list[dict]:
     """Plain step and verify forward of `model` per batch and thread count, and the torch paths at the last count."""
-    from hybridspec.kernels import cpu_native
     from round_cost import ScratchCache
     rows = []
     for batch in batches:
         cache = ScratchCache(model, batch)
         fns = {"plain step": lambda: cache.forward(1), f"verify ({GAMMA + 1} inputs)": lambda: cache.forward(GAMMA + 1)}
         samples = interleaved(fns, counts, repeats)
-        cpu_native.set_enabled(False)
+        model.bind_backend("torch")
         try:
             torch_paths = interleaved(fns, counts[-1:], repeats)
         finally:
-            cpu_native.set_enabled(None)
+            model.bind_backend()
         for name in fns:
             one = statistics.median(samples[(name, counts[0])])
             for t in counts:

@@ -1,35 +1,21 @@
-"""The input log: per-token mixer inputs of one Mamba layer for one verify
-forward, enough to log-replay the recurrence and the conv window to any
-boundary without the model (docs/design.md, "input log"). Its size per input
-is `hybridspec.state_memory.log_bytes_per_input`."""
+"""The input log of one verify forward: for each recurrent layer that keeps
+one, its own log object (the Mamba kinds': `models.mamba_log.MambaInputLog`),
+keyed by the layer's `state_layer`. The layer's forward fills it when the
+forward asks (`batch.input_log` is a dict) and the layer's `replay` reads it
+(`RecurrentLayer`); the checkpoints only hand it over and count its bytes, so
+a new recurrent kind brings its own log type and nothing here changes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
+from typing import Protocol, runtime_checkable
 
 
-@dataclass
-class MambaInputLog:
-    xs: torch.Tensor  # [batch, T, conv_dim] conv inputs (model dtype)
-    x: torch.Tensor  # [batch, T, nheads, headdim] | [batch, T, d_inner] SSM inputs after conv + activation
-    dt: torch.Tensor  # [batch, T, nheads | d_inner] processed time steps (state dtype)
-    B: torch.Tensor  # [batch, T, (ngroups,) d_state]
-    C: torch.Tensor  # [batch, T, (ngroups,) d_state]
+@runtime_checkable
+class LayerInputLog(Protocol):
+    """What the checkpoints ask of one layer's log of one verify forward."""
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.xs, self.x, self.dt, self.B, self.C))
-
-    def shifted(self, first: torch.Tensor) -> "MambaInputLog":
-        """The log with row b starting at input first[b] (tail padded with the last input)."""
-        T = self.x.shape[1]
-        idx = (first[:, None] + torch.arange(T, device=first.device)).clamp(max=T - 1)  # [batch, T]
-
-        def shift(t: torch.Tensor) -> torch.Tensor:
-            index = idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
-            return t.gather(1, index).contiguous()
-
-        return MambaInputLog(*(shift(t) for t in (self.xs, self.x, self.dt, self.B, self.C)))
+        """The bytes it holds (the round's checkpoint memory counts them)."""
+        ...
 
 
-InputLog = dict[int, MambaInputLog]  # Mamba layer index (among Mamba layers) -> its log of one verify forward
+InputLog = dict[int, LayerInputLog]  # a recurrent layer's state_layer -> its log of one verify forward

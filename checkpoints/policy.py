@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from hybridspec.errors import ConfigError
-from hybridspec.kernels.dispatch import triton_runs_on
+from hybridspec.kernels import backend as backends
 from hybridspec.state_memory import snapshot_inputs
 
 MAX_DRAFT_TOKENS = 32  # verify forwards and input logs are sized for at most 33 inputs
@@ -86,7 +88,7 @@ def ring_halves_by_default(device) -> bool:
     """Whether an engine on `device` sizes rings in halves (`ring_size(γ, halves=True)`):
     where the torch references run, which write snapshots in place only on aligned slots;
     the Triton kernels write them from registers whatever the slots."""
-    return not triton_runs_on(device)
+    return not backends.select(device, torch.float32).writes_any_slot
 
 
 def validate_gamma(gamma: int) -> None:

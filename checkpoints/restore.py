@@ -1,10 +1,11 @@
-"""`restore`: move every Mamba layer of each sequence to its accepted boundary.
+"""`restore`: move every recurrent layer of each sequence to its accepted boundary.
 
 Three paths, cheapest first:
 - snapshot hit: a ring slot holds the state after input n; the head moves
   there (no copy);
 - log replay: run only the SSM recurrence and the conv window from the
-  nearest earlier snapshot over the logged inputs (`MambaInputLog`);
+  nearest earlier snapshot over the logged inputs (each layer's own
+  `replay` over its own log);
 - token replay: without a log, run the model forward over the tokens since
   the nearest earlier snapshot (attention K/V are rewritten with the same
   values).

@@ -9,7 +9,7 @@ Per Mamba layer and sequence (one ring slot holds both parts):
     Mamba2  SSM state  nheads·headdim·d_state        conv window  conv_dim·(d_conv − 1)
             conv_dim = d_inner + 2·ngroups·d_state (the x, B, C channels)
     Mamba1  SSM state  d_inner·d_state                conv window  d_inner·(d_conv − 1)
-Input log per verify input (`MambaInputLog`): the conv inputs xs, the SSM
+Input log per verify input (the Mamba kinds' `models.mamba_log.MambaInputLog`): the conv inputs xs, the SSM
 input x, the time step dt and B, C:
     Mamba2  conv_dim + d_inner + 2·ngroups·d_state  activations,  nheads  dt
     Mamba1  d_inner + d_inner + 2·d_state           activations,  d_inner dt

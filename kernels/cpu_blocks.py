@@ -7,8 +7,7 @@ MLP block (norm, three products, SiLU, product, residual) is about ten torch
 operations and C calls, the Mamba-2 block about twenty-five (norm, in_proj,
 split, copies, conv, softplus, recurrence, gated norm, out_proj, residual),
 the attention block about twenty (norm, three products, rotary embedding,
-K/V writes, attention, o_proj, residual); the embedded target's decode step
-spent about 0.2, 0.4 and 0.6 ms in each. The C side chains the other native
+K/V writes, attention, o_proj, residual). The C side chains the other native
 kernels (`cpu_rows.c`, `cpu_norm.c`, `cpu_conv.c`, `cpu_mamba2.c`,
 `cpu_rope.c`) in the same order, so the slots and pages written and every
 product are the same as on the module path; SiLU (MLP), softplus (Δ), the
@@ -18,11 +17,15 @@ Every value of a row depends only on that row (and a query only on the keys
 it sees), so a row's bits do not depend on the batch, and a verify input
 gets the bits a decode step at its position gets.
 
-The weights' pointers and the checks that depend only on the module are
-made once per layer (`_Static`, remade when a weight's storage changes:
-`model.to(...)`); a call then checks only what changes per forward.
+A block is made from the layer's descriptor (`kernels.descriptors`), by the
+kind of each part (`LayerBlocks.of`: a Mamba-2 or attention mixer, a dense
+MLP; never an MoE or a composed mixer), and only for a backend with the
+blocks (`kernels.backend`). The weights' pointers and the checks that depend
+only on the layer are made once per block (`_Static`, remade when a weight's
+storage changes: `model.to(...)`); a call then checks only what changes per
+forward.
 
-`DecoderLayer` calls `mixer_block` and `mlp_block` first; they return None
+`DecoderLayer` calls its blocks first (`mixer_block`, `mlp_block`); they return None
 (and the modules run) unless every condition holds: the native kernels'
 (`cpu_native.takes`; for the Mamba block every row runs all its inputs), at
 most `BLOCK_ROWS` rows (batch · inputs), input-major weights
@@ -34,21 +37,13 @@ the input log when the forward keeps one); attention without biases.
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import torch
 
 from hybridspec.kernels import cpu_native
+from hybridspec.kernels.descriptors import AttentionDesc, LayerDesc, Mamba2Desc, MLPDesc
 from hybridspec.kernels.cpu_rows import MAX_ROWS
-
-_enabled = True  # `set_enabled`: the whole-block path on or off (the other native kernels stay as they are)
-
-
-def set_enabled(flag: bool) -> None:
-    """Turn the whole-block path on or off for this process (benches compare the
-    modules' path with the other native kernels against it)."""
-    global _enabled
-    _enabled = bool(flag)
-
 
 _LOCAL = threading.local()  # per thread: the C calls release the GIL, so threads must not share scratch
 
@@ -64,8 +59,8 @@ def _work(size: int) -> torch.Tensor:
 
 
 class _Static:
-    """What a block's C call takes that only the module decides: `args` (weight
-    pointers, sizes) when `ok` (the module's own conditions hold)."""
+    """What a block's C call takes that only the layer decides: `args` (weight
+    pointers, sizes) when `ok` (the layer's own conditions hold)."""
 
     def __init__(self, tensors: list[torch.Tensor], ok: bool, args: tuple = ()):
         self.tensors, self.ptrs = tensors, [t.data_ptr() for t in tensors]
@@ -75,26 +70,52 @@ class _Static:
         return [t.data_ptr() for t in self.tensors] == self.ptrs
 
 
-def forget(model) -> None:
-    """Drop every layer's `_Static` and count a new generation of the model's
-    parameters, which `cpu_forward`'s tables check (after parameters were replaced
-    by new tensors: `HybridModel.pack_for_cpu` calls it)."""
-    for module in model.modules():
-        for key in STATIC_KEYS:
-            module.__dict__.pop(key, None)
-    model.__dict__[GENERATION_KEY] = model.__dict__.get(GENERATION_KEY, 0) + 1
+class Block:
+    """One native block of a decoder layer, made from the layer's descriptor:
+    `static()` is what its C call takes that only the layer decides, made on
+    first use and remade when a weight's storage moves."""
+
+    def __init__(self, layer: LayerDesc):
+        self.layer, self._static = layer, None
+
+    def static(self) -> _Static:
+        static = self._static
+        if static is None or not static.current():
+            static = self._static = self.make_static(self.layer)
+        return static
+
+    @staticmethod
+    def make_static(layer: LayerDesc) -> _Static:
+        raise NotImplementedError
 
 
-STATIC_KEYS = ("_hs_mlp_block", "_hs_mixer_block")
-GENERATION_KEY = "_hs_generation"
+class MixerBlock(Block):
+    def __call__(self, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+        """h + mixer(norm(h)) in one C call, or None where it does not apply (`mixer_block`)."""
+        return mixer_block(self, h, batch, cache)
 
 
-def _static(layer, key: str, make) -> _Static:
-    static = layer.__dict__.get(key)
-    if static is None or not static.current():
-        static = make()
-        layer.__dict__[key] = static
-    return static
+class LayerBlocks(NamedTuple):
+    """The native blocks of one decoder layer: `mixer` and `mlp` None where no
+    block takes that part (its kind, a shared block feeding it, a residual multiplier)."""
+    mixer: "Mamba2Block | AttentionBlock | None"
+    mlp: "MLPBlock | None"
+
+    @staticmethod
+    def of(layer: LayerDesc, native: bool = True) -> "LayerBlocks":
+        """The blocks the native path takes of `layer` (none unless `native`)."""
+        if not native:
+            return NO_BLOCKS
+        plain = not layer.shared_block and layer.residual_multiplier == 1.0
+        mixer = None
+        if plain and isinstance(layer.mixer, Mamba2Desc):
+            mixer = Mamba2Block(layer)
+        elif plain and isinstance(layer.mixer, AttentionDesc):
+            mixer = AttentionBlock(layer)
+        return LayerBlocks(mixer, MLPBlock(layer) if plain and isinstance(layer.ffn, MLPDesc) else None)
+
+
+NO_BLOCKS = LayerBlocks(None, None)
 
 
 def _input_major(weight: torch.Tensor) -> bool:
@@ -129,79 +150,85 @@ BLOCK_ROWS = MAX_ROWS
 
 def _takes_rows(h: torch.Tensor) -> bool:
     """The per-call conditions every block shares."""
-    return (_enabled and h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
+    return (h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
             and h.is_contiguous() and not torch.is_grad_enabled() and cpu_native.available())
 
 
 # -- MLP ----------------------------------------------------------------------------------------
 
-def _mlp_static(layer) -> _Static:
-    mlp, norm = layer.ffn, layer.ffn_norm
-    cfg = mlp.cfg
-    weights = [norm.weight, mlp.gate_proj, mlp.up_proj, mlp.down_proj] if cfg.gated else []
-    ok = (bool(weights) and cfg.activation == "silu" and mlp.up_bias is None and mlp.gate_bias is None
-          and cfg.gate_multiplier == 1.0 and cfg.down_multiplier == 1.0 and _float32_cpu(norm.weight)
-          and _products_take(*weights[1:]))
-    if not ok:
-        return _Static(weights, False)
-    return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, _weight(mlp.gate_proj), _weight(mlp.up_proj),
-                                   _weight(mlp.down_proj), mlp.up_proj.shape[0]))
+class MLPBlock(Block):
+    """h + mlp(norm(h)): a gated SiLU MLP without biases or multipliers."""
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor | None:
+        """h + mlp(norm(h)) in one C call, or None where it does not apply (`mlp_block`)."""
+        return mlp_block(self, h)
+
+    @staticmethod
+    def make_static(layer: LayerDesc) -> _Static:
+        mlp, norm = layer.ffn, layer.ffn_norm
+        weights = [norm.weight, mlp.gate, mlp.up, mlp.down] if mlp.gate is not None else [norm.weight]
+        ok = (mlp.gate is not None and mlp.activation == "silu" and mlp.up_bias is None and mlp.gate_bias is None
+              and mlp.down_bias is None and mlp.gate_multiplier == 1.0 and mlp.down_multiplier == 1.0
+              and _float32_cpu(norm.weight) and _products_take(*weights[1:]))
+        if not ok:
+            return _Static(weights, False)
+        return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, _weight(mlp.gate), _weight(mlp.up),
+                                       _weight(mlp.down), mlp.up.shape[0]))
 
 
-def mlp_block(layer, h: torch.Tensor) -> torch.Tensor | None:
+def mlp_block(block: MLPBlock, h: torch.Tensor) -> torch.Tensor | None:
     """h + ffn(ffn_norm(h)) for h [batch, T, hidden] in one C call; None where it does not apply."""
-    static = _static(layer, "_hs_mlp_block", lambda: _mlp_static(layer))
+    static = block.static()
     if not (static.ok and _takes_rows(h)):
         return None
     norm_w, eps, gate_t, up_t, down_t, inter = static.args
     rows, hidden = h.shape[0] * h.shape[1], h.shape[2]
     out = torch.empty(h.shape, dtype=torch.float32)
-    if cpu_native.library().hs_mlp_block(h.data_ptr(), norm_w, eps, gate_t, up_t, down_t,
-                                         _work(rows * (hidden + 2 * inter)).data_ptr(), out.data_ptr(), rows, hidden,
-                                         inter) != 0:
+    if cpu_native.call("mlp_block", h.data_ptr(), norm_w, eps, gate_t, up_t, down_t,
+                       _work(rows * (hidden + 2 * inter)).data_ptr(), out.data_ptr(), rows, hidden, inter) != 0:
         raise ValueError(f"mlp_block: shapes not taken: h {tuple(h.shape)}, intermediate {inter}")
     return out
 
 
 # -- mixers ---------------------------------------------------------------------------------------
 
-def mixer_block(layer, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+def mixer_block(block: "Mamba2Block | AttentionBlock", h: torch.Tensor, batch, cache) -> torch.Tensor | None:
     """h + mixer(input_norm(h)) for h [batch, T, hidden] in one C call (Mamba-2 or
     attention), the states, conv windows or K/V written where the plan says;
     None where it does not apply."""
-    if layer.mamba2:
-        static = _static(layer, "_hs_mixer_block", lambda: _mamba2_static(layer))
-        return _mamba2_block(layer, static, h, batch, cache) if static.ok and _takes_rows(h) else None
-    if layer.attention:
-        static = _static(layer, "_hs_mixer_block", lambda: _attention_static(layer))
-        return _attention_block(static, h, batch, cache) if static.ok and _takes_rows(h) else None
-    return None
+    static = block.static()
+    return block.run(static, h, batch, cache) if static.ok and _takes_rows(h) else None
 
 
-def _mamba2_static(layer) -> _Static:
-    mixer, norm = layer.mixer, layer.input_norm
-    cfg = mixer.cfg
-    vectors = [mixer.dt_bias, mixer.A_log, mixer.D, *(() if mixer.norm_weight is None else (mixer.norm_weight,)),
-               *(() if mixer.conv_bias is None else (mixer.conv_bias,))]
-    weights = [norm.weight, mixer.in_proj, mixer.out_proj, mixer.conv_weight, *vectors]
-    ok = (cfg.norm == "gate_then_norm" and mixer.in_scale is None and mixer.in_bias is None
-          and mixer.out_bias is None and cfg.time_step_limit == (0.0, float("inf")) and cfg.d_conv <= 16
-          and _float32_cpu(norm.weight, mixer.conv_weight, *vectors) and _products_take(mixer.in_proj, mixer.out_proj)
-          and mixer.conv_kernel().is_contiguous() and all(w.is_contiguous() for w in vectors))
-    if not ok:
-        return _Static(weights, False)
-    A = mixer.decay_rate(torch.float32)  # kept by the mixer until A_log changes
-    sizes = (cfg.d_inner, cfg.num_heads, cfg.head_dim, cfg.n_groups, cfg.d_state, cfg.d_conv, cfg.conv_dim,
-             mixer.in_proj.shape[0])
-    return _Static(weights + [A], True, (
-        norm.weight.data_ptr(), norm.eps, _weight(mixer.in_proj), mixer.conv_kernel().data_ptr(),
-        None if mixer.conv_bias is None else mixer.conv_bias.data_ptr(), mixer.dt_bias.data_ptr(), A.data_ptr(),
-        mixer.D.data_ptr(), mixer.norm_weight.data_ptr(), cfg.group_size, _weight(mixer.out_proj), sizes))
+class Mamba2Block(MixerBlock):
+    """h + mamba2(norm(h)): RMSNorm(y ⊙ silu(z)), no projection biases or
+    multipliers, the default Δ limits, a conv window of at most 16."""
+
+    @staticmethod
+    def make_static(layer: LayerDesc) -> _Static:
+        m, norm = layer.mixer, layer.mixer_norm
+        vectors = [m.dt_bias, m.A, m.D, *(() if m.norm_weight is None else (m.norm_weight,)),
+                   *(() if m.conv_bias is None else (m.conv_bias,))]
+        weights = [norm.weight, m.in_proj, m.out_proj, m.conv_kernel, *vectors]
+        ok = (m.norm == "gate_then_norm" and m.in_scale is None and m.in_bias is None and m.out_bias is None
+              and m.time_step_limit == (0.0, float("inf")) and m.d_conv <= 16
+              and _float32_cpu(norm.weight, m.conv_kernel, *vectors) and _products_take(m.in_proj, m.out_proj)
+              and m.conv_kernel.is_contiguous() and all(w.is_contiguous() for w in vectors))
+        if not ok:
+            return _Static(weights, False)
+        sizes = (m.d_inner, m.num_heads, m.head_dim, m.n_groups, m.d_state, m.d_conv, m.conv_dim, m.in_proj.shape[0])
+        return _Static(weights, True, (
+            norm.weight.data_ptr(), norm.eps, _weight(m.in_proj), m.conv_kernel.data_ptr(),
+            None if m.conv_bias is None else m.conv_bias.data_ptr(), m.dt_bias.data_ptr(), m.A.data_ptr(),
+            m.D.data_ptr(), m.norm_weight.data_ptr(), m.group_size, _weight(m.out_proj), sizes))
+
+    def run(self, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+        return _mamba2_block(self.layer.mixer, static, h, batch, cache)
 
 
-def _mamba2_block(layer, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+def _mamba2_block(mixer: Mamba2Desc, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
     plan, states = batch.slots, cache.states
-    ssm, conv = states.ssm_states[layer.mixer.state_layer], states.conv_states[layer.mixer.state_layer]
+    ssm, conv = states.ssm_states[mixer.state_layer], states.conv_states[mixer.state_layer]
     if not (plan is not None and plan.all_live and plan.batch > 0 and _float32_cpu(ssm, conv)
             and ssm.is_contiguous() and conv.is_contiguous()):
         return None
@@ -209,10 +236,11 @@ def _mamba2_block(layer, static: _Static, h: torch.Tensor, batch, cache) -> torc
     d_inner, nheads, head_dim, n_groups, d_state, d_conv, conv_dim, proj = sizes
     bsz, T, hidden = h.shape
     rows = bsz * T
-    logged = None if batch.input_log is None else logged_inputs(layer, batch, bsz, T)
+    logged = None if batch.input_log is None else logged_inputs(mixer, batch, bsz, T)
     work = rows * (hidden + proj + conv_dim + nheads + 2 * d_inner) + head_dim * d_state
     out = torch.empty(h.shape, dtype=torch.float32)
-    if cpu_native.library().hs_mamba2_block(
+    if cpu_native.call(
+            "mamba2_block",
             h.data_ptr(), norm_w, eps, in_t, conv.data_ptr(), ssm.data_ptr(), plan.src.data_ptr(),
             plan.snap.data_ptr(), conv_w, conv_b, dt_bias, A, D, gate_w, group, out_t, _work(work).data_ptr(),
             None if logged is None else logged.data_ptr(), out.data_ptr(), bsz, T, hidden, d_inner, nheads,
@@ -221,55 +249,60 @@ def _mamba2_block(layer, static: _Static, h: torch.Tensor, batch, cache) -> torc
     return out
 
 
-def logged_inputs(layer, batch, bsz: int, T: int) -> torch.Tensor:
+def logged_inputs(mixer: Mamba2Desc, batch, bsz: int, T: int) -> torch.Tensor:
     """Memory for a Mamba-2 block's in_proj output, conv output and Δ, kept by the
-    forward's input log (`log_inputs` gets views of it; the block writes them)."""
-    cfg = layer.mixer.cfg
-    d_inner, nheads, head_dim, n_groups, d_state, conv_dim = (cfg.d_inner, cfg.num_heads, cfg.head_dim,
-                                                              cfg.n_groups, cfg.d_state, cfg.conv_dim)
-    rows, proj = bsz * T, layer.mixer.in_proj.shape[0]
+    forward's input log (the mixer's log entry gets views of it; the block writes them)."""
+    d_inner, nheads, head_dim, n_groups, d_state, conv_dim = (mixer.d_inner, mixer.num_heads, mixer.head_dim,
+                                                              mixer.n_groups, mixer.d_state, mixer.conv_dim)
+    rows, proj = bsz * T, mixer.in_proj.shape[0]
     logged = torch.empty(rows * (proj + conv_dim + nheads), dtype=torch.float32)
     projected, xbc, dt = logged.split([rows * proj, rows * conv_dim, rows * nheads])
     x, B, C = xbc.view(bsz, T, conv_dim).split([d_inner, n_groups * d_state, n_groups * d_state], dim=-1)
-    layer.mixer.log_inputs(batch, projected.view(bsz, T, proj)[..., d_inner:d_inner + conv_dim],
-                           x.unflatten(-1, (nheads, head_dim)), dt.view(bsz, T, nheads),
-                           B.unflatten(-1, (n_groups, d_state)), C.unflatten(-1, (n_groups, d_state)))
+    batch.input_log[mixer.state_layer] = mixer.make_log(
+        xs=projected.view(bsz, T, proj)[..., d_inner:d_inner + conv_dim], x=x.unflatten(-1, (nheads, head_dim)),
+        dt=dt.view(bsz, T, nheads), B=B.unflatten(-1, (n_groups, d_state)), C=C.unflatten(-1, (n_groups, d_state)))
     return logged
 
 
-def _attention_static(layer) -> _Static:
-    attention, norm = layer.mixer, layer.input_norm
-    cfg = attention.cfg
-    projections = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj]
-    weights = [norm.weight, *projections]
-    inv_freq = attention.inv_freq if cfg.use_rope else None
-    if inv_freq is not None:
-        weights.append(inv_freq)
-    ok = (not cfg.bias and not cfg.out_bias and _float32_cpu(norm.weight, *weights[len(projections) + 1:])
-          and _products_take(*projections)
-          and (inv_freq is None or (inv_freq.is_contiguous() and 2 * inv_freq.numel() == cfg.rotary_dim)))
-    if not ok:
-        return _Static(weights, False)
-    return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, *map(_weight, projections),
-                                   None if inv_freq is None else inv_freq.data_ptr(), cfg.rotary_dim // 2,
-                                   cfg.softmax_scale, attention.kv_layer, cfg))
+class AttentionBlock(MixerBlock):
+    """h + attention(norm(h)): no biases; the rotary embedding over its dims or none."""
+
+    @staticmethod
+    def make_static(layer: LayerDesc) -> _Static:
+        a, norm = layer.mixer, layer.mixer_norm
+        projections = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+        weights = [norm.weight, *projections]
+        if a.inv_freq is not None:
+            weights.append(a.inv_freq)
+        ok = (not a.qkv_bias and not a.o_bias and _float32_cpu(norm.weight, *weights[len(projections) + 1:])
+              and _products_take(*projections)
+              and (a.inv_freq is None or (a.inv_freq.is_contiguous() and 2 * a.inv_freq.numel() == a.rotary_dim)))
+        if not ok:
+            return _Static(weights, False)
+        return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, *map(_weight, projections),
+                                       None if a.inv_freq is None else a.inv_freq.data_ptr(), a.rotary_dim // 2,
+                                       a.softmax_scale, a.kv_layer, (a.num_heads, a.num_kv_heads, a.head_dim)))
+
+    def run(self, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+        return _attention_block(static, h, batch, cache)
 
 
 def _attention_block(static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
     meta = batch.kv
-    norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, scale, kv_layer, cfg = static.args
+    norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, scale, kv_layer, (heads, kv_heads, head_dim) = static.args
     if meta is None:
         return None
     k_cache, v_cache = cache.kv.k_cache[kv_layer], cache.kv.v_cache[kv_layer]
     if not (_float32_cpu(k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         return None
     bsz, T, hidden = h.shape
-    rows, heads, kv_heads, head_dim = bsz * T, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    rows = bsz * T
     slot_mapping, context_lens, query_lens, tables = meta.packed  # one tensor
     block_size = k_cache.shape[1]
     work = rows * (hidden + 2 * (heads + kv_heads) * head_dim + 2 * half) + T * heads * max(meta.context_list)
     out = torch.empty(h.shape, dtype=torch.float32)
-    if cpu_native.library().hs_attention_block(
+    if cpu_native.call(
+            "attention_block",
             h.data_ptr(), norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, k_cache.data_ptr(), v_cache.data_ptr(),
             slot_mapping.data_ptr(), tables.data_ptr(), tables.shape[1], block_size, context_lens.data_ptr(),
             query_lens.data_ptr(), scale, _work(work).data_ptr(), out.data_ptr(), bsz, T, hidden, heads,

@@ -34,8 +34,9 @@ def conv_window_steps(conv_states, plan: SlotPlan, xs, weight, bias, activation)
     batch, T, conv_dim = xs.shape
     bias = None if bias is None else bias.contiguous()
     out = torch.empty(batch, T, conv_dim, dtype=torch.float32)
-    status = cpu_native.library().hs_conv_window_steps(
-        conv_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), xs.data_ptr(), xs.stride(0),
+    status = cpu_native.call(
+        "conv_window_steps",
+                conv_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), xs.data_ptr(), xs.stride(0),
         xs.stride(1), weight.data_ptr(), None if bias is None else bias.data_ptr(), ACTIVATIONS[activation],
         out.data_ptr(), batch, T, conv_dim, weight.shape[1])
     if status != 0:

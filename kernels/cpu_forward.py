@@ -2,20 +2,21 @@
 embeddings, every decoder layer's blocks (`cpu_blocks.c`), each row's kept
 input, final norm and LM head.
 
-Why: with each block one C call, a decode step of the embedded draft still
-spent about 340 µs in Python against 75 µs in C, and the target 0.6 ms
-against 1 ms: the layer loop, each block's checks and pointers, the norm and
-head calls. Here a table of every layer's weights and of one cache's state
+Why: with each block one C call, a decode step of a small model still spends
+most of its time in Python (the layer loop, each block's checks and pointers,
+the norm and head calls). Here a table of every layer's weights (read from
+the model's descriptors, `kernels.descriptors`) and of one cache's state
 pools and K/V pages (`_Table`, ctypes structs) is made once per (model,
-cache); a forward fills one struct with its token ids, slot plan, K/V plan
+cache) and kept by the model's `WholeForward`; a forward fills one struct with its token ids, slot plan, K/V plan
 and input logs and makes one call. The C side calls the functions the
 per-layer path calls, with the same arguments, in the same order, so
 logits, states, conv windows, K/V and logs are that path's, bit for bit,
 and a row's bits still do not depend on the batch.
 
-`HybridModel.extend` calls `forward` first; it returns None (and the layers
-run one by one, the blocks where they apply) unless every layer runs whole
-(`DecoderLayer.whole_mixer` / `whole_mlp` and the blocks' own conditions:
+`HybridModel.extend` calls its `WholeForward` first (a backend with the whole
+forward, `kernels.backend`); it returns None (and the layers run one by one,
+the blocks where they apply) unless every layer runs whole (a block for the
+kind of each part its descriptor names, and the blocks' own conditions:
 `cpu_blocks`), the embedding and logits multipliers are 1, the rows (padded
 to the longest) fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors are
 float32 and contiguous. A row of fewer inputs runs padded with token 0: its
@@ -26,23 +27,15 @@ the kernel `linear` gives it (`cpu_blocks.BLOCK_ROWS` is `cpu_rows.MAX_ROWS`).
 """
 from __future__ import annotations
 
+import copy
 import ctypes
+import weakref
 from typing import NamedTuple
 
 import torch
 
 from hybridspec.kernels import cpu_blocks, cpu_native
-from hybridspec.kernels.cpu_rows import MAX_ROWS
-
-_enabled = True  # `set_enabled`: the whole-forward path on or off (the blocks stay as they are)
-
-
-def set_enabled(flag: bool) -> None:
-    """Turn the whole-forward path on or off for this process (tests and benches
-    compare it with the layer-by-layer path)."""
-    global _enabled
-    _enabled = bool(flag)
-
+from hybridspec.kernels.descriptors import ModelDesc
 
 _f32_p, _i64_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -78,46 +71,45 @@ class _Table:
     """One model's layers with one cache's tensors as `Layer` structs; `ok` when
     every layer runs whole. `tensors` are every tensor whose memory the table
     names or whose layout decided `ok`: the table is remade when one of them
-    moves (`current`: `model.to(...)`) or the model's parameters are replaced
-    (`cpu_blocks.forget` counts a generation: `pack_for_cpu`)."""
+    moves (`current`)."""
 
-    def __init__(self, model, cache):
-        self.model, self.generation = model, model.__dict__.get(cpu_blocks.GENERATION_KEY, 0)
-        self.tensors = [model.embed, model.lm_head, model.final_norm.weight]  # + each layer's, as far as it got
-        self.ok = self._build(model, cache)
+    def __init__(self, whole: "WholeForward", cache):
+        self.tensors = [whole.desc.embed, whole.desc.lm_head, whole.desc.final_norm.weight]  # + each layer's
+        self.ok = self._build(whole.desc, whole.blocks, cache)
         self.ptrs = [t.data_ptr() for t in self.tensors]
 
-    def _build(self, model, cache) -> bool:
-        config = model.config
-        if config.embedding_multiplier != 1.0 or config.logits_scaling != 1.0 or model.dtype is not torch.float32:
+    def _build(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks], cache) -> bool:
+        if desc.embedding_multiplier != 1.0 or desc.logits_scaling != 1.0 or desc.dtype is not torch.float32:
             return False
-        head_t = model.lm_head.t()
-        final = model.final_norm.weight
-        if not (cpu_blocks._float32_cpu(final) and cpu_native.weight_dtype_ok(model.embed)
+        head_t = desc.lm_head.t()
+        final = desc.final_norm.weight
+        if not (cpu_blocks._float32_cpu(final) and cpu_native.weight_dtype_ok(desc.embed)
                 and cpu_native.weight_dtype_ok(head_t) and head_t.is_contiguous()
-                and final.is_contiguous() and model.embed.dim() == 2 and model.embed.shape[0] == head_t.shape[1]):
+                and final.is_contiguous() and desc.embed.dim() == 2 and desc.embed.shape[0] == head_t.shape[1]):
             return False
-        layers = (Layer * len(model.layers))()
+        layers = (Layer * len(desc.layers))()
         tensors = self.tensors
-        self.mamba_layers = []  # (index in the table, layer) of the Mamba-2 layers, for input logs
-        for i, layer in enumerate(model.layers):
+        self.mamba_layers = []  # (index in the table, Mamba2Desc) of the Mamba-2 layers, for input logs
+        for i, (layer, block) in enumerate(zip(desc.layers, blocks)):
             record = layers[i]
-            if layer.mixer is not None:
-                if not (layer.whole_mixer and self._mixer(record, layer, cache, tensors, i)):
-                    return False
+            if layer.mixer is not None and not (block.mixer is not None
+                                                and self._mixer(record, block.mixer, cache, tensors, i)):
+                return False
             if layer.ffn is not None:
-                static = cpu_blocks._static(layer, "_hs_mlp_block", lambda: cpu_blocks._mlp_static(layer))
+                if block.mlp is None:
+                    return False
+                static = block.mlp.static()
                 tensors += static.tensors
-                if not (layer.whole_mlp and static.ok):
+                if not static.ok:
                     return False
                 norm_w, eps, gate_t, up_t, down_t, inter = static.args
                 record.mlp, record.mlp_norm, record.mlp_eps = 1, norm_w, eps
                 record.gate_t, record.up_t, record.down_t, record.inter = gate_t, up_t, down_t, inter
         self.layers = layers
         self.head_t = cpu_native.weight_address(head_t)
-        self.final_w, self.final_eps = final.data_ptr(), model.final_norm.eps
-        self.hidden, self.vocab = model.embed.shape[1], head_t.shape[1]
-        self.embed_strides = model.embed.stride()
+        self.final_w, self.final_eps = final.data_ptr(), desc.final_norm.eps
+        self.hidden, self.vocab = desc.embed.shape[1], head_t.shape[1]
+        self.embed_strides = desc.embed.stride()
         self.has_attention = any(r.mixer == HS_ATTENTION for r in layers)
         self.has_mamba = bool(self.mamba_layers)
         # scratch floats (an upper bound of what hs_forward computes): per row, the largest block's
@@ -129,14 +121,15 @@ class _Table:
         self.heads = max([r.heads for r in attention], default=0)
         return True
 
-    def _mixer(self, record: Layer, layer, cache, tensors: list, index: int) -> bool:
-        if layer.mamba2:
-            static = cpu_blocks._static(layer, "_hs_mixer_block", lambda: cpu_blocks._mamba2_static(layer))
-            tensors += static.tensors
-            if not static.ok:
-                return False
-            ssm = cache.states.ssm_states[layer.mixer.state_layer]
-            conv = cache.states.conv_states[layer.mixer.state_layer]
+    def _mixer(self, record: Layer, block, cache, tensors: list, index: int) -> bool:
+        static = block.static()
+        tensors += static.tensors
+        if not static.ok:
+            return False
+        if isinstance(block, cpu_blocks.Mamba2Block):
+            mixer = block.layer.mixer
+            ssm = cache.states.ssm_states[mixer.state_layer]
+            conv = cache.states.conv_states[mixer.state_layer]
             if not (cpu_blocks._float32_cpu(ssm, conv) and ssm.is_contiguous() and conv.is_contiguous()):
                 return False
             norm_w, eps, in_t, conv_w, conv_b, dt_bias, A, D, gate_w, group, out_t, sizes = static.args
@@ -148,32 +141,26 @@ class _Table:
             record.group, record.d_inner, record.nheads, record.head_dim = group, d_inner, nheads, head_dim
             record.ngroups, record.d_state, record.d_conv = n_groups, d_state, d_conv
             tensors += [ssm, conv]
-            self.mamba_layers.append((index, layer))
+            self.mamba_layers.append((index, mixer))
             return True
-        if layer.attention:
-            static = cpu_blocks._static(layer, "_hs_mixer_block", lambda: cpu_blocks._attention_static(layer))
-            tensors += static.tensors
-            if not static.ok or cache.kv is None:
-                return False
-            norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, scale, kv_layer, cfg = static.args
-            k_cache, v_cache = cache.kv.k_cache[kv_layer], cache.kv.v_cache[kv_layer]
-            if not (cpu_blocks._float32_cpu(k_cache, v_cache) and k_cache.is_contiguous()
-                    and v_cache.is_contiguous()):
-                return False
-            record.mixer, record.mixer_norm, record.mixer_eps = HS_ATTENTION, norm_w, eps
-            record.q_t, record.k_t, record.v_t, record.o_t, record.inv_freq = q_t, k_t, v_t, o_t, inv_freq
-            record.k_cache, record.v_cache, record.half, record.scale = (k_cache.data_ptr(), v_cache.data_ptr(),
-                                                                         half, scale)
-            record.heads, record.kv_heads, record.attn_head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-            record.block_size = k_cache.shape[1]
-            tensors += [k_cache, v_cache]
-            return True
-        return False
+        if cache.kv is None:
+            return False
+        norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, scale, kv_layer, (heads, kv_heads, head_dim) = static.args
+        k_cache, v_cache = cache.kv.k_cache[kv_layer], cache.kv.v_cache[kv_layer]
+        if not (cpu_blocks._float32_cpu(k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+            return False
+        record.mixer, record.mixer_norm, record.mixer_eps = HS_ATTENTION, norm_w, eps
+        record.q_t, record.k_t, record.v_t, record.o_t, record.inv_freq = q_t, k_t, v_t, o_t, inv_freq
+        record.k_cache, record.v_cache, record.half, record.scale = (k_cache.data_ptr(), v_cache.data_ptr(),
+                                                                     half, scale)
+        record.heads, record.kv_heads, record.attn_head_dim = heads, kv_heads, head_dim
+        record.block_size = k_cache.shape[1]
+        tensors += [k_cache, v_cache]
+        return True
 
-    def current(self, model) -> bool:
-        """Whether `model` is the table's, with the parameters and tensors it was made from."""
-        return (model is self.model and model.__dict__.get(cpu_blocks.GENERATION_KEY, 0) == self.generation
-                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.ptrs)
+    def current(self) -> bool:
+        """Whether the tensors the table was made from are where they were."""
+        return list(map(torch.Tensor.data_ptr, self.tensors)) == self.ptrs
 
 
 def _row_work(r: Layer, hidden: int) -> int:
@@ -187,14 +174,53 @@ def _row_work(r: Layer, hidden: int) -> int:
     return max(need, hidden + 2 * r.inter if r.mlp else 0)
 
 
-def _table(model, cache) -> _Table:
-    """The table of (model, cache), kept on the cache per model and remade when a
-    tensor it names has moved (`model.to(...)`, `pack_for_cpu`)."""
-    tables = cache.__dict__.setdefault("_hs_forward_tables", {})
-    table = tables.get(id(model))
-    if table is None or not table.current(model):
-        table = tables[id(model)] = _Table(model, cache)
-    return table
+class WholeForward:
+    """The whole-forward kernel of one model: its descriptor and its layers'
+    native blocks (`cpu_blocks.LayerBlocks`, shared with the layer-by-layer
+    path), and a table per cache, made on first use and remade when a tensor it
+    names has moved. A model that replaces its parameters makes a new one."""
+
+    def __init__(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks]):
+        self.desc, self.blocks = desc, blocks
+        self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> _Table
+
+    def __deepcopy__(self, memo) -> "WholeForward":
+        """A copy over the copied descriptors (a deep-copied model's), with no tables: they name caches."""
+        return WholeForward(copy.deepcopy(self.desc, memo), copy.deepcopy(self.blocks, memo))
+
+    def table(self, cache) -> _Table:
+        table = self._tables.get(cache)
+        if table is None or not table.current():
+            table = self._tables[cache] = _Table(self, cache)
+        return table
+
+    def __call__(self, token_lists: list[list[int]], batch, cache, last_only: bool) -> "Whole | None":
+        """The forward in one C call, or None where it does not apply (`forward`)."""
+        return forward(self, token_lists, batch, cache, last_only)
+
+    def greedy_steps(self, cache, tokens: list[int], steps: int, plan):
+        """`greedy_steps` where it runs for these rows: `plan()` then gives
+        (chains, K/V plan, starts), or None (nothing planned, nothing run).
+        None where it declines, before `plan` is called."""
+        if not takes_greedy(self, cache, len(tokens)) or (planned := plan()) is None:
+            return None
+        return greedy_steps(self, cache, tokens, steps, *planned)
+
+    def extend_greedy(self, cache, token_lists: list[list[int]], steps: int, plan):
+        """`extend_greedy`, planned and declined as `greedy_steps`."""
+        if not takes_greedy(self, cache, len(token_lists), len(token_lists[0])) or (planned := plan()) is None:
+            return None
+        return extend_greedy(self, cache, token_lists, steps, *planned)
+
+
+class NoWholeForward:
+    """A backend without the whole forward: every call declines."""
+
+    def __call__(self, token_lists, batch, cache, last_only) -> None:
+        return None
+
+
+NO_WHOLE_FORWARD = NoWholeForward()
 
 
 class Whole(NamedTuple):
@@ -204,12 +230,12 @@ class Whole(NamedTuple):
     finite: bool
 
 
-def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) -> Whole | None:
+def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, last_only: bool) -> Whole | None:
     """`HybridModel.forward` over `token_lists` (every row T tokens) in one C
     call; None where it does not apply (see the module docstring). The token ids and
     the forward's slot and K/V plans go to C as one int64 array made from the
     plans' host lists (no tensors of them are made)."""
-    if not (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and cpu_native.available()):
+    if torch.is_grad_enabled() or not cpu_native.available():
         return None
     bsz, lengths = len(token_lists), [len(tokens) for tokens in token_lists]
     T = max(lengths, default=0)
@@ -218,7 +244,7 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
         return None
     if min(lengths) < T:  # rows of fewer inputs (a verify of rows with fewer drafts) padded with token 0
         token_lists = [tokens + [0] * (T - len(tokens)) for tokens in token_lists]
-    table = _table(model, cache)
+    table = whole.table(cache)
     if not table.ok:
         return None
     plan, meta = batch.slots, batch.kv
@@ -228,9 +254,9 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
         return None
     logged = None
     if table.has_mamba and batch.input_log is not None:
-        logged = [cpu_blocks.logged_inputs(layer, batch, bsz, T) for _, layer in table.mamba_layers]
+        logged = [cpu_blocks.logged_inputs(mixer, batch, bsz, T) for _, mixer in table.mamba_layers]
     kv = (meta.slot_rows, meta.context_list, meta.query_list, meta.table_rows) if table.has_attention else None
-    call = _Call(model, table, token_lists, plan.src_list if table.has_mamba else None,
+    call = _Call(whole.desc, table, token_lists, plan.src_list if table.has_mamba else None,
                  plan.live_snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
     _give_work(call)
     status = cpu_native.library().hs_forward(ctypes.byref(call.args))
@@ -241,11 +267,11 @@ def forward(model, token_lists: list[list[int]], batch, cache, last_only: bool) 
     return Whole(call.out, status == 0)
 
 
-def _args(model, table: _Table, bsz: int, T: int) -> ForwardArgs:
+def _args(desc: ModelDesc, table: _Table, bsz: int, T: int) -> ForwardArgs:
     """The fields every call's `ForwardArgs` takes from the model and its table."""
     args = ForwardArgs()
     args.layers, args.num_layers = table.layers, len(table.layers)
-    args.embed, args.batch, args.T = cpu_native.weight_address(model.embed), bsz, T
+    args.embed, args.batch, args.T = cpu_native.weight_address(desc.embed), bsz, T
     args.embed_row, args.embed_col = table.embed_strides
     args.hidden, args.vocab = table.hidden, table.vocab
     return args
@@ -275,12 +301,12 @@ class _Call:
     inputs where rows are padded to T (the last one is the row's kept input).
     `work`: the scratch floats it needs (`_give_work` points it there)."""
 
-    def __init__(self, model, table: _Table, token_lists, src, snap, kv, last_only: bool, logged=None,
+    def __init__(self, desc: ModelDesc, table: _Table, token_lists, src, snap, kv, last_only: bool, logged=None,
                  out: torch.Tensor | None = None, lengths: list[int] | None = None):
         bsz, T = len(token_lists), len(token_lists[0])
         rows = bsz * T
         ints = [token for tokens in token_lists for token in tokens]  # [batch, T] ids, then the plans
-        args = self.args = _args(model, table, bsz, T)
+        args = self.args = _args(desc, table, bsz, T)
         hidden, vocab = table.hidden, table.vocab
         work = 3 * rows * hidden + rows * table.row_work + table.fixed_work  # floats; hs_forward checks it
         at = {}  # field -> offset in `ints`
@@ -325,13 +351,14 @@ class _Call:
         args.work_size, args.out = work, out.data_ptr()
 
 
-def takes_greedy(model, cache, batch: int) -> bool:
-    """Whether `greedy_steps` runs for `batch` rows of `model` on `cache`."""
-    return (_enabled and cpu_blocks._enabled and not torch.is_grad_enabled() and 0 < batch <= MAX_ROWS
-            and cpu_native.available() and _table(model, cache).ok)
+def takes_greedy(whole: WholeForward, cache, batch: int, T: int = 1) -> bool:
+    """Whether `greedy_steps` runs for `batch` rows of the model on `cache`, and
+    `extend_greedy` for a catch-up of T inputs per row before them."""
+    return (not torch.is_grad_enabled() and 0 < batch * T <= cpu_blocks.BLOCK_ROWS and cpu_native.available()
+            and whole.table(cache).ok)
 
 
-def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[int]] | None, meta,
+def greedy_steps(whole: WholeForward, cache, tokens: list[int], steps: int, chains: list[list[int]] | None, meta,
                  starts: list[int]) -> tuple[list[list[int]], torch.Tensor, bool]:
     """`steps` decode steps of one input per row in one C call (`hs_greedy_steps`),
     each step's input the argmax of the last step's logits; the caller checked
@@ -340,9 +367,9 @@ def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[
     step), `meta` the K/V plan of the `steps` new positions from `starts`.
     Returns (each row's next tokens [batch][steps], logits [batch, steps, vocab],
     whether every logit is finite)."""
-    table = _table(model, cache)
+    table = whole.table(cache)
     bsz, vocab = len(tokens), table.vocab
-    call = _Steps(model, table, steps, chains, meta, 0, starts, tokens)
+    call = _Steps(whole.desc, table, steps, chains, meta, 0, starts, tokens)
     _give_work(call)
     logits = torch.zeros(steps, bsz, vocab, dtype=torch.float32)
     status = cpu_native.library().hs_greedy_steps(ctypes.byref(call.args), steps, call.plan_address,
@@ -354,7 +381,7 @@ def greedy_steps(model, cache, tokens: list[int], steps: int, chains: list[list[
     return call.drafts(), logits.transpose(0, 1), status == 0
 
 
-def extend_greedy(model, cache, token_lists: list[list[int]], steps: int, chains: list[list[int]] | None, meta,
+def extend_greedy(whole: WholeForward, cache, token_lists: list[list[int]], steps: int, chains: list[list[int]] | None, meta,
                   starts: list[int]) -> tuple[list[int], list[list[int]], torch.Tensor, bool]:
     """A greedy drafter's catch-up and its `steps` greedy steps in one C call
     (`hs_extend_greedy`): the forward over `token_lists` (every row T tokens;
@@ -366,7 +393,7 @@ def extend_greedy(model, cache, token_lists: list[list[int]], steps: int, chains
     Returns (each row's catch-up argmax [batch], the steps' tokens
     [batch][steps], logits [batch, steps + 1, vocab], whether every logit is
     finite)."""
-    table = _table(model, cache)
+    table = whole.table(cache)
     bsz, T, vocab = len(token_lists), len(token_lists[0]), table.vocab
     logits = torch.zeros(steps + 1, bsz, vocab, dtype=torch.float32)
     src = snap = kv = None
@@ -374,8 +401,8 @@ def extend_greedy(model, cache, token_lists: list[list[int]], steps: int, chains
         src, snap = [chain[0] for chain in chains], [[-1] * (T - 1) + [chain[1]] for chain in chains]
     if table.has_attention:
         kv = ([row[:T] for row in meta.slot_rows], [start + T for start in starts], [T] * bsz, meta.table_rows)
-    first = _Call(model, table, token_lists, src, snap, kv, True, out=logits[0])
-    call = _Steps(model, table, steps, chains and [chain[1:] for chain in chains], meta, T,
+    first = _Call(whole.desc, table, token_lists, src, snap, kv, True, out=logits[0])
+    call = _Steps(whole.desc, table, steps, chains and [chain[1:] for chain in chains], meta, T,
                   [start + T for start in starts], [0] * bsz)
     _give_work(first, call)
     status = cpu_native.library().hs_extend_greedy(ctypes.byref(first.args), ctypes.byref(call.args), steps,
@@ -394,11 +421,11 @@ class _Steps:
     positions from `offset` on are the steps' (row b's first at `starts[b]`),
     `first` the first step's input tokens; `work` the scratch floats it needs."""
 
-    def __init__(self, model, table: _Table, steps: int, chains, meta, offset: int, starts: list[int],
+    def __init__(self, desc: ModelDesc, table: _Table, steps: int, chains, meta, offset: int, starts: list[int],
                  first: list[int]):
         bsz = self.bsz = len(starts)
         self.steps = steps
-        args = self.args = _args(model, table, bsz, 1)
+        args = self.args = _args(desc, table, bsz, 1)
         hidden = table.hidden
         args.final_norm, args.final_eps, args.lm_head_t = table.final_w, table.final_eps, table.head_t
         work = 3 * bsz * hidden + bsz * table.row_work + table.fixed_work

@@ -35,6 +35,11 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                     const float *C, int64_t sCb, int64_t sCt, int64_t sCg,
                     float *y, int64_t batch, int64_t T, int64_t nheads, int64_t headdim, int64_t d_state,
                     int64_t ngroups);
+int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
+                    const float *x, int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
+                    const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C, int64_t sCb,
+                    int64_t sCt, const float *D, float *y, int64_t batch, int64_t T, int64_t d_inner,
+                    int64_t d_state);
 int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
             int64_t heads, int64_t head_dim, int64_t half);
 
@@ -99,5 +104,186 @@ int hs_forward(const hs_forward_args *a);
 int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan, int64_t *tokens, float *logits);
 int hs_extend_greedy(const hs_forward_args *first, const hs_forward_args *a, int64_t steps, const int64_t *plan,
                      int64_t *tokens, float *logits);
+
+/* One struct of each kernel's arguments, for ctypes (`cpu_calls.c`, `cpu_native.ARGUMENTS`). */
+typedef struct {
+    void *x;
+    int64_t ldx;
+    void *gate;
+    int64_t ldg;
+    void *w;
+    void *out;
+    int64_t rows;
+    int64_t n;
+    int64_t group;
+    float eps;
+} hs_rms_norm_args;
+int hs_rms_norm_call(const hs_rms_norm_args *a);
+
+typedef struct {
+    void *states;
+    void *src;
+    void *dst;
+    void *xs;
+    int64_t sxb;
+    int64_t sxt;
+    void *weight;
+    void *bias;
+    int64_t silu;
+    void *out;
+    int64_t batch;
+    int64_t T;
+    int64_t conv_dim;
+    int64_t d_conv;
+} hs_conv_window_steps_args;
+int hs_conv_window_steps_call(const hs_conv_window_steps_args *a);
+
+typedef struct {
+    void *states;
+    void *src;
+    void *dst;
+    void *scratch;
+    void *x;
+    int64_t sxb;
+    int64_t sxt;
+    int64_t sxh;
+    void *dt;
+    int64_t sdb;
+    int64_t sdt;
+    void *A;
+    void *D;
+    void *B;
+    int64_t sBb;
+    int64_t sBt;
+    int64_t sBg;
+    void *C;
+    int64_t sCb;
+    int64_t sCt;
+    int64_t sCg;
+    void *y;
+    int64_t batch;
+    int64_t T;
+    int64_t nheads;
+    int64_t headdim;
+    int64_t d_state;
+    int64_t ngroups;
+} hs_mamba2_steps_args;
+int hs_mamba2_steps_call(const hs_mamba2_steps_args *a);
+
+typedef struct {
+    void *states;
+    void *src;
+    void *dst;
+    void *x;
+    int64_t sxb;
+    int64_t sxt;
+    void *dt;
+    int64_t sdb;
+    int64_t sdt;
+    void *A;
+    void *B;
+    int64_t sBb;
+    int64_t sBt;
+    void *C;
+    int64_t sCb;
+    int64_t sCt;
+    void *D;
+    void *y;
+    int64_t batch;
+    int64_t T;
+    int64_t d_inner;
+    int64_t d_state;
+} hs_mamba1_steps_args;
+int hs_mamba1_steps_call(const hs_mamba1_steps_args *a);
+
+typedef struct {
+    void *x;
+    void *cos;
+    void *sin;
+    int64_t ldc;
+    void *out;
+    int64_t rows;
+    int64_t heads;
+    int64_t head_dim;
+    int64_t half;
+} hs_rope_args;
+int hs_rope_call(const hs_rope_args *a);
+
+typedef struct {
+    void *h;
+    void *norm_w;
+    float eps;
+    void *gate_t;
+    void *up_t;
+    void *down_t;
+    void *work;
+    void *out;
+    int64_t rows;
+    int64_t hidden;
+    int64_t inter;
+} hs_mlp_block_args;
+int hs_mlp_block_call(const hs_mlp_block_args *a);
+
+typedef struct {
+    void *h;
+    void *norm_w;
+    float eps;
+    void *in_t;
+    void *conv_states;
+    void *ssm_states;
+    void *src;
+    void *dst;
+    void *conv_w;
+    void *conv_b;
+    void *dt_bias;
+    void *A;
+    void *D;
+    void *gate_norm_w;
+    int64_t group;
+    void *out_t;
+    void *work;
+    void *logged;
+    void *out;
+    int64_t batch;
+    int64_t T;
+    int64_t hidden;
+    int64_t d_inner;
+    int64_t nheads;
+    int64_t headdim;
+    int64_t ngroups;
+    int64_t d_state;
+    int64_t d_conv;
+} hs_mamba2_block_args;
+int hs_mamba2_block_call(const hs_mamba2_block_args *a);
+
+typedef struct {
+    void *h;
+    void *norm_w;
+    float eps;
+    void *q_t;
+    void *k_t;
+    void *v_t;
+    void *o_t;
+    void *inv_freq;
+    int64_t half;
+    void *k_cache;
+    void *v_cache;
+    void *slot_mapping;
+    void *block_tables;
+    int64_t max_blocks;
+    int64_t block_size;
+    void *context_lens;
+    void *query_lens;
+    float scale;
+    void *work;
+    void *out;
+    int64_t batch;
+    int64_t T;
+    int64_t hidden;
+    int64_t nheads;
+    int64_t kv_heads;
+    int64_t head_dim;
+} hs_attention_block_args;
+int hs_attention_block_call(const hs_attention_block_args *a);
 
 #endif

@@ -25,6 +25,8 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
+
+#include "cpu_kernels.h"
 #include "cpu_simd.h"
 
 #define MAX_STATE 64

@@ -34,8 +34,9 @@ def mamba1_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
     x, dt, B, C = cpu_native.unit_inner_stride(x, dt, B, C)
     A, D = A.contiguous(), D.contiguous()
     y = torch.empty(batch, T, d_inner, dtype=torch.float32)
-    status = cpu_native.library().hs_mamba1_steps(
-        ssm_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(),
+    status = cpu_native.call(
+        "mamba1_steps",
+                ssm_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(),
         x.data_ptr(), x.stride(0), x.stride(1), dt.data_ptr(), dt.stride(0), dt.stride(1),
         A.data_ptr(), B.data_ptr(), B.stride(0), B.stride(1), C.data_ptr(), C.stride(0), C.stride(1),
         D.data_ptr(), y.data_ptr(), batch, T, d_inner, d_state)

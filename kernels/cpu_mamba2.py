@@ -48,8 +48,9 @@ def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
     if scratch is None:
         scratch = heads[head_size] = torch.empty(head_size, dtype=torch.float32)
     y = torch.empty(batch, T, nheads, headdim, dtype=torch.float32)
-    status = cpu_native.library().hs_mamba2_steps(
-        ssm_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), scratch.data_ptr(),
+    status = cpu_native.call(
+        "mamba2_steps",
+                ssm_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), scratch.data_ptr(),
         x.data_ptr(), x.stride(0), x.stride(1), x.stride(2),
         dt.data_ptr(), dt.stride(0), dt.stride(1),
         A.data_ptr(), D.data_ptr(),

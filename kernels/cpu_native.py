@@ -26,9 +26,9 @@ They are compiled together with the system's C compiler (`CC`, else `cc`,
 second, once per source version) and loaded with ctypes: no torch headers,
 no build step at install. Where they cannot be built (no compiler) the torch
 paths run after one warning; on a CPU without AVX2 and FMA (ARM, old x86)
-they run without one. `HYBRIDSPEC_CPU_KERNELS=torch` (read on first use) or
-`set_enabled(False)` turns them off; float64 (the parity suites) never takes
-them. They run at any torch thread count: the matrix products
+they run without one. A model runs them where its backend is native
+(`kernels.backend`: HYBRIDSPEC_BACKEND=torch turns them off); float64 (the
+parity suites) never takes them. They run at any torch thread count: the matrix products
 (`cpu_rows.c`, which every block and the whole forward call) split their
 columns, and the Mamba-2 recurrence its heads, over torch's intra-op thread
 count (`sync_threads`), with the same bits at every count; the other kernels
@@ -48,12 +48,10 @@ from pathlib import Path
 
 import torch
 
-KERNELS_ENV = "HYBRIDSPEC_CPU_KERNELS"
-KERNEL_CHOICES = ("auto", "torch")
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_pool.c", "cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
-                             "cpu_blocks.c", "cpu_forward.c"))
+                             "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("cpu_simd.h", "cpu_kernels.h", "cpu_rows_weights.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
@@ -61,52 +59,56 @@ HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")
 BUILD_TIMEOUT_S = 300  # a compiler that has not finished by then is taken as failed
 
+ARGUMENTS = {  # C entry point hs_<name>_call(const hs_<name>_args *): the struct's fields in order (p pointer,
+    # i int64, f float), the positional arguments of hs_<name> (cpu_kernels.h)
+    "rms_norm": "p:x i:ldx p:gate i:ldg p:w p:out i:rows i:n i:group f:eps",
+    "conv_window_steps": ("p:states p:src p:dst p:xs i:sxb i:sxt p:weight p:bias i:silu p:out i:batch i:T "
+                         "i:conv_dim i:d_conv"),
+    "mamba2_steps": ("p:states p:src p:dst p:scratch p:x i:sxb i:sxt i:sxh p:dt i:sdb i:sdt p:A p:D p:B i:sBb "
+                    "i:sBt i:sBg p:C i:sCb i:sCt i:sCg p:y i:batch i:T i:nheads i:headdim i:d_state i:ngroups"),
+    "mamba1_steps": ("p:states p:src p:dst p:x i:sxb i:sxt p:dt i:sdb i:sdt p:A p:B i:sBb i:sBt p:C i:sCb "
+                    "i:sCt p:D p:y i:batch i:T i:d_inner i:d_state"),
+    "rope": "p:x p:cos p:sin i:ldc p:out i:rows i:heads i:head_dim i:half",
+    "mlp_block": "p:h p:norm_w f:eps p:gate_t p:up_t p:down_t p:work p:out i:rows i:hidden i:inter",
+    "mamba2_block": ("p:h p:norm_w f:eps p:in_t p:conv_states p:ssm_states p:src p:dst p:conv_w p:conv_b "
+                    "p:dt_bias p:A p:D p:gate_norm_w i:group p:out_t p:work p:logged p:out i:batch i:T "
+                    "i:hidden i:d_inner i:nheads i:headdim i:ngroups i:d_state i:d_conv"),
+    "attention_block": ("p:h p:norm_w f:eps p:q_t p:k_t p:v_t p:o_t p:inv_freq i:half p:k_cache p:v_cache "
+                       "p:slot_mapping p:block_tables i:max_blocks i:block_size p:context_lens p:query_lens "
+                       "f:scale p:work p:out i:batch i:T i:hidden i:nheads i:kv_heads i:head_dim"),
+}
+_FIELD_TYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
+
+
+def _struct(name: str, spec: str) -> type[ctypes.Structure]:
+    fields = [field.split(":") for field in spec.split()]
+    return type(f"hs_{name}_args", (ctypes.Structure,), {"_fields_": [(n, _FIELD_TYPES[t]) for t, n in fields]})
+
+
+ARGUMENT_STRUCTS = {name: _struct(name, spec) for name, spec in ARGUMENTS.items()}
+
+
+def call(name: str, *values) -> int:
+    """hs_<name>_call with one struct of `values` (hs_<name>'s arguments, in order); its status."""
+    return getattr(library(), f"hs_{name}_call")(ctypes.byref(ARGUMENT_STRUCTS[name](*values)))
+
+
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {  # function: argument types (all return int: 0, or -1 for arguments it does not take)
     "hs_rows_matmul": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr],
     "hs_rows_isa": [ctypes.c_int],
     "hs_set_threads": [ctypes.c_int],
-    "hs_mamba2_steps": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr,
-                        _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
-    "hs_mamba1_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64,
-                        _i64, _ptr, _ptr, _i64, _i64, _i64, _i64],
-    "hs_rms_norm": [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_float],
-    "hs_conv_window_steps": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
-    "hs_rope": [_ptr, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i64],
-    "hs_mlp_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64],
-    "hs_mamba2_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
-                        _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _i64],
-    "hs_attention_block": [_ptr, _ptr, ctypes.c_float, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
-                           _ptr, _i64, _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
-                           _i64],
     "hs_forward": [_ptr],  # one hs_forward_args struct (cpu_forward.py)
+    **{f"hs_{name}_call": [_ptr] for name in ARGUMENTS},  # one hs_<name>_args struct (`arguments`)
     "hs_greedy_steps": [_ptr, _i64, _ptr, _ptr, _ptr],
     "hs_extend_greedy": [_ptr, _ptr, _i64, _ptr, _ptr, _ptr],
 }
 
 _library = None  # the loaded ctypes library, False when it cannot run here
-_enabled = None  # None: not decided yet (see `enabled`)
 
 
 class CpuKernelsUnavailable(RuntimeError):
     """The C kernels cannot be built or loaded on this machine (the reason in the message)."""
-
-
-def enabled() -> bool:
-    """Whether the kernels may run: `HYBRIDSPEC_CPU_KERNELS`, read on first use, or what `set_enabled` said."""
-    global _enabled
-    if _enabled is None:
-        choice = os.environ.get(KERNELS_ENV, "auto")
-        if choice not in KERNEL_CHOICES:
-            raise ValueError(f"{KERNELS_ENV}={choice!r} must be one of {KERNEL_CHOICES}; unset it for 'auto'")
-        _enabled = choice == "auto"
-    return _enabled
-
-
-def set_enabled(flag: bool | None) -> None:
-    """Turn the kernels on or off for this process (None: back to `HYBRIDSPEC_CPU_KERNELS`)."""
-    global _enabled
-    _enabled = None if flag is None else bool(flag)
 
 
 def cpu_supported() -> bool:
@@ -195,9 +197,10 @@ def library():
 
 
 def available() -> bool:
-    """Whether the kernels run here (built and loaded, and not turned off); when
-    they do, their products use torch's thread count (`sync_threads`)."""
-    if not ((_enabled if _enabled is not None else enabled()) and (_library if _library is not None else library())):
+    """Whether the kernels run here (built and loaded); when they do, their
+    products use torch's thread count (`sync_threads`). Whether a model runs them
+    is its backend's choice (`kernels.backend`)."""
+    if not (_library if _library is not None else library()):
         return False
     sync_threads()
     return True
@@ -217,7 +220,7 @@ def sync_threads() -> int:
 
 
 def takes(*tensors: torch.Tensor) -> bool:
-    """The conditions every kernel shares: each tensor float32 on the CPU, the kernels built and on."""
+    """The conditions every kernel shares: each tensor float32 on the CPU, the kernels built."""
     for t in tensors:
         if t.dtype is not torch.float32 or not t.is_cpu:
             return False

@@ -1,7 +1,6 @@
 """RMSNorm, plain and gated, on CPU in C (`cpu_norm.c`) for float32 runs.
 
-Why: the torch form (`models.common.rms_norm`, and the gated one of the
-Mamba-2 mixer) is seven to nine operations per call, and a small model calls
+Why: the torch form (`ops.Norm`, plain and gated) is seven to nine operations per call, and a small model calls
 it two or three times per layer per forward; one C call reads the row once
 for the statistics and once to write. Used under the conditions of the other
 native kernels (`cpu_native.takes`), for rows with a unit channel stride.
@@ -40,8 +39,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
         return None
     n = rows.shape[1]
     out = torch.empty(x.shape, dtype=torch.float32)
-    status = cpu_native.library().hs_rms_norm(
-        rows.data_ptr(), rows.stride(0), None if gate_rows is None else gate_rows.data_ptr(),
+    status = cpu_native.call(
+        "rms_norm",
+                rows.data_ptr(), rows.stride(0), None if gate_rows is None else gate_rows.data_ptr(),
         0 if gate_rows is None else gate_rows.stride(0), None if weight is None else weight.data_ptr(),
         out.data_ptr(), rows.shape[0], n, group or n, eps)
     if status != 0:

@@ -35,7 +35,7 @@ def rope(x: torch.Tensor, cos_half: torch.Tensor, sin_half: torch.Tensor) -> tor
     shaped like x. The caller checked `applies`."""
     batch, T, heads, head_dim = x.shape
     out = torch.empty(x.shape, dtype=torch.float32)
-    if cpu_native.library().hs_rope(x.data_ptr(), cos_half.data_ptr(), sin_half.data_ptr(), angle_rows(cos_half),
-                                    out.data_ptr(), batch * T, heads, head_dim, cos_half.shape[-1]) != 0:
+    if cpu_native.call("rope", x.data_ptr(), cos_half.data_ptr(), sin_half.data_ptr(), angle_rows(cos_half),
+                       out.data_ptr(), batch * T, heads, head_dim, cos_half.shape[-1]) != 0:
         raise ValueError(f"rope: shapes not taken: x {tuple(x.shape)}, angles {tuple(cos_half.shape)}")
     return out

@@ -13,7 +13,7 @@ rows 0.94 → 0.66 ms with the weights in cache; `vector_path`). From 10–16
 rows register tiles take over (a verify of batch 2–4 and up), again with the
 same bits. It is built and loaded with the other native CPU kernels (`cpu_native`).
 
-Used by `models.common.linear` when every condition holds: float32 CPU
+Used by the native backend's `linear` op (`ops.NativeLinear`) when every condition holds: float32 CPU
 tensors, at most `MAX_ROWS` rows, an input-major contiguous weight (what
 `HybridModel.pack_for_cpu` stores; `hs.load` packs on CPU), float32 or its
 exact bfloat16 or float16 copy (pack_for_cpu's `exact_16bit`: the kernel

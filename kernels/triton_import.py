@@ -1,7 +1,7 @@
 """`triton` and `triton.language` for the kernel modules, imported only where
 a kernel can run.
 
-The Triton kernels run on CUDA tensors (`dispatch.pick`), or on CPU tensors
+The Triton kernels run on CUDA tensors (the backend, `kernels.backend`), or on CPU tensors
 under `TRITON_INTERPRET=1` (the kernel tests). Anywhere else only the torch
 references run, so the kernel modules take stand-ins from here instead of
 importing triton (which costs about a third of a second and a few hundred

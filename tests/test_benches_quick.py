@@ -174,14 +174,10 @@ def test_exact_bf16_quick(benches, tmp_path):
 
 
 def run_on_gpu_path(name: str, out: Path, monkeypatch) -> list[dict]:
-    """Run bench `name` --quick, which puts the GPU path on CPU (HYBRIDSPEC_KERNELS=triton, native
-    kernels off; both restored after), and return its JSON rows."""
-    from hybridspec.kernels import cpu_native
-    monkeypatch.setenv("HYBRIDSPEC_KERNELS", "auto")
-    try:
-        assert bench_main(name)(["--quick", "--out", str(out)]) == 0
-    finally:
-        cpu_native.set_enabled(None)
+    """Run bench `name` --quick, which puts the GPU path on CPU (HYBRIDSPEC_BACKEND=triton, restored
+    after), and return its JSON rows."""
+    monkeypatch.setenv("HYBRIDSPEC_BACKEND", "auto")
+    assert bench_main(name)(["--quick", "--out", str(out)]) == 0
     return json.loads(out.read_text())["rows"]
 
 

@@ -105,7 +105,7 @@ def test_device_the_build_lacks(capsys):
 
 
 def test_cuda_graphs_on_a_cpu_device(capsys, monkeypatch):
-    monkeypatch.delenv("HYBRIDSPEC_KERNELS", raising=False)
+    monkeypatch.delenv("HYBRIDSPEC_BACKEND", raising=False)
     line = error_line(capsys, ["generate", "--cuda-graphs", "--draft", "none", "-n", "2", "hello"])
     assert "cuda_graphs=True needs the Triton kernels" in line and "on cpu" in line
 

@@ -13,7 +13,9 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
+from hybridspec.kernels import cpu_blocks, cpu_forward
+from hybridspec.models.greedy_chain import GreedyChain
+from native_switch import backend_of
 from oracles import bamba
 from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 
@@ -32,24 +34,30 @@ def new_cache(model, max_seqs=3, block_size=8):
 
 @pytest.fixture
 def blocks_off():
-    """Turn the whole-block path off (the modules, with the other native kernels, run)."""
-    yield lambda: cpu_blocks.set_enabled(False)
-    cpu_blocks.set_enabled(True)
+    """Bind models to the native ops without the blocks (the modules, with the other
+    native kernels, run): `blocks_off(*models)`; each bound to the default again after."""
+    bound = []
+
+    def off(*models):
+        for m in models:
+            m.bind_backend("native-ops")
+            bound.append(m)
+    yield off
+    for m in bound:
+        m.bind_backend()
 
 
 @pytest.fixture
-def layer_by_layer():
+def layer_by_layer(model):
     """The whole-forward path off: the layers run one by one (the blocks where they apply)."""
-    cpu_forward.set_enabled(False)
-    yield
-    cpu_forward.set_enabled(True)
+    with backend_of(model, "native-blocks"):
+        yield
 
 
 @pytest.fixture(params=["whole forward", "layer by layer"])
-def either_path(request):
-    cpu_forward.set_enabled(request.param == "whole forward")
-    yield request.param
-    cpu_forward.set_enabled(True)
+def either_path(request, model):
+    with backend_of(model, "native" if request.param == "whole forward" else "native-blocks"):
+        yield request.param
 
 
 @pytest.fixture
@@ -90,7 +98,7 @@ def test_blocks_match_the_module_path(model, blocks_off, layer_by_layer, counted
     # three layers, three steps and the verify; in the padded prefill the two Mamba blocks decline
     assert counted["mlp_block"] == 3 * 5 and counted["mixer_block"] == 1 + 3 * 4
     assert counted["mixer_block fell back"] == 2
-    blocks_off()
+    blocks_off(model)
     plain = run(model, prompts, steps=3, verify_tokens=5)
     for a, b in zip(fused[0], plain[0]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -114,7 +122,7 @@ def test_attention_heads_of_76_columns_match_the_module_path(blocks_off):
     assert wide.config.attention.head_dim == 76
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [10, 11, 12]]
     fused = run(wide, prompts, steps=3, verify_tokens=5)
-    blocks_off()
+    blocks_off(wide)
     plain = run(wide, prompts, steps=3, verify_tokens=5)
     for a, b in zip(fused[0], plain[0]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -125,7 +133,7 @@ def test_attention_over_pages_of_12_keys_matches_the_module_path(model, blocks_o
     page boundaries) and contexts over four pages: decode steps, then a verify."""
     prompts = [[(3 * i + 5) % 90 + 3 for i in range(37)], [(7 * i + 1) % 90 + 3 for i in range(29)]]
     fused = run(model, prompts, steps=4, verify_tokens=5, block_size=12)
-    blocks_off()
+    blocks_off(model)
     plain = run(model, prompts, steps=4, verify_tokens=5, block_size=12)
     for a, b in zip(fused[0], plain[0]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -146,7 +154,7 @@ def test_grouped_attention_gives_the_same_bits_on_either_vector_path(both_vector
     avx2, avx512 = both_vector_paths(lambda: run(m, prompts, steps=3, verify_tokens=5, block_size=12)[0])
     for a, b in zip(avx2, avx512, strict=True):
         assert torch.equal(a, b)
-    blocks_off()
+    blocks_off(m)
     for a, b in zip(avx512, run(m, prompts, steps=3, verify_tokens=5, block_size=12)[0], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -156,11 +164,8 @@ def test_whole_forward_gives_the_bits_of_the_blocks_layer_by_layer(model, counte
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]  # unpadded, so the prefill runs whole too
     whole = run(model, prompts, steps=3, verify_tokens=5)
     assert counted["forward"] == 5 and not counted["forward fell back"]
-    cpu_forward.set_enabled(False)
-    try:
+    with backend_of(model, "native-blocks"):
         layers = run(model, prompts, steps=3, verify_tokens=5)
-    finally:
-        cpu_forward.set_enabled(True)
     assert counted["mixer_block"] == counted["mlp_block"] == 5 * 3  # three layers, five forwards
     for a, b in zip(whole[0], layers[0]):
         assert torch.equal(a, b)
@@ -184,12 +189,9 @@ def test_whole_forward_of_block_rows_kept_and_a_bad_token(model, counted):
     whole = new_cache(model, 2)  # room for BLOCK_ROWS positions
     logits = model.prefill(whole, [0], [prompt])  # every input's logits: BLOCK_ROWS rows kept
     assert counted["forward"] == 1
-    cpu_forward.set_enabled(False)
-    try:
+    with backend_of(model, "native-blocks"):
         layers = new_cache(model, 2)
         assert torch.equal(logits, model.prefill(layers, [0], [prompt]))
-    finally:
-        cpu_forward.set_enabled(True)
     before = whole.bookkeeping()
     states = [s.clone() for s in whole.states.ssm_states]
     with pytest.raises(IndexError, match="300"):
@@ -236,7 +238,7 @@ def test_the_engine_emits_the_same_tokens_with_and_without_blocks(model, blocks_
     with_blocks = generate()
     assert counted["forward"] > 0
     assert with_blocks[0] == with_blocks[1]  # speculative == plain
-    blocks_off()
+    blocks_off(model, draft)
     assert generate() == with_blocks
 
 
@@ -274,18 +276,12 @@ def test_when_the_blocks_fall_back(model, counted):
     model.extend(cache, [0, 1], [[3, 4], [5]], last_only=True)  # a padded batch: the whole forward takes it
     assert counted["forward"] == 1 and not counted["forward fell back"]
     counted.clear()
-    cpu_forward.set_enabled(False)
-    try:  # layer by layer, the Mamba block needs all inputs of every row
+    with backend_of(model, "native-blocks"):  # layer by layer, the Mamba block needs all inputs of every row
         model.extend(cache, [0, 1], [[3, 4], [5]], last_only=True)
-    finally:
-        cpu_forward.set_enabled(True)
     assert counted["mixer_block fell back"] == 2 and counted["mixer_block"] == 1  # Mamba fell back, attention ran
     counted.clear()
-    cpu_native.set_enabled(False)
-    try:
+    with backend_of(model, "torch"):
         model.decode(cache, [0, 1], [3, 4])
-    finally:
-        cpu_native.set_enabled(None)
     assert counted["mixer_block"] == counted["mlp_block"] == 0
     counted.clear()
     model.extend(cache, [0], [[3] * (cpu_blocks.BLOCK_ROWS + 1)], last_only=True)  # too many rows: the modules run
@@ -306,16 +302,13 @@ def test_packing_after_a_forward_lets_the_blocks_run(counted):
     counted.clear()
     m.decode(cache, [0], [7])
     assert counted["forward"] == 1
-    cpu_forward.set_enabled(False)
-    try:
+    with backend_of(m, "native-blocks"):
         m.decode(cache, [0], [7])
-    finally:
-        cpu_forward.set_enabled(True)
     assert counted["mlp_block"] == counted["mixer_block"] == 2
 
 
 def test_decode_greedy_gives_the_bits_of_decode_steps(model):
-    """`HybridModel.decode_greedy`: the argmax chain of step-by-step decoding,
+    """`GreedyChain.decode`: the argmax chain of step-by-step decoding,
     the same logits, states, conv windows, K/V and bookkeeping, bit for bit."""
     prompts, steps = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], 4
     stepped, chained = new_cache(model, 2), new_cache(model, 2)
@@ -326,7 +319,7 @@ def test_decode_greedy_gives_the_bits_of_decode_steps(model):
         logits.append(model.decode(stepped, [0, 1], tokens[-1]))
         heads.append([stepped.head(0), stepped.head(1)])
         tokens.append(logits[-1].argmax(dim=-1).tolist())
-    drafts, chain_logits, chain_heads = model.decode_greedy(chained, [0, 1], [3, 4], steps)
+    drafts, chain_logits, chain_heads = model.greedy_chain.decode(chained, [0, 1], [3, 4], steps)
     assert drafts == [list(t) for t in zip(*tokens[1:])]
     assert torch.equal(chain_logits, torch.stack(logits, 1))
     assert chain_heads == [list(h) for h in zip(*heads)]
@@ -334,21 +327,18 @@ def test_decode_greedy_gives_the_bits_of_decode_steps(model):
                     (*chained.states.ssm_states, *chained.states.conv_states, chained.kv.k_cache, chained.kv.v_cache)):
         assert torch.equal(a, b)
     assert stepped.bookkeeping() == chained.bookkeeping()
-    cpu_forward.set_enabled(False)
-    try:
+    with backend_of(model, "native-blocks"):
         before = chained.bookkeeping()
-        assert model.decode_greedy(chained, [0, 1], [3, 4], steps) is None  # declines, changing nothing
+        assert model.greedy_chain is None  # no chain without the whole forward: nothing changes
         assert chained.bookkeeping() == before
-    finally:
-        cpu_forward.set_enabled(True)
     with pytest.raises(IndexError, match="300"):
-        model.decode_greedy(chained, [0, 1], [3, 300], steps)
+        model.greedy_chain.decode(chained, [0, 1], [3, 300], steps)
     assert chained.bookkeeping() == before
 
 
 @pytest.mark.parametrize("catch_up", [1, 2])
 def test_extend_greedy_gives_the_bits_of_a_catch_up_and_decode_greedy(model, catch_up):
-    """`HybridModel.extend_greedy`: `extend(last_only=True)` then `decode_greedy`
+    """`GreedyChain.extend`: `extend(last_only=True)` then `decode_greedy`
     from its argmax, in one call: the same tokens, logits, ring heads, states,
     conv windows, K/V and bookkeeping, bit for bit."""
     prompts, steps = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], 3
@@ -359,8 +349,8 @@ def test_extend_greedy_gives_the_bits_of_a_catch_up_and_decode_greedy(model, cat
     first_logits = model.extend(apart, [0, 1], inputs, last_only=True)[:, 0]
     first_heads = [apart.head(0), apart.head(1)]
     first = first_logits.argmax(dim=-1).tolist()
-    drafts, step_logits, heads = model.decode_greedy(apart, [0, 1], first, steps)
-    got_first, got_drafts, got_logits, got_heads = model.extend_greedy(merged, [0, 1], inputs, steps)
+    drafts, step_logits, heads = model.greedy_chain.decode(apart, [0, 1], first, steps)
+    got_first, got_drafts, got_logits, got_heads = model.greedy_chain.extend(merged, [0, 1], inputs, steps)
     assert (got_first, got_drafts) == (first, drafts)
     assert torch.equal(got_logits, torch.cat([first_logits[:, None], step_logits], 1))
     assert got_heads == [[h] + rest for h, rest in zip(first_heads, heads)]
@@ -375,15 +365,12 @@ def test_extend_greedy_declines_or_fails_changing_nothing(model):
     model.prefill(cache, [0, 1], [[5, 6, 7, 8], [9, 10, 11]], last_only=True)
     before = cache.bookkeeping()
     states = [t.clone() for t in cache.states.ssm_states]
-    assert model.extend_greedy(cache, [0, 1], [[20], [30, 31]], 3) is None  # catch-ups of two lengths
-    assert model.extend_greedy(cache, [0, 1], [[20], [30]], 8) is None  # a chain longer than the ring
-    cpu_forward.set_enabled(False)
-    try:
-        assert model.extend_greedy(cache, [0, 1], [[20], [30]], 3) is None
-    finally:
-        cpu_forward.set_enabled(True)
+    assert model.greedy_chain.extend(cache, [0, 1], [[20], [30, 31]], 3) is None  # catch-ups of two lengths
+    assert model.greedy_chain.extend(cache, [0, 1], [[20], [30]], 8) is None  # a chain longer than the ring
+    with backend_of(model, "native-blocks"):
+        assert model.greedy_chain is None
     with pytest.raises(IndexError, match="300"):
-        model.extend_greedy(cache, [0, 1], [[20], [300]], 3)
+        model.greedy_chain.extend(cache, [0, 1], [[20], [300]], 3)
     assert cache.bookkeeping() == before
     assert all(torch.equal(a, b) for a, b in zip(states, cache.states.ssm_states))
 
@@ -401,7 +388,7 @@ def test_catch_ups_of_two_lengths_still_draft_in_one_call(model, monkeypatch):
                                                           generator=torch.Generator().manual_seed(1)))
     prompts, params = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [20, 21, 22]], hs.SamplingParams(max_new_tokens=40)
     gaps, calls = [], collections.Counter()
-    real_absorb, real_extend = drafters.ModelDrafter._absorb_backlog, hs.HybridModel.extend_greedy
+    real_absorb, real_extend = drafters.ModelDrafter._absorb_backlog, GreedyChain.extend
 
     def absorb(self, ids, committed):
         gaps.append({len(c) - self.cache.computed_len[s] for s, c in zip(ids, committed)})
@@ -412,7 +399,7 @@ def test_catch_ups_of_two_lengths_still_draft_in_one_call(model, monkeypatch):
         calls["ran" if out is not None else "declined"] += 1
         return out
     monkeypatch.setattr(drafters.ModelDrafter, "_absorb_backlog", absorb)
-    monkeypatch.setattr(hs.HybridModel, "extend_greedy", extend_greedy)
+    monkeypatch.setattr(GreedyChain, "extend", extend_greedy)
     engine = hs.Engine(model, draft=draft, num_draft_tokens=4, max_batch_size=3, max_model_len=64)
     spec = [o.token_ids for o in engine.generate(prompts, params)]
     assert {1, 2} in gaps  # the case this is about occurred
@@ -428,7 +415,7 @@ def test_a_greedy_model_drafter_drafts_in_one_call(model, monkeypatch):
     draft = hs.from_hf(bamba(seed=6, attn_layers=(1,), num_layers=2, dtype=torch.float32, kv_heads=2)).pack_for_cpu()
     prompts, params = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]], hs.SamplingParams(max_new_tokens=12)
     calls = collections.Counter()
-    real_extend, real_decode = hs.HybridModel.extend_greedy, hs.HybridModel.decode_greedy
+    real_extend, real_decode = GreedyChain.extend, GreedyChain.decode
 
     def counted(name, real):
         def wrapper(self, *args):
@@ -440,11 +427,11 @@ def test_a_greedy_model_drafter_drafts_in_one_call(model, monkeypatch):
     def generate():
         engine = hs.Engine(model, draft=draft, num_draft_tokens=4, max_batch_size=2, max_model_len=64)
         return [o.token_ids for o in engine.generate(prompts, params)], engine.stats.drafted_tokens
-    monkeypatch.setattr(hs.HybridModel, "extend_greedy", counted("extend_greedy", real_extend))
-    monkeypatch.setattr(hs.HybridModel, "decode_greedy", counted("decode_greedy", real_decode))
+    monkeypatch.setattr(GreedyChain, "extend", counted("extend_greedy", real_extend))
+    monkeypatch.setattr(GreedyChain, "decode", counted("decode_greedy", real_decode))
     fast = generate()
     assert calls["extend_greedy"] > 0 and calls["decode_greedy declined"] == 0
-    monkeypatch.setattr(hs.HybridModel, "extend_greedy", lambda self, *a: None)  # catch-up, then decode_greedy
+    monkeypatch.setattr(GreedyChain, "extend", lambda self, *a: None)  # catch-up, then decode_greedy
     assert generate() == fast
-    monkeypatch.setattr(hs.HybridModel, "decode_greedy", lambda self, *a: None)  # the step-by-step loop
+    monkeypatch.setattr(GreedyChain, "decode", lambda self, *a: None)  # the step-by-step loop
     assert generate() == fast

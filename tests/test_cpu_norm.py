@@ -5,20 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridspec.kernels import cpu_native, cpu_norm
-from hybridspec.models import common
-from hybridspec.models.mamba2 import gated_rms_norm
+from hybridspec.kernels import cpu_norm, ops
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
 
 
-def torch_form(fn, *args, **kwargs):
-    cpu_native.set_enabled(False)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        cpu_native.set_enabled(None)
+NATIVE, TORCH = ops.NORM["native"], ops.NORM["torch"]  # the norm op of a native and of a torch backend
 
 
 @pytest.mark.parametrize("shape,group", [((1, 1, 256), 256), ((2, 5, 512), 64), ((3, 7), 7), ((4, 100), 20)])
@@ -29,9 +22,9 @@ def test_plain_and_gated_match_the_torch_form(shape, group):
     for w in (weight, None):
         got = cpu_norm.rms_norm(x, w, 1e-6)
         assert got is not None and got.shape == x.shape
-        torch.testing.assert_close(got, torch_form(common.rms_norm, x, w, 1e-6), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, TORCH.rms(x, w, 1e-6), rtol=1e-5, atol=1e-6)
     got = cpu_norm.rms_norm(x, weight, 1e-6, gate=gate, group=group)
-    torch.testing.assert_close(got, torch_form(gated_rms_norm, x, gate, weight, group, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, TORCH.gated(x, gate, weight, group, 1e-6), rtol=1e-5, atol=1e-5)
 
 
 def test_a_gate_sliced_from_a_projection_and_the_fallbacks():
@@ -39,13 +32,13 @@ def test_a_gate_sliced_from_a_projection_and_the_fallbacks():
     projected = torch.randn(2, 5, 1100, generator=g)
     gate, y, weight = projected[..., :512], torch.randn(2, 5, 512, generator=g), torch.randn(512, generator=g)
     assert cpu_norm.as_rows(gate).stride() == (1100, 1)  # a view, no copy
-    torch.testing.assert_close(gated_rms_norm(y, gate, weight, 64, 1e-6),
-                               torch_form(gated_rms_norm, y, gate, weight, 64, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(NATIVE.gated(y, gate, weight, 64, 1e-6),
+                               TORCH.gated(y, gate, weight, 64, 1e-6), rtol=1e-5, atol=1e-5)
     assert cpu_norm.rms_norm(torch.randn(4, 6).t(), None, 1e-6) is None  # columns are not rows: torch form
     assert not cpu_norm.applies(torch.randn(3, 8, dtype=torch.float64), None)
     assert not cpu_norm.applies(torch.randn(3, 8), torch.randn(7))  # weight of the wrong size
     x = torch.randn(3, 8, generator=g)
     column_major = x.t().contiguous().t()  # channel stride 3: the torch form runs, to the same values
     assert not cpu_norm.applies(column_major, None)
-    torch.testing.assert_close(common.rms_norm(column_major, None, 1e-6), common.rms_norm(x, None, 1e-6),
+    torch.testing.assert_close(NATIVE.rms(column_major, None, 1e-6), NATIVE.rms(x, None, 1e-6),
                                rtol=1e-5, atol=1e-6)

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.kernels import cpu_blocks, cpu_native, cpu_rows
+from hybridspec.errors import ConfigError
+from hybridspec.kernels import backend as backends
+from hybridspec.kernels import cpu_native, cpu_rows
 from hybridspec.models import common
 from oracles import bamba
 
@@ -152,40 +154,40 @@ def test_strided_rows_and_one_row_views():
 @x86_with_compiler
 def test_linear_takes_the_kernel_only_where_it_applies(monkeypatch):
     calls = []
-    real = common.rows_matmul
-    monkeypatch.setattr(common, "rows_matmul", lambda x, w: calls.append(x.shape) or real(x, w))
+    real = cpu_rows.rows_matmul
+    monkeypatch.setattr(cpu_rows, "rows_matmul", lambda x, w: calls.append(x.shape) or real(x, w))
+    linear = backends.select("cpu", torch.float32, "auto").linear  # the native backend's
     g = torch.Generator().manual_seed(2)
     packed = torch.randn(24, 16, generator=g).t().contiguous().t()  # [out, in], input-major
     plain = torch.randn(24, 16, generator=g)                       # [out, in] as HF keeps it
     x = torch.randn(2, 3, 16, generator=g)
-    assert torch.allclose(common.linear(x, packed), x @ packed.t(), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(linear(x, packed), x @ packed.t(), rtol=1e-5, atol=1e-5)
     assert calls == [(6, 16)]
-    common.linear(x, plain)                                          # weight not input-major
-    common.linear(torch.randn(cpu_rows.MAX_ROWS + 1, 16), packed)   # more than MAX_ROWS rows
-    common.linear(x.double(), packed.double())                      # float64
-    monkeypatch.setattr(cpu_native, "_enabled", False)                 # set_enabled(False)
-    common.linear(x, packed)
-    monkeypatch.setattr(cpu_native, "_enabled", True)
+    linear(x, plain)                                          # weight not input-major
+    linear(torch.randn(cpu_rows.MAX_ROWS + 1, 16), packed)   # more than MAX_ROWS rows
+    linear(x.double(), packed.double())                      # float64
+    backends.select("cpu", torch.float32, "torch").linear(x, packed)  # the torch backend's
     assert calls == [(6, 16)]
     torch.set_num_threads(2)  # more threads: the kernel still (its columns split over them)
-    common.linear(x, packed)
+    linear(x, packed)
     torch.set_num_threads(1)
     assert calls == [(6, 16), (6, 16)]
 
 
 def test_the_environment_switch(monkeypatch):
-    monkeypatch.setattr(cpu_native, "_enabled", None)
-    monkeypatch.setenv(cpu_native.KERNELS_ENV, "torch")
-    assert not cpu_native.enabled() and not cpu_native.available()
-    monkeypatch.setattr(cpu_native, "_enabled", None)
-    monkeypatch.setenv(cpu_native.KERNELS_ENV, "fast")
-    with pytest.raises(ValueError, match="HYBRIDSPEC_CPU_KERNELS='fast' must be one of"):
-        cpu_native.enabled()
-    cpu_native.set_enabled(True)
-    assert cpu_native.enabled()
-    cpu_native.set_enabled(None)
-    monkeypatch.setenv(cpu_native.KERNELS_ENV, "auto")
-    assert cpu_native.enabled()
+    def native() -> bool:
+        return backends.select("cpu", torch.float32).whole_forward
+    monkeypatch.setenv(backends.BACKEND_ENV, "torch")
+    assert not native()
+    monkeypatch.setenv(backends.BACKEND_ENV, "fast")
+    with pytest.raises(ConfigError, match="HYBRIDSPEC_BACKEND='fast' must be one of"):
+        native()
+    with backends.using("auto"):  # the override wins over the environment
+        assert native()
+    with pytest.raises(ConfigError, match="use_backend='fast'"):
+        backends.use_backend("fast")
+    monkeypatch.setenv(backends.BACKEND_ENV, "auto")
+    assert native()
 
 
 def test_no_compiler_falls_back_to_the_torch_paths_with_one_warning(monkeypatch, tmp_path):
@@ -198,7 +200,8 @@ def test_no_compiler_falls_back_to_the_torch_paths_with_one_warning(monkeypatch,
         assert not cpu_native.available()
     assert not cpu_native.available()  # decided once: no second warning, no second build
     x, w = torch.randn(3, 8), torch.randn(8, 5)
-    assert torch.equal(common.linear(x, w.t()), torch.mm(x, w))  # an input-major weight, torch.mm all the same
+    linear = backends.select("cpu", torch.float32).linear  # the torch backend's: the kernels cannot run
+    assert torch.equal(linear(x, w.t()), torch.mm(x, w))  # an input-major weight, torch.mm all the same
 
 
 @x86_with_compiler
@@ -218,12 +221,14 @@ def test_float32_model_greedy_tokens_with_and_without_the_kernel(monkeypatch):
         return batched
 
     calls = []
-    real = common.rows_matmul
-    monkeypatch.setattr(common, "rows_matmul", lambda x, w: calls.append(x.shape[0]) or real(x, w))
-    monkeypatch.setattr(cpu_blocks, "_enabled", False)  # every product through `linear` (no whole blocks or forwards)
+    real = cpu_rows.rows_matmul
+    monkeypatch.setattr(cpu_rows, "rows_matmul", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    for m in (model, draft):  # every product through `linear` (no whole blocks or forwards)
+        m.bind_backend("native-ops")
     with_kernel = tokens(), tokens(draft=draft, num_draft_tokens=3)
     assert 1 in calls and 4 in calls  # decode rows and a verify of γ + 1 = 4 inputs took the kernel
-    monkeypatch.setattr(cpu_native, "_enabled", False)
+    for m in (model, draft):
+        m.bind_backend("torch")
     assert with_kernel == (tokens(), tokens(draft=draft, num_draft_tokens=3))
     assert with_kernel[0] == with_kernel[1]
 
@@ -286,4 +291,5 @@ def test_linear_takes_a_bfloat16_weight_and_torch_widens_it():
     assert cpu_rows.applies(torch.randn(3, 16), common.transposed(w16))
     for rows in (3, cpu_rows.MAX_ROWS + 5):
         x = torch.randn(rows, 16, generator=g)
-        assert torch.equal(common.linear(x, w16), common.linear(x, w32)), rows
+        linear = backends.select("cpu", torch.float32, "auto").linear
+        assert torch.equal(linear(x, w16), linear(x, w32)), rows

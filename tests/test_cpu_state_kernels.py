@@ -11,7 +11,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_blocks, cpu_conv, cpu_mamba1, cpu_mamba2, cpu_native
+from hybridspec.kernels import cpu_blocks, cpu_conv, cpu_mamba1, cpu_mamba2
 from hybridspec.kernels.mamba1_verify import mamba1_verify_ref
 from hybridspec.kernels.conv_window import conv_window_update_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
@@ -227,7 +227,7 @@ def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
         return decoded, verified, [s.clone() for s in (*cache.states.ssm_states, *cache.states.conv_states)]
 
     calls = []
-    monkeypatch.setattr(cpu_blocks, "_enabled", False)  # the modules' C paths (test_cpu_blocks: the blocks)
+    model.bind_backend("native-ops")  # the modules' C paths (test_cpu_blocks: the blocks)
     for module, name in ((cpu_mamba2, "mamba2_steps"), (cpu_mamba1, "mamba1_steps"), (cpu_conv, "conv_window_steps")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
@@ -235,7 +235,7 @@ def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
     recurrence = "mamba2_steps" if build is bamba else "mamba1_steps"
     assert recurrence in calls and "conv_window_steps" in calls  # the C paths ran (decode and the 4 inputs)
     calls.clear()
-    monkeypatch.setattr(cpu_native, "_enabled", False)
+    model.bind_backend("torch")
     reference = run()
     assert not calls
     for a, b in zip(native[:2], reference[:2]):
@@ -266,7 +266,7 @@ def test_a_float32_prefill_runs_the_c_recurrence_where_the_torch_path_takes_the_
     native = run()
     assert lengths and set(lengths) == {len(prompt)} and not scans
     native_calls = len(lengths)
-    monkeypatch.setattr(cpu_native, "_enabled", False)
+    model.bind_backend("torch")
     reference = run()
     assert scans and len(lengths) == native_calls  # the torch path scanned, without the C recurrence
     torch.testing.assert_close(native[0], reference[0], rtol=1e-4, atol=1e-4)

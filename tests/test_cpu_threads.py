@@ -13,9 +13,10 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_forward, cpu_mamba2, cpu_native, cpu_rows
+from hybridspec.kernels import cpu_mamba2, cpu_native, cpu_rows
 from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba
+from native_switch import backend_of
 from test_cpu_blocks import run
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 from test_cpu_state_kernels import inputs, lengths
@@ -158,8 +159,7 @@ def model():
 
 @pytest.mark.parametrize("whole", [True, False], ids=["whole forward", "layer by layer"])
 def test_a_forwards_bits_do_not_depend_on_the_thread_count(model, whole):
-    cpu_forward.set_enabled(whole)
-    try:
+    with backend_of(model, "native" if whole else "native-blocks"):
         prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
         logits, cache, _ = run(model, prompts, steps=2, verify_tokens=5)
         for count in (2, 3):
@@ -168,8 +168,6 @@ def test_a_forwards_bits_do_not_depend_on_the_thread_count(model, whole):
                 assert torch.equal(a, b), count
             for pool_a, pool_b in zip(cache.states.ssm_states, other.states.ssm_states):
                 assert torch.equal(pool_a, pool_b)
-    finally:
-        cpu_forward.set_enabled(True)
 
 
 def test_attention_over_a_long_context_has_the_same_bits_at_every_thread_count():

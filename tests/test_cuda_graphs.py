@@ -1,7 +1,7 @@
 """CUDA graphs of the few-input forwards (`hybridspec.models.graphs`).
 
 Without a GPU the graphs' static path still runs: the Triton kernels
-interpreted on CPU tensors (`HYBRIDSPEC_KERNELS=triton`, native CPU kernels
+interpreted on CPU tensors (`HYBRIDSPEC_BACKEND=triton`, native CPU kernels
 off), every forward of a shape over the same static buffers, nothing read
 back to the host inside it (`no_host_reads`). So these tests catch what
 would break a captured graph — a value taken from one forward's host lists,
@@ -18,8 +18,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.errors import ConfigError
-from hybridspec.kernels import cpu_native
-from hybridspec.kernels.dispatch import KERNELS_ENV
+from hybridspec.kernels.backend import BACKEND_ENV
 from hybridspec.models import graphs
 from oracles import bamba, jamba, nemotron_h, zamba2
 
@@ -30,12 +29,17 @@ needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @pytest.fixture
-def gpu_path_on_cpu(monkeypatch):
-    """The Triton kernels on CPU tensors (interpreted), the native CPU kernels off."""
-    monkeypatch.setenv(KERNELS_ENV, "triton")
-    cpu_native.set_enabled(False)
+def gpu_path_on_cpu(monkeypatch, request):
+    """The Triton kernels on CPU tensors (interpreted): the models and caches made in the test take them,
+    and so does the module's `target` while the test runs."""
+    monkeypatch.setenv(BACKEND_ENV, "triton")
+    shared = request.getfixturevalue("target") if "target" in request.fixturenames else None
+    before = shared.backend.name if shared is not None else None
+    if shared is not None:
+        shared.bind_backend()
     yield
-    cpu_native.set_enabled(None)
+    if shared is not None:
+        shared.bind_backend(before)
 
 
 @contextlib.contextmanager
@@ -167,7 +171,7 @@ def test_a_shape_that_fails_to_capture_runs_eagerly_after_one_warning(target, gp
 def test_engine_refuses_graphs_it_cannot_capture(monkeypatch):
     from hybridspec.rollback.models import tiny_model  # no transformers on the GPU machine
     target = tiny_model(1, dtype=torch.float32)
-    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
     with pytest.raises(ConfigError, match="needs the Triton kernels.*on cpu"):
         hs.Engine(target, cuda_graphs=True)
     with pytest.raises(ConfigError, match="cuda_graphs='yes' must be True, False or None"):
@@ -177,10 +181,9 @@ def test_engine_refuses_graphs_it_cannot_capture(monkeypatch):
         hs.Engine(target)
     monkeypatch.setenv(graphs.GRAPHS_ENV, "1")  # where a model can be captured: not on this CPU, so eager
     assert hs.Engine(target).cache.graphs is None
-    monkeypatch.setenv(KERNELS_ENV, "triton")
-    if cpu_native.available():
-        with pytest.raises(ConfigError, match="native CPU kernels off"):
-            hs.Engine(target, cuda_graphs=True)
+    monkeypatch.setenv(BACKEND_ENV, "triton")  # chosen once: the model keeps the backend it was bound to
+    with pytest.raises(ConfigError, match="needs the Triton kernels.*'auto' backend"):
+        hs.Engine(target, cuda_graphs=True)
 
 
 @needs_interpreter
@@ -191,11 +194,11 @@ def test_float64_attention_takes_the_reference_on_the_gpu_path(gpu_path_on_cpu):
     model = tiny_model(2, dtype=torch.float64)
     kwargs = dict(draft=hs.NgramDrafter(), max_batch_size=4, max_model_len=64, block_size=4)
     gpu_path = tokens(hs.Engine(model, **kwargs), max_new_tokens=4)
-    cpu_native.set_enabled(None)
-    os.environ[KERNELS_ENV] = "reference"  # the fixture's monkeypatch restores it
+    os.environ[BACKEND_ENV] = "torch"  # the fixture's monkeypatch restores it
+    model.bind_backend()
     assert gpu_path == tokens(hs.Engine(model, **kwargs), max_new_tokens=4)
-    os.environ[KERNELS_ENV] = "triton"
-    cpu_native.set_enabled(False)
+    os.environ[BACKEND_ENV] = "triton"
+    model.bind_backend()
     with pytest.raises(ConfigError, match="torch.float64 model's attention"):
         hs.Engine(model, cuda_graphs=True)
 

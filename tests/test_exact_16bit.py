@@ -157,9 +157,9 @@ def test_a_mamba_ssm_fp16_checkpoint_keeps_float16_storage(tmp_path):
 def test_without_the_native_kernels_weights_stay_float32(monkeypatch):
     """torch's products would widen a 16-bit weight on every call: without the
     kernels (turned off, no compiler, not x86) packing keeps float32."""
-    from hybridspec.kernels import cpu_native
-    monkeypatch.setattr(cpu_native, "_enabled", False)
-    model = hs.from_hf(half_valued(bamba(seed=2))).pack_for_cpu()
+    from hybridspec.kernels import backend
+    with backend.using("torch"):
+        model = hs.from_hf(half_valued(bamba(seed=2))).pack_for_cpu()
     assert set(stored(model).values()) == {torch.float32}
 
 

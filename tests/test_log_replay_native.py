@@ -11,6 +11,7 @@ import torch
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import cpu_native
 from hybridspec.rollback.models import tiny_model
+from native_switch import backend_of
 
 T = 5  # a verify of γ + 1 inputs
 ROWS = 3
@@ -66,10 +67,10 @@ CASES = {  # (first, steps, dst -1 skips) per row; the source is the state befor
 def test_replay_writes_the_forwards_snapshot_bits(logged, case, monkeypatch):
     model, cache, log, heads, snaps, spares = logged
     first, steps, writes = CASES[case]
-    mixer_type = type(model.recurrent_layers[0])
+    replay = getattr(model.backend, model.recurrent_layers[0].replay_op)  # the native replay op of its kind
     calls = []
-    native = mixer_type.native_steps
-    monkeypatch.setattr(mixer_type, "native_steps", staticmethod(lambda *a: calls.append(1) or native(*a)))
+    native = replay.steps
+    monkeypatch.setattr(replay, "steps", lambda *a: calls.append(1) or native(*a))
     src = [heads[b] if first[b] == 0 else snaps[b][first[b] - 1] for b in range(ROWS)]
     dst = [spares[b][0] if writes[b] else -1 for b in range(ROWS)]
     before = pools(cache)
@@ -96,11 +97,8 @@ def test_the_references_replay_the_same_math(logged):
     first, steps = [0, 1, 2], [4, 2, 3]
     src = [heads[0], snaps[1][0], snaps[2][1]]
     replay_all(model, cache, log, src, [spares[b][1] for b in range(ROWS)], first, steps)
-    cpu_native.set_enabled(False)
-    try:
+    with backend_of(model, "torch"):
         replay_all(model, cache, log, src, [spares[b][2] for b in range(ROWS)], first, steps)
-    finally:
-        cpu_native.set_enabled(None)
     exact = model.config.layer_types[0] == "mamba2"
     for layer in range(len(model.recurrent_layers)):
         # conv windows are copies of logged inputs: the same bits in both

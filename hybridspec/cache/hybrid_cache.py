@@ -15,7 +15,7 @@ import torch
 
 from hybridspec.checkpoints.ring import head_half
 from hybridspec.checkpoints.state_pool import SlotState, StatePool
-from hybridspec.kernels.dispatch import triton_runs_on
+from hybridspec.kernels import backend as backends
 from hybridspec.kernels.slot_plan import SlotPlan
 from hybridspec.state_memory import default_state_dtype
 
@@ -62,10 +62,11 @@ class HybridCache:
             raise ValueError(f"spare={spare!r} must be 'next' or 'pair'")
         self.spare = spare
         self.config, self.device, self.dtype = config, torch.device(device), dtype
+        self.backend = backends.select(self.device, dtype)  # the kernels its forwards run, chosen once
         self.block_size, self.ring_slots, self.max_seqs = block_size, ring_slots, max_seqs
         attn = config.attention
         self.kv = (PagedKVCache(len(config.attention_layers), num_blocks, block_size, attn.num_kv_heads,
-                                attn.head_dim, dtype, self.device) if config.attention_layers else None)
+                                attn.head_dim, dtype, self.device, self.backend) if config.attention_layers else None)
         shapes = config.recurrent_state_shapes()
         self.state_dtype = state_dtype or default_state_dtype(dtype)
         self.states = StatePool(shapes, max_seqs, ring_slots, self.state_dtype, self.device) if shapes else None
@@ -130,7 +131,7 @@ class HybridCache:
         heads = [self.head(s) for s in seq_ids]
         if self.states is None or len(seq_ids) < 2:
             return heads
-        if snapshot_counts is None and triton_runs_on(self.device):
+        if snapshot_counts is None and self.backend.writes_any_slot:
             return heads
         rings = [self.states.ring_slots(s) for s in seq_ids]
         offsets = [ring.index(head) for ring, head in zip(rings, heads)]

@@ -36,8 +36,7 @@ import functools
 import torch
 
 from hybridspec.errors import CacheFullError
-from hybridspec.kernels.dispatch import use_triton
-from hybridspec.kernels.kv_write import kv_write
+from hybridspec.kernels import backend as backends
 from hybridspec.kernels.paged_attention import gather_pages
 
 from .block_pool import BlockPool, BlockPoolState, consecutive_runs
@@ -131,6 +130,7 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        backend: backends.Backend | None = None,
     ):
         for name, value in (("num_layers", num_layers), ("block_size", block_size),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
@@ -145,6 +145,8 @@ class PagedKVCache:
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
         self._flat_views: dict[int, list[torch.Tensor]] = {}  # id(k_cache | v_cache) -> per-layer flat views
+        # the K/V write of the backend chosen for this device and dtype (once, here)
+        self._write = (backend or backends.select(device, dtype)).kv_write
         self._block_tables: dict[int, list[int]] = {}
         self._kv_lens: dict[int, int] = {}
         self._reserved_lens: dict[int, int] = {}
@@ -359,16 +361,7 @@ class PagedKVCache:
                 raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {expected} [batch, T_max, heads, dim]")
             if x.dtype != self.k_cache.dtype:
                 raise ValueError(f"{name} has dtype {x.dtype}; the cache holds {self.k_cache.dtype}")
-        if use_triton(k):  # one fixed-shape launch over slot_mapping (-1: skip): a CUDA graph can hold it
-            kv_write(self._flat_layers(self.k_cache)[layer], self._flat_layers(self.v_cache)[layer],
-                     meta.slot_mapping, k, v)
-            return
-        flat_shape = (-1, self.num_kv_heads, self.head_dim)
-        for cache, x in ((self.k_cache, k), (self.v_cache, v)):
-            new = x.reshape(flat_shape)  # [batch * T_max, heads, dim]
-            if meta.write_rows is not None:
-                new = new.index_select(0, meta.write_rows)
-            self._flat_layers(cache)[layer].index_copy_(0, meta.write_index, new)
+        self._write(self._flat_layers(self.k_cache)[layer], self._flat_layers(self.v_cache)[layer], meta, k, v)
 
     def _flat_layers(self, cache: torch.Tensor) -> list[torch.Tensor]:
         """Per layer, `cache[layer]` as [num_blocks * block_size, heads, dim] views, made once."""

@@ -6,11 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels.descriptors import MLPDesc, MoEDesc
+
 from ..config import MLPConfig, MoEConfig
-from .common import activation, compute_dtype, linear, param, take
+from .common import Kernelled, activation, compute_dtype, param, take
 
 
-class MLP(nn.Module):
+class MLP(Kernelled, nn.Module):
     """gated: down(act(gate(x)) ⊙ up(x)); plain: down(act(up(x))); with
     Falcon-H1's µP multipliers on the gate and the output when set."""
 
@@ -25,18 +27,24 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        up = linear(x, self.up_proj, self.up_bias)
+        up = self.ops.linear(x, self.up_proj, self.up_bias)
         if cfg.gated:
-            gate = linear(x, self.gate_proj, self.gate_bias)
+            gate = self.ops.linear(x, self.gate_proj, self.gate_bias)
             gate = gate if cfg.gate_multiplier == 1.0 else gate * cfg.gate_multiplier
             up = activation(cfg.activation, gate) * up
         else:
             up = activation(cfg.activation, up)
-        out = linear(up, self.down_proj, self.down_bias)
+        out = self.ops.linear(up, self.down_proj, self.down_bias)
         return out if cfg.down_multiplier == 1.0 else out * cfg.down_multiplier
 
+    def describe(self) -> MLPDesc:
+        cfg = self.cfg
+        return MLPDesc(up=self.up_proj, down=self.down_proj, gate=self.gate_proj, up_bias=self.up_bias,
+                       gate_bias=self.gate_bias, down_bias=self.down_bias, activation=cfg.activation,
+                       gate_multiplier=cfg.gate_multiplier, down_multiplier=cfg.down_multiplier)
 
-class MoE(nn.Module):
+
+class MoE(Kernelled, nn.Module):
     """Routed experts (+ an optional dense shared MLP).
 
     weights: router.weight [E, hidden] (+ router.e_score_correction_bias [E]
@@ -57,6 +65,10 @@ class MoE(nn.Module):
         self.shared = (MLP(MLPConfig(cfg.shared_intermediate_size, cfg.activation, gated=cfg.gated), shared)
                        if cfg.shared_intermediate_size else None)
 
+    def describe(self) -> MoEDesc:
+        return MoEDesc(num_experts=self.cfg.num_experts, top_k=self.cfg.top_k,
+                       shared=None if self.shared is None else self.shared.describe())
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [tokens, k], expert ids [tokens, k])."""
         cd = compute_dtype(x.dtype)
@@ -71,13 +83,13 @@ class MoE(nn.Module):
 
     def expert(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Expert `index` on x [tokens, hidden]: down(act(gate)·up) or down(act(up))."""
-        up = linear(x, self.up[index])
+        up = self.ops.linear(x, self.up[index])
         if self.cfg.gated:
             gate, up = up.chunk(2, dim=-1)
             up = activation(self.cfg.activation, gate) * up
         else:
             up = activation(self.cfg.activation, up)
-        return linear(up, self.down[index])
+        return self.ops.linear(up, self.down[index])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -45,7 +45,7 @@ the host), and so are float64 models with attention (the Triton attention
 has no float64).
 
 Where CUDA is absent (tests: the Triton kernels interpreted on CPU tensors,
-`HYBRIDSPEC_KERNELS=triton`, the native CPU kernels off) nothing is captured
+`HYBRIDSPEC_BACKEND=triton`) nothing is captured
 and a "replay" runs the forward again over the same static buffers, so
 everything but the capture itself is exercised: a value Python took from one
 forward's lists instead of the buffers would be wrong in the next.
@@ -59,14 +59,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridspec.checkpoints.input_log import MambaInputLog
-from hybridspec.kernels import cpu_native
-from hybridspec.kernels.dispatch import triton_runs_on
 from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES
 
 from ..errors import ConfigError
 from .batch import ForwardBatch
 from .ffn import MoE
+from .mamba_log import MambaInputLog
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_INPUTS = 8  # verification of γ ≤ 7; longer forwards run eagerly
@@ -104,13 +102,13 @@ class StaticForward:
     FIELDS_BT = ("tokens", "positions", "snap", "slot_mapping")
     FIELDS_B = ("src", "num_tokens", "last_index", "context_lens", "query_lens")
 
-    def __init__(self, rows: int, num_inputs: int, width: int, device, pad_slot: int, has_kv: bool):
+    def __init__(self, rows: int, num_inputs: int, width: int, device, pad_slot: int, has_kv: bool,
+                 pin_memory: bool = False):
         self.rows, self.num_inputs, self.width, self.pad_slot, self.has_kv = rows, num_inputs, width, pad_slot, has_kv
         B, T = rows, num_inputs
         sizes = [B * T] * len(self.FIELDS_BT) + [B] * len(self.FIELDS_B) + [B * width]
         self.device_flat = torch.zeros(sum(sizes), dtype=torch.long, device=device)
-        self.host_flat = torch.zeros(sum(sizes), dtype=torch.long,
-                                     pin_memory=torch.device(device).type == "cuda")
+        self.host_flat = torch.zeros(sum(sizes), dtype=torch.long, pin_memory=pin_memory)
         views = self.device_flat.split(sizes)
         for name, view in zip(self.FIELDS_BT, views):
             setattr(self, name, view.view(B, T))
@@ -171,12 +169,10 @@ def graph_batch_size(rows: int) -> int | None:
 
 def check_graphable(model, device) -> None:
     """Raise ConfigError unless `model`'s few-input forwards can be captured on `device`."""
-    if not triton_runs_on(device):
+    if not model.backend.graphable:
         raise ConfigError(f"cuda_graphs=True needs the Triton kernels, which run on CUDA devices; the model is on "
-                          f"{device}. Move it to a GPU or leave cuda_graphs off")
-    if torch.device(device).type != "cuda" and cpu_native.available():
-        raise ConfigError("cuda_graphs=True on a CPU (HYBRIDSPEC_KERNELS=triton, for tests) needs the native CPU "
-                          "kernels off (HYBRIDSPEC_CPU_KERNELS=torch): they read the host-side plans")
+                          f"{device} with the {model.backend.name!r} backend. Move it to a GPU or leave cuda_graphs "
+                          "off (on a CPU, for tests: HYBRIDSPEC_BACKEND=triton under TRITON_INTERPRET=1)")
     if model.config.attention_layers and model.dtype not in SUPPORTED_DTYPES:
         raise ConfigError(f"cuda_graphs=True: a {model.dtype} model's attention runs the torch reference, which "
                           f"reads host-side plans; graphs need one of {SUPPORTED_DTYPES} (or leave cuda_graphs off)")
@@ -224,7 +220,7 @@ class ForwardGraphs:
         self.max_rows = min(max_batch_size, GRAPH_BATCH_SIZES[-1])
         self.max_inputs = max_inputs
         self.width = max(1, -(-max_model_len // cache.block_size))
-        self.capture = cache.device.type == "cuda"
+        self.capture = model.backend.captures
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         # (B, T, last_only, logs) -> its buffers and graph
         self.forwards: dict[tuple[int, int, bool, bool], tuple[StaticForward, _Entry] | None] = {}  # None: eager
@@ -280,7 +276,8 @@ class ForwardGraphs:
 
     def _capture(self, rows: int, T: int, last_only: bool, logs: bool) -> tuple[StaticForward, _Entry]:
         has_kv = self.cache.kv is not None
-        static = StaticForward(rows, T, self.width, self.cache.device, pad_slot=0, has_kv=has_kv)
+        static = StaticForward(rows, T, self.width, self.cache.device, pad_slot=0, has_kv=has_kv,
+                               pin_memory=self.capture)
         entry = _Entry()
         if not self.capture:
             return static, entry

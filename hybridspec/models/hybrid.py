@@ -10,22 +10,24 @@ and writes K/V for the new positions; only the bookkeeping differs.
 """
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
-from hybridspec.kernels import cpu_blocks, cpu_forward, cpu_native
+from hybridspec.kernels import backend as backends
+from hybridspec.kernels.cpu_blocks import NO_BLOCKS, LayerBlocks
+from hybridspec.kernels.cpu_forward import NO_WHOLE_FORWARD, WholeForward
+
+from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
 
 from ..config import HybridConfig
-from ..errors import NumericalError
+
 from .attention import Attention, rope_inv_freq
 from .batch import ForwardBatch
-from .common import RMSNorm, linear, param, take
+from .common import Kernelled, RMSNorm, check_finite, param, take
 from .ffn import MLP, MoE
+from .greedy_chain import GreedyChain
 from .mamba2 import Mamba2Mixer
 
 
@@ -90,23 +92,29 @@ class DecoderLayer(nn.Module):
             self.mixer = None
         ffn_weights = take(weights, "ffn")
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
-        # the blocks `kernels.cpu_blocks` may run whole (one C call each, float32 CPU decoding)
-        self.mamba2, self.attention = mixer_type == "mamba2", type(self.mixer) is Attention
-        plain = self.shared is None and self.residual_multiplier == 1.0
-        self.whole_mixer, self.whole_mlp = plain and (self.mamba2 or self.attention), plain and ffn_type == "mlp"
+        self.blocks = NO_BLOCKS  # its native blocks (`HybridModel.bind_backend`)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
         """h, embeddings (the scaled token embeddings, read by shared blocks) [batch, T, hidden]."""
         if self.mixer is not None:
-            out = cpu_blocks.mixer_block(self, h, batch, cache) if self.whole_mixer else None  # one C call
+            block = self.blocks.mixer
+            out = block(h, batch, cache) if block is not None else None  # one C call, where it runs
             if out is None:
                 x = h if self.shared is None else h + self.shared(h, embeddings, batch, cache)
                 out = h + self.scaled(self.mixer(self.input_norm(x), batch, cache))
             h = out
         if self.ffn is not None:
-            out = cpu_blocks.mlp_block(self, h) if self.whole_mlp else None  # one C call
+            block = self.blocks.mlp
+            out = block(h) if block is not None else None  # one C call, where it runs
             h = out if out is not None else h + self.scaled(self.ffn(self.ffn_norm(h)))
         return h
+
+    def describe(self) -> LayerDesc:
+        return LayerDesc(mixer=None if self.mixer is None else self.mixer.describe(),
+                         mixer_norm=None if self.input_norm is None else self.input_norm.describe(),
+                         ffn=None if self.ffn is None else self.ffn.describe(),
+                         ffn_norm=None if self.ffn_norm is None else self.ffn_norm.describe(),
+                         residual_multiplier=self.residual_multiplier, shared_block=self.shared is not None)
 
     @property
     def recurrent(self) -> RecurrentLayer:
@@ -118,7 +126,7 @@ class DecoderLayer(nn.Module):
         return update if self.residual_multiplier == 1.0 else update * self.residual_multiplier
 
 
-class HybridModel(nn.Module):
+class HybridModel(Kernelled, nn.Module):
     """A hybrid Mamba/attention causal LM. Weights use hybridspec's canonical
     names (see `hybridspec.adapters`); tensors are shared, never copied."""
 
@@ -141,6 +149,34 @@ class HybridModel(nn.Module):
         self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps)
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
+        self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
+        self.bind_backend()
+
+    def describe(self) -> ModelDesc:
+        """What the kernels see of this model (`kernels.descriptors`)."""
+        return ModelDesc(embed=self.embed, layers=tuple(layer.describe() for layer in self.layers),
+                         final_norm=self.final_norm.describe(), lm_head=self.lm_head,
+                         embedding_multiplier=self.config.embedding_multiplier,
+                         logits_scaling=self.config.logits_scaling, dtype=self.dtype)
+
+    def bind_backend(self, name: str | None = None) -> None:
+        """Choose the backend for this model's device and dtype (`kernels.backend`:
+        `name`, else the process's choice) and describe the model to it: every
+        module computes through its ops, the native blocks and the whole forward
+        read the descriptors. Runs at construction and whenever the parameters
+        are replaced (`pack_for_cpu`, `to`, which keep a `name` given here):
+        never per forward."""
+        self.backend_name = name
+        backend = self.backend = backends.select(self.device, self.dtype, name)
+        for module in self.modules():
+            if isinstance(module, Kernelled):
+                module.ops = backend
+        desc = self.describe()
+        blocks = [LayerBlocks.of(layer, backend.native_blocks) for layer in desc.layers]
+        for layer, layer_blocks in zip(self.layers, blocks):
+            layer.blocks = layer_blocks
+        self.whole = WholeForward(desc, blocks) if backend.whole_forward else NO_WHOLE_FORWARD
+        self.greedy_chain = GreedyChain(self, self.whole) if backend.whole_forward else None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -179,7 +215,7 @@ class HybridModel(nn.Module):
         weight memory, and a decode step that streams its weights from
         memory reads half the bytes (`kernels/cpu_rows.c`, "weight storage";
         torch's products widen a copy). Only where the native CPU kernels run
-        (`kernels.cpu_native.available`): elsewhere every weight is float32. The
+        (the backend's products read them: `Backend.reads_16bit_weights`): elsewhere every weight is float32. The
         compute dtype (`dtype`) stays the final norm's; norms, biases and the
         other vectors keep theirs, and so does a weight that something other
         than a linear layer or the embedding also uses.
@@ -200,7 +236,7 @@ class HybridModel(nn.Module):
         float32 = self.dtype is torch.float32
         # 16 bits only where the native kernels run: torch's products widen a copy per call (a 35.8M
         # Bamba's decode step 1.37x slower than from float32 with the kernels off)
-        exact_16bit = exact_16bit and float32 and cpu_native.available()
+        exact_16bit = exact_16bit and float32 and self.backend.reads_16bit_weights
 
         def storage(weight) -> torch.dtype:
             """bfloat16, else float16, where that is exact and allowed; a 16-bit weight of a float32 model
@@ -234,7 +270,7 @@ class HybridModel(nn.Module):
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
             self._widen_16bit(keep=lambda module, name, weight: (products(module, name, weight)
                                                                  or key(weight) == key(self.embed)))
-        cpu_blocks.forget(self)  # the blocks' cached weight pointers name the old tensors
+        self.bind_backend(self.backend_name)  # the kernels' weight pointers name the old tensors
         return self
 
     def _widen_16bit(self, keep=lambda module, name, weight: False) -> None:
@@ -249,13 +285,18 @@ class HybridModel(nn.Module):
                     setattr(module, name, widened[id(weight)])
 
     def _apply(self, fn, recurse=True):
-        """`nn.Module.to` and kin; a float32 model leaving the CPU widens the 16-bit
-        weights `pack_for_cpu` kept (there torch's products would widen them per call)."""
+        """`nn.Module.to` and kin, then the backend of the new device and dtype; a
+        float32 model whose new backend's products do not read 16-bit weights
+        widens those `pack_for_cpu` kept (torch's products would widen them per call)."""
         super()._apply(fn, recurse)
-        if self.final_norm.weight.device.type != "cpu" and self.dtype is torch.float32:
+        self.bind_backend(self.backend_name)
+        if self.dtype is torch.float32 and not self.backend.reads_16bit_weights and self._has_16bit():
             self._widen_16bit()
-            cpu_blocks.forget(self)
+            self.bind_backend(self.backend_name)
         return self
+
+    def _has_16bit(self) -> bool:
+        return any(weight.dtype in HALF_DTYPES for weight in self.parameters())
 
     def num_parameters(self) -> int:
         # by storage: a shared block's weights back one Parameter per occurrence
@@ -279,7 +320,7 @@ class HybridModel(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits [..., vocab] of final hidden states h [..., hidden]: final norm, LM head, scaling."""
-        logits = linear(self.final_norm(h), self.lm_head)
+        logits = self.ops.linear(self.final_norm(h), self.lm_head)
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
         return logits
@@ -315,12 +356,13 @@ class HybridModel(nn.Module):
             if graphs is not None and graphs.takes(plan) and (
                     graphed := graphs.run(plan, token_lists, last_only, input_log)) is not None:
                 logits, finite = graphed, False
-            elif (whole := cpu_forward.forward(self, token_lists, batch, cache, last_only)) is not None:
+            elif (whole := self.whole(token_lists, batch, cache, last_only)) is not None:
                 logits, finite = whole.values, whole.finite  # one C call, where it applies
             else:  # layer by layer
                 logits, finite = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only), False
             if not finite:
                 check_finite(logits, batch.num_tokens, last_only)
+            self.forward_done()
         except Exception:
             cache.abort_forward(plan)
             raise
@@ -328,104 +370,12 @@ class HybridModel(nn.Module):
             cache.commit_forward(plan)
         return logits
 
+    def forward_done(self, forwards: int = 1) -> None:
+        """Called once `forwards` forwards' writes are made and before the caller
+        commits them, whichever path computed them (the layers, one native call,
+        a captured graph, the greedy chain): the one seam where the rollback
+        checker injects its faults (`rollback.observer.install_fault`). Does nothing."""
+
     def decode(self, cache, seq_ids: list[int], tokens: list[int]) -> torch.Tensor:
         """One token per sequence; returns logits [batch, vocab]."""
         return self.extend(cache, seq_ids, [[t] for t in tokens], last_only=True)[:, 0]
-
-    @torch.inference_mode()
-    def decode_greedy(self, cache, seq_ids: list[int], tokens: list[int],
-                      steps: int) -> tuple[list[list[int]], torch.Tensor, list[list[int]]] | None:
-        """`steps` decode steps, the first over `tokens`, each later one over the
-        argmax of the last step's logits (a greedy drafter's loop), in one C call
-        (`cpu_forward.greedy_steps`): the steps `decode` would run, with the same
-        bits. Returns (each row's argmax tokens [batch][steps], logits [batch,
-        steps, vocab], the ring head after each step [batch][steps]), committed
-        like `steps` decodes; None, with nothing changed, where the whole forward
-        does not run (the caller then decodes step by step)."""
-        if steps < 1 or not cpu_forward.takes_greedy(self, cache, len(seq_ids)):
-            return None
-        return self._chained(cache, seq_ids, steps, steps, lambda chains, meta, starts: cpu_forward.greedy_steps(
-            self, cache, tokens, steps, chains, meta, starts))
-
-    @torch.inference_mode()
-    def extend_greedy(self, cache, seq_ids: list[int], token_lists: list[list[int]],
-                      steps: int) -> tuple[list[int], list[list[int]], torch.Tensor, list[list[int]]] | None:
-        """A greedy drafter's catch-up and steps in one C call
-        (`cpu_forward.extend_greedy`): `extend(cache, seq_ids, token_lists,
-        last_only=True)`, then `decode_greedy` over its argmax for `steps`
-        steps, with the same bits. Every row's catch-up has the same length.
-        Returns (each row's catch-up argmax [batch], the steps' tokens
-        [batch][steps], logits [batch, steps + 1, vocab], the ring head after
-        the catch-up and after each step [batch][steps + 1]), committed like
-        those calls; None, with nothing changed, where it does not run (the
-        rows' lengths differ, more rows than the blocks take, or
-        `decode_greedy`'s reasons)."""
-        T = len(token_lists[0]) if token_lists else 0
-        if (steps < 1 or T < 1 or any(len(t) != T for t in token_lists)
-                or len(seq_ids) * T > cpu_blocks.BLOCK_ROWS or not cpu_forward.takes_greedy(self, cache, len(seq_ids))):
-            return None
-
-        def call(chains, meta, starts):
-            first, drafts, logits, finite = cpu_forward.extend_greedy(self, cache, token_lists, steps, chains, meta,
-                                                                      starts)
-            return (first, drafts), logits, finite
-        done = self._chained(cache, seq_ids, steps + 1, T + steps, call)
-        if done is None:
-            return None
-        (first, drafts), logits, heads = done
-        return first, drafts, logits, heads
-
-    def _chained(self, cache, seq_ids: list[int], forwards: int, num_new: int, call):
-        """What `decode_greedy` and `extend_greedy` share: `forwards` forwards one
-        after another over `num_new` new positions per row, row b's state passing
-        along its ring from the head (`chains[b]`, forwards + 1 slots; the head is
-        never written), the K/V of every position reserved at once.
-        `call(chains, meta, starts)` runs them and returns (out, logits, finite).
-        Returns (out, logits, the ring head after each forward [batch][forwards])
-        with every row committed at its last position; None, with nothing
-        changed, where a ring is too short for the chain or a row replays over
-        cached K/V (prefix cache: the caller takes the plain calls). A failing
-        call changes nothing either."""
-        starts = [cache.computed_len[s] for s in seq_ids]
-        if cache.kv is not None and any(cache.kv.kv_len(s) != n for s, n in zip(seq_ids, starts)):
-            return None
-        chains = None
-        if cache.states is not None:
-            chains = []
-            for s in seq_ids:
-                ring = cache.states.ring_slots(s)
-                if len(ring) < forwards + 1:  # the chain would come back to the head
-                    return None
-                at = ring.index(cache.head(s))
-                chains.append([ring[(at + k) % len(ring)] for k in range(forwards + 1)])
-        meta = cache.kv.prepare_write(seq_ids, [num_new] * len(seq_ids), starts) if cache.kv is not None else None
-        try:
-            out, logits, finite = call(chains, meta, starts)
-            if not finite:
-                check_finite(logits, None, True)
-        except Exception:
-            if cache.kv is not None:
-                for s, n in zip(seq_ids, starts):
-                    cache.kv.truncate(s, n)
-            raise
-        for b, (s, start) in enumerate(zip(seq_ids, starts)):
-            cache.commit(s, start + num_new, chains[b][forwards] if chains else -1)
-        heads = [chain[1:] for chain in chains] if chains else [[-1] * forwards for _ in seq_ids]
-        return out, logits, heads
-
-
-def check_finite(logits: torch.Tensor, num_tokens: torch.Tensor, last_only: bool) -> None:
-    """Raise NumericalError if any valid row of `logits` holds NaN or inf."""
-    if math.isfinite(float(logits.sum())):  # the common case, one operation: NaN and inf carry into a sum
-        return
-    # a non-finite sum: a NaN or inf somewhere, or finite logits whose sum overflows
-    if last_only:
-        bad = ~torch.isfinite(logits).all(dim=(1, 2))
-    else:
-        valid = torch.arange(logits.shape[1], device=logits.device)[None] < num_tokens[:, None]
-        bad = (~torch.isfinite(logits).all(dim=-1) & valid).any(dim=1)
-    if bool(bad.any()):
-        rows = bad.nonzero().flatten().tolist()
-        raise NumericalError(f"the model produced NaN or inf logits for batch rows {rows}; "
-                             "check the weights and the dtype (float16 overflows are common), "
-                             "no state was changed")

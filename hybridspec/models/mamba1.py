@@ -22,29 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.kernels import cpu_mamba1
-from hybridspec.kernels.conv_window import conv_window_update
-from hybridspec.kernels.cpu_conv import conv_window_update_cpu
-from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
-from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref
-from hybridspec.checkpoints.input_log import MambaInputLog
-from hybridspec.kernels.dispatch import use_triton
+from hybridspec.kernels.descriptors import Mamba1Desc
 
 from ..config import Mamba1Config
 from .batch import ForwardBatch
-from .common import RMSNorm, compute_dtype, linear, param
+from .common import Kernelled, RMSNorm, compute_dtype, param
 from .log_replay import LogReplay
+from .mamba_log import MambaInputLog
 
 
-class Mamba1Mixer(LogReplay, nn.Module):
+class Mamba1Mixer(LogReplay, Kernelled, nn.Module):
     """weights: in_proj.weight [2·d_inner, hidden] (x rows first, then z),
     conv1d.weight [d_inner, 1, d_conv], x_proj.weight [dt_rank + 2·d_state, d_inner],
     dt_proj.weight [d_inner, dt_rank], dt_proj.bias, A_log [d_inner, d_state], D,
     out_proj.weight, and with `inner_layernorms` dt_norm/b_norm/c_norm.weight."""
 
-    replay_kernels = (mamba1_replay, mamba1_replay_ref)
-    # log replay on CPU (`log_replay.LogReplay`): the forward's C recurrence and the shapes it takes
-    native_steps, native_applies = staticmethod(cpu_mamba1.mamba1_steps), staticmethod(cpu_mamba1.applies)
+    replay_op = "mamba1_replay"  # the backend's log replay of this kind (`log_replay.LogReplay`)
 
     def __init__(self, cfg: Mamba1Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
@@ -64,9 +57,13 @@ class Mamba1Mixer(LogReplay, nn.Module):
             self.b_norm = RMSNorm(weights["b_norm.weight"], eps)
             self.c_norm = RMSNorm(weights["c_norm.weight"], eps)
 
+    def describe(self) -> Mamba1Desc:
+        return Mamba1Desc(d_inner=self.cfg.d_inner, d_state=self.cfg.d_state, state_layer=self.state_layer)
+
     def ssm_params(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(Δ [batch, T, d_inner] in the compute dtype, B, C [batch, T, d_state]) from x [batch, T, d_inner]."""
         cfg = self.cfg
+        linear = self.ops.linear
         dt, B, C = linear(x, self.x_proj).split([cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
         if cfg.inner_layernorms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
@@ -77,25 +74,17 @@ class Mamba1Mixer(LogReplay, nn.Module):
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg
         cd = compute_dtype(h.dtype)
-        xs, gate = linear(h, self.in_proj, self.in_bias).split([cfg.d_inner, cfg.d_inner], dim=-1)
+        ops = self.ops
+        xs, gate = ops.linear(h, self.in_proj, self.in_bias).split([cfg.d_inner, cfg.d_inner], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
         xs = xs.contiguous()  # [batch, T, d_inner]
-        if use_triton(h):
-            x = conv_window_update(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
-                                   self.conv_bias, batch.num_tokens, "silu")
-        else:  # the torch paths read the forward's host-side slot plan, no slot tensors
-            x = conv_window_update_cpu(conv_states, xs, self.conv_weight[:, 0], self.conv_bias, "silu", batch.slots)
+        x = ops.conv_window(conv_states, batch, xs, self.conv_weight[:, 0], self.conv_bias, "silu")
         x = x.contiguous()  # [batch, T, d_inner]
         dt, B, C = self.ssm_params(x)  # [batch, T, d_inner], [batch, T, d_state] x 2
         A = -torch.exp(self.A_log.to(cd))  # [d_inner, d_state]
-        if use_triton(h):
-            y = mamba1_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
-        elif cpu_mamba1.applies(ssm_states, x, batch.slots):  # float32 on CPU: the recurrence in C
-            y = cpu_mamba1.mamba1_steps(ssm_states, batch.slots, x, dt, A, B, C, self.D)
-        else:
-            y = mamba1_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
+        y = ops.mamba1_steps(ssm_states, batch, x, dt, A, B, C, self.D)
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
         y = y * F.silu(gate)  # [batch, T, d_inner]
-        return linear(y, self.out_proj, self.out_bias)
+        return ops.linear(y, self.out_proj, self.out_bias)

@@ -16,44 +16,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.kernels import cpu_mamba2, cpu_norm
-from hybridspec.kernels.conv_window import conv_window_update
-from hybridspec.kernels.cpu_conv import conv_window_update_cpu
-from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
-from hybridspec.kernels.ssm_replay import mamba2_replay, mamba2_replay_ref
-from hybridspec.checkpoints.input_log import MambaInputLog
-from hybridspec.kernels.dispatch import use_triton
+from hybridspec.kernels.descriptors import Mamba2Desc
+from hybridspec.kernels.ops import SSD_MIN_TOKENS  # noqa: F401 (where the chunked scan takes over)
+from hybridspec.kernels.ops import Norm
 
 from ..config import Mamba2Config
 from .batch import ForwardBatch
-from .common import as_dtype, compute_dtype, linear, param, rms_norm
+from .common import Kernelled, as_dtype, compute_dtype, param
 from .log_replay import LogReplay
+from .mamba_log import MambaInputLog
 from .ssd import ssd_chunk_scan
 
 
-def gated_rms_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int,
-                   eps: float) -> torch.Tensor:
-    """RMSNorm(y ⊙ silu(gate)) over groups of `group_size` channels.  # [batch, T, d_inner]"""
-    if cpu_norm.applies(y, weight, gate):  # float32 on CPU: one C call
-        out = cpu_norm.rms_norm(y, weight, eps, gate=gate, group=group_size)
-        if out is not None:
-            return out
-    cd = compute_dtype(y.dtype)
-    h = as_dtype(y, cd) * F.silu(as_dtype(gate, cd))
-    return weight * as_dtype(rms_norm(h.view(*h.shape[:-1], -1, group_size), None, eps).view_as(h), y.dtype)
-
-
-def gate_and_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, cfg: Mamba2Config,
+def gate_and_norm(norm: Norm, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, cfg: Mamba2Config,
                   eps: float) -> torch.Tensor:
     """The mixer's output before out_proj, by `cfg.norm`: RMSNorm(y ⊙ silu(z))
-    (Mamba2), RMSNorm(y) ⊙ silu(z) or y ⊙ silu(z) (Falcon-H1).  # [batch, T, d_inner]"""
+    (Mamba2), RMSNorm(y) ⊙ silu(z) or y ⊙ silu(z) (Falcon-H1), through the
+    backend's `norm` op.  # [batch, T, d_inner]"""
     if cfg.norm == "gate_then_norm":
-        return gated_rms_norm(y, gate, weight, cfg.group_size, eps)
+        return norm.gated(y, gate, weight, cfg.group_size, eps)
     cd = compute_dtype(y.dtype)
     h, g = as_dtype(y, cd), F.silu(as_dtype(gate, cd))
     if cfg.norm == "gate_only":
         return as_dtype(h * g, y.dtype)
-    normed = rms_norm(h.view(*h.shape[:-1], -1, cfg.group_size), None, eps).view_as(h)
+    normed = norm.rms(h.view(*h.shape[:-1], -1, cfg.group_size), None, eps).view_as(h)
     return as_dtype(as_dtype(weight, cd) * normed * g, y.dtype)
 
 
@@ -65,17 +51,8 @@ def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
     return torch.cat([torch.full((w,), float(m), dtype=torch.float64) for w, m in zip(widths, cfg.in_proj_multipliers)])
 
 
-# From this many inputs on, a forward that wants only the final state (prefill, a plain extend) uses the
-# chunked scan, where the C recurrence does not run (float64, padded batches, several threads, CUDA): on one
-# CPU thread the recurrence keeps one head's state in L1 and is faster (a 256-input layer of the embedded
-# target: 1.0 ms against 3.0 ms for `ssd_chunk_scan` alone, before its casts, expansions and masks).
-SSD_MIN_TOKENS = 16
-
-
-class Mamba2Mixer(LogReplay, nn.Module):
-    replay_kernels = (mamba2_replay, mamba2_replay_ref)
-    # log replay on CPU (`log_replay.LogReplay`): the forward's C recurrence and the shapes it takes
-    native_steps, native_applies = staticmethod(cpu_mamba2.mamba2_steps), staticmethod(cpu_mamba2.applies)
+class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
+    replay_op = "mamba2_replay"  # the backend's log replay of this kind (`log_replay.LogReplay`)
 
     def __init__(self, cfg: Mamba2Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
@@ -97,19 +74,15 @@ class Mamba2Mixer(LogReplay, nn.Module):
         cfg = self.cfg
         bsz, T, _ = h.shape
         cd = compute_dtype(h.dtype)
-        projected = linear(h, self.in_proj, self.in_bias)  # [batch, T, d_inner + conv_dim + nheads]
+        ops = self.ops
+        projected = ops.linear(h, self.in_proj, self.in_bias)  # [batch, T, d_inner + conv_dim + nheads]
         if self.in_scale is not None:
             projected = projected * self.in_scale
         gate, xs, dt = projected.split([cfg.d_inner, cfg.conv_dim, cfg.num_heads], dim=-1)
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
         xs = xs.contiguous()  # [batch, T, conv_dim]
-        if use_triton(h):
-            xBC = conv_window_update(conv_states, batch.src_slot, batch.snap_slot, xs, self.conv_weight[:, 0],
-                                     self.conv_bias, batch.num_tokens, "silu")
-        else:
-            xBC = conv_window_update_cpu(conv_states, xs, self.conv_kernel(), self.conv_bias, "silu",
-                                         batch.slots)  # the host-side slot plan, no slot tensors
+        xBC = ops.conv_window(conv_states, batch, xs, self.conv_kernel(), self.conv_bias, "silu")
         x, B, C = xBC.split([cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state], dim=-1)
         x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()  # the kernels want contiguous inputs
         B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
@@ -119,17 +92,10 @@ class Mamba2Mixer(LogReplay, nn.Module):
         if low > 0.0 or high != float("inf"):  # softplus is already >= 0: the default limits change nothing
             dt = dt.clamp(low, high)
         A = self.decay_rate(cd)  # [nheads]
-        if cpu_mamba2.applies(ssm_states, x, batch.slots):  # float32 on CPU: the recurrence in C, prefill too
-            y = cpu_mamba2.mamba2_steps(ssm_states, batch.slots, x, dt, A, B, C, self.D)
-        elif batch.final_state_only and T >= SSD_MIN_TOKENS:
-            y = self.chunked_scan(ssm_states, batch, x, dt, A, B, C)
-        elif use_triton(h):
-            y = mamba2_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, self.D, batch.num_tokens)
-        else:
-            y = mamba2_verify_ref(ssm_states, None, None, x, dt, A, B, C, self.D, None, plan=batch.slots)
+        y = ops.mamba2_steps(ssm_states, batch, x, dt, A, B, C, self.D, self.chunked_scan)
         self.log_inputs(batch, xs, x, dt, B, C)
-        y = gate_and_norm(y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
-        return linear(y, self.out_proj, self.out_bias)
+        y = gate_and_norm(ops.norm, y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
+        return ops.linear(y, self.out_proj, self.out_bias)
 
     def log_inputs(self, batch: ForwardBatch, xs, x, dt, B, C) -> None:
         """Keep this forward's inputs for log replay when the forward asks for them
@@ -137,6 +103,17 @@ class Mamba2Mixer(LogReplay, nn.Module):
         dt [batch, T, nheads], B, C [batch, T, ngroups, d_state]."""
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
+
+    def describe(self) -> Mamba2Desc:
+        cfg = self.cfg
+        return Mamba2Desc(
+            in_proj=self.in_proj, in_bias=self.in_bias, in_scale=self.in_scale, conv_kernel=self.conv_kernel(),
+            conv_bias=self.conv_bias, dt_bias=self.dt_bias, A=self.decay_rate(torch.float32), D=self.D,
+            norm_weight=self.norm_weight, norm=cfg.norm, group_size=cfg.group_size,
+            time_step_limit=tuple(cfg.time_step_limit), out_proj=self.out_proj, out_bias=self.out_bias,
+            d_inner=cfg.d_inner, num_heads=cfg.num_heads, head_dim=cfg.head_dim, n_groups=cfg.n_groups,
+            d_state=cfg.d_state, d_conv=cfg.d_conv, conv_dim=cfg.conv_dim, state_layer=self.state_layer,
+            make_log=MambaInputLog)
 
     def decay_rate(self, dtype: torch.dtype) -> torch.Tensor:
         """A = -exp(A_log) in `dtype`, kept until A_log changes."""

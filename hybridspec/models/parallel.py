@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hybridspec.kernels.descriptors import ComposedMixerDesc
+
 from ..config import HybridConfig, ParallelConfig
 from .attention import Attention
 from .batch import ForwardBatch
@@ -36,3 +38,6 @@ class ParallelMixer(nn.Module):
         mamba = self.mamba(h, batch, cache) * m.mamba_out_multiplier
         attention = self.attention(h * m.attention_in_multiplier, batch, cache) * m.attention_out_multiplier
         return mamba + attention
+
+    def describe(self) -> ComposedMixerDesc:
+        return ComposedMixerDesc((self.attention.describe(), self.mamba.describe()))

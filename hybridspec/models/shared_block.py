@@ -22,7 +22,7 @@ from torch import nn
 from ..config import AttentionConfig, HybridConfig
 from .attention import Attention
 from .batch import ForwardBatch
-from .common import RMSNorm, activation, linear, param, take
+from .common import Kernelled, RMSNorm, activation, param, take
 from .ffn import MLP
 
 
@@ -63,7 +63,7 @@ class AdaptedAttention(Attention):
         return q + self.adapters["q"](h), k + self.adapters["k"](h), v + self.adapters["v"](h)
 
 
-class SharedBlockOccurrence(nn.Module):
+class SharedBlockOccurrence(Kernelled, nn.Module):
     """Occurrence of `block` at layer `index`; weights: linear.weight [H, H],
     adapters.gate_up.{down,up}.weight and, with attention adapters,
     adapters.{q,k,v}.{down,up}.weight."""
@@ -88,6 +88,7 @@ class SharedBlockOccurrence(nn.Module):
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """down(act(gate) ⊙ up) with [gate | up] = W·x + adapter(x)."""
         ffn = self.block.ffn
+        linear = self.ops.linear
         gate_up = torch.cat([linear(x, ffn.gate_proj), linear(x, ffn.up_proj)], dim=-1) + self.gate_up_adapter(x)
         gate, up = gate_up.chunk(2, dim=-1)
-        return linear(activation(ffn.cfg.activation, gate) * up, ffn.down_proj)
+        return self.ops.linear(activation(ffn.cfg.activation, gate) * up, ffn.down_proj)

@@ -189,19 +189,17 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
     """Raise InjectedFault once, in round `fire_round` or later, at `site`:
     - "draft": the drafter's second forward of the round (its catch-up done),
       or a prompt-lookup drafter's lookup;
-    - "verify": the target's last layer in the verify forward (the others wrote);
-    - "replay": the target's last Mamba layer's log replay, or its last layer
-      in a token replay;
+    - "verify": the target's verify forward, its writes made;
+    - "replay": the target's last Mamba layer's log replay, or a token replay's
+      forward;
     - "drafter commit": the drafter's commit of a second row (the target's
       rows already committed).
-    Where a model's whole forward runs as one native call (float32 on CPU,
-    `cpu_forward`), its layers' `forward` is never called: there the fault
-    comes right after the model call that did the site's work returns (the
-    drafter's first call of the round, the verify forward, a token replay),
-    with its writes made."""
+    The forward sites go through `HybridModel.forward_done`, which every
+    compute path calls once a forward's writes are made and before they are
+    committed (the layers one by one, one native call, the greedy chain's
+    forwards), so a fault lands at the same point whatever computed it."""
     spec, target, fired = engine.speculator, engine.target, []
     model_drafter = spec.drafter.model is not None
-    site_calls = []  # hooked calls seen while armed: a model call during which none ran, ran whole
 
     def armed(phase: str) -> bool:
         return observer.phase == phase and observer.rounds >= fire_round and not fired
@@ -210,45 +208,32 @@ def install_fault(engine: Engine, observer: RoundObserver, site: str, fire_round
         fired.append(site)
         raise InjectedFault(f"injected at {site!r} in round {observer.rounds}")
 
-    def hook(obj, name: str, phase: str, skip: int = 0):
+    def hook(obj, name: str, phase: str, skip: int = 0, count=lambda *args: 1):
+        """Fire inside `obj.name` once more than `skip` calls (or forwards: `count`) ran while armed."""
         original, calls = getattr(obj, name), []
 
         def hooked(*args, **kwargs):
             if armed(phase):
-                site_calls.append(1)
-                calls.append(1)
+                calls.extend([1] * count(*args, **kwargs))
                 if len(calls) > skip:
                     fire()
             return original(*args, **kwargs)
         setattr(obj, name, hooked)
         return obj, name
 
-    def after_whole(obj, name: str, phase: str):
-        """Fire after `obj.name` returns where no hooked call (a layer's forward) ran inside it."""
-        original = getattr(obj, name)
-
-        def hooked(*args, **kwargs):
-            before = len(site_calls)
-            out = original(*args, **kwargs)
-            if armed(phase) and len(site_calls) == before:
-                fire()
-            return out
-        setattr(obj, name, hooked)
-        return obj, name
+    def forwards(forwards: int = 1) -> int:  # `forward_done`'s count
+        return forwards
 
     hooks = []
     if site == "draft":
         if model_drafter:
-            hooks.append(hook(spec.drafter.model.layers[-1], "forward", "draft", skip=1))
-            hooks += [after_whole(spec.drafter.model, name, "draft") for name in ("extend", "extend_greedy")]
+            hooks.append(hook(spec.drafter.model, "forward_done", "draft", skip=1, count=forwards))
         else:
             hooks.append(hook(spec.drafter, "lookup", "draft"))
     elif site == "verify":
-        hooks.append(hook(target.layers[-1], "forward", "verify"))
-        hooks.append(after_whole(target, "extend", "verify"))
+        hooks.append(hook(target, "forward_done", "verify"))
     elif site == "replay":
-        hooks.append(hook(target.layers[-1], "forward", "commit"))
-        hooks.append(after_whole(target, "extend", "commit"))
+        hooks.append(hook(target, "forward_done", "commit"))
         if target.recurrent_layers:
             hooks.append(hook(target.recurrent_layers[-1], "replay", "commit"))
     elif site == "drafter commit" and model_drafter:

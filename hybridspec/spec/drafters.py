@@ -12,7 +12,7 @@ kind it holds.
   tokens of rounds that drafted nothing, in a forward of their own first) and
   then its own drafts, never d_γ; at commit its head moves to the boundary
   (clamped to what it absorbed). Greedy rows without penalties or filters
-  draft d_2 … d_γ in one C call (`HybridModel.decode_greedy`), the bits of
+  draft d_2 … d_γ in one C call (`HybridModel.greedy_chain`), the bits of
   the step-by-step loop.
 
 Lengths: `commit(seq_ids, boundaries)` and `check_invariant(seq_id,
@@ -211,9 +211,9 @@ class ModelDrafter:
         backlog = self._absorb_backlog(ids_active, committed)  # (seconds, tokens) for the Proposal
         catch_up = [c[self.cache.computed_len[s]:] for s, c in zip(ids_active, committed)]
         greedy = (rows.flags.all_greedy and not rows.flags.any_filter and G > 1
-                  and not any(r.params.has_penalties for r in drafting))
+                  and not any(r.params.has_penalties for r in drafting) and self.model.greedy_chain is not None)
         if greedy:  # the catch-up and the drafts in one call, where it runs
-            out = self.model.extend_greedy(self.cache, ids_active, catch_up, G - 1)
+            out = self.model.greedy_chain.extend(self.cache, ids_active, catch_up, G - 1)
             if out is not None:
                 first, later, logits, heads = out
                 self._record_steps(ids_active, heads)
@@ -247,11 +247,11 @@ class ModelDrafter:
                 backlog: tuple[float, int]) -> Proposal | None:
         """The drafts of greedy rows without penalties or filters after a catch-up
         of its own: d_1 the argmax of the catch-up's logits, d_2 … d_G from
-        `HybridModel.decode_greedy` (G - 1 steps in one call, the bits of
-        step-by-step decoding). None where `decode_greedy` does not run
+        the model's `greedy_chain.decode` (G - 1 steps in one call, the bits of
+        step-by-step decoding). None where the chain declines
         (nothing changed)."""
         first = logits.argmax(dim=-1).tolist()  # [active]
-        out = self.model.decode_greedy(self.cache, ids_active, first, G - 1)
+        out = self.model.greedy_chain.decode(self.cache, ids_active, first, G - 1)
         if out is None:
             return None
         later, step_logits, heads = out
@@ -297,7 +297,7 @@ class ModelDrafter:
         one that did not), the rows two behind absorb their first token in one
         more forward of one input per row, so that every catch-up is one token
         and the catch-up and the drafts run as one call
-        (`HybridModel.extend_greedy`) instead of a padded forward. Like the
+        (`GreedyChain.extend`) instead of a padded forward. Like the
         catch-up each writes a fresh ring slot: a revert still returns to the
         round start. Returns (seconds, tokens) of the backlogs' forward:
         one-off work, which adaptive γ learns per token and amortises."""

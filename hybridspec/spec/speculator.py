@@ -24,9 +24,7 @@ import torch
 
 from hybridspec.checkpoints.checkpointer import Checkpointer
 from hybridspec.checkpoints.policy import CheckpointPolicy
-from hybridspec.kernels.dispatch import pick
-from hybridspec.kernels.rejection import (MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept, rejection,
-                                          rejection_ref)
+from hybridspec.kernels.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
 
 from ..errors import InvalidRequestError
 from ..logprobs import batch_logprobs
@@ -171,7 +169,7 @@ class Speculator:
         sampled_mode = MODE_COUPLED if self.coupled else MODE_REJECTION
         mode = tensor([MODE_GREEDY if r.params.is_greedy else sampled_mode for r in round.requests])  # [batch]
         positions = tensor([m + 1 for m in round.start_lens])  # [batch]: position m of d_1
-        verify = pick(rejection, rejection_ref, p)
+        verify = self.target.backend.rejection  # the target's backend's (Triton or torch)
         out, n = verify(p, q, draft_tokens, num_draft, mode, rows.seeds, positions)
         return out.tolist(), n.tolist()
 

@@ -1,0 +1,34 @@
+"""The input log of the Mamba kinds (Mamba-1 and Mamba-2): the per-input mixer
+inputs of one layer for one verify forward, enough to log-replay the
+recurrence and the conv window to any boundary without the model
+(docs/design.md, "input log"). Its size per input is
+`hybridspec.state_memory.log_bytes_per_input`. The checkpoints see it only as
+a `LayerInputLog` (`nbytes`); the layer's own replay reads its fields."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class MambaInputLog:
+    xs: torch.Tensor  # [batch, T, conv_dim] conv inputs (model dtype)
+    x: torch.Tensor  # [batch, T, nheads, headdim] | [batch, T, d_inner] SSM inputs after conv + activation
+    dt: torch.Tensor  # [batch, T, nheads | d_inner] processed time steps (state dtype)
+    B: torch.Tensor  # [batch, T, (ngroups,) d_state]
+    C: torch.Tensor  # [batch, T, (ngroups,) d_state]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.xs, self.x, self.dt, self.B, self.C))
+
+    def shifted(self, first: torch.Tensor) -> "MambaInputLog":
+        """The log with row b starting at input first[b] (tail padded with the last input)."""
+        T = self.x.shape[1]
+        idx = (first[:, None] + torch.arange(T, device=first.device)).clamp(max=T - 1)  # [batch, T]
+
+        def shift(t: torch.Tensor) -> torch.Tensor:
+            index = idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
+            return t.gather(1, index).contiguous()
+
+        return MambaInputLog(*(shift(t) for t in (self.xs, self.x, self.dt, self.B, self.C)))

@@ -1,0 +1,137 @@
+"""Backends: which kernels a model runs, chosen once per (model, device, dtype).
+
+A `Backend` is a set of op objects, one per operation the models need, each
+with one interface and up to three implementations (`kernels.ops`): the
+Triton kernels (CUDA, or CPU tensors under TRITON_INTERPRET=1), the native C
+kernels (float32 on x86 CPUs, `cpu_native`) and the torch references. Models,
+caches and the speculator call the ops; they never test a device, an
+environment variable or a kernel's availability. An op may still decline a
+call's shapes inside itself (a native kernel that takes only some strides
+runs its torch form then): the caller never asks.
+
+The choice, by name (`CHOICES`):
+- "auto" (default): the native kernels, whole forward and blocks included,
+  for float32 on a CPU where they are built; Triton on CUDA; the torch
+  references anywhere else (float64 parity runs, MPS);
+- "native", "native-blocks", "native-ops": on a float32 CPU model, the native
+  kernels with the whole forward, with the blocks layer by layer but no whole
+  forward, or the single ops only (products, norms, recurrences) under the
+  modules; elsewhere as "auto" (tests and benches compare these paths);
+- "triton": the Triton kernels on every device (on CPU tensors only under
+  TRITON_INTERPRET=1, to run the GPU path in tests);
+- "torch": the torch references everywhere (to tell a kernel bug from a
+  runtime bug).
+It comes from `use_backend(name)` (the one override, for this process), else
+the environment variable HYBRIDSPEC_BACKEND, else "auto"; a bad value is a
+ConfigError. `select` reads it when a model binds (construction,
+`pack_for_cpu`, `to`) or a cache is made, never per call: after changing it,
+a model takes it at its next `bind_backend()`.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from hybridspec.errors import ConfigError
+from hybridspec.kernels import cpu_native, ops
+
+BACKEND_ENV = "HYBRIDSPEC_BACKEND"
+CHOICES = ("auto", "native", "native-blocks", "native-ops", "triton", "torch")
+
+_override: str | None = None  # `use_backend`
+
+
+def check_choice(name: str, source: str) -> str:
+    if name not in CHOICES:
+        raise ConfigError(f"{source}={name!r} must be one of {CHOICES}; unset it (or pass None) for 'auto'")
+    return name
+
+
+def choice() -> str:
+    """The backend name in force: `use_backend`'s, else HYBRIDSPEC_BACKEND's, else "auto"."""
+    if _override is not None:
+        return _override
+    return check_choice(os.environ.get(BACKEND_ENV, "auto"), BACKEND_ENV)
+
+
+def use_backend(name: str | None) -> None:
+    """Choose the backend for this process by name (`CHOICES`); None: back to
+    HYBRIDSPEC_BACKEND. Models and caches made (or re-bound) after it take it."""
+    global _override
+    _override = None if name is None else check_choice(name, "use_backend")
+
+
+@contextmanager
+def using(name: str | None):
+    """`use_backend(name)` for the duration of a `with` block (tests and benches)."""
+    global _override
+    before = _override
+    use_backend(name)
+    try:
+        yield
+    finally:
+        _override = before
+
+
+@dataclass(frozen=True, eq=False)
+class Backend:
+    """The op objects of one (device, dtype) under one choice, and what the
+    native path can run whole. `writes_any_slot`: the recurrent kernels write
+    snapshots into any ring slot from registers (Triton); the references write
+    in place only on aligned slots. `graphable`: a forward can be captured
+    (the kernels read device-side plans only); `captures`: on a CUDA device."""
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    linear: ops.Linear
+    norm: ops.Norm
+    rotary: ops.Rotary
+    conv_window: ops.ConvWindow
+    mamba2_steps: ops.Mamba2Steps
+    mamba1_steps: ops.Mamba1Steps
+    mamba2_replay: ops.LogReplay
+    mamba1_replay: ops.LogReplay
+    paged_attention: ops.PagedAttention
+    kv_write: ops.KVWrite
+    rejection: ops.Rejection
+    native_blocks: bool  # whole residual blocks in C (`cpu_blocks`)
+    whole_forward: bool  # a whole forward in one C call (`cpu_forward`), and the greedy chain
+    writes_any_slot: bool
+    graphable: bool
+    captures: bool
+
+    def __deepcopy__(self, memo) -> "Backend":  # stateless: a deep-copied model shares it
+        return self
+
+    @property
+    def reads_16bit_weights(self) -> bool:
+        """Whether the products read bfloat16 / float16 copies of float32 weights (`pack_for_cpu`)."""
+        return self.linear.reads_16bit
+
+
+def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None) -> Backend:
+    """The backend for a model or cache on `device` computing in `dtype` under
+    `name` (default: `choice()`)."""
+    name = choice() if name is None else check_choice(name, "backend")
+    device = torch.device(device)
+    native = (name.startswith("native") or name == "auto") and device.type == "cpu" and dtype is torch.float32 \
+        and bool(cpu_native.library())
+    triton = name == "triton" or (name in ("auto", "native", "native-blocks", "native-ops") and device.type == "cuda")
+    kind = "native" if native else "triton" if triton else "torch"
+    return Backend(
+        name=name, device=device, dtype=dtype, linear=ops.LINEAR[kind], norm=ops.NORM[kind],
+        rotary=ops.ROTARY[kind], conv_window=ops.CONV_WINDOW[kind], mamba2_steps=ops.MAMBA2_STEPS[kind],
+        mamba1_steps=ops.MAMBA1_STEPS[kind], mamba2_replay=ops.MAMBA2_REPLAY[kind],
+        mamba1_replay=ops.MAMBA1_REPLAY[kind], paged_attention=ops.PAGED_ATTENTION[kind],
+        kv_write=ops.KV_WRITE[kind], rejection=ops.REJECTION[kind],
+        native_blocks=native and name in ("auto", "native", "native-blocks"),
+        whole_forward=native and name in ("auto", "native"),
+        writes_any_slot=triton, graphable=triton, captures=triton and device.type == "cuda")
+
+
+def reference() -> Backend:
+    """The torch references (what a module not bound to a model runs)."""
+    return select("cpu", torch.float64, "torch")
