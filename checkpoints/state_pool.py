@@ -105,8 +105,8 @@ class StatePool:
         """Give `seq_id` a ring whose head, its base slot, holds the zero state;
         returns that slot. Only the head is zeroed: the ring's other slots are
         written before they are read (snapshots within a round; outside one no
-        slot but the head holds anything), and zeroing them cost a fresh batch-8
-        request of round_cost's target 8% of its generate."""
+        slot but the head holds anything), and zeroing them costs a fresh
+        request a noticeable share of its generate."""
         if seq_id in self._rings:
             raise ValueError(f"sequence {seq_id} already owns a state ring; free it first or use a new id")
         self.check_admission(1)

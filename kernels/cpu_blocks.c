@@ -286,9 +286,8 @@ static void weigh_values_heads(float *o, int64_t o_step, const float *w, int64_t
  * context once, not once per input), the scores eight keys of all heads at
  * a time (8 · kv_dim floats in a row). On AVX-512 the query heads of a KV
  * head share its key and value loads (above). (A software prefetch of the
- * pages ahead measured slower where the context stays in cache between
- * steps, the embedded pair's at 3,000–4,000 bytes, and a few percent faster
- * where the weights push it out, a 40M hybrid's at 8–16k tokens: left out.)
+ * pages ahead is left out: it is slower where the context stays in cache
+ * between steps, and gains little where the weights push it out.)
  * scores: nheads · queries · (first + queries) floats. */
 static void attend(const float *q, float *o, int64_t ld, const float *k_cache, const float *v_cache,
                    const int64_t *table, int64_t block_size, int64_t first, int64_t queries, int64_t nheads,

@@ -140,11 +140,9 @@ def _weight(weight: torch.Tensor) -> int:
 # rows (batch · inputs) up to which a block runs: the rows `linear` gives the product kernel (the
 # whole forward's LM head takes the same kernel), so that a verify of γ + 1 = 5 inputs runs whole up
 # to batch 19 (the products in the kernel's streaming steps, from 10-16 rows its register tiles). One call
-# saves the modules' host work: going from 48 to 96 rows took `benches/round_cost.py`'s batch-16
-# speculative run from 0.54 to 0.81x plain (two alternating runs each; then padded batches still fell
-# to the modules' torch recurrence, which c8c5e9a replaced with the C one); a prefill of 64-96 tokens
-# took 0.78-0.87x the time on the embedded target and memory_vs_replay's, 1.04-1.07x on round_cost's
-# 35.8M target (MKL is ahead there)
+# saves the modules' host work, which a batch-16 speculative round and a prefill of 64-96 tokens on the
+# small targets gain from; a larger model's prefill of that size runs a little slower, MKL's products
+# being ahead there
 BLOCK_ROWS = MAX_ROWS
 
 

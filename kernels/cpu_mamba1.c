@@ -9,10 +9,8 @@
  * (d_state floats, 16 in most models) stays in registers across the inputs;
  * memory sees the source state once and each snapshot once (exp: `exp8`).
  * Where the products run on AVX-512 (`hs_rows_isa`) two channels at a time
- * take 16-lane vectors with the same bits (`two_channels512`): Jamba-like
- * shapes (2048 channels of 16, 4 layers, snapshots after every input, one
- * thread) ran a decode step's recurrence 0.50×, 5 inputs 0.61–0.66× and 64
- * inputs 0.86× the AVX2 loop's time.
+ * take 16-lane vectors with the same bits (`two_channels512`), which take
+ * less time than the AVX2 loop, most for a decode step's few inputs.
  *
  * states: [num_slots, d_inner, d_state] contiguous; x, dt: [batch, T,
  * d_inner] with unit channel stride (row and time strides passed); A:

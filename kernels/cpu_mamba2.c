@@ -12,8 +12,8 @@
  * reading the source state and writing the snapshots once. Where the
  * products run on AVX-512 (`hs_rows_isa`) the update takes 16 columns per
  * vector with the same bits (`head_step512`): steps computed in L1 (5 inputs
- * with only the final state, a prefill's) run 15–18% faster; a step bound by
- * its memory (a decode, a snapshot after every input) runs as fast as before.
+ * with only the final state, a prefill's) run faster than on AVX2; a step
+ * bound by its memory (a decode, a snapshot after every input) runs as fast.
  * Built and loaded by `cpu_native.py`; used through `cpu_mamba2.py`.
  *
  * states: [num_slots, nheads, headdim, d_state] contiguous. x: [batch, T,
@@ -106,9 +106,8 @@ TARGET512 static inline __attribute__((always_inline)) void head_rows512(
 
 /* Four rows at a time where the step computes in L1 (h_{t-1} in scratch, no snapshot); two where
  * it reads the source state from memory or writes a snapshot, whose memory streams more rows at
- * once would multiply (Bamba's 16 heads of 64 × 128, 7 layers, one thread: four rows made 5
- * inputs with only the final state 16–23% faster than AVX2 but a decode step 8–10% slower; two
- * rows 12–17% and 5% faster) */
+ * once would multiply (four rows there make a decode step slower than AVX2; two make both kinds of
+ * step faster) */
 TARGET512 static void head_step512(const float *prev, float *out, float *snap, int stream, const float *xv, float dtv,
                                    float decay, const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim,
                                    int64_t d_state, int in_cache) {

@@ -12,10 +12,9 @@
  * take k-blocks of KBLOCK weight rows in turn, so a second group reads the
  * block from cache. Software prefetch fetches the rows PREFETCH_ROWS ahead
  * (past the last row it names memory the kernel never reads; a prefetch
- * does not fault): with the weights out of cache, five rows (a verify of
- * γ + 1 = 5 inputs) then cost about 1.5× one row instead of 2.2×, the
- * arithmetic hiding behind the memory (the embedded target's products, one
- * interleaved run).
+ * does not fault): with the weights out of cache, the extra rows of a
+ * verify (γ + 1 inputs) then cost little more than one row, their
+ * arithmetic hiding behind the memory.
  *
  * Every output is the same chain of fused multiply-adds over k = 0, 1, …,
  * K - 1 starting from zero, whatever M, the row's group or position or the
@@ -105,21 +104,17 @@ int hs_rows_isa(int choice) {
  * row, the next panel's part of the row into L1 instead of the next block: a block's rows are then
  * 16 (or 64) sequential streams, each fetched one panel ahead, which keeps the memory busy while
  * the tiles compute; with more rows the arithmetic bounds the product, and the longer blocks' fewer
- * loads and stores of the sums and the block prefetch win back. The 35.8M target's products (C
- * harness, weights out of cache, interleaved, median of 15, three runs), against blocks of 64 with
- * the next block prefetched and the steps below 16 rows: 6 / 8 / 10 / 15 rows 10.9–11.3 /
- * 11.5–12.4 / 12.8–13.5 / 16.1–16.5 → 9.3–9.7 / 10.0–10.2 / 10.4–10.6 / 12.0–12.3 ms; 20 / 24 / 30
- * rows 16.0–16.5 / 16.8–17.4 / 18.8–19.7 → 14.4–14.7 / 15.7–16.5 / 18.1–18.8 ms; 40 rows
- * 22.7–23.4 ms either way; at 60 and 80 rows the block prefetch ran 3–6% faster (31.0 / 39.7
- * against 31.9–32.5 / 42.0–42.2 ms), so they keep it. */
+ * loads and stores of the sums and the block prefetch win back: against blocks of TILE_K with the
+ * next block prefetched for every row count, this is faster from 6 to 30 rows and even at 40, and
+ * from 60 rows the block prefetch is the faster, so those rows keep it (figures:
+ * docs/results/code_notes.md). */
 #define TILE_K 64
 #define TILE_K_STREAMED 16
 #define TILE_K_LONG_ROWS 24
 #define AHEAD_MAX_ROWS 40
 /* Rows from which the tiles run (fewer: the steps above, as fast or faster). Streamed from memory,
- * 5 rows and up (a verify of batch 1; C harness as above: 5 rows 9.7–10.1 ms in steps against
- * 9.4–9.5 in tiles, 4 rows the same either way). From cache the tiles win from 10 rows (the
- * embedded target's products at 10 rows: 0.89 against 1.00 ms in steps). */
+ * 5 rows and up (a verify of batch 1: at 5 rows the tiles are the faster, at 4 the two are even).
+ * From cache the tiles win from 10 rows. */
 #define TILE_MIN_ROWS 5
 #define TILE_MIN_ROWS_CACHED 10
 #define CACHED_WEIGHT_BYTES (2 << 20)
@@ -127,9 +122,9 @@ int hs_rows_isa(int choice) {
  * below TILE_K_LONG_ROWS rows, blocks of TILE_K_WIDENED rows with the next block prefetched, where
  * unwidened ones take TILE_K_STREAMED with each row's next panel (and from 24 rows, blocks of
  * TILE_K with the next block below AHEAD_MAX_ROWS too): a 16-bit weight is half the bytes to
- * fetch, and the longer blocks fewer sums to load and store. The 35.8M target's bf16 products at 15 / 20 / 30 rows: 0.80–0.82 /
- * 0.82–0.83 / 0.81–0.83 of float32's time against 0.85–0.87 / 0.89–0.91 / 0.94 (C harness, two
- * runs; `widen` passed into tiled_matmul as an argument instead of derived there ran 0.91–0.93) */
+ * fetch, and the longer blocks fewer sums to load and store, which makes 16-bit products of 15 to
+ * 30 rows faster than with TILE_K_STREAMED. (`widen` is derived inside tiled_matmul: passed in as
+ * an argument it made those products slower.) */
 #define TILE_K_WIDENED 32
 
 /* y[0:G, 0:V·W] += x[0:G, k0:k1] @ w[k0:k1, 0:V·W] (W columns per vector), prefetching the
@@ -168,16 +163,15 @@ int hs_rows_isa(int choice) {
  * `ahead`, each tile the next panel's part of its weight rows instead: see
  * TILE_K_STREAMED above), so the
  * weight streams from memory behind the arithmetic instead of stalling the
- * copy below (the 35.8M Bamba's products at 40 rows: 31 → 24 ms; a panel-major
- * order reads 256 bytes of each of 128 rows far apart, which no hardware
- * prefetcher follows). The tiles read the block where it lies, except where
+ * copy below (a panel-major order reads 256 bytes of each of 128 rows far
+ * apart, which no hardware prefetcher follows). The tiles read the block
+ * where it lies, except where
  * its rows lie a multiple of 4 KiB apart (N a multiple of 1024): there they
  * would crowd into a few cache sets, so a wide panel's part of the block is
- * first copied into `packed` (`tile_k` rows of `panel` floats in a row). The
- * copy costs more than it saves elsewhere: reading in place is 5–25% faster
- * at 10–20 rows on the embedded and 35.8M targets' weights, even at 40 rows,
- * and 2–7% slower at 40 rows for N = 3072 or 4096 (C harness, weights in
- * cache). Every sum is loaded from y and stored back once per block, so its
+ * first copied into `packed` (`tile_k` rows of `panel` floats in a row).
+ * Elsewhere the copy costs more than it saves (reading in place is faster
+ * from 10 to 40 rows there; for N = 3072 or 4096 it is the slower).
+ * Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
 
 /* -- weight storage ---------------------------------------------------------------------------
@@ -231,9 +225,8 @@ static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
 #define W_TYPE_NAME bf16
 /* From WIDEN_MIN_GROUPS row groups the tiles widen each panel's block into float32 once and run
  * the float32 tiles on it, instead of every group widening every weight vector (which takes the
- * multiply-add ports: the 35.8M target's bf16 products at 30 / 40 rows had run 4% slower / 9%
- * faster than float32; widened once, 8–13% / 18–20% faster; 10 and 20 rows the same either way;
- * C harness, two runs) */
+ * multiply-add ports): at 30 and 40 rows widening once is clearly faster than widening every
+ * vector, at 10 and 20 rows the two are even */
 #define W_WIDENED_TILES tile_set_f32
 #define W_WIDENED_TILES_512 AVX512_TILES_f32
 #define W_WIDENED_TILES_2 AVX2_TILES_f32
@@ -284,8 +277,8 @@ static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t
  * pairs of lines the hardware prefetches together) with the next part's
  * wherever a row does not start on a 128-byte boundary, and the row groups
  * load and store y every few weight rows: written in place, two cores'
- * stores to those lines took each product back to one core's time (512 ×
- * 2320, 5 rows, C harness). So parts past the first are computed into the
+ * stores to those lines take away what the split gains (a product takes one
+ * core's time). So parts past the first are computed into the
  * thread's own memory, rows 128 bytes apart, and copied into y at the end. */
 static _Thread_local float *own;
 static _Thread_local size_t own_floats;

@@ -2,14 +2,13 @@
 
 Why: a decode step of a small model reads every weight once from memory, and
 MKL's kernels neither stream a cold weight at the memory's speed nor keep
-the cost of 2–16 rows near the cost of one (on this project's CPU, with the
-weights out of cache: one row of a 256 × 1160 weight 104 µs, five rows 315 µs;
-`cpu_rows.c` takes 102 and 117 µs). So a verify forward of γ + 1 tokens cost
-about two plain steps. `cpu_rows.c` streams the weight in memory order,
+the cost of 2–16 rows near the cost of one (with the weights out of cache,
+five rows cost MKL several times one row), so a verify forward of γ + 1
+tokens would cost about two plain steps. `cpu_rows.c` streams the weight in memory order,
 prefetched ahead, for groups of up to 5 rows, and hides the extra rows'
 arithmetic behind the memory; on CPUs with AVX-512 it takes 16 columns per
-vector (same bits, fewer instructions: the embedded target's products for 5
-rows 0.94 → 0.66 ms with the weights in cache; `vector_path`). From 10–16
+vector (same bits, fewer instructions, which bound the product once the
+weights are in cache; `vector_path`). From 10–16
 rows register tiles take over (a verify of batch 2–4 and up), again with the
 same bits. It is built and loaded with the other native CPU kernels (`cpu_native`).
 
@@ -35,8 +34,8 @@ from hybridspec.kernels import cpu_native
 
 # rows up to which `linear` takes the kernel: the whole blocks' rows (`cpu_blocks.BLOCK_ROWS`), so
 # that a row's bits do not depend on the batch for any verify or decode the whole forward runs.
-# With the weights out of cache (`benches/cpu_kernels.py`, one thread) the kernel is 1.1-1.5x MKL's
-# speed from 2 to 20 rows, 0.86-1.25x at 40 and 0.74-1.13x at 64-96 rows
+# With the weights out of cache the kernel is faster than MKL up to about 20 rows and about as fast
+# beyond, sometimes slower (`benches/cpu_kernels.py`)
 MAX_ROWS = 96
 
 

@@ -331,8 +331,8 @@ def mamba2_verify_ref(ssm_states, src_slot, snap_slot, x, dt, A, B, C, D, num_to
             state = stepped if plan.all_live else torch.where(plan.is_live[:, t, None, None, None], stepped, state)
             if writes is not None:
                 writes.write(ssm_states, state)
-        # y_t = h_t C_t as C_tᵀ h_tᵀ: the row-vector form of this batched product runs several times faster
-        # on CPU than the column form for more than one row
+        # y_t = h_t C_t as C_tᵀ h_tᵀ: the row-vector form of this batched product is faster on CPU than
+        # the column form for more than one row
         torch.bmm(C_steps[t], state.view(batch * ngroups, heads_per_group * headdim, d_state).transpose(1, 2),
                   out=y[t])
     y = y.view(num_inputs, batch, nheads, headdim).transpose(0, 1)  # [batch, T, nheads, headdim]

@@ -4,11 +4,10 @@ a kernel can run.
 The Triton kernels run on CUDA tensors (the backend, `kernels.backend`), or on CPU tensors
 under `TRITON_INTERPRET=1` (the kernel tests). Anywhere else only the torch
 references run, so the kernel modules take stand-ins from here instead of
-importing triton (which costs about a third of a second and a few hundred
-modules): `jit` keeps the function, `tl.constexpr` reads as an annotation, and
-launching a kernel or asking for anything else raises `TritonUnavailable`
-naming the fix. No math is re-implemented: the references stay the one
-CPU path.
+importing triton (which is slow and loads a few hundred modules): `jit`
+keeps the function, `tl.constexpr` reads as an annotation, and launching a
+kernel or asking for anything else raises `TritonUnavailable` naming the fix.
+No math is re-implemented: the references stay the one CPU path.
 """
 import os
 

@@ -52,8 +52,8 @@ class HybridCache:
     such forwards (a model drafter's chain of drafts needs them); or "pair",
     the head's partner at ring offset XOR 1, so that plain steps take turns
     between two offsets of a large ring (the Engine's target cache, whose
-    plain steps need no history: with 18 slots, the embedded target's step at
-    batch 4 was about 3% faster than cycling through all of them)."""
+    plain steps need no history: taking turns between two slots makes its
+    steps a little faster than cycling through all of a large ring's)."""
 
     def __init__(self, config: HybridConfig, *, max_seqs: int, num_blocks: int, block_size: int = 16,
                  ring_slots: int = 2, dtype: torch.dtype = torch.float32, device="cpu",

@@ -201,8 +201,7 @@ class HybridModel(Kernelled, nn.Module):
         """Store every linear weight input-major ([out, in] with its transpose
         contiguous; a MoE's experts each so): one-row products (decode,
         drafting) then stream the weight in the order MKL's kernel reads fastest
-        — a 185M-parameter Bamba decodes about 1.2–1.35× faster at batch 1 on
-        this project's CPU; at 4+ rows it is the same — and the native few-row
+        (a gain at batch 1, none from 4 rows) and the native few-row
         kernel takes them (`linear`). Values, shapes and outputs' meaning are
         unchanged.
 
@@ -234,8 +233,8 @@ class HybridModel(Kernelled, nn.Module):
                      for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                      if not products(module, name, weight) and name != "embed"}
         float32 = self.dtype is torch.float32
-        # 16 bits only where the native kernels run: torch's products widen a copy per call (a 35.8M
-        # Bamba's decode step 1.37x slower than from float32 with the kernels off)
+        # 16 bits only where the native kernels run: torch's products widen a copy per call, which makes
+        # a decode step with the kernels off slower than from float32
         exact_16bit = exact_16bit and float32 and self.backend.reads_16bit_weights
 
         def storage(weight) -> torch.dtype:
