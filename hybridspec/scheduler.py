@@ -38,6 +38,28 @@ def pages_for(cache: HybridCache, num_tokens: int) -> int:
     return -(-num_tokens // cache.block_size) if cache.kv is not None else 0
 
 
+def round_positions(committed_len: int, round_tokens: int, batch_gamma: int, is_drafter: bool) -> int:
+    """The reservation rule: positions one running sequence occupies in a cache
+    once its next round has run, the most that any forward of the round writes.
+    Every page the scheduler reserves (admission, `reserve`) comes from here.
+
+    round_tokens: the sequence's verify inputs at most (its last token and its
+        γ_b drafts, γ_b clamped to what is left of max_new_tokens; 1 for a
+        plain decode step), the engine's `tokens_per_round`.
+    batch_gamma: the largest γ_b of the batch (max round_tokens - 1).
+
+    The target's cache: the verify forward (or the plain step) writes positions
+    committed_len - 1 … committed_len - 2 + round_tokens; token replay and a
+    prefix-cache restore only rewrite positions below committed_len.
+    A model drafter's cache: a row that drafts (γ_b > 0) is caught up to
+    committed_len and then decodes with every drafting row of the batch,
+    batch_gamma - 1 steps, past its own γ_b when it is near its end (the
+    drafts beyond γ_b are dropped, the K/V they wrote are not)."""
+    if is_drafter and round_tokens > 1:
+        return committed_len - 1 + max(round_tokens, batch_gamma)
+    return committed_len - 1 + round_tokens
+
+
 class Scheduler:
     """caches: every HybridCache a running sequence occupies (the target's
     first, then a model drafter's); max_running: the concurrency limit, at
@@ -87,10 +109,17 @@ class Scheduler:
         admitted = []
         if not self.waiting or len(self.running) >= self.max_running:
             return admitted  # (the page arithmetic below is a round's largest host cost at batch 8)
-        reserved = [self._round_pages(cache, self.running, tokens_per_round) for cache in self.caches]
+        gamma = self._batch_gamma(self.running, tokens_per_round)
+        reserved = self._reserved(self.running, tokens_per_round, gamma)
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
-            need = [pages_for(cache, request.committed_len + tokens_per_round(request)) for cache in self.caches]
+            tokens = tokens_per_round(request)
+            if tokens - 1 > gamma:  # the newcomer drafts further: the drafting rows step further with it
+                gamma = tokens - 1
+                reserved = self._reserved(self.running, tokens_per_round, gamma)
+            # not prefilled yet: its prefill emits a first token before the round
+            need = [pages_for(cache, round_positions(request.committed_len + 1, tokens, gamma, i > 0))
+                    for i, cache in enumerate(self.caches)]
             if not self._make_free(lambda: [r + n for r, n in zip(reserved, need)]):
                 break
             self.waiting.popleft()
@@ -103,8 +132,7 @@ class Scheduler:
         """Preempt the newest running requests until the next round of the rest
         fits every cache; returns the preempted ones (now first in the queue)."""
         preempted = []
-        while not self._make_free(lambda: [self._round_pages(cache, self.running, tokens_per_round)
-                                           for cache in self.caches]) and len(self.running) > 1:
+        while not self._make_free(lambda: self._reserved(self.running, tokens_per_round)) and len(self.running) > 1:
             request = self.running.pop()
             self.release([request])
             self.waiting.appendleft(request)
@@ -138,16 +166,27 @@ class Scheduler:
         return all(n <= self._free_pages(cache) for cache, n in zip(self.caches, pages))
 
     @staticmethod
-    def _round_pages(cache: HybridCache, requests: list, tokens_per_round) -> int:
+    def _batch_gamma(requests: list, tokens_per_round) -> int:
+        return max((tokens_per_round(r) for r in requests), default=1) - 1
+
+    def _reserved(self, requests: list, tokens_per_round, gamma: int | None = None) -> list[int]:
+        """Per cache, the pages the next round of `requests` takes from its pool;
+        `gamma`: the batch's largest γ_b (default: that of `requests`)."""
+        if gamma is None:
+            gamma = self._batch_gamma(requests, tokens_per_round)
+        return [self._round_pages(cache, requests, tokens_per_round, gamma, i > 0) for i, cache in enumerate(self.caches)]
+
+    @staticmethod
+    def _round_pages(cache: HybridCache, requests: list, tokens_per_round, gamma: int, is_drafter: bool) -> int:
         """Pages the next round of `requests` takes from `cache`'s pool (they already hold the rest)."""
         if cache.kv is None:
             return 0
         total, held = 0, []
         for r in requests:
             if cache.has_sequence(r.seq_id):
-                held.append((r.seq_id, r.committed_len - 1 + tokens_per_round(r)))
-            else:  # admitted but not prefilled yet
-                total += pages_for(cache, r.committed_len + tokens_per_round(r))
+                held.append((r.seq_id, round_positions(r.committed_len, tokens_per_round(r), gamma, is_drafter)))
+            else:  # admitted but not prefilled yet: its prefill emits a first token before the round
+                total += pages_for(cache, round_positions(r.committed_len + 1, tokens_per_round(r), gamma, is_drafter))
         return total + cache.kv.blocks_needed_each(held)
 
     @staticmethod
