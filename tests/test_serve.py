@@ -176,12 +176,37 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(llm, live, cli
     assert client.completions.create(model=NAME, prompt="a", max_tokens=4).choices[0].finish_reason == "length"
 
 
+def test_past_max_queue_new_requests_get_503(llm):
+    release, step = threading.Event(), llm.engine.step
+
+    def held_step():  # the engine loop stalls: the first request keeps waiting
+        release.wait(20)
+        return step()
+
+    with LiveServer(llm, max_queue=1) as server:
+        llm.engine.step = held_step
+        try:
+            first = threading.Thread(target=httpx.post, args=(server.url + "/v1/completions",),
+                                     kwargs={"json": {"model": NAME, "prompt": "a", "max_tokens": 2}, "timeout": 30})
+            first.start()
+            wait_until(lambda: server.app.state.server.loop.num_waiting == 1, "the first request to wait")
+            r = httpx.post(server.url + "/v1/completions", json={"model": NAME, "prompt": "b", "max_tokens": 2})
+            assert r.status_code == 503 and "max-queue" in r.json()["error"]["message"]
+        finally:
+            release.set()
+            del llm.engine.step
+        first.join(30)
+    wait_until(lambda: llm.engine.memory().is_idle(), "an idle engine")
+
+
 def test_bounded_load_with_early_leavers_and_bad_bodies(llm, offline, live):
-    """16 concurrent streaming clients (4 leave after their first chunk, 3 send
+    """32 concurrent streaming clients (8 leave after their first chunk, 6 send
     bad bodies) while /health is polled: every good one gets its offline text."""
-    prompts = [PROMPTS[i % 2] + " " * (i % 5) for i in range(16)]
-    lengths = [4 + 3 * (i % 7) for i in range(16)]
-    want = {i: offline.generate([prompts[i]], hs.SamplingParams(max_new_tokens=lengths[i]))[0].text for i in range(16)}
+    clients = 32
+    prompts = [PROMPTS[i % 2] + " " * (i % 5) + "#" * (i % 3) for i in range(clients)]
+    lengths = [4 + 5 * (i % 9) for i in range(clients)]
+    want = {i: offline.generate([prompts[i]], hs.SamplingParams(max_new_tokens=lengths[i]))[0].text
+            for i in range(clients)}
     health = []
 
     async def one(http, i):
@@ -208,7 +233,7 @@ def test_bounded_load_with_early_leavers_and_bad_bodies(llm, offline, live):
             stop = asyncio.Event()
             poller = asyncio.create_task(poll_health(http, stop))
             began = time.perf_counter()
-            results = await asyncio.gather(*(one(http, i) for i in range(16)))
+            results = await asyncio.gather(*(one(http, i) for i in range(clients)))
             seconds = time.perf_counter() - began
             stop.set()
             await poller
@@ -220,6 +245,9 @@ def test_bounded_load_with_early_leavers_and_bad_bodies(llm, offline, live):
             assert value == 400
         elif kind == "done":
             assert value == want[i]
-    assert sum(kind == "done" for kind, _ in results) >= 8 and health and set(health) == {200}
+    kinds = [kind for kind, _ in results]
+    assert (kinds.count("done"), kinds.count("left"), kinds.count("bad")) == (19, 7, 6)
+    assert health and set(health) == {200}
     wait_until(lambda: llm.engine.memory().is_idle(), "every page back")
-    print(f"load: 16 clients in {seconds:.2f} s, /health answered {len(health)} times")
+    print(f"load: {clients} clients, {sum(lengths[i] for i, k in enumerate(kinds) if k == 'done')} tokens to the "
+          f"clients that stayed, in {seconds:.2f} s; /health answered {len(health)} times")
