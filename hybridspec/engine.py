@@ -12,7 +12,7 @@ import functools
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Iterable, Iterator
 from typing import Callable, Literal
 
@@ -364,7 +364,7 @@ class Engine:
             while live:
                 for out in self.step():
                     if out.request_id in index:
-                        yield StepOutput(index[out.request_id], out.token_ids, out.finished, out.sample_index)
+                        yield replace(out, request_id=index[out.request_id])
                         if out.finished:
                             live[out.request_id] -= 1
                             if not live[out.request_id]:

@@ -2,8 +2,11 @@
 so that several servers in one process (tests) do not collide."""
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+MEMORY_EVERY_S = 0.25  # the pools are read at most this often (the prefix index is walked to count its pages)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -33,6 +36,7 @@ class Metrics:
         self.prefix_cache_bytes = Gauge("hybridspec_prefix_cache_bytes", "bytes the prefix cache holds", ["model"],
                                         registry=r)
         self._seen = {"drafted": 0, "accepted": 0, "preemptions": 0, "prefix": 0, "gammas": {}}
+        self._memory_at = 0.0
 
     def finished(self, reason: str | None) -> None:
         self.requests.labels(reason or "unknown").inc()
@@ -50,7 +54,9 @@ class Metrics:
         self.acceptance.set(stats.acceptance_rate)
         self.running.set(max(0, num_requests - num_waiting))
         self.waiting.set(num_waiting)
-        self.observe_memory(engine.memory())
+        if time.monotonic() - self._memory_at >= MEMORY_EVERY_S or num_requests == 0:
+            self._memory_at = time.monotonic()
+            self.observe_memory(engine.memory())
 
     def observe_memory(self, memory) -> None:
         for name, cache in (("target", memory.target), ("drafter", memory.drafter)):
