@@ -34,6 +34,7 @@ _HOMES = {
     "TokenLogprob": "hybridspec.logprobs",
     "from_hf": "hybridspec.adapters",
     "load": "hybridspec.adapters",
+    "serve": "hybridspec.serve",  # an OpenAI-compatible server ([serve] extra)
 }
 _MODULES = ("errors", "sim")
 

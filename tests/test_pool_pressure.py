@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import hybridspec as hs
 from hybridspec.rollback import perturbed_copy
+from hybridspec.scheduler import round_positions
 from oracles import bamba
 
 
@@ -33,6 +34,42 @@ def alone(target, prompt: list[int], params: hs.SamplingParams) -> list[list[int
     return _alone[key]
 
 
+def check_writes_against_the_rule(engine) -> None:
+    """Make every K/V write of the engine's caches (prefill, drafter catch-up and
+    drafts, verify, replay, prefix restores) fail unless it stays within the
+    positions `round_positions` reserved for its sequence in that step."""
+    scheduler, bounds = engine.scheduler, [{} for _ in engine.scheduler.caches]
+
+    def reserve_bounds(tokens_per_round, admitted=()):
+        admitted = {id(r) for r in admitted}
+        gamma = max((tokens_per_round(r) for r in scheduler.running), default=1) - 1
+        for i, bound in enumerate(bounds):
+            bound.clear()
+            bound.update((r.seq_id, round_positions(r.committed_len + (id(r) in admitted), tokens_per_round(r),
+                                                    gamma, i > 0)) for r in scheduler.running)
+
+    def wrapped(method, after):
+        def call(tokens_per_round):
+            out = method(tokens_per_round)
+            after(tokens_per_round, out if method.__name__ == "admit" else ())
+            return out
+        return call
+
+    scheduler.admit = wrapped(scheduler.admit, reserve_bounds)
+    scheduler.reserve = wrapped(scheduler.reserve, reserve_bounds)
+    for cache, bound in zip(scheduler.caches, bounds):
+        if cache.kv is None:
+            continue
+
+        def prepare_write(seq_ids, num_new, starts=None, kv=cache.kv, write=cache.kv.prepare_write, bound=bound):
+            begins = [kv.kv_len(s) for s in seq_ids] if starts is None else starts
+            for s, start, n in zip(seq_ids, begins, num_new):
+                assert max(kv.kv_len(s), start + n) <= bound[s], (s, start + n, bound[s])
+            return write(seq_ids, num_new, starts)
+
+        cache.kv.prepare_write = prepare_write
+
+
 def test_a_drafter_stepping_past_a_rows_gamma_near_its_end_is_reserved_for(models):
     """The case traced in issue 35: three requests near their ends in a pool of 9
     pages; the drafter steps every drafting row max(γ_b) - 1 times, past the γ_b of
@@ -43,6 +80,7 @@ def test_a_drafter_stepping_past_a_rows_gamma_near_its_end_is_reserved_for(model
     prompts = [[rng.randrange(3, 97) for _ in range(n)] for n in (13, 9, 16)]
     params = [hs.SamplingParams(max_new_tokens=m, ignore_eos=True) for m in (4, 2, 10)]
     engine = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=3, block_size=4, num_blocks=9)
+    check_writes_against_the_rule(engine)
     outs = engine.generate(prompts, params)
     assert [o.token_ids for o in outs] == [alone(target, p, q)[0] for p, q in zip(prompts, params)]
     assert engine.memory().is_idle()
@@ -60,6 +98,7 @@ def test_streams_whose_drafting_rows_step_past_their_gamma_into_a_full_pool(mode
     gamma, max_batch_size, spare = rng.randint(1, 4), rng.randint(1, 5), rng.randint(0, 2)
     engine = hs.Engine(target, draft=draft, num_draft_tokens=gamma, max_batch_size=max_batch_size,
                        block_size=block_size, num_blocks=-(-longest // block_size) + spare)
+    check_writes_against_the_rule(engine)
     prompts = [[rng.randrange(3, 97) for _ in range(a)] for a, _ in requests]
     params = [hs.SamplingParams(max_new_tokens=b, ignore_eos=True) for _, b in requests]
     outs = engine.generate(prompts, params)
@@ -96,6 +135,7 @@ def test_random_streams_over_tiny_pools_never_raise_and_leave_nothing(models, re
         spec["max_draft_tokens"] = gamma
     engine = hs.Engine(target, max_batch_size=max_batch_size, block_size=block_size,
                        num_blocks=-(-longest // block_size) + spare_pages, prefix_cache=prefix_cache or None, **spec)
+    check_writes_against_the_rule(engine)
     params = [hs.SamplingParams(max_new_tokens=r[1], ignore_eos=True, n=r[2], temperature=0.8, seed=seed + k)
               if sampled else hs.SamplingParams(max_new_tokens=r[1], ignore_eos=True) for k, r in enumerate(requests)]
     ids, got, reasons, step = {}, {}, {}, 0

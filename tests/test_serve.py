@@ -24,6 +24,9 @@ TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<a
 
 
 class LiveServer:
+    """A uvicorn server of `create_app(llm)` in a thread; one per LLM at a time
+    (its engine loop is the only thread that may drive the LLM's engine)."""
+
     def __init__(self, llm, **kwargs):
         self.app = create_app(llm, served_model_name=NAME, chat_template=TEMPLATE, **kwargs)
         self.sock = socket.socket()
@@ -139,8 +142,8 @@ def test_errors_follow_openai(live, client):
     assert client.models.list().data[0].id == NAME
 
 
-def test_api_key_required(llm):
-    with LiveServer(llm, api_key="secret") as server:
+def test_api_key_required():
+    with LiveServer(hs.LLM(max_batch_size=2), api_key="secret") as server:
         assert httpx.get(server.url + "/v1/models").status_code == 401
         assert httpx.get(server.url + "/health").status_code == 200
         ok = openai.OpenAI(base_url=server.url + "/v1", api_key="secret", max_retries=0)
@@ -157,6 +160,15 @@ def test_a_client_leaving_mid_stream_frees_its_pages(llm, live):
         assert engine.memory().target.kv_pages_used > 0
     wait_until(lambda: engine.memory().is_idle(), "the pages of the request that left")
     assert b"hybridspec_kv_pages_used" in httpx.get(live.url + "/metrics").content
+
+
+def test_a_client_leaving_a_non_streaming_request_frees_its_pages(llm, live):
+    engine = llm.engine
+    wait_until(lambda: engine.memory().is_idle(), "an idle engine")
+    body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(live.url + "/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.5))
+    wait_until(lambda: engine.memory().is_idle(), "the pages of the request that left")
 
 
 def test_a_failing_step_fails_its_requests_and_the_server_goes_on(llm, live, client, monkeypatch):
@@ -176,7 +188,8 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(llm, live, cli
     assert client.completions.create(model=NAME, prompt="a", max_tokens=4).choices[0].finish_reason == "length"
 
 
-def test_past_max_queue_new_requests_get_503(llm):
+def test_past_max_queue_new_requests_get_503():
+    llm = hs.LLM(max_batch_size=2)  # its own: a second server must not drive the shared engine
     release, step = threading.Event(), llm.engine.step
 
     def held_step():  # the engine loop stalls: the first request keeps waiting
@@ -196,7 +209,7 @@ def test_past_max_queue_new_requests_get_503(llm):
             release.set()
             del llm.engine.step
         first.join(30)
-    wait_until(lambda: llm.engine.memory().is_idle(), "an idle engine")
+    assert llm.engine.memory().is_idle() and not llm.engine.has_unfinished_requests()
 
 
 def test_bounded_load_with_early_leavers_and_bad_bodies(llm, offline, live):

@@ -114,6 +114,8 @@ class EngineLoop:
                 continue
             self._hand_out(outputs)
             self.metrics.observe_engine(self.engine, len(self._sinks), self._num_waiting)
+        self._take_commands()
+        self._end_all("the server is shutting down")  # nothing stays in the engine after its loop
 
     def _take_commands(self) -> None:
         while True:
@@ -176,6 +178,9 @@ class EngineLoop:
 
     def _fail_all(self, message: str) -> None:
         self.metrics.engine_failures.inc()
+        self._end_all(message)
+
+    def _end_all(self, message: str) -> None:
         for request_id, sink in list(self._sinks.items()):
             sink.put(request_id, EngineFailure(message))
             self._drop(request_id, abort=True)
