@@ -178,8 +178,8 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: ChatRequest, request: Request):
         server.check_model(body.model)
-        params = sampling_params(body)
         prompts = [server.chat_prompt(body)]
+        params = sampling_params(body, default_max_tokens=max(1, llm.engine.max_model_len - len(prompts[0])))
         response = CompletionResponse(server.name, prompts, params, server.codec, chat=True,
                                       include_usage=body.include_usage)
         return await respond(server, request, body.stream, response, server.generate(prompts, params))

@@ -19,9 +19,13 @@ log = logging.getLogger("hybridspec.serve")
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
-# OpenAI fields the runtime cannot honour: refused, never silently dropped
-UNSUPPORTED = ("logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format", "suffix",
-               "best_of", "echo", "parallel_tool_calls", "audio", "modalities", "prediction", "web_search_options")
+# OpenAI fields the runtime cannot honour: refused (never silently dropped) unless they hold a value
+# that asks for nothing (what clients send by default)
+UNSUPPORTED = {"logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+               "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "suffix": (None, ""),
+               "best_of": (None, 1), "echo": (None, False), "parallel_tool_calls": (None, True, False),
+               "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+               "web_search_options": (None,)}
 
 
 class ApiError(Exception):
@@ -67,7 +71,7 @@ class _Common(BaseModel):
     def checked_extras(self) -> None:
         """ApiError for a field the runtime cannot honour; a warning for unknown ones."""
         for name, value in (self.model_extra or {}).items():
-            if name in UNSUPPORTED and value not in (None, [], {}):
+            if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
                 raise ApiError(400, f"'{name}' is not supported by this server; remove it from the request",
                                param=name)
             if name not in UNSUPPORTED:
@@ -120,8 +124,11 @@ class ChatRequest(_Common):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
-def sampling_params(body: CompletionRequest | ChatRequest) -> SamplingParams:
-    """The SamplingParams of an OpenAI body; ApiError(400) naming the bad field."""
+def sampling_params(body: CompletionRequest | ChatRequest, default_max_tokens: int = DEFAULT_MAX_TOKENS) \
+        -> SamplingParams:
+    """The SamplingParams of an OpenAI body; ApiError(400) naming the bad field.
+    default_max_tokens: where the body sets no max_tokens (OpenAI: 16 for
+    completions; chat: what is left of the model's length)."""
     body.checked_extras()
     max_tokens = body.max_tokens
     if isinstance(body, ChatRequest):
@@ -132,7 +139,7 @@ def sampling_params(body: CompletionRequest | ChatRequest) -> SamplingParams:
     else:
         logprobs = body.logprobs
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    fields = dict(max_new_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+    fields = dict(max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
                   temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, n=body.n,
                   seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
                   repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
