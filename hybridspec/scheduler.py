@@ -16,10 +16,15 @@ sequences. Every step the engine asks the scheduler two things:
   later (recompute). Nothing committed is lost: tokens are only ever appended
   to a request at a commit.
 
+What one round takes from each cache is one rule, `round_positions`: every
+page admission and `reserve` count comes from it, so a full pool ends in a
+request waiting or being preempted, never in a forward that finds no page.
+
 A request that could never run (its longest sequence, prompt plus
 max_new_tokens, needs more pages than a whole pool) is refused at submission
-(`check_fits`), so the oldest running request always fits alone and the
-preemption loop ends; the queue never deadlocks.
+(`check_fits`), so the oldest running request always fits alone (alone, no
+other row makes its drafter step past its own γ) and the preemption loop
+ends; the queue never deadlocks.
 
 The scheduler is bookkeeping over lengths and page counts: the engine runs the
 forwards, frees caches through `release`, and owns the requests.
@@ -109,7 +114,7 @@ class Scheduler:
         admitted = []
         if not self.waiting or len(self.running) >= self.max_running:
             return admitted  # (the page arithmetic below is a round's largest host cost at batch 8)
-        gamma = self._batch_gamma(self.running, tokens_per_round)
+        gamma = max((tokens_per_round(r) for r in self.running), default=1) - 1
         reserved = self._reserved(self.running, tokens_per_round, gamma)
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
@@ -165,28 +170,25 @@ class Scheduler:
     def _fits(self, pages: list[int]) -> bool:
         return all(n <= self._free_pages(cache) for cache, n in zip(self.caches, pages))
 
-    @staticmethod
-    def _batch_gamma(requests: list, tokens_per_round) -> int:
-        return max((tokens_per_round(r) for r in requests), default=1) - 1
-
     def _reserved(self, requests: list, tokens_per_round, gamma: int | None = None) -> list[int]:
         """Per cache, the pages the next round of `requests` takes from its pool;
         `gamma`: the batch's largest γ_b (default: that of `requests`)."""
-        if gamma is None:
-            gamma = self._batch_gamma(requests, tokens_per_round)
-        return [self._round_pages(cache, requests, tokens_per_round, gamma, i > 0) for i, cache in enumerate(self.caches)]
+        tokens = [tokens_per_round(r) for r in requests]
+        gamma = max(tokens, default=1) - 1 if gamma is None else gamma
+        return [self._round_pages(cache, requests, tokens, gamma, i > 0) for i, cache in enumerate(self.caches)]
 
     @staticmethod
-    def _round_pages(cache: HybridCache, requests: list, tokens_per_round, gamma: int, is_drafter: bool) -> int:
-        """Pages the next round of `requests` takes from `cache`'s pool (they already hold the rest)."""
+    def _round_pages(cache: HybridCache, requests: list, tokens: list[int], gamma: int, is_drafter: bool) -> int:
+        """Pages the next round of `requests` (`tokens[b]`: row b's round tokens)
+        takes from `cache`'s pool (they already hold the rest)."""
         if cache.kv is None:
             return 0
         total, held = 0, []
-        for r in requests:
+        for r, n in zip(requests, tokens):
             if cache.has_sequence(r.seq_id):
-                held.append((r.seq_id, round_positions(r.committed_len, tokens_per_round(r), gamma, is_drafter)))
+                held.append((r.seq_id, round_positions(r.committed_len, n, gamma, is_drafter)))
             else:  # admitted but not prefilled yet: its prefill emits a first token before the round
-                total += pages_for(cache, round_positions(r.committed_len + 1, tokens_per_round(r), gamma, is_drafter))
+                total += pages_for(cache, round_positions(r.committed_len + 1, n, gamma, is_drafter))
         return total + cache.kv.blocks_needed_each(held)
 
     @staticmethod

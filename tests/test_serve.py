@@ -264,3 +264,23 @@ def test_bounded_load_with_early_leavers_and_bad_bodies(llm, offline, live):
     wait_until(lambda: llm.engine.memory().is_idle(), "every page back")
     print(f"load: {clients} clients, {sum(lengths[i] for i, k in enumerate(kinds) if k == 'done')} tokens to the "
           f"clients that stayed, in {seconds:.2f} s; /health answered {len(health)} times")
+
+
+def test_openai_fields_map_onto_sampling_params():
+    from hybridspec.serve.protocol import ChatRequest, CompletionRequest, sampling_params
+    body = CompletionRequest(prompt="x", max_tokens=7, temperature=0.5, top_p=0.9, n=2, stop="\n", seed=3,
+                             presence_penalty=0.5, frequency_penalty=0.25, logprobs=2, top_k=5, min_p=0.1,
+                             repetition_penalty=1.2, ignore_eos=True)
+    assert sampling_params(body) == hs.SamplingParams(
+        max_new_tokens=7, temperature=0.5, top_p=0.9, n=2, stop=("\n",), seed=3, presence_penalty=0.5,
+        frequency_penalty=0.25, logprobs=2, top_k=5, min_p=0.1, repetition_penalty=1.2, ignore_eos=True)
+    chat = ChatRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=9, max_completion_tokens=4,
+                       logprobs=True, top_logprobs=3, temperature=0)
+    params = sampling_params(chat)
+    assert (params.max_new_tokens, params.logprobs, params.temperature) == (4, 3, 0.0)
+
+
+def test_serve_command_line_refuses_a_bad_flag_before_loading(capsys):
+    from hybridspec.cli import main
+    assert main(["serve", "--max-queue", "0"]) == 2
+    assert "--max-queue 0 must be >= 1" in capsys.readouterr().err
