@@ -153,6 +153,9 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--rates", type=float, nargs="+", default=None, help="request rates (requests/s)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per rate (default 96; --quick 6)")
+    parser.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=None,
+                        help="servers to measure (default all; --quick plain and γ=4)")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     import hybridspec as hs
@@ -162,6 +165,10 @@ def main(argv=None) -> int:
     else:
         pairs, rates, variants = workload(96, (32, 160)), [1.0, 2.0, 4.0, 8.0, 16.0], VARIANTS
     rates = args.rates or rates
+    if args.requests:
+        pairs = workload(args.requests, (4, 12) if args.quick else (32, 160))
+    if args.variants:
+        variants = {k: VARIANTS[k] for k in args.variants}
     rows = []
     for name, settings in variants.items():
         rows += measure(hs.LLM(max_batch_size=16, **settings), name, pairs, rates)
