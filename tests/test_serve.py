@@ -20,6 +20,7 @@ import hybridspec as hs  # noqa: E402
 from hybridspec.serve import create_app  # noqa: E402
 
 NAME = "embedded"
+LOAD_CLIENTS = 32
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
 
 
@@ -213,9 +214,10 @@ def test_past_max_queue_new_requests_get_503():
 
 
 def test_bounded_load_with_early_leavers_and_bad_bodies(llm, offline, live):
-    """32 concurrent streaming clients (8 leave after their first chunk, 6 send
-    bad bodies) while /health is polled: every good one gets its offline text."""
-    clients = 32
+    """LOAD_CLIENTS concurrent streaming clients (every fourth leaves after its
+    first chunk, every fifth sends a bad body) while /health is polled: every
+    good one gets its offline text, the bad ones 400, and every page returns."""
+    clients = LOAD_CLIENTS
     prompts = [PROMPTS[i % 2] + " " * (i % 5) + "#" * (i % 3) for i in range(clients)]
     lengths = [4 + 5 * (i % 9) for i in range(clients)]
     want = {i: offline.generate([prompts[i]], hs.SamplingParams(max_new_tokens=lengths[i]))[0].text
@@ -259,7 +261,9 @@ def test_bounded_load_with_early_leavers_and_bad_bodies(llm, offline, live):
         elif kind == "done":
             assert value == want[i]
     kinds = [kind for kind, _ in results]
-    assert (kinds.count("done"), kinds.count("left"), kinds.count("bad")) == (19, 7, 6)
+    bad = [i % 5 == 4 for i in range(clients)]
+    left = [i % 4 == 3 and not b for i, b in enumerate(bad)]
+    assert kinds == ["bad" if b else "left" if l else "done" for b, l in zip(bad, left)]
     assert health and set(health) == {200}
     wait_until(lambda: llm.engine.memory().is_idle(), "every page back")
     print(f"load: {clients} clients, {sum(lengths[i] for i, k in enumerate(kinds) if k == 'done')} tokens to the "
