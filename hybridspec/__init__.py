@@ -35,6 +35,7 @@ _HOMES = {
     "derived_seed": "hybridspec.sampling",
     "from_hf": "hybridspec.adapters",
     "load": "hybridspec.adapters",
+    "serve": "hybridspec.serve",  # an OpenAI-compatible server ([serve] extra)
 }
 _MODULES = ("errors", "sim")
 

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "simulate": ("hybridspec.sim.cli", "speculative-decoding economics: tokens per round, speedup, crossover batch"),
     "check": ("hybridspec.check_cli", "run the rollback-correctness suite against a model"),
     "bench": ("hybridspec.bench_cli", "run a benchmark from benches/ (e.g. plain_decode --quick)"),
+    "serve": ("hybridspec.serve.cli", "an OpenAI-compatible HTTP server (embedded pair by default; [serve] extra)"),
 }
 
 

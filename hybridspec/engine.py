@@ -14,7 +14,7 @@ import functools
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Iterable, Iterator
 from typing import Callable, Literal
 
@@ -29,6 +29,7 @@ from .cache.hybrid_cache import HybridCache, scratch_cache
 from .cache.prefix_cache import PrefixCache, PrefixStore, as_prefix_settings
 from .errors import ConfigError, InvalidRequestError
 from .logprobs import TokenLogprob
+from .memory import EngineMemory, cache_memory
 from .models.graphs import ForwardGraphs, graphed
 from .models.hybrid import HybridModel
 from .next_token import sample_next
@@ -70,12 +71,17 @@ class Output:
 class StepOutput:
     """What one sequence gained in an `Engine.step`: the tokens its round
     committed (after the stop rules) and whether it has ended. `request_id`
-    is the id `add_request` returned (`Engine.stream`: the prompt's index)."""
+    is the id `add_request` returned (`Engine.stream`: the prompt's index).
+    A request stopped by `Engine.abort` gets one last report (no tokens,
+    finish_reason "abort") from the next `step`."""
 
     request_id: int
     token_ids: list[int]
     finished: bool
     sample_index: int = 0
+    finish_reason: Literal["stop", "length", "abort"] | None = None  # with `finished`: why it ended
+    stop_reason: int | str | None = None  # with `finished`: as `Output.stop_reason`
+    logprobs: list[TokenLogprob] | None = None  # with `SamplingParams(logprobs=k)`: one per token of token_ids
 
 
 @dataclass
@@ -251,6 +257,7 @@ class Engine:
         self._requests: dict[int, Request] = {}  # seq_id -> every queued or running sequence
         self._rows_cache: tuple[tuple[int, ...], RowParams] | None = None
         self._preemptions_seen = 0
+        self._aborted: list[StepOutput] = []  # the final reports of aborted sequences, for the next step
         self._next_seq_id = 0
         self._next_request_id = 0
 
@@ -311,22 +318,39 @@ class Engine:
                 self._requests.pop(r.seq_id, None)
             self.stats.add(step_stats)
             self.total_stats.add(step_stats)
-        return [StepOutput(r.request_id, r.output.token_ids[start:], r.finished, r.output.sample_index)
-                for r, start in before.values() if len(r.output.token_ids) > start or r.finished]
+        aborted, self._aborted = self._aborted, []
+        return aborted + [StepOutput(r.request_id, r.output.token_ids[start:], r.finished, r.output.sample_index,
+                                     r.output.finish_reason, r.output.stop_reason,
+                                     None if r.output.logprobs is None else r.output.logprobs[start:])
+                          for r, start in before.values() if len(r.output.token_ids) > start or r.finished]
 
     def abort(self, request_id: int) -> None:
         """Stop a request (every sample of it) now: its pages and rings return to
         the pools at once; its output so far keeps finish_reason "abort". The
-        other sequences are untouched. Unknown or finished ids are ignored."""
+        other sequences are untouched; the next `step` reports each of its
+        sequences finished (finish_reason "abort"). Unknown or finished ids are ignored."""
+        self._end(request_id, report=True)
+
+    def _end(self, request_id: int, report: bool) -> None:
         ended = [r for r in self._requests.values() if r.request_id == request_id]
         for r in ended:
             if not r.finished:
                 r.output.finish_reason = "abort"
+                if report:
+                    self._aborted.append(StepOutput(r.request_id, [], True, r.output.sample_index, "abort"))
             self._requests.pop(r.seq_id, None)
         self.scheduler.finish(ended)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work
+        """Whether a `step` has anything to run or report."""
+        return self.scheduler.has_work or bool(self._aborted)
+
+    def memory(self) -> EngineMemory:
+        """What the target's and a model drafter's pools hold now (pages, rings, prefix cache)."""
+        drafter = None if self.speculator is None else self.speculator.drafter
+        return EngineMemory(cache_memory(self.cache, self.prefix),
+                            None if drafter is None or drafter.cache is None
+                            else cache_memory(drafter.cache, drafter.prefix))
 
     def stream(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> Iterator[StepOutput]:
         """Generate for `prompts` and yield each sequence's new tokens as its
@@ -340,14 +364,14 @@ class Engine:
             while live:
                 for out in self.step():
                     if out.request_id in index:
-                        yield StepOutput(index[out.request_id], out.token_ids, out.finished, out.sample_index)
+                        yield replace(out, request_id=index[out.request_id])
                         if out.finished:
                             live[out.request_id] -= 1
                             if not live[out.request_id]:
                                 del live[out.request_id]
         finally:
             for request_id in live:
-                self.abort(request_id)
+                self._end(request_id, report=False)  # the caller left: nobody reads a report
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -383,7 +407,7 @@ class Engine:
                     bar.update(len(out.token_ids))
         finally:
             for request_id in ids:
-                self.abort(request_id)
+                self._end(request_id, report=False)
             bar.close()
         return [r.output for r in requests]
 

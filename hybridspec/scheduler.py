@@ -16,10 +16,15 @@ sequences. Every step the engine asks the scheduler two things:
   later (recompute). Nothing committed is lost: tokens are only ever appended
   to a request at a commit.
 
+What one round takes from each cache is one rule, `round_positions`: every
+page admission and `reserve` count comes from it, so a full pool ends in a
+request waiting or being preempted, never in a forward that finds no page.
+
 A request that could never run (its longest sequence, prompt plus
 max_new_tokens, needs more pages than a whole pool) is refused at submission
-(`check_fits`), so the oldest running request always fits alone and the
-preemption loop ends; the queue never deadlocks.
+(`check_fits`), so the oldest running request always fits alone (alone, no
+other row makes its drafter step past its own γ) and the preemption loop
+ends; the queue never deadlocks.
 
 The scheduler is bookkeeping over lengths and page counts: the engine runs the
 forwards, frees caches through `release`, and owns the requests.
@@ -36,6 +41,28 @@ from .errors import InvalidRequestError
 def pages_for(cache: HybridCache, num_tokens: int) -> int:
     """KV pages that `num_tokens` positions of one sequence occupy in `cache`."""
     return -(-num_tokens // cache.block_size) if cache.kv is not None else 0
+
+
+def round_positions(committed_len: int, round_tokens: int, batch_gamma: int, is_drafter: bool) -> int:
+    """The reservation rule: positions one running sequence occupies in a cache
+    once its next round has run, the most that any forward of the round writes.
+    Every page the scheduler reserves (admission, `reserve`) comes from here.
+
+    round_tokens: the sequence's verify inputs at most (its last token and its
+        γ_b drafts, γ_b clamped to what is left of max_new_tokens; 1 for a
+        plain decode step), the engine's `tokens_per_round`.
+    batch_gamma: the largest γ_b of the batch (max round_tokens - 1).
+
+    The target's cache: the verify forward (or the plain step) writes positions
+    committed_len - 1 … committed_len - 2 + round_tokens; token replay and a
+    prefix-cache restore only rewrite positions below committed_len.
+    A model drafter's cache: a row that drafts (γ_b > 0) is caught up to
+    committed_len and then decodes with every drafting row of the batch,
+    batch_gamma - 1 steps, past its own γ_b when it is near its end (the
+    drafts beyond γ_b are dropped, the K/V they wrote are not)."""
+    if is_drafter and round_tokens > 1:
+        return committed_len - 1 + max(round_tokens, batch_gamma)
+    return committed_len - 1 + round_tokens
 
 
 class Scheduler:
@@ -87,10 +114,17 @@ class Scheduler:
         admitted = []
         if not self.waiting or len(self.running) >= self.max_running:
             return admitted  # (the page arithmetic below is a round's largest host cost at batch 8)
-        reserved = [self._round_pages(cache, self.running, tokens_per_round) for cache in self.caches]
+        gamma = max((tokens_per_round(r) for r in self.running), default=1) - 1
+        reserved = self._reserved(self.running, tokens_per_round, gamma)
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
-            need = [pages_for(cache, request.committed_len + tokens_per_round(request)) for cache in self.caches]
+            tokens = tokens_per_round(request)
+            if tokens - 1 > gamma:  # the newcomer drafts further: the drafting rows step further with it
+                gamma = tokens - 1
+                reserved = self._reserved(self.running, tokens_per_round, gamma)
+            # not prefilled yet: its prefill emits a first token before the round
+            need = [pages_for(cache, round_positions(request.committed_len + 1, tokens, gamma, i > 0))
+                    for i, cache in enumerate(self.caches)]
             if not self._make_free(lambda: [r + n for r, n in zip(reserved, need)]):
                 break
             self.waiting.popleft()
@@ -103,8 +137,7 @@ class Scheduler:
         """Preempt the newest running requests until the next round of the rest
         fits every cache; returns the preempted ones (now first in the queue)."""
         preempted = []
-        while not self._make_free(lambda: [self._round_pages(cache, self.running, tokens_per_round)
-                                           for cache in self.caches]) and len(self.running) > 1:
+        while not self._make_free(lambda: self._reserved(self.running, tokens_per_round)) and len(self.running) > 1:
             request = self.running.pop()
             self.release([request])
             self.waiting.appendleft(request)
@@ -137,17 +170,25 @@ class Scheduler:
     def _fits(self, pages: list[int]) -> bool:
         return all(n <= self._free_pages(cache) for cache, n in zip(self.caches, pages))
 
+    def _reserved(self, requests: list, tokens_per_round, gamma: int | None = None) -> list[int]:
+        """Per cache, the pages the next round of `requests` takes from its pool;
+        `gamma`: the batch's largest γ_b (default: that of `requests`)."""
+        tokens = [tokens_per_round(r) for r in requests]
+        gamma = max(tokens, default=1) - 1 if gamma is None else gamma
+        return [self._round_pages(cache, requests, tokens, gamma, i > 0) for i, cache in enumerate(self.caches)]
+
     @staticmethod
-    def _round_pages(cache: HybridCache, requests: list, tokens_per_round) -> int:
-        """Pages the next round of `requests` takes from `cache`'s pool (they already hold the rest)."""
+    def _round_pages(cache: HybridCache, requests: list, tokens: list[int], gamma: int, is_drafter: bool) -> int:
+        """Pages the next round of `requests` (`tokens[b]`: row b's round tokens)
+        takes from `cache`'s pool (they already hold the rest)."""
         if cache.kv is None:
             return 0
         total, held = 0, []
-        for r in requests:
+        for r, n in zip(requests, tokens):
             if cache.has_sequence(r.seq_id):
-                held.append((r.seq_id, r.committed_len - 1 + tokens_per_round(r)))
-            else:  # admitted but not prefilled yet
-                total += pages_for(cache, r.committed_len + tokens_per_round(r))
+                held.append((r.seq_id, round_positions(r.committed_len, n, gamma, is_drafter)))
+            else:  # admitted but not prefilled yet: its prefill emits a first token before the round
+                total += pages_for(cache, round_positions(r.committed_len + 1, n, gamma, is_drafter))
         return total + cache.kv.blocks_needed_each(held)
 
     @staticmethod

@@ -1,0 +1,91 @@
+"""`hybridspec serve`: the OpenAI-compatible server from the command line
+(the embedded byte-level pair by default, on 127.0.0.1:8000)."""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from ..errors import UsageError
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="target checkpoint directory (default: the embedded byte-level target)")
+    parser.add_argument("--draft", metavar="DIR|ngram|none", default=None,
+                        help="draft checkpoint directory, 'ngram' for prompt lookup, or 'none' for plain decoding "
+                             "(default: the embedded draft with the embedded target, else ngram)")
+    parser.add_argument("--tokenizer", metavar="DIR", default=None,
+                        help="local HF tokenizer directory (default: the model directory's own, or bytes)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1 routes (default: none required)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: the model directory's name, or 'hybridspec')")
+    parser.add_argument("--num-draft-tokens", type=_gamma, default="auto",
+                        help="γ, drafts per sequence per round, or 'auto' (adaptive; default)")
+    parser.add_argument("--max-draft-tokens", type=int, default=None, help="γ_max of 'auto' (default 8)")
+    parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
+                        help="verification (default rejection: lossless rejection sampling)")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="most sequences running at once (default 16)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="most tokens per sequence (default: the model's limit, at most 4096)")
+    parser.add_argument("--prefix-cache", action="store_true", help="reuse cached prompt prefixes across requests")
+    parser.add_argument("--max-queue", type=int, default=256,
+                        help="most requests waiting for their first token; more get 503 (default 256)")
+    parser.add_argument("--chat-template", metavar="FILE|TEXT", default=None,
+                        help="Jinja chat template (a file or the template itself) used instead of the tokenizer's")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="model dtype (default float32 on CPU)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for CPU runs")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def _gamma(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'auto'") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from . import serve
+        import fastapi  # noqa: F401  (fails here, with the fix, where the [serve] extra is missing)
+    except ImportError as error:
+        raise UsageError(f"hybridspec serve needs the [serve] extra ({error.name} is missing): "
+                         "pip install 'hybridspec[serve]'") from None
+    if args.max_queue < 1:
+        raise UsageError(f"--max-queue {args.max_queue} must be >= 1")
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    llm = build_llm(args)
+    serve(llm, host=args.host, port=args.port, log_level=args.log_level, served_model_name=served_name(args),
+          api_key=args.api_key, max_queue=args.max_queue, chat_template=chat_template(args.chat_template))
+    return 0
+
+
+def build_llm(args: argparse.Namespace):
+    from ..llm import DEFAULT_DRAFT, LLM
+    draft = DEFAULT_DRAFT if args.draft is None else None if args.draft == "none" else args.draft
+    return LLM(args.model, draft=draft, tokenizer=args.tokenizer, num_draft_tokens=args.num_draft_tokens,
+               max_draft_tokens=args.max_draft_tokens, verify=args.verify, device=args.device, dtype=args.dtype,
+               threads=args.threads, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
+               prefix_cache=True if args.prefix_cache else None)
+
+
+def served_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    return Path(args.model).name if args.model else "hybridspec"
+
+
+def chat_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    return path.read_text() if len(value) < 4096 and path.is_file() else value

@@ -1,0 +1,166 @@
+"""OpenAI request bodies (pydantic) and their mapping onto `SamplingParams`.
+
+Fields the runtime honours map onto SamplingParams; the common vLLM
+extensions (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`) are
+accepted at the top level. Unknown fields are ignored with a logged warning
+(clients send vendor extensions); a known OpenAI field the runtime cannot
+honour (`logit_bias`, tools, ...) is refused with a 400 naming it.
+"""
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import InvalidRequestError
+from ..sampling import SamplingParams
+
+log = logging.getLogger("hybridspec.serve")
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+
+# OpenAI fields the runtime cannot honour: refused (never silently dropped) unless they hold a value
+# that asks for nothing (what clients send by default)
+UNSUPPORTED = {"logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+               "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "suffix": (None, ""),
+               "best_of": (None, 1), "echo": (None, False), "parallel_tool_calls": (None, True, False),
+               "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+               "web_search_options": (None,)}
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: HTTP status, message, type, the offending param."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.type = type or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                             413: "invalid_request_error", 503: "server_overloaded"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extensions
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+
+    def checked_extras(self) -> None:
+        """ApiError for a field the runtime cannot honour; a warning for unknown ones."""
+        for name, value in (self.model_extra or {}).items():
+            if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
+                raise ApiError(400, f"'{name}' is not supported by this server; remove it from the request",
+                               param=name)
+            if name not in UNSUPPORTED:
+                log.warning("ignoring unknown request field %r", name)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise ApiError(400, "'prompt' is empty; send a string, a list of strings or token ids", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        """The message's text (content parts of type "text" joined)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text":
+                raise ApiError(400, f"message content of type {part.get('type')!r} is not supported; send text",
+                               param="messages")
+            parts.append(part.get("text", ""))
+        return "".join(parts)
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+def sampling_params(body: CompletionRequest | ChatRequest, default_max_tokens: int = DEFAULT_MAX_TOKENS) \
+        -> SamplingParams:
+    """The SamplingParams of an OpenAI body; ApiError(400) naming the bad field.
+    default_max_tokens: where the body sets no max_tokens (OpenAI: 16 for
+    completions; chat: what is left of the model's length)."""
+    body.checked_extras()
+    max_tokens = body.max_tokens
+    if isinstance(body, ChatRequest):
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    else:
+        logprobs = body.logprobs
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    fields = dict(max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
+                  temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, n=body.n,
+                  seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
+                  repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+                  frequency_penalty=body.frequency_penalty)
+    try:
+        return SamplingParams(**fields)
+    except InvalidRequestError as error:
+        raise ApiError(400, str(error), param=_named_field(str(error), body)) from None
+
+
+OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
+
+
+def _named_field(message: str, body) -> str | None:
+    """The request field an InvalidRequestError message starts with (`name=value ...`)."""
+    name = message.split("=", 1)[0].strip()
+    if name == "max_new_tokens" and isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return OPENAI_NAMES.get(name, name) if name.isidentifier() else None
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """OpenAI's spelling: "stop" or "length" (an aborted request never reaches a client)."""
+    return None if reason is None else "length" if reason == "length" else "stop"

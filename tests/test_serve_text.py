@@ -1,0 +1,27 @@
+"""`TextStream`: deltas over random UTF-8 texts cut into random rounds (stop
+strings, characters split across tokens) concatenate to the offline text."""
+import random
+
+from hybridspec.codec import ByteCodec
+from hybridspec.serve.text import TextStream
+from hybridspec.stopping import cut_text
+
+
+def test_deltas_concatenate_to_the_offline_text():
+    codec, rng = ByteCodec(), random.Random(0)
+    for _ in range(300):
+        ids = codec.encode("".join(rng.choice(["a", "é", "日本", " ", "\n", "xy", "🙂"])
+                                   for _ in range(rng.randint(1, 30))))
+        if rng.random() < 0.3:
+            ids = ids[:-1]  # ends inside a character
+        stop = rng.choice([(), ("a",), ("日本", "xy")])
+        reason = next((s for k in range(1, len(ids) + 1) for s in stop if s in codec.decode(ids[:k])), None)
+        if reason is not None:  # the request ends at the token that completes its stop string
+            ids = ids[:next(k for k in range(1, len(ids) + 1) if reason in codec.decode(ids[:k]))]
+        stream, text, i = TextStream(codec.decode, stop), "", 0
+        while i < len(ids):
+            k = rng.randint(1, 4)
+            text += stream.push(ids[i:i + k], i + k >= len(ids), reason)
+            assert cut_text(codec.decode(ids), reason).startswith(text)
+            i += k
+        assert text == cut_text(codec.decode(ids), reason)
