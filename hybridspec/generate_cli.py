@@ -26,6 +26,8 @@ import statistics
 import sys
 import time
 
+from .cli_args import DTYPE_NAMES, add_model_arguments
+
 DEFAULT_PROMPT = '''class Stack:
     """A last-in, first-out stack."""
 
@@ -37,20 +39,12 @@ DEFAULT_PROMPT = '''class Stack:
 
 POLICY_HELP = ("checkpoint policy: k1 (snapshot every verify input), k2, k4, ... (every k-th), k0 (round start "
                "and final only), auto, or key=value pairs such as snapshot_every=2,ring_slots=4,log_inputs=0")
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", default=None,
                         help="text to continue; - reads it from stdin (default: a short Python class)")
-    parser.add_argument("--model", metavar="DIR", default=None,
-                        help="target checkpoint directory, anything hs.load reads (default: the embedded target)")
-    parser.add_argument("--draft", metavar="DIR|ngram|none", default=None,
-                        help="draft checkpoint directory, 'ngram' for prompt lookup, or 'none' for plain decoding "
-                             "only (default: the embedded draft with the embedded target, else ngram)")
-    parser.add_argument("--tokenizer", metavar="DIR", default=None,
-                        help="local HF tokenizer directory (default: the model directory's own, or bytes for a "
-                             "byte-level model)")
+    add_model_arguments(parser)
     parser.add_argument("-n", "--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=256,
                         help="tokens to generate at most (default 256)")
     parser.add_argument("--gamma", type=gamma_arg, default=4,

@@ -6,19 +6,12 @@ import argparse
 import logging
 from pathlib import Path
 
+from ..cli_args import DTYPE_NAMES, add_model_arguments
 from ..errors import UsageError
-
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", default=None,
-                        help="target checkpoint directory (default: the embedded byte-level target)")
-    parser.add_argument("--draft", metavar="DIR|ngram|none", default=None,
-                        help="draft checkpoint directory, 'ngram' for prompt lookup, or 'none' for plain decoding "
-                             "(default: the embedded draft with the embedded target, else ngram)")
-    parser.add_argument("--tokenizer", metavar="DIR", default=None,
-                        help="local HF tokenizer directory (default: the model directory's own, or bytes)")
+    add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--api-key", default=None,
