@@ -2,9 +2,10 @@
 server on 127.0.0.1 (an ephemeral port) over the embedded pair. Greedy
 outputs equal `hs.LLM().generate` token for token, streamed deltas add up to
 the non-streamed text, a client that leaves mid-stream frees its pages, a
-failing engine step fails its requests (500) and the server goes on, and a
-small load of concurrent clients (some leaving early, some sending bad
-bodies) completes with /health answering throughout."""
+failing engine step fails the requests of its batch (500) while the waiting
+ones complete and the server goes on, and a small load of concurrent
+clients (some leaving early, some sending bad bodies) completes with /health
+answering throughout."""
 import asyncio
 import socket
 import threading
@@ -79,6 +80,7 @@ def client(live):
 
 
 PROMPTS = ["def add(a, b):", "class Stack:\n    def push(self, item):"]
+FAULT_PROMPTS = ["def add(a, b):", "import os\n", "class Stack:", "x = [1, 2", "for i in range(10):"]
 
 
 def test_completions_greedy_equal_llm_generate_and_stream_adds_up(offline, client):
@@ -187,6 +189,74 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(llm, live, cli
         client.completions.create(model=NAME, prompt="a", max_tokens=4)
     wait_until(lambda: llm.engine.memory().is_idle(), "the failed request's pages")
     assert client.completions.create(model=NAME, prompt="a", max_tokens=4).choices[0].finish_reason == "length"
+
+
+def fault_in_a_round(engine, when):
+    """Make the first round of `engine` for which `when()` holds raise; returns
+    what `step_request_ids` named then (the failing step's batch)."""
+    round_, seen = engine._round, {}
+
+    def faulty(*args, **kwargs):
+        if not seen and when():
+            seen["batch"] = engine.step_request_ids()
+            raise RuntimeError("injected fault")
+        return round_(*args, **kwargs)
+
+    engine._round = faulty
+    return seen
+
+
+def test_a_step_that_raises_names_its_batch_and_the_waiting_requests_run_on(offline):
+    llm = hs.LLM(max_batch_size=2)
+    engine, params = llm.engine, hs.SamplingParams(max_new_tokens=10)
+    ids = [engine.add_request(llm.codec.encode(p), params) for p in FAULT_PROMPTS[:4]]
+    seen = fault_in_a_round(engine, lambda: True)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        engine.step()
+    assert seen["batch"] == engine.step_request_ids() == ids[:2]  # admitted in the step, then its round raised
+    for request_id in ids[:2]:
+        engine.abort(request_id)
+    got = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+            assert out.request_id in ids[2:] or out.finish_reason == "abort"
+    want = offline.generate(FAULT_PROMPTS[2:4], params)
+    assert [got[i] for i in ids[2:]] == [w.token_ids for w in want]
+    assert engine.step_request_ids() == [] and engine.memory().is_idle()
+
+
+def test_a_failing_step_fails_only_its_batch_while_waiting_requests_complete(offline):
+    """max_batch_size 2 and 5 clients: the step that raises holds two of them
+    (500); the three still waiting in the engine's queue get their offline text."""
+    llm = hs.LLM(max_batch_size=2)
+    engine, count = llm.engine, len(FAULT_PROMPTS)
+    want = [w.text for w in offline.generate(FAULT_PROMPTS, hs.SamplingParams(max_new_tokens=12))]
+    with LiveServer(llm) as server:
+        loop = server.app.state.server.loop
+        # the first round waits for every client; the first with a full batch and others queued raises
+        seen = fault_in_a_round(engine, lambda: len(engine.scheduler.waiting) >= 2)
+        round_ = engine._round
+
+        def first_waits(*args, **kwargs):
+            wait_until(lambda: loop.num_waiting == count, "every client to be queued")
+            engine._round = round_
+            return round_(*args, **kwargs)
+
+        engine._round = first_waits
+
+        async def main():
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+                return await asyncio.gather(*(http.post("/v1/completions", json={
+                    "model": NAME, "prompt": p, "max_tokens": 12, "temperature": 0}) for p in FAULT_PROMPTS))
+
+        replies = asyncio.run(main())
+        assert len(seen["batch"]) == 2
+        assert sorted(r.status_code for r in replies) == [200] * (count - 2) + [500] * 2
+        assert all("injected fault" in r.json()["error"]["message"] for r in replies if r.status_code == 500)
+        assert all(r.json()["choices"][0]["text"] == text for r, text in zip(replies, want) if r.status_code == 200)
+        wait_until(lambda: engine.memory().is_idle() and not engine.has_unfinished_requests(), "every page back")
+        assert b"hybridspec_engine_failures_total 1.0" in httpx.get(server.url + "/metrics").content
 
 
 def test_past_max_queue_new_requests_get_503():
