@@ -1,11 +1,11 @@
 """`hybridspec serve` against the official `openai` client: a live uvicorn
 server on 127.0.0.1 (an ephemeral port) over the embedded pair. Greedy
 outputs equal `hs.LLM().generate` token for token, streamed deltas add up to
-the non-streamed text, a client that leaves mid-stream frees its pages, a
-failing engine step fails the requests of its batch (500) while the waiting
-ones complete and the server goes on, and a small load of concurrent
-clients (some leaving early, some sending bad bodies) completes with /health
-answering throughout."""
+the non-streamed text, chat goes through a real tokenizer's chat template, a
+client that leaves mid-stream frees its pages, a failing engine step fails
+the requests of its batch (500) while the waiting ones complete and the
+server goes on, and a small load of concurrent clients (some leaving early,
+some sending bad bodies) completes with /health answering throughout."""
 import asyncio
 import socket
 import threading
@@ -29,8 +29,8 @@ class LiveServer:
     """A uvicorn server of `create_app(llm)` in a thread; one per LLM at a time
     (its engine loop is the only thread that may drive the LLM's engine)."""
 
-    def __init__(self, llm, **kwargs):
-        self.app = create_app(llm, served_model_name=NAME, chat_template=TEMPLATE, **kwargs)
+    def __init__(self, llm, chat_template=TEMPLATE, **kwargs):
+        self.app = create_app(llm, served_model_name=NAME, chat_template=chat_template, **kwargs)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -124,6 +124,56 @@ def test_chat_stream_and_not(offline, client):
                                                  stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+WORDS = ["[UNK]", "</s>", "<system>", "<user>", "<assistant>", "hi", "there", "x", "y", "z", "def", "add", "(", ")"]
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<assistant> {% endif %}")
+
+
+def save_tiny_model_and_tokenizer(directory):
+    """A tiny random Bamba and a word-level HF tokenizer of its vocabulary,
+    with a chat template, saved together (built offline)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from oracles import bamba
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    bamba(seed=0, vocab=len(WORDS)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def test_chat_through_the_tokenizers_template_and_a_400_without_one(tmp_path):
+    from hybridspec.serve.protocol import ChatRequest
+    tokenizer = save_tiny_model_and_tokenizer(tmp_path)
+    llm = hs.LLM(str(tmp_path), max_batch_size=2, max_model_len=64)
+    messages = [{"role": "system", "content": "x y"}, {"role": "user", "content": "def add ( x y )"}]
+    [want] = llm.chat(messages, hs.SamplingParams(max_new_tokens=8))  # before the server drives the engine
+    with LiveServer(llm, chat_template=None) as server:
+        prompt = server.app.state.server.chat_prompt(ChatRequest(messages=messages))
+        assert prompt == tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+        assert prompt[0] == WORDS.index("<system>") and prompt[-1] == WORDS.index("<assistant>")
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        got = client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=8, temperature=0)
+        assert got.choices[0].message.content == want.text
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(prompt), len(want.token_ids))
+        assert got.choices[0].finish_reason == want.finish_reason
+        chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0,
+                                                     stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path / "no_template")
+    with LiveServer(hs.LLM(str(tmp_path), tokenizer=str(tmp_path / "no_template"), max_batch_size=1,
+                           max_model_len=64), chat_template=None) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.chat.completions.create(model=NAME, messages=messages, max_tokens=4)
+        assert bad.value.body["param"] == "messages" and "--chat-template" in bad.value.body["message"]
+        assert client.completions.create(model=NAME, prompt="hi there", max_tokens=2).usage.prompt_tokens == 2
 
 
 def test_errors_follow_openai(live, client):
