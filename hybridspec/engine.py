@@ -258,6 +258,7 @@ class Engine:
         self._rows_cache: tuple[tuple[int, ...], RowParams] | None = None
         self._preemptions_seen = 0
         self._aborted: list[StepOutput] = []  # the final reports of aborted sequences, for the next step
+        self._batch: dict[int, tuple[Request, int]] = {}  # `step_request_ids`
         self._next_seq_id = 0
         self._next_request_id = 0
 
@@ -292,9 +293,10 @@ class Engine:
         speculative round, or a plain decode step) of every running sequence.
         Returns what each sequence gained this step, in batch order;
         `finished` marks its last report. Requests that finished or were
-        aborted leave every cache before it returns."""
+        aborted leave every cache before it returns. If it raises,
+        `step_request_ids` names the requests of its batch."""
         step_stats = EngineStats()
-        before = {}
+        before = self._batch = {}  # seq_id -> (request, its output length when it joined the step)
         try:
             admitted = self.scheduler.admit(self._round_tokens)
             for r in admitted:
@@ -318,11 +320,20 @@ class Engine:
                 self._requests.pop(r.seq_id, None)
             self.stats.add(step_stats)
             self.total_stats.add(step_stats)
+        self._batch = {}  # only a step that raised leaves its batch for `step_request_ids`
         aborted, self._aborted = self._aborted, []
         return aborted + [StepOutput(r.request_id, r.output.token_ids[start:], r.finished, r.output.sample_index,
                                      r.output.finish_reason, r.output.stop_reason,
                                      None if r.output.logprobs is None else r.output.logprobs[start:])
                           for r, start in before.values() if len(r.output.token_ids) > start or r.finished]
+
+    def step_request_ids(self) -> list[int]:
+        """The ids of the requests in the batch of the `step` running now or of
+        the last one, if it raised (those it admitted and those its round ran;
+        empty once a step returned). After a step raised, a server fails and
+        `abort`s these (their pages and rings return); the requests still
+        waiting were not touched by it and run on."""
+        return list(dict.fromkeys(r.request_id for r, _ in self._batch.values()))
 
     def abort(self, request_id: int) -> None:
         """Stop a request (every sample of it) now: its pages and rings return to

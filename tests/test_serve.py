@@ -1,10 +1,11 @@
 """`hybridspec serve` against the official `openai` client: a live uvicorn
 server on 127.0.0.1 (an ephemeral port) over the embedded pair. Greedy
 outputs equal `hs.LLM().generate` token for token, streamed deltas add up to
-the non-streamed text, a client that leaves mid-stream frees its pages, a
-failing engine step fails its requests (500) and the server goes on, and a
-small load of concurrent clients (some leaving early, some sending bad
-bodies) completes with /health answering throughout."""
+the non-streamed text, chat goes through a real tokenizer's chat template, a
+client that leaves mid-stream frees its pages, a failing engine step fails
+the requests of its batch (500) while the waiting ones complete and the
+server goes on, and a small load of concurrent clients (some leaving early,
+some sending bad bodies) completes with /health answering throughout."""
 import asyncio
 import socket
 import threading
@@ -28,8 +29,8 @@ class LiveServer:
     """A uvicorn server of `create_app(llm)` in a thread; one per LLM at a time
     (its engine loop is the only thread that may drive the LLM's engine)."""
 
-    def __init__(self, llm, **kwargs):
-        self.app = create_app(llm, served_model_name=NAME, chat_template=TEMPLATE, **kwargs)
+    def __init__(self, llm, chat_template=TEMPLATE, **kwargs):
+        self.app = create_app(llm, served_model_name=NAME, chat_template=chat_template, **kwargs)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -79,6 +80,7 @@ def client(live):
 
 
 PROMPTS = ["def add(a, b):", "class Stack:\n    def push(self, item):"]
+FAULT_PROMPTS = ["def add(a, b):", "import os\n", "class Stack:", "x = [1, 2", "for i in range(10):"]
 
 
 def test_completions_greedy_equal_llm_generate_and_stream_adds_up(offline, client):
@@ -122,6 +124,56 @@ def test_chat_stream_and_not(offline, client):
                                                  stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+WORDS = ["[UNK]", "</s>", "<system>", "<user>", "<assistant>", "hi", "there", "x", "y", "z", "def", "add", "(", ")"]
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<assistant> {% endif %}")
+
+
+def save_tiny_model_and_tokenizer(directory):
+    """A tiny random Bamba and a word-level HF tokenizer of its vocabulary,
+    with a chat template, saved together (built offline)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from oracles import bamba
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    bamba(seed=0, vocab=len(WORDS)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def test_chat_through_the_tokenizers_template_and_a_400_without_one(tmp_path):
+    from hybridspec.serve.protocol import ChatRequest
+    tokenizer = save_tiny_model_and_tokenizer(tmp_path)
+    llm = hs.LLM(str(tmp_path), max_batch_size=2, max_model_len=64)
+    messages = [{"role": "system", "content": "x y"}, {"role": "user", "content": "def add ( x y )"}]
+    [want] = llm.chat(messages, hs.SamplingParams(max_new_tokens=8))  # before the server drives the engine
+    with LiveServer(llm, chat_template=None) as server:
+        prompt = server.app.state.server.chat_prompt(ChatRequest(messages=messages))
+        assert prompt == tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+        assert prompt[0] == WORDS.index("<system>") and prompt[-1] == WORDS.index("<assistant>")
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        got = client.chat.completions.create(model=NAME, messages=messages, max_completion_tokens=8, temperature=0)
+        assert got.choices[0].message.content == want.text
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(prompt), len(want.token_ids))
+        assert got.choices[0].finish_reason == want.finish_reason
+        chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0,
+                                                     stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path / "no_template")
+    with LiveServer(hs.LLM(str(tmp_path), tokenizer=str(tmp_path / "no_template"), max_batch_size=1,
+                           max_model_len=64), chat_template=None) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.chat.completions.create(model=NAME, messages=messages, max_tokens=4)
+        assert bad.value.body["param"] == "messages" and "--chat-template" in bad.value.body["message"]
+        assert client.completions.create(model=NAME, prompt="hi there", max_tokens=2).usage.prompt_tokens == 2
 
 
 def test_errors_follow_openai(live, client):
@@ -187,6 +239,74 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(llm, live, cli
         client.completions.create(model=NAME, prompt="a", max_tokens=4)
     wait_until(lambda: llm.engine.memory().is_idle(), "the failed request's pages")
     assert client.completions.create(model=NAME, prompt="a", max_tokens=4).choices[0].finish_reason == "length"
+
+
+def fault_in_a_round(engine, when):
+    """Make the first round of `engine` for which `when()` holds raise; returns
+    what `step_request_ids` named then (the failing step's batch)."""
+    round_, seen = engine._round, {}
+
+    def faulty(*args, **kwargs):
+        if not seen and when():
+            seen["batch"] = engine.step_request_ids()
+            raise RuntimeError("injected fault")
+        return round_(*args, **kwargs)
+
+    engine._round = faulty
+    return seen
+
+
+def test_a_step_that_raises_names_its_batch_and_the_waiting_requests_run_on(offline):
+    llm = hs.LLM(max_batch_size=2)
+    engine, params = llm.engine, hs.SamplingParams(max_new_tokens=10)
+    ids = [engine.add_request(llm.codec.encode(p), params) for p in FAULT_PROMPTS[:4]]
+    seen = fault_in_a_round(engine, lambda: True)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        engine.step()
+    assert seen["batch"] == engine.step_request_ids() == ids[:2]  # admitted in the step, then its round raised
+    for request_id in ids[:2]:
+        engine.abort(request_id)
+    got = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+            assert out.request_id in ids[2:] or out.finish_reason == "abort"
+    want = offline.generate(FAULT_PROMPTS[2:4], params)
+    assert [got[i] for i in ids[2:]] == [w.token_ids for w in want]
+    assert engine.step_request_ids() == [] and engine.memory().is_idle()
+
+
+def test_a_failing_step_fails_only_its_batch_while_waiting_requests_complete(offline):
+    """max_batch_size 2 and 5 clients: the step that raises holds two of them
+    (500); the three still waiting in the engine's queue get their offline text."""
+    llm = hs.LLM(max_batch_size=2)
+    engine, count = llm.engine, len(FAULT_PROMPTS)
+    want = [w.text for w in offline.generate(FAULT_PROMPTS, hs.SamplingParams(max_new_tokens=12))]
+    with LiveServer(llm) as server:
+        loop = server.app.state.server.loop
+        # the first round waits for every client; the first with a full batch and others queued raises
+        seen = fault_in_a_round(engine, lambda: len(engine.scheduler.waiting) >= 2)
+        round_ = engine._round
+
+        def first_waits(*args, **kwargs):
+            wait_until(lambda: loop.num_waiting == count, "every client to be queued")
+            engine._round = round_
+            return round_(*args, **kwargs)
+
+        engine._round = first_waits
+
+        async def main():
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+                return await asyncio.gather(*(http.post("/v1/completions", json={
+                    "model": NAME, "prompt": p, "max_tokens": 12, "temperature": 0}) for p in FAULT_PROMPTS))
+
+        replies = asyncio.run(main())
+        assert len(seen["batch"]) == 2
+        assert sorted(r.status_code for r in replies) == [200] * (count - 2) + [500] * 2
+        assert all("injected fault" in r.json()["error"]["message"] for r in replies if r.status_code == 500)
+        assert all(r.json()["choices"][0]["text"] == text for r, text in zip(replies, want) if r.status_code == 200)
+        wait_until(lambda: engine.memory().is_idle() and not engine.has_unfinished_requests(), "every page back")
+        assert b"hybridspec_engine_failures_total 1.0" in httpx.get(server.url + "/metrics").content
 
 
 def test_past_max_queue_new_requests_get_503():

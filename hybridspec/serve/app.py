@@ -66,9 +66,11 @@ class Server:
         else:
             try:
                 text = self.codec.chat_prompt(messages)
-            except HybridSpecError as error:
-                raise ApiError(400, f"{error}; or start the server with --chat-template", param="messages") \
-                    from None
+            except HybridSpecError:  # (its message names offline fixes; a client needs the server's)
+                raise ApiError(400, f"the model '{self.name}' has no chat template (neither its tokenizer nor the "
+                                    "server defines one): start the server with --chat-template FILE|TEXT (a Jinja "
+                                    "template; chat_template= in create_app), or send the prompt text to "
+                                    "/v1/completions", param="messages") from None
         return self.codec.encode(text, add_special_tokens=False)
 
     def encode(self, prompt: str | list[int]) -> list[int]:

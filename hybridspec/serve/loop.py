@@ -6,9 +6,10 @@ whenever there is work, and hands every `StepOutput` to its request's
 asyncio queue. A request's handler ends it (`abort`) when its client leaves,
 so its pages and rings return to the pools at the next step boundary.
 
-An exception inside `step()` fails every request the engine held then (each
-gets an `EngineFailure`, the server answers 500), aborts them so their pages
-return, and the loop keeps serving new requests.
+An exception inside `step()` fails the requests of that step (its batch,
+`Engine.step_request_ids`: each gets an `EngineFailure`, the server answers
+500) and aborts them so their pages and rings return; the requests still
+waiting in the engine's queue run on, and the loop keeps serving.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ class EngineLoop:
                 outputs = self.engine.step()
             except Exception as error:  # noqa: BLE001 - any failure of a step must not end the loop
                 log.exception("engine step failed; failing its requests")
-                self._fail_all(f"the engine failed while generating: {type(error).__name__}: {error}")
+                self._fail_step(f"the engine failed while generating: {type(error).__name__}: {error}")
                 continue
             self._hand_out(outputs)
             self.metrics.observe_engine(self.engine, len(self._sinks), self._num_waiting)
@@ -176,14 +177,26 @@ class EngineLoop:
                 self.metrics.itl.observe(gap)
         sink.last_token_at = now
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_step(self, message: str) -> None:
+        """End the requests of the step that raised with `message`. One that
+        raised before any request joined it ends them all: nothing else would
+        end a failure that repeats every step."""
         self.metrics.engine_failures.inc()
-        self._end_all(message)
+        failed = self.engine.step_request_ids()
+        if not failed:
+            self._end_all(message)
+        for request_id in failed:
+            self._fail(request_id, message)
 
     def _end_all(self, message: str) -> None:
-        for request_id, sink in list(self._sinks.items()):
+        for request_id in list(self._sinks):
+            self._fail(request_id, message)
+
+    def _fail(self, request_id: int, message: str) -> None:
+        sink = self._sinks.get(request_id)
+        if sink is not None:  # (None: its client left already)
             sink.put(request_id, EngineFailure(message))
-            self._drop(request_id, abort=True)
+        self._drop(request_id, abort=True)
 
     def _settle(self, future: asyncio.Future, request_id: int | None, error) -> None:
         """Answer a `submit` (on its event loop); a handler that left meanwhile gets its request aborted."""
