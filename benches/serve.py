@@ -117,6 +117,7 @@ def measure(llm, name: str, pairs, rates: list[float]) -> list[dict]:
     began = time.perf_counter()
     llm.generate([p for p, _ in pairs], params)
     offline = sum(m for _, m in pairs) / (time.perf_counter() - began)
+    first_token = 1e3 * statistics.median(first_token_seconds(llm, prompt) for prompt, _ in pairs)
     rows = []
     with Server(llm) as server:
         for rate in rates:
@@ -125,10 +126,38 @@ def measure(llm, name: str, pairs, rates: list[float]) -> list[dict]:
             ttft, itl = [r["ttft"] for r in results], [r["itl"] for r in results]
             rows.append(dict(variant=name, rate=rate, req_per_s=len(results) / seconds,
                              out_tok_per_s=sum(r["tokens"] for r in results) / seconds, offline_tok_per_s=offline,
+                             offline_ttft_ms=first_token,
                              ttft_p50_ms=1e3 * pct(ttft, 0.5), ttft_p99_ms=1e3 * pct(ttft, 0.99),
                              itl_p50_ms=1e3 * pct(itl, 0.5), itl_p99_ms=1e3 * pct(itl, 0.99),
                              preemptions=preemptions(server.url) - before))
     return rows
+
+
+def first_token_seconds(llm, prompt: str) -> float:
+    """Offline time to first token: one request alone, prefill and its first token."""
+    import hybridspec as hs
+    began = time.perf_counter()
+    llm.generate([prompt], hs.SamplingParams(max_new_tokens=1, ignore_eos=True))
+    return time.perf_counter() - began
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    """The serving targets: output tok/s at the highest rate >= 0.9x offline; auto >= plain output tok/s at
+    every rate; p50 TTFT at the lowest rate <= 1.2x the offline time to first token."""
+    out, by = [], {(r["variant"], r["rate"]): r for r in rows}
+    top, low = max(r["rate"] for r in rows), min(r["rate"] for r in rows)
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        r = by[name, top]
+        out.append(dict(target=f"{name}: served / offline tok/s at {top:g} req/s", figure=r["out_tok_per_s"]
+                        / r["offline_tok_per_s"], threshold=">= 0.9"))
+        r = by[name, low]
+        out.append(dict(target=f"{name}: p50 TTFT / offline first token at {low:g} req/s",
+                        figure=r["ttft_p50_ms"] / r["offline_ttft_ms"], threshold="<= 1.2"))
+    for rate in sorted({r["rate"] for r in rows}):
+        if ("auto", rate) in by and ("plain", rate) in by:
+            out.append(dict(target=f"auto / plain output tok/s at {rate:g} req/s", threshold=">= 1",
+                            figure=by["auto", rate]["out_tok_per_s"] / by["plain", rate]["out_tok_per_s"]))
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -163,7 +192,7 @@ def main(argv=None) -> int:
     if args.quick:
         pairs, rates, variants = workload(6, (4, 12)), [4.0, 32.0], {k: VARIANTS[k] for k in ("plain", "γ=4")}
     else:
-        pairs, rates, variants = workload(96, (32, 160)), [1.0, 2.0, 4.0, 8.0, 16.0], VARIANTS
+        pairs, rates, variants = workload(96, (32, 160)), [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], VARIANTS
     rates = args.rates or rates
     if args.requests:
         pairs = workload(args.requests, (4, 12) if args.quick else (32, 160))
@@ -174,8 +203,10 @@ def main(argv=None) -> int:
         rows += measure(hs.LLM(max_batch_size=16, **settings), name, pairs, rates)
     print_table(rows, title=f"hybridspec serve, embedded pair, {len(pairs)} requests per rate; "
                             f"{common.describe_machine()}")
+    targets = verdicts(rows)
+    print_table(targets, title="serving targets (figure against threshold)")
     out = args.out or Path("serve.json")
-    write_json(out, {"rows": rows, "requests": len(pairs)})
+    write_json(out, {"rows": rows, "requests": len(pairs), "targets": targets})
     plot(rows, Path(out).with_suffix(".png"))
     return 0
 
