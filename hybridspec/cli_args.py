@@ -25,6 +25,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "byte-level model)")
 
 
+def gamma_arg(text: str) -> int | str:
+    """γ on the command line: an integer or 'auto' (the Engine checks the integer:
+    its error names num_draft_tokens and the fix)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
+
+
 def load_checkpoint(flag: str, path: str, also: str = "", **kwargs):
     """hs.load(path, **kwargs), its CheckpointError as a UsageError naming `flag`."""
     import hybridspec as hs

@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-from .cli_args import DTYPE_NAMES, add_model_arguments
+from .cli_args import DTYPE_NAMES, add_model_arguments, gamma_arg
 
 DEFAULT_PROMPT = '''class Stack:
     """A last-in, first-out stack."""
@@ -172,17 +172,6 @@ def build_llm(args: argparse.Namespace):
     plain = None if draft is None or args.no_baseline else \
         hs.Engine(target, eos_token_ids=eos, decode=codec.decode, cuda_graphs=args.cuda_graphs or None, **sizes)
     return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
-
-
-def gamma_arg(text: str) -> int | str:
-    """--gamma: an integer or 'auto' (the Engine checks the integer: its error names
-    num_draft_tokens and the fix)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
 
 
 def max_gamma(gamma: int | str) -> int:

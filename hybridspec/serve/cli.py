@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from ..cli_args import DTYPE_NAMES, add_model_arguments
+from ..cli_args import DTYPE_NAMES, add_model_arguments, gamma_arg
 from ..errors import UsageError
 
 
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1 routes (default: none required)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the model directory's name, or 'hybridspec')")
-    parser.add_argument("--num-draft-tokens", type=_gamma, default="auto",
+    parser.add_argument("--num-draft-tokens", type=gamma_arg, default="auto",
                         help="γ, drafts per sequence per round, or 'auto' (adaptive; default)")
     parser.add_argument("--max-draft-tokens", type=int, default=None, help="γ_max of 'auto' (default 8)")
     parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
@@ -35,15 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="model dtype (default float32 on CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for CPU runs")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-
-
-def _gamma(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'auto'") from None
 
 
 def run(args: argparse.Namespace) -> int:
