@@ -105,10 +105,10 @@ class Request:
         return self.output.token_ids[-1] if self.output.token_ids else self.output.prompt_token_ids[-1]
 
     def cut(self, tokens: list[int]) -> Cut:
-        """What emitting `tokens` would do: how many it keeps (up to and including
+        """What emitting `tokens` (Python ints) would do: how many it keeps (up to and including
         the token that ends the request: stop token, EOS, stop string,
         max_new_tokens) and whether, and why, the request ends."""
-        return self.stops.cut(self.output.token_ids, [int(t) for t in tokens])
+        return self.stops.cut(self.output.token_ids, tokens)
 
     def emit(self, result: RowResult) -> None:
         """Append what a round or a plain step gave this request (its tokens
@@ -116,7 +116,7 @@ class Request:
         stop_reason when it ends. An ended (e.g. aborted) request keeps nothing."""
         if self.finished:
             return
-        tokens = [int(t) for t in result.tokens]
+        tokens = result.tokens
         self.output.token_ids.extend(tokens)
         if result.logprobs is not None:
             self.output.logprobs = (self.output.logprobs or []) + result.logprobs

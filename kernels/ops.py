@@ -77,7 +77,10 @@ class Linear:
 
 
 class NativeLinear(Linear):
-    """The few-row C kernel (`cpu_rows`) where it takes the operands."""
+    """The few-row C kernel (`cpu_rows`) where it takes the operands. The body
+    repeats `Linear`'s rather than calling it: a linear runs about fifty times
+    per layer-by-layer forward, and a second Python call each is host work on
+    the decode path."""
     reads_16bit = True
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

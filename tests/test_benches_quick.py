@@ -57,6 +57,22 @@ def test_tables_and_json(benches, tmp_path):
     assert {"platform", "cpu_count", "torch", "date", "torch_threads"} <= set(payload["machine"])
 
 
+def test_serve_quick(benches, tmp_path):
+    """Servers started, Poisson clients served, a row per variant and rate, and the serving targets."""
+    pytest.importorskip("uvicorn")
+    out = tmp_path / "serve.json"
+    assert bench_main("serve")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = payload["rows"]
+    assert [(r["variant"], r["rate"]) for r in rows] == [("plain", 4.0), ("plain", 32.0), ("γ=4", 4.0), ("γ=4", 32.0)]
+    assert all(r["out_tok_per_s"] > 0 and 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"] and r["offline_ttft_ms"] > 0
+               for r in rows)
+    assert [t["target"] for t in payload["targets"]] == [
+        "plain: served / offline tok/s at 32 req/s", "plain: p50 TTFT / offline first token at 4 req/s",
+        "γ=4: served / offline tok/s at 32 req/s", "γ=4: p50 TTFT / offline first token at 4 req/s"]
+    assert all(t["figure"] > 0 for t in payload["targets"])
+
+
 def test_plain_decode_quick(benches, tmp_path):
     out = tmp_path / "plain.json"
     assert bench_main("plain_decode")(["--quick", "--out", str(out)]) == 0

@@ -37,7 +37,9 @@ class RowResult:
 
     @classmethod
     def of(cls, request, emitted: list[int], logprobs: list[TokenLogprob] | None) -> "RowResult":
-        """`emitted` (and their `logprobs`) cut by `request`'s stop rules."""
+        """`emitted` (and their `logprobs`) cut by `request`'s stop rules; the
+        tokens as Python ints from here on."""
+        emitted = [int(t) for t in emitted]
         cut = request.cut(emitted)
         return cls(emitted[:cut.kept], cut, None if logprobs is None else logprobs[:cut.kept])
 
