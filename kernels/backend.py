@@ -94,6 +94,8 @@ class Backend:
     mamba1_steps: ops.Mamba1Steps
     mamba2_replay: ops.LogReplay
     mamba1_replay: ops.LogReplay
+    gdn_steps: ops.GdnSteps
+    gdn_replay: ops.GdnLogReplay
     paged_attention: ops.PagedAttention
     kv_write: ops.KVWrite
     rejection: ops.Rejection
@@ -125,7 +127,8 @@ def select(device: torch.device | str, dtype: torch.dtype, name: str | None = No
         name=name, device=device, dtype=dtype, linear=ops.LINEAR[kind], norm=ops.NORM[kind],
         rotary=ops.ROTARY[kind], conv_window=ops.CONV_WINDOW[kind], mamba2_steps=ops.MAMBA2_STEPS[kind],
         mamba1_steps=ops.MAMBA1_STEPS[kind], mamba2_replay=ops.MAMBA2_REPLAY[kind],
-        mamba1_replay=ops.MAMBA1_REPLAY[kind], paged_attention=ops.PAGED_ATTENTION[kind],
+        mamba1_replay=ops.MAMBA1_REPLAY[kind], gdn_steps=ops.GDN_STEPS[kind], gdn_replay=ops.GDN_REPLAY[kind],
+        paged_attention=ops.PAGED_ATTENTION[kind],
         kv_write=ops.KV_WRITE[kind], rejection=ops.REJECTION[kind],
         native_blocks=native and name in ("auto", "native", "native-blocks"),
         whole_forward=native and name in ("auto", "native"),

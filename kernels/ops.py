@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from hybridspec.kernels import cpu_conv, cpu_mamba1, cpu_mamba2, cpu_native, cpu_norm, cpu_rows
 from hybridspec.kernels.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
                                             conv_window_update_ref)
+from hybridspec.kernels.gdn_verify import gdn_replay_ref, gdn_verify_ref
 from hybridspec.kernels.kv_write import kv_write
 from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
@@ -230,6 +231,22 @@ class TritonMamba1Steps(Mamba1Steps):
         return mamba1_verify(ssm_states, batch.src_slot, batch.snap_slot, x, dt, A, B, C, D, batch.num_tokens)
 
 
+class GdnSteps:
+    """The gated delta rule over a forward's inputs from each row's head slot,
+    writing the snapshots `batch`'s plan asks for (`kernels.gdn_verify`) ->
+    o [batch, T, HV, d_v]. `final_scan(states, batch, q, k, v, g, beta)`: the
+    mixer's chunked form, for a forward that keeps only each row's final state."""
+
+    def __call__(self, states, batch, q, k, v, g, beta, final_scan):
+        if batch.final_state_only and v.shape[1] >= SSD_MIN_TOKENS:
+            return final_scan(states, batch, q, k, v, g, beta)
+        return self.steps(states, batch, q, k, v, g, beta)
+
+    @staticmethod
+    def steps(states, batch, q, k, v, g, beta):
+        return gdn_verify_ref(states, None, None, q, k, v, g, beta, None, plan=batch.slots)
+
+
 # -- log replay -------------------------------------------------------------------------------------
 
 class LogReplay:
@@ -259,6 +276,21 @@ class NativeLogReplay(LogReplay):
                                                                  conv_weight, conv_bias):
             return
         super().__call__(ssm, conv, src_slot, dst_slot, first, num_steps, log, A, D, conv_weight, conv_bias)
+
+
+class GdnLogReplay:
+    """A GDN layer's log replay: the gated delta rule over logged k, v, g, β and
+    the conv window over logged xs, from src_slot[b] over inputs first[b] ..
+    first[b] + num_steps[b] - 1 into dst_slot[b] (-1: untouched); `log` has
+    xs, k, v, g, beta and `shifted`."""
+
+    def __init__(self, replay, rebuild):
+        self.replay, self.rebuild = replay, rebuild
+
+    def __call__(self, states, conv, src_slot, dst_slot, first, num_steps, log):
+        log = log.shifted(first)
+        self.replay(states, src_slot, dst_slot, num_steps, log.k, log.v, log.g, log.beta)
+        self.rebuild(conv, src_slot, dst_slot, num_steps, log.xs)
 
 
 # -- attention and K/V ------------------------------------------------------------------------------
@@ -323,6 +355,8 @@ MAMBA1_REPLAY = {"torch": LogReplay(mamba1_replay_ref, conv_window_rebuild_ref),
                  "triton": LogReplay(mamba1_replay, conv_window_rebuild),
                  "native": NativeLogReplay(mamba1_replay_ref, conv_window_rebuild_ref, cpu_mamba1.mamba1_steps,
                                            cpu_mamba1.applies)}
+GDN_STEPS = {"torch": GdnSteps(), "triton": GdnSteps(), "native": GdnSteps()}
+GDN_REPLAY = {kind: GdnLogReplay(gdn_replay_ref, conv_window_rebuild_ref) for kind in ("torch", "triton", "native")}
 PAGED_ATTENTION = {"torch": PagedAttention(), "triton": TritonPagedAttention(), "native": PagedAttention()}
 KV_WRITE = {"torch": KVWrite(), "triton": TritonKVWrite(), "native": KVWrite()}
 REJECTION = {"torch": Rejection(rejection_ref), "triton": Rejection(rejection), "native": Rejection(rejection_ref)}
