@@ -48,6 +48,10 @@ class PenaltyContext:
         seen[torch.arange(len(tokens), device=tokens.device), tokens] = True
         return PenaltyContext(counts, seen)
 
+    def select(self, rows: torch.Tensor) -> "PenaltyContext":
+        """The context of rows `rows` [N'] int64 only."""
+        return PenaltyContext(self.counts[rows], self.seen[rows])
+
     def with_drafts(self, drafts: list[list[int]], num_inputs: int) -> "PenaltyContext":
         """The context of every verify input, rows flattened: row b·T + j sees the
         committed tokens and d_1..d_j (T = num_inputs; j past g_b repeats d_1..d_g)."""

@@ -22,9 +22,8 @@ request waiting or being preempted, never in a forward that finds no page.
 
 A request that could never run (its longest sequence, prompt plus
 max_new_tokens, needs more pages than a whole pool) is refused at submission
-(`check_fits`), so the oldest running request always fits alone (alone, no
-other row makes its drafter step past its own γ) and the preemption loop
-ends; the queue never deadlocks.
+(`check_fits`), so the oldest running request always fits alone and the
+preemption loop ends; the queue never deadlocks.
 
 The scheduler is bookkeeping over lengths and page counts: the engine runs the
 forwards, frees caches through `release`, and owns the requests.
@@ -43,7 +42,7 @@ def pages_for(cache: HybridCache, num_tokens: int) -> int:
     return -(-num_tokens // cache.block_size) if cache.kv is not None else 0
 
 
-def round_positions(committed_len: int, round_tokens: int, batch_gamma: int, is_drafter: bool) -> int:
+def round_positions(committed_len: int, round_tokens: int) -> int:
     """The reservation rule: positions one running sequence occupies in a cache
     once its next round has run, the most that any forward of the round writes.
     Every page the scheduler reserves (admission, `reserve`) comes from here.
@@ -51,17 +50,13 @@ def round_positions(committed_len: int, round_tokens: int, batch_gamma: int, is_
     round_tokens: the sequence's verify inputs at most (its last token and its
         γ_b drafts, γ_b clamped to what is left of max_new_tokens; 1 for a
         plain decode step), the engine's `tokens_per_round`.
-    batch_gamma: the largest γ_b of the batch (max round_tokens - 1).
 
     The target's cache: the verify forward (or the plain step) writes positions
     committed_len - 1 … committed_len - 2 + round_tokens; token replay and a
     prefix-cache restore only rewrite positions below committed_len.
-    A model drafter's cache: a row that drafts (γ_b > 0) is caught up to
-    committed_len and then decodes with every drafting row of the batch,
-    batch_gamma - 1 steps, past its own γ_b when it is near its end (the
-    drafts beyond γ_b are dropped, the K/V they wrote are not)."""
-    if is_drafter and round_tokens > 1:
-        return committed_len - 1 + max(round_tokens, batch_gamma)
+    A model drafter's cache: a drafting row is caught up to committed_len and
+    then decodes its own γ_b - 1 drafts (`ModelDrafter.propose` steps no row
+    past its γ_b), the same positions."""
     return committed_len - 1 + round_tokens
 
 
@@ -114,17 +109,12 @@ class Scheduler:
         admitted = []
         if not self.waiting or len(self.running) >= self.max_running:
             return admitted  # (the page arithmetic below is a round's largest host cost at batch 8)
-        gamma = max((tokens_per_round(r) for r in self.running), default=1) - 1
-        reserved = self._reserved(self.running, tokens_per_round, gamma)
+        reserved = self._reserved(self.running, tokens_per_round)
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
-            tokens = tokens_per_round(request)
-            if tokens - 1 > gamma:  # the newcomer drafts further: the drafting rows step further with it
-                gamma = tokens - 1
-                reserved = self._reserved(self.running, tokens_per_round, gamma)
             # not prefilled yet: its prefill emits a first token before the round
-            need = [pages_for(cache, round_positions(request.committed_len + 1, tokens, gamma, i > 0))
-                    for i, cache in enumerate(self.caches)]
+            positions = round_positions(request.committed_len + 1, tokens_per_round(request))
+            need = [pages_for(cache, positions) for cache in self.caches]
             if not self._make_free(lambda: [r + n for r, n in zip(reserved, need)]):
                 break
             self.waiting.popleft()
@@ -170,15 +160,13 @@ class Scheduler:
     def _fits(self, pages: list[int]) -> bool:
         return all(n <= self._free_pages(cache) for cache, n in zip(self.caches, pages))
 
-    def _reserved(self, requests: list, tokens_per_round, gamma: int | None = None) -> list[int]:
-        """Per cache, the pages the next round of `requests` takes from its pool;
-        `gamma`: the batch's largest γ_b (default: that of `requests`)."""
+    def _reserved(self, requests: list, tokens_per_round) -> list[int]:
+        """Per cache, the pages the next round of `requests` takes from its pool."""
         tokens = [tokens_per_round(r) for r in requests]
-        gamma = max(tokens, default=1) - 1 if gamma is None else gamma
-        return [self._round_pages(cache, requests, tokens, gamma, i > 0) for i, cache in enumerate(self.caches)]
+        return [self._round_pages(cache, requests, tokens) for cache in self.caches]
 
     @staticmethod
-    def _round_pages(cache: HybridCache, requests: list, tokens: list[int], gamma: int, is_drafter: bool) -> int:
+    def _round_pages(cache: HybridCache, requests: list, tokens: list[int]) -> int:
         """Pages the next round of `requests` (`tokens[b]`: row b's round tokens)
         takes from `cache`'s pool (they already hold the rest)."""
         if cache.kv is None:
@@ -186,9 +174,9 @@ class Scheduler:
         total, held = 0, []
         for r, n in zip(requests, tokens):
             if cache.has_sequence(r.seq_id):
-                held.append((r.seq_id, round_positions(r.committed_len, n, gamma, is_drafter)))
+                held.append((r.seq_id, round_positions(r.committed_len, n)))
             else:  # admitted but not prefilled yet: its prefill emits a first token before the round
-                total += pages_for(cache, round_positions(r.committed_len + 1, n, gamma, is_drafter))
+                total += pages_for(cache, round_positions(r.committed_len + 1, n))
         return total + cache.kv.blocks_needed_each(held)
 
     @staticmethod

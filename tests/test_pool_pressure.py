@@ -1,7 +1,7 @@
 """A full KV pool ends in admission waiting or preemption, never in
 `CacheFullError` from inside a forward: the scheduler reserves what every
-round writes (`hybridspec.scheduler.round_positions`), a model drafter's
-steps past a row's own γ near its end included. Random request streams over
+round writes (`hybridspec.scheduler.round_positions`), in a model
+drafter's cache too, where no row steps past its own γ. Random request streams over
 random tiny pools (plain, fixed γ and "auto" engines, model and n-gram
 drafters, prefix cache on and off, aborts, late arrivals) give every request
 the tokens it has alone and leave every page and ring free."""
@@ -42,11 +42,10 @@ def check_writes_against_the_rule(engine) -> None:
 
     def reserve_bounds(tokens_per_round, admitted=()):
         admitted = {id(r) for r in admitted}
-        gamma = max((tokens_per_round(r) for r in scheduler.running), default=1) - 1
-        for i, bound in enumerate(bounds):
+        for bound in bounds:
             bound.clear()
-            bound.update((r.seq_id, round_positions(r.committed_len + (id(r) in admitted), tokens_per_round(r),
-                                                    gamma, i > 0)) for r in scheduler.running)
+            bound.update((r.seq_id, round_positions(r.committed_len + (id(r) in admitted), tokens_per_round(r)))
+                         for r in scheduler.running)
 
     def wrapped(method, after):
         def call(tokens_per_round):
@@ -70,11 +69,12 @@ def check_writes_against_the_rule(engine) -> None:
         cache.kv.prepare_write = prepare_write
 
 
-def test_a_drafter_stepping_past_a_rows_gamma_near_its_end_is_reserved_for(models):
+def test_a_row_near_its_end_drafts_no_further_than_its_gamma(models):
     """The case traced in issue 35: three requests near their ends in a pool of 9
-    pages; the drafter steps every drafting row max(γ_b) - 1 times, past the γ_b of
-    a row with little left. Before the reservation counted it, a forward raised
-    CacheFullError (7 free pages reserved, 8 needed)."""
+    pages. A drafter that stepped every drafting row max(γ_b) - 1 times, past the
+    γ_b of a row with little left, wrote K/V the scheduler had not reserved and a
+    forward raised CacheFullError (7 free pages reserved, 8 needed); now no
+    drafter write leaves the rule's positions."""
     target, draft = models
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 97) for _ in range(n)] for n in (13, 9, 16)]
@@ -87,10 +87,11 @@ def test_a_drafter_stepping_past_a_rows_gamma_near_its_end_is_reserved_for(model
 
 
 @pytest.mark.parametrize("seed", [111, 260, 486])
-def test_streams_whose_drafting_rows_step_past_their_gamma_into_a_full_pool(models, seed):
-    """Streams drawn like the property test's below where a model drafter's
-    rows near their ends step past their own γ into an exactly full pool (about
-    one random stream in seventy does)."""
+def test_streams_whose_drafting_rows_near_their_ends_meet_a_full_pool(models, seed):
+    """Streams drawn like the property test's below in which a model drafter's
+    rows near their ends have fewer drafts to make than the batch's largest γ,
+    in an exactly full pool (where a drafter stepping past a row's γ ran out of
+    pages, about one random stream in seventy)."""
     target, draft = models
     rng = random.Random(seed)
     requests = [(rng.randint(1, 14), rng.randint(1, 9)) for _ in range(rng.randint(2, 8))]
