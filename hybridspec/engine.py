@@ -130,6 +130,13 @@ class Request:
         return self.output.finish_reason is not None
 
 
+
+def step_output(request: Request, start: int) -> StepOutput:
+    """What `request` gained since its output had `start` tokens."""
+    out = request.output
+    return StepOutput(request.request_id, out.token_ids[start:], request.finished, out.sample_index,
+                      out.finish_reason, out.stop_reason, None if out.logprobs is None else out.logprobs[start:])
+
 class Engine:
     """Plain or speculative generation of token ids over a `HybridModel`
     (`hs.LLM` is the text-level front end built on it).
@@ -287,14 +294,19 @@ class Engine:
         [prompt], [params] = self._normalize([prompt], None if params is None else [params])
         return self._submit([prompt], [params], None)[0]
 
-    def step(self) -> list[StepOutput]:
+    def step(self, first_tokens: Callable[[list[StepOutput]], None] | None = None) -> list[StepOutput]:
         """One engine step: admit waiting requests the caches can take and
         prefill them (each emits its first token), then one round (a
         speculative round, or a plain decode step) of every running sequence.
         Returns what each sequence gained this step, in batch order;
         `finished` marks its last report. Requests that finished or were
         aborted leave every cache before it returns. If it raises,
-        `step_request_ids` names the requests of its batch."""
+        `step_request_ids` names the requests of its batch.
+
+        first_tokens: called with the admitted requests' first tokens as soon
+        as their prefill has emitted them, before the round (a server streams
+        them without waiting for the round); what it was given is not
+        repeated in the returned list."""
         step_stats = EngineStats()
         before = self._batch = {}  # seq_id -> (request, its output length when it joined the step)
         try:
@@ -303,6 +315,8 @@ class Engine:
                 before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
             if admitted:
                 self._prefill(admitted, step_stats)
+                if first_tokens is not None:
+                    first_tokens(self._report_early([before[r.seq_id] for r in admitted]))
             self.scheduler.reserve(self._round_tokens)
             running = [r for r in self.scheduler.running if not r.finished]
             for r in running:
@@ -322,10 +336,17 @@ class Engine:
             self.total_stats.add(step_stats)
         self._batch = {}  # only a step that raised leaves its batch for `step_request_ids`
         aborted, self._aborted = self._aborted, []
-        return aborted + [StepOutput(r.request_id, r.output.token_ids[start:], r.finished, r.output.sample_index,
-                                     r.output.finish_reason, r.output.stop_reason,
-                                     None if r.output.logprobs is None else r.output.logprobs[start:])
-                          for r, start in before.values() if len(r.output.token_ids) > start or r.finished]
+        return aborted + [step_output(r, start) for r, start in before.values()
+                          if start is not None and (len(r.output.token_ids) > start or r.finished)]
+
+    def _report_early(self, entries: list[tuple[Request, int]]) -> list[StepOutput]:
+        """The StepOutputs of `entries` (request, output length when it joined
+        the step) now; the step's batch then counts them from here, and one
+        that finished is not reported again (its start becomes None)."""
+        outputs = [step_output(r, start) for r, start in entries if len(r.output.token_ids) > start or r.finished]
+        for r, _ in entries:
+            self._batch[r.seq_id] = (r, None if r.finished else len(r.output.token_ids))
+        return outputs
 
     def step_request_ids(self) -> list[int]:
         """The ids of the requests in the batch of the `step` running now or of

@@ -196,3 +196,39 @@ def test_jamba_moe_under_preemption(models):
     assert [o.token_ids for o in engine.generate(prompts, params)] == alone(target, prompts, [params] * 4)
     assert engine.stats.preemptions > 0
     assert_empty(engine)
+
+
+def test_first_tokens_are_handed_out_before_the_round_and_not_repeated(models):
+    """`step(first_tokens=)`: each admitted request's first token reaches the
+    callback after its prefill, before the step's round; the step's return then
+    holds only what the round added, and a request that ended with its first
+    token is reported once. Together they are what `step()` returns alone."""
+    target, draft = models
+    prompts, params = prompts_and_params(target.vocab_size, 5, seed=3)
+    params[1] = hs.SamplingParams(max_new_tokens=1, ignore_eos=True)  # ends with its prefill's token
+
+    def run(with_callback: bool):
+        engine = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=3, block_size=BLOCK)
+        for p, q in zip(prompts, params):
+            engine.add_request(p, q)
+        reports, early = [], []
+
+        def first_tokens(outputs):
+            assert all(len(o.token_ids) == 1 for o in outputs)  # the prefill's token: no round ran yet
+            early.extend(outputs)
+            reports.extend(outputs)
+        while engine.has_unfinished_requests():
+            reports += engine.step(first_tokens if with_callback else None)
+        assert_empty(engine)
+        return reports, early
+
+    plain, _ = run(False)
+    split, early = run(True)
+    assert {o.request_id for o in early} == set(range(len(prompts)))
+    assert sum(o.finished for o in split) == sum(o.finished for o in plain) == len(prompts)  # one final report each
+    tokens = {}
+    for reports in (plain, split):
+        got = tokens.setdefault(id(reports), {})
+        for o in reports:
+            got.setdefault(o.request_id, []).extend(o.token_ids)
+    assert tokens[id(plain)] == tokens[id(split)]

@@ -228,11 +228,11 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(llm, live, cli
     step = llm.engine.step
     calls = {"n": 0}
 
-    def fail_once():
+    def fail_once(first_tokens=None):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected fault")
-        return step()
+        return step(first_tokens)
 
     monkeypatch.setattr(llm.engine, "step", fail_once)
     with pytest.raises(openai.InternalServerError):
@@ -289,7 +289,8 @@ def test_a_failing_step_fails_only_its_batch_while_waiting_requests_complete(off
         round_ = engine._round
 
         def first_waits(*args, **kwargs):
-            wait_until(lambda: loop.num_waiting == count, "every client to be queued")
+            # the running ones have their first tokens (handed out before the round)
+            wait_until(lambda: loop.num_waiting == count - len(engine.scheduler.running), "every client to be queued")
             engine._round = round_
             return round_(*args, **kwargs)
 
@@ -313,9 +314,9 @@ def test_past_max_queue_new_requests_get_503():
     llm = hs.LLM(max_batch_size=2)  # its own: a second server must not drive the shared engine
     release, step = threading.Event(), llm.engine.step
 
-    def held_step():  # the engine loop stalls: the first request keeps waiting
+    def held_step(first_tokens=None):  # the engine loop stalls: the first request keeps waiting
         release.wait(20)
-        return step()
+        return step(first_tokens)
 
     with LiveServer(llm, max_queue=1) as server:
         llm.engine.step = held_step

@@ -3,7 +3,8 @@
 Request handlers (asyncio) submit prompts and abort them through a command
 queue; the loop thread adds them to the engine between steps, runs a step
 whenever there is work, and hands every `StepOutput` to its request's
-asyncio queue. A request's handler ends it (`abort`) when its client leaves,
+asyncio queue; a new request's first token as soon as its prefill made it,
+before the step's round (`Engine.step(first_tokens=)`). A request's handler ends it (`abort`) when its client leaves,
 so its pages and rings return to the pools at the next step boundary.
 
 An exception inside `step()` fails the requests of that step (its batch,
@@ -108,7 +109,7 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             try:
-                outputs = self.engine.step()
+                outputs = self.engine.step(first_tokens=self._hand_out)  # first tokens before the round
             except Exception as error:  # noqa: BLE001 - any failure of a step must not end the loop
                 log.exception("engine step failed; failing its requests")
                 self._fail_step(f"the engine failed while generating: {type(error).__name__}: {error}")
