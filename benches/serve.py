@@ -4,7 +4,8 @@ For each server variant (plain decoding, a fixed γ, adaptive γ "auto"; the
 embedded pair, started here on 127.0.0.1 in this process) and each request
 rate, a fixed seeded workload (prompts cut from Python standard-library
 files, output lengths drawn uniformly) is sent by streaming clients arriving
-as a Poisson process. Per run: request throughput, output tokens/s, time to
+as a Poisson process from a process of their own (so that they do not take
+the server's interpreter lock, as the anchors' load generators do not). Per run: request throughput, output tokens/s, time to
 first token (TTFT) and inter-token latency (ITL: the rest of a request's
 time over its other tokens) at p50 and p99, and the preemptions the server
 counted. The offline reference is `generate` over the same workload.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import random
 import socket
 import statistics
@@ -98,6 +100,16 @@ async def poisson_run(url: str, pairs, rate: float, seed: int = 1) -> tuple[list
     return results, max(r["ended"] for r in results) - began
 
 
+def clients(url: str, pairs, rate: float) -> tuple[list[dict], float]:
+    """`poisson_run` in a child process of its own (spawned: it shares no lock with the server)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(run_clients, (url, pairs, rate))
+
+
+def run_clients(url: str, pairs, rate: float) -> tuple[list[dict], float]:
+    return asyncio.run(poisson_run(url, pairs, rate))
+
+
 def preemptions(url: str) -> int:
     import httpx
     for line in httpx.get(url + "/metrics").text.splitlines():
@@ -122,7 +134,7 @@ def measure(llm, name: str, pairs, rates: list[float]) -> list[dict]:
     with Server(llm) as server:
         for rate in rates:
             before = preemptions(server.url)
-            results, seconds = asyncio.run(poisson_run(server.url, pairs, rate))
+            results, seconds = clients(server.url, pairs, rate)
             ttft, itl = [r["ttft"] for r in results], [r["itl"] for r in results]
             rows.append(dict(variant=name, rate=rate, req_per_s=len(results) / seconds,
                              out_tok_per_s=sum(r["tokens"] for r in results) / seconds, offline_tok_per_s=offline,
