@@ -109,6 +109,9 @@ class Mamba2Config:
     norm: Literal["gate_then_norm", "norm_then_gate", "gate_only"] = "gate_then_norm"
     # Falcon-H1's µP multipliers of the in_proj output slices (z, x, B, C, dt), times ssm_in_multiplier
     in_proj_multipliers: tuple[float, float, float, float, float] | None = None
+    # tensor parallel (`hybridspec.tp`): the gated RMSNorm's one group spans this many ranks' channels, its
+    # mean of squares summed across them
+    norm_shards: int = 1
 
     def __post_init__(self):
         _check_types(self)

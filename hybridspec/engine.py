@@ -131,6 +131,19 @@ class Request:
 
 
 
+def check_tensor_parallel(target: HybridModel, size: int | None):
+    """The target's TensorParallel group (None: one device), checked against
+    the `tensor_parallel_size` asked for (None: whatever the target is)."""
+    tp = target.tensor_parallel
+    have = 1 if tp is None else tp.size
+    if size is not None and size != have:
+        held = f"one shard over {have} ranks" if tp else "not sharded"
+        raise ConfigError(f"tensor_parallel_size={size} but the target is {held}; load it with hs.load(path, "
+                          f"tensor_parallel_size={size}) (or hs.from_hf(model, tensor_parallel_size={size})) in each "
+                          f"of the {size} processes")
+    return tp
+
+
 def step_output(request: Request, start: int) -> StepOutput:
     """What `request` gained since its output had `start` tokens."""
     out = request.output
@@ -183,6 +196,11 @@ class Engine:
         `HYBRIDSPEC_CUDA_GRAPHS` ("1": for each model that can be captured,
         the others eager; unset or "0": never). Prefill and forwards of more
         than 8 inputs run as usual.
+    tensor_parallel_size: None (default) takes the target as it is; N checks
+        that the target is one shard over N ranks (`hs.load(path,
+        tensor_parallel_size=N)`, `hybridspec.tp`). Every rank runs the same
+        Engine over the same requests; choices made from timings (adaptive γ,
+        `CheckpointPolicy.auto`'s costs) are rank 0's.
 
     Requests: `generate` (a list in, a list out), `stream` (an iterator of
     new tokens), or `add_request` / `step` / `abort` for a server's own loop;
@@ -199,9 +217,10 @@ class Engine:
                  max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None,
                  state_dtype: torch.dtype | None = None, eos_token_ids: Iterable[int] | None = None,
                  decode: Decode | None = None, prefix_cache: bool | PrefixCache | None = None,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, tensor_parallel_size: int | None = None):
         if not isinstance(target, HybridModel):
             raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
+        self.tensor_parallel = check_tensor_parallel(target, tensor_parallel_size)
         if verify not in ("rejection", "coupled"):
             raise ConfigError(f"verify={verify!r} must be 'rejection' or 'coupled'")
         if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
@@ -244,6 +263,8 @@ class Engine:
             policy = resolve_policy(checkpoint).bind(  # "auto" measures step costs here
                 target, num_draft_tokens, max_batch_size=self.max_batch_size, state_dtype=self.state_dtype,
                 new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
+            if self.tensor_parallel is not None:  # measured costs differ by rank: every rank takes rank 0's
+                policy = self.tensor_parallel.broadcast(policy)
             halves = ring_halves_by_default(target.device)  # CPU: batched snapshot writes in place
             self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens, halves=halves))
             self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache,
@@ -557,6 +578,8 @@ class Engine:
         if controller is not None:
             gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests],
                                        self.speculator.drafter.backlog(requests))
+            if self.tensor_parallel is not None:  # chosen from timings, which differ by rank: rank 0's
+                gammas = self.tensor_parallel.broadcast(gammas)
         before = dict(stats.seconds)
         backlog_s, backlog_tokens = 0.0, 0  # the drafter's one-off absorption in this round
         if self.speculator is not None and (gammas is None or any(gammas)):

@@ -74,6 +74,9 @@ class LLM:
         `Engine` (γ = 4, a snapshot after every verify input, "rejection",
         16 sequences, the model's limit up to 4096 tokens, no prefix cache,
         CUDA graphs as `HYBRIDSPEC_CUDA_GRAPHS` says: none unless it is "1").
+    tensor_parallel_size: > 1, this process loads its shard of the target
+        (`hybridspec.tp`) in a torch.distributed group of that many ranks that
+        torchrun or the caller started; the draft runs whole on every rank.
     device: torch device to load onto (default "cpu"); dtype: "float32",
         "bfloat16", "float16", "float64" or a torch.dtype (default: float32
         on a CPU, where a bf16 checkpoint's linear weights and embedding
@@ -95,10 +98,11 @@ class LLM:
                  verify: Literal["rejection", "coupled"] = "rejection",
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
                  max_batch_size: int = 16, max_model_len: int | None = None,
-                 eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool | None = None):
+                 eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool | None = None,
+                 tensor_parallel_size: int = 1):
         dtype = load_dtype(model_dtype(dtype), device)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
-        self.target = as_model(embedded_target if model is None else model, dtype, device)
+        self.target = as_model(embedded_target if model is None else model, dtype, device, tensor_parallel_size)
         if draft == DEFAULT_DRAFT:
             draft = embedded_draft if model is None else "ngram"
         self.codec = as_codec(tokenizer, model, self.target.vocab_size)
@@ -109,7 +113,7 @@ class LLM:
                              max_draft_tokens=max_draft_tokens, checkpoint=checkpoint,
                              verify=verify, max_batch_size=max_batch_size, max_model_len=max_model_len,
                              eos_token_ids=eos_token_ids, decode=self.codec.decode, prefix_cache=prefix_cache,
-                             cuda_graphs=cuda_graphs)
+                             cuda_graphs=cuda_graphs, tensor_parallel_size=tensor_parallel_size)
 
     @property
     def stats(self) -> EngineStats:
@@ -177,12 +181,13 @@ def load_dtype(dtype: torch.dtype | None, device) -> torch.dtype | None:
     return dtype
 
 
-def as_model(model, dtype, device) -> HybridModel:
-    """A HybridModel from a checkpoint directory (or the model itself)."""
+def as_model(model, dtype, device, tensor_parallel_size: int = 1) -> HybridModel:
+    """A HybridModel from a checkpoint directory, this rank's shard of it with
+    tensor_parallel_size > 1 (or the model itself)."""
     if isinstance(model, HybridModel):
         return model
     if isinstance(model, (str, Path)):
-        return load(model, dtype=dtype, device=device)
+        return load(model, dtype=dtype, device=device, tensor_parallel_size=tensor_parallel_size)
     raise ConfigError(f"expected a checkpoint directory or a HybridModel, got a {type(model).__name__}")
 
 

@@ -114,9 +114,11 @@ class Backend:
         return self.linear.reads_16bit
 
 
-def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None) -> Backend:
+def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None, sharded: bool = False) -> Backend:
     """The backend for a model or cache on `device` computing in `dtype` under
-    `name` (default: `choice()`)."""
+    `name` (default: `choice()`); `sharded`: the model is one tensor-parallel
+    shard, whose layers sum their outputs across ranks between the ops, so no
+    native block or whole forward runs it."""
     name = choice() if name is None else check_choice(name, "backend")
     device = torch.device(device)
     native = (name.startswith("native") or name == "auto") and device.type == "cpu" and dtype is torch.float32 \
@@ -130,8 +132,8 @@ def select(device: torch.device | str, dtype: torch.dtype, name: str | None = No
         mamba1_replay=ops.MAMBA1_REPLAY[kind], gdn_steps=ops.GDN_STEPS[kind], gdn_replay=ops.GDN_REPLAY[kind],
         paged_attention=ops.PAGED_ATTENTION[kind],
         kv_write=ops.KV_WRITE[kind], rejection=ops.REJECTION[kind],
-        native_blocks=native and name in ("auto", "native", "native-blocks"),
-        whole_forward=native and name in ("auto", "native"),
+        native_blocks=native and not sharded and name in ("auto", "native", "native-blocks"),
+        whole_forward=native and not sharded and name in ("auto", "native"),
         writes_any_slot=triton, graphable=triton, captures=triton and device.type == "cuda")
 
 

@@ -38,10 +38,13 @@ def _adapter(architecture: str):
     return importlib.import_module(f"{__name__}.{HF_ADAPTERS[architecture]}")
 
 
-def from_hf(model) -> HybridModel:
+def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
     """A HybridModel from a loaded HF model (`BambaForCausalLM`, `JambaForCausalLM`,
     `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM`, `FalconH1ForCausalLM` or `Zamba2ForCausalLM`), sharing its parameters
     (no copy: same dtype and device).
+    tensor_parallel_size: > 1, this process's shard of the model over a
+    torch.distributed group of that many ranks (`hybridspec.tp`; the sharded
+    tensors are copies).
     Raises UnsupportedModelError for other architectures and CheckpointError
     when a tensor is missing or has the wrong shape for the config."""
     architecture = type(model).__name__
@@ -52,10 +55,11 @@ def from_hf(model) -> HybridModel:
     state = dict(model.named_parameters())
     state.update(model.named_buffers())
     weights = _checked(config, _to_canonical(adapter, cfg), state, adapter.RULES, source, {})
-    return HybridModel(config, weights)
+    return _build(config, weights, tensor_parallel_size)
 
 
-def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None) -> HybridModel:
+def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None,
+         tensor_parallel_size: int = 1) -> HybridModel:
     """Load a checkpoint directory: config.json + safetensors shards (with
     model.safetensors.index.json when sharded) or pytorch_model.bin, in HF
     layout or mamba_ssm's layout, from local files only.
@@ -65,7 +69,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     pack: lay linear weights out for CPU decoding (`HybridModel.pack_for_cpu`,
     which also keeps float32 weights whose values are all bfloat16 or float16
     values in that type, exactly: load a bf16 or fp16 checkpoint with
-    dtype=torch.float32 on CPU; default None: on CPU).
+    dtype=torch.float32 on CPU; default None: on CPU). tensor_parallel_size:
+    > 1, this process's shard over a torch.distributed group of that many
+    ranks (`hybridspec.tp`).
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise CheckpointError (see
     `checkpoint_files`, `validate`)."""
@@ -95,11 +101,21 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
                        and not (keep and v.dtype in HALF_DTYPES and storable_16bit(k)) else v)
                    for k, v in weights.items()}
     del state  # the model holds what it uses: packing frees each original as it copies it
-    model = HybridModel(config, weights)
+    model = _build(config, weights, tensor_parallel_size)
     del weights
     if pack:
         model.pack_for_cpu()
     return model
+
+
+def _build(config: HybridConfig, weights: dict[str, torch.Tensor], tensor_parallel_size: int) -> HybridModel:
+    """The HybridModel of `weights`, or this rank's shard of it (`hybridspec.tp`)."""
+    if tensor_parallel_size == 1:
+        return HybridModel(config, weights)
+    from ..tp import TensorParallel, shard_weights
+    tp = TensorParallel.of(tensor_parallel_size)
+    config, weights = shard_weights(config, weights, tp.rank, tp.size)
+    return HybridModel(config, weights).shard_over(tp)
 
 
 def _to_canonical(adapter, cfg: dict):

@@ -93,6 +93,7 @@ class DecoderLayer(nn.Module):
         ffn_weights = take(weights, "ffn")
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
         self.blocks = NO_BLOCKS  # its native blocks (`HybridModel.bind_backend`)
+        self.reduce = None  # tensor parallel: the sum over ranks of the mixer's and ffn's partial outputs
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
         """h, embeddings (the scaled token embeddings, read by shared blocks) [batch, T, hidden]."""
@@ -101,13 +102,17 @@ class DecoderLayer(nn.Module):
             out = block(h, batch, cache) if block is not None else None  # one C call, where it runs
             if out is None:
                 x = h if self.shared is None else h + self.shared(h, embeddings, batch, cache)
-                out = h + self.scaled(self.mixer(self.input_norm(x), batch, cache))
+                out = h + self.scaled(self.summed(self.mixer(self.input_norm(x), batch, cache)))
             h = out
         if self.ffn is not None:
             block = self.blocks.mlp
             out = block(h) if block is not None else None  # one C call, where it runs
-            h = out if out is not None else h + self.scaled(self.ffn(self.ffn_norm(h)))
+            h = out if out is not None else h + self.scaled(self.summed(self.ffn(self.ffn_norm(h))))
         return h
+
+    def summed(self, update: torch.Tensor) -> torch.Tensor:
+        """A row-parallel output summed over tensor-parallel ranks (itself on one device)."""
+        return update if self.reduce is None else self.reduce(update)
 
     def describe(self) -> LayerDesc:
         return LayerDesc(mixer=None if self.mixer is None else self.mixer.describe(),
@@ -150,7 +155,22 @@ class HybridModel(Kernelled, nn.Module):
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
         self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
+        self.tensor_parallel = None  # the TensorParallel group this model is a shard over (`shard_over`)
         self.bind_backend()
+
+    def shard_over(self, tp) -> "HybridModel":
+        """Mark this model, built from one rank's shard of the weights
+        (`tp.shard_weights`), as that shard of `tp` (a `tp.TensorParallel`):
+        its layers sum their partial outputs over the ranks, and the backend
+        runs the modules (the native blocks and whole forward do not reduce)."""
+        self.tensor_parallel = tp
+        for layer in self.layers:
+            layer.reduce = tp.all_reduce
+            for part in (layer.mixer, getattr(layer.mixer, "mamba", None)):
+                if hasattr(part, "reduce"):
+                    part.reduce = tp.all_reduce
+        self.bind_backend(self.backend_name)
+        return self
 
     def describe(self) -> ModelDesc:
         """What the kernels see of this model (`kernels.descriptors`)."""
@@ -167,7 +187,8 @@ class HybridModel(Kernelled, nn.Module):
         are replaced (`pack_for_cpu`, `to`, which keep a `name` given here):
         never per forward."""
         self.backend_name = name
-        backend = self.backend = backends.select(self.device, self.dtype, name)
+        backend = self.backend = backends.select(self.device, self.dtype, name,
+                                                 sharded=self.tensor_parallel is not None)
         for module in self.modules():
             if isinstance(module, Kernelled):
                 module.ops = backend

@@ -56,6 +56,7 @@ class Mamba1Mixer(LogReplay, Kernelled, nn.Module):
             self.dt_norm = RMSNorm(weights["dt_norm.weight"], eps)
             self.b_norm = RMSNorm(weights["b_norm.weight"], eps)
             self.c_norm = RMSNorm(weights["c_norm.weight"], eps)
+        self.reduce = None  # tensor parallel: the sum over ranks of x_proj's partial dt, B, C
 
     def describe(self) -> Mamba1Desc:
         return Mamba1Desc(d_inner=self.cfg.d_inner, d_state=self.cfg.d_state, state_layer=self.state_layer)
@@ -64,7 +65,10 @@ class Mamba1Mixer(LogReplay, Kernelled, nn.Module):
         """(Δ [batch, T, d_inner] in the compute dtype, B, C [batch, T, d_state]) from x [batch, T, d_inner]."""
         cfg = self.cfg
         linear = self.ops.linear
-        dt, B, C = linear(x, self.x_proj).split([cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
+        projected = linear(x, self.x_proj)  # [batch, T, dt_rank + 2·d_state]
+        if self.reduce is not None:  # x holds this rank's channels: x_proj's product is a partial sum
+            projected = self.reduce(projected)
+        dt, B, C = projected.split([cfg.dt_rank, cfg.d_state, cfg.d_state], dim=-1)
         if cfg.inner_layernorms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
         cd = compute_dtype(x.dtype)

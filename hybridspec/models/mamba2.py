@@ -29,18 +29,32 @@ from .ssd import ssd_chunk_scan
 
 
 def gate_and_norm(norm: Norm, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, cfg: Mamba2Config,
-                  eps: float) -> torch.Tensor:
+                  eps: float, reduce=None) -> torch.Tensor:
     """The mixer's output before out_proj, by `cfg.norm`: RMSNorm(y ⊙ silu(z))
     (Mamba2), RMSNorm(y) ⊙ silu(z) or y ⊙ silu(z) (Falcon-H1), through the
-    backend's `norm` op.  # [batch, T, d_inner]"""
-    if cfg.norm == "gate_then_norm":
+    backend's `norm` op; `reduce` sums over tensor-parallel ranks where the
+    norm's group spans them (`cfg.norm_shards`).  # [batch, T, d_inner]"""
+    if cfg.norm == "gate_then_norm" and cfg.norm_shards == 1:
         return norm.gated(y, gate, weight, cfg.group_size, eps)
     cd = compute_dtype(y.dtype)
     h, g = as_dtype(y, cd), F.silu(as_dtype(gate, cd))
     if cfg.norm == "gate_only":
         return as_dtype(h * g, y.dtype)
-    normed = norm.rms(h.view(*h.shape[:-1], -1, cfg.group_size), None, eps).view_as(h)
-    return as_dtype(as_dtype(weight, cd) * normed * g, y.dtype)
+    if cfg.norm == "gate_then_norm":
+        h, g = h * g, None
+    if cfg.norm_shards > 1:
+        normed = sharded_rms(h, cfg.group_size * cfg.norm_shards, eps, reduce)
+    else:
+        normed = norm.rms(h.view(*h.shape[:-1], -1, cfg.group_size), None, eps).view_as(h)
+    normed = as_dtype(weight, cd) * normed
+    return as_dtype(normed if g is None else normed * g, y.dtype)
+
+
+def sharded_rms(h: torch.Tensor, group_size: int, eps: float, reduce) -> torch.Tensor:
+    """h / sqrt(mean(h²) + eps) where h [..., channels] is this rank's share of one
+    group of `group_size` channels: the sum of squares is summed across ranks."""
+    squares = reduce(torch.sum(h * h, -1, keepdim=True))
+    return h * (squares / group_size + eps).rsqrt()
 
 
 def in_proj_scale(cfg: Mamba2Config) -> torch.Tensor | None:
@@ -69,6 +83,7 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
         self.register_buffer("in_scale", None if scale is None else scale.to(self.D.dtype), persistent=False)
         self.out_proj = param(weights["out_proj.weight"])
         self.out_bias = param(weights["out_proj.bias"]) if cfg.proj_bias else None
+        self.reduce = None  # the sum over tensor-parallel ranks, where the norm's group spans them
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         cfg = self.cfg
@@ -94,7 +109,7 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
         A = self.decay_rate(cd)  # [nheads]
         y = ops.mamba2_steps(ssm_states, batch, x, dt, A, B, C, self.D, self.chunked_scan)
         self.log_inputs(batch, xs, x, dt, B, C)
-        y = gate_and_norm(ops.norm, y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps)
+        y = gate_and_norm(ops.norm, y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps, self.reduce)
         return ops.linear(y, self.out_proj, self.out_bias)
 
     def log_inputs(self, batch: ForwardBatch, xs, x, dt, B, C) -> None:

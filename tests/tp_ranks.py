@@ -1,0 +1,125 @@
+"""Run a function on every rank of a gloo process group spawned for a test
+(`run_ranks`), and the rank-side bodies of tests/test_tensor_parallel.py.
+Bounded in time: a rank that hangs fails the test instead of the suite."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run_ranks(body: str, size: int = 2, timeout: float = 300.0, **kwargs) -> list:
+    """`body(rank, **kwargs)` (a function of this module, by name) on each of
+    `size` spawned ranks of a gloo group; returns each rank's result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        context = mp.start_processes(_rank_main, args=(size, tmp, body, kwargs), nprocs=size, join=False,
+                                     start_method="spawn")
+        deadline = time.monotonic() + timeout
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                raise TimeoutError(f"{body} on {size} ranks ran past {timeout:.0f} s")
+        return [torch.load(os.path.join(tmp, f"{rank}.pt"), weights_only=False) for rank in range(size)]
+
+
+def _rank_main(rank: int, size: int, tmp: str, body: str, kwargs: dict) -> None:
+    sys.path.insert(0, os.path.dirname(__file__))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=size)
+    try:
+        result = globals()[body](rank, **kwargs)
+        torch.save(result, os.path.join(tmp, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+# -- rank-side bodies --------------------------------------------------------------------------
+
+FAMILIES = ("bamba", "jamba", "nemotron_h", "nemotron_h_moe", "granite", "falcon_h1")
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 3, 4, 9]]
+
+
+def family_logits(rank: int) -> dict:
+    """Per family: the sharded model's prefill, extend and decode logits beside
+    one process's (float64), and greedy tokens of both."""
+    import hybridspec as hs
+    import oracles
+    out = {}
+    for name in FAMILIES:
+        hf = getattr(oracles, name)(seed=0)
+        logits, tokens = [], []
+        for model in (hs.from_hf(hf), hs.from_hf(hf, tensor_parallel_size=dist.get_world_size())):
+            cache = hs.Engine(model, max_batch_size=3).cache
+            ids = [0, 1, 2]
+            logits.append(torch.cat([model.prefill(cache, ids, PROMPTS, last_only=True)[:, 0],
+                                     model.extend(cache, ids, [[3, 4], [5, 6], [7, 8]], last_only=True)[:, 0],
+                                     model.decode(cache, ids, [9, 10, 11])]))
+            engine = hs.Engine(model, max_batch_size=3)
+            tokens.append([o.token_ids for o in engine.generate(PROMPTS, hs.SamplingParams(max_new_tokens=8,
+                                                                                            ignore_eos=True))])
+        out[name] = dict(single=logits[0], sharded=logits[1], tokens=tokens)
+    return out
+
+
+def speculative(rank: int) -> dict:
+    """Greedy and coupled speculative output under TP against plain TP output, for
+    every checkpoint policy and fixed and adaptive γ, a model drafter run whole
+    on every rank; a pool tight enough to preempt, the prefix cache (a second
+    run hits), each against the requests alone; and
+    every sequence's state per shard against a prefill after every step."""
+    import hybridspec as hs
+    import oracles
+    from hybridspec.rollback import perturbed_copy
+    from hybridspec.rollback.observer import _state_problems
+    hf = oracles.bamba(seed=0)
+    size = dist.get_world_size()
+    target, draft = hs.from_hf(hf, tensor_parallel_size=size), perturbed_copy(hs.from_hf(hf), seed=2)
+    greedy = hs.SamplingParams(max_new_tokens=12, ignore_eos=True)
+    sampled = hs.SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.9, seed=7)
+    plain = {p.temperature: [o.token_ids for o in hs.Engine(target, max_batch_size=3).generate(PROMPTS, p)]
+             for p in (greedy, sampled)}
+    runs = {}
+    for checkpoint in (None, hs.CheckpointPolicy(snapshot_every=2), hs.CheckpointPolicy(snapshot_every=0),
+                       hs.CheckpointPolicy(snapshot_every=0, log_inputs=False), "auto"):
+        for gamma in (3, "auto"):
+            for params, verify in ((greedy, "rejection"), (sampled, "coupled")):
+                engine = hs.Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=checkpoint, verify=verify,
+                                   max_batch_size=3, tensor_parallel_size=size)
+                got = [o.token_ids for o in engine.generate(PROMPTS, params)]
+                runs[str(checkpoint), gamma, verify] = (got == plain[params.temperature], engine.stats.drafted_tokens)
+    prompts = [p * 3 for p in PROMPTS] + [PROMPTS[0] * 3 + [1, 2]]
+    tight = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=4, block_size=4, num_blocks=14)
+    cached = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=4, block_size=4, prefix_cache=True)
+    tight_out = [[o.token_ids for o in engine.generate(prompts, greedy)] for engine in (tight, cached, cached)]
+    alone = [hs.Engine(target, max_batch_size=1, block_size=4).generate([p], greedy)[0].token_ids for p in prompts]
+    states = hs.Engine(target, draft=draft, num_draft_tokens=4, max_batch_size=3,
+                       checkpoint=hs.CheckpointPolicy(snapshot_every=2))
+    for prompt, n in zip(PROMPTS, (9, 14, 11)):
+        states.add_request(prompt, hs.SamplingParams(max_new_tokens=n, ignore_eos=True))
+    problems = []
+    while states.has_unfinished_requests():
+        states.step()
+        for r in states.scheduler.running:  # every shard's state against a prefill of its committed tokens
+            committed = r.output.prompt_token_ids + r.output.token_ids
+            problems += _state_problems(target, states.cache, r.seq_id, committed[:-1], f"rank {rank}")
+    return dict(runs=runs, tight=tight_out == [alone] * 3, preemptions=tight.total_stats.preemptions,
+                prefix_hits=cached.total_stats.prefix_hit_tokens, problems=problems)
+
+
+def rollback_suite(rank: int) -> list:
+    """`hybridspec check --quick` (the rollback suite as a library) on a sharded
+    target, its drafter run whole on every rank."""
+    import hybridspec as hs
+    import oracles
+    from hybridspec.rollback import perturbed_copy
+    from hybridspec.rollback.checks import run_suite
+    hf = oracles.bamba(seed=0)
+    target = hs.from_hf(hf, tensor_parallel_size=dist.get_world_size())
+    return [(r.name, r.passed, r.detail) for r in run_suite(target, perturbed_copy(hs.from_hf(hf), seed=2),
+                                                            quick=True)]
