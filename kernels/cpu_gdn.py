@@ -33,7 +33,7 @@ def shapes_ok(states: torch.Tensor) -> bool:
 
 
 def applies(states: torch.Tensor, v: torch.Tensor, plan: SlotPlan | None) -> bool:
-    return shapes_ok(states) and cpu_native.takes_forward(plan, states, v)
+    return shapes_ok(states) and v.shape[1] > 0 and cpu_native.takes_forward(plan, states, v)
 
 
 def gdn_steps(states, plan, q, k, v, g, beta) -> torch.Tensor | None:

@@ -95,7 +95,7 @@ KERNEL_SHAPES = [  # heads, key_heads, d_k, d_v
 
 
 @pytest.mark.parametrize("shape", KERNEL_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_kernel_matches_reference(dtype, shape, triton_device):
     heads, key_heads, d_k, d_v = shape
     case = make_case(dtype, heads, key_heads, d_k, d_v, device=triton_device)
