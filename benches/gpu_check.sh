@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On an NVIDIA GPU machine, in stages (each with its own timeout; the default
 # runs them all, in this order, in under 9.5 minutes at most):
-#   kernels  the kernel tests compiled (not interpreted) and the CUDA-graph
-#            tests (capture, replay against eager)              ≤ 180 s
-#   timing   every kernel against its reference and the bandwidth it should
+#   kernels  the kernel tests compiled (not interpreted; every file of
+#            tests/kernels: Mamba-1/2, GDN, conv window, attention, ...) and
+#            the CUDA-graph tests (capture, replay against eager)  ≤ 180 s
+#   timing   every kernel (Mamba-2 and GDN verify and replay, conv window,
+#            rejection) against its reference and the bandwidth it should
 #            reach (benches/kernel_timing.py)                  ≤ 70 s
 #   graphs   decoding with CUDA graphs against eager launches
 #            (benches/cuda_graphs.py)                           ≤ 100 s

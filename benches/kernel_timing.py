@@ -41,6 +41,11 @@ SIZES = {  # batch, T, nheads, headdim, d_state, ngroups, vocabulary
     "quick": (4, 5, 32, 64, 128, 1, 4096),
     "tiny": (2, 3, 2, 8, 16, 1, 64),  # the test of the cases' arguments (interpreted on CPU)
 }
+GDN_SIZES = {  # value heads, key heads, d_k, d_v (Qwen3-Next's GDN layer; batch and T as above)
+    "full": (32, 16, 128, 128),
+    "quick": (32, 16, 128, 128),
+    "tiny": (2, 1, 8, 16),
+}
 
 
 def cases(size: str, dev="cuda"):
@@ -73,6 +78,7 @@ def cases(size: str, dev="cuda"):
     cargs = (conv, src, snap, xs, w, bias, ntok, "silu")
     yield ("conv_window_update", lambda: conv_window.conv_window_update(*cargs),
            lambda: conv_window.conv_window_update_ref(*cargs), nbytes(xs) * 2 + conv[0].numel() * 4 * batch * (1 + T))
+    yield from gdn_cases(size, dev, src, snap, ntok)
     G = 4
     p = torch.softmax(torch.randn(batch, G + 1, V, device=dev), -1)
     q = torch.softmax(torch.randn(batch, G, V, device=dev), -1)
@@ -82,6 +88,26 @@ def cases(size: str, dev="cuda"):
     nd = torch.full((batch,), G, device=dev)
     jargs = (p, q, d, nd, modes, seeds, pos)
     yield ("rejection", lambda: rejection.rejection(*jargs), lambda: rejection.rejection_ref(*jargs), nbytes(p, q))
+
+
+def gdn_cases(size: str, dev, src, snap, ntok):
+    """The GDN verify update and log replay over the same slot plan as Mamba-2's."""
+    from hybridspec.kernels import gdn_verify
+    batch, T = snap.shape
+    heads, key_heads, d_k, d_v = GDN_SIZES[size]
+    states = torch.randn(batch * (T + 1), heads, d_k, d_v, device=dev)
+    q, k = (torch.nn.functional.normalize(torch.randn(batch, T, key_heads, d_k, device=dev), dim=-1)
+            for _ in range(2))
+    v = torch.randn(batch, T, heads, d_v, device=dev)
+    g = -torch.rand(batch, T, heads, device=dev)
+    beta = torch.rand(batch, T, heads, device=dev)
+    state_bytes = states[0].numel() * 4 * batch
+    args = (states, src, snap, q, k, v, g, beta, ntok)
+    yield ("gdn_verify", lambda: gdn_verify.gdn_verify(*args), lambda: gdn_verify.gdn_verify_ref(*args),
+           state_bytes * (1 + T) + nbytes(q, k, v, g, beta, v))
+    rargs = (states, src, snap[:, -1].contiguous(), ntok, k, v, g, beta)
+    yield ("gdn_replay", lambda: gdn_verify.gdn_replay(*rargs), lambda: gdn_verify.gdn_replay_ref(*rargs),
+           state_bytes * 2 + nbytes(k, v, g, beta))
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,13 @@ int hs_mamba1_steps_call(const hs_mamba1_steps_args *a) {
         a->sBt, a->C, a->sCb, a->sCt, a->D, a->y, a->batch, a->T, a->d_inner, a->d_state);
 }
 
+int hs_gdn_steps_call(const hs_gdn_steps_args *a) {
+    return hs_gdn_steps(
+        a->states, a->src, a->dst, a->q, a->sqb, a->sqt, a->sqh, a->k, a->skb, a->skt, a->skh, a->v, a->svb,
+        a->svt, a->svh, a->g, a->sgb, a->sgt, a->beta, a->sbb, a->sbt, a->o, a->batch, a->T, a->heads,
+        a->key_heads, a->d_k, a->d_v);
+}
+
 int hs_rope_call(const hs_rope_args *a) {
     return hs_rope(
         a->x, a->cos, a->sin, a->ldc, a->out, a->rows, a->heads, a->head_dim, a->half);

@@ -40,6 +40,13 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                     const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C, int64_t sCb,
                     int64_t sCt, const float *D, float *y, int64_t batch, int64_t T, int64_t d_inner,
                     int64_t d_state);
+#define GDN_MAX_DK 256 /* the largest d_k hs_gdn_steps takes (its scratch block is on the stack) */
+int hs_gdn_steps(float *states, const int64_t *src, const int64_t *dst,
+                 const float *q, int64_t sqb, int64_t sqt, int64_t sqh,
+                 const float *k, int64_t skb, int64_t skt, int64_t skh,
+                 const float *v, int64_t svb, int64_t svt, int64_t svh,
+                 const float *g, int64_t sgb, int64_t sgt, const float *beta, int64_t sbb, int64_t sbt,
+                 float *o, int64_t batch, int64_t T, int64_t heads, int64_t key_heads, int64_t d_k, int64_t d_v);
 int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
             int64_t heads, int64_t head_dim, int64_t half);
 
@@ -195,6 +202,38 @@ typedef struct {
     int64_t d_state;
 } hs_mamba1_steps_args;
 int hs_mamba1_steps_call(const hs_mamba1_steps_args *a);
+
+typedef struct {
+    void *states;
+    void *src;
+    void *dst;
+    void *q;
+    int64_t sqb;
+    int64_t sqt;
+    int64_t sqh;
+    void *k;
+    int64_t skb;
+    int64_t skt;
+    int64_t skh;
+    void *v;
+    int64_t svb;
+    int64_t svt;
+    int64_t svh;
+    void *g;
+    int64_t sgb;
+    int64_t sgt;
+    void *beta;
+    int64_t sbb;
+    int64_t sbt;
+    void *o;
+    int64_t batch;
+    int64_t T;
+    int64_t heads;
+    int64_t key_heads;
+    int64_t d_k;
+    int64_t d_v;
+} hs_gdn_steps_args;
+int hs_gdn_steps_call(const hs_gdn_steps_args *a);
 
 typedef struct {
     void *x;

@@ -2,13 +2,15 @@
 AVX-512 vectors where the CPU has them, chosen at run time with the same
 bits, `cpu_rows.vector_path`) built on first use and called through ctypes.
 
-Six kernels, each used by its own module where it applies, and whole blocks
+Seven kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`
   (weights float32 or their exact bfloat16 / float16 copies, `cpu_rows_weights.h`);
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu_mamba1.c` (`cpu_mamba1.py`): the same for the Mamba-1 mixer;
+- `cpu_gdn.c` (`cpu_gdn.py`): the gated delta rule over a forward's inputs,
+  straight into the ring slots, for the GDN layer, and its log replay;
 - `cpu_conv.c` (`cpu_conv.py`): the causal conv window over a forward's
   inputs, straight into the ring slots, for the Mamba mixers;
 - `cpu_norm.c` (`cpu_norm.py`): RMSNorm, plain and gated;
@@ -30,7 +32,7 @@ they run without one. A model runs them where its backend is native
 (`kernels.backend`: HYBRIDSPEC_BACKEND=torch turns them off); float64 (the
 parity suites) never takes them. They run at any torch thread count: the matrix products
 (`cpu_rows.c`, which every block and the whole forward call) split their
-columns, and the Mamba-2 recurrence its heads, over torch's intra-op thread
+columns, and the Mamba-2 and GDN recurrences their heads, over torch's intra-op thread
 count (`sync_threads`), with the same bits at every count; the other kernels
 run on the calling thread.
 """
@@ -50,8 +52,8 @@ import torch
 
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("cpu_pool.c", "cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_conv.c", "cpu_norm.c", "cpu_rope.c",
-                             "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
+                for name in ("cpu_pool.c", "cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_gdn.c", "cpu_conv.c",
+                             "cpu_norm.c", "cpu_rope.c", "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("cpu_simd.h", "cpu_kernels.h", "cpu_rows_weights.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
@@ -68,6 +70,8 @@ ARGUMENTS = {  # C entry point hs_<name>_call(const hs_<name>_args *): the struc
                     "i:sBt i:sBg p:C i:sCb i:sCt i:sCg p:y i:batch i:T i:nheads i:headdim i:d_state i:ngroups"),
     "mamba1_steps": ("p:states p:src p:dst p:x i:sxb i:sxt p:dt i:sdb i:sdt p:A p:B i:sBb i:sBt p:C i:sCb "
                     "i:sCt p:D p:y i:batch i:T i:d_inner i:d_state"),
+    "gdn_steps": ("p:states p:src p:dst p:q i:sqb i:sqt i:sqh p:k i:skb i:skt i:skh p:v i:svb i:svt i:svh p:g "
+                  "i:sgb i:sgt p:beta i:sbb i:sbt p:o i:batch i:T i:heads i:key_heads i:d_k i:d_v"),
     "rope": "p:x p:cos p:sin i:ldc p:out i:rows i:heads i:head_dim i:half",
     "mlp_block": "p:h p:norm_w f:eps p:gate_t p:up_t p:down_t p:work p:out i:rows i:hidden i:inter",
     "mamba2_block": ("p:h p:norm_w f:eps p:in_t p:conv_states p:ssm_states p:src p:dst p:conv_w p:conv_b "

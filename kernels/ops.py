@@ -12,10 +12,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from hybridspec.kernels import cpu_conv, cpu_mamba1, cpu_mamba2, cpu_native, cpu_norm, cpu_rows
+from hybridspec.kernels import cpu_conv, cpu_gdn, cpu_mamba1, cpu_mamba2, cpu_native, cpu_norm, cpu_rows
 from hybridspec.kernels.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
                                             conv_window_update_ref)
-from hybridspec.kernels.gdn_verify import gdn_replay_ref, gdn_verify_ref
+from hybridspec.kernels.gdn_verify import gdn_replay, gdn_replay_ref, gdn_verify, gdn_verify_ref
 from hybridspec.kernels.kv_write import kv_write
 from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
@@ -247,6 +247,22 @@ class GdnSteps:
         return gdn_verify_ref(states, None, None, q, k, v, g, beta, None, plan=batch.slots)
 
 
+class NativeGdnSteps(GdnSteps):
+    """The C recurrence (`cpu_gdn`) first, prefill included: on one CPU thread
+    it keeps a block of a head's state in L1 and is faster than the chunked form."""
+
+    def __call__(self, states, batch, q, k, v, g, beta, final_scan):
+        if cpu_gdn.applies(states, v, batch.slots):
+            return cpu_gdn.gdn_steps(states, batch.slots, q, k, v, g, beta)
+        return super().__call__(states, batch, q, k, v, g, beta, final_scan)
+
+
+class TritonGdnSteps(GdnSteps):
+    @staticmethod
+    def steps(states, batch, q, k, v, g, beta):
+        return gdn_verify(states, batch.src_slot, batch.snap_slot, q, k, v, g, beta, batch.num_tokens)
+
+
 # -- log replay -------------------------------------------------------------------------------------
 
 class LogReplay:
@@ -355,8 +371,10 @@ MAMBA1_REPLAY = {"torch": LogReplay(mamba1_replay_ref, conv_window_rebuild_ref),
                  "triton": LogReplay(mamba1_replay, conv_window_rebuild),
                  "native": NativeLogReplay(mamba1_replay_ref, conv_window_rebuild_ref, cpu_mamba1.mamba1_steps,
                                            cpu_mamba1.applies)}
-GDN_STEPS = {"torch": GdnSteps(), "triton": GdnSteps(), "native": GdnSteps()}
-GDN_REPLAY = {kind: GdnLogReplay(gdn_replay_ref, conv_window_rebuild_ref) for kind in ("torch", "triton", "native")}
+GDN_STEPS = {"torch": GdnSteps(), "triton": TritonGdnSteps(), "native": NativeGdnSteps()}
+GDN_REPLAY = {"torch": GdnLogReplay(gdn_replay_ref, conv_window_rebuild_ref),
+              "triton": GdnLogReplay(gdn_replay, conv_window_rebuild),
+              "native": GdnLogReplay(cpu_gdn.gdn_replay, conv_window_rebuild_ref)}
 PAGED_ATTENTION = {"torch": PagedAttention(), "triton": TritonPagedAttention(), "native": PagedAttention()}
 KV_WRITE = {"torch": KVWrite(), "triton": TritonKVWrite(), "native": KVWrite()}
 REJECTION = {"torch": Rejection(rejection_ref), "triton": Rejection(rejection), "native": Rejection(rejection_ref)}

@@ -21,4 +21,5 @@ def test_every_case_runs_and_matches_its_reference(triton_device):
             torch.testing.assert_close(out, expected)
         assert moved > 0
         names.append(name)
-    assert names == ["mamba2_verify", "mamba2_replay", "conv_window_update", "rejection"]
+    assert names == ["mamba2_verify", "mamba2_replay", "conv_window_update", "gdn_verify", "gdn_replay",
+                     "rejection"]
