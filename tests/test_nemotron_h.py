@@ -41,6 +41,17 @@ def test_config_maps_blocks_to_mixer_and_ffn():
     assert (config.mlp.activation, config.mlp.gated) == ("relu2", False)
 
 
+def test_dt_clamp_reads_time_step_limit():
+    """Δ is clamped at `time_step_limit` (or its alias `mamba_dt_limit`), as in HF's mixer; `time_step_min`
+    only initialises dt_bias."""
+    cfg = nemotron_h(time_step_min=0.5).config.to_dict()
+    assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.0, float("inf"))
+    cfg["time_step_limit"] = [0.25, 4]
+    assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.25, 4.0)
+    cfg["mamba_dt_limit"] = [0.125, 2.0]  # HF's config takes this name over time_step_limit
+    assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.125, 2.0)
+
+
 def test_ragged_prefill_extend_decode_equal_full_prefill():
     m = nemotron_h(seed=3, pattern="M*-M*")
     assert_split_forwards_match(hs.from_hf(m), make_cache, num_extend=3)
