@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 import hybridspec as hs
 from hybridspec.adapters import nemotron_h as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.errors import UnsupportedModelError
+from hybridspec.errors import ConfigError, UnsupportedModelError
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, nemotron_h
 
 
@@ -50,6 +50,10 @@ def test_dt_clamp_reads_time_step_limit():
     assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.25, 4.0)
     cfg["mamba_dt_limit"] = [0.125, 2.0]  # HF's config takes this name over time_step_limit
     assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.125, 2.0)
+    for bad in ([0.1], [0.5, 0.1], ["0", 1], -1.0):
+        cfg["mamba_dt_limit"] = bad
+        with pytest.raises(ConfigError, match="mamba_dt_limit"):
+            adapter.config_from_dict(cfg)
 
 
 def test_ragged_prefill_extend_decode_equal_full_prefill():

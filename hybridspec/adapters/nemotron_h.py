@@ -23,7 +23,7 @@ import re
 import torch
 
 from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, MoEConfig
-from ..errors import CheckpointError, UnsupportedModelError
+from ..errors import CheckpointError, ConfigError, UnsupportedModelError
 from .common import eos_id, rename
 
 ARCHITECTURE = "NemotronHForCausalLM"
@@ -115,9 +115,14 @@ def dt_limit(cfg: dict) -> tuple[float, float]:
     """The Δ clamp of HF's NemotronHMamba2Mixer: `time_step_limit`, which HF's
     config also takes as `mamba_dt_limit` (that name wins when both are given).
     `time_step_min` and `time_step_max` only initialise dt_bias."""
-    limit = cfg["mamba_dt_limit"] if "mamba_dt_limit" in cfg else cfg.get("time_step_limit")
-    low, high = limit or (0.0, float("inf"))
-    return float(low), float(high)
+    name = "mamba_dt_limit" if "mamba_dt_limit" in cfg else "time_step_limit"
+    limit = cfg.get(name) or (0.0, float("inf"))
+    is_pair = isinstance(limit, (list, tuple)) and len(limit) == 2
+    if not is_pair or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in limit) \
+            or not 0.0 <= limit[0] <= limit[1]:
+        raise ConfigError(f"Nemotron-H {name}={limit!r} must be a pair [low, high] with 0 <= low <= high "
+                          "(HF's default is [0.0, Infinity])")
+    return float(limit[0]), float(limit[1])
 
 
 def moe_config(cfg: dict, activation: str) -> MoEConfig:
