@@ -9,11 +9,14 @@ Per Mamba layer and sequence (one ring slot holds both parts):
     Mamba2  SSM state  nheads·headdim·d_state        conv window  conv_dim·(d_conv − 1)
             conv_dim = d_inner + 2·ngroups·d_state (the x, B, C channels)
     Mamba1  SSM state  d_inner·d_state                conv window  d_inner·(d_conv − 1)
+    GDN     SSM state  HV·d_k·d_v                     conv window  conv_dim·(d_conv − 1)
+            conv_dim = 2·HK·d_k + HV·d_v (the q, k, v channels; HK key heads, HV value heads)
 Input log per verify input (the Mamba kinds' `models.mamba_log.MambaInputLog`): the conv inputs xs, the SSM
 input x, the time step dt and B, C:
     Mamba2  conv_dim + d_inner + 2·ngroups·d_state  activations,  nheads  dt
     Mamba1  d_inner + d_inner + 2·d_state           activations,  d_inner dt
-dt is kept in the state dtype (the recurrence's), the rest in the model dtype.
+    GDN     conv_dim (pre-conv q, k, v) + HK·d_k (k) + HV·d_v (v)  activations,  2·HV  (g, β)
+dt (GDN: g and β) is kept in the state dtype (the recurrence's), the rest in the model dtype.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch
 class RecurrentStateShape:
     """What one Mamba layer keeps per sequence: its slot shapes and its log width."""
 
-    ssm: tuple[int, ...]  # (nheads, headdim, d_state) Mamba2 | (d_inner, d_state) Mamba1
+    ssm: tuple[int, ...]  # (nheads, headdim, d_state) Mamba2 | (d_inner, d_state) Mamba1 | (HV, d_k, d_v) GDN
     conv: tuple[int, ...]  # (conv_dim, d_conv - 1)
     log_activations: int = 0  # logged elements per verify input in the model dtype (xs, x, B, C)
     log_dt: int = 0  # logged dt elements per verify input, in the state dtype
@@ -55,6 +58,14 @@ def mamba2_state_shape(num_heads: int, head_dim: int, d_state: int, n_groups: in
 def mamba1_state_shape(d_inner: int, d_state: int, d_conv: int) -> RecurrentStateShape:
     return RecurrentStateShape(ssm=(d_inner, d_state), conv=(d_inner, d_conv - 1),
                                log_activations=2 * d_inner + 2 * d_state, log_dt=d_inner)
+
+
+def gdn_state_shape(num_v_heads: int, num_k_heads: int, head_k_dim: int, head_v_dim: int,
+                    d_conv: int) -> RecurrentStateShape:
+    conv_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    return RecurrentStateShape(ssm=(num_v_heads, head_k_dim, head_v_dim), conv=(conv_dim, d_conv - 1),
+                               log_activations=conv_dim + num_k_heads * head_k_dim + num_v_heads * head_v_dim,
+                               log_dt=2 * num_v_heads)
 
 
 def default_state_dtype(model_dtype: torch.dtype) -> torch.dtype:

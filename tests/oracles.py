@@ -6,6 +6,9 @@ chunked scan, `softmax(..., dtype=torch.float32)`, `x.type(torch.float32)` in
 Nemotron-H's MoE router). `float64_oracle()` keeps
 float64 tensors float64 inside those calls, so that a float64 HF forward is a
 float64 oracle; it changes no other behaviour of HF's code.
+
+Each model builder takes `**overrides`, further HF config fields (a
+non-default `time_step_limit`, `rms_norm_eps`, ...).
 """
 from __future__ import annotations
 
@@ -69,18 +72,18 @@ def randomize_(model, seed: int, scale: float = 0.5):
 
 
 def bamba(seed=0, attn_layers=(1,), num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1,
-          hidden=32, heads=4):
+          hidden=32, heads=4, **overrides):
     from transformers import BambaConfig, BambaForCausalLM
     cfg = BambaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=48, num_hidden_layers=num_layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, attn_layer_indices=list(attn_layers),
                       mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=n_groups, mamba_chunk_size=8,
-                      max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+                      max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides)
     torch.manual_seed(seed)
     return randomize_(BambaForCausalLM(cfg), seed).to(dtype).eval()
 
 
 def jamba(seed=0, num_layers=4, attn_period=2, attn_offset=1, expert_period=2, expert_offset=0, num_experts=4,
-          top_k=2, kv_heads=2, dtype=torch.float64, vocab=97):
+          top_k=2, kv_heads=2, dtype=torch.float64, vocab=97, **overrides):
     from transformers import JambaConfig, JambaForCausalLM
     cfg = JambaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
                       num_attention_heads=4, num_key_value_heads=kv_heads, attn_layer_period=attn_period,
@@ -88,24 +91,24 @@ def jamba(seed=0, num_layers=4, attn_period=2, attn_offset=1, expert_period=2, e
                       expert_layer_offset=expert_offset, num_experts=num_experts, num_experts_per_tok=top_k,
                       mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
                       max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2,
-                      experts_implementation="eager")  # grouped_mm has no float64
+                      experts_implementation="eager", **overrides)  # grouped_mm has no float64
     torch.manual_seed(seed)
     return randomize_(JambaForCausalLM(cfg), seed).to(dtype).eval()
 
 
-def nemotron_h(seed=0, pattern="M*M-", dtype=torch.float64, vocab=97, kv_heads=2, n_groups=2):
+def nemotron_h(seed=0, pattern="M*M-", dtype=torch.float64, vocab=97, kv_heads=2, n_groups=2, **overrides):
     """Nemotron-H: one sublayer per layer; "M" Mamba2, "*" attention (no RoPE), "-" squared-ReLU MLP."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
     cfg = NemotronHConfig(vocab_size=vocab, hidden_size=32, hybrid_override_pattern=pattern,
                           num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8, intermediate_size=48,
                           mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=n_groups, chunk_size=8,
-                          max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+                          max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides)
     torch.manual_seed(seed)
     return randomize_(NemotronHForCausalLM(cfg), seed).to(dtype).eval()
 
 
 def nemotron_h_moe(seed=0, pattern="ME*EM", dtype=torch.float64, vocab=97, num_experts=8, top_k=3, n_group=4,
-                   topk_group=2, norm_topk_prob=True, scaling=2.5):
+                   topk_group=2, norm_topk_prob=True, scaling=2.5, **overrides):
     """Nemotron-H with "E" blocks (Nemotron 3 Nano): squared-ReLU experts, sigmoid group routing with a
     random correction bias (HF initialises it to zero, which would hide its use), a shared expert."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
@@ -116,7 +119,7 @@ def nemotron_h_moe(seed=0, pattern="ME*EM", dtype=torch.float64, vocab=97, num_e
                           moe_shared_expert_intermediate_size=24, n_group=n_group, topk_group=topk_group,
                           norm_topk_prob=norm_topk_prob, routed_scaling_factor=scaling,
                           max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2,
-                          experts_implementation="eager")  # grouped_mm has no float64
+                          experts_implementation="eager", **overrides)  # grouped_mm has no float64
     torch.manual_seed(seed)
     m = randomize_(NemotronHForCausalLM(cfg), seed)
     g = torch.Generator().manual_seed(seed + 1000)
@@ -128,7 +131,7 @@ def nemotron_h_moe(seed=0, pattern="ME*EM", dtype=torch.float64, vocab=97, num_e
 
 
 def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_experts=4, top_k=2,
-            dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1, multipliers=(3.0, 0.6, 0.2, 2.5)):
+            dtype=torch.float64, vocab=97, kv_heads=2, n_groups=1, multipliers=(3.0, 0.6, 0.2, 2.5), **overrides):
     """GraniteMoeHybrid (Granite-4.0-H); multipliers = (embedding, residual, attention, logits_scaling)."""
     from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
     embedding, residual, attention, logits = multipliers
@@ -139,7 +142,7 @@ def granite(seed=0, layer_types=("mamba", "attention", "mamba"), rope=True, num_
         position_embedding_type="rope" if rope else None, mamba_n_heads=4, mamba_d_state=8,
         mamba_n_groups=n_groups, mamba_chunk_size=8, embedding_multiplier=embedding, residual_multiplier=residual,
         attention_multiplier=attention, logits_scaling=logits, max_position_embeddings=512, pad_token_id=0,
-        eos_token_id=1, bos_token_id=2, experts_implementation="eager")  # grouped_mm has no float64
+        eos_token_id=1, bos_token_id=2, experts_implementation="eager", **overrides)  # grouped_mm has no float64
     torch.manual_seed(seed)
     return randomize_(GraniteMoeHybridForCausalLM(cfg), seed).to(dtype).eval()
 
@@ -150,7 +153,7 @@ FALCON_MULTIPLIERS = dict(embedding_multiplier=1.7, lm_head_multiplier=0.6, key_
 
 
 def falcon_h1(seed=0, num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n_groups=2, rms_norm=True,
-              norm_before_gate=True, multipliers=True):
+              norm_before_gate=True, multipliers=True, **overrides):
     """Falcon-H1: attention (RoPE) and Mamba2 in parallel in every layer, SwiGLU MLP, µP multipliers
     (none of them 1, so that each one is tested)."""
     from transformers import FalconH1Config, FalconH1ForCausalLM
@@ -158,7 +161,7 @@ def falcon_h1(seed=0, num_layers=3, dtype=torch.float64, vocab=97, kv_heads=2, n
                          num_attention_heads=4, num_key_value_heads=kv_heads, mamba_d_ssm=48, mamba_n_heads=4,
                          mamba_d_state=8, mamba_n_groups=n_groups, mamba_chunk_size=8, mamba_rms_norm=rms_norm,
                          mamba_norm_before_gate=norm_before_gate, max_position_embeddings=512, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=2, **(FALCON_MULTIPLIERS if multipliers else {}))
+                         eos_token_id=1, bos_token_id=2, **(FALCON_MULTIPLIERS if multipliers else {}), **overrides)
     torch.manual_seed(seed)
     m = randomize_(FalconH1ForCausalLM(cfg), seed).to(dtype).eval()
     if dtype == torch.float64:
@@ -182,7 +185,7 @@ def _float64_mup_vectors_(m):
 
 
 def zamba2(seed=0, block_types=("mamba", "hybrid", "mamba", "hybrid", "hybrid"), num_mem_blocks=2, adapters=True,
-           rope=True, dtype=torch.float64, vocab=97, kv_heads=4):
+           rope=True, dtype=torch.float64, vocab=97, kv_heads=4, **overrides):
     """Zamba2: Mamba2 layers; at "hybrid" layers a shared transformer block (num_mem_blocks weight sets used in
     turn, per-occurrence LoRA adapters, input [h, embeddings]) feeds the Mamba2 input."""
     from transformers import Zamba2Config, Zamba2ForCausalLM
@@ -190,7 +193,7 @@ def zamba2(seed=0, block_types=("mamba", "hybrid", "mamba", "hybrid", "hybrid"),
                        layers_block_type=list(block_types), mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=2,
                        chunk_size=8, num_attention_heads=4, num_key_value_heads=kv_heads, num_mem_blocks=num_mem_blocks,
                        use_shared_attention_adapter=adapters, adapter_rank=4, use_mem_rope=rope, intermediate_size=48,
-                       max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+                       max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides)
     torch.manual_seed(seed)
     return randomize_(Zamba2ForCausalLM(cfg), seed).to(dtype).eval()
 

@@ -156,13 +156,13 @@ def ids_for(vocab, seed, shape=(2, 13)):
 # -- oracles: HF models that compute what mamba_ssm computes ----------------------------------------------
 
 
-def bamba_oracle(seed, attn_layers, num_layers, kv_heads):
+def bamba_oracle(seed, attn_layers, num_layers, kv_heads, **overrides):
     """Bamba with d_intermediate a multiple of 128, as mamba_ssm's GatedMLP requires."""
     from transformers import BambaConfig, BambaForCausalLM
     cfg = BambaConfig(vocab_size=97, hidden_size=32, intermediate_size=128, num_hidden_layers=num_layers,
                       num_attention_heads=4, num_key_value_heads=kv_heads, attn_layer_indices=list(attn_layers),
                       mamba_n_heads=4, mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=8,
-                      max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+                      max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides)
     torch.manual_seed(seed)
     return randomize_(BambaForCausalLM(cfg), seed).to(torch.float64).eval()
 

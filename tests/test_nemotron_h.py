@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 import hybridspec as hs
 from hybridspec.adapters import nemotron_h as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.errors import UnsupportedModelError
+from hybridspec.errors import ConfigError, UnsupportedModelError
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, nemotron_h
 
 
@@ -39,6 +39,21 @@ def test_config_maps_blocks_to_mixer_and_ffn():
     assert config.ffn_types == ("none", "none", "none", "mlp")
     assert not config.attention.use_rope  # HF's NemotronHAttention applies no positional embedding
     assert (config.mlp.activation, config.mlp.gated) == ("relu2", False)
+
+
+def test_dt_clamp_reads_time_step_limit():
+    """Δ is clamped at `time_step_limit` (or its alias `mamba_dt_limit`), as in HF's mixer; `time_step_min`
+    only initialises dt_bias."""
+    cfg = nemotron_h(time_step_min=0.5).config.to_dict()
+    assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.0, float("inf"))
+    cfg["time_step_limit"] = [0.25, 4]
+    assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.25, 4.0)
+    cfg["mamba_dt_limit"] = [0.125, 2.0]  # HF's config takes this name over time_step_limit
+    assert adapter.config_from_dict(cfg).mamba2.time_step_limit == (0.125, 2.0)
+    for bad in ([0.1], [0.5, 0.1], ["0", 1], -1.0):
+        cfg["mamba_dt_limit"] = bad
+        with pytest.raises(ConfigError, match="mamba_dt_limit"):
+            adapter.config_from_dict(cfg)
 
 
 def test_ragged_prefill_extend_decode_equal_full_prefill():

@@ -23,7 +23,7 @@ import re
 import torch
 
 from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, MoEConfig
-from ..errors import CheckpointError, UnsupportedModelError
+from ..errors import CheckpointError, ConfigError, UnsupportedModelError
 from .common import eos_id, rename
 
 ARCHITECTURE = "NemotronHForCausalLM"
@@ -99,8 +99,7 @@ def config_from_dict(cfg: dict) -> HybridConfig:
             num_heads=cfg["mamba_num_heads"], head_dim=cfg["mamba_head_dim"], d_state=cfg["ssm_state_size"],
             n_groups=cfg.get("n_groups", 8), d_conv=cfg.get("conv_kernel", 4), expand=cfg.get("expand", 2),
             conv_bias=cfg.get("use_conv_bias", True), proj_bias=cfg.get("use_bias", False),
-            # HF's mixer clamps Δ from below at time_step_min (not at `time_step_limit`).
-            time_step_limit=(float(cfg.get("time_step_min", 0.001)), float("inf")),
+            time_step_limit=dt_limit(cfg),
             chunk_size=cfg.get("chunk_size", 128)),
         mlp=MLPConfig(cfg["intermediate_size"], activation, gated=False,
                       bias=cfg.get("mlp_bias", False)) if "-" in pattern else None,
@@ -110,6 +109,20 @@ def config_from_dict(cfg: dict) -> HybridConfig:
         eos_token_id=eos_id(cfg),
         family="nemotron_h",
     )
+
+
+def dt_limit(cfg: dict) -> tuple[float, float]:
+    """The Δ clamp of HF's NemotronHMamba2Mixer: `time_step_limit`, which HF's
+    config also takes as `mamba_dt_limit` (that name wins when both are given).
+    `time_step_min` and `time_step_max` only initialise dt_bias."""
+    name = "mamba_dt_limit" if "mamba_dt_limit" in cfg else "time_step_limit"
+    limit = cfg.get(name) or (0.0, float("inf"))
+    is_pair = isinstance(limit, (list, tuple)) and len(limit) == 2
+    if not is_pair or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in limit) \
+            or not 0.0 <= limit[0] <= limit[1]:
+        raise ConfigError(f"Nemotron-H {name}={limit!r} must be a pair [low, high] with 0 <= low <= high "
+                          "(HF's default is [0.0, Infinity])")
+    return float(limit[0]), float(limit[1])
 
 
 def moe_config(cfg: dict, activation: str) -> MoEConfig:

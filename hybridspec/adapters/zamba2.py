@@ -95,6 +95,7 @@ def config_from_dict(cfg: dict) -> HybridConfig:
             num_heads=mamba_heads, head_dim=expand * hidden // mamba_heads, d_state=cfg.get("mamba_d_state", 64),
             n_groups=cfg.get("mamba_ngroups", 1), d_conv=cfg.get("mamba_d_conv", 4), expand=expand,
             conv_bias=True,  # HF's Zamba2 conv always has a bias (use_conv_bias is not read)
+            # HF's Zamba2Mamba2Mixer clamps Δ at (time_step_min, inf); its config has no time_step_limit
             time_step_limit=(float(cfg.get("time_step_min", 0.001)), float("inf")),
             chunk_size=cfg.get("chunk_size", 256)),
         shared_blocks=SharedBlockConfig(

@@ -30,6 +30,7 @@ from hybridspec.sim.cost_model import (
     crossover_batch,
     round_time,
 )
+from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
 from hybridspec.sim.measured import MeasuredRun, load_measured, measured_crossover, measured_rows, parse_measured
 from hybridspec.sim.montecarlo import SimResult, simulate, simulate_replay_steps, simulate_with_stderr
 from hybridspec.sim.presets import BAMBA_9B, H200, NEMOTRON_H_8B, PRESETS, Preset, small_hybrid_draft
@@ -41,8 +42,10 @@ __all__ = [
     "NEMOTRON_H_8B",
     "PRESETS",
     "CostModel",
+    "GdnMixer",
     "Hardware",
     "HybridShape",
+    "Mamba2Mixer",
     "MeasuredRun",
     "ModelCost",
     "Preset",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridspec.sim.cost_model import CostModel, Hardware
+from hybridspec.sim.mixers import GdnMixer
 from hybridspec.sim.shapes import HybridShape
 
 H200 = Hardware(
@@ -13,6 +14,16 @@ H200 = Hardware(
     peak_flops=989e12,  # dense BF16 (1979e12 is the 2:4-sparse figure)
     memory_bytes=141e9,
     source="assumed: NVIDIA H200 SXM datasheet (4.8 TB/s, 141 GB HBM3e, 989 TFLOPS dense BF16); achieved rates are lower",
+)
+
+# Qwen3-Next-80B-A3B's bf16 weights (~159 GB) do not fit one H200
+H200_X2 = Hardware(
+    name="2x H200 SXM",
+    memory_bandwidth=2 * H200.memory_bandwidth,
+    peak_flops=2 * H200.peak_flops,
+    memory_bytes=2 * H200.memory_bytes,
+    source="assumed: two H200 SXM as one device (tensor parallel at twice one H200's bandwidth, FLOPs and HBM, "
+           "communication free)",
 )
 
 BAMBA_9B = HybridShape(
@@ -158,6 +169,36 @@ ZAMBA2_7B = HybridShape(
     stack_layers=81,
 )
 
+QWEN3_NEXT_80B = HybridShape(
+    name="Qwen3-Next-80B-A3B-shaped",
+    d_model=2048,
+    vocab_size=151936,
+    num_mamba_layers=36,  # GDN layers: 12 × (3 GDN + 1 attention), each followed by its MoE
+    num_attention_layers=12,
+    num_mlp_blocks=0,  # no dense MLP (mlp_only_layers is empty): every layer's feed-forward is the MoE
+    mlp_intermediate=0,
+    mlp_matrices=3,
+    separate_mlp_layers=False,
+    gdn=GdnMixer(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, d_conv=4),
+    num_heads=16,
+    num_kv_heads=2,
+    head_dim=256,
+    attention_output_gate=True,
+    tie_embeddings=False,
+    weight_bytes=2,
+    state_bytes=4,  # float32 GDN state, as Engine keeps it by default
+    source="assumed: Qwen3-Next-80B-A3B-shaped, from its model card (48 layers, hidden 2048, 12 x (3 Gated DeltaNet "
+           "+ 1 gated attention), attention 16 q / 2 KV heads of 256, GDN 16 qk / 32 v heads of 128, 512 experts "
+           "top-10 + 1 shared of 512) and HF's Qwen3NextConfig defaults (conv 4, vocab 151936, shared expert 512), "
+           "config.json not read here; uniform routing assumed for the experts a batch touches",
+    num_moe_blocks=48,
+    moe_num_experts=512,
+    moe_top_k=10,
+    moe_intermediate=512,
+    moe_shared_intermediate=512,
+    moe_matrices=3,  # SwiGLU experts: gate, up, down
+)
+
 
 def small_hybrid_draft(target: HybridShape) -> HybridShape:
     """A hypothetical ~0.43B hybrid drafter sharing the target's vocabulary
@@ -213,4 +254,5 @@ PRESETS = {
                                       small_hybrid_draft(NEMOTRON_3_NANO_30B), H200),
     "falcon-h1-7b": Preset("falcon-h1-7b", FALCON_H1_7B, small_hybrid_draft(FALCON_H1_7B), H200),
     "zamba2-7b": Preset("zamba2-7b", ZAMBA2_7B, small_hybrid_draft(ZAMBA2_7B), H200),
+    "qwen3-next-80b-a3b": Preset("qwen3-next-80b-a3b", QWEN3_NEXT_80B, small_hybrid_draft(QWEN3_NEXT_80B), H200_X2),
 }

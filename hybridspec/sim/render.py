@@ -66,8 +66,9 @@ def render_presets(report: dict) -> list[str]:
         lines += [
             "",
             f"  {preset['name']} on {preset['hardware']['name']}: target {target['name']}, {target['layers']} layers "
-            f"({target['mamba_layers']} Mamba2 + {target['attention_layers']} attention), "
+            f"({target['mamba_layers']} {target['recurrent_kind']} + {target['attention_layers']} attention), "
             f"{target['params'] / 1e9:.2f}B params; state {cost['state_bytes'] / 2**20:.1f} MiB/seq, "
+            f"input log {cost['log_bytes_per_token'] / 1024:.0f} KiB/verify input, "
             f"KV {cost['kv_bytes_per_token'] / 1024:.0f} KiB/token; draft {draft['name']} "
             f"{draft['params'] / 1e9:.2f}B, c = {preset['c_at_batch_1']:.3f} at batch 1",
             f"  {'alpha':>7} " + " ".join(f"{label:>10}" for label in labels),

@@ -102,7 +102,8 @@ def _shape_summary(shape: HybridShape) -> dict:
     return {
         "name": shape.name,
         "layers": shape.num_layers,
-        "mamba_layers": shape.num_mamba_layers,
+        "mamba_layers": shape.num_mamba_layers,  # the recurrent layers, of `recurrent_kind`
+        "recurrent_kind": shape.recurrent.kind,
         "attention_layers": shape.num_attention_layers,
         "params": shape.total_params(),
         "cost": asdict(cost),

@@ -1,11 +1,10 @@
-"""A hybrid Mamba2/attention/MLP model described by its config dimensions,
-and the per-forward bytes and FLOPs (`ModelCost`) that follow from them.
-
-Symbols (Mamba2, Dao & Gu 2024): d_model; d_inner = expand·d_model;
-nheads = d_inner / headdim; d_state; ngroups (B and C are shared per group);
-conv_dim = d_inner + 2·ngroups·d_state (the x, B, C channels the causal conv
-runs over); d_conv, the conv kernel width.
-Norms, biases, A, D and dt_bias are left out (well under 0.1% of the weights).
+"""A hybrid model of recurrent (Mamba2 or GDN), attention, MLP and MoE
+blocks described by its config dimensions, and the per-forward bytes and
+FLOPs (`ModelCost`) that follow from them. The recurrent layers' own terms
+(weights, state, input log, scan FLOPs; their symbols) come from
+`hybridspec.sim.mixers`; a Mamba2 layer's d_inner is mamba_expand·d_model
+unless mamba_d_inner says otherwise. Norms and biases are left out (well
+under 0.1% of the weights).
 """
 from __future__ import annotations
 
@@ -13,15 +12,19 @@ from dataclasses import dataclass
 
 from hybridspec.errors import ConfigError
 from hybridspec.sim.cost_model import ModelCost
-from hybridspec.state_memory import bytes_per_slot, log_bytes_per_input, mamba2_state_shape
+from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
+from hybridspec.state_memory import bytes_per_slot, log_bytes_per_input
 
-# FLOPs per SSM state element per token: decay (1), input (1), add (1), readout C·h (2)
-SCAN_FLOPS_PER_STATE_ELEMENT = 5
+MAMBA2_FIELDS = ("mamba_d_state", "mamba_headdim", "mamba_ngroups", "mamba_expand", "mamba_d_conv")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HybridShape:
     """Dimensions of a hybrid model; counts of each block type, not their order.
+
+    The recurrent layers (num_mamba_layers of them) are Mamba2 layers given by
+    the mamba_* fields, or GDN layers given by `gdn` (a `GdnMixer`) with the
+    mamba_* fields left unset.
 
     num_mlp_blocks: MLP blocks in the stack; separate_mlp_layers: False when
     each mixer layer holds its own MLP (Bamba), True when MLPs are layers of
@@ -44,6 +47,8 @@ class HybridShape:
     extra_params: other per-forward weights (Zamba2's per-occurrence linears
     and adapters). stack_layers: the layer count when the block counts do not
     give it (Zamba2's shared blocks run inside Mamba layers).
+    attention_output_gate: q_proj also produces a per-channel output gate, as
+    wide as the queries (Qwen3-Next's gated attention).
     """
 
     name: str
@@ -55,11 +60,12 @@ class HybridShape:
     mlp_intermediate: int
     mlp_matrices: int
     separate_mlp_layers: bool
-    mamba_d_state: int
-    mamba_headdim: int
-    mamba_ngroups: int
-    mamba_expand: int
-    mamba_d_conv: int
+    mamba_d_state: int | None = None
+    mamba_headdim: int | None = None
+    mamba_ngroups: int | None = None
+    mamba_expand: int | None = None
+    mamba_d_conv: int | None = None
+    gdn: GdnMixer | None = None
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -80,22 +86,44 @@ class HybridShape:
     attention_input_dim: int | None = None
     extra_params: int = 0
     stack_layers: int | None = None
+    attention_output_gate: bool = False
 
     def __post_init__(self) -> None:
+        self._check_recurrent_kind()
         if self.parallel_mixers and self.num_mamba_layers != self.num_attention_layers:
             raise ConfigError(f"{self.name}: parallel_mixers needs one attention per Mamba layer, got "
                               f"{self.num_mamba_layers} Mamba and {self.num_attention_layers} attention layers")
         if self.num_moe_blocks and not 1 <= self.moe_top_k <= self.moe_num_experts:
             raise ConfigError(f"{self.name}: moe_top_k={self.moe_top_k} must be in 1..moe_num_experts="
                               f"{self.moe_num_experts}")
-        if self.d_inner % self.mamba_headdim:
+        if self.gdn is None and self.d_inner % self.mamba_headdim:
             raise ConfigError(
                 f"{self.name}: mamba_expand·d_model={self.d_inner} is not a multiple of "
                 f"mamba_headdim={self.mamba_headdim}; pick a headdim that divides it"
             )
 
+    def _check_recurrent_kind(self) -> None:
+        """Mamba2 fields or a GDN layer, exactly one of the two."""
+        given = [name for name in MAMBA2_FIELDS if getattr(self, name) is not None]
+        if self.gdn is not None and (given or self.mamba_d_inner is not None):
+            raise ConfigError(f"{self.name}: gdn is set, so the recurrent layers are GDN layers; leave {given} "
+                              "and mamba_d_inner unset")
+        if self.gdn is None and len(given) < len(MAMBA2_FIELDS):
+            missing = [name for name in MAMBA2_FIELDS if name not in given]
+            raise ConfigError(f"{self.name}: Mamba2 layers need {missing}; set them, or set gdn=GdnMixer(...) "
+                              "for gated-DeltaNet layers")
+
+    @property
+    def recurrent(self) -> Mamba2Mixer | GdnMixer:
+        """The recurrent layer's shape: the GDN layer, or the Mamba2 layer of the mamba_* fields."""
+        if self.gdn is not None:
+            return self.gdn
+        return Mamba2Mixer(self.d_inner, self.mamba_headdim, self.mamba_d_state, self.mamba_ngroups,
+                           self.mamba_d_conv)
+
     @property
     def d_inner(self) -> int:
+        """The Mamba2 width."""
         return self.mamba_d_inner or self.mamba_expand * self.d_model
 
     @property
@@ -104,7 +132,7 @@ class HybridShape:
 
     @property
     def conv_dim(self) -> int:
-        return self.d_inner + 2 * self.mamba_ngroups * self.mamba_d_state
+        return self.recurrent.conv_dim
 
     @property
     def num_layers(self) -> int:
@@ -115,15 +143,14 @@ class HybridShape:
         mixers = self.num_mamba_layers + self.num_attention_layers
         return mixers + self.num_mlp_blocks + self.num_moe_blocks if self.separate_mlp_layers else mixers
 
-    def mamba_params(self) -> int:
-        """One Mamba2 mixer: in_proj (z, xBC, dt), conv weights, out_proj."""
-        in_proj = self.d_model * (self.d_inner + self.conv_dim + self.mamba_nheads)
-        return in_proj + self.conv_dim * self.mamba_d_conv + self.d_inner * self.d_model
+    def recurrent_params(self) -> int:
+        """One recurrent mixer (`hybridspec.sim.mixers`)."""
+        return self.recurrent.params(self.d_model)
 
     def attention_params(self) -> int:
-        """One attention mixer: q, k, v, o projections."""
+        """One attention mixer: q (and its output gate), k, v, o projections."""
         d_in = self.attention_input_dim or self.d_model
-        q_and_o = (d_in + self.d_model) * self.num_heads * self.head_dim
+        q_and_o = (d_in * (1 + self.attention_output_gate) + self.d_model) * self.num_heads * self.head_dim
         return q_and_o + 2 * d_in * self.num_kv_heads * self.head_dim
 
     def mlp_params(self) -> int:
@@ -143,7 +170,7 @@ class HybridShape:
             mlp = mlp if self.mlp_weight_copies is None else self.mlp_weight_copies
         shared_experts = self.num_moe_blocks * self.moe_matrices * self.d_model * self.moe_shared_intermediate
         routers = self.num_moe_blocks * self.moe_num_experts * self.d_model
-        return (self.num_mamba_layers * self.mamba_params() + attention * self.attention_params()
+        return (self.num_mamba_layers * self.recurrent_params() + attention * self.attention_params()
                 + mlp * self.mlp_params() + shared_experts + routers + self.extra_params)
 
     def block_params(self) -> int:
@@ -159,28 +186,28 @@ class HybridShape:
         return self.block_params() + embeddings * (1 if self.tie_embeddings else 2)
 
     def state_shape(self):
-        """One Mamba layer's `RecurrentStateShape` (`hybridspec.state_memory`)."""
-        return mamba2_state_shape(self.mamba_nheads, self.mamba_headdim, self.mamba_d_state, self.mamba_ngroups,
-                                  self.mamba_d_conv)
+        """One recurrent layer's `RecurrentStateShape` (`hybridspec.state_memory`)."""
+        return self.recurrent.state_shape()
 
     def state_bytes_per_layer(self) -> int:
-        """SSM state nheads·headdim·d_state plus conv window conv_dim·(d_conv − 1)."""
+        """SSM state plus conv window, in the state dtype (Mamba2: nheads·headdim·d_state
+        and conv_dim·(d_conv − 1))."""
         return bytes_per_slot([self.state_shape()], self.state_bytes)
 
     def log_bytes_per_token_per_layer(self) -> int:
-        """Input log of one token: conv inputs (conv_dim), x (d_inner), B and C
-        (2·ngroups·d_state) in the model dtype, dt (nheads) in the state dtype."""
+        """Input log of one token: activations in the model dtype, time steps in the
+        state dtype (Mamba2: conv inputs, x, B and C; dt)."""
         return log_bytes_per_input([self.state_shape()], self.weight_bytes, self.state_bytes)
 
     def scan_flops_per_token_per_layer(self) -> int:
-        return SCAN_FLOPS_PER_STATE_ELEMENT * self.mamba_nheads * self.mamba_headdim * self.mamba_d_state
+        return self.recurrent.scan_flops_per_token()
 
     def model_cost(self) -> ModelCost:
         """Bytes and FLOPs of one forward; the input embedding is a row gather
         (not read whole), the LM head is read whole."""
         read_params = self.dense_params() + self.vocab_size * self.d_model  # dense blocks + LM head
         active_params = self.active_block_params() + self.vocab_size * self.d_model
-        conv_flops = 2 * self.conv_dim * self.mamba_d_conv
+        conv_flops = self.recurrent.conv_flops_per_token()
         replay_flops = self.num_mamba_layers * (self.scan_flops_per_token_per_layer() + conv_flops)
         return ModelCost(
             name=self.name,
