@@ -23,6 +23,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", metavar="DIR", default=None,
                         help="local HF tokenizer directory (default: the model directory's own, or bytes for a "
                              "byte-level model)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="split the target over N processes started by `torchrun --nproc-per-node N -m "
+                             "hybridspec ...` (the draft runs whole on each; default 1)")
 
 
 def gamma_arg(text: str) -> int | str:

@@ -124,13 +124,14 @@ def load_models(args: argparse.Namespace, dtype, device: str):
     from .cli_args import load_checkpoint
     from .embedded import embedded_paths
     kwargs = dict(dtype=dtype, device=device)
+    shards = dict(kwargs, tensor_parallel_size=args.tensor_parallel_size)
     if args.model is None:
         target_dir, draft_dir = embedded_paths()
-        target, target_name = hs.load(target_dir, **kwargs), "embedded target"
+        target, target_name = hs.load(target_dir, **shards), "embedded target"
         draft_spec = args.draft if args.draft is not None else str(draft_dir)
     else:
         target_dir = args.model
-        target, target_name = load_checkpoint("--model", args.model, **kwargs), args.model
+        target, target_name = load_checkpoint("--model", args.model, **shards), args.model
         draft_spec = args.draft if args.draft is not None else "ngram"
     if draft_spec == "none":
         return target, None, target_dir, target_name, "none"
@@ -154,9 +155,10 @@ def build_llm(args: argparse.Namespace):
     from .cli_args import torch_device
     from .codec import TokenizerCodec, load_tokenizer
     from .llm import DTYPES, as_codec, load_dtype, model_eos_ids
+    from .tp.launch import join
     check_counts(args)
     prompt_text = read_prompt(args.prompt)
-    device = torch_device("--device", args.device)
+    device = join(args.tensor_parallel_size, torch_device("--device", args.device))
     target, draft, target_dir, target_name, draft_name = load_models(
         args, load_dtype(None if args.dtype is None else DTYPES[args.dtype], device), device)
     tokenizer = TokenizerCodec(load_tokenizer(args.tokenizer, "--tokenizer"), args.tokenizer) if args.tokenizer \
@@ -182,19 +184,22 @@ def max_gamma(gamma: int | str) -> int:
 
 def sampling_params(args: argparse.Namespace):
     import hybridspec as hs
-    seed = args.seed if args.seed is not None or args.temperature == 0 else secrets.randbits(31)
+    from .tp.launch import rank0_value
+    seed = args.seed if args.seed is not None or args.temperature == 0 else rank0_value(secrets.randbits(31))
     return hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                              top_p=args.top_p, min_p=args.min_p, seed=seed, stop=tuple(args.stop),
                              ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty)
 
 
 def run(args: argparse.Namespace) -> int:
+    from .tp.launch import is_first_rank
     llm, plain, prompt_text, prompt, names = build_llm(args)
     params = sampling_params(args)
     first = "speculative" if llm.engine.speculator is not None else "plain"
     engines = [(first, llm.engine)] + ([("plain", plain)] if plain is not None else [])
-    streaming = sys.stdout.isatty() and not args.json
-    bars = sys.stderr.isatty() and not args.json
+    speaks = is_first_rank()  # tensor parallel: every rank runs, rank 0 reports
+    streaming = sys.stdout.isatty() and not args.json and speaks
+    bars = sys.stderr.isatty() and not args.json and speaks
     repeats = args.repeats if len(engines) == 2 else 1
     runs = {name: [] for name, _ in engines}
     for name, engine in engines:
@@ -210,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
             if stream is not None:
                 stream.finish(runs[name][0][0].stop_reason)
     report = build_report(args, runs, names, llm, prompt_text, prompt, params.seed)
+    if not speaks:
+        return 0
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")

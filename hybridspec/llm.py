@@ -77,6 +77,7 @@ class LLM:
     tensor_parallel_size: > 1, this process loads its shard of the target
         (`hybridspec.tp`) in a torch.distributed group of that many ranks that
         torchrun or the caller started; the draft runs whole on every rank.
+        None (default): one process, or a HybridModel `model` as it is.
     device: torch device to load onto (default "cpu"); dtype: "float32",
         "bfloat16", "float16", "float64" or a torch.dtype (default: float32
         on a CPU, where a bf16 checkpoint's linear weights and embedding
@@ -99,10 +100,10 @@ class LLM:
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
                  max_batch_size: int = 16, max_model_len: int | None = None,
                  eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool | None = None,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int | None = None):
         dtype = load_dtype(model_dtype(dtype), device)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
-        self.target = as_model(embedded_target if model is None else model, dtype, device, tensor_parallel_size)
+        self.target = as_model(embedded_target if model is None else model, dtype, device, tensor_parallel_size or 1)
         if draft == DEFAULT_DRAFT:
             draft = embedded_draft if model is None else "ngram"
         self.codec = as_codec(tokenizer, model, self.target.vocab_size)

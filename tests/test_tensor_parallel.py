@@ -50,3 +50,30 @@ def test_sizes_that_do_not_divide_are_refused_naming_the_field():
         hs.from_hf(hf, tensor_parallel_size=2)
     with pytest.raises(ConfigError, match="tensor_parallel_size=2 but the target is not sharded"):
         hs.Engine(hs.from_hf(hf), tensor_parallel_size=2)
+
+
+def test_a_server_under_tensor_parallel_answers_with_the_offline_text():
+    prompts = ["def add(a, b):", "import os\n", "class Stack:"]
+    (texts, offline, idle), follower_idle = run_ranks("served", timeout=300, prompts=prompts)
+    assert texts == offline
+    assert idle and follower_idle  # the client that left mid-stream was aborted on every rank, its pages back
+
+
+def test_torchrun_launches_generate_over_two_ranks(tmp_path):
+    """`torchrun --nproc-per-node 2 -m hybridspec generate --tensor-parallel-size 2`:
+    rank 0 prints the text one process prints; without torchrun the flag says how."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    args = ["generate", "def add(a, b):", "-n", "12", "--no-baseline", "--json"]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    launched = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "hybridspec", *args,
+                               "--tensor-parallel-size", "2"], capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    single = subprocess.run([sys.executable, "-m", "hybridspec", *args], capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert json.loads(launched.stdout)["text"] == json.loads(single.stdout)["text"], (launched.stdout, single.stdout)
+    alone = subprocess.run([sys.executable, "-m", "hybridspec", *args, "--tensor-parallel-size", "2"],
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 2 and "torchrun --nproc-per-node 2 -m hybridspec" in alone.stderr

@@ -123,3 +123,39 @@ def rollback_suite(rank: int) -> list:
     target = hs.from_hf(hf, tensor_parallel_size=dist.get_world_size())
     return [(r.name, r.passed, r.detail) for r in run_suite(target, perturbed_copy(hs.from_hf(hf), seed=2),
                                                             quick=True)]
+
+
+def served(rank: int, prompts: list[str]) -> list | bool:
+    """`hybridspec serve` under TP: rank 0 serves the embedded pair on an ephemeral
+    port and answers completions (streamed and not) and a client that leaves
+    mid-stream; rank 1 follows. Returns rank 0's texts, the offline texts of the
+    same sharded LLM and whether its engine ended idle; rank 1, whether its did."""
+    import asyncio
+
+    import httpx
+    import hybridspec as hs
+    from hybridspec.serve.loop import follow
+    llm = hs.LLM(tensor_parallel_size=dist.get_world_size(), max_batch_size=4, num_draft_tokens="auto")
+    params = hs.SamplingParams(max_new_tokens=16)
+    offline = [c.text for c in llm.generate(prompts, params)]  # every rank runs it: the same collectives
+    if rank != 0:
+        follow(llm.engine)
+        return llm.engine.memory().is_idle()
+    from test_serve import NAME, LiveServer
+    with LiveServer(llm) as server:
+        async def ask():
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+                bodies = [{"model": NAME, "prompt": p, "max_tokens": 16, "temperature": 0} for p in prompts]
+                plain = await asyncio.gather(*(http.post("/v1/completions", json=b) for b in bodies))
+                async with http.stream("POST", "/v1/completions", json={**bodies[0], "stream": True,
+                                                                          "max_tokens": 64}) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            break  # the client leaves after its first chunk
+                return [reply.json()["choices"][0]["text"] for reply in plain]
+        texts = asyncio.run(ask())
+        deadline = time.monotonic() + 30
+        while not llm.engine.memory().is_idle() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        idle = llm.engine.memory().is_idle()
+    return [texts, offline, idle]  # (leaving the server stopped its loop, which told rank 1 to stop)

@@ -47,19 +47,25 @@ def run(args: argparse.Namespace) -> int:
     if args.max_queue < 1:
         raise UsageError(f"--max-queue {args.max_queue} must be >= 1")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    llm = build_llm(args)
+    from ..tp.launch import is_first_rank, join
+    device = join(args.tensor_parallel_size, args.device)
+    llm = build_llm(args, device)
+    if not is_first_rank():  # tensor parallel: rank 0 serves and tells this rank what to run
+        from .loop import follow
+        follow(llm.engine)
+        return 0
     serve(llm, host=args.host, port=args.port, log_level=args.log_level, served_model_name=served_name(args),
           api_key=args.api_key, max_queue=args.max_queue, chat_template=chat_template(args.chat_template))
     return 0
 
 
-def build_llm(args: argparse.Namespace):
+def build_llm(args: argparse.Namespace, device: str):
     from ..llm import DEFAULT_DRAFT, LLM
     draft = DEFAULT_DRAFT if args.draft is None else None if args.draft == "none" else args.draft
     return LLM(args.model, draft=draft, tokenizer=args.tokenizer, num_draft_tokens=args.num_draft_tokens,
-               max_draft_tokens=args.max_draft_tokens, verify=args.verify, device=args.device, dtype=args.dtype,
+               max_draft_tokens=args.max_draft_tokens, verify=args.verify, device=device, dtype=args.dtype,
                threads=args.threads, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
-               prefix_cache=True if args.prefix_cache else None)
+               prefix_cache=True if args.prefix_cache else None, tensor_parallel_size=args.tensor_parallel_size)
 
 
 def served_name(args: argparse.Namespace) -> str:

@@ -7,6 +7,12 @@ asyncio queue; a new request's first token as soon as its prefill made it,
 before the step's round (`Engine.step(first_tokens=)`). A request's handler ends it (`abort`) when its client leaves,
 so its pages and rings return to the pools at the next step boundary.
 
+Tensor parallel: rank 0 serves HTTP and drives its engine as above; every
+engine call it makes (add, abort, step) is sent to the other ranks before the
+step that follows it, and each of them replays the calls on its own engine in
+the same order (`follow`), so every rank's engine holds the same requests and
+enters every step, and its collectives, together.
+
 An exception inside `step()` fails the requests of that step (its batch,
 `Engine.step_request_ids`: each gets an `EngineFailure`, the server answers
 500) and aborts them so their pages and rings return; the requests still
@@ -56,6 +62,7 @@ class EngineLoop:
 
     def __init__(self, engine: Engine, max_queue: int, metrics: Metrics):
         self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+        self.mirror = Mirror(engine.tensor_parallel)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._sinks: dict[int, _Sink] = {}  # loop thread only
@@ -73,6 +80,7 @@ class EngineLoop:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.mirror.stop()
 
     @property
     def num_waiting(self) -> int:
@@ -108,6 +116,7 @@ class EngineLoop:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
+            self.mirror.send("step")
             try:
                 outputs = self.engine.step(first_tokens=self._hand_out)  # first tokens before the round
             except Exception as error:  # noqa: BLE001 - any failure of a step must not end the loop
@@ -137,6 +146,7 @@ class EngineLoop:
             self._stop_waiting(1)
             sink.aloop.call_soon_threadsafe(self._settle, accepted, None, error)
             return
+        self.mirror.record("add", prompt, params)
         self._sinks[request_id] = sink
         self.metrics.prompt_tokens.inc(len(prompt))
         sink.aloop.call_soon_threadsafe(self._settle, accepted, request_id, None)
@@ -147,6 +157,7 @@ class EngineLoop:
             self._stop_waiting(1)
         if abort:
             self.engine.abort(request_id)
+            self.mirror.record("abort", request_id)
 
     def _stop_waiting(self, count: int) -> None:
         with self._lock:
@@ -208,3 +219,45 @@ class EngineLoop:
             future.set_exception(error)
         else:
             future.set_result(request_id)
+
+
+class Mirror:
+    """Rank 0's engine calls for the other tensor-parallel ranks (`follow`):
+    recorded as they are made, sent as one message before each step (and
+    "stop" at the end). Without tensor parallelism it does nothing."""
+
+    def __init__(self, tp):
+        self.tp, self._calls = tp, []
+
+    def record(self, *call) -> None:
+        if self.tp is not None:
+            self._calls.append(call)
+
+    def send(self, *call) -> None:
+        """Send what was recorded, then `call` (which this rank makes next)."""
+        if self.tp is not None:
+            calls, self._calls = self._calls + [call], []
+            self.tp.broadcast(calls)
+
+    def stop(self) -> None:
+        self.send("stop")
+
+
+def follow(engine: Engine) -> None:
+    """The engine loop of a tensor-parallel rank other than 0: make rank 0's
+    engine calls, in its order, until it stops."""
+    tp = engine.tensor_parallel
+    while True:
+        for call in tp.broadcast(None):
+            kind, args = call[0], call[1:]
+            if kind == "stop":
+                return
+            if kind == "add":
+                engine.add_request(*args)
+            elif kind == "abort":
+                engine.abort(*args)
+            else:
+                try:
+                    engine.step()
+                except Exception:  # noqa: BLE001 - rank 0 fails the step's requests and tells us the aborts
+                    log.exception("engine step failed on this rank")
