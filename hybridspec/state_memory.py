@@ -5,15 +5,22 @@ The runtime (`StatePool`, the input log), the `auto` checkpoint policy
 state with these functions, so `hybridspec simulate` reports the bytes an
 `Engine` allocates for the same shape. Glossary: docs/design.md.
 
-Per Mamba layer and sequence (one ring slot holds both parts):
+Per recurrent layer and sequence (one ring slot holds both parts):
     Mamba2  SSM state  nheads·headdim·d_state        conv window  conv_dim·(d_conv − 1)
             conv_dim = d_inner + 2·ngroups·d_state (the x, B, C channels)
     Mamba1  SSM state  d_inner·d_state                conv window  d_inner·(d_conv − 1)
+    GDN     state      HV·d_k·d_v                     conv window  conv_dim·(d_conv − 1)
+            conv_dim = 2·HK·d_k + HV·d_v (the q, k, v channels); HK key heads, HV value heads
 Input log per verify input (the Mamba kinds' `models.mamba_log.MambaInputLog`): the conv inputs xs, the SSM
 input x, the time step dt and B, C:
     Mamba2  conv_dim + d_inner + 2·ngroups·d_state  activations,  nheads  dt
     Mamba1  d_inner + d_inner + 2·d_state           activations,  d_inner dt
-dt is kept in the state dtype (the recurrence's), the rest in the model dtype.
+    GDN     conv_dim + HK·d_k + HV·d_v              activations,  2·HV (g, β)
+            (`models.gdn_log.GdnInputLog`: xs, the normalised k, v; the gates g and β)
+dt (GDN: g and β) is kept in the state dtype (the recurrence's), the rest in the model dtype.
+A GDN state is large and its inputs small: one slot holds HV·d_k·d_v elements, one
+logged input 2·conv_dim − HK·d_k or so, so with d_k = d_v a logged position costs
+d_k/5 (HK = HV) to d_k/3.5 (HK = HV/2) of a snapshot.
 """
 from __future__ import annotations
 
@@ -25,12 +32,12 @@ import torch
 
 @dataclass(frozen=True)
 class RecurrentStateShape:
-    """What one Mamba layer keeps per sequence: its slot shapes and its log width."""
+    """What one recurrent layer keeps per sequence: its slot shapes and its log width."""
 
-    ssm: tuple[int, ...]  # (nheads, headdim, d_state) Mamba2 | (d_inner, d_state) Mamba1
+    ssm: tuple[int, ...]  # (nheads, headdim, d_state) Mamba2 | (d_inner, d_state) Mamba1 | (HV, d_k, d_v) GDN
     conv: tuple[int, ...]  # (conv_dim, d_conv - 1)
     log_activations: int = 0  # logged elements per verify input in the model dtype (xs, x, B, C)
-    log_dt: int = 0  # logged dt elements per verify input, in the state dtype
+    log_dt: int = 0  # logged dt elements (GDN: g and β) per verify input, in the state dtype
 
     def __post_init__(self):
         for name in ("ssm", "conv"):
@@ -55,6 +62,14 @@ def mamba2_state_shape(num_heads: int, head_dim: int, d_state: int, n_groups: in
 def mamba1_state_shape(d_inner: int, d_state: int, d_conv: int) -> RecurrentStateShape:
     return RecurrentStateShape(ssm=(d_inner, d_state), conv=(d_inner, d_conv - 1),
                                log_activations=2 * d_inner + 2 * d_state, log_dt=d_inner)
+
+
+def gdn_state_shape(num_key_heads: int, num_value_heads: int, key_head_dim: int, value_head_dim: int,
+                    d_conv: int) -> RecurrentStateShape:
+    key_dim, value_dim = num_key_heads * key_head_dim, num_value_heads * value_head_dim
+    conv_dim = 2 * key_dim + value_dim
+    return RecurrentStateShape(ssm=(num_value_heads, key_head_dim, value_head_dim), conv=(conv_dim, d_conv - 1),
+                               log_activations=conv_dim + key_dim + value_dim, log_dt=2 * num_value_heads)
 
 
 def default_state_dtype(model_dtype: torch.dtype) -> torch.dtype:

@@ -13,7 +13,7 @@ from ..config import HybridConfig
 from ..errors import CheckpointError, ConfigError, UnsupportedModelError
 from ..models.hybrid import HALF_DTYPES, HybridModel, storable_16bit
 from .checkpoint_files import describe_files, read_config, read_weights
-from .common import unmatched
+from .common import LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
 from .validate import check_weights
 
 # HF architecture name -> adapter module (config_from_dict, weights_from_state)
@@ -24,10 +24,14 @@ HF_ADAPTERS = {
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
     "FalconH1ForCausalLM": "falcon_h1",
     "Zamba2ForCausalLM": "zamba2",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5",
 }
 MODEL_TYPES = {"bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
-               "zamba2": "Zamba2ForCausalLM"}
+               "zamba2": "Zamba2ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
+               "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
 SUPPORTED = sorted(HF_ADAPTERS) + ["mamba_ssm MambaLMHeadModel (hybrid Mamba2 + MHA)"]
 
 
@@ -40,8 +44,10 @@ def _adapter(architecture: str):
 
 def from_hf(model) -> HybridModel:
     """A HybridModel from a loaded HF model (`BambaForCausalLM`, `JambaForCausalLM`,
-    `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM`, `FalconH1ForCausalLM` or `Zamba2ForCausalLM`), sharing its parameters
-    (no copy: same dtype and device).
+    `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM`, `FalconH1ForCausalLM`, `Zamba2ForCausalLM`,
+    `Qwen3NextForCausalLM`, `Qwen3_5ForCausalLM` or `Qwen3_5MoeForCausalLM`), sharing its parameters
+    (no copy: same dtype and device; the Qwen adapters' zero-centred norms, fused
+    GDN projections and stacked experts are copies).
     Raises UnsupportedModelError for other architectures and CheckpointError
     when a tensor is missing or has the wrong shape for the config."""
     architecture = type(model).__name__
@@ -51,8 +57,11 @@ def from_hf(model) -> HybridModel:
     config = _config(adapter.config_from_dict, cfg, f"{source} config")
     state = dict(model.named_parameters())
     state.update(model.named_buffers())
+    state, report = set_aside(state, getattr(adapter, "UNUSED", []), source)
     weights = _checked(config, _to_canonical(adapter, cfg), state, adapter.RULES, source, {})
-    return HybridModel(config, weights)
+    hybrid = HybridModel(config, weights)
+    hybrid.load_report = report
+    return hybrid
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None) -> HybridModel:
@@ -68,10 +77,13 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     dtype=torch.float32 on CPU; default None: on CPU).
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise CheckpointError (see
-    `checkpoint_files`, `validate`)."""
+    `checkpoint_files`, `validate`); tensors the adapter knows to be present
+    and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
+    the model's `load_report`."""
     path = Path(path)
     cfg = read_config(path)
     config_file = str(path / "config.json")
+    unused_patterns = []
     if "d_model" in cfg and "n_layer" in cfg:
         from . import mamba_ssm
         config = _config(mamba_ssm.config_from_dict, cfg, config_file)
@@ -82,9 +94,11 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
         adapter = _adapter(str(architectures[0] if isinstance(architectures, list) else architectures))
         config = _config(adapter.config_from_dict, cfg, config_file)
         to_canonical, rules = _to_canonical(adapter, cfg), adapter.RULES
+        unused_patterns = getattr(adapter, "UNUSED", [])
     state, file_of = read_weights(path, device)
-    weights = _checked(config, to_canonical, state, rules, describe_files(path, sorted(set(file_of.values()))),
-                       file_of)
+    source = describe_files(path, sorted(set(file_of.values())))
+    state, report = set_aside(state, unused_patterns, source)
+    weights = _checked(config, to_canonical, state, rules, source, file_of)
     if pack is None:
         pack = torch.device(device).type == "cpu"
     if dtype is not None:
@@ -96,6 +110,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
                    for k, v in weights.items()}
     del state  # the model holds what it uses: packing frees each original as it copies it
     model = HybridModel(config, weights)
+    model.load_report = report
     del weights
     if pack:
         model.pack_for_cpu()

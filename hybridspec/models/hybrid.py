@@ -5,7 +5,8 @@ Entry points (all batched over ragged sequences, rows right-padded):
 - `prefill`: many tokens from an empty state;
 - `extend`: many tokens continuing from the cached state (verification);
 - `decode`: one token per sequence.
-All three are one forward that advances every Mamba layer from its ring head
+All three are one forward that advances every recurrent layer (Mamba-1,
+Mamba-2, gated DeltaNet) from its ring head
 and writes K/V for the new positions; only the bookkeeping differs.
 """
 from __future__ import annotations
@@ -78,7 +79,11 @@ class DecoderLayer(nn.Module):
         self.input_norm = RMSNorm(weights["input_norm.weight"], cfg.rms_norm_eps) if mixer_type != "none" else None
         self.ffn_norm = RMSNorm(weights["ffn_norm.weight"], cfg.rms_norm_eps) if ffn_type != "none" else None
         mixer_weights = take(weights, "mixer")
-        if mixer_type == "attention":
+        if mixer_type == "attention" and (cfg.attention.qk_norm or cfg.attention.output_gate):
+            from .gated_attention import GatedAttention
+            self.mixer = GatedAttention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq,
+                                        cfg.rms_norm_eps)
+        elif mixer_type == "attention":
             self.mixer = Attention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq)
         elif mixer_type == "mamba2":
             self.mixer = Mamba2Mixer(cfg.mamba2, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
@@ -88,6 +93,9 @@ class DecoderLayer(nn.Module):
         elif mixer_type == "mamba1":
             from .mamba1 import Mamba1Mixer
             self.mixer = Mamba1Mixer(cfg.mamba1, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
+        elif mixer_type == "gdn":
+            from .gated_deltanet import GatedDeltaNet
+            self.mixer = GatedDeltaNet(cfg.gdn, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
         else:
             self.mixer = None
         ffn_weights = take(weights, "ffn")
@@ -150,6 +158,7 @@ class HybridModel(Kernelled, nn.Module):
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
         self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
+        self.load_report = None  # hybridspec.adapters.LoadReport after hs.from_hf / hs.load: tensors left unused
         self.bind_backend()
 
     def describe(self) -> ModelDesc:
