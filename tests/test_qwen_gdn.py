@@ -136,3 +136,13 @@ def test_load_rejects_an_unknown_tensor(tmp_path):
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="unused"):
         hs.load(tmp_path)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_check_cli_on_a_saved_checkpoint(family, tmp_path, capsys):
+    from hybridspec.cli import main
+    FAMILIES[family](seed=10).save_pretrained(tmp_path / "target")
+    assert main(["check", "--quick", "--model", str(tmp_path / "target"), "--draft", "perturbed"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert family in out and "gdn" in out and rows and all(r.startswith("PASS") for r in rows)
