@@ -286,3 +286,19 @@ def qwen3_5_moe(seed=0, layer_types=("full_attention", "linear_attention", "line
                                shared_expert_intermediate_size=24, experts_implementation="eager")
     torch.manual_seed(seed)
     return randomize_(Qwen3_5MoeForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def qwen3_5_multimodal(seed=0, moe=False, dtype=torch.float64):
+    """The released Qwen3.5 layout: `Qwen3_5(Moe)ForConditionalGeneration`, a tiny vision encoder beside
+    the text model (`model.language_model.`), the text config under `text_config`."""
+    from transformers import (Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
+                              Qwen3_5MoeForConditionalGeneration)
+    text = dict(QWEN_GDN, num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"])
+    text |= (dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+             if moe else dict(intermediate_size=48))
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=32)
+    config, model = ((Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration) if moe
+                     else (Qwen3_5Config, Qwen3_5ForConditionalGeneration))
+    kwargs = dict(experts_implementation="eager") if moe else {}
+    torch.manual_seed(seed)
+    return randomize_(model(config(text_config=text, vision_config=vision, **kwargs)), seed).to(dtype).eval()

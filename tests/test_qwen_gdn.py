@@ -146,3 +146,21 @@ def test_check_cli_on_a_saved_checkpoint(family, tmp_path, capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert family in out and "gdn" in out and rows and all(r.startswith("PASS") for r in rows)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_multimodal_checkpoint_runs_its_text_model(moe, tmp_path):
+    """The released layout (Qwen3_5(Moe)ForConditionalGeneration): the text model's logits equal HF's on
+    text input, from the HF object and from its saved directory; the vision encoder is named unused."""
+    from oracles import qwen3_5_multimodal
+    m = qwen3_5_multimodal(seed=11, moe=moe)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad(), float64_oracle():
+        ref = m(input_ids=ids, use_cache=False).logits
+    m.save_pretrained(tmp_path)
+    for target in (hs.from_hf(m), hs.load(tmp_path)):
+        assert target.config.ffn_types == (("moe",) if moe else ("mlp",)) * 3
+        assert (target.prefill(make_cache(target), [0, 1], ids.tolist()) - ref).abs().max().item() <= 1e-12
+        unused = target.load_report.unused
+        assert unused and all(name.startswith("model.visual.") for name in unused)
+        assert "vision encoder" in str(target.load_report)

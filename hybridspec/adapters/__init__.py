@@ -27,11 +27,14 @@ HF_ADAPTERS = {
     "Qwen3NextForCausalLM": "qwen3_next",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # the released checkpoints: the text model runs
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
 }
 MODEL_TYPES = {"bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
                "zamba2": "Zamba2ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
-               "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
+               "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+               "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
 SUPPORTED = sorted(HF_ADAPTERS) + ["mamba_ssm MambaLMHeadModel (hybrid Mamba2 + MHA)"]
 
 
@@ -45,7 +48,8 @@ def _adapter(architecture: str):
 def from_hf(model) -> HybridModel:
     """A HybridModel from a loaded HF model (`BambaForCausalLM`, `JambaForCausalLM`,
     `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM`, `FalconH1ForCausalLM`, `Zamba2ForCausalLM`,
-    `Qwen3NextForCausalLM`, `Qwen3_5ForCausalLM` or `Qwen3_5MoeForCausalLM`), sharing its parameters
+    `Qwen3NextForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM` or their multimodal
+    `…ForConditionalGeneration`, whose text model runs), sharing its parameters
     (no copy: same dtype and device; the Qwen adapters' zero-centred norms, fused
     GDN projections and stacked experts are copies).
     Raises UnsupportedModelError for other architectures and CheckpointError
