@@ -324,6 +324,7 @@ class HybridConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0  # logits are divided by it (GraniteMoeHybrid)
+    zero_centred_norms: bool = False  # the layer, final and q/k RMSNorm weights w are stored as y = (1 + w)·x̂ (Qwen)
     eos_token_id: int | None = None
     family: str = "hybrid"
     extra: dict = field(default_factory=dict, compare=False)

@@ -164,3 +164,16 @@ def test_multimodal_checkpoint_runs_its_text_model(moe, tmp_path):
         unused = target.load_report.unused
         assert unused and all(name.startswith("model.visual.") for name in unused)
         assert "vision encoder" in str(target.load_report)
+
+
+def test_bf16_checkpoint_loaded_as_float32_forms_the_norms_like_hf(tmp_path):
+    """Zero-centred norm weights: 1 + w is formed from the widened w (HF's float32 1 + w), not rounded to
+    bfloat16 first, which would move the logits by ~1e-3."""
+    m = qwen3_5(seed=12, dtype=torch.bfloat16)
+    m.save_pretrained(tmp_path)
+    hf32 = m.to(torch.float32)
+    loaded = hs.load(tmp_path, dtype=torch.float32)
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        ref = hf32(ids, use_cache=False).logits
+    assert (loaded.prefill(make_cache(loaded), [0, 1], ids.tolist()) - ref).abs().max().item() <= 1e-4

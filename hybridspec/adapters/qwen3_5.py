@@ -20,7 +20,7 @@ from ..config import HybridConfig
 from .common import rename
 from .jamba import stack_experts
 from . import qwen3_next
-from .qwen3_next import fuse_gdn_projections, moe_config, qwen_config, zero_centred
+from .qwen3_next import fuse_gdn_projections, moe_config, qwen_config
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
@@ -56,4 +56,4 @@ def split_parts(weights: dict[str, torch.Tensor], prefix: str):
 
 def weights_from_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     weights = stack_experts(rename(state, RULES))
-    return zero_centred(fuse_gdn_projections(weights, split_parts))
+    return fuse_gdn_projections(weights, split_parts)

@@ -8,10 +8,13 @@ mixture of experts (softmax router, top-k weights renormalised when
 layer runs; layer i's feed-forward is a MoE when num_experts > 0, i is not in
 `mlp_only_layers` and (i + 1) % decoder_sparse_step == 0.
 
+The RMSNorms (layer, final, q/k) are zero-centred, y = (1 + w)·x̂
+(`zero_centred_norms`: the model forms 1 + w from w in its own dtype, so a
+bf16 checkpoint loaded as float32 gets HF's float32 1 + w); the GDN's gated
+norm is a plain w·x̂.
+
 Conversions to hybridspec's canonical weights (copies, not views: from_hf
 shares every other tensor with the HF model):
-- the RMSNorms (layer, final, q/k) are zero-centred, y = (1 + w)·x̂: their
-  weights are stored as 1 + w (the GDN's gated norm is a plain w·x̂ and stays);
 - the GDN input projections in_proj_qkvz / in_proj_ba hold, per key head, its
   q, k, and its group's v and z (resp. b and a): they are regrouped into one
   `in_proj` [q | k | v | z | b | a] (`gated_deltanet.py`);
@@ -47,8 +50,6 @@ RULES = [
 # checkpoint tensors present and deliberately unused: name pattern -> why (the model's `load_report`)
 UNUSED = [(r"^mtp\.", "multi-token-prediction (MTP) head: hybridspec drafts with its own drafters")]
 
-ZERO_CENTRED = (".input_norm.weight", ".ffn_norm.weight", ".mixer.q_norm.weight", ".mixer.k_norm.weight")
-
 
 def qwen_config(cfg: dict, ffn_types: tuple[str, ...], moe: MoEConfig | None, family: str) -> HybridConfig:
     """The HybridConfig of a Qwen3-Next-style config dict, given its feed-forward pattern."""
@@ -79,6 +80,7 @@ def qwen_config(cfg: dict, ffn_types: tuple[str, ...], moe: MoEConfig | None, fa
         moe=moe if "moe" in ffn_types else None,
         max_position_embeddings=cfg.get("max_position_embeddings", 32768),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        zero_centred_norms=True,
         eos_token_id=eos_id(cfg),
         family=family,
     )
@@ -117,15 +119,6 @@ def config_from_dict(cfg: dict) -> HybridConfig:
     return qwen_config(cfg, ffn_types, moe, "qwen3_next")
 
 
-def zero_centred(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Zero-centred RMSNorm weights w as the 1 + w the norm multiplies by (in float32 at least, as HF does)."""
-    def shifted(w: torch.Tensor) -> torch.Tensor:
-        return (w.to(torch.promote_types(w.dtype, torch.float32)) + 1.0).to(w.dtype)
-
-    return {name: shifted(w) if name == "final_norm.weight" or name.endswith(ZERO_CENTRED) else w
-            for name, w in weights.items()}
-
-
 def fuse_gdn_projections(weights: dict[str, torch.Tensor], parts) -> dict[str, torch.Tensor]:
     """Replace each GDN layer's input projections by one `in_proj.weight`: `parts(weights, prefix)`
     returns [q, k, v, z, b, a] row blocks, or None where the layer has none (an attention layer)."""
@@ -138,23 +131,21 @@ def fuse_gdn_projections(weights: dict[str, torch.Tensor], parts) -> dict[str, t
     return out
 
 
-def qkvz_parts(weights: dict[str, torch.Tensor], prefix: str, key_dim_per_head: int, value_group: int):
+def qkvz_parts(weights: dict[str, torch.Tensor], prefix: str, key_head_dim: int, value_group: int):
     """Qwen3-Next's interleaved projections -> [q, k, v, z, b, a]: in_proj_qkvz [HK·(2·d_k + 2·r·d_v), H] is,
-    per key head, its q, k and its r value heads' v and z; in_proj_ba [HK·2·r, H] its b and a."""
-    qkvz, ba = weights.pop(prefix + "in_proj_qkvz.weight", None), weights.pop(prefix + "in_proj_ba.weight", None)
-    if qkvz is None or ba is None:
-        for name, t in ((prefix + "in_proj_qkvz.weight", qkvz), (prefix + "in_proj_ba.weight", ba)):
-            if t is not None:
-                weights[name] = t  # left for the strict check to name (its partner is missing)
+    per key head, its q, k and its r value heads' v and z; in_proj_ba [HK·2·r, H] its b and a. None (both
+    left in place, for the strict check to name) where one is missing or their key-head counts differ."""
+    qkvz_name, ba_name = prefix + "in_proj_qkvz.weight", prefix + "in_proj_ba.weight"
+    qkvz, ba = weights.get(qkvz_name), weights.get(ba_name)
+    if qkvz is None or ba is None or ba.shape[0] % (2 * value_group):
         return None
-    hidden = qkvz.shape[-1]
-    num_key_heads = ba.shape[0] // (2 * value_group)
-    if qkvz.shape[0] % num_key_heads or ba.shape[0] % num_key_heads:
-        weights[prefix + "in_proj_qkvz.weight"], weights[prefix + "in_proj_ba.weight"] = qkvz, ba
+    num_key_heads, hidden = ba.shape[0] // (2 * value_group), qkvz.shape[-1]
+    width = qkvz.shape[0] // num_key_heads - 2 * key_head_dim  # 2·r·d_v
+    if qkvz.shape[0] % num_key_heads or width <= 0 or width % 2:
         return None
-    width = qkvz.shape[0] // num_key_heads - 2 * key_dim_per_head
-    grouped = qkvz.reshape(num_key_heads, -1, hidden)
-    q, k, v, z = grouped.split([key_dim_per_head, key_dim_per_head, width // 2, width // 2], dim=1)
+    del weights[qkvz_name], weights[ba_name]
+    q, k, v, z = qkvz.reshape(num_key_heads, -1, hidden).split([key_head_dim, key_head_dim, width // 2, width // 2],
+                                                                dim=1)
     b, a = ba.reshape(num_key_heads, 2 * value_group, hidden).split([value_group, value_group], dim=1)
     return [t.reshape(-1, hidden) for t in (q, k, v, z, b, a)]
 
@@ -162,8 +153,7 @@ def qkvz_parts(weights: dict[str, torch.Tensor], prefix: str, key_dim_per_head: 
 def weights_from_state(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     value_group = cfg["linear_num_value_heads"] // cfg["linear_num_key_heads"]
     weights = stack_experts(rename(state, RULES))
-    weights = fuse_gdn_projections(weights, lambda w, p: qkvz_parts(w, p, cfg["linear_key_head_dim"], value_group))
-    return zero_centred(weights)
+    return fuse_gdn_projections(weights, lambda w, p: qkvz_parts(w, p, cfg["linear_key_head_dim"], value_group))
 
 
 WEIGHTS_NEED_CONFIG = True

@@ -2,7 +2,7 @@
 attention whose q_proj also yields a per-head output gate, with RMSNorms over
 each head's q and k before the (partial) rotary embedding:
     [q_h | gate_h] = (W_q x)_h            per head, 2·head_dim wide
-    q, k = RMSNorm(q), RMSNorm(k)         (over head_dim; weights held as 1 + w)
+    q, k = RMSNorm(q), RMSNorm(k)         (over head_dim; zero-centred weights held as 1 + w)
     out = W_o · (attention(q, k, v) ⊙ sigmoid(gate))
 """
 from __future__ import annotations
@@ -13,15 +13,15 @@ from hybridspec.kernels.descriptors import GatedAttentionDesc
 
 from .attention import Attention
 from .batch import ForwardBatch
-from .common import param
+from .common import norm_weight, param
 
 
 class GatedAttention(Attention):
     def __init__(self, cfg, weights: dict[str, torch.Tensor], kv_layer: int, inv_freq: torch.Tensor | None,
-                 eps: float):
+                 eps: float, zero_centred: bool):
         super().__init__(cfg, weights, kv_layer, inv_freq)
-        self.q_norm = param(weights["q_norm.weight"]) if cfg.qk_norm else None  # [head_dim]
-        self.k_norm = param(weights["k_norm.weight"]) if cfg.qk_norm else None
+        self.q_norm, self.k_norm = (param(norm_weight(weights[f"{p}_norm.weight"], zero_centred)) if cfg.qk_norm
+                                    else None for p in "qk")  # [head_dim]
         self.eps = eps
 
     def describe(self) -> GatedAttentionDesc:
