@@ -1,6 +1,6 @@
 """Speculative decoding on gated DeltaNet hybrids (Qwen3-Next, Qwen3.5, Qwen3.5
-MoE; tiny float64 models from HF): the greedy-parity, state-parity and
-prefix-cache suites the Mamba families run (their test functions, collected
+MoE; tiny float64 models from HF): the greedy-parity, coupled-parity,
+state-parity and prefix-cache suites the Mamba families run (their test functions, collected
 here with this module's fixtures), and the rounds that corrupt GDN state
 elsewhere: zero-draft rounds right after fully accepted ones (vllm#52942),
 boundaries on page boundaries, token replays through the real attention
@@ -13,6 +13,8 @@ from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.rollback import (POLICIES, ScriptedDrafter, perturbed_copy, plain_outputs, speculative_parity,
                                  workload)
 from oracles import bamba, qwen3_5, qwen3_5_moe, qwen3_next
+from test_spec_coupled import (test_coupled_equals_plain_sampling,  # noqa: F401 (collected here)
+                               test_plain_sampling_independent_of_batch)
 from test_prefix_cache import (test_same_prompt_twice_hits_on_the_second_send,  # noqa: F401 (collected here)
                                test_speculative_outputs_equal_with_the_cache_on,
                                test_state_parity_at_every_tail_length)
@@ -47,6 +49,13 @@ def models(family):
     name, target, drafters, *_ = family
     return target, {"perturbed copy": drafters["perturbed copy"], "unrelated": drafters["unrelated"],
                     "pure mamba": drafters["pure mamba"]}
+
+
+@pytest.fixture(scope="module")
+def bamba_models(family):
+    """test_spec_coupled's fixture (named for the family it was written on): (target, drafters)."""
+    name, target, drafters, *_ = family
+    return target, {kind: drafters[kind] for kind in ("perturbed copy", "target itself", "unrelated", "n-gram")}
 
 
 @pytest.fixture(scope="module")
