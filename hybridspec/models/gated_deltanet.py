@@ -94,8 +94,15 @@ class GatedDeltaNet(Kernelled, nn.Module):
     def gates(self, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """g = −exp(A_log)·softplus(a + dt_bias) and β = sigmoid(b) [batch, T, HV] in the state dtype."""
         cd = torch.promote_types(compute_dtype(a.dtype), dtype)
-        g = -torch.exp(as_dtype(self.A_log, cd)) * F.softplus(as_dtype(a, cd) + as_dtype(self.dt_bias, cd))
+        g = self.decay_rate(cd) * F.softplus(as_dtype(a, cd) + as_dtype(self.dt_bias, cd))
         return g.contiguous(), torch.sigmoid(as_dtype(b, cd)).contiguous()
+
+    def decay_rate(self, dtype: torch.dtype) -> torch.Tensor:
+        """−exp(A_log) [HV] in `dtype`, kept until A_log changes."""
+        key = (self.A_log._version, self.A_log.data_ptr(), dtype)
+        if getattr(self, "_decay_key", None) != key:
+            self._decay, self._decay_key = -torch.exp(as_dtype(self.A_log, dtype)), key
+        return self._decay
 
     def replay(self, states: StatePool, src_slot: torch.Tensor, dst_slot: torch.Tensor, first: torch.Tensor,
                num_steps: torch.Tensor, log: GdnInputLog) -> None:
