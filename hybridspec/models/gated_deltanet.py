@@ -65,7 +65,7 @@ class GatedDeltaNet(Kernelled, nn.Module):
         cfg = self.cfg
         bsz, T, _ = h.shape
         ops = self.ops
-        HK, HV = cfg.num_key_heads, cfg.num_value_heads
+        HV = cfg.num_value_heads
         projected = ops.linear(h, self.in_proj)  # [batch, T, conv_dim + HV·d_v + 2·HV]
         xs, z, b, a = projected.split([cfg.conv_dim, cfg.value_dim, HV, HV], dim=-1)
         states = cache.states.ssm_states[self.state_layer]
