@@ -79,12 +79,12 @@ def default_state_dtype(model_dtype: torch.dtype) -> torch.dtype:
 
 
 def bytes_per_slot(shapes, state_bytes: int) -> int:
-    """One ring slot (SSM state plus conv window) over every Mamba layer in `shapes`."""
+    """One ring slot (recurrent state plus conv window) over every recurrent layer in `shapes`."""
     return state_bytes * sum(s.slot_elements for s in shapes)
 
 
 def log_bytes_per_input(shapes, activation_bytes: int, state_bytes: int) -> int:
-    """The input log of one verify input of one sequence over every Mamba layer."""
+    """The input log of one verify input of one sequence over every recurrent layer."""
     return sum(s.log_activations * activation_bytes + s.log_dt * state_bytes for s in shapes)
 
 
