@@ -1,7 +1,8 @@
 """`HybridConfig`: the typed description of a hybrid Mamba/attention model.
 
-One sub-config per concern (attention, Mamba2, Mamba1, MLP, MoE). A layer is a
-pre-norm residual *mixer* (attention, mamba1, mamba2, parallel, or none)
+One sub-config per concern (attention, Mamba2, Mamba1, gated DeltaNet, MLP,
+MoE). A layer is a pre-norm residual *mixer* (attention, mamba1, mamba2, gdn,
+parallel, or none)
 followed by a pre-norm residual *feed-forward* (mlp, moe, or none). Nemotron-H
 puts the mixer and the MLP in separate layers; that is a layer with
 `ffn="none"` and one with mixer `"none"`. A "parallel" mixer (Falcon-H1) runs
@@ -15,16 +16,17 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from .errors import ConfigError
-from .state_memory import RecurrentStateShape, mamba1_state_shape, mamba2_state_shape
+from .state_memory import RecurrentStateShape, gdn_state_shape, mamba1_state_shape, mamba2_state_shape
 
-MixerType = Literal["attention", "mamba1", "mamba2", "parallel", "none"]
+MixerType = Literal["attention", "mamba1", "mamba2", "gdn", "parallel", "none"]
 FfnType = Literal["mlp", "moe", "none"]
 Activation = Literal["silu", "gelu", "relu2"]
 
-MIXER_TYPES = ("attention", "mamba1", "mamba2", "parallel", "none")
+MIXER_TYPES = ("attention", "mamba1", "mamba2", "gdn", "parallel", "none")
+RECURRENT_MIXERS = ("mamba1", "mamba2", "gdn", "parallel")  # mixers holding recurrent state
 MAMBA2_NORMS = ("gate_then_norm", "norm_then_gate", "gate_only")
 # mixer type -> the sub-configs it needs
-_MIXER_NEEDS = {"attention": ("attention",), "mamba1": ("mamba1",), "mamba2": ("mamba2",),
+_MIXER_NEEDS = {"attention": ("attention",), "mamba1": ("mamba1",), "mamba2": ("mamba2",), "gdn": ("gdn",),
                 "parallel": ("attention", "mamba2"), "none": ()}
 FFN_TYPES = ("mlp", "moe", "none")
 ACTIVATIONS = ("silu", "gelu", "relu2")
@@ -61,7 +63,10 @@ def _check_types(config) -> None:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Grouped-query attention; rotary embeddings on the first `rotary_dim` dims."""
+    """Grouped-query attention; rotary embeddings on the first `rotary_dim` dims.
+    Qwen3-Next / Qwen3.5: `qk_norm` (an RMSNorm over each head's q and k before
+    the rotation) and `output_gate` (q_proj also yields a per-head gate:
+    out = o_proj(attention ⊙ sigmoid(gate)))."""
 
     num_heads: int
     num_kv_heads: int
@@ -72,6 +77,8 @@ class AttentionConfig:
     scale: float | None = None  # None: head_dim ** -0.5
     bias: bool = False  # q, k, v (and o unless out_bias says otherwise) have biases
     out_bias: bool | None = None  # None: the same as bias (mamba_ssm's MHA sets the two apart)
+    qk_norm: bool = False
+    output_gate: bool = False
 
     def __post_init__(self):
         if self.out_bias is None:
@@ -159,6 +166,45 @@ class Mamba1Config:
 
 
 @dataclass(frozen=True)
+class GdnConfig:
+    """Gated DeltaNet mixer (Yang, Kautz & Hatamizadeh 2025; Qwen3-Next /
+    Qwen3.5 linear attention): HK key heads of d_k (q and k), HV value heads of
+    d_v (v, the output gate z, the gates a and b, one state [d_k, d_v] each),
+    a causal conv of width `d_conv` over [q | k | v], and the output
+    RMSNorm(o) ⊙ silu(z) per value head."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    d_conv: int = 4
+
+    def __post_init__(self):
+        _check_types(self)
+        _require(self.num_value_heads % self.num_key_heads == 0,
+                 f"gdn num_value_heads={self.num_value_heads} must be a multiple of "
+                 f"num_key_heads={self.num_key_heads}")
+        _require(self.d_conv >= 2, f"gdn d_conv={self.d_conv} must be >= 2 (the conv window keeps d_conv - 1)")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    def state_shape(self) -> RecurrentStateShape:
+        """State, conv window and input-log sizes per sequence."""
+        return gdn_state_shape(num_v_heads=self.num_value_heads, num_k_heads=self.num_key_heads,
+                               head_k_dim=self.key_head_dim, head_v_dim=self.value_head_dim, d_conv=self.d_conv)
+
+
+@dataclass(frozen=True)
 class MLPConfig:
     intermediate_size: int
     activation: Activation = "silu"
@@ -180,8 +226,11 @@ class MoEConfig:
     DeepSeek-V3 style: sigmoid scores s, choice by s + correction bias within
     the `topk_group` best of `n_group` expert groups, weights s of the chosen
     experts, renormalised when `norm_topk_prob`, times `routed_scaling_factor`).
+    "softmax_topk" renormalises the kept weights too when `norm_topk_prob`
+    (Qwen3-Next, Qwen3.5).
     `gated`: experts (and the shared expert) are act(gate)·up MLPs; ungated
-    ones are act(up) (Nemotron-H's squared ReLU)."""
+    ones are act(up) (Nemotron-H's squared ReLU). `shared_gate`: the shared
+    expert's output is scaled by sigmoid(w · x), w one row (Qwen3-Next, Qwen3.5)."""
 
     num_experts: int
     top_k: int
@@ -194,10 +243,13 @@ class MoEConfig:
     topk_group: int = 1
     norm_topk_prob: bool = False
     routed_scaling_factor: float = 1.0
+    shared_gate: bool = False
 
     def __post_init__(self):
         _check_types(self)
         _require(self.activation in ACTIVATIONS, f"activation={self.activation!r}; expected one of {ACTIVATIONS}")
+        _require(not self.shared_gate or self.shared_intermediate_size > 0,
+                 "moe shared_gate=True needs a shared expert (shared_intermediate_size > 0)")
         _require(self.router in MOE_ROUTERS, f"moe router={self.router!r}; expected one of {MOE_ROUTERS}")
         _require(1 <= self.top_k <= self.num_experts,
                  f"moe top_k={self.top_k} must be in 1..num_experts={self.num_experts}")
@@ -265,6 +317,7 @@ class HybridConfig:
     attention: AttentionConfig | None = None
     mamba2: Mamba2Config | None = None
     mamba1: Mamba1Config | None = None
+    gdn: GdnConfig | None = None
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
     parallel: ParallelConfig | None = None  # multipliers of "parallel" mixers; None: all 1
@@ -274,6 +327,7 @@ class HybridConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0  # logits are divided by it (GraniteMoeHybrid)
+    zero_centred_norms: bool = False  # the layer, final and q/k RMSNorm weights w are stored as y = (1 + w)·x̂ (Qwen)
     eos_token_id: int | None = None
     family: str = "hybrid"
     extra: dict = field(default_factory=dict, compare=False)
@@ -312,8 +366,9 @@ class HybridConfig:
 
     @property
     def mamba_layers(self) -> list[int]:
-        """Layers holding recurrent state (a parallel layer is one of them)."""
-        return [i for i, t in enumerate(self.layer_types) if t in ("mamba1", "mamba2", "parallel")]
+        """Layers holding recurrent state, in state-pool order: Mamba-1, Mamba-2, gated DeltaNet (a parallel
+        layer is one of them)."""
+        return [i for i, t in enumerate(self.layer_types) if t in RECURRENT_MIXERS]
 
     @property
     def attention_layers(self) -> list[int]:
@@ -323,10 +378,11 @@ class HybridConfig:
         return [i for i, t in enumerate(self.layer_types) if t in ("attention", "parallel") or i in shared]
 
     def state_shape(self, layer: int) -> RecurrentStateShape:
-        """Recurrent-state sizes of Mamba layer `layer` (an index into layer_types)."""
-        sub = self.mamba1 if self.layer_types[layer] == "mamba1" else self.mamba2
+        """Recurrent-state sizes of recurrent layer `layer` (an index into layer_types)."""
+        kind = self.layer_types[layer]
+        sub = self.mamba1 if kind == "mamba1" else self.gdn if kind == "gdn" else self.mamba2
         return sub.state_shape()
 
     def recurrent_state_shapes(self) -> list[RecurrentStateShape]:
-        """One entry per Mamba layer, in `mamba_layers` order (the state pool's layout)."""
+        """One entry per recurrent layer, in `mamba_layers` order (the state pool's layout)."""
         return [self.state_shape(layer) for layer in self.mamba_layers]

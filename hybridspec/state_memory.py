@@ -5,7 +5,7 @@ The runtime (`StatePool`, the input log), the `auto` checkpoint policy
 state with these functions, so `hybridspec simulate` reports the bytes an
 `Engine` allocates for the same shape. Glossary: docs/design.md.
 
-Per Mamba layer and sequence (one ring slot holds both parts):
+Per recurrent layer and sequence (one ring slot holds both parts):
     Mamba2  SSM state  nheads·headdim·d_state        conv window  conv_dim·(d_conv − 1)
             conv_dim = d_inner + 2·ngroups·d_state (the x, B, C channels)
     Mamba1  SSM state  d_inner·d_state                conv window  d_inner·(d_conv − 1)
@@ -16,6 +16,7 @@ input x, the time step dt and B, C:
     Mamba2  conv_dim + d_inner + 2·ngroups·d_state  activations,  nheads  dt
     Mamba1  d_inner + d_inner + 2·d_state           activations,  d_inner dt
     GDN     conv_dim (pre-conv q, k, v) + HK·d_k (k) + HV·d_v (v)  activations,  2·HV  (g, β)
+            (`models.gdn_log.GdnInputLog`: xs, the normalised k, v; the gates g and β)
 dt (GDN: g and β) is kept in the state dtype (the recurrence's), the rest in the model dtype.
 """
 from __future__ import annotations
@@ -28,12 +29,12 @@ import torch
 
 @dataclass(frozen=True)
 class RecurrentStateShape:
-    """What one Mamba layer keeps per sequence: its slot shapes and its log width."""
+    """What one recurrent layer keeps per sequence: its slot shapes and its log width."""
 
     ssm: tuple[int, ...]  # (nheads, headdim, d_state) Mamba2 | (d_inner, d_state) Mamba1 | (HV, d_k, d_v) GDN
     conv: tuple[int, ...]  # (conv_dim, d_conv - 1)
     log_activations: int = 0  # logged elements per verify input in the model dtype (xs, x, B, C)
-    log_dt: int = 0  # logged dt elements per verify input, in the state dtype
+    log_dt: int = 0  # logged dt elements (GDN: g and β) per verify input, in the state dtype
 
     def __post_init__(self):
         for name in ("ssm", "conv"):
@@ -75,12 +76,12 @@ def default_state_dtype(model_dtype: torch.dtype) -> torch.dtype:
 
 
 def bytes_per_slot(shapes, state_bytes: int) -> int:
-    """One ring slot (SSM state plus conv window) over every Mamba layer in `shapes`."""
+    """One ring slot (recurrent state plus conv window) over every recurrent layer in `shapes`."""
     return state_bytes * sum(s.slot_elements for s in shapes)
 
 
 def log_bytes_per_input(shapes, activation_bytes: int, state_bytes: int) -> int:
-    """The input log of one verify input of one sequence over every Mamba layer."""
+    """The input log of one verify input of one sequence over every recurrent layer."""
     return sum(s.log_activations * activation_bytes + s.log_dt * state_bytes for s in shapes)
 
 

@@ -88,6 +88,38 @@ class Mamba1Desc:
 
 
 @dataclass(frozen=True, eq=False)
+class GdnDesc:
+    """A gated DeltaNet mixer (models/gated_deltanet.py): weights, sizes and its
+    state slots. No native block takes it yet (its recurrence runs through the
+    backend's `gdn_steps` inside the module path), so a model with one runs
+    layer by layer. `make_log(xs, k, v, g, beta)` builds its input-log entry."""
+    in_proj: torch.Tensor  # [2·HK·d_k + 2·HV·d_v + 2·HV, hidden]: q, k, v, z, b, a
+    conv_kernel: torch.Tensor  # [conv_dim, d_conv]
+    dt_bias: torch.Tensor  # [HV]
+    A_log: torch.Tensor  # [HV]
+    norm_weight: torch.Tensor  # the gated norm's [d_v]
+    out_proj: torch.Tensor  # [hidden, HV·d_v]
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    d_conv: int
+    conv_dim: int
+    state_layer: int
+    make_log: Callable
+
+
+@dataclass(frozen=True, eq=False)
+class GatedAttentionDesc:
+    """Attention with q/k RMSNorms and a sigmoid output gate (Qwen3-Next,
+    Qwen3.5; models/gated_attention.py): no native block takes it."""
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_layer: int
+
+
+@dataclass(frozen=True, eq=False)
 class AttentionDesc:
     """Grouped-query attention over the paged K/V cache (`kv_layer`), rotary
     embedding over `rotary_dim` dims when `inv_freq` is set. Weights [out, in]."""
@@ -113,7 +145,7 @@ class ComposedMixerDesc:
     parts: tuple
 
 
-MixerDesc = Mamba2Desc | Mamba1Desc | AttentionDesc | ComposedMixerDesc
+MixerDesc = Mamba2Desc | Mamba1Desc | GdnDesc | AttentionDesc | GatedAttentionDesc | ComposedMixerDesc
 FFNDesc = MLPDesc | MoEDesc
 
 

@@ -249,3 +249,59 @@ def assert_prefill_matches_hf(m, make_cache, batch: int, length: int, seed: int,
         ref = m(ids, use_cache=False).logits
     out = target.prefill(make_cache(target), list(range(batch)), ids.tolist())
     assert (out - ref).abs().max().item() <= atol
+
+
+QWEN_GDN = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                linear_conv_kernel_dim=4, max_position_embeddings=512, pad_token_id=0, eos_token_id=1,
+                bos_token_id=2)
+
+
+def qwen3_next(seed=0, layer_types=("linear_attention", "full_attention", "linear_attention", "linear_attention"),
+               mlp_only_layers=(2,), dtype=torch.float64, norm_topk_prob=True):
+    """Qwen3-Next: gated DeltaNet ("linear_attention") and gated attention layers (q/k norms, output gate,
+    a quarter of each head rotated), MoE feed-forwards with a gated shared expert but at `mlp_only_layers`."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    cfg = Qwen3NextConfig(**QWEN_GDN, num_hidden_layers=len(layer_types), layer_types=list(layer_types),
+                          intermediate_size=48, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                          shared_expert_intermediate_size=24, mlp_only_layers=list(mlp_only_layers),
+                          norm_topk_prob=norm_topk_prob, experts_implementation="eager")  # grouped_mm: no float64
+    torch.manual_seed(seed)
+    return randomize_(Qwen3NextForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def qwen3_5(seed=0, layer_types=("linear_attention", "full_attention", "linear_attention"), dtype=torch.float64,
+            tie=False):
+    """Qwen3.5 dense text model: split GDN projections, a SwiGLU MLP after every mixer."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    cfg = Qwen3_5TextConfig(**QWEN_GDN, num_hidden_layers=len(layer_types), layer_types=list(layer_types),
+                            intermediate_size=48, tie_word_embeddings=tie)
+    torch.manual_seed(seed)
+    return randomize_(Qwen3_5ForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def qwen3_5_moe(seed=0, layer_types=("full_attention", "linear_attention", "linear_attention"),
+                dtype=torch.float64):
+    """Qwen3.5 MoE text model: a MoE (renormalised top-k, gated shared expert) after every mixer."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    cfg = Qwen3_5MoeTextConfig(**QWEN_GDN, num_hidden_layers=len(layer_types), layer_types=list(layer_types),
+                               num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                               shared_expert_intermediate_size=24, experts_implementation="eager")
+    torch.manual_seed(seed)
+    return randomize_(Qwen3_5MoeForCausalLM(cfg), seed).to(dtype).eval()
+
+
+def qwen3_5_multimodal(seed=0, moe=False, dtype=torch.float64):
+    """The released Qwen3.5 layout: `Qwen3_5(Moe)ForConditionalGeneration`, a tiny vision encoder beside
+    the text model (`model.language_model.`), the text config under `text_config`."""
+    from transformers import (Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
+                              Qwen3_5MoeForConditionalGeneration)
+    text = dict(QWEN_GDN, num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"])
+    text |= (dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+             if moe else dict(intermediate_size=48))
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=32)
+    config, model = ((Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration) if moe
+                     else (Qwen3_5Config, Qwen3_5ForConditionalGeneration))
+    kwargs = dict(experts_implementation="eager") if moe else {}
+    torch.manual_seed(seed)
+    return randomize_(model(config(text_config=text, vision_config=vision, **kwargs)), seed).to(dtype).eval()

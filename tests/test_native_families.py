@@ -1,6 +1,7 @@
 """The native whole forward on every layer kind and feed-forward kind of every
 family (float32, packed for CPU, the native kernels on): Mamba-1, Mamba-2,
-attention, Falcon-H1's parallel mixer and Zamba2's shared blocks; dense
+attention, gated DeltaNet with Qwen's gated attention, Falcon-H1's parallel
+mixer and Zamba2's shared blocks; dense
 plain and gated MLPs, MoE with and without a shared expert; multipliers at
 1.0 and not. Each model prefills, decodes and verifies with an input log;
 the logits, states, conv windows, K/V and logs are the torch path's (native
@@ -12,6 +13,7 @@ Jamba checkpoints below raised AttributeError at the first prefill)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ import torch
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import cpu_forward
-from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, nemotron_h_moe, zamba2
+from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, nemotron_h_moe, qwen3_5, qwen3_5_moe, qwen3_next, zamba2
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 from native_switch import native_off, whole_forward_off
 
@@ -48,6 +50,10 @@ FAMILIES = {  # name: (HF model, whether the whole forward takes every layer)
     "falcon-h1: parallel mixer, no multipliers": (
         lambda: falcon_h1(seed=11, dtype=torch.float32, multipliers=False), False),
     "zamba2: shared blocks": (lambda: zamba2(seed=12, dtype=torch.float32), False),
+    "qwen3-next: gated DeltaNet, gated attention, MoE + gated shared expert": (
+        lambda: qwen3_next(seed=13, dtype=torch.float32), False),
+    "qwen3.5: gated DeltaNet, gated attention, gated MLP": (lambda: qwen3_5(seed=14, dtype=torch.float32), False),
+    "qwen3.5 MoE": (lambda: qwen3_5_moe(seed=15, dtype=torch.float32), False),
 }
 
 
@@ -78,7 +84,7 @@ def state_tensors(cache) -> list[torch.Tensor]:
 
 
 def log_tensors(log) -> list[torch.Tensor]:
-    return [getattr(log[layer], field) for layer in sorted(log) for field in ("xs", "x", "dt", "B", "C")]
+    return [getattr(log[layer], field.name) for layer in sorted(log) for field in dataclasses.fields(log[layer])]
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def test_the_runtime_names_no_recurrent_kind():
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("kind", ["mamba2", "mamba1"])
+@pytest.mark.parametrize("kind", ["mamba2", "mamba1", "gdn"])
 def test_every_recurrent_layer_answers_the_protocol(kind):
     model = tiny_model(layer_types=(kind, "attention", kind), dtype=torch.float32, seed=1)
     cache = HybridCache(model.config, max_seqs=1, num_blocks=8, block_size=8, ring_slots=4, dtype=model.dtype)

@@ -13,7 +13,7 @@ from ..config import HybridConfig
 from ..errors import CheckpointError, ConfigError, UnsupportedModelError
 from ..models.hybrid import HALF_DTYPES, HybridModel, storable_16bit
 from .checkpoint_files import describe_files, read_config, read_weights
-from .common import unmatched
+from .common import LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
 from .validate import check_weights
 
 # HF architecture name -> adapter module (config_from_dict, weights_from_state)
@@ -24,10 +24,17 @@ HF_ADAPTERS = {
     "GraniteMoeHybridForCausalLM": "granitemoehybrid",
     "FalconH1ForCausalLM": "falcon_h1",
     "Zamba2ForCausalLM": "zamba2",
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # the released checkpoints: the text model runs
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
 }
 MODEL_TYPES = {"bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "falcon_h1": "FalconH1ForCausalLM",
-               "zamba2": "Zamba2ForCausalLM"}
+               "zamba2": "Zamba2ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
+               "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+               "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
 SUPPORTED = sorted(HF_ADAPTERS) + ["mamba_ssm MambaLMHeadModel (hybrid Mamba2 + MHA)"]
 
 
@@ -40,8 +47,11 @@ def _adapter(architecture: str):
 
 def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
     """A HybridModel from a loaded HF model (`BambaForCausalLM`, `JambaForCausalLM`,
-    `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM`, `FalconH1ForCausalLM` or `Zamba2ForCausalLM`), sharing its parameters
-    (no copy: same dtype and device).
+    `NemotronHForCausalLM`, `GraniteMoeHybridForCausalLM`, `FalconH1ForCausalLM`, `Zamba2ForCausalLM`,
+    `Qwen3NextForCausalLM`, `Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM` or their multimodal
+    `…ForConditionalGeneration`, whose text model runs), sharing its parameters
+    (no copy: same dtype and device; the Qwen adapters' zero-centred norms, fused
+    GDN projections and stacked experts are copies).
     tensor_parallel_size: > 1, this process's shard of the model over a
     torch.distributed group of that many ranks (`hybridspec.tp`; the sharded
     tensors are copies).
@@ -54,8 +64,9 @@ def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
     config = _config(adapter.config_from_dict, cfg, f"{source} config")
     state = dict(model.named_parameters())
     state.update(model.named_buffers())
+    state, report = set_aside(state, getattr(adapter, "UNUSED", []), source)
     weights = _checked(config, _to_canonical(adapter, cfg), state, adapter.RULES, source, {})
-    return _build(config, weights, tensor_parallel_size)
+    return _build(config, weights, tensor_parallel_size, report)
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None,
@@ -74,10 +85,13 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     ranks (`hybridspec.tp`).
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise CheckpointError (see
-    `checkpoint_files`, `validate`)."""
+    `checkpoint_files`, `validate`); tensors the adapter knows to be present
+    and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
+    the model's `load_report`."""
     path = Path(path)
     cfg = read_config(path)
     config_file = str(path / "config.json")
+    unused_patterns = []
     if "d_model" in cfg and "n_layer" in cfg:
         from . import mamba_ssm
         config = _config(mamba_ssm.config_from_dict, cfg, config_file)
@@ -88,9 +102,11 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
         adapter = _adapter(str(architectures[0] if isinstance(architectures, list) else architectures))
         config = _config(adapter.config_from_dict, cfg, config_file)
         to_canonical, rules = _to_canonical(adapter, cfg), adapter.RULES
+        unused_patterns = getattr(adapter, "UNUSED", [])
     state, file_of = read_weights(path, device)
-    weights = _checked(config, to_canonical, state, rules, describe_files(path, sorted(set(file_of.values()))),
-                       file_of)
+    source = describe_files(path, sorted(set(file_of.values())))
+    state, report = set_aside(state, unused_patterns, source)
+    weights = _checked(config, to_canonical, state, rules, source, file_of)
     if pack is None:
         pack = torch.device(device).type == "cpu"
     if dtype is not None:
@@ -101,21 +117,26 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
                        and not (keep and v.dtype in HALF_DTYPES and storable_16bit(k)) else v)
                    for k, v in weights.items()}
     del state  # the model holds what it uses: packing frees each original as it copies it
-    model = _build(config, weights, tensor_parallel_size)
+    model = _build(config, weights, tensor_parallel_size, report)
     del weights
     if pack:
         model.pack_for_cpu()
     return model
 
 
-def _build(config: HybridConfig, weights: dict[str, torch.Tensor], tensor_parallel_size: int) -> HybridModel:
-    """The HybridModel of `weights`, or this rank's shard of it (`hybridspec.tp`)."""
+def _build(config: HybridConfig, weights: dict[str, torch.Tensor], tensor_parallel_size: int,
+           report) -> HybridModel:
+    """The HybridModel of `weights`, or this rank's shard of it (`hybridspec.tp`),
+    with its load report."""
     if tensor_parallel_size == 1:
-        return HybridModel(config, weights)
-    from ..tp import TensorParallel, shard_weights
-    tp = TensorParallel.of(tensor_parallel_size)
-    config, weights = shard_weights(config, weights, tp.rank, tp.size)
-    return HybridModel(config, weights).shard_over(tp)
+        model = HybridModel(config, weights)
+    else:
+        from ..tp import TensorParallel, shard_weights
+        tp = TensorParallel.of(tensor_parallel_size)
+        config, weights = shard_weights(config, weights, tp.rank, tp.size)
+        model = HybridModel(config, weights).shard_over(tp)
+    model.load_report = report
+    return model
 
 
 def _to_canonical(adapter, cfg: dict):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,3 +46,28 @@ def rope_settings(cfg: dict) -> tuple[float, float]:
 def eos_id(cfg: dict) -> int | None:
     eos = cfg.get("eos_token_id")
     return eos[0] if isinstance(eos, list) and eos else eos
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a load found in the checkpoint besides the weights the model uses:
+    `unused` maps each tensor that is present and deliberately left out (an
+    adapter's `UNUSED` patterns, e.g. Qwen3-Next's MTP head `mtp.*`) to why.
+    `HybridModel.load_report` after `hs.from_hf` / `hs.load`."""
+
+    source: str
+    unused: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if not self.unused:
+            return f"{self.source}: every tensor used"
+        reasons = sorted(set(self.unused.values()))
+        return f"{self.source}: {len(self.unused)} tensors present and unused ({'; '.join(reasons)})"
+
+
+def set_aside(state: dict[str, torch.Tensor], patterns: list[tuple[str, str]],
+              source: str) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    """`state` without the tensors `patterns` (regex, reason) name, and the report naming them."""
+    unused = {name: reason for name in state for pattern, reason in patterns
+              if re.search(pattern, name)}
+    return {n: t for n, t in state.items() if n not in unused}, LoadReport(source, unused)

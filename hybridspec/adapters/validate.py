@@ -5,7 +5,8 @@ tensor present with the expected shape, every tensor used, optional tensors
 
 Symbols in the shape formulas: V vocab_size, H hidden_size; attention heads
 h, KV heads h_kv, head dim d; Mamba2 heads n, head dim p, groups g, state N,
-conv kernel k; Mamba1 d_inner, dt_rank r; MLP width I; experts E.
+conv kernel k; Mamba1 d_inner, dt_rank r; gated DeltaNet key heads K of
+d_k, value heads V of d_v; MLP width I; experts E.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig, MoEConfig
+from ..config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig, MoEConfig
 from ..errors import CheckpointError
 
 SHOWN = 4  # tensors listed per kind of mismatch
@@ -28,8 +29,13 @@ class Expected:
 
 def _attention(a: AttentionConfig, H: int) -> dict[str, Expected]:
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    out = {"q_proj.weight": Expected((q, H), "[h·d, H]"), "k_proj.weight": Expected((kv, H), "[h_kv·d, H]"),
+    out = {"q_proj.weight": Expected((2 * q, H), "[2·h·d, H] (query and output gate)") if a.output_gate
+           else Expected((q, H), "[h·d, H]"),
+           "k_proj.weight": Expected((kv, H), "[h_kv·d, H]"),
            "v_proj.weight": Expected((kv, H), "[h_kv·d, H]"), "o_proj.weight": Expected((H, q), "[H, h·d]")}
+    if a.qk_norm:
+        out |= {"q_norm.weight": Expected((a.head_dim,), "[d] (q norm)"),
+                "k_norm.weight": Expected((a.head_dim,), "[d] (k norm)")}
     if a.bias:
         out |= {"q_proj.bias": Expected((q,), "[h·d] (bias)"), "k_proj.bias": Expected((kv,), "[h_kv·d] (bias)"),
                 "v_proj.bias": Expected((kv,), "[h_kv·d] (bias)")}
@@ -73,6 +79,16 @@ def _mamba1(m: Mamba1Config, H: int) -> dict[str, Expected]:
     return out
 
 
+def _gdn(m: GdnConfig, H: int) -> dict[str, Expected]:
+    V = m.num_value_heads
+    return {"in_proj.weight": Expected((m.conv_dim + m.value_dim + 2 * V, H),
+                                       "[2·K·d_k + 2·V·d_v + 2·V, H] (q, k, v, z, b, a)"),
+            "conv1d.weight": Expected((m.conv_dim, 1, m.d_conv), "[2·K·d_k + V·d_v, 1, k]"),
+            "dt_bias": Expected((V,), "[V]"), "A_log": Expected((V,), "[V]"),
+            "norm.weight": Expected((m.value_head_dim,), "[d_v]"),
+            "out_proj.weight": Expected((H, m.value_dim), "[H, V·d_v]")}
+
+
 def _mlp(m: MLPConfig, H: int) -> dict[str, Expected]:
     I = m.intermediate_size
     out = {"up_proj.weight": Expected((I, H), "[I, H]"), "down_proj.weight": Expected((H, I), "[H, I]")}
@@ -97,6 +113,8 @@ def _moe(m: MoEConfig, H: int) -> dict[str, Expected]:
     if m.shared_intermediate_size:
         shared = _mlp(MLPConfig(m.shared_intermediate_size, m.activation, gated=m.gated), H)
         out |= {f"shared.{name}": e for name, e in shared.items()}
+    if m.shared_gate:
+        out["shared_gate.weight"] = Expected((1, H), "[1, H] (shared expert gate)")
     return out
 
 
@@ -137,7 +155,7 @@ def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = Expected((V, H), "[V, H] (untied lm_head)")
     mixers = {"attention": lambda: _attention(config.attention, H), "mamba2": lambda: _mamba2(config.mamba2, H),
-              "mamba1": lambda: _mamba1(config.mamba1, H), "none": dict,
+              "mamba1": lambda: _mamba1(config.mamba1, H), "gdn": lambda: _gdn(config.gdn, H), "none": dict,
               "parallel": lambda: {**{f"attention.{k}": e for k, e in _attention(config.attention, H).items()},
                                    **{f"mamba.{k}": e for k, e in _mamba2(config.mamba2, H).items()}}}
     ffns = {"mlp": lambda: _mlp(config.mlp, H), "moe": lambda: _moe(config.moe, H), "none": dict}

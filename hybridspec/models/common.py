@@ -44,10 +44,19 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"unknown activation {name!r}; expected silu, gelu or relu2")
 
 
+def norm_weight(weight: torch.Tensor, zero_centred: bool) -> torch.Tensor:
+    """The weight an RMSNorm multiplies by: the stored w, or 1 + w for a
+    zero-centred one (Qwen3-Next, Qwen3.5), formed as HF forms it (in float32
+    at least) from w in the model's dtype, then held in that dtype: a copy."""
+    if not zero_centred:
+        return weight
+    return (weight.to(torch.promote_types(weight.dtype, torch.float32)) + 1.0).to(weight.dtype)
+
+
 class RMSNorm(Kernelled, nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
+    def __init__(self, weight: torch.Tensor, eps: float, zero_centred: bool = False):
         super().__init__()
-        self.weight = param(weight)
+        self.weight = param(norm_weight(weight, zero_centred))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

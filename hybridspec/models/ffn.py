@@ -50,7 +50,8 @@ class MoE(Kernelled, nn.Module):
     weights: router.weight [E, hidden] (+ router.e_score_correction_bias [E]
     for the sigmoid group router), experts.gate_up_proj [E, 2·I, hidden]
     (gate rows first; gated experts) or experts.up_proj [E, I, hidden]
-    (ungated), experts.down_proj [E, hidden, I], shared.* as MLP.
+    (ungated), experts.down_proj [E, hidden, I], shared.* as MLP,
+    shared_gate.weight [1, hidden] (the shared expert's sigmoid gate).
     """
 
     def __init__(self, cfg: MoEConfig, weights: dict[str, torch.Tensor]):
@@ -64,6 +65,7 @@ class MoE(Kernelled, nn.Module):
         shared = take(weights, "shared")
         self.shared = (MLP(MLPConfig(cfg.shared_intermediate_size, cfg.activation, gated=cfg.gated), shared)
                        if cfg.shared_intermediate_size else None)
+        self.shared_gate = param(weights["shared_gate.weight"]) if cfg.shared_gate else None
 
     def describe(self) -> MoEDesc:
         return MoEDesc(num_experts=self.cfg.num_experts, top_k=self.cfg.top_k,
@@ -76,6 +78,8 @@ class MoE(Kernelled, nn.Module):
             weights, ids = sigmoid_group_topk(F.linear(x.to(cd), self.router.to(cd)), self.score_bias.to(cd), self.cfg)
         elif self.cfg.router == "softmax_topk":
             weights, ids = torch.topk(torch.softmax(F.linear(x, self.router).to(cd), dim=-1), self.cfg.top_k, dim=-1)
+            if self.cfg.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
         else:
             top_logits, ids = torch.topk(F.linear(x, self.router), self.cfg.top_k, dim=-1)
             weights = torch.softmax(top_logits.to(cd), dim=-1)
@@ -100,7 +104,12 @@ class MoE(Kernelled, nn.Module):
             token_idx, slot = torch.where(ids == expert)
             out.index_add_(0, token_idx, self.expert(expert, flat[token_idx]) * weights[token_idx, slot, None])
         out = out.view(shape)
-        return out + self.shared(x) if self.shared is not None else out
+        if self.shared is None:
+            return out
+        shared = self.shared(x)
+        if self.shared_gate is not None:  # sigmoid(w · x) per token
+            shared = torch.sigmoid(self.ops.linear(x, self.shared_gate)) * shared
+        return out + shared
 
 
 def sigmoid_group_topk(logits: torch.Tensor, score_bias: torch.Tensor,

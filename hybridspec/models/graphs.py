@@ -55,7 +55,7 @@ from __future__ import annotations
 import bisect
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -64,7 +64,6 @@ from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES
 from ..errors import ConfigError
 from .batch import ForwardBatch
 from .ffn import MoE
-from .mamba_log import MambaInputLog
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_INPUTS = 8  # verification of γ ≤ 7; longer forwards run eagerly
@@ -93,7 +92,7 @@ class StaticKV:
 class _Entry:
     graph: object | None = None  # torch.cuda.CUDAGraph once captured
     out: torch.Tensor | None = None  # the captured forward's logits [B, T or 1, vocab]
-    log: dict | None = None  # a logging shape's input log: each Mamba layer's MambaInputLog of the graph's tensors
+    log: dict | None = None  # a logging shape's input log: each recurrent layer's log of the graph's tensors
 
 
 class StaticForward:
@@ -263,9 +262,9 @@ class ForwardGraphs:
             log = {} if input_log is not None else None
             out = self._forward(static, key[2], log)
         if input_log is not None:  # copies: the next replay reuses the pool
-            for layer, inputs in log.items():
-                input_log[layer] = MambaInputLog(*(t[:rows].clone() for t in (inputs.xs, inputs.x, inputs.dt,
-                                                                              inputs.B, inputs.C)))
+            for layer, inputs in log.items():  # a MambaInputLog, a GdnInputLog: rows along dim 0 of every field
+                input_log[layer] = type(inputs)(*(getattr(inputs, f.name)[:rows].clone()
+                                                  for f in fields(inputs)))
         self.replays += 1
         return out[:rows].clone()
 

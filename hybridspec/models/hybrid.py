@@ -5,7 +5,8 @@ Entry points (all batched over ragged sequences, rows right-padded):
 - `prefill`: many tokens from an empty state;
 - `extend`: many tokens continuing from the cached state (verification);
 - `decode`: one token per sequence.
-All three are one forward that advances every Mamba layer from its ring head
+All three are one forward that advances every recurrent layer (Mamba-1,
+Mamba-2, gated DeltaNet) from its ring head
 and writes K/V for the new positions; only the bookkeeping differs.
 """
 from __future__ import annotations
@@ -75,10 +76,17 @@ class DecoderLayer(nn.Module):
                                                 take(weights, "shared"), index, inv_freq)
         mixer_type, ffn_type = cfg.layer_types[index], cfg.ffn_types[index]
         self.residual_multiplier = cfg.residual_multiplier
-        self.input_norm = RMSNorm(weights["input_norm.weight"], cfg.rms_norm_eps) if mixer_type != "none" else None
-        self.ffn_norm = RMSNorm(weights["ffn_norm.weight"], cfg.rms_norm_eps) if ffn_type != "none" else None
+        zero_centred = cfg.zero_centred_norms
+        self.input_norm = (RMSNorm(weights["input_norm.weight"], cfg.rms_norm_eps, zero_centred)
+                           if mixer_type != "none" else None)
+        self.ffn_norm = (RMSNorm(weights["ffn_norm.weight"], cfg.rms_norm_eps, zero_centred)
+                         if ffn_type != "none" else None)
         mixer_weights = take(weights, "mixer")
-        if mixer_type == "attention":
+        if mixer_type == "attention" and (cfg.attention.qk_norm or cfg.attention.output_gate):
+            from .gated_attention import GatedAttention
+            self.mixer = GatedAttention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq,
+                                        cfg.rms_norm_eps, cfg.zero_centred_norms)
+        elif mixer_type == "attention":
             self.mixer = Attention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq)
         elif mixer_type == "mamba2":
             self.mixer = Mamba2Mixer(cfg.mamba2, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
@@ -88,6 +96,9 @@ class DecoderLayer(nn.Module):
         elif mixer_type == "mamba1":
             from .mamba1 import Mamba1Mixer
             self.mixer = Mamba1Mixer(cfg.mamba1, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
+        elif mixer_type == "gdn":
+            from .gated_deltanet import GatedDeltaNet
+            self.mixer = GatedDeltaNet(cfg.gdn, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
         else:
             self.mixer = None
         ffn_weights = take(weights, "ffn")
@@ -132,8 +143,9 @@ class DecoderLayer(nn.Module):
 
 
 class HybridModel(Kernelled, nn.Module):
-    """A hybrid Mamba/attention causal LM. Weights use hybridspec's canonical
-    names (see `hybridspec.adapters`); tensors are shared, never copied."""
+    """A hybrid recurrent/attention causal LM. Weights use hybridspec's canonical
+    names (see `hybridspec.adapters`); tensors are shared, never copied (but
+    zero-centred norm weights, held as 1 + w: `common.norm_weight`)."""
 
     def __init__(self, config: HybridConfig, weights: dict[str, torch.Tensor]):
         super().__init__()
@@ -151,11 +163,12 @@ class HybridModel(Kernelled, nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, take(weights, f"layers.{i}"), inv_freq, shared_blocks)
             for i in range(config.num_layers))
-        self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps)
+        self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps, config.zero_centred_norms)
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
         self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
         self.tensor_parallel = None  # the TensorParallel group this model is a shard over (`shard_over`)
+        self.load_report = None  # hybridspec.adapters.LoadReport after hs.from_hf / hs.load: tensors left unused
         self.bind_backend()
 
     def shard_over(self, tp) -> "HybridModel":

@@ -8,7 +8,7 @@ from copy import deepcopy
 import torch
 
 from ..adapters.validate import expected_tensors
-from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
+from ..config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
 from ..engine import Engine
 from ..models.hybrid import HybridModel
 from ..sampling import SamplingParams
@@ -21,12 +21,14 @@ def tiny_model(seed: int = 0, layer_types=("mamba2", "attention", "mamba2"), dty
                vocab_size: int = 97, device="cpu") -> HybridModel:
     """A random hybrid model built in code (no HF, no files): hidden size 32,
     a SwiGLU MLP after every mixer; `layer_types` from attention (GQA, half
-    rotary), mamba2 and mamba1 (Jamba-style inner norms)."""
+    rotary), mamba2, mamba1 (Jamba-style inner norms) and gdn (gated DeltaNet,
+    two key heads shared by four value heads)."""
     config = HybridConfig(
         vocab_size=vocab_size, hidden_size=32, layer_types=tuple(layer_types), ffn_types=("mlp",) * len(layer_types),
         attention=AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=8, partial_rotary_factor=0.5),
         mamba2=Mamba2Config(num_heads=4, head_dim=16, d_state=8, chunk_size=8),
         mamba1=Mamba1Config(d_inner=64, d_state=8, dt_rank=4), mlp=MLPConfig(48),
+        gdn=GdnConfig(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=8),
         max_position_embeddings=512, family="tiny")
     return random_model(config, seed, dtype, device)
 

@@ -40,6 +40,11 @@ def shard_weights(config: HybridConfig, weights: dict[str, torch.Tensor], rank: 
     if config.shared_blocks is not None:
         raise ConfigError(f"tensor_parallel_size={size}: Zamba2's shared transformer blocks (with their per-"
                           "occurrence adapters) are not sharded; run this model with tensor_parallel_size=1")
+    unsplit = sorted({t for t in config.layer_types if t not in ("attention", "parallel", "mamba2", "mamba1", "none")})
+    gated = config.attention is not None and (config.attention.output_gate or config.attention.qk_norm)
+    if unsplit or gated:
+        raise ConfigError(f"tensor_parallel_size={size}: {', '.join(unsplit) or 'gated attention'} layers (Qwen3-"
+                          "Next, Qwen3.5) are not sharded yet; run this model with tensor_parallel_size=1")
     out = dict(weights)
     split = _Split(rank, size)
     for i, (mixer, ffn) in enumerate(zip(config.layer_types, config.ffn_types)):

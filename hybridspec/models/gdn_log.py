@@ -1,0 +1,35 @@
+"""The input log of a gated DeltaNet layer: per verify input, what log replay
+needs to rebuild the state and the conv window without the model
+(docs/design.md, "input log"): the conv inputs xs and the rule's k, v, g, β.
+The state does not depend on q, so q is not kept. Its size per input is
+`hybridspec.state_memory.log_bytes_per_input` of `gdn_state_shape`. The
+checkpoints see it only as a `LayerInputLog` (`nbytes`); the layer's replay
+(`kernels.ops.GdnLogReplay`) reads its fields."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GdnInputLog:
+    xs: torch.Tensor  # [batch, T, conv_dim] conv inputs [q | k | v] before the conv (model dtype)
+    k: torch.Tensor  # [batch, T, HK, d_k] L2-normalised keys (model dtype)
+    v: torch.Tensor  # [batch, T, HV, d_v] values (model dtype)
+    g: torch.Tensor  # [batch, T, HV] log decays (state dtype)
+    beta: torch.Tensor  # [batch, T, HV] write strengths (state dtype)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.xs, self.k, self.v, self.g, self.beta))
+
+    def shifted(self, first: torch.Tensor) -> "GdnInputLog":
+        """The log with row b starting at input first[b] (tail padded with the last input)."""
+        T = self.xs.shape[1]
+        idx = (first[:, None] + torch.arange(T, device=first.device)).clamp(max=T - 1)  # [batch, T]
+
+        def shift(t: torch.Tensor) -> torch.Tensor:
+            index = idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
+            return t.gather(1, index).contiguous()
+
+        return GdnInputLog(*(shift(t) for t in (self.xs, self.k, self.v, self.g, self.beta)))
