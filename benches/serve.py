@@ -77,7 +77,8 @@ async def one_request(http, prompt: str, max_tokens: int) -> dict:
     began, first, tokens = time.perf_counter(), None, 0
     async with http.stream("POST", "/v1/completions", json=body) as r:
         async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
+            # parse only what is read (the first token's chunk, the usage chunk): a light client
+            if not line.startswith("data: {") or (first is not None and '"usage": {' not in line):
                 continue
             chunk = json.loads(line[6:])
             if chunk["choices"] and first is None:

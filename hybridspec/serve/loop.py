@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ from .metrics import Metrics
 from .protocol import ApiError
 
 log = logging.getLogger("hybridspec.serve")
+
+# How often the interpreter lock may pass between the engine thread and the HTTP thread while the server
+# runs: Python's 5 ms default makes a request's first token wait behind the engine's Python work.
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ class EngineLoop:
     # -- from the request handlers (asyncio) -----------------------------------------------------
 
     def start(self) -> None:
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread.start()
 
     def shutdown(self) -> None:
@@ -81,6 +88,7 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout=30)
         self.mirror.stop()
+        sys.setswitchinterval(self._switch_interval)
 
     @property
     def num_waiting(self) -> int:
