@@ -20,7 +20,7 @@ import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.kernels.backend import BACKEND_ENV
 from hybridspec.models import graphs
-from oracles import bamba, jamba, nemotron_h, zamba2
+from oracles import bamba, jamba, nemotron_h, qwen3_5, zamba2
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
@@ -86,7 +86,8 @@ def target():
     lambda: nemotron_h(seed=3, dtype=torch.float32),  # attention without rotary embeddings
     lambda: zamba2(seed=3, dtype=torch.float32),  # shared attention blocks
     lambda: jamba(seed=3, dtype=torch.float32, expert_period=100, num_experts=1),  # Mamba-1, no MoE layer
-], ids=["nemotron_h", "zamba2", "jamba_mamba1"])
+    lambda: qwen3_5(seed=3, dtype=torch.float32),  # gated DeltaNet, gated attention
+], ids=["nemotron_h", "zamba2", "jamba_mamba1", "qwen3_5_gdn"])
 def test_families_give_the_eager_tokens(make, gpu_path_on_cpu, guarded_forwards):
     model = hs.from_hf(make())
     kwargs = dict(draft=hs.NgramDrafter(), max_batch_size=4, max_model_len=64, block_size=4)
