@@ -39,8 +39,9 @@ def out_dir() -> Path:
 
 def bench_parser(description: str | None) -> argparse.ArgumentParser:
     """A parser with the flags every bench shares: --quick, --threads, --out."""
+    from hybridspec.cli import OneLineParser  # a bad value is one line, as in every other command
     first_line = (description or "").strip().splitlines()[0] if description else None
-    parser = argparse.ArgumentParser(description=first_line)
+    parser = OneLineParser(description=first_line)
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and few repeats: a smoke run for the test suite, not a measurement")
     parser.add_argument("--threads", type=int, default=1,

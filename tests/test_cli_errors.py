@@ -79,6 +79,13 @@ def test_other_argument_errors_are_one_line(capsys, argv, words):
     assert len(err.splitlines()) == 1 and "usage:" not in err and all(word in err for word in words), err
 
 
+def test_a_bench_argument_error_is_one_line():
+    child = subprocess.run([sys.executable, "-m", "hybridspec", "bench", "plain_decode", "--batches", "abc"],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 2 and child.stdout == ""
+    assert child.stderr == "plain_decode.py: error: --batches: 'abc' is not an integer\n"
+
+
 def test_the_console_script_exits_2_with_one_line():
     child = subprocess.run([sys.executable, "-m", "hybridspec.cli", "generate", "--temperature", "abc"],
                            capture_output=True, text=True, timeout=120)
