@@ -37,3 +37,7 @@ class NumericalError(HybridSpecError, FloatingPointError):
 
 class InvariantError(HybridSpecError, AssertionError):
     """A commit broke the boundary invariant (HYBRIDSPEC_CHECK=1)."""
+
+
+class PeerRankError(HybridSpecError, RuntimeError):
+    """Another tensor-parallel rank's round raised: this rank reverted its round too."""

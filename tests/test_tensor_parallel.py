@@ -77,3 +77,10 @@ def test_torchrun_launches_generate_over_two_ranks(tmp_path):
     alone = subprocess.run([sys.executable, "-m", "hybridspec", *args, "--tensor-parallel-size", "2"],
                            capture_output=True, text=True, timeout=300)
     assert alone.returncode == 2 and "torchrun --nproc-per-node 2 -m hybridspec" in alone.stderr
+
+
+def test_a_round_that_raises_on_one_rank_fails_and_reverts_on_every_rank():
+    first, second = run_ranks("one_rank_fault")
+    assert (first["raised"], second["raised"]) == ("PeerRankError", "RuntimeError")
+    assert first["unchanged"] and second["unchanged"]
+    assert first["tokens"] and second["tokens"]

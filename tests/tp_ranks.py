@@ -159,3 +159,57 @@ def served(rank: int, prompts: list[str]) -> list | bool:
             time.sleep(0.05)
         idle = llm.engine.memory().is_idle()
     return [texts, offline, idle]  # (leaving the server stopped its loop, which told rank 1 to stop)
+
+
+def sequences(engine) -> list:
+    """What every sequence holds in the target's and the drafter's caches: lengths,
+    K/V pages and the state at its head (a round may copy a head to another slot
+    of its ring before it starts: `HybridCache.align_heads`; the state is what counts)."""
+    out = []
+    for cache in (engine.cache, engine.speculator.drafter.cache):
+        book = cache.bookkeeping()
+        kv, states = book["kv"], book["states"]
+        heads = {s: [layer[cache.head(s)].clone() for layer in cache.states.ssm_states + cache.states.conv_states]
+                 for s in book["computed_len"]}
+        out.append((book["computed_len"], kv.block_tables, kv.kv_lens, states.head_positions,
+                    {s: [t.tolist() for t in ts] for s, ts in heads.items()}))
+    return out
+
+
+def one_rank_fault(rank: int) -> dict:
+    """A round that raises on rank 1 only, after its collectives (the drafter's
+    commit): every rank's round fails and reverts (rank 0 with PeerRankError),
+    every sequence is as before the round on both ranks, and the engine then
+    finishes with plain decoding's tokens."""
+    import hybridspec as hs
+    import oracles
+    from hybridspec.errors import PeerRankError
+    from hybridspec.rollback import perturbed_copy
+    hf = oracles.bamba(seed=0)
+    target = hs.from_hf(hf, tensor_parallel_size=dist.get_world_size())
+    greedy = hs.SamplingParams(max_new_tokens=12, ignore_eos=True)
+    plain = [o.token_ids for o in hs.Engine(target, max_batch_size=3).generate(PROMPTS, greedy)]
+    engine = hs.Engine(target, draft=perturbed_copy(hs.from_hf(hf), seed=2), num_draft_tokens=3, max_batch_size=3)
+    ids = [engine.add_request(p, greedy) for p in PROMPTS]
+    got = {i: [] for i in ids}
+    for _ in range(2):
+        for out in engine.step():
+            got[out.request_id] += out.token_ids
+    drafter, commit = engine.speculator.drafter, engine.speculator.drafter.commit
+
+    def failing_commit(*args):
+        raise RuntimeError("injected on rank 1")
+    if rank == 1:
+        drafter.commit = failing_commit
+    before = sequences(engine)
+    raised = None
+    try:
+        engine.step()
+    except (RuntimeError, PeerRankError) as error:
+        raised = type(error).__name__
+    unchanged = sequences(engine) == before
+    drafter.commit = commit
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got[out.request_id] += out.token_ids
+    return dict(raised=raised, unchanged=unchanged, tokens=[got[i] for i in ids] == plain)

@@ -26,7 +26,7 @@ from hybridspec.checkpoints.checkpointer import Checkpointer
 from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.kernels.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
 
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, PeerRankError
 from ..logprobs import batch_logprobs
 from ..models.hybrid import HybridModel
 from ..next_token import sample_next
@@ -75,6 +75,7 @@ class Speculator:
         ids = [r.seq_id for r in requests]
         round = RoundBatch(requests, ids, [r.committed_len - 1 for r in requests], [self.cache.head(s) for s in ids])
         self._notify("round_started", round)
+        error = None
         try:
             self._phase("draft")
             self.propose(round, rows, stats, gammas)
@@ -82,10 +83,15 @@ class Speculator:
             self.verify(round, rows, stats)
             self._phase("commit")
             self.commit(round, stats)
-        except BaseException as error:
+        except BaseException as raised:
+            error = raised
+        tp = self.target.tensor_parallel
+        if tp is not None and not tp.all_ok(error is None) and error is None:  # the round fails on every rank
+            error = PeerRankError("another tensor-parallel rank's round raised; this rank reverted its round too")
+        if error is not None:
             self.revert(round)
             self._notify("round_ended", round, error)
-            raise
+            raise error
         self._count(round, stats)
         self._notify("round_ended", round, None)
         return round

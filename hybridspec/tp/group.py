@@ -42,6 +42,12 @@ class TensorParallel:
         dist.all_reduce(partial, group=self.group)
         return partial
 
+    def all_ok(self, ok: bool) -> bool:
+        """Whether `ok` holds on every rank (one small all-reduce)."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
     def broadcast(self, value):
         """Rank 0's `value` (any picklable object) on every rank."""
         box = [value]
