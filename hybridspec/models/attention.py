@@ -61,11 +61,17 @@ class Attention(Kernelled, nn.Module):
         q = q.view(bsz, T, cfg.num_heads, cfg.head_dim)
         k = k.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.use_rope:
-            rotation = self.rotation(batch, h.dtype)
+        out = self.attend(q, k, v, batch, cache)  # [batch, T, heads, head_dim]
+        return self.ops.linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
+               cache) -> torch.Tensor:
+        """Rotate q [batch, T, heads, d] and k [batch, T, kv_heads, d], write k and v
+        to the paged cache and attend over it.  # [batch, T, heads, d]"""
+        if self.cfg.use_rope:
+            rotation = self.rotation(batch, q.dtype)
             q, k = rotation.apply(q), rotation.apply(k)
         meta = batch.kv
         cache.kv.write(self.kv_layer, meta, k, v)
         k_cache, v_cache = cache.kv.k_cache[self.kv_layer], cache.kv.v_cache[self.kv_layer]
-        out = self.ops.paged_attention(q, k_cache, v_cache, meta, cfg.softmax_scale)  # [batch, T, heads, head_dim]
-        return self.ops.linear(out.reshape(bsz, T, -1), self.o_proj, self.o_bias)
+        return self.ops.paged_attention(q, k_cache, v_cache, meta, self.cfg.softmax_scale)

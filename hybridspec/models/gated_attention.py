@@ -42,13 +42,7 @@ class GatedAttention(Attention):
         v = v.view(bsz, T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.ops.norm.rms(q, self.q_norm, self.eps), self.ops.norm.rms(k, self.k_norm, self.eps)
-        if cfg.use_rope:
-            rotation = self.rotation(batch, h.dtype)
-            q, k = rotation.apply(q), rotation.apply(k)
-        meta = batch.kv
-        cache.kv.write(self.kv_layer, meta, k, v)
-        k_cache, v_cache = cache.kv.k_cache[self.kv_layer], cache.kv.v_cache[self.kv_layer]
-        out = self.ops.paged_attention(q, k_cache, v_cache, meta, cfg.softmax_scale).reshape(bsz, T, -1)
+        out = self.attend(q, k, v, batch, cache).reshape(bsz, T, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.ops.linear(out, self.o_proj, self.o_bias)
