@@ -34,6 +34,15 @@ def test_speculative_decoding_under_tensor_parallel_is_exact():
     assert ranks[0]["runs"] == ranks[1]["runs"]
 
 
+def test_speculative_decoding_of_a_sharded_gated_deltanet_hybrid_is_exact():
+    ranks = run_ranks("gdn_speculative", timeout=600)
+    for rank in ranks:
+        assert all(same for same, _ in rank["runs"].values()), {k: v for k, v in rank["runs"].items() if not v[0]}
+        assert all(drafted > 0 for _, drafted in rank["runs"].values())
+        assert rank["problems"] == []
+    assert ranks[0]["runs"] == ranks[1]["runs"]
+
+
 def test_the_rollback_suite_passes_under_tensor_parallel():
     for rank in run_ranks("rollback_suite", timeout=600):
         assert [r for r in rank if not r[1]] == []

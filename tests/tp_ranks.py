@@ -41,7 +41,8 @@ def _rank_main(rank: int, size: int, tmp: str, body: str, kwargs: dict) -> None:
 
 # -- rank-side bodies --------------------------------------------------------------------------
 
-FAMILIES = ("bamba", "jamba", "nemotron_h", "nemotron_h_moe", "granite", "falcon_h1")
+FAMILIES = ("bamba", "jamba", "nemotron_h", "nemotron_h_moe", "granite", "falcon_h1", "qwen3_next", "qwen3_5",
+            "qwen3_5_moe")
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 3, 4, 9]]
 
 
@@ -110,6 +111,42 @@ def speculative(rank: int) -> dict:
             problems += _state_problems(target, states.cache, r.seq_id, committed[:-1], f"rank {rank}")
     return dict(runs=runs, tight=tight_out == [alone] * 3, preemptions=tight.total_stats.preemptions,
                 prefix_hits=cached.total_stats.prefix_hit_tokens, problems=problems)
+
+
+def gdn_speculative(rank: int) -> dict:
+    """A gated-DeltaNet hybrid (Qwen3.5 MoE) sharded: greedy and coupled
+    speculative output against plain output under TP, with snapshots every 2
+    inputs and with input-log replay, a model drafter run whole on every rank;
+    and every shard's state against a prefill of its committed tokens after
+    every step."""
+    import hybridspec as hs
+    import oracles
+    from hybridspec.rollback import perturbed_copy
+    from hybridspec.rollback.observer import _state_problems
+    hf = oracles.qwen3_5_moe(seed=0)
+    size = dist.get_world_size()
+    target, draft = hs.from_hf(hf, tensor_parallel_size=size), perturbed_copy(hs.from_hf(hf), seed=2)
+    greedy = hs.SamplingParams(max_new_tokens=10, ignore_eos=True)
+    sampled = hs.SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=0.9, seed=7)
+    runs = {}
+    for params, verify in ((greedy, "rejection"), (sampled, "coupled")):
+        plain = [o.token_ids for o in hs.Engine(target, max_batch_size=3).generate(PROMPTS, params)]
+        for checkpoint in (hs.CheckpointPolicy(snapshot_every=2), hs.CheckpointPolicy(snapshot_every=0)):
+            engine = hs.Engine(target, draft=draft, num_draft_tokens=3, checkpoint=checkpoint, verify=verify,
+                               max_batch_size=3, tensor_parallel_size=size)
+            got = [o.token_ids for o in engine.generate(PROMPTS, params)]
+            runs[str(checkpoint), verify] = (got == plain, engine.stats.drafted_tokens)
+    states = hs.Engine(target, draft=draft, num_draft_tokens=4, max_batch_size=3,
+                       checkpoint=hs.CheckpointPolicy(snapshot_every=2))
+    for prompt, n in zip(PROMPTS, (7, 10, 9)):
+        states.add_request(prompt, hs.SamplingParams(max_new_tokens=n, ignore_eos=True))
+    problems = []
+    while states.has_unfinished_requests():
+        states.step()
+        for r in states.scheduler.running:
+            committed = r.output.prompt_token_ids + r.output.token_ids
+            problems += _state_problems(target, states.cache, r.seq_id, committed[:-1], f"rank {rank}")
+    return dict(runs=runs, problems=problems)
 
 
 def rollback_suite(rank: int) -> list:
