@@ -149,6 +149,53 @@ def gdn_speculative(rank: int) -> dict:
     return dict(runs=runs, problems=problems)
 
 
+def mapped_load(rank: int, path: str) -> dict:
+    """A sharded load's reads: the checkpoint file's pages resident in this
+    process (its private mapping's Rss, the file first dropped from the page
+    cache) after the rank's shard is copied out of the mapped tensors, against
+    after every tensor is copied; and the logits of
+    `hs.load(path, tensor_parallel_size=2)` beside one process's load."""
+    from pathlib import Path
+
+    import hybridspec as hs
+    from hybridspec.adapters import bamba as adapter
+    from hybridspec.adapters.checkpoint_files import read_config, read_weights
+    from hybridspec.tp import shard_weights
+    file = Path(path) / "model.safetensors"
+    fd = os.open(file, os.O_RDONLY)
+    try:  # out of the page cache: a page resident in the mapping afterwards is one this rank read
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    state, _ = read_weights(Path(path), "cpu", mapped=True)
+    config = adapter.config_from_dict(read_config(Path(path)))
+    shard_weights(config, adapter.weights_from_state(state), rank, dist.get_world_size())
+    sliced = _mapped_rss(file)
+    everything = [t.clone() for t in state.values()]
+    whole = _mapped_rss(file)
+    del state, everything
+    logits = []
+    for size in (1, dist.get_world_size()):
+        model = hs.load(path, tensor_parallel_size=size)
+        cache = hs.Engine(model, max_batch_size=3).cache
+        logits.append(model.prefill(cache, [0, 1, 2], PROMPTS, last_only=True)[:, 0])
+    return dict(sliced=sliced, whole=whole, size=file.stat().st_size, single=logits[0], sharded=logits[1])
+
+
+def _mapped_rss(file) -> int:
+    """Bytes of `file`'s mappings resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                inside = fields[-1] == str(file)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
 def rollback_suite(rank: int) -> list:
     """`hybridspec check --quick` (the rollback suite as a library) on a sharded
     target, its drafter run whole on every rank."""
