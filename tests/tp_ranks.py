@@ -1,6 +1,8 @@
 """Run a function on every rank of a gloo process group spawned for a test
 (`run_ranks`), and the rank-side bodies of tests/test_tensor_parallel.py.
-Bounded in time: a rank that hangs fails the test instead of the suite."""
+Bounded in time: a rank that hangs fails the test instead of the suite.
+HYBRIDSPEC_TP_BACKEND=nccl: an NCCL group instead, rank r computing on GPU r
+(benches/gpu_check.sh's tp stage)."""
 from __future__ import annotations
 
 import os
@@ -31,7 +33,11 @@ def run_ranks(body: str, size: int = 2, timeout: float = 300.0, **kwargs) -> lis
 def _rank_main(rank: int, size: int, tmp: str, body: str, kwargs: dict) -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=size)
+    backend = os.environ.get("HYBRIDSPEC_TP_BACKEND", "gloo")
+    if backend == "nccl":  # benches/gpu_check.sh's tp stage: rank r on GPU r, what the bodies build there
+        torch.cuda.set_device(rank)
+        torch.set_default_device(f"cuda:{rank}")
+    dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank, world_size=size)
     try:
         result = globals()[body](rank, **kwargs)
         torch.save(result, os.path.join(tmp, f"{rank}.pt"))
