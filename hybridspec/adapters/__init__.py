@@ -103,7 +103,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
         config = _config(adapter.config_from_dict, cfg, config_file)
         to_canonical, rules = _to_canonical(adapter, cfg), adapter.RULES
         unused_patterns = getattr(adapter, "UNUSED", [])
-    state, file_of = read_weights(path, device, mapped=tensor_parallel_size > 1)
+    mapped = tensor_parallel_size > 1  # a rank reads only its slices' pages of the files
+    state, file_of = read_weights(path, device, mapped=mapped)
     source = describe_files(path, sorted(set(file_of.values())))
     state, report = set_aside(state, unused_patterns, source)
     weights = _checked(config, to_canonical, state, rules, source, file_of)
@@ -111,7 +112,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
         pack = torch.device(device).type == "cpu"
     del state  # the model holds what it uses: packing frees each original as it copies it
     # cast after sharding: a rank casts (and so reads) only its slices
-    model = _build(config, weights, tensor_parallel_size, report, lambda w: _owned(_cast(w, dtype, pack)))
+    model = _build(config, weights, tensor_parallel_size, report,
+                   lambda w: _owned(_cast(w, dtype, pack)) if mapped else _cast(w, dtype, pack))
     del weights
     if pack:
         model.pack_for_cpu()
