@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On an NVIDIA GPU machine, in stages (each with its own timeout; the default
-# runs them all, in this order, in under 9.5 minutes at most):
+# runs them all, in this order; the first four in under 9.5 minutes at most):
 #   kernels  the kernel tests compiled (not interpreted; every file of
 #            tests/kernels: Mamba-1/2, GDN, conv window, attention, ...) and
 #            the CUDA-graph tests (capture, replay against eager)  ≤ 180 s
@@ -12,6 +12,10 @@
 #   check    the rollback-correctness suite on the GPU path: float32 eager,
 #            float32 with CUDA graphs, float64 (whose attention takes the
 #            torch reference, so no graphs)                     ≤ 3 × 70 s
+#   tp       tests/test_tensor_parallel.py's family logits, speculative parity
+#            (Bamba, GDN) and rollback suite over 2 ranks of an NCCL group,
+#            rank r on GPU r (HYBRIDSPEC_TP_BACKEND=nccl); skipped, saying
+#            so, with fewer than 2 GPUs                         ≤ 300 s
 # The longest stage comes last, so a run cut short still has the others.
 # A device session with less time runs some: `bash benches/gpu_check.sh kernels graphs`.
 # Works offline when the machine's python already has torch and triton (the
@@ -21,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # benches/*.py put benches/ first on sys.path
 PY=${PYTHON:-python3}
-STAGES=${*:-kernels timing graphs check}
+STAGES=${*:-kernels timing graphs check tp}
 if [ -n "${OUT:-}" ]; then exec > >(tee -a "$OUT/gpu_check.log") 2>&1; fi
 if ! "$PY" -c "import torch, triton" 2>/dev/null; then
   "$PY" -m pip install -q torch triton safetensors numpy tqdm pytest hypothesis scipy || exit 1
@@ -54,8 +58,17 @@ for stage in $STAGES; do
     graphs)
       timeout 100 "$PY" benches/cuda_graphs.py --batches 1 4 16 --tokens 48 --repeats 3 || status=1
       [ -n "${OUT:-}" ] && cp benches/out/cuda_graphs.json "$OUT/" 2>/dev/null ;;
+    tp)
+      gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+      if [ "$gpus" -lt 2 ]; then
+        echo "-- tp skipped: $gpus GPU(s); tensor parallel over NCCL needs 2"
+      else
+        HYBRIDSPEC_TP_BACKEND=nccl timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py \
+          -k "family or speculative or rollback" 2>&1 | tail -20
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      fi ;;
     *)
-      echo "unknown stage '$stage' (kernels, check, timing, graphs)"; status=2 ;;
+      echo "unknown stage '$stage' (kernels, check, timing, graphs, tp)"; status=2 ;;
   esac
   echo "== $stage: $((SECONDS - start)) s"
 done

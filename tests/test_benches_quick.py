@@ -260,3 +260,24 @@ def test_bench_listing_says_what_each_measures(capsys):
         assert line.endswith(".") and len(line) <= 100, (name, line)  # one sentence, one line
         assert any(row.split() and row.split()[0] == name and row.rstrip().endswith(line)
                    for row in out.splitlines()), (name, out)
+
+
+def test_tensor_parallel_quick(benches, tmp_path):
+    """TP = 1 at one and two threads, and both ranks of TP = 2: every rank holds half the KV pages
+    and about half the weights and states (embeddings, norms and one group's B and C replicated)."""
+    import torch
+    out = tmp_path / "tp.json"
+    before = torch.get_num_threads()
+    assert bench_main("tensor_parallel")(["--quick", "--repeats", "1", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == before
+    rows = json.loads(out.read_text())["rows"]
+    variants = {(r["variant"], r["rank"]) for r in rows}
+    assert variants == {("TP=1, 1 thread", 0), ("TP=1, 2 threads", 0), ("TP=2, 1 thread per rank", 0),
+                        ("TP=2, 1 thread per rank", 1)}
+    assert all(r["ms"] > 0 and r["min_ms"] <= r["ms"] <= r["max_ms"] for r in rows)
+    one = next(r for r in rows if r["variant"] == "TP=1, 1 thread")
+    for r in rows:
+        if r["variant"].startswith("TP=2"):
+            assert r["kv_mb"] == one["kv_mb"] / 2
+            assert one["states_mb"] / 2 <= r["states_mb"] < 0.6 * one["states_mb"]
+            assert one["weights_mb"] / 2 < r["weights_mb"] < one["weights_mb"]  # embeddings and norms replicated

@@ -137,6 +137,8 @@ def test_preset_draft_costs_about_a_twentieth_of_the_target():
     for preset in PRESETS.values():
         costs = preset.cost_model().step_costs(1, 4)
         upper = 0.15 if preset.target.num_moe_blocks else 0.1  # a MoE target reads only ~3.6B active weights
+        if preset.all_reduce is not None:  # the target on 8 devices, the drafter whole on one of them
+            upper = 0.25
         assert 0.02 < costs.draft_step_s / costs.plain_step_s < upper
 
 
@@ -162,3 +164,28 @@ def test_expected_tokens_scale_the_round_speedup():
     costs = model.step_costs(32, 4)
     rounds = model.round_time(32, 4, 0.8)
     assert model.speedup(32, 4, 0.8) == pytest.approx(expected_tokens(0.8, 4) * costs.plain_step_s / rounds.total_s)
+
+
+def test_tensor_parallel_adds_two_all_reduces_per_layer_to_the_target():
+    """Under an AllReduceLink every target forward pays, per layer, two ring all-reduces of
+    hidden·B·T activations; the drafter runs whole on one rank and pays none."""
+    from dataclasses import replace
+
+    from hybridspec.sim import AllReduceLink
+    from hybridspec.sim.presets import H200, H200_X8, NVLINK_H200_X8
+    preset = PRESETS["qwen3-next-80b-a3b-tp8"]
+    model = preset.cost_model()
+    free = replace(model, all_reduce=None)
+    target = model.target
+    for batch, tokens in ((1, 1), (64, 5)):
+        nbytes = target.hidden_size * batch * tokens * target.activation_bytes
+        one = NVLINK_H200_X8.latency + 2 * 7 / 8 * nbytes / NVLINK_H200_X8.bandwidth
+        expected = target.num_layers * 2 * one
+        assert model.all_reduce_time(target, batch, tokens) == pytest.approx(expected)
+        assert model.forward_time(target, batch, tokens) - free.forward_time(target, batch, tokens) == \
+            pytest.approx(expected)
+    alone = CostModel(hardware=H200, target=model.draft, draft=None, context_len=model.context_len)
+    assert model.step_costs(4, 4).draft_step_s == pytest.approx(alone.forward_time(model.draft, 4, 1))
+    assert free.hardware is H200_X8
+    with pytest.raises(ConfigError, match="ranks"):
+        AllReduceLink(ranks=1, bandwidth=1e9, latency=0.0)

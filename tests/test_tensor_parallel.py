@@ -34,6 +34,38 @@ def test_speculative_decoding_under_tensor_parallel_is_exact():
     assert ranks[0]["runs"] == ranks[1]["runs"]
 
 
+def test_speculative_decoding_of_a_sharded_gated_deltanet_hybrid_is_exact():
+    ranks = run_ranks("gdn_speculative", timeout=600)
+    for rank in ranks:
+        assert all(same for same, _ in rank["runs"].values()), {k: v for k, v in rank["runs"].items() if not v[0]}
+        assert all(drafted > 0 for _, drafted in rank["runs"].values())
+        assert rank["problems"] == []
+    assert ranks[0]["runs"] == ranks[1]["runs"]
+
+
+def test_a_sharded_load_reads_only_its_slices(tmp_path):
+    """hs.load(path, tensor_parallel_size=2): each rank maps the safetensors file and
+    copies its slices out, reading well under the file (every tensor copied reads
+    all of it; a column-parallel tensor's rows of 8 KB still touch every page, so
+    a rank reads about two thirds here); its logits equal one process's."""
+    bamba(seed=0, num_layers=2, hidden=512, kv_heads=2).save_pretrained(tmp_path)
+    for rank in run_ranks("mapped_load", path=str(tmp_path)):
+        assert rank["whole"] > 0.95 * rank["size"], rank
+        assert rank["sliced"] < 0.75 * rank["size"], rank
+        torch.testing.assert_close(rank["sharded"], rank["single"], rtol=0, atol=1e-12)
+
+
+def test_a_corrupt_file_fails_a_mapped_read_as_a_whole_one(tmp_path):
+    from hybridspec.adapters.checkpoint_files import read_weights
+    from hybridspec.errors import CheckpointError
+    bamba(seed=0).save_pretrained(tmp_path)
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-100])
+    for mapped in (False, True):
+        with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors file"):
+            read_weights(tmp_path, "cpu", mapped=mapped)
+
+
 def test_the_rollback_suite_passes_under_tensor_parallel():
     for rank in run_ranks("rollback_suite", timeout=600):
         assert [r for r in rank if not r[1]] == []

@@ -1,6 +1,8 @@
 """Run a function on every rank of a gloo process group spawned for a test
 (`run_ranks`), and the rank-side bodies of tests/test_tensor_parallel.py.
-Bounded in time: a rank that hangs fails the test instead of the suite."""
+Bounded in time: a rank that hangs fails the test instead of the suite.
+HYBRIDSPEC_TP_BACKEND=nccl: an NCCL group instead, rank r computing on GPU r
+(benches/gpu_check.sh's tp stage)."""
 from __future__ import annotations
 
 import os
@@ -31,7 +33,11 @@ def run_ranks(body: str, size: int = 2, timeout: float = 300.0, **kwargs) -> lis
 def _rank_main(rank: int, size: int, tmp: str, body: str, kwargs: dict) -> None:
     sys.path.insert(0, os.path.dirname(__file__))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=size)
+    backend = os.environ.get("HYBRIDSPEC_TP_BACKEND", "gloo")
+    if backend == "nccl":  # benches/gpu_check.sh's tp stage: rank r on GPU r, what the bodies build there
+        torch.cuda.set_device(rank)
+        torch.set_default_device(f"cuda:{rank}")
+    dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank, world_size=size)
     try:
         result = globals()[body](rank, **kwargs)
         torch.save(result, os.path.join(tmp, f"{rank}.pt"))
@@ -41,7 +47,8 @@ def _rank_main(rank: int, size: int, tmp: str, body: str, kwargs: dict) -> None:
 
 # -- rank-side bodies --------------------------------------------------------------------------
 
-FAMILIES = ("bamba", "jamba", "nemotron_h", "nemotron_h_moe", "granite", "falcon_h1")
+FAMILIES = ("bamba", "jamba", "nemotron_h", "nemotron_h_moe", "granite", "falcon_h1", "qwen3_next", "qwen3_5",
+            "qwen3_5_moe")
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 3, 4, 9]]
 
 
@@ -110,6 +117,89 @@ def speculative(rank: int) -> dict:
             problems += _state_problems(target, states.cache, r.seq_id, committed[:-1], f"rank {rank}")
     return dict(runs=runs, tight=tight_out == [alone] * 3, preemptions=tight.total_stats.preemptions,
                 prefix_hits=cached.total_stats.prefix_hit_tokens, problems=problems)
+
+
+def gdn_speculative(rank: int) -> dict:
+    """A gated-DeltaNet hybrid (Qwen3.5 MoE) sharded: greedy and coupled
+    speculative output against plain output under TP, with snapshots every 2
+    inputs and with input-log replay, a model drafter run whole on every rank;
+    and every shard's state against a prefill of its committed tokens after
+    every step."""
+    import hybridspec as hs
+    import oracles
+    from hybridspec.rollback import perturbed_copy
+    from hybridspec.rollback.observer import _state_problems
+    hf = oracles.qwen3_5_moe(seed=0)
+    size = dist.get_world_size()
+    target, draft = hs.from_hf(hf, tensor_parallel_size=size), perturbed_copy(hs.from_hf(hf), seed=2)
+    greedy = hs.SamplingParams(max_new_tokens=10, ignore_eos=True)
+    sampled = hs.SamplingParams(max_new_tokens=10, ignore_eos=True, temperature=0.9, seed=7)
+    runs = {}
+    for params, verify in ((greedy, "rejection"), (sampled, "coupled")):
+        plain = [o.token_ids for o in hs.Engine(target, max_batch_size=3).generate(PROMPTS, params)]
+        for checkpoint in (hs.CheckpointPolicy(snapshot_every=2), hs.CheckpointPolicy(snapshot_every=0)):
+            engine = hs.Engine(target, draft=draft, num_draft_tokens=3, checkpoint=checkpoint, verify=verify,
+                               max_batch_size=3, tensor_parallel_size=size)
+            got = [o.token_ids for o in engine.generate(PROMPTS, params)]
+            runs[str(checkpoint), verify] = (got == plain, engine.stats.drafted_tokens)
+    states = hs.Engine(target, draft=draft, num_draft_tokens=4, max_batch_size=3,
+                       checkpoint=hs.CheckpointPolicy(snapshot_every=2))
+    for prompt, n in zip(PROMPTS, (7, 10, 9)):
+        states.add_request(prompt, hs.SamplingParams(max_new_tokens=n, ignore_eos=True))
+    problems = []
+    while states.has_unfinished_requests():
+        states.step()
+        for r in states.scheduler.running:
+            committed = r.output.prompt_token_ids + r.output.token_ids
+            problems += _state_problems(target, states.cache, r.seq_id, committed[:-1], f"rank {rank}")
+    return dict(runs=runs, problems=problems)
+
+
+def mapped_load(rank: int, path: str) -> dict:
+    """A sharded load's reads: the checkpoint file's pages resident in this
+    process (its private mapping's Rss, the file first dropped from the page
+    cache) after the rank's shard is copied out of the mapped tensors, against
+    after every tensor is copied; and the logits of
+    `hs.load(path, tensor_parallel_size=2)` beside one process's load."""
+    from pathlib import Path
+
+    import hybridspec as hs
+    from hybridspec.adapters import bamba as adapter
+    from hybridspec.adapters.checkpoint_files import read_config, read_weights
+    from hybridspec.tp import shard_weights
+    file = Path(path) / "model.safetensors"
+    fd = os.open(file, os.O_RDONLY)
+    try:  # out of the page cache: a page resident in the mapping afterwards is one this rank read
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    state, _ = read_weights(Path(path), "cpu", mapped=True)
+    config = adapter.config_from_dict(read_config(Path(path)))
+    shard_weights(config, adapter.weights_from_state(state), rank, dist.get_world_size())
+    sliced = _mapped_rss(file)
+    everything = [t.clone() for t in state.values()]
+    whole = _mapped_rss(file)
+    del state, everything
+    logits = []
+    for size in (1, dist.get_world_size()):
+        model = hs.load(path, tensor_parallel_size=size)
+        cache = hs.Engine(model, max_batch_size=3).cache
+        logits.append(model.prefill(cache, [0, 1, 2], PROMPTS, last_only=True)[:, 0])
+    return dict(sliced=sliced, whole=whole, size=file.stat().st_size, single=logits[0], sharded=logits[1])
+
+
+def _mapped_rss(file) -> int:
+    """Bytes of `file`'s mappings resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                inside = fields[-1] == str(file)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
 
 
 def rollback_suite(rank: int) -> list:

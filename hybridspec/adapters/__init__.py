@@ -103,21 +103,17 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
         config = _config(adapter.config_from_dict, cfg, config_file)
         to_canonical, rules = _to_canonical(adapter, cfg), adapter.RULES
         unused_patterns = getattr(adapter, "UNUSED", [])
-    state, file_of = read_weights(path, device)
+    mapped = tensor_parallel_size > 1  # a rank reads only its slices' pages of the files
+    state, file_of = read_weights(path, device, mapped=mapped)
     source = describe_files(path, sorted(set(file_of.values())))
     state, report = set_aside(state, unused_patterns, source)
     weights = _checked(config, to_canonical, state, rules, source, file_of)
     if pack is None:
         pack = torch.device(device).type == "cpu"
-    if dtype is not None:
-        # packed for float32 compute, a 16-bit product weight or embedding is kept as it is (what
-        # pack_for_cpu stores, exactly): no float32 copy of the whole model on the way
-        keep = pack and dtype is torch.float32
-        weights = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq")
-                       and not (keep and v.dtype in HALF_DTYPES and storable_16bit(k)) else v)
-                   for k, v in weights.items()}
     del state  # the model holds what it uses: packing frees each original as it copies it
-    model = _build(config, weights, tensor_parallel_size, report)
+    # cast after sharding: a rank casts (and so reads) only its slices
+    model = _build(config, weights, tensor_parallel_size, report,
+                   lambda w: _owned(_cast(w, dtype, pack)) if mapped else _cast(w, dtype, pack))
     del weights
     if pack:
         model.pack_for_cpu()
@@ -125,18 +121,37 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
 
 
 def _build(config: HybridConfig, weights: dict[str, torch.Tensor], tensor_parallel_size: int,
-           report) -> HybridModel:
+           report, prepare=None) -> HybridModel:
     """The HybridModel of `weights`, or this rank's shard of it (`hybridspec.tp`),
-    with its load report."""
+    with its load report; `prepare` (if given) maps the (shard's) weights first."""
+    prepare = prepare or (lambda w: w)
     if tensor_parallel_size == 1:
-        model = HybridModel(config, weights)
+        model = HybridModel(config, prepare(weights))
     else:
         from ..tp import TensorParallel, shard_weights
         tp = TensorParallel.of(tensor_parallel_size)
         config, weights = shard_weights(config, weights, tp.rank, tp.size)
-        model = HybridModel(config, weights).shard_over(tp)
+        model = HybridModel(config, prepare(weights)).shard_over(tp)
     model.load_report = report
     return model
+
+
+def _cast(weights: dict[str, torch.Tensor], dtype: torch.dtype | None, pack: bool) -> dict[str, torch.Tensor]:
+    """Floating weights in `dtype` (None: as they are). Packed for float32 compute, a 16-bit
+    product weight or embedding is kept as it is (what pack_for_cpu stores, exactly): no
+    float32 copy of the whole model on the way."""
+    if dtype is None:
+        return weights
+    keep = pack and dtype is torch.float32
+    return {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("inv_freq")
+                and not (keep and v.dtype in HALF_DTYPES and storable_16bit(k)) else v)
+            for k, v in weights.items()}
+
+
+def _owned(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor in storage of its own: a replicated tensor still viewing a mapped
+    checkpoint file (`read_weights(mapped=True)`) is copied, so the model holds no mapping."""
+    return {k: v.clone() if v.untyped_storage().nbytes() != v.nbytes else v for k, v in weights.items()}
 
 
 def _to_canonical(adapter, cfg: dict):

@@ -6,6 +6,8 @@ Every problem is a `CheckpointError` that names the file."""
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import pickle
 from pathlib import Path
 
@@ -47,13 +49,17 @@ def _special_floats(obj: dict):
     return float(obj["__float__"]) if set(obj) == {"__float__"} else obj
 
 
-def read_weights(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors by checkpoint name, checkpoint name -> file name)."""
+def read_weights(path: Path, device, mapped: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors by checkpoint name, checkpoint name -> file name). mapped (CPU
+    safetensors only): each tensor a view of the file mapped copy-on-write, so
+    that only the pages a later copy reads are read (a tensor-parallel rank
+    copying its slices)."""
+    read = _mapped_shard if mapped and torch.device(device).type == "cpu" else read_shard
     if (path / INDEX).exists():
-        return _read_indexed(path, device)
+        return _read_indexed(path, device, read)
     files = sorted(path.glob("*.safetensors"))
     if files:
-        return _read_unindexed(files, device)
+        return _read_unindexed(files, device, read)
     if (path / BINARY).is_file():
         state = _read_binary(path / BINARY, device)
         return state, dict.fromkeys(state, BINARY)
@@ -61,7 +67,7 @@ def read_weights(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str,
                           "its weights next to config.json")
 
 
-def _read_indexed(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _read_indexed(path: Path, device, read) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     index_file = path / INDEX
     weight_map = _weight_map(index_file)
     named: dict[str, set[str]] = {}
@@ -78,7 +84,7 @@ def _read_indexed(path: Path, device) -> tuple[dict[str, torch.Tensor], dict[str
                               "file(s) or restore the index that lists them")
     state, file_of = {}, {}
     for file, tensors in sorted(named.items()):
-        shard = read_shard(path / file, device)
+        shard = read(path / file, device)
         extra, absent = sorted(set(shard) - tensors), sorted(tensors - set(shard))
         if extra or absent:
             problems = [f"it holds {_few(extra)}, which the index does not assign to it"] if extra else []
@@ -100,10 +106,10 @@ def _weight_map(index_file: Path) -> dict[str, str]:
     return weight_map
 
 
-def _read_unindexed(files: list[Path], device) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _read_unindexed(files: list[Path], device, read) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     state, file_of = {}, {}
     for file in files:
-        shard = read_shard(file, device)
+        shard = read(file, device)
         twice = sorted(set(shard) & set(state))
         if twice:
             raise CheckpointError(f"{file.parent}: {_few(twice)} in both {file_of[twice[0]]} and {file.name}; "
@@ -122,6 +128,53 @@ def read_shard(file: Path, device) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{file} is not a readable safetensors file ({error}); it is truncated or "
                               "corrupt: restore it from the original checkpoint") from None
+
+
+def _map(file: Path) -> mmap.mmap:
+    """`file` mapped copy-on-write (the tensors are writable, the file never
+    written), read at random: no read-ahead into the slices other ranks take."""
+    with open(file, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
+    return mapped
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _mapped_shard(file: Path, device) -> dict[str, torch.Tensor]:
+    """read_shard's tensors as views of `file` mapped privately (pages read when
+    touched); safetensors checks the file first, so a corrupt one fails as in
+    read_shard. A dtype or offset the view cannot take is read whole."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(file), framework="pt") as opened:  # validates the header and the offsets
+            names = list(opened.keys())
+        with open(file, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_size))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({error}); it is truncated or "
+                              "corrupt: restore it from the original checkpoint") from None
+    storage = _map(file)
+    out, whole = {}, []
+    for name in names:
+        info = header[name]
+        dtype, (start, _) = _DTYPES.get(info["dtype"]), info["data_offsets"]
+        offset = 8 + header_size + start
+        if dtype is None or offset % dtype.itemsize:
+            whole.append(name)
+            continue
+        count = math.prod(info["shape"])
+        out[name] = (torch.frombuffer(storage, dtype=dtype, count=count, offset=offset).view(info["shape"])
+                     if count else torch.empty(info["shape"], dtype=dtype))
+    if whole:
+        with safe_open(str(file), framework="pt") as opened:
+            out.update({name: opened.get_tensor(name) for name in whole})
+    return out
 
 
 def _read_binary(file: Path, device) -> dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ from hybridspec.sim.closed_form import (
     speedup,
 )
 from hybridspec.sim.cost_model import (
+    AllReduceLink,
     CostModel,
     Hardware,
     ModelCost,
@@ -41,6 +42,7 @@ __all__ = [
     "H200",
     "NEMOTRON_H_8B",
     "PRESETS",
+    "AllReduceLink",
     "CostModel",
     "GdnMixer",
     "Hardware",

@@ -6,6 +6,11 @@ with bytes_moved = weights + B·(KV read + KV written + state read + state writt
 (for a MoE model, weights = the dense weights + the routed experts the B·tokens
 tokens are expected to touch: `ModelCost.experts_read_bytes`)
 and flops = B·tokens·(flops_per_token + attention over the context).
+Under tensor parallelism (`AllReduceLink`) the hardware is the ranks taken as
+one device, and every target layer adds two all-reduces of hidden·B·tokens
+activations (its mixer's and its feed-forward's partial outputs), which do
+not overlap the layer's own work; the drafter runs whole on every rank, at
+one rank's bandwidth and FLOPs.
 The checkpoint traffic a policy adds on top (extra snapshot writes, the input
 log, replay) is charged as separate memory time: it is done by the Mamba scan
 and replay kernels, which are memory-bound on their own and do not hide under
@@ -49,6 +54,29 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class AllReduceLink:
+    """The interconnect of `ranks` tensor-parallel devices: an all-reduce of n
+    bytes (ring: each rank sends and receives 2·(ranks − 1)/ranks · n) takes
+        latency + 2·(ranks − 1)/ranks · n / bandwidth
+    with bandwidth the bytes/s one device sends (one direction) and latency the
+    fixed cost of one collective (launch and synchronisation)."""
+
+    ranks: int
+    bandwidth: float
+    latency: float
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        check_int(self.ranks, "ranks", minimum=2)
+        check_cost(self.bandwidth, "bandwidth", positive=True)
+        check_cost(self.latency, "latency")
+
+    def time(self, nbytes) -> Union[float, np.ndarray]:
+        """Seconds of one all-reduce of `nbytes` per rank."""
+        return self.latency + 2 * (self.ranks - 1) / self.ranks * nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
 class ModelCost:
     """Cost figures of one model (target or draft); 'per sequence' unless said.
 
@@ -68,6 +96,9 @@ class ModelCost:
     resident_param_bytes: the dense weights held in memory when they differ
         from param_bytes (Zamba2's shared block is read per occurrence but held
         once); 0: the same as param_bytes.
+    num_layers, hidden_size, activation_bytes: what a tensor-parallel
+        forward all-reduces (two hidden-wide activations per layer and token);
+        0 layers: none.
     """
 
     name: str
@@ -83,10 +114,14 @@ class ModelCost:
     resident_param_bytes: float = 0.0
     num_experts: int = 0
     experts_per_token: int = 0
+    num_layers: int = 0
+    hidden_size: int = 0
+    activation_bytes: int = 2
 
     def __post_init__(self) -> None:
         for field in fields(self):
-            if field.name not in ("name", "source", "num_experts", "experts_per_token"):
+            if field.name not in ("name", "source", "num_experts", "experts_per_token", "num_layers", "hidden_size",
+                                  "activation_bytes"):
                 check_cost(getattr(self, field.name), f"{self.name}.{field.name}")
         check_cost(self.param_bytes, f"{self.name}.param_bytes", positive=True)
         check_int(self.num_experts, f"{self.name}.num_experts", minimum=0)
@@ -212,12 +247,27 @@ class CostModel:
     target: ModelCost
     draft: Optional[ModelCost]
     context_len: int = 4096
+    all_reduce: Optional[AllReduceLink] = None  # tensor parallel over `hardware` (its ranks as one device)
 
     def __post_init__(self) -> None:
         check_int(self.context_len, "context_len", minimum=0)
 
+    def all_reduce_time(self, model: ModelCost, batch: Batch, tokens: int) -> Union[float, np.ndarray]:
+        """The all-reduces of one tensor-parallel forward: two per layer of
+        hidden·batch·tokens activations (0 without tensor parallelism)."""
+        if self.all_reduce is None:
+            return 0.0
+        nbytes = model.hidden_size * _check_batch(batch) * tokens * model.activation_bytes
+        return model.num_layers * 2 * self.all_reduce.time(nbytes)
+
     def forward_time(self, model: ModelCost, batch: Batch, tokens: int) -> Union[float, np.ndarray]:
-        """Roofline time of one forward of `tokens` tokens per sequence."""
+        """Roofline time of one forward of `tokens` tokens per sequence, the
+        target's all-reduces added under tensor parallelism."""
+        time = self._roofline(model, batch, tokens, 1)
+        return time + self.all_reduce_time(model, batch, tokens) if model is self.target else time
+
+    def _roofline(self, model: ModelCost, batch: Batch, tokens: int, share: int) -> Union[float, np.ndarray]:
+        """Roofline time on 1/share of the hardware."""
         batch = _check_batch(batch)
         tokens = check_int(tokens, "tokens", minimum=1)
         per_sequence_bytes = (
@@ -227,14 +277,15 @@ class CostModel:
         moved = model.param_bytes + model.experts_read_bytes(batch * tokens) + batch * per_sequence_bytes
         attended = self.context_len + (tokens + 1) / 2  # mean cached tokens a new token attends to
         flops = batch * tokens * (model.flops_per_token + attended * model.attention_flops_per_context_token)
-        return np.maximum(moved / self.hardware.memory_bandwidth, flops / self.hardware.peak_flops)
+        return np.maximum(share * moved / self.hardware.memory_bandwidth, share * flops / self.hardware.peak_flops)
 
     def step_costs(self, batch: Batch, gamma: int) -> StepCosts:
         """Roofline `StepCosts` at `batch` (int or integer array) and γ."""
         gamma = check_gamma(gamma)
         bandwidth, peak = self.hardware.memory_bandwidth, self.hardware.peak_flops
         target = self.target
-        draft_step_s = 0.0 if self.draft is None else self.forward_time(self.draft, batch, 1)
+        ranks = 1 if self.all_reduce is None else self.all_reduce.ranks  # the drafter: whole, on one rank
+        draft_step_s = 0.0 if self.draft is None else self._roofline(self.draft, batch, 1, ranks)
         attention_flops = self.context_len * target.attention_flops_per_context_token
         return StepCosts(
             batch=batch,

@@ -3,8 +3,9 @@ peaks and published config dimensions, not measurements on this machine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
-from hybridspec.sim.cost_model import CostModel, Hardware
+from hybridspec.sim.cost_model import AllReduceLink, CostModel, Hardware
 from hybridspec.sim.mixers import GdnMixer
 from hybridspec.sim.shapes import HybridShape
 
@@ -24,6 +25,23 @@ H200_X2 = Hardware(
     memory_bytes=2 * H200.memory_bytes,
     source="assumed: two H200 SXM as one device (tensor parallel at twice one H200's bandwidth, FLOPs and HBM, "
            "communication free)",
+)
+
+H200_X8 = Hardware(
+    name="8x H200 SXM",
+    memory_bandwidth=8 * H200.memory_bandwidth,
+    peak_flops=8 * H200.peak_flops,
+    memory_bytes=8 * H200.memory_bytes,
+    source="assumed: eight H200 SXM of one NVLink node as one device (each rank a shard: 8x one H200's "
+           "bandwidth, FLOPs and HBM); the all-reduces are NVLINK_H200_X8's",
+)
+
+NVLINK_H200_X8 = AllReduceLink(
+    ranks=8,
+    bandwidth=450e9,  # bytes/s per GPU per direction: NVLink 4, 900 GB/s bidirectional
+    latency=10e-6,  # s per all-reduce: NCCL's small-message latency within one NVSwitch node
+    source="assumed: NVLink 4 / NVSwitch, 450 GB/s per direction per H200 (900 GB/s bidirectional, the "
+           "datasheet's; NCCL reaches less), 10 us per all-reduce (NCCL small messages in one node); ring all-reduce",
 )
 
 BAMBA_9B = HybridShape(
@@ -237,6 +255,7 @@ class Preset:
     target: HybridShape
     draft: HybridShape
     hardware: Hardware
+    all_reduce: Optional[AllReduceLink] = None  # the target tensor-parallel over `hardware`'s ranks
 
     def cost_model(self, context_len: int = 4096) -> CostModel:
         return CostModel(
@@ -244,6 +263,7 @@ class Preset:
             target=self.target.model_cost(),
             draft=self.draft.model_cost(),
             context_len=context_len,
+            all_reduce=self.all_reduce,
         )
 
 
@@ -255,4 +275,7 @@ PRESETS = {
     "falcon-h1-7b": Preset("falcon-h1-7b", FALCON_H1_7B, small_hybrid_draft(FALCON_H1_7B), H200),
     "zamba2-7b": Preset("zamba2-7b", ZAMBA2_7B, small_hybrid_draft(ZAMBA2_7B), H200),
     "qwen3-next-80b-a3b": Preset("qwen3-next-80b-a3b", QWEN3_NEXT_80B, small_hybrid_draft(QWEN3_NEXT_80B), H200_X2),
+    # the projection: the target tensor-parallel over 8 H200s, its all-reduces charged
+    "qwen3-next-80b-a3b-tp8": Preset("qwen3-next-80b-a3b-tp8", QWEN3_NEXT_80B, small_hybrid_draft(QWEN3_NEXT_80B),
+                                     H200_X8, NVLINK_H200_X8),
 }

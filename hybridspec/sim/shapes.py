@@ -226,4 +226,7 @@ class HybridShape:
                                        * self.weight_bytes),
             num_experts=self.moe_num_experts if self.num_moe_blocks else 0,
             experts_per_token=self.moe_top_k if self.num_moe_blocks else 0,
+            num_layers=self.num_layers,
+            hidden_size=self.d_model,
+            activation_bytes=self.weight_bytes,
         )

@@ -11,13 +11,23 @@ equal slices of what is split):
   every rank holding all of them with one group (the heads of a group share
   its B and C); the gated RMSNorm's variance is summed across ranks when its
   group spans them (`Mamba2Config.norm_shards`);
+- gated DeltaNet: by key-head groups: each rank its key heads and the value
+  heads that read them (value head j reads key head j // (HV/HK)): the q, k,
+  v, z, b and a rows of the fused in_proj, the q, k, v conv channels, dt_bias,
+  A_log and out_proj's columns; the gated norm's weight is per value head's
+  channels and shared by every head, so it is replicated and needs no sum;
+- gated attention (Qwen3-Next, Qwen3.5): as attention, q_proj's rows per head
+  being that head's query and then its gate; the q and k norms act within one
+  head, so they are replicated and stay local;
 - Mamba-1: by d_inner channels (x_proj is row-parallel: its dt, B, C are summed
   across ranks before the inner norms);
 - MLP (Megatron): gate/up rows, down columns;
 - MoE: by expert columns, every expert split like an MLP on every rank: the
   router and its choice are replicated, so routing needs no exchange and no
   rank waits for another's experts (an expert-parallel split would move tokens
-  between ranks and balance only on average);
+  between ranks and balance only on average); a shared expert's sigmoid gate
+  is replicated (one scalar per token, the same on every rank, scales each
+  rank's partial sum);
 - embeddings, norms and the LM head: replicated (every rank computes the full
   logits from the same hidden states, so sampling needs no gather).
 A row-parallel bias is kept on rank 0 only (the sum adds it once).
@@ -28,7 +38,7 @@ from dataclasses import replace
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MoEConfig
+from ..config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MoEConfig
 from ..errors import ConfigError
 
 
@@ -40,11 +50,6 @@ def shard_weights(config: HybridConfig, weights: dict[str, torch.Tensor], rank: 
     if config.shared_blocks is not None:
         raise ConfigError(f"tensor_parallel_size={size}: Zamba2's shared transformer blocks (with their per-"
                           "occurrence adapters) are not sharded; run this model with tensor_parallel_size=1")
-    unsplit = sorted({t for t in config.layer_types if t not in ("attention", "parallel", "mamba2", "mamba1", "none")})
-    gated = config.attention is not None and (config.attention.output_gate or config.attention.qk_norm)
-    if unsplit or gated:
-        raise ConfigError(f"tensor_parallel_size={size}: {', '.join(unsplit) or 'gated attention'} layers (Qwen3-"
-                          "Next, Qwen3.5) are not sharded yet; run this model with tensor_parallel_size=1")
     out = dict(weights)
     split = _Split(rank, size)
     for i, (mixer, ffn) in enumerate(zip(config.layer_types, config.ffn_types)):
@@ -56,6 +61,8 @@ def shard_weights(config: HybridConfig, weights: dict[str, torch.Tensor], rank: 
             _mamba2(out, prefix + ("mixer.mamba." if mixer == "parallel" else "mixer."), config.mamba2, split)
         if mixer == "mamba1":
             _mamba1(out, prefix + "mixer.", config.mamba1, split)
+        if mixer == "gdn":
+            _gdn(out, prefix + "mixer.", config.gdn, split)
         if ffn == "mlp":
             _mlp(out, prefix + "ffn.", config.mlp.intermediate_size, split)
         elif ffn == "moe":
@@ -98,7 +105,8 @@ def _attention(out: dict, p: str, cfg: AttentionConfig, split: _Split) -> None:
     q = split.part(cfg.num_heads, "attention num_heads")
     kv = split.part(cfg.num_kv_heads, "attention num_kv_heads")
     q_span, kv_span = [(q[0] * cfg.head_dim, q[1] * cfg.head_dim)], [(kv[0] * cfg.head_dim, kv[1] * cfg.head_dim)]
-    for name, span in (("q_proj", q_span), ("k_proj", kv_span), ("v_proj", kv_span)):
+    per_query = 2 * cfg.head_dim if cfg.output_gate else cfg.head_dim  # a gated head's rows: its query, its gate
+    for name, span in (("q_proj", [(q[0] * per_query, q[1] * per_query)]), ("k_proj", kv_span), ("v_proj", kv_span)):
         _rows(out, f"{p}{name}.weight", span)
         _rows(out, f"{p}{name}.bias", span)
     _rows(out, p + "o_proj.weight", q_span, dim=1)
@@ -134,6 +142,24 @@ def _mamba2(out: dict, p: str, cfg: Mamba2Config, split: _Split) -> None:
     _rows(out, p + "norm.weight", [(c0, c1)])
     _rows(out, p + "out_proj.weight", [(c0, c1)], dim=1)
     _rank0_bias(out, p + "out_proj.bias", split)
+
+
+def _gdn(out: dict, p: str, cfg: GdnConfig, split: _Split) -> None:
+    k0, k1 = split.part(cfg.num_key_heads, "gdn num_key_heads")
+    per_key = cfg.num_value_heads // cfg.num_key_heads
+    h0, h1 = k0 * per_key, k1 * per_key  # the value heads of this rank's key heads
+    kd, vd, dk, dv = cfg.key_dim, cfg.value_dim, cfg.key_head_dim, cfg.value_head_dim
+    q, k, v = (k0 * dk, k1 * dk), (kd + k0 * dk, kd + k1 * dk), (2 * kd + h0 * dv, 2 * kd + h1 * dv)
+    conv = [q, k, v]  # conv channels: [q | k | v]
+    # in_proj rows: [q | k | v | z | b | a]
+    z, b, a = (cfg.conv_dim + h0 * dv, cfg.conv_dim + h1 * dv), (cfg.conv_dim + vd + h0, cfg.conv_dim + vd + h1), \
+        (cfg.conv_dim + vd + cfg.num_value_heads + h0, cfg.conv_dim + vd + cfg.num_value_heads + h1)
+    _rows(out, p + "in_proj.weight", conv + [z, b, a])
+    for name in ("conv1d.weight", "conv1d.bias"):
+        _rows(out, p + name, conv)
+    for name in ("dt_bias", "A_log"):
+        _rows(out, p + name, [(h0, h1)])
+    _rows(out, p + "out_proj.weight", [(h0 * dv, h1 * dv)], dim=1)
 
 
 def _mamba1(out: dict, p: str, cfg: Mamba1Config, split: _Split) -> None:
@@ -175,6 +201,10 @@ def _config(config: HybridConfig, split: _Split) -> HybridConfig:
         changes["attention"] = replace(a, num_heads=a.num_heads // split.size, num_kv_heads=a.num_kv_heads // split.size)
     if config.mamba2 is not None:
         changes["mamba2"] = _mamba2_config(config.mamba2, split)
+    if config.gdn is not None:
+        g = config.gdn
+        changes["gdn"] = replace(g, num_key_heads=g.num_key_heads // split.size,
+                                 num_value_heads=g.num_value_heads // split.size)
     if config.mamba1 is not None:
         changes["mamba1"] = replace(config.mamba1, d_inner=config.mamba1.d_inner // split.size)
     if config.mlp is not None:
