@@ -100,8 +100,12 @@ def test_torchrun_launches_generate_over_two_ranks(tmp_path):
     from pathlib import Path
     args = ["generate", "def add(a, b):", "-n", "12", "--no-baseline", "--json"]
     torchrun = Path(sys.executable).with_name("torchrun")
-    launched = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "hybridspec", *args,
-                               "--tensor-parallel-size", "2"], capture_output=True, text=True, timeout=300)
+    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "hybridspec", *args,
+               "--tensor-parallel-size", "2"]
+    launched = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if launched.returncode != 0 and "SIGABRT" in launched.stderr:
+        # torchrun's standalone rendezvous has aborted a rank on a loaded 2-core machine; one more launch
+        launched = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert launched.returncode == 0, launched.stderr[-2000:]
     single = subprocess.run([sys.executable, "-m", "hybridspec", *args], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-2000:]
