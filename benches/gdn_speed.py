@@ -6,10 +6,10 @@ one gated-attention layer, vocabulary 32000) is built with transformers'
 `hs.from_hf(...).pack_for_cpu()` (what `hs.load` gives on CPU).
 
 1. Plain decode per token: engine and HF `generate` decode the same greedy
-   continuation of the same prompts; per-token time is
-   (t(N new tokens) − t(1 new token)) / (N − 1), so the prefill cancels.
-   All four calls alternate call by call (one warm-up each); the table gives
-   the median and min–max of `--repeats`.
+   continuation of the same prompts; per-token time runs from the first
+   new token's arrival to the last (`context_scaling`'s stamps: the prefill
+   is not in it). The two alternate call by call (one warm-up each); the
+   table gives the median and min–max of `--repeats`.
 2. Verify forward of γ + 1 inputs with a snapshot after every input, and
    with the input log filled (the log policy), each against the same forward
    writing only the final state (`memory_vs_replay.snapshot_overhead`'s
@@ -30,8 +30,9 @@ import time
 import torch
 
 from common import bench_parser, describe_machine, print_table, set_threads, write_json
+from context_scaling import LogitsStamps, Stamps
 from memory_vs_replay import GAMMA, cpu_side_by_side, prompts_for
-from plain_decode import engine_greedy, first_mismatch, hf_greedy
+from plain_decode import engine_greedy, first_mismatch
 
 FULL = dict(hidden_size=768, num_hidden_layers=12, intermediate_size=2048, num_attention_heads=8,
             num_key_value_heads=2, head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
@@ -80,29 +81,49 @@ def shown(s: dict) -> str:
     return f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
 
 
+def engine_stamped(engine, prompts: list[list[int]], num_tokens: int) -> tuple[list[list[int]], Stamps]:
+    """One Engine.generate call, stamped as row 0's tokens arrive (every row decodes in the same steps)."""
+    import hybridspec as hs
+    stamps = Stamps()
+    outs = engine.generate(prompts, hs.SamplingParams(max_new_tokens=num_tokens, temperature=0.0, ignore_eos=True),
+                           stream=lambda i, tokens: stamps.stamp(len(tokens)) if i == 0 else None)
+    return [o.token_ids for o in outs], stamps
+
+
+def hf_stamped(model, prompts: list[list[int]], num_tokens: int) -> tuple[list[list[int]], Stamps]:
+    """One HF generate call, stamped after every forward."""
+    from transformers import LogitsProcessorList
+    ids = torch.tensor(prompts)  # [batch, prompt_len]
+    stamps = LogitsStamps()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=num_tokens, min_new_tokens=num_tokens,
+                             logits_processor=LogitsProcessorList([stamps]))
+    return out[:, ids.shape[1]:].tolist(), stamps
+
+
 def decode_rows(model, packed, vocab: int, batches, prompt_lens, num_tokens: int, repeats: int) -> list[dict]:
-    """Engine and HF ms per decoded token (prefill cancelled) at each batch and prompt length."""
+    """Engine and HF ms per decode step (from the first token's arrival to the last; the prefill is
+    not in it) at each batch and prompt length, the two alternating call by call."""
     import hybridspec as hs
     rows = []
     for prompt_len in prompt_lens:
         engine = hs.Engine(packed, max_batch_size=max(batches), max_model_len=prompt_len + num_tokens + 1)
         for batch in batches:
             prompts = torch.randint(1, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(1)).tolist()
-            got = {}
-            t = samples_alternating({
-                "engine_n": lambda: got.__setitem__("engine", engine_greedy(engine, prompts, num_tokens)),
-                "hf_n": lambda: got.__setitem__("hf", hf_greedy(model, prompts, num_tokens)),
-                "engine_1": lambda: engine_greedy(engine, prompts, 1),
-                "hf_1": lambda: hf_greedy(model, prompts, 1),
-            }, repeats)
-            per = {k: [(n - one) / (num_tokens - 1) for n, one in zip(t[f"{k}_n"], t[f"{k}_1"])]
-                   for k in ("engine", "hf")}
+            calls = {"engine": lambda: engine_stamped(engine, prompts, num_tokens),
+                     "hf": lambda: hf_stamped(model, prompts, num_tokens)}
+            got, per = {}, {name: [] for name in calls}
+            for index in range(repeats + 1):  # index 0: the warm-up
+                for name, call in calls.items():
+                    got[name], stamps = call()
+                    if index:
+                        per[name].append(stamps.timings(first=0)["wall"][1])
             mismatch = first_mismatch(got["engine"], got["hf"])
             e, h = spread(per["engine"]), spread(per["hf"])
             rows.append(dict(batch=batch, prompt_len=prompt_len, engine_ms_tok=e, hf_ms_tok=h,
-                             engine=shown(e), hf=shown(h),
-                             speedup=h["median"] / e["median"], tokens_equal=mismatch is None,
-                             first_mismatch=mismatch))
+                             engine=shown(e), hf=shown(h), speedup=h["median"] / e["median"],
+                             tokens_equal=mismatch is None, first_mismatch=mismatch))
             print(f"prompt {prompt_len}, batch {batch}: engine {e['median']:.2f} ms/token, HF {h['median']:.2f}, "
                   f"HF/engine {rows[-1]['speedup']:.2f}, tokens equal: {mismatch is None}", flush=True)
     return rows
