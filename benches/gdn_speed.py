@@ -14,9 +14,11 @@ one gated-attention layer, vocabulary 32000) is built with transformers'
    with the input log filled (the log policy), each against the same forward
    writing only the final state (`memory_vs_replay.snapshot_overhead`'s
    setup, fastest CPU time of alternating calls).
-3. Speculative (γ = 4) against plain at batch 1, with two drafters: a small
-   random Qwen3.5-shaped model (low acceptance: its weights are unrelated)
-   and a perturbed copy of the target (`rollback.perturbed_copy`).
+3. Speculative (γ = 4) against plain at batch 1, with three drafters: a small
+   random Qwen3.5-shaped model (low acceptance: its weights are unrelated),
+   a perturbed copy of the target (`rollback.perturbed_copy`), and (on a
+   second target whose layers past the fourth are scaled by `--skip-scale`,
+   as `e2e`'s random pair) that target's first four layers.
 
     python benches/gdn_speed.py            # the measurement (minutes)
     python benches/gdn_speed.py --quick    # tiny models, a few tokens
@@ -59,6 +61,26 @@ def build_qwen3_5(shape: dict, seed: int = 0):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+def layer_skip_pair(shape: dict, draft_layers: int, scale: float, seed: int = 0):
+    """(target, draft) HF models: a random target whose layers past `draft_layers` write `scale` times
+    their output (o_proj / out_proj and down_proj scaled), and a draft made of its first `draft_layers`
+    layers with its embedding, final norm and head: the smaller `scale`, the more often they agree."""
+    from transformers import Qwen3_5ForCausalLM
+    target = build_qwen3_5(shape, seed)
+    with torch.no_grad():
+        for layer in target.model.layers[draft_layers:]:
+            mixer = getattr(layer, "linear_attn", None) or layer.self_attn
+            (mixer.out_proj if hasattr(mixer, "out_proj") else mixer.o_proj).weight.mul_(scale)
+            layer.mlp.down_proj.weight.mul_(scale)
+    config = target.config.to_dict()
+    config.update(num_hidden_layers=draft_layers, layer_types=config["layer_types"][:draft_layers])
+    draft = Qwen3_5ForCausalLM(type(target.config)(**config)).float().eval()
+    missing = draft.load_state_dict(target.state_dict(), strict=False).missing_keys
+    if missing:
+        raise RuntimeError(f"layer-skip draft: no target weights for {missing}")
+    return target, draft
 
 
 def samples_alternating(fns: dict, repeats: int) -> dict[str, list[float]]:
@@ -191,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--verify-batches", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per implementation (default 3)")
+    parser.add_argument("--skip-scale", type=float, default=0.1,
+                        help="the layer-skip pair's scale on the target's later layers' outputs")
     parser.add_argument("--skip", nargs="*", default=[], choices=["decode", "overhead", "spec"])
     args = parser.parse_args(argv)
     import hybridspec as hs
@@ -225,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         drafters = {f"small GDN ({draft.num_parameters() / 1e6:.1f}M)": draft,
                     "perturbed target (0.03)": perturbed_copy(target, 0.03)}
         payload["spec"] = spec_rows(target, drafters, shape["vocab_size"], prompt_lens[0], 2 * num_tokens, repeats)
+        skip_target, skip_draft = layer_skip_pair(shape, 4, args.skip_scale)
+        skip = hs.from_hf(skip_draft).pack_for_cpu()
+        label = f"first 4 layers ({skip.num_parameters() / 1e6:.1f}M), later x{args.skip_scale:g}"
+        payload["spec"] += spec_rows(hs.from_hf(skip_target).pack_for_cpu(), {label: skip}, shape["vocab_size"],
+                                     prompt_lens[0], 2 * num_tokens, repeats)
         print_table(payload["spec"], ["drafter", ("plain", "plain ms"), ("spec", "spec ms"),
                                       ("speedup", "spec/plain"), ("acceptance_rate", "acceptance"),
                                       "spec_equals_plain"], title=f"speculative (γ = {GAMMA}) vs plain, batch 1")

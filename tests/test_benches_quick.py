@@ -95,7 +95,7 @@ def test_gdn_speed_quick(benches, tmp_path):
         assert row["speedup"] == pytest.approx(row["hf_ms_tok"]["median"] / row["engine_ms_tok"]["median"])
     assert [r["batch"] for r in payload["overhead"]] == [1, 4, 16]
     assert all(r["final_only_ms"] > 0 and r["every_input_ms"] > 0 and r["log_ms"] > 0 for r in payload["overhead"])
-    assert len(payload["spec"]) == 2 and all(r["spec_equals_plain"] is True for r in payload["spec"])
+    assert len(payload["spec"]) == 3 and all(r["spec_equals_plain"] is True for r in payload["spec"])
     assert payload["spec"][1]["acceptance_rate"] > payload["spec"][0]["acceptance_rate"]  # the copy agrees more
 
 
