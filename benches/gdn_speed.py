@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--verify-batches", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per implementation (default 3)")
-    parser.add_argument("--skip-scale", type=float, default=0.1,
+    parser.add_argument("--skip-scale", type=float, default=0.01,
                         help="the layer-skip pair's scale on the target's later layers' outputs")
     parser.add_argument("--skip", nargs="*", default=[], choices=["decode", "overhead", "spec"])
     args = parser.parse_args(argv)
