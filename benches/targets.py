@@ -22,7 +22,7 @@ how it times: medians or fastest of alternating calls, one torch thread);
 nothing here re-times or adjusts it. Each bench's own JSON and tables are
 kept (`--out`'s folder), so every figure can be traced to its run.
 
-    python benches/targets.py            # every bench at full size (9–10 minutes here)
+    python benches/targets.py            # every bench at full size (14–15 minutes here)
     python benches/targets.py --quick    # each bench's smoke run: checks the wiring, measures nothing
 """
 from __future__ import annotations
