@@ -15,13 +15,14 @@ read into one table of target, where, figure, threshold and whether it is met.
 | speculative against plain, embedded pair, batch 1, 4 held-out prompts one by one | ≥ 1.5× | e2e |
 | plain engine against HF `generate`, 180.5M Bamba-shaped model packed as `hs.load` packs, batch 1 and 4 | ≥ 1.3× | plain_decode |
 | verify forward of γ + 1 = 5 inputs, in plain decode steps, batch 1 / 2 / 4 / 8 | ≤ 1.5 | round_cost |
+| HF `generate` / plain engine ms per decoded token, Qwen3.5-shaped GDN model, batch 1 and 4, 128 and 2,048 prompt tokens | ≥ 1.3× | gdn_speed |
 
 Every figure is what its bench reports (see each bench's docstring for
 how it times: medians or fastest of alternating calls, one torch thread);
 nothing here re-times or adjusts it. Each bench's own JSON and tables are
 kept (`--out`'s folder), so every figure can be traced to its run.
 
-    python benches/targets.py            # every bench at full size (9–10 minutes here)
+    python benches/targets.py            # every bench at full size (14–15 minutes here)
     python benches/targets.py --quick    # each bench's smoke run: checks the wiring, measures nothing
 """
 from __future__ import annotations
@@ -106,6 +107,12 @@ def plain_rows(payload: dict) -> list[dict]:
             for r in payload["rows"]]
 
 
+def gdn_rows(payload: dict) -> list[dict]:
+    name = f"HF / plain engine ms per token, {payload['model']['parameters'] / 1e6:.1f}M Qwen3.5-shaped GDN"
+    return [row(name, f"batch {r['batch']}, {r['prompt_len']} tokens", r["speedup"] if r["tokens_equal"] else None,
+                PLAIN_VS_HF_MIN, at_most=False) for r in payload["decode"]]
+
+
 def verify_rows(payload: dict) -> list[dict]:
     return [row("verify of 5 inputs in plain steps", f"batch {b['batch']}", b["verify_s"] / b["target_step_s"],
                 VERIFY_STEPS_MAX, at_most=True) for b in payload["batches"]]
@@ -118,6 +125,7 @@ RUNS = (
     Run("e2e", ("--skip", "random"), e2e_rows),
     Run("plain_decode", (), plain_rows),
     Run("round_cost", ("--batches", "1", "2", "4", "8"), verify_rows),
+    Run("gdn_speed", ("--skip", "overhead", "spec"), gdn_rows),
 )
 
 

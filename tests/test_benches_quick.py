@@ -84,6 +84,21 @@ def test_plain_decode_quick(benches, tmp_path):
         assert row["ratio"] == pytest.approx(row["engine_tok_s"] / row["hf_tok_s"])
 
 
+def test_gdn_speed_quick(benches, tmp_path):
+    """Plain decode against HF, the snapshot and log overheads, speculative with both GDN drafters."""
+    out = tmp_path / "gdn.json"
+    assert bench_main("gdn_speed")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [(r["prompt_len"], r["batch"]) for r in payload["decode"]] == [(16, 1), (16, 4)]
+    for row in payload["decode"]:
+        assert row["tokens_equal"] is True
+        assert row["speedup"] == pytest.approx(row["hf_ms_tok"]["median"] / row["engine_ms_tok"]["median"])
+    assert [r["batch"] for r in payload["overhead"]] == [1, 4, 16]
+    assert all(r["final_only_ms"] > 0 and r["every_input_ms"] > 0 and r["log_ms"] > 0 for r in payload["overhead"])
+    assert len(payload["spec"]) == 3 and all(r["spec_equals_plain"] is True for r in payload["spec"])
+    assert payload["spec"][1]["acceptance_rate"] > payload["spec"][0]["acceptance_rate"]  # the copy agrees more
+
+
 def test_e2e_quick(benches, tmp_path):
     out = tmp_path / "e2e.json"
     assert bench_main("e2e")(["--quick", "--out", str(out)]) == 0
