@@ -48,7 +48,7 @@ def _rank_main(rank: int, size: int, tmp: str, body: str, kwargs: dict) -> None:
 # -- rank-side bodies --------------------------------------------------------------------------
 
 FAMILIES = ("bamba", "jamba", "nemotron_h", "nemotron_h_moe", "granite", "falcon_h1", "qwen3_next", "qwen3_5",
-            "qwen3_5_moe")
+            "qwen3_5_moe", "zamba2")
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 3, 4, 9]]
 
 

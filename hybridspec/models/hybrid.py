@@ -179,7 +179,7 @@ class HybridModel(Kernelled, nn.Module):
         self.tensor_parallel = tp
         for layer in self.layers:
             layer.reduce = tp.all_reduce
-            for part in (layer.mixer, getattr(layer.mixer, "mamba", None)):
+            for part in (layer.mixer, getattr(layer.mixer, "mamba", None), layer.shared):
                 if hasattr(part, "reduce"):
                     part.reduce = tp.all_reduce
         self.bind_backend(self.backend_name)

@@ -78,12 +78,16 @@ class SharedBlockOccurrence(Kernelled, nn.Module):
                                           inv_freq, adapters)
         self.gate_up_adapter = LoRA(take(weights, "adapters.gate_up"))
         self.linear = param(weights["linear.weight"])
+        self.reduce = None  # tensor parallel: the sum over ranks of the attention's and the MLP's partial outputs
 
     def forward(self, h: torch.Tensor, embeddings: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         """h, embeddings [batch, T, hidden] -> t [batch, T, hidden], added to the mixer's input."""
         block = self.block
-        a = self.attention(block.input_norm(torch.cat([h, embeddings], dim=-1)), batch, cache)
-        return F.linear(self.mlp(block.ffn_norm(a)), self.linear)
+        a = self.summed(self.attention(block.input_norm(torch.cat([h, embeddings], dim=-1)), batch, cache))
+        return F.linear(self.summed(self.mlp(block.ffn_norm(a))), self.linear)
+
+    def summed(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.reduce is None else self.reduce(partial)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """down(act(gate) ⊙ up) with [gate | up] = W·x + adapter(x)."""

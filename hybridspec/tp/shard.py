@@ -47,11 +47,10 @@ def shard_weights(config: HybridConfig, weights: dict[str, torch.Tensor], rank: 
     """(the config of rank `rank`'s shard, its weights); `weights` is read, never changed."""
     if size == 1:
         return config, weights
-    if config.shared_blocks is not None:
-        raise ConfigError(f"tensor_parallel_size={size}: Zamba2's shared transformer blocks (with their per-"
-                          "occurrence adapters) are not sharded; run this model with tensor_parallel_size=1")
     out = dict(weights)
     split = _Split(rank, size)
+    if config.shared_blocks is not None:
+        _shared_blocks(out, config, split)
     for i, (mixer, ffn) in enumerate(zip(config.layer_types, config.ffn_types)):
         prefix = f"layers.{i}."
         if mixer in ("attention", "parallel"):
@@ -193,6 +192,26 @@ def _moe(out: dict, p: str, cfg: MoEConfig, split: _Split) -> None:
         _mlp(out, p + "shared.", cfg.shared_intermediate_size, split, "moe shared_intermediate_size")
 
 
+def _shared_blocks(out: dict, config: HybridConfig, split: _Split) -> None:
+    """Zamba2's shared blocks: each block's attention and MLP as the layers' are
+    split; each occurrence's LoRA adapters by their up rows (the down matrices,
+    rank r wide, on every rank), like the rows they add to; its output linear
+    (hidden x hidden, after the MLP's summed output) on every rank."""
+    shared, a = config.shared_blocks, config.attention
+    for b in range(shared.num_blocks):
+        _attention(out, f"shared_blocks.{b}.attention.", a, split)
+        _mlp(out, f"shared_blocks.{b}.ffn.", shared.mlp.intermediate_size, split, "shared block intermediate_size")
+    q0, q1 = split.part(a.num_heads, "attention num_heads")
+    k0, k1 = split.part(a.num_kv_heads, "attention num_kv_heads")
+    i0, i1 = split.part(shared.mlp.intermediate_size, "shared block intermediate_size")
+    rows = {"q": [(q0 * a.head_dim, q1 * a.head_dim)], "k": [(k0 * a.head_dim, k1 * a.head_dim)],
+            "v": [(k0 * a.head_dim, k1 * a.head_dim)],
+            "gate_up": [(i0, i1), (shared.mlp.intermediate_size + i0, shared.mlp.intermediate_size + i1)]}
+    for i in shared.occurrences:
+        for name, spans in rows.items():
+            _rows(out, f"layers.{i}.shared.adapters.{name}.up.weight", spans)
+
+
 def _config(config: HybridConfig, split: _Split) -> HybridConfig:
     """The sizes one rank's shard has."""
     changes = {}
@@ -213,6 +232,10 @@ def _config(config: HybridConfig, split: _Split) -> HybridConfig:
         m = config.moe
         changes["moe"] = replace(m, intermediate_size=m.intermediate_size // split.size,
                                  shared_intermediate_size=m.shared_intermediate_size // split.size)
+    if config.shared_blocks is not None:
+        sb = config.shared_blocks
+        changes["shared_blocks"] = replace(sb, mlp=replace(sb.mlp, intermediate_size=sb.mlp.intermediate_size
+                                                           // split.size))
     return replace(config, **changes)
 
 
