@@ -69,3 +69,32 @@ def test_the_greedy_chain_gives_the_step_by_step_bits():
         assert model.greedy_chain is None
         stepped, _ = propose(model, params, GAMMAS)
     assert chained.tokens == stepped.tokens
+
+
+def test_greedy_chain_probabilities_beside_a_sampled_row():
+    """Greedy drafting rows of mixed γ beside a sampled row that drafts nothing
+    (the batch is not all greedy, so q is formed): each drafting row's tokens
+    and q equal those it gets beside that sampled row alone, bit for bit (the
+    native products are row-independent)."""
+    model = hs.from_hf(bamba(seed=4, attn_layers=(1,), num_layers=3, dtype=torch.float32)).pack_for_cpu()
+    if model.greedy_chain is None:
+        pytest.skip("no native whole forward on this machine")
+    greedy, sampled = hs.SamplingParams(max_new_tokens=9), hs.SamplingParams(max_new_tokens=9, temperature=0.8,
+                                                                             seed=2)
+
+    def run(rows_of, gammas):
+        reqs = [requests(greedy)[b] for b in rows_of]
+        for r in reqs:
+            if r.seq_id == 2:  # γ 0: it drafts nothing, but the batch is not all greedy
+                r.params = sampled
+        drafter = ModelDrafter(model, 3, CACHE)
+        drafter.start(reqs)
+        rows = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], model.device)
+        return drafter.propose(reqs, gammas, rows, coupled=False)
+    together = run(range(len(PROMPTS)), GAMMAS)
+    assert together.probs is not None
+    for b, g in enumerate(GAMMAS):
+        if g:
+            alone = run([b, 2], [g, 0])
+            assert together.tokens[b] == alone.tokens[0]
+            assert torch.equal(together.probs[b, :g], alone.probs[0, :g])

@@ -87,8 +87,8 @@ class ModelDrafter:
         greedy = (rows.flags.all_greedy and not rows.flags.any_filter and G > 1
                   and not any(r.params.has_penalties for r in drafting) and self.model.greedy_chain is not None)
         if greedy:  # argmax drafts, in few native calls where the chain runs
-            drafts, logits = self._greedy_drafts(ids_active, catch_up, limits)
-            return self._greedy_proposal(ids, active, drafts, logits, every_row_greedy, backlog)
+            drafts, logits = self._greedy_drafts(ids_active, catch_up, limits, keep_logits=not every_row_greedy)
+            return self._greedy_proposal(ids, active, drafts, logits, backlog)
         logits = self.model.extend(self.cache, ids_active, catch_up, last_only=True)[:, 0]  # [active, vocab]
         self._record(ids_active)
         purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
@@ -121,14 +121,14 @@ class ModelDrafter:
             tokens[b] = row
         return Proposal(tokens, _scatter_rows(probs, active, len(requests)), *backlog)
 
-    def _greedy_drafts(self, ids_active: list[int], catch_up: list[list[int]],
-                       limits: list[int]) -> tuple[list[list[int]], torch.Tensor]:
+    def _greedy_drafts(self, ids_active: list[int], catch_up: list[list[int]], limits: list[int],
+                       keep_logits: bool) -> tuple[list[list[int]], torch.Tensor | None]:
         """Greedy rows' drafts d_1 … d_{limits[j]} (each the argmax of the last
-        forward's logits) and those logits [active, G, vocab]: the catch-up and
-        the steps every row takes in one `greedy_chain.extend`, then the steps
-        of the rows with more drafts to go in `greedy_chain.decode` calls, one
-        per distinct γ_b; step by step where the chain declines, with the same
-        bits."""
+        forward's logits) and, with `keep_logits`, those logits [active, G,
+        vocab] (None without): the catch-up and the steps every row takes in
+        one `greedy_chain.extend`, then the steps of the rows with more drafts
+        to go in `greedy_chain.decode` calls, one per distinct γ_b; step by step
+        where the chain declines, with the same bits."""
         chain, n, G = self.model.greedy_chain, len(ids_active), max(limits)
         out = chain.extend(self.cache, ids_active, catch_up, min(limits) - 1) if min(limits) > 1 else None
         if out is not None:
@@ -139,14 +139,20 @@ class ModelDrafter:
             logits = self.model.extend(self.cache, ids_active, catch_up, last_only=True)  # [active, 1, vocab]
             self._record(ids_active)
             drafts = [[t] for t in logits[:, 0].argmax(dim=-1).tolist()]
-        all_logits = logits.new_zeros(n, G, logits.shape[-1])
-        all_logits[:, :logits.shape[1]] = logits
+        further = []  # (rows, first step, their logits [rows, steps, vocab]) of rows drafting past min(limits)
         while live := [j for j in range(n) if len(drafts[j]) < limits[j]]:
             done, steps = len(drafts[live[0]]), min(limits[j] for j in live) - len(drafts[live[0]])
-            later, logits = self._greedy_steps([ids_active[j] for j in live], [drafts[j][-1] for j in live], steps)
+            later, step_logits = self._greedy_steps([ids_active[j] for j in live], [drafts[j][-1] for j in live],
+                                                    steps)
             for j, rest in zip(live, later):
                 drafts[j].extend(rest)
-            all_logits[live, done:done + steps] = logits
+            further.append((live, done, step_logits))
+        if not keep_logits or not further:  # (every row drafted alike: logits is [active, G, vocab] already)
+            return drafts, logits if keep_logits else None
+        all_logits = logits.new_zeros(n, G, logits.shape[-1])
+        all_logits[:, :logits.shape[1]] = logits
+        for live, done, step_logits in further:
+            all_logits[live, done:done + step_logits.shape[1]] = step_logits
         return drafts, all_logits
 
     def _greedy_steps(self, ids: list[int], tokens: list[int], steps: int) -> tuple[list[list[int]], torch.Tensor]:
@@ -176,16 +182,16 @@ class ModelDrafter:
             for k, head in enumerate(row_heads):
                 self.slot_at[s][start + k + 1] = head
 
-    def _greedy_proposal(self, ids, active, drafts: list[list[int]], logits: torch.Tensor, one_hot: bool,
+    def _greedy_proposal(self, ids, active, drafts: list[list[int]], logits: torch.Tensor | None,
                          backlog: tuple[float, int]) -> Proposal:
         """Greedy rows' drafts and their logits [active, G, vocab]. q: None
-        (one-hot drafts, what a greedy drafter's are) when `one_hot` (every row
+        (one-hot drafts, what a greedy drafter's are) without logits (every row
         of the batch greedy: the greedy accept reads no q), else what
         `process_logits` gives such rows, the float64 softmax."""
         tokens = [[] for _ in ids]
         for b, row in zip(active, drafts):
             tokens[b] = row
-        if one_hot:
+        if logits is None:
             return Proposal(tokens, None, *backlog)
         q = torch.softmax(logits.to(torch.float64), dim=-1)  # [active, G, vocab]
         return Proposal(tokens, _scatter_rows(q, active, len(ids)), *backlog)
