@@ -83,7 +83,6 @@ def speculative(rank: int) -> dict:
     import hybridspec as hs
     import oracles
     from hybridspec.rollback import perturbed_copy
-    from hybridspec.rollback.observer import _state_problems
     hf = oracles.bamba(seed=0)
     size = dist.get_world_size()
     target, draft = hs.from_hf(hf, tensor_parallel_size=size), perturbed_copy(hs.from_hf(hf), seed=2)
@@ -105,18 +104,28 @@ def speculative(rank: int) -> dict:
     cached = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=4, block_size=4, prefix_cache=True)
     tight_out = [[o.token_ids for o in engine.generate(prompts, greedy)] for engine in (tight, cached, cached)]
     alone = [hs.Engine(target, max_batch_size=1, block_size=4).generate([p], greedy)[0].token_ids for p in prompts]
-    states = hs.Engine(target, draft=draft, num_draft_tokens=4, max_batch_size=3,
-                       checkpoint=hs.CheckpointPolicy(snapshot_every=2))
-    for prompt, n in zip(PROMPTS, (9, 14, 11)):
-        states.add_request(prompt, hs.SamplingParams(max_new_tokens=n, ignore_eos=True))
-    problems = []
-    while states.has_unfinished_requests():
-        states.step()
-        for r in states.scheduler.running:  # every shard's state against a prefill of its committed tokens
-            committed = r.output.prompt_token_ids + r.output.token_ids
-            problems += _state_problems(target, states.cache, r.seq_id, committed[:-1], f"rank {rank}")
+    problems = state_problems_every_step(target, draft, (9, 14, 11), rank)
     return dict(runs=runs, tight=tight_out == [alone] * 3, preemptions=tight.total_stats.preemptions,
                 prefix_hits=cached.total_stats.prefix_hit_tokens, problems=problems)
+
+
+def state_problems_every_step(target, draft, max_new_tokens, rank: int) -> list[str]:
+    """Speculative steps (γ = 4, a snapshot every 2 inputs) over PROMPTS with these
+    max_new_tokens; after every step, how each running sequence's shard of every
+    layer's state differs from a prefill of its committed tokens."""
+    import hybridspec as hs
+    from hybridspec.rollback.observer import _state_problems
+    engine = hs.Engine(target, draft=draft, num_draft_tokens=4, max_batch_size=3,
+                       checkpoint=hs.CheckpointPolicy(snapshot_every=2))
+    for prompt, n in zip(PROMPTS, max_new_tokens):
+        engine.add_request(prompt, hs.SamplingParams(max_new_tokens=n, ignore_eos=True))
+    problems = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        for r in engine.scheduler.running:
+            committed = r.output.prompt_token_ids + r.output.token_ids
+            problems += _state_problems(target, engine.cache, r.seq_id, committed[:-1], f"rank {rank}")
+    return problems
 
 
 def gdn_speculative(rank: int) -> dict:
@@ -128,7 +137,6 @@ def gdn_speculative(rank: int) -> dict:
     import hybridspec as hs
     import oracles
     from hybridspec.rollback import perturbed_copy
-    from hybridspec.rollback.observer import _state_problems
     hf = oracles.qwen3_5_moe(seed=0)
     size = dist.get_world_size()
     target, draft = hs.from_hf(hf, tensor_parallel_size=size), perturbed_copy(hs.from_hf(hf), seed=2)
@@ -142,17 +150,7 @@ def gdn_speculative(rank: int) -> dict:
                                max_batch_size=3, tensor_parallel_size=size)
             got = [o.token_ids for o in engine.generate(PROMPTS, params)]
             runs[str(checkpoint), verify] = (got == plain, engine.stats.drafted_tokens)
-    states = hs.Engine(target, draft=draft, num_draft_tokens=4, max_batch_size=3,
-                       checkpoint=hs.CheckpointPolicy(snapshot_every=2))
-    for prompt, n in zip(PROMPTS, (7, 10, 9)):
-        states.add_request(prompt, hs.SamplingParams(max_new_tokens=n, ignore_eos=True))
-    problems = []
-    while states.has_unfinished_requests():
-        states.step()
-        for r in states.scheduler.running:
-            committed = r.output.prompt_token_ids + r.output.token_ids
-            problems += _state_problems(target, states.cache, r.seq_id, committed[:-1], f"rank {rank}")
-    return dict(runs=runs, problems=problems)
+    return dict(runs=runs, problems=state_problems_every_step(target, draft, (7, 10, 9), rank))
 
 
 def mapped_load(rank: int, path: str) -> dict:

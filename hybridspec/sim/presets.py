@@ -18,23 +18,17 @@ H200 = Hardware(
 )
 
 # Qwen3-Next-80B-A3B's bf16 weights (~159 GB) do not fit one H200
-H200_X2 = Hardware(
-    name="2x H200 SXM",
-    memory_bandwidth=2 * H200.memory_bandwidth,
-    peak_flops=2 * H200.peak_flops,
-    memory_bytes=2 * H200.memory_bytes,
-    source="assumed: two H200 SXM as one device (tensor parallel at twice one H200's bandwidth, FLOPs and HBM, "
-           "communication free)",
-)
+def ganged(device: Hardware, count: int, source: str) -> Hardware:
+    """`count` of `device` counted as one device: `count` times its bandwidth, FLOPs and memory."""
+    return Hardware(name=f"{count}x {device.name}", memory_bandwidth=count * device.memory_bandwidth,
+                    peak_flops=count * device.peak_flops, memory_bytes=count * device.memory_bytes, source=source)
 
-H200_X8 = Hardware(
-    name="8x H200 SXM",
-    memory_bandwidth=8 * H200.memory_bandwidth,
-    peak_flops=8 * H200.peak_flops,
-    memory_bytes=8 * H200.memory_bytes,
-    source="assumed: eight H200 SXM of one NVLink node as one device (each rank a shard: 8x one H200's "
-           "bandwidth, FLOPs and HBM); the all-reduces are NVLINK_H200_X8's",
-)
+
+H200_X2 = ganged(H200, 2, "assumed: two H200 SXM as one device (tensor parallel at twice one H200's bandwidth, "
+                          "FLOPs and HBM, communication free)")
+
+H200_X8 = ganged(H200, 8, "assumed: eight H200 SXM of one NVLink node as one device (each rank a shard: 8x one "
+                          "H200's bandwidth, FLOPs and HBM); the all-reduces are NVLINK_H200_X8's")
 
 NVLINK_H200_X8 = AllReduceLink(
     ranks=8,

@@ -46,6 +46,5 @@ def rank0_value(value):
     by each process); `value` itself without one."""
     if not dist.is_initialized():
         return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    from .group import TensorParallel
+    return TensorParallel(dist.get_world_size(), dist.get_rank()).broadcast(value)
