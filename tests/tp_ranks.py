@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hybridspec.tp.launch import leave
+
 
 def run_ranks(body: str, size: int = 2, timeout: float = 300.0, **kwargs) -> list:
     """`body(rank, **kwargs)` (a function of this module, by name) on each of
@@ -38,11 +40,12 @@ def _rank_main(rank: int, size: int, tmp: str, body: str, kwargs: dict) -> None:
         torch.cuda.set_device(rank)
         torch.set_default_device(f"cuda:{rank}")
     dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=rank, world_size=size)
-    try:
-        result = globals()[body](rank, **kwargs)
-        torch.save(result, os.path.join(tmp, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    result = globals()[body](rank, **kwargs)  # an exception ends the rank (spawn reports it), the group unjoined
+    torch.save(result, os.path.join(tmp, f"{rank}.pt"))
+    leave()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the result is written: skip interpreter teardown, where gloo's leftover threads may abort
 
 
 # -- rank-side bodies --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ its shard. In Python, start the group yourself (`dist.init_process_group`)
 and pass `tensor_parallel_size=N` to `hs.LLM` or `hs.load`."""
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 
@@ -30,10 +31,22 @@ def join(size: int, device: str) -> str:
                              f"`torchrun --nproc-per-node {size} -m hybridspec ...`")
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=IDLE_TIMEOUT)
+        atexit.register(leave)
     if torch.device(device).type == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
         torch.cuda.set_device(device)
     return device
+
+
+def leave() -> None:
+    """Leave the group `join` started, every rank together: a barrier (no rank
+    closes its connections while a peer still talks on them), then the group's
+    teardown while the interpreter is whole. Left to interpreter exit, gloo's
+    worker threads outlive the objects they hold and a rank may die of SIGABRT
+    after its work is done."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def is_first_rank() -> bool:
