@@ -71,6 +71,19 @@ def test_the_rollback_suite_passes_under_tensor_parallel():
         assert [r for r in rank if not r[1]] == []
 
 
+def test_vocab_parallel_tables_split_the_rows_and_pad_a_vocabulary_the_ranks_do_not_divide():
+    from hybridspec.adapters import bamba as adapter
+    config = adapter.config_from_dict(bamba(seed=0).config.to_dict())
+    table = torch.arange(97 * 3, dtype=torch.float64).view(97, 3)
+    shards = [shard_weights(config, {"embed_tokens.weight": table, "lm_head.weight": -table}, rank, 2)[1]
+              for rank in range(2)]
+    for name, sign in (("embed_tokens.weight", 1), ("lm_head.weight", -1)):
+        first, second = (shard[name] for shard in shards)
+        assert first.shape == second.shape == (49, 3)
+        assert torch.equal(torch.cat([first, second[:48]]), sign * table)
+        assert not second[48].any()  # the padding row: logits the gather drops, an id no lookup reaches
+
+
 def test_sizes_that_do_not_divide_are_refused_naming_the_field():
     from hybridspec.adapters import bamba as adapter
     hf = bamba(seed=0)

@@ -80,7 +80,7 @@ def family_logits(rank: int) -> dict:
 def speculative(rank: int) -> dict:
     """Greedy and coupled speculative output under TP against plain TP output, for
     every checkpoint policy and fixed and adaptive γ, a model drafter run whole
-    on every rank; a pool tight enough to preempt, the prefix cache (a second
+    on every rank (and one sharded like the target); a pool tight enough to preempt, the prefix cache (a second
     run hits), each against the requests alone; and
     every sequence's state per shard against a prefill after every step."""
     import hybridspec as hs
@@ -102,6 +102,11 @@ def speculative(rank: int) -> dict:
                                    max_batch_size=3, tensor_parallel_size=size)
                 got = [o.token_ids for o in engine.generate(PROMPTS, params)]
                 runs[str(checkpoint), gamma, verify] = (got == plain[params.temperature], engine.stats.drafted_tokens)
+    sharded_draft = perturbed_copy(hs.from_hf(hf, tensor_parallel_size=size), seed=2)  # a drafter split too
+    for params, verify in ((greedy, "rejection"), (sampled, "coupled")):
+        engine = hs.Engine(target, draft=sharded_draft, num_draft_tokens=3, verify=verify, max_batch_size=3)
+        got = [o.token_ids for o in engine.generate(PROMPTS, params)]
+        runs["sharded drafter", verify] = (got == plain[params.temperature], engine.stats.drafted_tokens)
     prompts = [p * 3 for p in PROMPTS] + [PROMPTS[0] * 3 + [1, 2]]
     tight = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=4, block_size=4, num_blocks=14)
     cached = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=4, block_size=4, prefix_cache=True)

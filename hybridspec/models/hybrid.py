@@ -23,6 +23,7 @@ from hybridspec.kernels.cpu_forward import NO_WHOLE_FORWARD, WholeForward
 from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
 
 from ..config import HybridConfig
+from ..errors import ConfigError
 
 from .attention import Attention, rope_inv_freq
 from .batch import ForwardBatch
@@ -168,6 +169,7 @@ class HybridModel(Kernelled, nn.Module):
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
         self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
         self.tensor_parallel = None  # the TensorParallel group this model is a shard over (`shard_over`)
+        self.vocab_shard: tuple[int, int] | None = None  # (first id, rows) of a vocab-parallel shard's tables
         self.load_report = None  # hybridspec.adapters.LoadReport after hs.from_hf / hs.load: tensors left unused
         self.bind_backend()
 
@@ -177,6 +179,11 @@ class HybridModel(Kernelled, nn.Module):
         its layers sum their partial outputs over the ranks, and the backend
         runs the modules (the native blocks and whole forward do not reduce)."""
         self.tensor_parallel = tp
+        rows = self.embed.shape[0]  # the shard's rows of the vocab-parallel embedding and LM head
+        if rows * tp.size < self.config.vocab_size:
+            raise ConfigError(f"this shard's embedding has {rows} rows; tensor_parallel_size={tp.size} needs at "
+                              f"least {self.config.vocab_size} / {tp.size} (build it with tp.shard_weights)")
+        self.vocab_shard = (tp.rank * rows, rows)
         for layer in self.layers:
             layer.reduce = tp.all_reduce
             for part in (layer.mixer, getattr(layer.mixer, "mamba", None), layer.shared):
@@ -339,9 +346,7 @@ class HybridModel(Kernelled, nn.Module):
         """input_ids [batch, T] -> logits [batch, T or 1, vocab]; `last_only` keeps
         each row's logits at its last valid input."""
         bsz, T = input_ids.shape
-        h = self.embed.index_select(0, input_ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
-        if h.dtype != self.dtype:  # an embedding stored in 16 bits (`pack_for_cpu`), widened exactly
-            h = h.to(self.dtype)
+        h = self.embed_tokens(input_ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
         if self.config.embedding_multiplier != 1.0:
             h = h * self.config.embedding_multiplier
         embeddings = h
@@ -351,9 +356,24 @@ class HybridModel(Kernelled, nn.Module):
             h = h.view(bsz * T, -1).index_select(0, batch.slots.last_index).view(bsz, 1, -1)
         return self.head(h)
 
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings [n, hidden] (in the model's dtype) of token ids [n]; a
+        vocab-parallel shard looks up the ids in its rows, zeros for the others,
+        and sums over the ranks (one row is not zero: exact)."""
+        if self.vocab_shard is None:
+            return self.embed.index_select(0, ids).to(self.dtype)  # a 16-bit table (`pack_for_cpu`) widens exactly
+        start, rows = self.vocab_shard
+        local = ids - start
+        mine = (local >= 0) & (local < rows)
+        h = self.embed.index_select(0, local.clamp(0, rows - 1)).to(self.dtype)
+        return self.tensor_parallel.all_reduce(torch.where(mine.unsqueeze(-1), h, torch.zeros_like(h)))
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        """The logits [..., vocab] of final hidden states h [..., hidden]: final norm, LM head, scaling."""
+        """The logits [..., vocab] of final hidden states h [..., hidden]: final norm, LM head, scaling;
+        a vocab-parallel shard's rows gathered from every rank."""
         logits = self.ops.linear(self.final_norm(h), self.lm_head)
+        if self.vocab_shard is not None:
+            logits = self.tensor_parallel.all_gather(logits)[..., :self.config.vocab_size]
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
         return logits

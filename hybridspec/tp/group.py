@@ -1,5 +1,5 @@
 """`TensorParallel`: the process group a sharded model computes in, and the
-three collectives the runtime needs from it."""
+collectives the runtime needs from it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,6 +41,13 @@ class TensorParallel:
         """The sum over ranks of each rank's `partial` (in place; every rank gets the same bits)."""
         dist.all_reduce(partial, group=self.group)
         return partial
+
+    def all_gather(self, part: torch.Tensor) -> torch.Tensor:
+        """Every rank's `part` [..., n] side by side in rank order [..., size * n] (no arithmetic: exact)."""
+        part = part.contiguous()
+        parts = [torch.empty_like(part) for _ in range(self.size)]
+        dist.all_gather(parts, part, group=self.group)
+        return torch.cat(parts, dim=-1)
 
     def all_ok(self, ok: bool) -> bool:
         """Whether `ok` holds on every rank (one small all-reduce)."""

@@ -28,8 +28,13 @@ equal slices of what is split):
   between ranks and balance only on average); a shared expert's sigmoid gate
   is replicated (one scalar per token, the same on every rank, scales each
   rank's partial sum);
-- embeddings, norms and the LM head: replicated (every rank computes the full
-  logits from the same hidden states, so sampling needs no gather).
+- embeddings and the LM head: vocab-parallel, by rows (tied or not): each
+  rank looks up the ids in its rows and the ranks sum the lookups, and each
+  computes its rows' logits, gathered on every rank (`HybridModel.vocab_shard`);
+  a vocabulary the ranks do not divide is padded with zero rows that the
+  gathered logits drop. Every rank samples from the same gathered logits.
+  Measured against replicated ones in docs/results/tensor_parallel.md;
+- norms: replicated.
 A row-parallel bias is kept on rank 0 only (the sum adds it once).
 """
 from __future__ import annotations
@@ -51,6 +56,9 @@ def shard_weights(config: HybridConfig, weights: dict[str, torch.Tensor], rank: 
     split = _Split(rank, size)
     if config.shared_blocks is not None:
         _shared_blocks(out, config, split)
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        if name in out:
+            out[name] = _vocab_rows(out[name], split)
     for i, (mixer, ffn) in enumerate(zip(config.layer_types, config.ffn_types)):
         prefix = f"layers.{i}."
         if mixer in ("attention", "parallel"):
@@ -87,6 +95,22 @@ class _Split:
 def _take(t: torch.Tensor, spans: list[tuple[int, int]], dim: int = 0) -> torch.Tensor:
     """The slices `spans` of `t` along `dim`, one after another (a copy: the full tensor can go)."""
     return torch.cat([t.narrow(dim, a, b - a) for a, b in spans], dim=dim).clone()
+
+
+def vocab_rows(vocab: int, size: int) -> int:
+    """The embedding / LM-head rows each of `size` ranks holds: the vocabulary
+    split evenly, padded up to a multiple of `size`."""
+    return -(-vocab // size)
+
+
+def _vocab_rows(weight: torch.Tensor, split: _Split) -> torch.Tensor:
+    """This rank's rows of a [vocab, hidden] table, zero rows past the vocabulary."""
+    rows = vocab_rows(weight.shape[0], split.size)
+    start = split.rank * rows
+    mine = weight[start:start + rows]
+    if mine.shape[0] == rows:
+        return mine.clone()
+    return torch.cat([mine, mine.new_zeros(rows - mine.shape[0], weight.shape[1])])
 
 
 def _rows(out: dict, name: str, spans, dim: int = 0) -> None:
