@@ -27,7 +27,7 @@ from hybridspec.state_memory import default_state_dtype
 
 from .cache.hybrid_cache import HybridCache, scratch_cache
 from .cache.prefix_cache import PrefixCache, PrefixStore, as_prefix_settings
-from .errors import ConfigError, InvalidRequestError
+from .errors import ConfigError, InvalidRequestError, PeerRankError
 from .logprobs import TokenLogprob
 from .memory import EngineMemory, cache_memory
 from .models.graphs import ForwardGraphs, graphed
@@ -330,12 +330,17 @@ class Engine:
         repeated in the returned list."""
         step_stats = EngineStats()
         before = self._batch = {}  # seq_id -> (request, its output length when it joined the step)
+        tp = self.tensor_parallel
+        if tp is not None:
+            tp.begin_step()
         try:
             admitted = self.scheduler.admit(self._round_tokens)
             for r in admitted:
                 before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
             if admitted:
                 self._prefill(admitted, step_stats)
+            self._agree(tp)
+            if admitted:
                 if first_tokens is not None:
                     first_tokens(self._report_early([before[r.seq_id] for r in admitted]))
             self.scheduler.reserve(self._round_tokens)
@@ -344,6 +349,13 @@ class Engine:
                 before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
             if running:
                 self._round(self._in_ring_order(running), step_stats, after_prefill=bool(admitted))
+            if tp is not None and not tp.end_step(True):
+                raise PeerRankError("another tensor-parallel rank's step raised; this rank's step failed too")
+        except BaseException:
+            if tp is not None:  # peers waiting in a sum for this rank fail now; every agreement says so
+                tp.abort()
+                tp.end_step(False)
+            raise
         finally:
             if self.prefix is not None:
                 self.prefix.move_counts(step_stats)
@@ -359,6 +371,13 @@ class Engine:
         aborted, self._aborted = self._aborted, []
         return aborted + [step_output(r, start) for r, start in before.values()
                           if start is not None and (len(r.output.token_ids) > start or r.finished)]
+
+    @staticmethod
+    def _agree(tp) -> None:
+        """Tensor parallel: the step goes on only if every rank's part so far
+        went well (`hybridspec.tp.group`); one process: nothing."""
+        if tp is not None and not tp.agree(True):
+            raise PeerRankError("another tensor-parallel rank's step raised; this rank's step failed too")
 
     def _report_early(self, entries: list[tuple[Request, int]]) -> list[StepOutput]:
         """The StepOutputs of `entries` (request, output length when it joined
@@ -589,6 +608,7 @@ class Engine:
             backlog_s, backlog_tokens = round.backlog_seconds, round.backlog_tokens
         else:
             results = self._decode_step(requests, rows, stats)
+            self._agree(self.tensor_parallel)
             drafted = accepted = asked = [0] * len(requests)
             if self.speculator is not None:  # the drafter catches up in the next round that drafts
                 stats.gamma_counts[0] = stats.gamma_counts.get(0, 0) + len(requests)

@@ -128,8 +128,9 @@ def test_torchrun_launches_generate_over_two_ranks(tmp_path):
     assert alone.returncode == 2 and "torchrun --nproc-per-node 2 -m hybridspec" in alone.stderr
 
 
-def test_a_round_that_raises_on_one_rank_fails_and_reverts_on_every_rank():
+def test_a_step_that_raises_on_one_rank_fails_and_reverts_on_every_rank():
     first, second = run_ranks("one_rank_fault")
-    assert (first["raised"], second["raised"]) == ("PeerRankError", "RuntimeError")
-    assert first["unchanged"] and second["unchanged"]
-    assert first["tokens"] and second["tokens"]
+    for place in first:
+        assert (first[place]["raised"], second[place]["raised"]) == ("PeerRankError", "RuntimeError"), place
+        for rank in (first, second):
+            assert rank[place]["unchanged"] and rank[place]["tokens"], (place, rank[place])

@@ -273,10 +273,13 @@ def sequences(engine) -> list:
 
 
 def one_rank_fault(rank: int) -> dict:
-    """A round that raises on rank 1 only, after its collectives (the drafter's
-    commit): every rank's round fails and reverts (rank 0 with PeerRankError),
-    every sequence is as before the round on both ranks, and the engine then
-    finishes with plain decoding's tokens."""
+    """A step that raises on rank 1 only, at each of three places: after the
+    round's collectives (the drafter's commit), inside the target's verify
+    forward (rank 0 waits in a sum for it), and inside a new request's prefill.
+    Per place: what each rank raised (rank 0: PeerRankError; waiting out a
+    collective's timeout would fail the test's own), whether every running sequence is as before the step, and
+    whether the engine then finishes every other request with plain decoding's
+    tokens (the request whose prefill failed is aborted, as a server does)."""
     import hybridspec as hs
     import oracles
     from hybridspec.errors import PeerRankError
@@ -284,28 +287,38 @@ def one_rank_fault(rank: int) -> dict:
     hf = oracles.bamba(seed=0)
     target = hs.from_hf(hf, tensor_parallel_size=dist.get_world_size())
     greedy = hs.SamplingParams(max_new_tokens=12, ignore_eos=True)
-    plain = [o.token_ids for o in hs.Engine(target, max_batch_size=3).generate(PROMPTS, greedy)]
-    engine = hs.Engine(target, draft=perturbed_copy(hs.from_hf(hf), seed=2), num_draft_tokens=3, max_batch_size=3)
-    ids = [engine.add_request(p, greedy) for p in PROMPTS]
-    got = {i: [] for i in ids}
-    for _ in range(2):
-        for out in engine.step():
-            got[out.request_id] += out.token_ids
-    drafter, commit = engine.speculator.drafter, engine.speculator.drafter.commit
+    plain = [o.token_ids for o in hs.Engine(target, max_batch_size=4).generate(PROMPTS, greedy)]
+    draft = perturbed_copy(hs.from_hf(hf), seed=2)
 
-    def failing_commit(*args):
+    def fail(*args, **kwargs):
         raise RuntimeError("injected on rank 1")
-    if rank == 1:
-        drafter.commit = failing_commit
-    before = sequences(engine)
-    raised = None
-    try:
-        engine.step()
-    except (RuntimeError, PeerRankError) as error:
-        raised = type(error).__name__
-    unchanged = sequences(engine) == before
-    drafter.commit = commit
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            got[out.request_id] += out.token_ids
-    return dict(raised=raised, unchanged=unchanged, tokens=[got[i] for i in ids] == plain)
+    out = {}
+    for place in ("drafter commit", "verify forward", "prefill"):
+        engine = hs.Engine(target, draft=draft, num_draft_tokens=3, max_batch_size=4)
+        ids = [engine.add_request(p, greedy) for p in PROMPTS]
+        got = {i: [] for i in ids}
+        for _ in range(2):
+            for o in engine.step():
+                got[o.request_id] += o.token_ids
+        owner, name = (engine.speculator.drafter, "commit") if place == "drafter commit" else (target.layers[1], "forward")
+        late = engine.add_request([4, 5, 6], greedy) if place == "prefill" else None
+        if rank == 1:
+            setattr(owner, name, fail)
+        before = sequences(engine)
+        raised = None
+        try:
+            engine.step()
+        except (RuntimeError, PeerRankError) as error:
+            raised = type(error).__name__
+        if rank == 1:
+            delattr(owner, name) if name == "forward" else setattr(owner, name, type(owner).commit.__get__(owner))
+        unchanged = sequences(engine) == before
+        if late is not None:
+            engine.abort(late)
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.request_id in got:
+                    got[o.request_id] += o.token_ids
+        out[place] = dict(raised=raised, unchanged=unchanged,
+                          tokens=[got[i] for i in ids] == plain)
+    return out

@@ -86,8 +86,11 @@ class Speculator:
         except BaseException as raised:
             error = raised
         tp = self.target.tensor_parallel
-        if tp is not None and not tp.all_ok(error is None) and error is None:  # the round fails on every rank
-            error = PeerRankError("another tensor-parallel rank's round raised; this rank reverted its round too")
+        if tp is not None:  # the round fails on every rank (hybridspec.tp.group)
+            if error is not None:
+                tp.abort()
+            if not tp.agree(error is None) and error is None:
+                error = PeerRankError("another tensor-parallel rank's round raised; this rank reverted its round too")
         if error is not None:
             self.revert(round)
             self._notify("round_ended", round, error)

@@ -60,4 +60,4 @@ def rank0_value(value):
     if not dist.is_initialized():
         return value
     from .group import TensorParallel
-    return TensorParallel(dist.get_world_size(), dist.get_rank()).broadcast(value)
+    return TensorParallel.of(dist.get_world_size()).broadcast(value)
