@@ -116,9 +116,6 @@ def test_torchrun_launches_generate_over_two_ranks(tmp_path):
     command = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "hybridspec", *args,
                "--tensor-parallel-size", "2"]
     launched = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if launched.returncode != 0 and "SIGABRT" in launched.stderr:
-        # torchrun's standalone rendezvous has aborted a rank on a loaded 2-core machine; one more launch
-        launched = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert launched.returncode == 0, launched.stderr[-2000:]
     single = subprocess.run([sys.executable, "-m", "hybridspec", *args], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-2000:]

@@ -361,12 +361,16 @@ class HybridModel(Kernelled, nn.Module):
         vocab-parallel shard looks up the ids in its rows, zeros for the others,
         and sums over the ranks (one row is not zero: exact)."""
         if self.vocab_shard is None:
-            return self.embed.index_select(0, ids).to(self.dtype)  # a 16-bit table (`pack_for_cpu`) widens exactly
+            return self._widened(self.embed.index_select(0, ids))
         start, rows = self.vocab_shard
         local = ids - start
         mine = (local >= 0) & (local < rows)
-        h = self.embed.index_select(0, local.clamp(0, rows - 1)).to(self.dtype)
+        h = self._widened(self.embed.index_select(0, local.clamp(0, rows - 1)))
         return self.tensor_parallel.all_reduce(torch.where(mine.unsqueeze(-1), h, torch.zeros_like(h)))
+
+    def _widened(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows of a 16-bit table (`pack_for_cpu`) in the model's dtype (exact); others as they are."""
+        return rows if rows.dtype == self.dtype else rows.to(self.dtype)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The logits [..., vocab] of final hidden states h [..., hidden]: final norm, LM head, scaling;
