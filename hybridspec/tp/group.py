@@ -33,6 +33,9 @@ class TensorParallel:
         self.size, self.rank, self.group = size, rank, group
         self.data = self._new_data_group() if size > 1 else group
         self.aborted = False  # this rank aborted the data group; it is unusable until `renew`
+        # NCCL reduces CUDA tensors only: the agreement's flag lives on this rank's GPU there
+        self.flag_device = torch.device("cuda", torch.cuda.current_device()) \
+            if size > 1 and dist.get_backend(group) == "nccl" else torch.device("cpu")
         self.agreed = AGREEMENTS_PER_STEP  # agreements made in this step (`begin_step` starts a step)
         self.renewed = False  # a new data group was made in this step
 
@@ -89,7 +92,7 @@ class TensorParallel:
 
     def all_ok(self, ok: bool) -> bool:
         """Whether `ok` holds on every rank (one small all-reduce)."""
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.flag_device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())
 
