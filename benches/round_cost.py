@@ -16,16 +16,16 @@ an amount ε controls; the acceptance it gives is measured. Nothing is downloade
 Both are packed as `hs.load` packs on CPU (input-major linear weights, so the
 few-row kernel of `kernels/cpu_rows.c` takes products of up to 96 rows).
 
-Per batch B, alternating call by call (fastest of the repeats, process CPU
-time: the machine is shared): a plain decode step of the target, one drafter
-step, and the verify forward over γ + 1 inputs with a snapshot after every
-input (policy k = 1, the one the engine runs). Then the engine generates the
-same tokens plainly and speculatively (k = 1); the measured speedup is the
-ratio of the two CPU times of `generate` (prefill included in both).
-The predicted speedup is `hybridspec simulate --measured`'s:
-E[tokens](α) · target_step / (γ · draft_step + verify + replay), with α from the
-acceptance rate pooled over all batches and replay_s the engine's commit phase
-per round; "own α" uses each batch's own acceptance rate instead.
+Per batch B the terms of a plain step and of a round drafting γ are the
+engine's own start-up measurement (`hybridspec.startup_costs`, the terms
+`num_draft_tokens="auto"` chooses from: forward, draft, sampling, commit,
+host; wall seconds on scratch caches, policy k = 1). Then the engine
+generates the same tokens plainly and speculatively (k = 1); the measured
+speedup is the ratio of the two CPU times of `generate` (prefill included in
+both). The predicted speedup is `hybridspec simulate --measured`'s,
+`hs.sim.round_speedup`: E[tokens](α) · plain step / round, each the sum of
+its terms, with α from the acceptance rate pooled over all batches; "own α"
+uses each batch's own acceptance rate instead.
 
     python benches/round_cost.py            # the measurement (minutes)
     python benches/round_cost.py --quick    # tiny models, batch 1 and 2, seconds
@@ -42,7 +42,7 @@ import torch
 import hybridspec as hs
 from common import bench_parser, describe_machine, out_dir, print_table, set_threads, write_json
 from hybridspec.sim.measured import SCHEMA
-from memory_vs_replay import build_bamba, cpu_side_by_side, prompts_for
+from memory_vs_replay import build_bamba, prompts_for
 
 FULL = dict(hidden_size=512, num_hidden_layers=8, attn_layer_indices=[4], intermediate_size=1536,
             num_attention_heads=8, num_key_value_heads=2, mamba_n_heads=16, mamba_d_head=64, mamba_d_state=128,
@@ -71,7 +71,7 @@ def build_pair(shape: dict, epsilon: float):
     return target, draft
 
 
-class ScratchCache:
+class ScratchCache:  # the other benches' repeatable forwards
     """A cache of `model` holding `batch` prefilled prompts, rolled back to the
     prompt after every timed forward."""
 
@@ -100,12 +100,19 @@ class ScratchCache:
 
 
 def step_times(target, draft, batch: int, repeats: int) -> dict:
-    """CPU seconds of a target step, a drafter step and a verify forward at
-    `batch`, alternating call by call, fastest of `repeats`."""
-    plain, drafting = ScratchCache(target, batch), ScratchCache(draft, batch)
-    t = cpu_side_by_side({"target": lambda: plain.forward(1), "draft": lambda: drafting.forward(1),
-                          "verify": lambda: plain.forward(GAMMA + 1)}, repeats)
-    return {"batch": batch, "target_step_s": t["target"], "draft_step_s": t["draft"], "verify_s": t["verify"]}
+    """The engine's start-up terms at `batch` (plain step and a round of γ
+    drafts per row, policy k = 1) as a `hybridspec.round_cost/v1` batch entry."""
+    import functools
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    from hybridspec.startup_costs import measure_round_costs, scratch_len
+    policy = hs.CheckpointPolicy(snapshot_every=1, log_inputs=False)
+    new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(GAMMA))
+    costs = measure_round_costs(target, draft, policy, GAMMA, [batch], new_cache, repeats=repeats)
+    plain, spec = costs.terms(batch, 0), costs.terms(batch, GAMMA)
+    return {"batch": batch, "target_step_s": plain.forward_s, "draft_step_s": costs.draft_step(batch),
+            "verify_s": spec.forward_s, "draft_s": spec.draft_s, "sampling_s": spec.sampling_s,
+            "commit_s": spec.commit_s, "host_s": spec.host_s, "replay_s": spec.replay_s,
+            "plain_sampling_s": plain.sampling_s, "plain_host_s": plain.host_s}
 
 
 def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> dict:
@@ -133,12 +140,10 @@ def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> 
             "equals_plain": outputs["plain"] == outputs["spec"]}
 
 
-def own_alpha_speedup(step: dict, run: dict) -> float:
-    """simulate --measured's speedup with this batch's own acceptance rate:
-    E[tokens](α) · target_step / (γ · draft_step + verify + replay)."""
+def own_alpha_speedup(row: dict, run: dict, pooled_tokens: float) -> float:
+    """simulate --measured's speedup with this batch's own acceptance rate."""
     alpha = hs.sim.alpha_from_acceptance_rate(run["acceptance_rate"], GAMMA)
-    round_s = GAMMA * step["draft_step_s"] + step["verify_s"] + run["replay_s"]
-    return hs.sim.expected_tokens(alpha, GAMMA) * step["target_step_s"] / round_s
+    return row["speedup"]["value"] * hs.sim.expected_tokens(alpha, GAMMA) / pooled_tokens
 
 
 def crossover_of(rows: list[dict], key: str) -> dict:
@@ -165,26 +170,28 @@ def main(argv=None) -> int:
     for batch in batches:
         num_tokens = args.tokens or (8 if args.quick else 24 if batch <= 8 else 16)
         repeats = args.repeats or (1 if args.quick else 3 if batch <= 8 else 2)
-        steps.append(step_times(target, draft, batch, repeats=3 if args.quick else 5))
+        steps.append(step_times(target, draft, batch, repeats=2 if args.quick else 3))
         runs.append(engine_speedup(target, draft, batch, num_tokens, repeats) | {"tokens": num_tokens})
         print(f"batch {batch}: {steps[-1]} {runs[-1]}", flush=True)
     rate = sum(r["accepted"] for r in runs) / max(sum(r["drafted"] for r in runs), 1)
     measured = {"schema": SCHEMA, "machine": machine, "model": f"random Bamba {target.num_parameters() / 1e6:.1f}M",
                 "draft": f"its first {DRAFT_LAYERS} layers (ε = {args.epsilon})", "acceptance_rate": rate,
                 "gamma": GAMMA, "snapshot_every": 1, "log_inputs": False,
-                "batches": [dict(s, replay_s=r["replay_s"]) for s, r in zip(steps, runs)]}
+                "batches": steps}
     run = hs.sim.parse_measured(measured)
     predicted = {row["batch"]: row for row in hs.sim.measured_rows(run)}
     rows = [{"batch": s["batch"], "target_ms": 1e3 * s["target_step_s"], "c": predicted[s["batch"]]["c"]["value"],
              "verify_cost": predicted[s["batch"]]["verify_cost"]["value"],
-             "replay_cost": predicted[s["batch"]]["replay_cost"]["value"],
+             "round_ms": 1e3 * sum(v["value"] for k, v in predicted[s["batch"]]["terms"].items()
+                                   if k.startswith("round")),
              "predicted": predicted[s["batch"]]["speedup"]["value"], "measured": r["measured_speedup"],
              "error": r["measured_speedup"] / predicted[s["batch"]]["speedup"]["value"] - 1.0,
-             "predicted_own": own_alpha_speedup(s, r), "tokens": r["tokens"],
+             "predicted_own": own_alpha_speedup(predicted[s["batch"]], r, run.tokens_per_round),
+             "tokens": r["tokens"],
              "acceptance": r["acceptance_rate"], "plain_tok_s": r["plain_tok_s"], "spec_tok_s": r["spec_tok_s"],
              "equals_plain": r["equals_plain"]} for s, r in zip(steps, runs)]
     print_table(rows, ["batch", ("target_ms", "target step ms"), "c", ("verify_cost", "verify (steps)"),
-                       ("replay_cost", "commit (steps)"), ("predicted", "predicted x"), ("measured", "measured x"),
+                       ("round_ms", "round ms (all terms)"), ("predicted", "predicted x"), ("measured", "measured x"),
                        "error", "acceptance", ("predicted_own", "predicted x, own α"), "tokens",
                        ("equals_plain", "= plain")],
                 title=f"γ = {GAMMA}, pooled acceptance rate {rate:.3f} (α = {run.alpha:.3f}), "
