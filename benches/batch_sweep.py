@@ -17,12 +17,13 @@ process's CPU seconds with `--clock cpu` (steadier on a shared machine);
 prefill is included, the same for every variant. Each variant keeps one
 Engine for the warm-up and the repeats, so the adaptive one has learned from
 the warm-up call when it is timed. The predicted speedup at B is
-`hs.sim.speedup(α, γ, c, verify_cost)` at the best γ ≤ 8, with α from the
-fixed-γ = 4 run's acceptance rate at B (`alpha_from_acceptance_rate`), and c
-and verify_cost from the adaptive engine's start-up measurements
-(`RoundCosts`): c = draft step / plain step, verify_cost = forward of γ + 1
-tokens / plain step. The predicted crossover is the first B where it falls
-below 1.
+`hs.sim.round_speedup(E[tokens](α, γ), plain step, round)` at the best γ of
+the grid the adaptive engine measured (≤ 8), every term of the plain step
+and of the round (forward, draft, sampling, commit, host) from its start-up
+measurements (`RoundCosts.terms`), α from the fixed-γ = 4 run's acceptance
+rate at B (`alpha_from_acceptance_rate`); the measured speedup it is set
+against is the best fixed γ's over plain. The predicted and measured
+crossovers are where each falls to 1 (`hs.sim.measured_crossover`).
 
 Targets: adaptive ≥ 0.97 × plain at every point, and ≥ 0.95 × the
 best fixed γ.
@@ -73,12 +74,11 @@ def workloads(args) -> list[tuple[str, object, object, list[list[int]]]]:
 
 
 def predicted(costs, batch: int, alpha: float) -> tuple[float, int]:
-    """(best predicted speedup over plain, its γ) at `batch` from measured costs."""
-    from hybridspec.sim import speedup
-    plain = costs.forward(batch, 1)
-    c = costs.draft_step(batch) / plain
-    options = [(speedup(alpha, g, c, costs.forward(batch, g + 1) / plain), g) for g in range(1, 9)
-               if g + 1 <= costs.tokens[-1]]
+    """(best predicted speedup over plain, its γ) at `batch` from the measured terms."""
+    from hybridspec.sim import expected_tokens, round_speedup
+    plain = costs.terms(batch, 0)
+    options = [(round_speedup(expected_tokens(alpha, g), plain, costs.terms(batch, g)), g)
+               for g in (2, 4) if g + 1 <= costs.tokens[-1]]  # the fixed γ the sweep runs
     return max(options)
 
 
@@ -112,6 +112,8 @@ def measure(name, target, draft, pool, batch: int, args) -> dict:
             "gamma=2 / plain": rate["gamma=2"] / rate["plain"], "gamma=4 / plain": rate["gamma=4"] / rate["plain"],
             "auto / plain": rate["auto"] / rate["plain"], "auto / best fixed": rate["auto"] / best_fixed,
             "predicted speedup": pred, "predicted gamma": pred_gamma, "acceptance (gamma=4)": fixed4,
+            "measured speedup": best_fixed / rate["plain"],
+            "prediction error": best_fixed / rate["plain"] / pred - 1.0,
             "auto mean gamma": sum(g * n for g, n in counts.items()) / max(sum(counts.values()), 1),
             "auto gamma counts": dict(sorted(counts.items())), "same tokens": same}
 
@@ -143,6 +145,21 @@ def plot(rows: list[dict], path) -> None:
     save_png(fig, path)
 
 
+def fidelity(rows: list[dict]) -> dict:
+    """Per workload, the predicted and the measured crossover (best fixed γ over plain), printed."""
+    from hybridspec.sim import measured_crossover
+    out = {}
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        own = [r for r in rows if r["workload"] == name]
+        cross = {kind: measured_crossover([{"batch": r["batch"], "speedup": {"value": r[key], "source": "measured"}}
+                                           for r in own])
+                 for kind, key in (("predicted", "predicted speedup"), ("measured", "measured speedup"))}
+        print(f"{name}: predicted crossover batch {cross['predicted']['batch']} ({cross['predicted']['note']}); "
+              f"measured {cross['measured']['batch']} ({cross['measured']['note']})")
+        out[name] = cross
+    return out
+
+
 def main(argv=None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
@@ -167,14 +184,16 @@ def main(argv=None) -> int:
             print(f"[{time.perf_counter() - began:6.0f} s] {name} B={batch}: auto/plain {row['auto / plain']:.2f}, "
                   f"auto/best fixed {row['auto / best fixed']:.2f}", file=sys.stderr, flush=True)
     columns = ["workload", "batch", "plain tok/s", "gamma=2 / plain", "gamma=4 / plain", "auto / plain",
-               "auto / best fixed", "auto mean gamma", "acceptance (gamma=4)", "predicted speedup", "same tokens"]
+               "auto / best fixed", "auto mean gamma", "acceptance (gamma=4)", "predicted speedup", "predicted gamma",
+               "measured speedup", "prediction error", "same tokens"]
     print_table(rows, columns)
+    crossovers = fidelity(rows)
     misses = [r for r in rows if r["auto / plain"] < 0.97 or r["auto / best fixed"] < 0.95]
     print(f"targets (auto >= 0.97 x plain and >= 0.95 x best fixed): met at {len(rows) - len(misses)} of "
           f"{len(rows)} points")
     path = write_json(args.out or "batch_sweep.json",
                       {"machine": describe_machine(), "threads": threads, "args": {k: str(v) for k, v in vars(args).items()},
-                       "rows": rows})
+                       "rows": rows, "crossover": crossovers})
     plot(rows, path.with_suffix(".png"))
     return 0 if all(r["same tokens"] for r in rows) else 1
 

@@ -23,7 +23,7 @@ The speedup over plain decoding of rounds that emit E tokens per row is
 
     speedup = E · round(B, 0) / round(B, G)
 
-docs/simulator.md, "8. The whole round", says where each term is measured.
+docs/simulator.md, "7. The whole round", says where each term is measured.
 """
 from __future__ import annotations
 

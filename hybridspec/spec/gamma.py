@@ -15,16 +15,21 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   to `MAX_PROBE_EVERY`, so where speculation does not pay probing costs
   less and less), and only for the row a model drafter is least behind, so
   a probe does not pay every row's absorption. The first round drafts at
-  least γ_max / 2, so the drafter's cost is measured at a G that can pay
-  before rounds at G = 1 (whose steps cost the most each) price it out.
-- cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B,G · G · draft_step(B)
-  + residual_B: a target forward of G + 1 tokens per row at batch B (with the
-  engine's snapshot writes, measured at start-up on scratch caches, linear
-  between the measured batches and token counts), G drafter steps, and the
-  rest of the round's wall time (sampling, commit, replay, host bookkeeping).
-  Scales (1 until a round is seen) and residuals (0) are learned online per
-  batch size from each round's phase times (exponential averages, scales in
-  log space), so costs follow the machine's load and what start-up missed.
+  least γ_max / 2 (where some G can pay, below), so the drafter's cost is
+  measured at a G that can pay before rounds at G = 1 (whose steps cost the
+  most each) price it out.
+- cost(B, G) = hs.sim.round_seconds(terms(B, G), scale_B, draft_scale_B,G)
+  + residual_B: every term of a round (`hs.sim.RoundTerms`) measured at
+  start-up by running the engine's own plain step and rounds on scratch
+  caches (`hybridspec.startup_costs`), linear between the measured batches
+  and token counts: the target forward of G + 1 tokens per row (with the
+  engine's snapshot writes), the drafter's part (catch-up and G steps, as
+  the drafter runs them), sampling and acceptance, commit, and the round's
+  own host bookkeeping. The forward and drafter scales (1 until a round is
+  seen) and the residual (0: what the other terms missed, signed) are
+  learned online per batch size from each round's phase times (exponential
+  averages, scales in log space), so costs follow the machine's load and
+  what start-up missed (sampled rows, the engine's own loop).
   The forward's scale is learned apart for plain steps and verify forwards,
   because the two drift from start-up's figures differently; the round right
   after a prefill teaches neither, because its forward runs cold. While the
@@ -37,6 +42,10 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   steps do not cost G times one step (a greedy drafter's G steps run as one
   native call). The residuals are learned apart for rounds that draft and
   plain ones.
+- no γ pays: where even rounds that accept every draft (G + 1 tokens per
+  row) would yield fewer tokens per second than plain steps at the current
+  costs, every row runs a plain step and nothing is probed (the first round
+  and the idle probes below only run where some G could pay).
 - absorb: a model drafter behind a row by n tokens (a new prompt, or rounds
   that drafted nothing) absorbs them before it drafts for the row, one-off
   work plain decoding never does. A G ≥ 1 that drafts for the row is charged
