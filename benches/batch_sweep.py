@@ -17,10 +17,12 @@ process's CPU seconds with `--clock cpu` (steadier on a shared machine);
 prefill is included, the same for every variant. Each variant keeps one
 Engine for the warm-up and the repeats, so the adaptive one has learned from
 the warm-up call when it is timed. The predicted speedup at B is
-`hs.sim.round_speedup(E[tokens](α, γ), plain step, round)` at the best γ of
-the grid the adaptive engine measured (≤ 8), every term of the plain step
-and of the round (forward, draft, sampling, commit, host) from its start-up
-measurements (`RoundCosts.terms`), α from the fixed-γ = 4 run's acceptance
+`hs.sim.generation_speedup` at the better of the fixed γ the sweep runs:
+per wave of B requests the target's prefill (timed here) in both, the
+drafter's absorption of the prompts (start-up `absorb_s`) in the
+speculative one, then the rounds, every term of the plain step and of the
+round (forward, draft, sampling, commit, host) from the adaptive engine's
+start-up measurements (`RoundCosts.terms`), α from the fixed-γ = 4 run's acceptance
 rate at B (`alpha_from_acceptance_rate`); the measured speedup it is set
 against is the best fixed γ's over plain. The predicted and measured
 crossovers are where each falls to 1 (`hs.sim.measured_crossover`).
@@ -73,13 +75,31 @@ def workloads(args) -> list[tuple[str, object, object, list[list[int]]]]:
     return out
 
 
-def predicted(costs, batch: int, alpha: float) -> tuple[float, int]:
-    """(best predicted speedup over plain, its γ) at `batch` from the measured terms."""
-    from hybridspec.sim import expected_tokens, round_speedup
+def predicted(costs, batch: int, alpha: float, num_tokens: int, prefill_s: float,
+              prompt_len: int) -> tuple[float, int]:
+    """(best predicted speedup of the timed generate calls over plain, its γ) at
+    `batch` from the measured terms: each wave of `batch` requests pays the
+    prefill (`prefill_s`, both) and the drafter's absorption of its prompts
+    (speculative), then its rounds (`hs.sim.generation_speedup`)."""
+    from hybridspec.sim import expected_tokens, generation_speedup
     plain = costs.terms(batch, 0)
-    options = [(round_speedup(expected_tokens(alpha, g), plain, costs.terms(batch, g)), g)
+    absorb_s = (costs.absorb(batch) or 0.0) * batch * prompt_len
+    options = [(generation_speedup(num_tokens, expected_tokens(alpha, g), plain, costs.terms(batch, g), prefill_s,
+                                   absorb_s), g)
                for g in (2, 4) if g + 1 <= costs.tokens[-1]]  # the fixed γ the sweep runs
     return max(options)
+
+
+def prefill_seconds(model, prompts: list[list[int]], repeats: int = 2) -> float:
+    """Wall seconds of the target's prefill of one wave of prompts, fastest of `repeats`."""
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    best = float("inf")
+    for _ in range(repeats + 1):
+        cache = scratch_cache(model, len(prompts), 2, max_len=max(map(len, prompts)) + 1)
+        began = time.perf_counter()
+        model.prefill(cache, list(range(len(prompts))), prompts, last_only=True)
+        best = min(best, time.perf_counter() - began)
+    return best
 
 
 def measure(name, target, draft, pool, batch: int, args) -> dict:
@@ -105,7 +125,8 @@ def measure(name, target, draft, pool, batch: int, args) -> dict:
     fixed4 = engines["gamma=4"].stats.acceptance_rate
     costs = engines["auto"].gamma_controller.costs
     alpha = alpha_from_acceptance_rate(fixed4, 4) if fixed4 > 0 else 0.0
-    pred, pred_gamma = predicted(costs, batch, alpha)
+    pred, pred_gamma = predicted(costs, batch, alpha, args.new_tokens, prefill_seconds(target, prompts[:batch]),
+                                 args.prompt_len)
     counts = engines["auto"].stats.gamma_counts
     best_fixed = max(rate["gamma=2"], rate["gamma=4"])
     return {"workload": name, "batch": batch, "requests": len(prompts), **{f"{v} tok/s": rate[v] for v in VARIANTS},

@@ -22,10 +22,13 @@ engine's own start-up measurement (`hybridspec.startup_costs`, the terms
 host; wall seconds on scratch caches, policy k = 1). Then the engine
 generates the same tokens plainly and speculatively (k = 1); the measured
 speedup is the ratio of the two CPU times of `generate` (prefill included in
-both). The predicted speedup is `hybridspec simulate --measured`'s,
+both). Two predictions: "rounds" is `hybridspec simulate --measured`'s,
 `hs.sim.round_speedup`: E[tokens](α) · plain step / round, each the sum of
-its terms, with α from the acceptance rate pooled over all batches; "own α"
-uses each batch's own acceptance rate instead.
+its terms; "generate" (`hs.sim.generation_speedup`) adds what the timed
+`generate` calls also pay: the target's prefill of the prompts (timed here,
+fastest of the repeats) in both, and the drafter's absorption of the prompts
+(the engine's start-up `absorb_s` per token) in the speculative one. α is
+the acceptance rate pooled over all batches; "own α" uses each batch's own.
 
     python benches/round_cost.py            # the measurement (minutes)
     python benches/round_cost.py --quick    # tiny models, batch 1 and 2, seconds
@@ -109,10 +112,32 @@ def step_times(target, draft, batch: int, repeats: int) -> dict:
     new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(GAMMA))
     costs = measure_round_costs(target, draft, policy, GAMMA, [batch], new_cache, repeats=repeats)
     plain, spec = costs.terms(batch, 0), costs.terms(batch, GAMMA)
+    prompts = prompts_for(batch, target.vocab_size)
     return {"batch": batch, "target_step_s": plain.forward_s, "draft_step_s": costs.draft_step(batch),
             "verify_s": spec.forward_s, "draft_s": spec.draft_s, "sampling_s": spec.sampling_s,
             "commit_s": spec.commit_s, "host_s": spec.host_s, "replay_s": spec.replay_s,
-            "plain_sampling_s": plain.sampling_s, "plain_host_s": plain.host_s}
+            "plain_sampling_s": plain.sampling_s, "plain_host_s": plain.host_s,
+            "prefill_s": prefill_seconds(target, prompts, repeats),
+            "absorb_s": costs.absorb(batch) * batch * len(prompts[0])}
+
+
+def prefill_seconds(model, prompts: list[list[int]], repeats: int) -> float:
+    """Wall seconds of the target's prefill of `prompts` (which gives each first token), fastest of `repeats`."""
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    best = float("inf")
+    for _ in range(repeats + 1):
+        cache = scratch_cache(model, len(prompts), 2, max_len=len(prompts[0]) + 1)
+        began = time.perf_counter()
+        model.prefill(cache, list(range(len(prompts))), prompts, last_only=True)
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def generate_speedup(entry, step: dict, num_tokens: int, tokens_per_round: float) -> float:
+    """The predicted speedup of the `generate` calls the bench times: prefill,
+    the drafter's absorption of the prompts, then rounds (`hs.sim.generation_speedup`)."""
+    return hs.sim.generation_speedup(num_tokens, tokens_per_round, entry.plain, entry.round,
+                                     step["prefill_s"], step["absorb_s"])
 
 
 def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> dict:
@@ -138,12 +163,6 @@ def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> 
             "accepted": stats.accepted_tokens, "drafted": stats.drafted_tokens,
             "acceptance_rate": stats.acceptance_rate, "replay_s": stats.seconds["commit"] / max(stats.rounds, 1),
             "equals_plain": outputs["plain"] == outputs["spec"]}
-
-
-def own_alpha_speedup(row: dict, run: dict, pooled_tokens: float) -> float:
-    """simulate --measured's speedup with this batch's own acceptance rate."""
-    alpha = hs.sim.alpha_from_acceptance_rate(run["acceptance_rate"], GAMMA)
-    return row["speedup"]["value"] * hs.sim.expected_tokens(alpha, GAMMA) / pooled_tokens
 
 
 def crossover_of(rows: list[dict], key: str) -> dict:
@@ -180,24 +199,30 @@ def main(argv=None) -> int:
                 "batches": steps}
     run = hs.sim.parse_measured(measured)
     predicted = {row["batch"]: row for row in hs.sim.measured_rows(run)}
-    rows = [{"batch": s["batch"], "target_ms": 1e3 * s["target_step_s"], "c": predicted[s["batch"]]["c"]["value"],
-             "verify_cost": predicted[s["batch"]]["verify_cost"]["value"],
-             "round_ms": 1e3 * sum(v["value"] for k, v in predicted[s["batch"]]["terms"].items()
-                                   if k.startswith("round")),
-             "predicted": predicted[s["batch"]]["speedup"]["value"], "measured": r["measured_speedup"],
-             "error": r["measured_speedup"] / predicted[s["batch"]]["speedup"]["value"] - 1.0,
-             "predicted_own": own_alpha_speedup(predicted[s["batch"]], r, run.tokens_per_round),
-             "tokens": r["tokens"],
-             "acceptance": r["acceptance_rate"], "plain_tok_s": r["plain_tok_s"], "spec_tok_s": r["spec_tok_s"],
-             "equals_plain": r["equals_plain"]} for s, r in zip(steps, runs)]
+    entries = {entry.batch: entry for entry in run.batches}
+    rows = []
+    for s, r in zip(steps, runs):
+        b = s["batch"]
+        own_tokens = hs.sim.expected_tokens(hs.sim.alpha_from_acceptance_rate(r["acceptance_rate"], GAMMA), GAMMA)
+        generate = generate_speedup(entries[b], s, r["tokens"], run.tokens_per_round)
+        rows.append({"batch": b, "target_ms": 1e3 * s["target_step_s"], "c": predicted[b]["c"]["value"],
+                     "verify_cost": predicted[b]["verify_cost"]["value"],
+                     "round_ms": 1e3 * hs.sim.round_seconds(entries[b].round),
+                     "predicted_rounds": predicted[b]["speedup"]["value"], "predicted": generate,
+                     "measured": r["measured_speedup"], "error": r["measured_speedup"] / generate - 1.0,
+                     "predicted_own": generate_speedup(entries[b], s, r["tokens"], own_tokens),
+                     "tokens": r["tokens"], "acceptance": r["acceptance_rate"], "plain_tok_s": r["plain_tok_s"],
+                     "spec_tok_s": r["spec_tok_s"], "equals_plain": r["equals_plain"]})
     print_table(rows, ["batch", ("target_ms", "target step ms"), "c", ("verify_cost", "verify (steps)"),
-                       ("round_ms", "round ms (all terms)"), ("predicted", "predicted x"), ("measured", "measured x"),
-                       "error", "acceptance", ("predicted_own", "predicted x, own α"), "tokens",
-                       ("equals_plain", "= plain")],
+                       ("round_ms", "round ms (all terms)"), ("predicted_rounds", "predicted x, rounds"),
+                       ("predicted", "predicted x, generate"), ("measured", "measured x"), "error", "acceptance",
+                       ("predicted_own", "predicted x, own α"), "tokens", ("equals_plain", "= plain")],
                 title=f"γ = {GAMMA}, pooled acceptance rate {rate:.3f} (α = {run.alpha:.3f}), "
-                      f"E[tokens] = {run.tokens_per_round:.3f} (hybridspec simulate --measured); "
-                      "'own α': the same formula with each batch's own acceptance")
+                      f"E[tokens] = {run.tokens_per_round:.3f}; 'rounds': hybridspec simulate --measured's "
+                      "(round_speedup); 'generate': with the prefill and the drafter's absorption of the prompts "
+                      "(generation_speedup), what 'measured' times; 'own α': each batch's own acceptance")
     crossovers = {"predicted": crossover_of(rows, "predicted"), "measured": crossover_of(rows, "measured"),
+                  "predicted_rounds": crossover_of(rows, "predicted_rounds"),
                   "predicted_own": crossover_of(rows, "predicted_own")}
     for name, cross in crossovers.items():
         print(f"{name} crossover batch: {cross['batch']} ({cross['note']})")

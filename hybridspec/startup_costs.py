@@ -18,6 +18,7 @@ controller learns online (`spec/gamma.py`).
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -27,6 +28,7 @@ from hybridspec.checkpoints.costs import ScratchForwards, fastest
 from hybridspec.checkpoints.policy import ring_halves_by_default
 from hybridspec.sim.round_terms import TERMS, RoundTerms
 
+from .cache.hybrid_cache import scratch_cache
 from .next_token import sample_next
 from .sampling import RowParams, SamplingParams
 from .spec.gamma import RoundCosts
@@ -37,6 +39,7 @@ from .stats import EngineStats
 from .stopping import StopRule
 
 PROMPT_LEN = 8  # tokens each scratch row holds before the measured rounds
+ABSORB_LEN = 16  # tokens per row of the measured absorption (a drafter's backlog forward)
 ROUND_TERMS = ("draft_s", "sampling_s", "commit_s", "host_s")  # the terms a scratch round's phases give
 
 
@@ -61,9 +64,11 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
                  for b in batches]
     table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row, _ in per_batch) for name in TERMS}
     draft_step = tuple(row[min(2, tokens[-1])].draft_s for row, _ in per_batch)  # one step (G = 1), catch-up included
+    absorb = None if draft_model is None else tuple(_absorb_s(draft_model, b, repeats, clock) for b in batches)
     return RoundCosts(tuple(batches), tuple(tokens), table["forward_s"], draft_step,
                       tuple(row_draft for _, row_draft in per_batch), draft_s=table["draft_s"],
-                      sampling_s=table["sampling_s"], commit_s=table["commit_s"], host_s=table["host_s"])
+                      sampling_s=table["sampling_s"], commit_s=table["commit_s"], host_s=table["host_s"],
+                      absorb_s=absorb)
 
 
 def _measure_batch(target, draft_model, policy, gamma_max, batch, tokens, new_cache, repeats, clock) -> tuple[dict[int, RoundTerms], float]:
@@ -89,6 +94,15 @@ def _row_draft_s(target, batch: int, top: int, new_cache, repeats: int, clock) -
     t = fastest({"every": lambda: verify.forward(top, every_input=True, last_only=False),
                  "final": lambda: verify.forward(top, last_only=False)}, repeats, target.device, clock)
     return max(t["every"] - t["final"], 0.0) / (top - 1) / batch
+
+
+def _absorb_s(draft_model, batch: int, repeats: int, clock) -> float:
+    """Seconds per token of a drafter's backlog forward (`ModelDrafter._absorb_backlog`):
+    ABSORB_LEN tokens per row at `batch`, the final state only."""
+    new_cache = functools.partial(scratch_cache, draft_model, max_len=PROMPT_LEN + ABSORB_LEN)
+    scratch = ScratchForwards(draft_model, batch, ABSORB_LEN, new_cache)
+    t = fastest({"absorb": lambda: scratch.forward(ABSORB_LEN)}, repeats, draft_model.device, clock)
+    return t["absorb"] / (batch * ABSORB_LEN)
 
 
 class ScratchRounds:

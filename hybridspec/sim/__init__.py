@@ -35,7 +35,7 @@ from hybridspec.sim.cost_model import (
 from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
 from hybridspec.sim.measured import MeasuredRun, load_measured, measured_crossover, measured_rows, parse_measured
 from hybridspec.sim.montecarlo import SimResult, simulate, simulate_replay_steps, simulate_with_stderr
-from hybridspec.sim.round_terms import TERMS, RoundTerms, round_seconds, round_speedup
+from hybridspec.sim.round_terms import TERMS, RoundTerms, generation_speedup, round_seconds, round_speedup
 from hybridspec.sim.presets import BAMBA_9B, H200, NEMOTRON_H_8B, PRESETS, Preset, small_hybrid_draft
 from hybridspec.sim.shapes import HybridShape
 
@@ -64,6 +64,7 @@ __all__ = [
     "expected_accepted",
     "expected_replay_steps",
     "expected_tokens",
+    "generation_speedup",
     "load_measured",
     "measured_crossover",
     "measured_rows",

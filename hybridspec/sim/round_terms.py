@@ -70,3 +70,14 @@ def round_seconds(terms: RoundTerms, forward_scale: float = 1.0, draft_scale: fl
 def round_speedup(tokens_per_round: float, plain: RoundTerms, spec: RoundTerms) -> float:
     """E · round(B, 0) / round(B, G): tokens per second of the rounds over a plain step's."""
     return tokens_per_round * round_seconds(plain) / round_seconds(spec)
+
+
+def generation_speedup(num_tokens: int, tokens_per_round: float, plain: RoundTerms, spec: RoundTerms,
+                       prefill_s: float = 0.0, absorb_s: float = 0.0) -> float:
+    """Speedup of generating `num_tokens` tokens per row of a batch from its
+    prompts: both pay the target's prefill (`prefill_s`, which gives the first
+    token); then num_tokens − 1 plain steps against the drafter's absorption
+    of the prompts (`absorb_s`, speculative only) and (num_tokens − 1) / E rounds."""
+    steps = num_tokens - 1
+    plain_s = prefill_s + steps * round_seconds(plain)
+    return plain_s / (prefill_s + absorb_s + steps / tokens_per_round * round_seconds(spec))

@@ -51,7 +51,8 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   work plain decoding never does. A G ≥ 1 that drafts for the row is charged
   its share n · absorb_s · E[tokens_b] / (cap_b + 1): the absorption spread
   over the tokens the row has left, absorb_s the seconds per absorbed token
-  learned from past rounds (nothing is charged before one is seen). A row
+  measured at start-up (at the largest measured batch) and learned from past
+  rounds (nothing is charged where neither has been seen). A row
   with few tokens left and a long way behind stays plain.
 - cap_b: drafts the request can still use (max_new_tokens − generated − 1).
 - g_b: a row's own cost. The forward pads every row to G + 1 inputs and the
@@ -100,8 +101,9 @@ class RoundCosts:
     bookkeeping (a plain step's sampling and row results at T = 1).
     draft_step_s[i]: one drafter step, which prices G steps as G · draft_step
     where `draft_s` is not given (None); row_draft_s[i]: what one more draft
-    of one row adds beyond the padded forward (its snapshot write). A term
-    given as None is 0 (not measured)."""
+    of one row adds beyond the padded forward (its snapshot write);
+    absorb_s[i]: seconds per token of a model drafter's backlog forward. A
+    term given as None is 0 (not measured; absorb_s: learned online)."""
 
     batches: tuple[int, ...]
     tokens: tuple[int, ...]
@@ -112,6 +114,7 @@ class RoundCosts:
     sampling_s: Table | None = None
     commit_s: Table | None = None
     host_s: Table | None = None
+    absorb_s: tuple[float, ...] | None = None
 
     def __post_init__(self):
         tables = [t for t in (self.forward_s, self.draft_s, self.sampling_s, self.commit_s, self.host_s)
@@ -119,8 +122,10 @@ class RoundCosts:
         ok = (self.batches and list(self.batches) == sorted(set(self.batches)) and self.tokens
               and list(self.tokens) == sorted(set(self.tokens))
               and all(len(t) == len(self.batches) and all(len(row) == len(self.tokens) for row in t) for t in tables)
-              and len(self.draft_step_s) == len(self.row_draft_s) == len(self.batches))
-        values = [v for t in tables for row in t for v in row] + list(self.draft_step_s) + list(self.row_draft_s)
+              and len(self.draft_step_s) == len(self.row_draft_s) == len(self.batches)
+              and (self.absorb_s is None or len(self.absorb_s) == len(self.batches)))
+        values = [v for t in tables for row in t for v in row] + list(self.draft_step_s) + list(self.row_draft_s) \
+            + list(self.absorb_s or ())
         if not ok or any(not math.isfinite(v) or v < 0 for v in values):
             raise ConfigError("RoundCosts needs ascending batches and tokens, one time per (batch, tokens) in each "
                               "term and one draft step and row draft time per batch, all finite seconds >= 0")
@@ -139,6 +144,10 @@ class RoundCosts:
 
     def row_draft(self, batch: int) -> float:
         return interpolate(self.batches, self.row_draft_s, batch)
+
+    def absorb(self, batch: int) -> float | None:
+        """Seconds per token a model drafter absorbs at `batch` (None: not measured)."""
+        return None if self.absorb_s is None else interpolate(self.batches, self.absorb_s, batch)
 
     def terms(self, batch: int, G: int) -> RoundTerms:
         """The measured terms of a round of `batch` rows drafting G each (G = 0: a plain step)."""
@@ -226,7 +235,8 @@ class GammaController:
         self.sequences: dict[int, _Acceptance] = {}
         self.learned = [_Learned() for _ in costs.batches]
         self.goodput = 0.0  # λ: tokens per second of the last round's choice
-        self.absorb_s: float | None = None  # seconds per token a drafter absorbs (module docstring)
+        # seconds per token a drafter absorbs (module docstring): start-up's at the largest batch, then learned
+        self.absorb_s: float | None = costs.absorb(costs.batches[-1])
         self.probe_every = PROBE_EVERY  # idle rounds before the next probe
         self.idle_rounds = 0  # rounds in a row that drafted nothing
         self.rounds_seen = 0  # rounds observed so far (the first one probes)
