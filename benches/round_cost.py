@@ -107,10 +107,11 @@ def step_times(target, draft, batch: int, repeats: int) -> dict:
     drafts per row, policy k = 1) as a `hybridspec.round_cost/v1` batch entry."""
     import functools
     from hybridspec.cache.hybrid_cache import scratch_cache
+    from hybridspec.engine import scratch_request
     from hybridspec.startup_costs import measure_round_costs, scratch_len
     policy = hs.CheckpointPolicy(snapshot_every=1, log_inputs=False)
     new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(GAMMA))
-    costs = measure_round_costs(target, draft, policy, GAMMA, [batch], new_cache, repeats=repeats)
+    costs = measure_round_costs(target, draft, policy, GAMMA, [batch], new_cache, scratch_request, repeats=repeats)
     plain, spec = costs.terms(batch, 0), costs.terms(batch, GAMMA)
     prompts = prompts_for(batch, target.vocab_size)
     return {"batch": batch, "target_step_s": plain.forward_s, "draft_step_s": costs.draft_step(batch),

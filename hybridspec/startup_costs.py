@@ -36,7 +36,6 @@ from .spec.model_drafter import ModelDrafter
 from .spec.round import RowResult
 from .spec.speculator import Speculator
 from .stats import EngineStats
-from .stopping import StopRule
 
 PROMPT_LEN = 8  # tokens each scratch row holds before the measured rounds
 ABSORB_LEN = 16  # tokens per row of the measured absorption (a drafter's backlog forward)
@@ -48,7 +47,7 @@ def scratch_len(gamma_max: int) -> int:
     return PROMPT_LEN + 2 * (gamma_max + 2)
 
 
-def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, new_cache,
+def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, new_cache, new_request,
                         repeats: int = 3) -> RoundCosts:
     """`RoundCosts` of G = T − 1 drafts per row for T in the token grid (1, 2, 3,
     ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in wall seconds: fastest
@@ -56,12 +55,14 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     of its batch. `new_cache(max_seqs, ring_slots)`: a scratch cache of the
     target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
     the drafter's model (None: a drafter without one, whose proposals are
-    host work learned online); `policy`: the engine's checkpoint policy."""
+    host work learned online); `policy`: the engine's checkpoint policy;
+    `new_request(seq_id, params, prompt, first_token)`: an engine request
+    that has emitted its first token (`hybridspec.engine.scratch_request`)."""
     batches = sorted(set(batches))
     tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
     clock = time.perf_counter  # the clock of the phase timers (`EngineStats.phase`)
-    per_batch = [_measure_batch(target, draft_model, policy, gamma_max, b, tokens, new_cache, repeats, clock)
-                 for b in batches]
+    per_batch = [_measure_batch(ScratchRounds(target, draft_model, policy, gamma_max, b, new_cache, new_request),
+                                tokens, repeats, clock) for b in batches]
     table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row, _ in per_batch) for name in TERMS}
     draft_step = tuple(row[min(2, tokens[-1])].draft_s for row, _ in per_batch)  # one step (G = 1), catch-up included
     absorb = None if draft_model is None else tuple(_absorb_s(draft_model, b, repeats, clock) for b in batches)
@@ -71,9 +72,8 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
                       absorb_s=absorb)
 
 
-def _measure_batch(target, draft_model, policy, gamma_max, batch, tokens, new_cache, repeats, clock) -> tuple[dict[int, RoundTerms], float]:
-    """({T: RoundTerms of G = T − 1}, the row draft seconds) at `batch`."""
-    scratch = ScratchRounds(target, draft_model, policy, gamma_max, batch, new_cache)
+def _measure_batch(scratch: "ScratchRounds", tokens, repeats, clock) -> tuple[dict[int, RoundTerms], float]:
+    """({T: RoundTerms of G = T − 1}, the row draft seconds) at the batch of `scratch`."""
     best = {T: dict.fromkeys(("forward_s",) + ROUND_TERMS, math.inf) for T in tokens}
     for index in range(repeats + 1):
         for T in tokens:
@@ -83,7 +83,7 @@ def _measure_batch(target, draft_model, policy, gamma_max, batch, tokens, new_ca
                     best[T][name] = min(best[T][name], value)
     terms = {T: RoundTerms(**{name: value for name, value in best[T].items() if math.isfinite(value)})
              for T in tokens}
-    return terms, _row_draft_s(target, batch, tokens[-1], new_cache, repeats, clock)
+    return terms, _row_draft_s(scratch.target, len(scratch.ids), tokens[-1], scratch.new_cache, repeats, clock)
 
 
 def _row_draft_s(target, batch: int, top: int, new_cache, repeats: int, clock) -> float:
@@ -110,8 +110,7 @@ class ScratchRounds:
     `draft_model`) a drafter, caught up; `plain_step` and `round` time one
     plain step or one round and put both models back where they were."""
 
-    def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache):
-        from .engine import Output, Request  # the engine's own request type (engine imports this module)
+    def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache, new_request):
         halves = ring_halves_by_default(target.device)
         self.target, self.cache = target, new_cache(batch, policy.ring_size(gamma_max, halves=halves))
         self.new_cache, self.gamma_max = new_cache, gamma_max
@@ -120,9 +119,8 @@ class ScratchRounds:
             draft_model, gamma_max, dict(max_seqs=batch, num_blocks=batch * pages, block_size=16))
         vocab = target.vocab_size
         params = SamplingParams(max_new_tokens=1 << 20, temperature=0.0, ignore_eos=True)
-        stops = StopRule(params.max_new_tokens, frozenset(), frozenset())
-        self.requests = [Request(b, params, b, Output([(7 * b + i) % vocab for i in range(PROMPT_LEN)], [(5 * b) % vocab]),
-                                 stops) for b in range(batch)]
+        prompts = [[(7 * b + i) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
+        self.requests = [new_request(b, params, prompt, (5 * b) % vocab) for b, prompt in enumerate(prompts)]
         self.ids = [r.seq_id for r in self.requests]
         self.rows = RowParams.of([params] * batch, [r.seed for r in self.requests], target.device)
         target.prefill(self.cache, self.ids, [r.output.prompt_token_ids for r in self.requests], last_only=True)
