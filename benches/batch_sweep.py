@@ -22,7 +22,8 @@ per wave of B requests the target's prefill (timed here) in both, the
 drafter's absorption of the prompts (start-up `absorb_s`) in the
 speculative one, then the rounds, every term of the plain step and of the
 round (forward, draft, sampling, commit, host) from the adaptive engine's
-start-up measurements (`RoundCosts.terms`), α from the fixed-γ = 4 run's acceptance
+start-up measurement (`hybridspec.startup_costs`, repeated on the bench's
+clock at B), α from the fixed-γ = 4 run's acceptance
 rate at B (`alpha_from_acceptance_rate`); the measured speedup it is set
 against is the best fixed γ's over plain. The predicted and measured
 crossovers are where each falls to 1 (`hs.sim.measured_crossover`).
@@ -90,15 +91,30 @@ def predicted(costs, batch: int, alpha: float, num_tokens: int, prefill_s: float
     return max(options)
 
 
+def terms_on_bench_clock(target, draft, engine):
+    """The adaptive engine's start-up measurement (`hybridspec.startup_costs`)
+    repeated at its largest batch on the clock the bench times with (`--clock`)."""
+    import functools
+    import common
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    from hybridspec.engine import scratch_request
+    from hybridspec.startup_costs import measure_round_costs, scratch_len
+    gamma_max, batch = engine.speculator.gamma, engine.max_batch_size
+    new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(gamma_max))
+    return measure_round_costs(target, draft, engine.speculator.policy, gamma_max, [batch], new_cache,
+                               scratch_request, clock=common.clock)
+
+
 def prefill_seconds(model, prompts: list[list[int]], repeats: int = 2) -> float:
-    """Wall seconds of the target's prefill of one wave of prompts, fastest of `repeats`."""
+    """Seconds (the bench's clock) of the target's prefill of one wave of prompts, fastest of `repeats`."""
+    import common
     from hybridspec.cache.hybrid_cache import scratch_cache
     best = float("inf")
     for _ in range(repeats + 1):
         cache = scratch_cache(model, len(prompts), 2, max_len=max(map(len, prompts)) + 1)
-        began = time.perf_counter()
+        began = common.clock()
         model.prefill(cache, list(range(len(prompts))), prompts, last_only=True)
-        best = min(best, time.perf_counter() - began)
+        best = min(best, common.clock() - began)
     return best
 
 
@@ -123,7 +139,7 @@ def measure(name, target, draft, pool, batch: int, args) -> dict:
     tokens = sum(map(len, outputs["plain"]))
     rate = {v: tokens / seconds[v] for v in VARIANTS}
     fixed4 = engines["gamma=4"].stats.acceptance_rate
-    costs = engines["auto"].gamma_controller.costs
+    costs = terms_on_bench_clock(target, draft, engines["auto"])
     alpha = alpha_from_acceptance_rate(fixed4, 4) if fixed4 > 0 else 0.0
     pred, pred_gamma = predicted(costs, batch, alpha, args.new_tokens, prefill_seconds(target, prompts[:batch]),
                                  args.prompt_len)

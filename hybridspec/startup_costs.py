@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -48,10 +49,11 @@ def scratch_len(gamma_max: int) -> int:
 
 
 def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, new_cache, new_request,
-                        repeats: int = 3) -> RoundCosts:
+                        repeats: int = 3, clock=time.perf_counter) -> RoundCosts:
     """`RoundCosts` of G = T − 1 drafts per row for T in the token grid (1, 2, 3,
-    ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in wall seconds: fastest
-    of `repeats` after a warm-up, each (batch, G) interleaved with the others
+    ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in seconds of `clock`
+    (wall, as the engine's phase timers; `time.process_time` on a CPU other
+    work shares): fastest of `repeats` after a warm-up, each (batch, G) interleaved with the others
     of its batch. `new_cache(max_seqs, ring_slots)`: a scratch cache of the
     target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
     the drafter's model (None: a drafter without one, whose proposals are
@@ -60,7 +62,6 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     that has emitted its first token (`hybridspec.engine.scratch_request`)."""
     batches = sorted(set(batches))
     tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
-    clock = time.perf_counter  # the clock of the phase timers (`EngineStats.phase`)
     per_batch = [_measure_batch(ScratchRounds(target, draft_model, policy, gamma_max, b, new_cache, new_request),
                                 tokens, repeats, clock) for b in batches]
     table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row, _ in per_batch) for name in TERMS}
@@ -153,7 +154,7 @@ class ScratchRounds:
         """One `Speculator.round` of G drafts per row, its terms, reverted afterwards."""
         if self.speculator is None:
             return {"forward_s": self._verify_only(G + 1, clock)}
-        stats = EngineStats()
+        stats = ClockedStats(clock)
         began = clock()
         round = self.speculator.round(self.requests, self.rows, stats, [G] * len(self.ids))
         _sync(self.target.device)()
@@ -170,6 +171,23 @@ class ScratchRounds:
         began = clock()
         self._forwards.forward(num_inputs, every_input=True, last_only=False)
         return clock() - began
+
+
+class ClockedStats(EngineStats):
+    """`EngineStats` whose phase timers read `clock`, so that a round's phases
+    and its whole time are measured alike."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    @contextmanager
+    def phase(self, name: str):
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] += self.clock() - start
 
 
 def _sync(device: torch.device):
