@@ -17,12 +17,16 @@ process's CPU seconds with `--clock cpu` (steadier on a shared machine);
 prefill is included, the same for every variant. Each variant keeps one
 Engine for the warm-up and the repeats, so the adaptive one has learned from
 the warm-up call when it is timed. The predicted speedup at B is
-`hs.sim.speedup(α, γ, c, verify_cost)` at the best γ ≤ 8, with α from the
-fixed-γ = 4 run's acceptance rate at B (`alpha_from_acceptance_rate`), and c
-and verify_cost from the adaptive engine's start-up measurements
-(`RoundCosts`): c = draft step / plain step, verify_cost = forward of γ + 1
-tokens / plain step. The predicted crossover is the first B where it falls
-below 1.
+`hs.sim.generation_speedup` at the better of the fixed γ the sweep runs:
+per wave of B requests the target's prefill (timed here) in both, the
+drafter's absorption of the prompts (start-up `absorb_s`) in the
+speculative one, then the rounds, every term of the plain step and of the
+round (forward, draft, sampling, commit, host) from the adaptive engine's
+start-up measurement (`hybridspec.startup_costs`, repeated on the bench's
+clock at B), α from the fixed-γ = 4 run's acceptance
+rate at B (`alpha_from_acceptance_rate`); the measured speedup it is set
+against is the best fixed γ's over plain. The predicted and measured
+crossovers are where each falls to 1 (`hs.sim.measured_crossover`).
 
 Targets: adaptive ≥ 0.97 × plain at every point, and ≥ 0.95 × the
 best fixed γ.
@@ -72,14 +76,46 @@ def workloads(args) -> list[tuple[str, object, object, list[list[int]]]]:
     return out
 
 
-def predicted(costs, batch: int, alpha: float) -> tuple[float, int]:
-    """(best predicted speedup over plain, its γ) at `batch` from measured costs."""
-    from hybridspec.sim import speedup
-    plain = costs.forward(batch, 1)
-    c = costs.draft_step(batch) / plain
-    options = [(speedup(alpha, g, c, costs.forward(batch, g + 1) / plain), g) for g in range(1, 9)
-               if g + 1 <= costs.tokens[-1]]
+def predicted(costs, batch: int, alpha: float, num_tokens: int, prefill_s: float,
+              prompt_len: int) -> tuple[float, int]:
+    """(best predicted speedup of the timed generate calls over plain, its γ) at
+    `batch` from the measured terms: each wave of `batch` requests pays the
+    prefill (`prefill_s`, both) and the drafter's absorption of its prompts
+    (speculative), then its rounds (`hs.sim.generation_speedup`)."""
+    from hybridspec.sim import expected_tokens, generation_speedup
+    plain = costs.terms(batch, 0)
+    absorb_s = (costs.absorb(batch) or 0.0) * batch * prompt_len
+    options = [(generation_speedup(num_tokens, expected_tokens(alpha, g), plain, costs.terms(batch, g), prefill_s,
+                                   absorb_s), g)
+               for g in (2, 4) if g + 1 <= costs.tokens[-1]]  # the fixed γ the sweep runs
     return max(options)
+
+
+def terms_on_bench_clock(target, draft, engine):
+    """The adaptive engine's start-up measurement (`hybridspec.startup_costs`)
+    repeated at its largest batch on the clock the bench times with (`--clock`)."""
+    import functools
+    import common
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    from hybridspec.engine import scratch_request
+    from hybridspec.startup_costs import measure_round_costs, scratch_len
+    gamma_max, batch = engine.speculator.gamma, engine.max_batch_size
+    new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(gamma_max))
+    return measure_round_costs(target, draft, engine.speculator.policy, gamma_max, [batch], new_cache,
+                               scratch_request, clock=common.clock)
+
+
+def prefill_seconds(model, prompts: list[list[int]], repeats: int = 2) -> float:
+    """Seconds (the bench's clock) of the target's prefill of one wave of prompts, fastest of `repeats`."""
+    import common
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    best = float("inf")
+    for _ in range(repeats + 1):
+        cache = scratch_cache(model, len(prompts), 2, max_len=max(map(len, prompts)) + 1)
+        began = common.clock()
+        model.prefill(cache, list(range(len(prompts))), prompts, last_only=True)
+        best = min(best, common.clock() - began)
+    return best
 
 
 def measure(name, target, draft, pool, batch: int, args) -> dict:
@@ -103,15 +139,18 @@ def measure(name, target, draft, pool, batch: int, args) -> dict:
     tokens = sum(map(len, outputs["plain"]))
     rate = {v: tokens / seconds[v] for v in VARIANTS}
     fixed4 = engines["gamma=4"].stats.acceptance_rate
-    costs = engines["auto"].gamma_controller.costs
+    costs = terms_on_bench_clock(target, draft, engines["auto"])
     alpha = alpha_from_acceptance_rate(fixed4, 4) if fixed4 > 0 else 0.0
-    pred, pred_gamma = predicted(costs, batch, alpha)
+    pred, pred_gamma = predicted(costs, batch, alpha, args.new_tokens, prefill_seconds(target, prompts[:batch]),
+                                 args.prompt_len)
     counts = engines["auto"].stats.gamma_counts
     best_fixed = max(rate["gamma=2"], rate["gamma=4"])
     return {"workload": name, "batch": batch, "requests": len(prompts), **{f"{v} tok/s": rate[v] for v in VARIANTS},
             "gamma=2 / plain": rate["gamma=2"] / rate["plain"], "gamma=4 / plain": rate["gamma=4"] / rate["plain"],
             "auto / plain": rate["auto"] / rate["plain"], "auto / best fixed": rate["auto"] / best_fixed,
             "predicted speedup": pred, "predicted gamma": pred_gamma, "acceptance (gamma=4)": fixed4,
+            "measured speedup": best_fixed / rate["plain"],
+            "prediction error": best_fixed / rate["plain"] / pred - 1.0,
             "auto mean gamma": sum(g * n for g, n in counts.items()) / max(sum(counts.values()), 1),
             "auto gamma counts": dict(sorted(counts.items())), "same tokens": same}
 
@@ -143,6 +182,21 @@ def plot(rows: list[dict], path) -> None:
     save_png(fig, path)
 
 
+def fidelity(rows: list[dict]) -> dict:
+    """Per workload, the predicted and the measured crossover (best fixed γ over plain), printed."""
+    from hybridspec.sim import measured_crossover
+    out = {}
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        own = [r for r in rows if r["workload"] == name]
+        cross = {kind: measured_crossover([{"batch": r["batch"], "speedup": {"value": r[key], "source": "measured"}}
+                                           for r in own])
+                 for kind, key in (("predicted", "predicted speedup"), ("measured", "measured speedup"))}
+        print(f"{name}: predicted crossover batch {cross['predicted']['batch']} ({cross['predicted']['note']}); "
+              f"measured {cross['measured']['batch']} ({cross['measured']['note']})")
+        out[name] = cross
+    return out
+
+
 def main(argv=None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
@@ -167,14 +221,16 @@ def main(argv=None) -> int:
             print(f"[{time.perf_counter() - began:6.0f} s] {name} B={batch}: auto/plain {row['auto / plain']:.2f}, "
                   f"auto/best fixed {row['auto / best fixed']:.2f}", file=sys.stderr, flush=True)
     columns = ["workload", "batch", "plain tok/s", "gamma=2 / plain", "gamma=4 / plain", "auto / plain",
-               "auto / best fixed", "auto mean gamma", "acceptance (gamma=4)", "predicted speedup", "same tokens"]
+               "auto / best fixed", "auto mean gamma", "acceptance (gamma=4)", "predicted speedup", "predicted gamma",
+               "measured speedup", "prediction error", "same tokens"]
     print_table(rows, columns)
+    crossovers = fidelity(rows)
     misses = [r for r in rows if r["auto / plain"] < 0.97 or r["auto / best fixed"] < 0.95]
     print(f"targets (auto >= 0.97 x plain and >= 0.95 x best fixed): met at {len(rows) - len(misses)} of "
           f"{len(rows)} points")
     path = write_json(args.out or "batch_sweep.json",
                       {"machine": describe_machine(), "threads": threads, "args": {k: str(v) for k, v in vars(args).items()},
-                       "rows": rows})
+                       "rows": rows, "crossover": crossovers})
     plot(rows, path.with_suffix(".png"))
     return 0 if all(r["same tokens"] for r in rows) else 1
 

@@ -16,16 +16,20 @@ an amount ε controls; the acceptance it gives is measured. Nothing is downloade
 Both are packed as `hs.load` packs on CPU (input-major linear weights, so the
 few-row kernel of `kernels/cpu_rows.c` takes products of up to 96 rows).
 
-Per batch B, alternating call by call (fastest of the repeats, process CPU
-time: the machine is shared): a plain decode step of the target, one drafter
-step, and the verify forward over γ + 1 inputs with a snapshot after every
-input (policy k = 1, the one the engine runs). Then the engine generates the
-same tokens plainly and speculatively (k = 1); the measured speedup is the
-ratio of the two CPU times of `generate` (prefill included in both).
-The predicted speedup is `hybridspec simulate --measured`'s:
-E[tokens](α) · target_step / (γ · draft_step + verify + replay), with α from the
-acceptance rate pooled over all batches and replay_s the engine's commit phase
-per round; "own α" uses each batch's own acceptance rate instead.
+Per batch B the terms of a plain step and of a round drafting γ are the
+engine's own start-up measurement (`hybridspec.startup_costs`, the terms
+`num_draft_tokens="auto"` chooses from: forward, draft, sampling, commit,
+host; process CPU seconds on scratch caches, as the engine runs are timed,
+policy k = 1). Then the engine
+generates the same tokens plainly and speculatively (k = 1); the measured
+speedup is the ratio of the two CPU times of `generate` (prefill included in
+both). Two predictions: "rounds" is `hybridspec simulate --measured`'s,
+`hs.sim.round_speedup`: E[tokens](α) · plain step / round, each the sum of
+its terms; "generate" (`hs.sim.generation_speedup`) adds what the timed
+`generate` calls also pay: the target's prefill of the prompts (timed here,
+fastest of the repeats) in both, and the drafter's absorption of the prompts
+(the engine's start-up `absorb_s` per token) in the speculative one. α is
+the acceptance rate pooled over all batches; "own α" uses each batch's own.
 
     python benches/round_cost.py            # the measurement (minutes)
     python benches/round_cost.py --quick    # tiny models, batch 1 and 2, seconds
@@ -42,7 +46,7 @@ import torch
 import hybridspec as hs
 from common import bench_parser, describe_machine, out_dir, print_table, set_threads, write_json
 from hybridspec.sim.measured import SCHEMA
-from memory_vs_replay import build_bamba, cpu_side_by_side, prompts_for
+from memory_vs_replay import build_bamba, prompts_for
 
 FULL = dict(hidden_size=512, num_hidden_layers=8, attn_layer_indices=[4], intermediate_size=1536,
             num_attention_heads=8, num_key_value_heads=2, mamba_n_heads=16, mamba_d_head=64, mamba_d_state=128,
@@ -71,7 +75,7 @@ def build_pair(shape: dict, epsilon: float):
     return target, draft
 
 
-class ScratchCache:
+class ScratchCache:  # the other benches' repeatable forwards
     """A cache of `model` holding `batch` prefilled prompts, rolled back to the
     prompt after every timed forward."""
 
@@ -100,12 +104,43 @@ class ScratchCache:
 
 
 def step_times(target, draft, batch: int, repeats: int) -> dict:
-    """CPU seconds of a target step, a drafter step and a verify forward at
-    `batch`, alternating call by call, fastest of `repeats`."""
-    plain, drafting = ScratchCache(target, batch), ScratchCache(draft, batch)
-    t = cpu_side_by_side({"target": lambda: plain.forward(1), "draft": lambda: drafting.forward(1),
-                          "verify": lambda: plain.forward(GAMMA + 1)}, repeats)
-    return {"batch": batch, "target_step_s": t["target"], "draft_step_s": t["draft"], "verify_s": t["verify"]}
+    """The engine's start-up terms at `batch` (plain step and a round of γ
+    drafts per row, policy k = 1) as a `hybridspec.round_cost/v1` batch entry."""
+    import functools
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    from hybridspec.engine import scratch_request
+    from hybridspec.startup_costs import measure_round_costs, scratch_len
+    policy = hs.CheckpointPolicy(snapshot_every=1, log_inputs=False)
+    new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(GAMMA))
+    costs = measure_round_costs(target, draft, policy, GAMMA, [batch], new_cache, scratch_request, repeats=repeats,
+                                clock=time.process_time)  # CPU time: the machine is shared
+    plain, spec = costs.terms(batch, 0), costs.terms(batch, GAMMA)
+    prompts = prompts_for(batch, target.vocab_size)
+    return {"batch": batch, "target_step_s": plain.forward_s, "draft_step_s": costs.draft_step(batch),
+            "verify_s": spec.forward_s, "draft_s": spec.draft_s, "sampling_s": spec.sampling_s,
+            "commit_s": spec.commit_s, "host_s": spec.host_s, "replay_s": spec.replay_s,
+            "plain_sampling_s": plain.sampling_s, "plain_host_s": plain.host_s,
+            "prefill_s": prefill_seconds(target, prompts, repeats),
+            "absorb_s": costs.absorb(batch) * batch * len(prompts[0])}
+
+
+def prefill_seconds(model, prompts: list[list[int]], repeats: int) -> float:
+    """CPU seconds of the target's prefill of `prompts` (which gives each first token), fastest of `repeats`."""
+    from hybridspec.cache.hybrid_cache import scratch_cache
+    best = float("inf")
+    for _ in range(repeats + 1):
+        cache = scratch_cache(model, len(prompts), 2, max_len=len(prompts[0]) + 1)
+        began = time.process_time()
+        model.prefill(cache, list(range(len(prompts))), prompts, last_only=True)
+        best = min(best, time.process_time() - began)
+    return best
+
+
+def generate_speedup(entry, step: dict, num_tokens: int, tokens_per_round: float) -> float:
+    """The predicted speedup of the `generate` calls the bench times: prefill,
+    the drafter's absorption of the prompts, then rounds (`hs.sim.generation_speedup`)."""
+    return hs.sim.generation_speedup(num_tokens, tokens_per_round, entry.plain, entry.round,
+                                     step["prefill_s"], step["absorb_s"])
 
 
 def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> dict:
@@ -133,14 +168,6 @@ def engine_speedup(target, draft, batch: int, num_tokens: int, repeats: int) -> 
             "equals_plain": outputs["plain"] == outputs["spec"]}
 
 
-def own_alpha_speedup(step: dict, run: dict) -> float:
-    """simulate --measured's speedup with this batch's own acceptance rate:
-    E[tokens](α) · target_step / (γ · draft_step + verify + replay)."""
-    alpha = hs.sim.alpha_from_acceptance_rate(run["acceptance_rate"], GAMMA)
-    round_s = GAMMA * step["draft_step_s"] + step["verify_s"] + run["replay_s"]
-    return hs.sim.expected_tokens(alpha, GAMMA) * step["target_step_s"] / round_s
-
-
 def crossover_of(rows: list[dict], key: str) -> dict:
     """`hs.sim.measured_crossover` over the speedups in `rows[key]`."""
     return hs.sim.measured_crossover([{"batch": r["batch"], "speedup": {"value": r[key], "source": "measured"}}
@@ -165,32 +192,40 @@ def main(argv=None) -> int:
     for batch in batches:
         num_tokens = args.tokens or (8 if args.quick else 24 if batch <= 8 else 16)
         repeats = args.repeats or (1 if args.quick else 3 if batch <= 8 else 2)
-        steps.append(step_times(target, draft, batch, repeats=3 if args.quick else 5))
+        steps.append(step_times(target, draft, batch, repeats=2 if args.quick else 3))
         runs.append(engine_speedup(target, draft, batch, num_tokens, repeats) | {"tokens": num_tokens})
         print(f"batch {batch}: {steps[-1]} {runs[-1]}", flush=True)
     rate = sum(r["accepted"] for r in runs) / max(sum(r["drafted"] for r in runs), 1)
     measured = {"schema": SCHEMA, "machine": machine, "model": f"random Bamba {target.num_parameters() / 1e6:.1f}M",
                 "draft": f"its first {DRAFT_LAYERS} layers (ε = {args.epsilon})", "acceptance_rate": rate,
                 "gamma": GAMMA, "snapshot_every": 1, "log_inputs": False,
-                "batches": [dict(s, replay_s=r["replay_s"]) for s, r in zip(steps, runs)]}
+                "batches": steps}
     run = hs.sim.parse_measured(measured)
     predicted = {row["batch"]: row for row in hs.sim.measured_rows(run)}
-    rows = [{"batch": s["batch"], "target_ms": 1e3 * s["target_step_s"], "c": predicted[s["batch"]]["c"]["value"],
-             "verify_cost": predicted[s["batch"]]["verify_cost"]["value"],
-             "replay_cost": predicted[s["batch"]]["replay_cost"]["value"],
-             "predicted": predicted[s["batch"]]["speedup"]["value"], "measured": r["measured_speedup"],
-             "error": r["measured_speedup"] / predicted[s["batch"]]["speedup"]["value"] - 1.0,
-             "predicted_own": own_alpha_speedup(s, r), "tokens": r["tokens"],
-             "acceptance": r["acceptance_rate"], "plain_tok_s": r["plain_tok_s"], "spec_tok_s": r["spec_tok_s"],
-             "equals_plain": r["equals_plain"]} for s, r in zip(steps, runs)]
+    entries = {entry.batch: entry for entry in run.batches}
+    rows = []
+    for s, r in zip(steps, runs):
+        b = s["batch"]
+        own_tokens = hs.sim.expected_tokens(hs.sim.alpha_from_acceptance_rate(r["acceptance_rate"], GAMMA), GAMMA)
+        generate = generate_speedup(entries[b], s, r["tokens"], run.tokens_per_round)
+        rows.append({"batch": b, "target_ms": 1e3 * s["target_step_s"], "c": predicted[b]["c"]["value"],
+                     "verify_cost": predicted[b]["verify_cost"]["value"],
+                     "round_ms": 1e3 * hs.sim.round_seconds(entries[b].round),
+                     "predicted_rounds": predicted[b]["speedup"]["value"], "predicted": generate,
+                     "measured": r["measured_speedup"], "error": r["measured_speedup"] / generate - 1.0,
+                     "predicted_own": generate_speedup(entries[b], s, r["tokens"], own_tokens),
+                     "tokens": r["tokens"], "acceptance": r["acceptance_rate"], "plain_tok_s": r["plain_tok_s"],
+                     "spec_tok_s": r["spec_tok_s"], "equals_plain": r["equals_plain"]})
     print_table(rows, ["batch", ("target_ms", "target step ms"), "c", ("verify_cost", "verify (steps)"),
-                       ("replay_cost", "commit (steps)"), ("predicted", "predicted x"), ("measured", "measured x"),
-                       "error", "acceptance", ("predicted_own", "predicted x, own α"), "tokens",
-                       ("equals_plain", "= plain")],
+                       ("round_ms", "round ms (all terms)"), ("predicted_rounds", "predicted x, rounds"),
+                       ("predicted", "predicted x, generate"), ("measured", "measured x"), "error", "acceptance",
+                       ("predicted_own", "predicted x, own α"), "tokens", ("equals_plain", "= plain")],
                 title=f"γ = {GAMMA}, pooled acceptance rate {rate:.3f} (α = {run.alpha:.3f}), "
-                      f"E[tokens] = {run.tokens_per_round:.3f} (hybridspec simulate --measured); "
-                      "'own α': the same formula with each batch's own acceptance")
+                      f"E[tokens] = {run.tokens_per_round:.3f}; 'rounds': hybridspec simulate --measured's "
+                      "(round_speedup); 'generate': with the prefill and the drafter's absorption of the prompts "
+                      "(generation_speedup), what 'measured' times; 'own α': each batch's own acceptance")
     crossovers = {"predicted": crossover_of(rows, "predicted"), "measured": crossover_of(rows, "measured"),
+                  "predicted_rounds": crossover_of(rows, "predicted_rounds"),
                   "predicted_own": crossover_of(rows, "predicted_own")}
     for name, cross in crossovers.items():
         print(f"{name} crossover batch: {cross['batch']} ({cross['note']})")

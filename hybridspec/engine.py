@@ -37,9 +37,10 @@ from .requests import engine_eos_ids, engine_sizes, normalize_requests
 from .scheduler import Scheduler
 from .sampling import RowParams, SamplingParams, derived_seed
 from .spec.drafters import Drafter, as_draft, as_drafter
-from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController, measure_round_costs, measured_batches
+from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController, measured_batches
 from .spec.round import RowResult
 from .spec.speculator import Speculator
+from .startup_costs import measure_round_costs, scratch_len
 from .stats import EngineStats
 from .stopping import Cut, Decode, StopRule
 
@@ -129,6 +130,13 @@ class Request:
     def finished(self) -> bool:
         return self.output.finish_reason is not None
 
+
+
+def scratch_request(seq_id: int, params: SamplingParams, prompt: list[int], first_token: int) -> Request:
+    """A request that has emitted its first token and never stops, for start-up
+    measurements (`hybridspec.startup_costs`); seeded by its id."""
+    stops = StopRule(params.max_new_tokens, frozenset(), frozenset())
+    return Request(seq_id, params, seq_id, Output(list(prompt), [first_token]), stops)
 
 
 def check_tensor_parallel(target: HybridModel, size: int | None):
@@ -292,11 +300,10 @@ class Engine:
 
     def _gamma_controller(self, drafter: Drafter, gamma_max: int) -> GammaController:
         """γ per round from costs measured now on scratch caches of this engine's models."""
-        draft_model = drafter.model
-        new_draft_cache = None if draft_model is None else functools.partial(scratch_cache, draft_model)
-        costs = measure_round_costs(self.target, draft_model, gamma_max, measured_batches(self.max_batch_size),
-                                    functools.partial(scratch_cache, self.target, state_dtype=self.state_dtype),
-                                    new_draft_cache)
+        new_cache = functools.partial(scratch_cache, self.target, state_dtype=self.state_dtype,
+                                      max_len=scratch_len(gamma_max))
+        costs = measure_round_costs(self.target, drafter.model, self.speculator.policy, gamma_max,
+                                    measured_batches(self.max_batch_size), new_cache, scratch_request)
         return GammaController(gamma_max, costs)
 
     def _new_cache(self, ring_slots: int) -> HybridCache:

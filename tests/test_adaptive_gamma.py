@@ -35,7 +35,7 @@ def test_cheap_drafts_with_high_acceptance_draft_the_most():
 
 
 def test_expensive_drafts_or_low_acceptance_give_plain_steps():
-    expensive = GammaController(GAMMA_MAX, costs(draft_step=2.0))
+    expensive = GammaController(GAMMA_MAX, costs(draft_step=0.6))  # pays only if nearly every draft is accepted
     assert expensive.choose([0], [10]) == [GAMMA_MAX // 2]  # the first round probes
     assert GammaController(GAMMA_MAX, costs(draft_step=0.3)).choose([0], [10]) == [GAMMA_MAX // 2]  # not G = 1
     expensive.observe([0], [2], [1], [2])
@@ -43,6 +43,43 @@ def test_expensive_drafts_or_low_acceptance_give_plain_steps():
     controller = GammaController(GAMMA_MAX, costs())
     teach(controller, [0], alpha_hits=0)
     assert controller.choose([0], [10]) == [0]
+
+
+def test_where_no_gamma_pays_even_at_full_acceptance_rows_run_plain_and_nothing_is_probed():
+    """Drafter steps so dear that G + 1 tokens per round lose to G + 1 plain
+    steps: no first-round probe, no probe after PROBE_EVERY idle rounds, at any
+    acceptance the controller has seen."""
+    never = GammaController(GAMMA_MAX, costs(draft_step=2.0))
+    for _ in range(3 * PROBE_EVERY):
+        assert never.choose([0, 1], [100, 100]) == [0, 0]
+        never.observe([0, 1], [0, 0], [0, 0], [0, 0], {"verify": 1.0, "sampling": 0.1})
+    teach(never, [0, 1], alpha_hits=4)  # even after perfect acceptance
+    assert never.choose([0, 1], [100, 100]) == [0, 0]
+    # the same drafter with the non-forward terms measured: they tip a narrow win into a loss
+    terms = dict(sampling_s=((0.1,) * 5,) * 2, commit_s=((0.0,) + (0.8,) * 4,) * 2, host_s=((0.0,) + (0.9,) * 4,) * 2)
+    narrow = costs(draft_step=0.6)
+    assert GammaController(GAMMA_MAX, narrow).choose([0], [100]) == [GAMMA_MAX // 2]
+    dear = RoundCosts(narrow.batches, narrow.tokens, narrow.forward_s, narrow.draft_step_s, narrow.row_draft_s, **terms)
+    assert GammaController(GAMMA_MAX, dear).choose([0], [100]) == [0]
+
+
+def test_the_round_cost_is_the_sum_of_its_measured_terms():
+    """`round_cost` before anything is learned is `hs.sim.round_seconds` of the
+    start-up terms; a term measured as a table replaces G · draft_step."""
+    table = lambda *values: (tuple(values),) * 2  # the same at both measured batches
+    measured = RoundCosts((1, 8), (1, 2, 3, 4, 5), table(1.0, 1.1, 1.2, 1.3, 1.4), (0.05, 0.05), (0.0, 0.0),
+                          draft_s=table(0.0, 0.2, 0.3, 0.4, 0.5), sampling_s=table(0.01, 0.02, 0.03, 0.04, 0.05),
+                          commit_s=table(0.0, 0.1, 0.1, 0.1, 0.1), host_s=table(0.05, 0.06, 0.07, 0.08, 0.09))
+    controller = GammaController(GAMMA_MAX, measured)
+    assert controller.round_cost(1, 0) == pytest.approx(1.0 + 0.01 + 0.05)
+    assert controller.round_cost(4, 3) == pytest.approx(1.3 + 0.4 + 0.04 + 0.1 + 0.08)
+    assert measured.terms(4, 3) == hs.sim.RoundTerms(forward_s=1.3, draft_s=0.4, sampling_s=0.04, commit_s=0.1,
+                                                     host_s=0.08)
+    assert controller.round_cost(1, 2) == pytest.approx(hs.sim.round_seconds(measured.terms(1, 2)))
+    for _ in range(40):  # sampling, commit and host really cost 0.1 more than measured
+        controller.observe([0], [4], [2], [4], {"verify": 1.4, "draft": 0.5, "sampling": 0.05, "commit": 0.1,
+                                                "round": 1.4 + 0.5 + 0.05 + 0.1 + 0.09 + 0.1})
+    assert controller.round_cost(1, 4) == pytest.approx(1.4 + 0.5 + 0.05 + 0.1 + 0.09 + 0.1, rel=0.02)
 
 
 def test_the_choice_maximises_expected_tokens_per_second():

@@ -5,12 +5,15 @@ typed error that leaves every sequence as it was. The protocol is all the
 Engine asks: a drafter of no class of ours that answers it with a model,
 cache and prefix store is run like a model drafter; one that lacks part of it
 is refused. `Engine(draft=...)` takes what `LLM(draft=...)` takes."""
+import dataclasses
+
 import pytest
 import torch
 
 import hybridspec as hs
 from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.rollback import perturbed_copy, witness_bookkeeping
+from hybridspec.spec.gamma import GammaController
 from oracles import bamba
 
 
@@ -125,7 +128,12 @@ def test_a_drafter_is_run_by_what_it_answers_not_by_its_class(target):
     engine = hs.Engine(target, draft=Forwarding(inner), num_draft_tokens="auto", max_draft_tokens=3, **sizes)
     engine.check_invariants = engine.speculator.check = True
     assert engine.scheduler.caches[1] is inner.cache
-    assert all(s > 0 for s in engine.gamma_controller.costs.draft_step_s)
+    measured = engine.gamma_controller.costs
+    assert all(s > 0 for s in measured.draft_step_s)
+    # the drafter is as large as the target, so no γ pays and "auto" would run plain steps only:
+    # its steps priced at nothing, the rounds draft and exercise the protocol
+    free_drafts = dataclasses.replace(measured, draft_step_s=(0.0,) * len(measured.batches), draft_s=None)
+    engine.gamma_controller = GammaController(3, free_drafts)
     got = [o.token_ids for o in engine.generate(PROMPTS + PROMPTS, params)]
     assert got == [o.token_ids for o in hs.Engine(target, **sizes).generate(PROMPTS + PROMPTS, params)]
     assert engine.stats.drafted_tokens > 0 and engine.stats.preemptions > 0

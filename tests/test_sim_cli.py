@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hybridspec.errors import ConfigError
+import hybridspec.sim as hs_sim
 from hybridspec.sim import cli as simulate_cli
 from hybridspec.sim import expected_tokens, measured_crossover, parse_measured
 from hybridspec.sim.measured import measured_rows
@@ -140,3 +141,35 @@ def test_hybridspec_cli_dispatches_simulate(capsys):
 
     assert main(["simulate", "--rounds", "2000", "--alphas", "0.8", "--gammas", "4"]) == 0
     assert "3.3616" in capsys.readouterr().out
+
+
+def test_every_round_term_has_its_own_line_in_simulate_measured(capsys):
+    """Each term of `hs.sim.RoundTerms`, of the plain step and of the round, is
+    a line of `simulate --measured` and a labelled figure of its JSON, and the
+    speedup is `round_speedup` of those terms."""
+    code, out, _ = _run(FAST + ["--measured", str(EXAMPLE)], capsys)
+    assert code == 0
+    for kind in ("plain", "round"):
+        for term in hs_sim.TERMS:
+            assert sum(line.split()[:2] == [kind, term] for line in out.splitlines()) == 1, (kind, term)
+        assert sum(line.split()[:2] == [kind, "total"] for line in out.splitlines()) == 1
+    run = parse_measured(json.loads(EXAMPLE.read_text()))
+    for row, entry in zip(measured_rows(run), run.batches):
+        assert set(row["terms"]) == {f"{kind} {term}" for kind in ("plain", "round") for term in hs_sim.TERMS}
+        assert row["speedup"]["value"] == pytest.approx(
+            run.tokens_per_round * hs_sim.round_seconds(entry.plain) / hs_sim.round_seconds(entry.round))
+
+
+def test_the_speedup_counts_every_term():
+    """Known terms give a known speedup; a term left out of the file is 0 and labelled assumed."""
+    data = {"schema": "hybridspec.round_cost/v1", "machine": "test", "alpha": 1.0, "gamma": 2,
+            "batches": [{"batch": 1, "target_step_s": 1.0, "draft_step_s": 0.5, "verify_s": 1.5, "draft_s": 0.8,
+                         "sampling_s": 0.1, "commit_s": 0.2, "host_s": 0.3, "replay_s": 0.1,
+                         "plain_sampling_s": 0.05, "plain_host_s": 0.15}]}
+    [row] = measured_rows(parse_measured(data))
+    assert row["speedup"] == {"value": pytest.approx(3 * 1.2 / 3.0), "source": "measured"}
+    del data["batches"][0]["draft_s"], data["batches"][0]["host_s"]  # γ · draft_step stands in; host: 0, assumed
+    [row] = measured_rows(parse_measured(data))
+    assert row["terms"]["round draft_s"] == {"value": 1.0, "source": "measured"}
+    assert row["terms"]["round host_s"] == {"value": 0.0, "source": "assumed"}
+    assert row["speedup"] == {"value": pytest.approx(3 * 1.2 / 2.9), "source": "assumed"}

@@ -3,7 +3,8 @@
 Closed forms under i.i.d. acceptance (`expected_tokens`, `speedup`,
 `optimal_gamma`), a Monte Carlo that confirms them (`simulate`), the cost of
 checkpoint policies on hybrid models (`expected_replay_steps`, ...), a roofline
-`CostModel` with presets, and `crossover_batch`, the batch where the gain
+`CostModel` with presets, the measured terms of a whole round
+(`RoundTerms`, `round_seconds`: the one formula adaptive γ uses too) and `crossover_batch`, the batch where the gain
 turns into a loss. Derivations: docs/simulator.md.
 """
 from hybridspec.sim.checkpoint_terms import (
@@ -34,6 +35,7 @@ from hybridspec.sim.cost_model import (
 from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
 from hybridspec.sim.measured import MeasuredRun, load_measured, measured_crossover, measured_rows, parse_measured
 from hybridspec.sim.montecarlo import SimResult, simulate, simulate_replay_steps, simulate_with_stderr
+from hybridspec.sim.round_terms import TERMS, RoundTerms, generation_speedup, round_seconds, round_speedup
 from hybridspec.sim.presets import BAMBA_9B, H200, NEMOTRON_H_8B, PRESETS, Preset, small_hybrid_draft
 from hybridspec.sim.shapes import HybridShape
 
@@ -51,8 +53,10 @@ __all__ = [
     "MeasuredRun",
     "ModelCost",
     "Preset",
+    "RoundTerms",
     "RoundTime",
     "SimResult",
+    "TERMS",
     "StepCosts",
     "accepted_distribution",
     "alpha_from_acceptance_rate",
@@ -60,6 +64,7 @@ __all__ = [
     "expected_accepted",
     "expected_replay_steps",
     "expected_tokens",
+    "generation_speedup",
     "load_measured",
     "measured_crossover",
     "measured_rows",
@@ -67,6 +72,8 @@ __all__ = [
     "parse_measured",
     "replay_probability",
     "replay_steps",
+    "round_seconds",
+    "round_speedup",
     "round_time",
     "simulate",
     "simulate_replay_steps",

@@ -19,9 +19,18 @@
          "target_step_s": 0.0061,                    plain decode step (1 token per sequence)
          "draft_step_s": 0.0004,                     one drafter forward
          "verify_s": 0.0066,                         verify forward incl. snapshot and log writes
-         "replay_s": 0.0}                            optional: mean replay time per round;
-      ]                                              missing = assumed 0
+         "replay_s": 0.0,                            optional: mean replay time per round
+         "draft_s": 0.0015,                          optional: the drafter's part of a round (catch-up
+                                                     and gamma steps); missing = gamma * draft_step_s
+         "sampling_s": 0.0002, "commit_s": 0.0001,   optional: the round's acceptance and commit
+         "host_s": 0.0003,                           optional: the round's own bookkeeping
+         "plain_sampling_s": 0.0001,                 optional: a plain step's sampling
+         "plain_host_s": 0.0001}                     optional: a plain step's own bookkeeping
+      ]                                              optional terms missing = assumed 0
     }
+
+The speedup is `hs.sim.round_speedup`: tokens_per_round · round(B, 0) / round(B, γ),
+each round the sum of its `RoundTerms` (`hybridspec.sim.round_terms`).
 
 Times are seconds for the whole batch. A figure computed only from measured
 inputs is labelled measured; one that uses any assumed input is labelled assumed.
@@ -36,6 +45,7 @@ from typing import Any, Optional
 
 from hybridspec.errors import ConfigError
 from hybridspec.sim.closed_form import alpha_from_acceptance_rate, expected_tokens
+from hybridspec.sim.round_terms import TERMS, RoundTerms, round_speedup
 from hybridspec.sim.validation import check_alpha, check_cost, check_gamma, check_int, check_snapshot_every
 
 SCHEMA = "hybridspec.round_cost/v1"
@@ -47,6 +57,12 @@ def figure(value: Any, source: str) -> dict:
     return {"value": value, "source": source}
 
 
+# optional per-batch fields: (name in the file, the term it gives, of the plain step or the round)
+OPTIONAL_TERMS = (("replay_s", "replay_s", False), ("sampling_s", "sampling_s", False),
+                  ("commit_s", "commit_s", False), ("host_s", "host_s", False),
+                  ("plain_sampling_s", "sampling_s", True), ("plain_host_s", "host_s", True))
+
+
 @dataclass(frozen=True)
 class MeasuredBatch:
     batch: int
@@ -55,6 +71,9 @@ class MeasuredBatch:
     verify_s: float
     replay_s: float
     replay_source: str  # MEASURED, or ASSUMED when the file left replay_s out
+    plain: RoundTerms  # a plain step's terms
+    round: RoundTerms  # a round's terms (the drafter's: draft_s, else γ · draft_step_s)
+    sources: dict  # "plain <term>" / "round <term>" -> MEASURED or ASSUMED (0 because the file left it out)
 
 
 @dataclass(frozen=True)
@@ -78,7 +97,7 @@ def _field(data: dict, key: str, where: str) -> Any:
     return data[key]
 
 
-def _parse_batch(entry: Any, index: int) -> MeasuredBatch:
+def _parse_batch(entry: Any, index: int, gamma: int) -> MeasuredBatch:
     where = f"batches[{index}]"
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}={entry!r} is invalid: pass an object with batch and step times")
@@ -86,12 +105,23 @@ def _parse_batch(entry: Any, index: int) -> MeasuredBatch:
         key: check_cost(_field(entry, key, where), f"{where}.{key}", positive=True)
         for key in ("target_step_s", "verify_s")
     }
-    has_replay = "replay_s" in entry
+    draft_step = check_cost(_field(entry, "draft_step_s", where), f"{where}.draft_step_s")
+    plain, spec = {"forward_s": times["target_step_s"]}, {"forward_s": times["verify_s"]}
+    draft = entry.get("draft_s")
+    spec["draft_s"] = gamma * draft_step if draft is None else check_cost(draft, f"{where}.draft_s")
+    sources = {f"{kind} {term}": MEASURED for kind, terms in (("plain", plain), ("round", spec)) for term in terms}
+    for key, term, of_plain in OPTIONAL_TERMS:
+        value = check_cost(entry[key], f"{where}.{key}") if key in entry else 0.0
+        (plain if of_plain else spec)[term] = value
+        sources[f"{'plain' if of_plain else 'round'} {term}"] = MEASURED if key in entry else ASSUMED
     return MeasuredBatch(
         batch=check_int(_field(entry, "batch", where), f"{where}.batch", minimum=1),
-        draft_step_s=check_cost(_field(entry, "draft_step_s", where), f"{where}.draft_step_s"),
-        replay_s=check_cost(entry["replay_s"], f"{where}.replay_s") if has_replay else 0.0,
-        replay_source=MEASURED if has_replay else ASSUMED,
+        draft_step_s=draft_step,
+        replay_s=spec["replay_s"],
+        replay_source=sources["round replay_s"],
+        plain=RoundTerms(**plain),
+        round=RoundTerms(**spec),
+        sources=sources,
         **times,
     )
 
@@ -123,7 +153,7 @@ def parse_measured(data: Any) -> MeasuredRun:
     entries = _field(data, "batches", "measured file")
     if not isinstance(entries, list) or not entries:
         raise ConfigError("measured file: 'batches' must be a non-empty list of objects")
-    batches = tuple(sorted((_parse_batch(entry, i) for i, entry in enumerate(entries)), key=lambda b: b.batch))
+    batches = tuple(sorted((_parse_batch(entry, i, gamma) for i, entry in enumerate(entries)), key=lambda b: b.batch))
     sizes = [b.batch for b in batches]
     if len(set(sizes)) != len(sizes):
         raise ConfigError(f"measured file: batch sizes {sizes} repeat; give one entry per batch size")
@@ -158,18 +188,21 @@ def load_measured(path: str | Path) -> MeasuredRun:
 
 
 def measured_rows(run: MeasuredRun) -> list[dict]:
-    """Per batch: c, verify and replay cost (in plain steps) and the speedup
-    E[tokens] · target_step / (γ·draft_step + verify + replay), labelled."""
+    """Per batch: c, verify and replay cost (in plain steps), every term of the
+    plain step and of the round (seconds), and the speedup
+    `round_speedup(tokens_per_round, plain, round)`, labelled."""
     rows = []
     for entry in run.batches:
-        round_s = run.gamma * entry.draft_step_s + entry.verify_s + entry.replay_s
+        speedup_source = ASSUMED if ASSUMED in entry.sources.values() else MEASURED
         rows.append({
             "batch": entry.batch,
             "target_step_s": figure(entry.target_step_s, MEASURED),
             "c": figure(entry.draft_step_s / entry.target_step_s, MEASURED),
             "verify_cost": figure(entry.verify_s / entry.target_step_s, MEASURED),
             "replay_cost": figure(entry.replay_s / entry.target_step_s, entry.replay_source),
-            "speedup": figure(run.tokens_per_round * entry.target_step_s / round_s, entry.replay_source),
+            "terms": {f"{kind} {term}": figure(getattr(terms, term), entry.sources.get(f"{kind} {term}", MEASURED))
+                      for kind, terms in (("plain", entry.plain), ("round", entry.round)) for term in TERMS},
+            "speedup": figure(round_speedup(run.tokens_per_round, entry.plain, entry.round), speedup_source),
         })
     return rows
 

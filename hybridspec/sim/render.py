@@ -106,9 +106,27 @@ def render_measured(measured: dict) -> list[str]:
             f"  {row['batch']:>6} {step_ms:>18} {_cell(row, 'c', '.3f'):>10} {_cell(row, 'verify_cost', '.3f'):>14} "
             f"{_cell(row, 'replay_cost', '.3f'):>14} {_cell(row, 'speedup', '.2f'):>12}"
         )
+    lines += render_terms(measured["rows"])
     crossover = measured["crossover"]
     value = "-" if crossover["batch"] is None else str(crossover["batch"])
     lines.append(f"  crossover batch {value} {_TAG[crossover['source']]}: {crossover['note']}")
+    return lines
+
+
+def render_terms(rows: list[dict]) -> list[str]:
+    """One line per term of the plain step and of the round (ms, whole batch),
+    one column per measured batch: the sums the speedup divides."""
+    header = "  " + f"{'term (ms per step or round)':<30}" + "".join(f"{'batch ' + str(r['batch']):>16}" for r in rows)
+    lines = ["  the terms of a plain step and of a round (hs.sim.RoundTerms; speedup = "
+             "tokens per round x plain total / round total)", header]
+    for name in rows[0]["terms"]:
+        cells = "".join(f"{r['terms'][name]['value'] * 1e3:>12.4f} {_TAG[r['terms'][name]['source']]}" for r in rows)
+        lines.append(f"  {name:<30}{cells}")
+        if name.startswith("plain") and name.endswith("host_s") or name == "round host_s":
+            kind = name.split()[0]
+            total = "".join(f"{sum(v['value'] for k, v in r['terms'].items() if k.startswith(kind)) * 1e3:>16.4f}"
+                            for r in rows)
+            lines.append(f"  {kind + ' total':<30}{total}")
     return lines
 
 

@@ -15,16 +15,21 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   to `MAX_PROBE_EVERY`, so where speculation does not pay probing costs
   less and less), and only for the row a model drafter is least behind, so
   a probe does not pay every row's absorption. The first round drafts at
-  least γ_max / 2, so the drafter's cost is measured at a G that can pay
-  before rounds at G = 1 (whose steps cost the most each) price it out.
-- cost(B, G) = scale_B · forward(B, G + 1) + draft_scale_B,G · G · draft_step(B)
-  + residual_B: a target forward of G + 1 tokens per row at batch B (with the
-  engine's snapshot writes, measured at start-up on scratch caches, linear
-  between the measured batches and token counts), G drafter steps, and the
-  rest of the round's wall time (sampling, commit, replay, host bookkeeping).
-  Scales (1 until a round is seen) and residuals (0) are learned online per
-  batch size from each round's phase times (exponential averages, scales in
-  log space), so costs follow the machine's load and what start-up missed.
+  least γ_max / 2 (where some G can pay, below), so the drafter's cost is
+  measured at a G that can pay before rounds at G = 1 (whose steps cost the
+  most each) price it out.
+- cost(B, G) = hs.sim.round_seconds(terms(B, G), scale_B, draft_scale_B,G)
+  + residual_B: every term of a round (`hs.sim.RoundTerms`) measured at
+  start-up by running the engine's own plain step and rounds on scratch
+  caches (`hybridspec.startup_costs`), linear between the measured batches
+  and token counts: the target forward of G + 1 tokens per row (with the
+  engine's snapshot writes), the drafter's part (catch-up and G steps, as
+  the drafter runs them), sampling and acceptance, commit, and the round's
+  own host bookkeeping. The forward and drafter scales (1 until a round is
+  seen) and the residual (0: what the other terms missed, signed) are
+  learned online per batch size from each round's phase times (exponential
+  averages, scales in log space), so costs follow the machine's load and
+  what start-up missed (sampled rows, the engine's own loop).
   The forward's scale is learned apart for plain steps and verify forwards,
   because the two drift from start-up's figures differently; the round right
   after a prefill teaches neither, because its forward runs cold. While the
@@ -37,12 +42,17 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   steps do not cost G times one step (a greedy drafter's G steps run as one
   native call). The residuals are learned apart for rounds that draft and
   plain ones.
+- no γ pays: where even rounds that accept every draft (G + 1 tokens per
+  row) would yield fewer tokens per second than plain steps at the current
+  costs, every row runs a plain step and nothing is probed (the first round
+  and the idle probes below only run where some G could pay).
 - absorb: a model drafter behind a row by n tokens (a new prompt, or rounds
   that drafted nothing) absorbs them before it drafts for the row, one-off
   work plain decoding never does. A G ≥ 1 that drafts for the row is charged
   its share n · absorb_s · E[tokens_b] / (cap_b + 1): the absorption spread
   over the tokens the row has left, absorb_s the seconds per absorbed token
-  learned from past rounds (nothing is charged before one is seen). A row
+  measured at start-up (at the largest measured batch) and learned from past
+  rounds (nothing is charged where neither has been seen). A row
   with few tokens left and a long way behind stays plain.
 - cap_b: drafts the request can still use (max_new_tokens − generated − 1).
 - g_b: a row's own cost. The forward pads every row to G + 1 inputs and the
@@ -58,10 +68,10 @@ these choices are in docs/results/gamma.md.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
-from hybridspec.checkpoints.costs import ScratchForwards, fastest, interpolate
+from hybridspec.checkpoints.costs import interpolate
+from hybridspec.sim.round_terms import RoundTerms, round_seconds
 
 from ..errors import ConfigError
 
@@ -76,34 +86,58 @@ PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide esti
 PLAIN_PROBE_MARGIN = 1.5  # plain steps are probed only where drafting wins by less (their price could be off a third)
 
 
+Table = tuple[tuple[float, ...], ...]  # [batch][tokens] seconds
+
+
 @dataclass(frozen=True)
 class RoundCosts:
-    """Seconds measured on this engine's models, per batch size in `batches`:
-    forward_s[i][j]: a target forward of tokens[j] tokens per row at
-    batches[i] rows, writing a snapshot after every input (tokens[0] = 1 is a
-    plain decode step); draft_step_s[i]: one drafter step (0 for drafters
-    without a model); row_draft_s[i]: what one more draft of one row adds
-    beyond the padded forward (its snapshot write)."""
+    """Seconds measured on this engine's models (`hybridspec.startup_costs`),
+    per batch size in `batches` and token count T = G + 1 in `tokens` (T = 1:
+    a plain decode step), the terms of `hs.sim.RoundTerms`:
+    forward_s[i][j]: the target forward of tokens[j] inputs per row at
+    batches[i] rows, with the engine's snapshot writes; draft_s: the drafter's
+    part of a round drafting tokens[j] − 1 per row (catch-up and steps);
+    sampling_s, commit_s, host_s: the round's acceptance, commit and own
+    bookkeeping (a plain step's sampling and row results at T = 1).
+    draft_step_s[i]: one drafter step, which prices G steps as G · draft_step
+    where `draft_s` is not given (None); row_draft_s[i]: what one more draft
+    of one row adds beyond the padded forward (its snapshot write);
+    absorb_s[i]: seconds per token of a model drafter's backlog forward. A
+    term given as None is 0 (not measured; absorb_s: learned online)."""
 
     batches: tuple[int, ...]
     tokens: tuple[int, ...]
-    forward_s: tuple[tuple[float, ...], ...]
+    forward_s: Table
     draft_step_s: tuple[float, ...]
     row_draft_s: tuple[float, ...]
+    draft_s: Table | None = None
+    sampling_s: Table | None = None
+    commit_s: Table | None = None
+    host_s: Table | None = None
+    absorb_s: tuple[float, ...] | None = None
 
     def __post_init__(self):
+        tables = [t for t in (self.forward_s, self.draft_s, self.sampling_s, self.commit_s, self.host_s)
+                  if t is not None]
         ok = (self.batches and list(self.batches) == sorted(set(self.batches)) and self.tokens
-              and list(self.tokens) == sorted(set(self.tokens)) and len(self.forward_s) == len(self.batches)
-              and all(len(row) == len(self.tokens) for row in self.forward_s)
-              and len(self.draft_step_s) == len(self.row_draft_s) == len(self.batches))
-        values = [v for row in self.forward_s for v in row] + list(self.draft_step_s) + list(self.row_draft_s)
+              and list(self.tokens) == sorted(set(self.tokens))
+              and all(len(t) == len(self.batches) and all(len(row) == len(self.tokens) for row in t) for t in tables)
+              and len(self.draft_step_s) == len(self.row_draft_s) == len(self.batches)
+              and (self.absorb_s is None or len(self.absorb_s) == len(self.batches)))
+        values = [v for t in tables for row in t for v in row] + list(self.draft_step_s) + list(self.row_draft_s) \
+            + list(self.absorb_s or ())
         if not ok or any(not math.isfinite(v) or v < 0 for v in values):
-            raise ConfigError("RoundCosts needs ascending batches and tokens, one forward time per (batch, tokens) "
-                              "and one draft step and row draft time per batch, all finite seconds >= 0")
+            raise ConfigError("RoundCosts needs ascending batches and tokens, one time per (batch, tokens) in each "
+                              "term and one draft step and row draft time per batch, all finite seconds >= 0")
+
+    def _at(self, table: Table | None, batch: int, tokens: int) -> float:
+        if table is None:
+            return 0.0
+        per_batch = [interpolate(self.tokens, row, tokens) for row in table]
+        return interpolate(self.batches, per_batch, batch)
 
     def forward(self, batch: int, tokens: int) -> float:
-        per_batch = [interpolate(self.tokens, row, tokens) for row in self.forward_s]
-        return interpolate(self.batches, per_batch, batch)
+        return self._at(self.forward_s, batch, tokens)
 
     def draft_step(self, batch: int) -> float:
         return interpolate(self.batches, self.draft_step_s, batch)
@@ -111,37 +145,23 @@ class RoundCosts:
     def row_draft(self, batch: int) -> float:
         return interpolate(self.batches, self.row_draft_s, batch)
 
+    def absorb(self, batch: int) -> float | None:
+        """Seconds per token a model drafter absorbs at `batch` (None: not measured)."""
+        return None if self.absorb_s is None else interpolate(self.batches, self.absorb_s, batch)
+
+    def terms(self, batch: int, G: int) -> RoundTerms:
+        """The measured terms of a round of `batch` rows drafting G each (G = 0: a plain step)."""
+        T = G + 1
+        draft = 0.0 if G == 0 else (G * self.draft_step(batch) if self.draft_s is None
+                                    else self._at(self.draft_s, batch, T))
+        return RoundTerms(forward_s=self.forward(batch, T), draft_s=draft,
+                          sampling_s=self._at(self.sampling_s, batch, T),
+                          commit_s=0.0 if G == 0 else self._at(self.commit_s, batch, T),
+                          host_s=self._at(self.host_s, batch, T))
+
     def bucket(self, batch: int) -> int:
         """Index of the measured batch nearest to `batch` (where online corrections are kept)."""
         return min(range(len(self.batches)), key=lambda i: abs(self.batches[i] - batch))
-
-
-def measure_round_costs(target, draft_model, gamma_max: int, batches, new_cache, new_draft_cache=None,
-                        repeats: int = 3, clock=time.perf_counter) -> RoundCosts:
-    """Time target forwards of 1, 2, 3, ⌈(γ_max + 1)/2⌉ … γ_max + 1 tokens per
-    row and one drafter step at each batch size, on scratch caches
-    (`new_cache(max_seqs, ring_slots)`), fastest of `repeats`, interleaved."""
-    batches = sorted(set(batches))
-    tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
-    forward_s, draft_s, row_s = [], [], []
-    for batch in batches:
-        t = _measure_at(target, draft_model, tokens, batch, new_cache, new_draft_cache, repeats, clock)
-        forward_s.append(tuple(t[f"forward {n}"] for n in tokens))
-        draft_s.append(t.get("draft", 0.0))
-        top = tokens[-1]
-        row_s.append(max(t[f"forward {top}"] - t[f"final only {top}"], 0.0) / max(top - 1, 1) / batch)
-    return RoundCosts(tuple(batches), tuple(tokens), tuple(forward_s), tuple(draft_s), tuple(row_s))
-
-
-def _measure_at(target, draft_model, tokens, batch, new_cache, new_draft_cache, repeats, clock) -> dict:
-    top = max(tokens)
-    verify = ScratchForwards(target, batch, top, new_cache)
-    fns = {f"forward {n}": (lambda n=n: verify.forward(n, every_input=True, last_only=False)) for n in tokens}
-    fns[f"final only {top}"] = lambda: verify.forward(top, last_only=False)
-    if draft_model is not None:
-        draft = ScratchForwards(draft_model, batch, 1, new_draft_cache)
-        fns["draft"] = lambda: draft.forward(1)
-    return fastest(fns, repeats, target.device, clock)
 
 
 @dataclass
@@ -215,7 +235,8 @@ class GammaController:
         self.sequences: dict[int, _Acceptance] = {}
         self.learned = [_Learned() for _ in costs.batches]
         self.goodput = 0.0  # λ: tokens per second of the last round's choice
-        self.absorb_s: float | None = None  # seconds per token a drafter absorbs (module docstring)
+        # seconds per token a drafter absorbs (module docstring): start-up's at the largest batch, then learned
+        self.absorb_s: float | None = costs.absorb(costs.batches[-1])
         self.probe_every = PROBE_EVERY  # idle rounds before the next probe
         self.idle_rounds = 0  # rounds in a row that drafted nothing
         self.rounds_seen = 0  # rounds observed so far (the first one probes)
@@ -233,19 +254,19 @@ class GammaController:
         return engine if own is None else own.estimate(engine)
 
     def round_cost(self, batch: int, G: int) -> float:
-        """Predicted seconds of a round of `batch` rows drafting at most G."""
-        forward, draft = self._measured(batch)[G]
+        """Predicted seconds of a round of `batch` rows drafting at most G: the
+        measured terms (`hs.sim.round_seconds`), the forward and the drafter
+        scaled as learned, plus the learned residual of the other terms."""
+        terms = self._measured(batch)[G]
         learned = self._learned_at[batch]
         drafted = G > 0
-        return (learned.get(learned.forward_scale, drafted, 1.0) * forward + learned.draft_scale_at(G) * draft
-                + learned.get(learned.residual_s, drafted, 0.0))
+        seconds = round_seconds(terms, learned.get(learned.forward_scale, drafted, 1.0), learned.draft_scale_at(G))
+        return max(seconds + learned.get(learned.residual_s, drafted, 0.0), 0.0)
 
-    def _measured(self, batch: int) -> list[tuple[float, float]]:
-        """[(forward of G + 1 tokens, G drafter steps) for G in 0..γ_max] at `batch`, start-up seconds."""
+    def _measured(self, batch: int) -> list[RoundTerms]:
+        """The start-up terms of a round drafting G at `batch`, for G in 0..γ_max."""
         if batch not in self._measured_at:
-            step = self.costs.draft_step(batch)
-            self._measured_at[batch] = [(self.costs.forward(batch, G + 1), G * step)
-                                        for G in range(self.gamma_max + 1)]
+            self._measured_at[batch] = [self.costs.terms(batch, G) for G in range(self.gamma_max + 1)]
             self._learned_at[batch] = self.learned[self.costs.bucket(batch)]
         return self._measured_at[batch]
 
@@ -275,8 +296,11 @@ class GammaController:
                 drafts[G] += G if G <= limit else limit
                 if share:
                     absorb[G] += share * total
-        options = [(tokens[G] / cost if (cost := self.round_cost(batch, G) + row_draft * drafts[G] + absorb[G]) > 0
-                    else tokens[G], G) for G in range(top + 1)]
+        costs = [self.round_cost(batch, G) + row_draft * drafts[G] + absorb[G] for G in range(top + 1)]
+        options = [(tokens[G] / cost if cost > 0 else tokens[G], G) for G, cost in enumerate(costs)]
+        if not any(_pays(batch + drafts[G], costs[G], tokens[0], costs[0]) for G in range(1, top + 1)):
+            self.goodput = options[0][0]  # no G pays even if every draft were accepted: nothing to probe
+            return [0] * batch
         goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
         probe = max(1, min(top, self.gamma_max // 2))  # enough drafts to learn from
         if not self.rounds_seen and top > 0 and G < probe:
@@ -343,7 +367,8 @@ class GammaController:
                 self.absorb_s = _Learned.mix(self.absorb_s, seconds["backlog"] / backlog_tokens)
 
     def _learn_costs(self, batch: int, G: int, seconds: dict[str, float], learn_forward: bool = True) -> None:
-        forward, draft = self._measured(batch)[G]
+        terms = self._measured(batch)[G]
+        forward, draft = terms.forward_s, terms.draft_s
         learned = self._learned_at[batch]
         if learn_forward and forward > 0 and seconds.get("verify", 0.0) > 0:
             learned.forward_scale[G > 0] = learned.mix_ratio(learned.forward_scale[G > 0], seconds["verify"] / forward)
@@ -357,13 +382,21 @@ class GammaController:
         phases = seconds.get("draft", 0.0) + seconds.get("verify", 0.0) + seconds.get("sampling", 0.0) \
             + seconds.get("commit", 0.0)
         total = seconds.get("round", phases)  # the whole round, host bookkeeping included
-        residual = total - seconds.get("verify", 0.0) - (seconds.get("draft", 0.0) if G > 0 else 0.0)
-        learned.residual_s[G > 0] = learned.mix(learned.residual_s[G > 0], max(residual, 0.0))
+        others = round_seconds(terms, 0.0, 0.0)  # the measured terms besides the forward and the drafter
+        # what those terms missed (negative where they overestimate), on top of the observed forward and drafter
+        residual = total - seconds.get("verify", 0.0) - (seconds.get("draft", 0.0) if G > 0 else 0.0) - others
+        learned.residual_s[G > 0] = learned.mix(learned.residual_s[G > 0], max(residual, -others))
 
     def forget(self, seq_ids: list[int]) -> None:
         """Finished sequences leave the estimates (the engine-wide one keeps what they taught)."""
         for s in seq_ids:
             self.sequences.pop(s, None)
+
+
+def _pays(best_tokens: float, cost: float, plain_tokens: float, plain_cost: float) -> bool:
+    """Whether a round yielding at most `best_tokens` in `cost` seconds beats
+    plain steps' `plain_tokens` in `plain_cost`: tokens per second compared."""
+    return best_tokens * plain_cost > plain_tokens * cost
 
 
 def measured_batches(max_batch_size: int) -> list[int]:

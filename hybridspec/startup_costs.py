@@ -1,0 +1,194 @@
+"""Round costs measured when an Engine with `num_draft_tokens="auto"` is built:
+every term of `hs.sim.RoundTerms` for a plain step and for rounds drafting G,
+at each measured batch size, by running the engine's own code over scratch
+requests on scratch caches and undoing each run:
+
+- a plain step: `HybridCache.align_heads` + `HybridModel.decode` (forward),
+  `sample_next` (sampling), the rows' `RowResult`s (host);
+- a round drafting G per row: `Speculator.round` with a scratch drafter over
+  the same model as the engine's; its phase timers give draft, forward
+  ("verify"), sampling and commit, and what the round took beyond them is
+  host; the round is then reverted (target and drafter back to its start).
+
+The scratch rows are greedy and caught up (one warm-up round absorbs their
+prompts in the drafter first), as most rows of a running batch are; the
+policy is the engine's, so snapshot writes are in the forward and replays in
+the commit. What start-up cannot see (sampled rows, a loaded machine) the
+controller learns online (`spec/gamma.py`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from contextlib import contextmanager
+
+import torch
+
+from hybridspec.checkpoints.costs import ScratchForwards, fastest
+from hybridspec.checkpoints.policy import ring_halves_by_default
+from hybridspec.sim.round_terms import TERMS, RoundTerms
+
+from .cache.hybrid_cache import scratch_cache
+from .next_token import sample_next
+from .sampling import RowParams, SamplingParams
+from .spec.gamma import RoundCosts
+from .spec.model_drafter import ModelDrafter
+from .spec.round import RowResult
+from .spec.speculator import Speculator
+from .stats import EngineStats
+
+PROMPT_LEN = 8  # tokens each scratch row holds before the measured rounds
+ABSORB_LEN = 16  # tokens per row of the measured absorption (a drafter's backlog forward)
+ROUND_TERMS = ("draft_s", "sampling_s", "commit_s", "host_s")  # the terms a scratch round's phases give
+
+
+def scratch_len(gamma_max: int) -> int:
+    """Tokens a scratch row reaches: its prompt, the warm-up round and one measured round."""
+    return PROMPT_LEN + 2 * (gamma_max + 2)
+
+
+def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, new_cache, new_request,
+                        repeats: int = 3, clock=time.perf_counter) -> RoundCosts:
+    """`RoundCosts` of G = T − 1 drafts per row for T in the token grid (1, 2, 3,
+    ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in seconds of `clock`
+    (wall, as the engine's phase timers; `time.process_time` on a CPU other
+    work shares): fastest of `repeats` after a warm-up, each (batch, G) interleaved with the others
+    of its batch. `new_cache(max_seqs, ring_slots)`: a scratch cache of the
+    target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
+    the drafter's model (None: a drafter without one, whose proposals are
+    host work learned online); `policy`: the engine's checkpoint policy;
+    `new_request(seq_id, params, prompt, first_token)`: an engine request
+    that has emitted its first token (`hybridspec.engine.scratch_request`)."""
+    batches = sorted(set(batches))
+    tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
+    per_batch = [_measure_batch(ScratchRounds(target, draft_model, policy, gamma_max, b, new_cache, new_request),
+                                tokens, repeats, clock) for b in batches]
+    table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row, _ in per_batch) for name in TERMS}
+    draft_step = tuple(row[min(2, tokens[-1])].draft_s for row, _ in per_batch)  # one step (G = 1), catch-up included
+    absorb = None if draft_model is None else tuple(_absorb_s(draft_model, b, repeats, clock) for b in batches)
+    return RoundCosts(tuple(batches), tuple(tokens), table["forward_s"], draft_step,
+                      tuple(row_draft for _, row_draft in per_batch), draft_s=table["draft_s"],
+                      sampling_s=table["sampling_s"], commit_s=table["commit_s"], host_s=table["host_s"],
+                      absorb_s=absorb)
+
+
+def _measure_batch(scratch: "ScratchRounds", tokens, repeats, clock) -> tuple[dict[int, RoundTerms], float]:
+    """({T: RoundTerms of G = T − 1}, the row draft seconds) at the batch of `scratch`."""
+    best = {T: dict.fromkeys(("forward_s",) + ROUND_TERMS, math.inf) for T in tokens}
+    for index in range(repeats + 1):
+        for T in tokens:
+            measured = scratch.plain_step(clock) if T == 1 else scratch.round(T - 1, clock)
+            if index:  # the first pass warms up
+                for name, value in measured.items():
+                    best[T][name] = min(best[T][name], value)
+    terms = {T: RoundTerms(**{name: value for name, value in best[T].items() if math.isfinite(value)})
+             for T in tokens}
+    return terms, _row_draft_s(scratch.target, len(scratch.ids), tokens[-1], scratch.new_cache, repeats, clock)
+
+
+def _row_draft_s(target, batch: int, top: int, new_cache, repeats: int, clock) -> float:
+    """What one more draft of one row adds beyond the padded forward: its snapshot writes."""
+    if top < 2:
+        return 0.0
+    verify = ScratchForwards(target, batch, top, new_cache)
+    t = fastest({"every": lambda: verify.forward(top, every_input=True, last_only=False),
+                 "final": lambda: verify.forward(top, last_only=False)}, repeats, target.device, clock)
+    return max(t["every"] - t["final"], 0.0) / (top - 1) / batch
+
+
+def _absorb_s(draft_model, batch: int, repeats: int, clock) -> float:
+    """Seconds per token of a drafter's backlog forward (`ModelDrafter._absorb_backlog`):
+    ABSORB_LEN tokens per row at `batch`, the final state only."""
+    new_cache = functools.partial(scratch_cache, draft_model, max_len=PROMPT_LEN + ABSORB_LEN)
+    scratch = ScratchForwards(draft_model, batch, ABSORB_LEN, new_cache)
+    t = fastest({"absorb": lambda: scratch.forward(ABSORB_LEN)}, repeats, draft_model.device, clock)
+    return t["absorb"] / (batch * ABSORB_LEN)
+
+
+class ScratchRounds:
+    """`batch` greedy scratch requests on scratch caches of the target and (with
+    `draft_model`) a drafter, caught up; `plain_step` and `round` time one
+    plain step or one round and put both models back where they were."""
+
+    def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache, new_request):
+        halves = ring_halves_by_default(target.device)
+        self.target, self.cache = target, new_cache(batch, policy.ring_size(gamma_max, halves=halves))
+        self.new_cache, self.gamma_max = new_cache, gamma_max
+        pages = -(-scratch_len(gamma_max) // 16)
+        self.drafter = None if draft_model is None else ModelDrafter(
+            draft_model, gamma_max, dict(max_seqs=batch, num_blocks=batch * pages, block_size=16))
+        vocab = target.vocab_size
+        params = SamplingParams(max_new_tokens=1 << 20, temperature=0.0, ignore_eos=True)
+        prompts = [[(7 * b + i) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
+        self.requests = [new_request(b, params, prompt, (5 * b) % vocab) for b, prompt in enumerate(prompts)]
+        self.ids = [r.seq_id for r in self.requests]
+        self.rows = RowParams.of([params] * batch, [r.seed for r in self.requests], target.device)
+        target.prefill(self.cache, self.ids, [r.output.prompt_token_ids for r in self.requests], last_only=True)
+        self.speculator = None
+        if self.drafter is not None:
+            self.drafter.start(self.requests)
+            self.speculator = Speculator(target, self.drafter, gamma_max, policy, self.cache)
+            warm_up = self.speculator.round(self.requests, self.rows, EngineStats(), [gamma_max] * batch)
+            for request, result in zip(self.requests, warm_up.results):  # the drafter has absorbed the prompts
+                request.emit(result)
+
+    def plain_step(self, clock) -> dict[str, float]:
+        """A plain decode step as `Engine._decode_step` runs it, undone afterwards."""
+        starts = [self.cache.computed_len[s] for s in self.ids]
+        sync = _sync(self.target.device)
+        began = clock()
+        self.cache.align_heads(self.ids)
+        logits = self.target.decode(self.cache, self.ids, [r.last_token for r in self.requests])  # [batch, vocab]
+        sync()
+        forward_end = clock()
+        tokens, logprobs = sample_next(logits, self.rows, self.requests)
+        sampled = clock()
+        [RowResult.of(r, [t], lp) for r, t, lp in zip(self.requests, tokens, logprobs)]
+        ended = clock()
+        for s, length in zip(self.ids, starts):
+            self.cache.rewind_to(s, length, self.cache.head(s))
+        return {"forward_s": forward_end - began, "sampling_s": sampled - forward_end, "host_s": ended - sampled}
+
+    def round(self, G: int, clock) -> dict[str, float]:
+        """One `Speculator.round` of G drafts per row, its terms, reverted afterwards."""
+        if self.speculator is None:
+            return {"forward_s": self._verify_only(G + 1, clock)}
+        stats = ClockedStats(clock)
+        began = clock()
+        round = self.speculator.round(self.requests, self.rows, stats, [G] * len(self.ids))
+        _sync(self.target.device)()
+        total = clock() - began
+        self.speculator.revert(round)
+        phases = stats.seconds  # the backlog is none: the warm-up round absorbed the prompts
+        return {"forward_s": phases["verify"], "draft_s": phases["draft"], "sampling_s": phases["sampling"],
+                "commit_s": phases["commit"], "host_s": max(total - sum(phases.values()), 0.0)}
+
+    def _verify_only(self, num_inputs: int, clock) -> float:
+        """Without a draft model: the forward of `num_inputs` inputs per row alone."""
+        if getattr(self, "_forwards", None) is None:
+            self._forwards = ScratchForwards(self.target, len(self.ids), self.gamma_max + 1, self.new_cache)
+        began = clock()
+        self._forwards.forward(num_inputs, every_input=True, last_only=False)
+        return clock() - began
+
+
+class ClockedStats(EngineStats):
+    """`EngineStats` whose phase timers read `clock`, so that a round's phases
+    and its whole time are measured alike."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    @contextmanager
+    def phase(self, name: str):
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[name] += self.clock() - start
+
+
+def _sync(device: torch.device):
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
