@@ -42,8 +42,10 @@ int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *ga
     if (rows < 1 || hidden < 1 || inter < 1) return -1;
     float *n = work, *g = n + rows * hidden, *u = g + rows * inter;
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
-    if (hs_rows_matmul(n, hidden, gate_t, rows, hidden, inter, g)) return -1;
-    if (hs_rows_matmul(n, hidden, up_t, rows, hidden, inter, u)) return -1;
+    const float *gate_up[2] = {gate_t, up_t};
+    const int64_t widths[2] = {inter, inter};
+    float *const outs[2] = {g, u};
+    if (hs_rows_matmul_many(n, hidden, rows, hidden, 2, gate_up, widths, outs)) return -1;  /* one job */
     const __m256 one = _mm256_set1_ps(1.0f);
     for (int64_t r = 0; r < rows; ++r) {  /* row by row: a value takes the same path in any batch */
         float *gr = g + r * inter, *ur = u + r * inter;
@@ -404,9 +406,10 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
     float *n = work, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
     float *o = v + rows * kv_dim, *angles = o + rows * q_dim, *scores = angles + 2 * rows * half;
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
-    if (hs_rows_matmul(n, hidden, q_t, rows, hidden, q_dim, q)) return -1;
-    if (hs_rows_matmul(n, hidden, k_t, rows, hidden, kv_dim, k)) return -1;
-    if (hs_rows_matmul(n, hidden, v_t, rows, hidden, kv_dim, v)) return -1;
+    const float *qkv[3] = {q_t, k_t, v_t};
+    const int64_t widths[3] = {q_dim, kv_dim, kv_dim};
+    float *const outs[3] = {q, k, v};
+    if (hs_rows_matmul_many(n, hidden, rows, hidden, 3, qkv, widths, outs)) return -1;  /* one job */
     if (inv_freq) {  /* the angles of each input's position, (float) p · θ_i as torch computes them */
         float *cos = angles, *sin = angles + rows * half;
         for (int64_t b = 0; b < batch; ++b)

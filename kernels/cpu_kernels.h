@@ -21,6 +21,8 @@ int hs_threads(void);
 #define HS_F16_WEIGHT 2
 #define HS_WEIGHT_TYPE 3 /* the bits that say the type */
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
+int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int count, const float *const *w,
+                        const int64_t *N, float *const *y);
 int hs_rows_isa(int choice);
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
                 int64_t rows, int64_t n, int64_t group, float eps);
