@@ -157,6 +157,25 @@ def test_threads_quick(benches, tmp_path):
     assert all(r["min_ms"] <= r["ms"] <= r["max_ms"] for r in rows)
 
 
+def test_llamacpp_quick_without_a_converter(benches, tmp_path):
+    """Our side of the llama.cpp comparison on a tiny Granite-4.0-H-shaped model: it agrees with HF,
+    and the llama.cpp side is skipped with its reason (no llama_cpp, or no converter given)."""
+    import torch
+    out = tmp_path / "llamacpp.json"
+    before = torch.get_num_threads()
+    assert bench_main("llamacpp")(["--quick", "--thread-counts", "1", "2", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == before
+    payload = json.loads(out.read_text())
+    assert payload["llama_cpp_skipped"]
+    assert [c["weights"] for c in payload["checks"]] == ["float32", "bfloat16"]
+    assert all(c["ours_vs_hf"] < 1e-4 for c in payload["checks"])
+    assert {(r["weights"], r["threads"]) for r in payload["rows"]} == {
+        (w, t) for w in ("float32", "bfloat16") for t in (1, 2)}
+    for row in payload["rows"]:
+        decode = row["hybridspec decode tok/s"]
+        assert decode["min"] <= decode["median"] <= decode["max"]  # (a smoke run: a timing, not a measurement)
+
+
 def test_cpu_kernels_quick(benches, tmp_path):
     from hybridspec.kernels import cpu_native, cpu_rows
     if not cpu_native.available():
