@@ -34,6 +34,7 @@ columns are left empty and the JSON says why.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -108,6 +109,18 @@ def converter_tree(sdist: Path | None, converter: Path | None, work: Path) -> Pa
     return trees[0].parent
 
 
+HUB_LAYER_TYPES = {"linear_attention": "mamba", "full_attention": "attention"}  # transformers 5 -> Granite's
+
+
+def save_for_converter(model, model_dir: Path) -> None:
+    """save_pretrained, with the layer types under the names Granite checkpoints on the Hub use
+    (the converter reads "mamba" / "attention"; transformers 5 writes its own names)."""
+    model.save_pretrained(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["layer_types"] = [HUB_LAYER_TYPES.get(t, t) for t in config["layer_types"]]
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def convert(tree: Path, model_dir: Path, outtype: str) -> Path:
     """llama.cpp's converter on a saved HF model: the GGUF file's path."""
     out = model_dir / f"model-{outtype}.gguf"
@@ -126,7 +139,11 @@ class LlamaRunner:
                          n_batch=512, n_ubatch=512, verbose=False)
 
     def last_logits(self) -> torch.Tensor:
-        return torch.from_numpy(self.llm.scores[self.llm.n_tokens - 1].copy())
+        """The logits of the last input evaluated (llama.cpp's own buffer: `Llama.scores` holds them
+        only with logits_all, which would make every prompt position's)."""
+        import numpy as np
+        vocab = self.llm.n_vocab()
+        return torch.from_numpy(np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(vocab,)).copy())
 
     def run(self, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
         """(greedy tokens, prefill seconds, decode seconds of the tokens after the first)."""
@@ -220,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             llamas = {}
             if missing is None:
                 model_dir = work / weights
-                hf.save_pretrained(model_dir)
+                save_for_converter(hf, model_dir)
                 gguf = convert(tree, model_dir, WEIGHTS[weights])
                 llamas = {t: LlamaRunner(gguf, t, max(prompt_lens) + new_tokens + 8) for t in args.thread_counts}
             # agreement: the last prompt position's logits against HF's, and the greedy tokens
@@ -232,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
                          ours_vs_hf=float((ours.last_logits(prompt) - reference).abs().max()))
             ours_tokens = ours.run(prompt, new_tokens)[0]
             if llamas:
-                llama_tokens, _, _ = llamas[args.thread_counts[0]].run(prompt, new_tokens)
-                check.update(llama_vs_hf=float((llamas[args.thread_counts[0]].last_logits() - reference).abs().max()),
-                             tokens_equal=sum(a == b for a, b in zip(ours_tokens, llama_tokens)),
+                llama = llamas[args.thread_counts[0]]
+                llama.run(prompt, 1)  # the prompt alone: its last position's logits
+                check["llama_vs_hf"] = float((llama.last_logits() - reference).abs().max())
+                llama_tokens = llama.run(prompt, new_tokens)[0]
+                check.update(tokens_equal=sum(a == b for a, b in zip(ours_tokens, llama_tokens)),
                              first_difference=next((i for i, (a, b) in enumerate(zip(ours_tokens, llama_tokens))
                                                     if a != b), None))
             check["new_tokens"] = new_tokens
