@@ -38,7 +38,7 @@
 #define TICKET_NEXT(t) ((int)((t) & 0xffff))
 
 static struct {
-    pthread_mutex_t lock;     /* guards sleeping helpers and new generations */
+    pthread_mutex_t lock;     /* guards the helpers' sleep and the wake-up of sleepers */
     pthread_cond_t wake;
     pthread_mutex_t busy;     /* held by the caller of a job */
     _Atomic uint64_t ticket;  /* the job's generation and claims (TICKET) */

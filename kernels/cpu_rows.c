@@ -250,9 +250,11 @@ static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
 /* -- threads ------------------------------------------------------------------------------
  * With more than one thread (`hs_set_threads`), a product of at least
  * PARALLEL_MIN_MACS multiply-adds is split into column ranges of whole
- * 64-column panels, one per thread, run by `hs_parallel` (cpu_pool.c). A
- * column is computed by one thread with the same chain as ever, so the bits
- * do not depend on the thread count (tested). */
+ * 64-column panels, one per thread, run by `hs_parallel` (cpu_pool.c);
+ * `hs_rows_matmul_many` hands several products of one input (a block's q, k
+ * and v, or gate and up) to the threads as one job, each thread taking its
+ * share of every one. A column is computed by one thread with the same chain
+ * as ever, so the bits do not depend on the thread count (tested). */
 #define PARALLEL_MIN_MACS (1 << 16) /* below this the hand-off costs about what the split saves */
 
 typedef struct {
