@@ -315,3 +315,19 @@ def test_tensor_parallel_quick(benches, tmp_path):
             assert r["kv_mb"] == one["kv_mb"] / 2
             assert one["states_mb"] / 2 <= r["states_mb"] < 0.6 * one["states_mb"]
             assert one["weights_mb"] / 2 < r["weights_mb"] < one["weights_mb"]  # embeddings and norms replicated
+
+
+def test_targets_read_the_llamacpp_table(benches, monkeypatch):
+    """The llama.cpp rows: a ratio per part and run, and two threads against one for our decode;
+    the run joins the targets only where llama_cpp is importable and LLAMA_CPP_SDIST names its sdist."""
+    monkeypatch.syspath_prepend(str(BENCHES))
+    import targets
+    table = [dict(weights="float32", prompt=128, threads=t, ours_decode=10.0 * t, decode_ratio=1.1, prefill_ratio=0.9)
+             for t in (1, 2)]
+    rows = targets.llamacpp_rows({"table": table})
+    assert [(r["target"].split(",")[0], r["met"]) for r in rows] == [
+        ("decode / llama.cpp", True), ("prefill / llama.cpp", False), ("decode / llama.cpp", True),
+        ("prefill / llama.cpp", False), ("decode", True)]
+    assert rows[-1]["figure"] == 2.0
+    monkeypatch.delenv("LLAMA_CPP_SDIST", raising=False)
+    assert targets.llamacpp_run() == ()
