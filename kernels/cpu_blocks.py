@@ -32,7 +32,9 @@ most `BLOCK_ROWS` rows (batch · inputs), input-major weights
 (`pack_for_cpu`), and the plain form of the block: a gated SiLU MLP without
 biases or multipliers; a Mamba-2 mixer with RMSNorm(y ⊙ silu(z)), no
 projection biases or multipliers and the default Δ limits (its inputs go to
-the input log when the forward keeps one); attention without biases.
+the input log when the forward keeps one); attention without biases. A
+block adds its update times the layer's residual multiplier (GraniteMoeHybrid's;
+1 elsewhere), rounded as the modules' `h + update * m`.
 """
 from __future__ import annotations
 
