@@ -16,6 +16,8 @@ read into one table of target, where, figure, threshold and whether it is met.
 | plain engine against HF `generate`, 180.5M Bamba-shaped model packed as `hs.load` packs, batch 1 and 4 | ≥ 1.3× | plain_decode |
 | verify forward of γ + 1 = 5 inputs, in plain decode steps, batch 1 / 2 / 4 / 8 | ≤ 1.5 | round_cost |
 | HF `generate` / plain engine ms per decoded token, Qwen3.5-shaped GDN model, batch 1 and 4, 128 and 2,048 prompt tokens | ≥ 1.3× | gdn_speed |
+| batch-1 decode and prefill against llama.cpp, 212M Granite-4.0-H-shaped model, float32 and bf16 weights, 128 and 2,048 prompt tokens, 1 and 2 threads (where llama_cpp is installed and LLAMA_CPP_SDIST names its sdist) | ≥ 1.0× | llamacpp |
+| two threads against one, that model's decode | ≥ 1.8× | llamacpp |
 
 Every figure is what its bench reports (see each bench's docstring for
 how it times: medians or fastest of alternating calls, one torch thread);
@@ -118,6 +120,34 @@ def verify_rows(payload: dict) -> list[dict]:
                 VERIFY_STEPS_MAX, at_most=True) for b in payload["batches"]]
 
 
+LLAMA_MIN, TWO_THREADS_MIN = 1.0, 1.8
+
+
+def llamacpp_rows(payload: dict) -> list[dict]:
+    rows = []
+    for r in payload["table"]:
+        where = f"{r['weights']}, {r['prompt']} tokens, {r['threads']} thread(s)"
+        rows += [row(f"{part} / llama.cpp, Granite-4.0-H-shaped", where, r.get(f"{part}_ratio"), LLAMA_MIN,
+                     at_most=False) for part in ("decode", "prefill")]
+    for r in payload["table"]:
+        one = [o for o in payload["table"] if o["threads"] == 1 and (o["weights"], o["prompt"]) == (r["weights"], r["prompt"])]
+        if r["threads"] == 2 and one:
+            rows.append(row("decode, 2 threads / 1, Granite-4.0-H-shaped", f"{r['weights']}, {r['prompt']} tokens",
+                            r["ours_decode"] / one[0]["ours_decode"], TWO_THREADS_MIN, at_most=False))
+    return rows
+
+
+def llamacpp_run() -> tuple["Run", ...]:
+    """The llama.cpp comparison where it can run (llama_cpp importable, LLAMA_CPP_SDIST naming the sdist
+    that carries its converter: see benches/llamacpp.py); none elsewhere."""
+    import importlib.util
+    import os
+    sdist = os.environ.get("LLAMA_CPP_SDIST")
+    if not sdist or importlib.util.find_spec("llama_cpp") is None:
+        return ()
+    return (Run("llamacpp", ("--sdist", sdist), llamacpp_rows),)
+
+
 RUNS = (
     Run("context_scaling", ("--embedded-lens", "128", "3000", "4000", "--random-lens", "1024", "16384"), context_rows),
     Run("host_overhead", (), host_rows),
@@ -126,7 +156,7 @@ RUNS = (
     Run("plain_decode", (), plain_rows),
     Run("round_cost", ("--batches", "1", "2", "4", "8"), verify_rows),
     Run("gdn_speed", ("--skip", "overhead", "spec"), gdn_rows),
-)
+) + llamacpp_run()
 
 
 def run_bench(run: Run, folder: Path, quick: bool, threads: int) -> tuple[dict, float]:

@@ -2,8 +2,8 @@
  * verify), on x86 CPUs: the other native kernels chained in one call, so
  * a block costs one call from Python instead of twenty-odd operations.
  *
- * hs_mlp_block:     out = h + down · (silu(gate · n) ⊙ (up · n)),   n = rmsnorm(h) ⊙ w
- * hs_mamba2_block:  out = h + out_proj · gated_rmsnorm(ssm(conv(x B C)), z),
+ * hs_mlp_block:     out = h + m · down · (silu(gate · n) ⊙ (up · n)),   n = rmsnorm(h) ⊙ w
+ * hs_mamba2_block:  out = h + m · out_proj · gated_rmsnorm(ssm(conv(x B C)), z),
  *                   [z | x B C | dt] = in_proj · n,   n = rmsnorm(h) ⊙ w
  * with the Mamba-2 mixer's conv window and recurrence written into the ring
  * slots of the plan exactly as `hs_conv_window_steps` and `hs_mamba2_steps`
@@ -19,9 +19,17 @@
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
 
-/* out[i] += h[i] over n values (the residual) */
-static void add_into(float *out, const float *h, int64_t n) {
+/* out[i] = h[i] + out[i] · m over n values (the residual; out[i] · m rounded first, as torch's
+ * h + update * m; no product where m is 1, as the module path skips it) */
+static void add_into(float *out, const float *h, int64_t n, float m) {
     int64_t i = 0;
+    if (m != 1.0f) {
+        const __m256 m8 = _mm256_set1_ps(m);
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_mul_ps(_mm256_loadu_ps(out + i), m8)));
+        for (; i < n; ++i) out[i] = h[i] + out[i] * m;
+        return;
+    }
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(out + i)));
     for (; i < n; ++i) out[i] = h[i] + out[i];
@@ -29,12 +37,15 @@ static void add_into(float *out, const float *h, int64_t n) {
 
 /* work: rows · (hidden + 2 · inter) floats */
 int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *gate_t, const float *up_t,
-                 const float *down_t, float *work, float *out, int64_t rows, int64_t hidden, int64_t inter) {
+                 const float *down_t, float *work, float *out, int64_t rows, int64_t hidden, int64_t inter,
+                 float residual) {
     if (rows < 1 || hidden < 1 || inter < 1) return -1;
     float *n = work, *g = n + rows * hidden, *u = g + rows * inter;
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
-    if (hs_rows_matmul(n, hidden, gate_t, rows, hidden, inter, g)) return -1;
-    if (hs_rows_matmul(n, hidden, up_t, rows, hidden, inter, u)) return -1;
+    const float *gate_up[2] = {gate_t, up_t};
+    const int64_t widths[2] = {inter, inter};
+    float *const outs[2] = {g, u};
+    if (hs_rows_matmul_many(n, hidden, rows, hidden, 2, gate_up, widths, outs)) return -1;  /* one job */
     const __m256 one = _mm256_set1_ps(1.0f);
     for (int64_t r = 0; r < rows; ++r) {  /* row by row: a value takes the same path in any batch */
         float *gr = g + r * inter, *ur = u + r * inter;
@@ -47,7 +58,7 @@ int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *ga
         for (; i < inter; ++i) gr[i] = (gr[i] / (1.0f + expf(-gr[i]))) * ur[i];
     }
     if (hs_rows_matmul(g, inter, down_t, rows, inter, hidden, out)) return -1;
-    add_into(out, h, rows * hidden);
+    add_into(out, h, rows * hidden, residual);
     return 0;
 }
 
@@ -64,7 +75,7 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
                     const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
                     const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
                     float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
-                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv) {
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual) {
     const int64_t rows = batch * T, conv_dim = d_inner + 2 * ngroups * d_state, proj = d_inner + conv_dim + nheads;
     if (rows < 1 || hidden < 1 || nheads < 1 || headdim * nheads != d_inner || group < 1 || d_inner % group) return -1;
     float *n = work, *projected = logged ? logged : n + rows * hidden, *xbc = projected + rows * proj;
@@ -83,7 +94,7 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
                         batch, T, nheads, headdim, d_state, ngroups)) return -1;
     if (hs_rms_norm(y, d_inner, projected, proj, gate_norm_w, g, rows, d_inner, group, eps)) return -1;
     if (hs_rows_matmul(g, d_inner, out_t, rows, d_inner, hidden, out)) return -1;
-    add_into(out, h, rows * hidden);
+    add_into(out, h, rows * hidden, residual);
     return 0;
 }
 
@@ -372,7 +383,7 @@ static void attend_row(const attend_job *j) {
     attend_part((void *)j, 0, 1);
 }
 
-/* out = h + o_proj · attention(rope(q_proj · n), rope(k_proj · n), v_proj · n),  n = rmsnorm(h) ⊙ w,
+/* out = h + m · o_proj · attention(rope(q_proj · n), rope(k_proj · n), v_proj · n),  n = rmsnorm(h) ⊙ w,
  * with the new K/V written into this layer's pages first: input t of row b at
  * slot slot_mapping[b·T + t] (page · block_size + offset; -1: not written, a
  * padding input or K/V already cached). Query t of row b sits at position
@@ -389,15 +400,16 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
                        float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
                        int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
                        const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
-                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim) {
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual) {
     const int64_t rows = batch * T, q_dim = nheads * head_dim, kv_dim = kv_heads * head_dim;
     if (rows < 1 || hidden < 1 || kv_heads < 1 || nheads % kv_heads || block_size < 1) return -1;
     float *n = work, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
     float *o = v + rows * kv_dim, *angles = o + rows * q_dim, *scores = angles + 2 * rows * half;
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
-    if (hs_rows_matmul(n, hidden, q_t, rows, hidden, q_dim, q)) return -1;
-    if (hs_rows_matmul(n, hidden, k_t, rows, hidden, kv_dim, k)) return -1;
-    if (hs_rows_matmul(n, hidden, v_t, rows, hidden, kv_dim, v)) return -1;
+    const float *qkv[3] = {q_t, k_t, v_t};
+    const int64_t widths[3] = {q_dim, kv_dim, kv_dim};
+    float *const outs[3] = {q, k, v};
+    if (hs_rows_matmul_many(n, hidden, rows, hidden, 3, qkv, widths, outs)) return -1;  /* one job */
     if (inv_freq) {  /* the angles of each input's position, (float) p · θ_i as torch computes them */
         float *cos = angles, *sin = angles + rows * half;
         for (int64_t b = 0; b < batch; ++b)
@@ -433,6 +445,6 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
         attend_row(&job);
     }
     if (hs_rows_matmul(o, q_dim, o_t, rows, q_dim, hidden, out)) return -1;
-    add_into(out, h, rows * hidden);
+    add_into(out, h, rows * hidden, residual);
     return 0;
 }

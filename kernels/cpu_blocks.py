@@ -32,7 +32,9 @@ most `BLOCK_ROWS` rows (batch · inputs), input-major weights
 (`pack_for_cpu`), and the plain form of the block: a gated SiLU MLP without
 biases or multipliers; a Mamba-2 mixer with RMSNorm(y ⊙ silu(z)), no
 projection biases or multipliers and the default Δ limits (its inputs go to
-the input log when the forward keeps one); attention without biases.
+the input log when the forward keeps one); attention without biases. A
+block adds its update times the layer's residual multiplier (GraniteMoeHybrid's;
+1 elsewhere), rounded as the modules' `h + update * m`.
 """
 from __future__ import annotations
 
@@ -97,7 +99,8 @@ class MixerBlock(Block):
 
 class LayerBlocks(NamedTuple):
     """The native blocks of one decoder layer: `mixer` and `mlp` None where no
-    block takes that part (its kind, a shared block feeding it, a residual multiplier)."""
+    block takes that part (its kind, a shared block feeding it). Each block adds
+    its update times the layer's residual multiplier."""
     mixer: "Mamba2Block | AttentionBlock | None"
     mlp: "MLPBlock | None"
 
@@ -106,7 +109,7 @@ class LayerBlocks(NamedTuple):
         """The blocks the native path takes of `layer` (none unless `native`)."""
         if not native:
             return NO_BLOCKS
-        plain = not layer.shared_block and layer.residual_multiplier == 1.0
+        plain = not layer.shared_block
         mixer = None
         if plain and isinstance(layer.mixer, Mamba2Desc):
             mixer = Mamba2Block(layer)
@@ -183,7 +186,8 @@ def mlp_block(block: MLPBlock, h: torch.Tensor) -> torch.Tensor | None:
     rows, hidden = h.shape[0] * h.shape[1], h.shape[2]
     out = torch.empty(h.shape, dtype=torch.float32)
     if cpu_native.call("mlp_block", h.data_ptr(), norm_w, eps, gate_t, up_t, down_t,
-                       _work(rows * (hidden + 2 * inter)).data_ptr(), out.data_ptr(), rows, hidden, inter) != 0:
+                       _work(rows * (hidden + 2 * inter)).data_ptr(), out.data_ptr(), rows, hidden, inter,
+                       block.layer.residual_multiplier) != 0:
         raise ValueError(f"mlp_block: shapes not taken: h {tuple(h.shape)}, intermediate {inter}")
     return out
 
@@ -221,10 +225,11 @@ class Mamba2Block(MixerBlock):
             m.D.data_ptr(), m.norm_weight.data_ptr(), m.group_size, _weight(m.out_proj), sizes))
 
     def run(self, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
-        return _mamba2_block(self.layer.mixer, static, h, batch, cache)
+        return _mamba2_block(self.layer.mixer, static, h, batch, cache, self.layer.residual_multiplier)
 
 
-def _mamba2_block(mixer: Mamba2Desc, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+def _mamba2_block(mixer: Mamba2Desc, static: _Static, h: torch.Tensor, batch, cache,
+                  residual: float) -> torch.Tensor | None:
     plan, states = batch.slots, cache.states
     ssm, conv = states.ssm_states[mixer.state_layer], states.conv_states[mixer.state_layer]
     if not (plan is not None and plan.all_live and plan.batch > 0 and _float32_cpu(ssm, conv)
@@ -242,7 +247,7 @@ def _mamba2_block(mixer: Mamba2Desc, static: _Static, h: torch.Tensor, batch, ca
             h.data_ptr(), norm_w, eps, in_t, conv.data_ptr(), ssm.data_ptr(), plan.src.data_ptr(),
             plan.snap.data_ptr(), conv_w, conv_b, dt_bias, A, D, gate_w, group, out_t, _work(work).data_ptr(),
             None if logged is None else logged.data_ptr(), out.data_ptr(), bsz, T, hidden, d_inner, nheads,
-            head_dim, n_groups, d_state, d_conv) != 0:
+            head_dim, n_groups, d_state, d_conv, residual) != 0:
         raise ValueError(f"mamba2_block: shapes not taken: h {tuple(h.shape)}, sizes {sizes}")
     return out
 
@@ -282,10 +287,10 @@ class AttentionBlock(MixerBlock):
                                        a.softmax_scale, a.kv_layer, (a.num_heads, a.num_kv_heads, a.head_dim)))
 
     def run(self, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
-        return _attention_block(static, h, batch, cache)
+        return _attention_block(static, h, batch, cache, self.layer.residual_multiplier)
 
 
-def _attention_block(static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
+def _attention_block(static: _Static, h: torch.Tensor, batch, cache, residual: float) -> torch.Tensor | None:
     meta = batch.kv
     norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, scale, kv_layer, (heads, kv_heads, head_dim) = static.args
     if meta is None:
@@ -304,6 +309,6 @@ def _attention_block(static: _Static, h: torch.Tensor, batch, cache) -> torch.Te
             h.data_ptr(), norm_w, eps, q_t, k_t, v_t, o_t, inv_freq, half, k_cache.data_ptr(), v_cache.data_ptr(),
             slot_mapping.data_ptr(), tables.data_ptr(), tables.shape[1], block_size, context_lens.data_ptr(),
             query_lens.data_ptr(), scale, _work(work).data_ptr(), out.data_ptr(), bsz, T, hidden, heads,
-            kv_heads, head_dim) != 0:
+            kv_heads, head_dim, residual) != 0:
         raise ValueError(f"attention_block: shapes not taken: h {tuple(h.shape)}, context {meta.context_list}")
     return out

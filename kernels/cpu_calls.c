@@ -43,7 +43,7 @@ int hs_rope_call(const hs_rope_args *a) {
 int hs_mlp_block_call(const hs_mlp_block_args *a) {
     return hs_mlp_block(
         a->h, a->norm_w, a->eps, a->gate_t, a->up_t, a->down_t, a->work, a->out, a->rows, a->hidden,
-        a->inter);
+        a->inter, a->residual);
 }
 
 int hs_mamba2_block_call(const hs_mamba2_block_args *a) {
@@ -51,7 +51,7 @@ int hs_mamba2_block_call(const hs_mamba2_block_args *a) {
         a->h, a->norm_w, a->eps, a->in_t, a->conv_states, a->ssm_states, a->src, a->dst, a->conv_w,
         a->conv_b, a->dt_bias, a->A, a->D, a->gate_norm_w, a->group, a->out_t, a->work, a->logged,
         a->out, a->batch, a->T, a->hidden, a->d_inner, a->nheads, a->headdim, a->ngroups, a->d_state,
-        a->d_conv);
+        a->d_conv, a->residual);
 }
 
 int hs_attention_block_call(const hs_attention_block_args *a) {
@@ -59,5 +59,5 @@ int hs_attention_block_call(const hs_attention_block_args *a) {
         a->h, a->norm_w, a->eps, a->q_t, a->k_t, a->v_t, a->o_t, a->inv_freq, a->half, a->k_cache,
         a->v_cache, a->slot_mapping, a->block_tables, a->max_blocks, a->block_size, a->context_lens,
         a->query_lens, a->scale, a->work, a->out, a->batch, a->T, a->hidden, a->nheads, a->kv_heads,
-        a->head_dim);
+        a->head_dim, a->residual);
 }

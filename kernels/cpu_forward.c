@@ -1,7 +1,8 @@
 /* A whole forward of few rows (decode, drafting, a verify) in one call, on
- * x86 CPUs: the token embeddings, every decoder layer's blocks (the
- * `cpu_blocks.c` functions, in the modules' order), each row's kept input,
- * the final norm and the LM head.
+ * x86 CPUs: the token embeddings (times the embedding multiplier), every
+ * decoder layer's blocks (the `cpu_blocks.c` functions, in the modules'
+ * order, with the layer's residual multiplier), each row's kept input, the
+ * final norm, the LM head and the logits scaling.
  *
  * The layer table (`hs_layer`, one per decoder layer) is made once per model
  * and cache by `cpu_forward.py`; the per-forward pointers (token ids, slot
@@ -75,6 +76,8 @@ int hs_forward(const hs_forward_args *a) {
         if (a->embed_col == 1) memcpy(h + r * hidden, e, sizeof(float) * (size_t)hidden);
         else for (int64_t c = 0; c < hidden; ++c) h[r * hidden + c] = e[c * a->embed_col];
     }
+    if (a->embed_scale != 1.0f)  /* the embedding multiplier: each value times it, as torch's h * m */
+        for (int64_t i = 0; i < rows * hidden; ++i) h[i] *= a->embed_scale;
     for (int64_t i = 0; i < a->num_layers; ++i) {
         const hs_layer *l = a->layers + i;
         float *t;
@@ -82,18 +85,19 @@ int hs_forward(const hs_forward_args *a) {
             if (hs_mamba2_block(h, l->mixer_norm, l->mixer_eps, l->in_t, l->conv_states, l->ssm_states, a->src,
                                 a->snap, l->conv_w, l->conv_b, l->dt_bias, l->A, l->D, l->gate_norm_w, l->group,
                                 l->out_t, blocks, a->logged ? a->logged[i] : 0, next, a->batch, a->T, hidden,
-                                l->d_inner, l->nheads, l->head_dim, l->ngroups, l->d_state, l->d_conv)) return -1;
+                                l->d_inner, l->nheads, l->head_dim, l->ngroups, l->d_state, l->d_conv,
+                                l->residual)) return -1;
             t = h, h = next, next = t;
         } else if (l->mixer == HS_ATTENTION) {
             if (hs_attention_block(h, l->mixer_norm, l->mixer_eps, l->q_t, l->k_t, l->v_t, l->o_t, l->inv_freq,
                                    l->half, l->k_cache, l->v_cache, a->slot_mapping, a->block_tables, a->max_blocks,
                                    l->block_size, a->context_lens, a->query_lens, l->scale, blocks, next, a->batch,
-                                   a->T, hidden, l->heads, l->kv_heads, l->attn_head_dim)) return -1;
+                                   a->T, hidden, l->heads, l->kv_heads, l->attn_head_dim, l->residual)) return -1;
             t = h, h = next, next = t;
         }
         if (l->mlp) {
             if (hs_mlp_block(h, l->mlp_norm, l->mlp_eps, l->gate_t, l->up_t, l->down_t, blocks, next, rows, hidden,
-                             l->inter)) return -1;
+                             l->inter, l->residual)) return -1;
             t = h, h = next, next = t;
         }
     }
@@ -105,6 +109,8 @@ int hs_forward(const hs_forward_args *a) {
     const float *last = a->last_index ? next : h;
     if (hs_rms_norm(last, hidden, 0, 0, a->final_norm, normed, kept, hidden, hidden, a->final_eps)) return -1;
     if (hs_rows_matmul(normed, hidden, a->lm_head_t, kept, hidden, a->vocab, a->out)) return -1;
+    if (a->logits_scale != 1.0f)  /* the logits scaling: each logit divided by it, as torch's logits / s */
+        for (int64_t i = 0; i < kept * a->vocab; ++i) a->out[i] /= a->logits_scale;
     for (int64_t i = 0; i < kept * a->vocab; ++i)
         if (!isfinite(a->out[i])) return 1;
     return 0;

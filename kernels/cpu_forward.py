@@ -17,7 +17,7 @@ and a row's bits still do not depend on the batch.
 forward, `kernels.backend`); it returns None (and the layers run one by one,
 the blocks where they apply) unless every layer runs whole (a block for the
 kind of each part its descriptor names, and the blocks' own conditions:
-`cpu_blocks`), the embedding and logits multipliers are 1, the rows (padded
+`cpu_blocks`), the rows (padded
 to the longest) fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors are
 float32 and contiguous. A row of fewer inputs runs padded with token 0: its
 padding writes no state and no K/V (slot -1 in both plans), attends to
@@ -54,7 +54,7 @@ class Layer(ctypes.Structure):
                 ("q_t", _p), ("k_t", _p), ("v_t", _p), ("o_t", _p), ("inv_freq", _p), ("k_cache", _p),
                 ("v_cache", _p), ("half", _i64), ("heads", _i64), ("kv_heads", _i64), ("attn_head_dim", _i64),
                 ("block_size", _i64), ("scale", _f32),
-                ("gate_t", _p), ("up_t", _p), ("down_t", _p), ("inter", _i64)]
+                ("gate_t", _p), ("up_t", _p), ("down_t", _p), ("inter", _i64), ("residual", _f32)]
 
 
 class ForwardArgs(ctypes.Structure):
@@ -64,7 +64,7 @@ class ForwardArgs(ctypes.Structure):
                 ("vocab", _i64), ("src", _p), ("snap", _p), ("slot_mapping", _p), ("block_tables", _p),
                 ("context_lens", _p), ("query_lens", _p), ("max_blocks", _i64), ("logged", _p),
                 ("last_index", _p), ("final_norm", _p), ("final_eps", _f32), ("lm_head_t", _p), ("work", _p),
-                ("work_size", _i64), ("out", _p)]
+                ("work_size", _i64), ("out", _p), ("embed_scale", _f32), ("logits_scale", _f32)]
 
 
 class _Table:
@@ -79,7 +79,7 @@ class _Table:
         self.ptrs = [t.data_ptr() for t in self.tensors]
 
     def _build(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks], cache) -> bool:
-        if desc.embedding_multiplier != 1.0 or desc.logits_scaling != 1.0 or desc.dtype is not torch.float32:
+        if desc.dtype is not torch.float32:
             return False
         head_t = desc.lm_head.t()
         final = desc.final_norm.weight
@@ -92,6 +92,7 @@ class _Table:
         self.mamba_layers = []  # (index in the table, Mamba2Desc) of the Mamba-2 layers, for input logs
         for i, (layer, block) in enumerate(zip(desc.layers, blocks)):
             record = layers[i]
+            record.residual = layer.residual_multiplier
             if layer.mixer is not None and not (block.mixer is not None
                                                 and self._mixer(record, block.mixer, cache, tensors, i)):
                 return False
@@ -274,6 +275,7 @@ def _args(desc: ModelDesc, table: _Table, bsz: int, T: int) -> ForwardArgs:
     args.embed, args.batch, args.T = cpu_native.weight_address(desc.embed), bsz, T
     args.embed_row, args.embed_col = table.embed_strides
     args.hidden, args.vocab = table.hidden, table.vocab
+    args.embed_scale, args.logits_scale = desc.embedding_multiplier, desc.logits_scaling
     return args
 
 

@@ -21,6 +21,8 @@ int hs_threads(void);
 #define HS_F16_WEIGHT 2
 #define HS_WEIGHT_TYPE 3 /* the bits that say the type */
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
+int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int count, const float *const *w,
+                        const int64_t *N, float *const *y);
 int hs_rows_isa(int choice);
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
                 int64_t rows, int64_t n, int64_t group, float eps);
@@ -50,20 +52,23 @@ int hs_gdn_steps(float *states, const int64_t *src, const int64_t *dst,
 int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
             int64_t heads, int64_t head_dim, int64_t half);
 
+/* each block returns out = h + residual · update (residual: the layer's residual multiplier, 1 for most
+ * models; update · residual rounded, then the sum, as torch's h + update * residual) */
 int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *gate_t, const float *up_t,
-                 const float *down_t, float *work, float *out, int64_t rows, int64_t hidden, int64_t inter);
+                 const float *down_t, float *work, float *out, int64_t rows, int64_t hidden, int64_t inter,
+                 float residual);
 int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float *in_t,
                     float *conv_states, float *ssm_states, const int64_t *src, const int64_t *dst,
                     const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
                     const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
                     float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
-                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv);
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual);
 int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
                        const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
                        float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
                        int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
                        const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
-                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim);
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual);
 
 /* The mixers and the MLP of one decoder layer (`cpu_forward.py` fills it from the
  * modules and one cache, once): the weights and sizes the blocks take, and the
@@ -85,6 +90,7 @@ typedef struct {
     /* gated SiLU MLP */
     const float *gate_t, *up_t, *down_t;
     int64_t inter;
+    float residual;  /* the residual multiplier of both blocks (1: none) */
 } hs_layer;
 
 /* One forward of few rows: the per-forward pointers beside the static table. */
@@ -105,6 +111,8 @@ typedef struct {
     float *work;
     int64_t work_size;                  /* floats at work */
     float *out;
+    float embed_scale;                  /* the embeddings times it (1: none) */
+    float logits_scale;                 /* the logits divided by it (1: none) */
 } hs_forward_args;
 
 int hs_forward(const hs_forward_args *a);
@@ -260,6 +268,7 @@ typedef struct {
     int64_t rows;
     int64_t hidden;
     int64_t inter;
+    float residual;
 } hs_mlp_block_args;
 int hs_mlp_block_call(const hs_mlp_block_args *a);
 
@@ -292,6 +301,7 @@ typedef struct {
     int64_t ngroups;
     int64_t d_state;
     int64_t d_conv;
+    float residual;
 } hs_mamba2_block_args;
 int hs_mamba2_block_call(const hs_mamba2_block_args *a);
 
@@ -322,6 +332,7 @@ typedef struct {
     int64_t nheads;
     int64_t kv_heads;
     int64_t head_dim;
+    float residual;
 } hs_attention_block_args;
 int hs_attention_block_call(const hs_attention_block_args *a);
 

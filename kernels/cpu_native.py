@@ -73,13 +73,13 @@ ARGUMENTS = {  # C entry point hs_<name>_call(const hs_<name>_args *): the struc
     "gdn_steps": ("p:states p:src p:dst p:q i:sqb i:sqt i:sqh p:k i:skb i:skt i:skh p:v i:svb i:svt i:svh p:g "
                   "i:sgb i:sgt p:beta i:sbb i:sbt p:o i:batch i:T i:heads i:key_heads i:d_k i:d_v"),
     "rope": "p:x p:cos p:sin i:ldc p:out i:rows i:heads i:head_dim i:half",
-    "mlp_block": "p:h p:norm_w f:eps p:gate_t p:up_t p:down_t p:work p:out i:rows i:hidden i:inter",
+    "mlp_block": "p:h p:norm_w f:eps p:gate_t p:up_t p:down_t p:work p:out i:rows i:hidden i:inter f:residual",
     "mamba2_block": ("p:h p:norm_w f:eps p:in_t p:conv_states p:ssm_states p:src p:dst p:conv_w p:conv_b "
                     "p:dt_bias p:A p:D p:gate_norm_w i:group p:out_t p:work p:logged p:out i:batch i:T "
-                    "i:hidden i:d_inner i:nheads i:headdim i:ngroups i:d_state i:d_conv"),
+                    "i:hidden i:d_inner i:nheads i:headdim i:ngroups i:d_state i:d_conv f:residual"),
     "attention_block": ("p:h p:norm_w f:eps p:q_t p:k_t p:v_t p:o_t p:inv_freq i:half p:k_cache p:v_cache "
                        "p:slot_mapping p:block_tables i:max_blocks i:block_size p:context_lens p:query_lens "
-                       "f:scale p:work p:out i:batch i:T i:hidden i:nheads i:kv_heads i:head_dim"),
+                       "f:scale p:work p:out i:batch i:T i:hidden i:nheads i:kv_heads i:head_dim f:residual"),
 }
 _FIELD_TYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 

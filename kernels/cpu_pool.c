@@ -5,9 +5,12 @@
  * `hs_set_threads` (kept at torch's intra-op thread count by
  * `cpu_native.sync_threads`) says how many threads a job may use.
  *
- * Helpers are started on first need and kept. After a job they spin for about
- * a millisecond (a forward's jobs follow each other within microseconds), then
- * sleep on a condition variable. One job uses the helpers at a time: a job
+ * Helpers are started on first need and kept. After a job they spin for
+ * SPIN_NS (a forward's jobs follow each other within microseconds, and the
+ * next decode step's first job comes after the host's work between steps),
+ * then sleep on a condition variable; a job wakes them through it only when
+ * one sleeps, so a forward's jobs cost an atomic store each to start and the
+ * helpers' claims. One job uses the helpers at a time: a job
  * submitted while they serve another (another Python thread: the C calls
  * release the GIL) gets 0 back and runs on its caller. A forked child starts
  * with no helpers and makes its own.
@@ -20,11 +23,13 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "cpu_kernels.h"
 
 #define MAX_THREADS 64
-#define SPIN_ROUNDS 20000 /* pause instructions a helper spins through before sleeping */
+#define SPIN_NS 3000000 /* how long an idle helper spins before it sleeps: a few decode steps' host work */
+#define SPIN_CHECK 256  /* pause instructions between looks at the clock */
 
 /* pool.ticket: the job's generation (bits 32-63), its parts (16-31) and the next unclaimed part (0-15) */
 #define TICKET(generation, parts, next) ((uint64_t)(generation) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
@@ -33,16 +38,23 @@
 #define TICKET_NEXT(t) ((int)((t) & 0xffff))
 
 static struct {
-    pthread_mutex_t lock;     /* guards sleeping helpers and new generations */
+    pthread_mutex_t lock;     /* guards the helpers' sleep and the wake-up of sleepers */
     pthread_cond_t wake;
     pthread_mutex_t busy;     /* held by the caller of a job */
     _Atomic uint64_t ticket;  /* the job's generation and claims (TICKET) */
     atomic_int done;          /* claimed parts finished */
     atomic_int wanted;        /* threads a job may use */
+    atomic_int sleepers;      /* helpers asleep or about to sleep on `wake` (changed under `lock`) */
     int started;              /* helpers running */
     hs_part_fn fn;            /* the job, written before the ticket that names it */
     void *ctx;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, 0, 0, 0};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, 0, 0, 0, 0};
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 /* a part of the current job (its parts in *parts), or -1 when none is left;
  * the job stays the claimed ticket's while the part is unfinished */
@@ -68,13 +80,20 @@ static void *helper(void *arg) {
     uint32_t seen = (uint32_t)(uintptr_t)arg;
     for (;;) {
         uint32_t now = TICKET_GENERATION(atomic_load(&pool.ticket));
-        for (int spin = 0; now == seen && spin < SPIN_ROUNDS; ++spin) {
-            _mm_pause();
-            now = TICKET_GENERATION(atomic_load(&pool.ticket));
+        for (int64_t until = now == seen ? now_ns() + SPIN_NS : 0; now == seen;) {
+            for (int spin = 0; now == seen && spin < SPIN_CHECK; ++spin) {
+                _mm_pause();
+                now = TICKET_GENERATION(atomic_load(&pool.ticket));
+            }
+            if (now == seen && now_ns() > until) break;
         }
         if (now == seen) {
+            /* counted before the generation is read again: a caller that then reads no sleeper has
+             * stored its ticket before (both sequentially consistent), so the read below sees it */
             pthread_mutex_lock(&pool.lock);
+            atomic_fetch_add(&pool.sleepers, 1);
             while ((now = TICKET_GENERATION(atomic_load(&pool.ticket))) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+            atomic_fetch_sub(&pool.sleepers, 1);
             pthread_mutex_unlock(&pool.lock);
         }
         seen = now;
@@ -88,6 +107,7 @@ static void forget_helpers(void) { /* in a forked child: the helpers stayed in t
     pthread_cond_init(&pool.wake, 0);
     pthread_mutex_init(&pool.busy, 0);
     pool.started = 0;
+    atomic_store(&pool.sleepers, 0);
 }
 
 int hs_set_threads(int threads) {
@@ -123,10 +143,12 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts) {
     pool.fn = fn;
     pool.ctx = ctx;
     atomic_store(&pool.done, 0);
-    pthread_mutex_lock(&pool.lock);
     atomic_store(&pool.ticket, TICKET(generation + 1, parts, 1)); /* part 0 is the caller's */
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.lock);
+    if (atomic_load(&pool.sleepers)) { /* under the lock: a helper between its count and its wait hears it */
+        pthread_mutex_lock(&pool.lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
     fn(ctx, 0, parts);
     run_claimed();
     while (atomic_load(&pool.done) < parts - 1) _mm_pause();

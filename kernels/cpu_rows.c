@@ -250,9 +250,11 @@ static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
 /* -- threads ------------------------------------------------------------------------------
  * With more than one thread (`hs_set_threads`), a product of at least
  * PARALLEL_MIN_MACS multiply-adds is split into column ranges of whole
- * 64-column panels, one per thread, run by `hs_parallel` (cpu_pool.c). A
- * column is computed by one thread with the same chain as ever, so the bits
- * do not depend on the thread count (tested). */
+ * 64-column panels, one per thread, run by `hs_parallel` (cpu_pool.c);
+ * `hs_rows_matmul_many` hands several products of one input (a block's q, k
+ * and v, or gate and up) to the threads as one job, each thread taking its
+ * share of every one. A column is computed by one thread with the same chain
+ * as ever, so the bits do not depend on the thread count (tested). */
 #define PARALLEL_MIN_MACS (1 << 16) /* below this the hand-off costs about what the split saves */
 
 typedef struct {
@@ -283,10 +285,11 @@ static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t
 static _Thread_local float *own;
 static _Thread_local size_t own_floats;
 
-static void product_part(void *ctx, int part, int parts) {
-    const product_job *j = ctx;
+/* part `part` of `parts` of one product: its share of the 64-column panels (the last part to N) */
+static void product_share(const product_job *j, int part, int parts) {
     const int64_t panels = j->N / 64;
     const int64_t c0 = panels * part / parts * 64, c1 = part + 1 == parts ? j->N : panels * (part + 1) / parts * 64;
+    if (c0 >= c1) return;
     const int64_t ld = (c1 - c0 + 31) / 32 * 32;
     if (part > 0 && own_floats < (size_t)(j->M * ld)) {
         free(own);
@@ -302,6 +305,50 @@ static void product_part(void *ctx, int part, int parts) {
     for (int64_t m = 0; m < j->M; ++m) memcpy(j->y + m * j->N + c0, own + m * ld, (size_t)(c1 - c0) * sizeof(float));
 }
 
+/* Several products of one input in one job (a block's q, k and v; gate and up): each part takes
+ * its share of every product, so the helpers are handed the stage once, not once per product */
+#define MAX_PRODUCTS 4
+typedef struct {
+    int count;
+    product_job jobs[MAX_PRODUCTS];
+} products_job;
+
+static void products_part(void *ctx, int part, int parts) {
+    const products_job *j = ctx;
+    for (int i = 0; i < j->count; ++i) product_share(j->jobs + i, part, parts);
+}
+
+/* the parts a job of `widest` columns and `macs` multiply-adds splits into (1: the caller alone) */
+static int parts_for(int64_t widest, int64_t macs) {
+    const int threads = hs_threads();
+    const int parts = threads < widest / 64 ? threads : (int)(widest / 64);
+    return macs >= PARALLEL_MIN_MACS ? parts : 1;
+}
+
+/* y_i[M, N_i] = x[M, K] @ w_i[K, N_i] for i < count (at most MAX_PRODUCTS), in one job over the
+ * threads: each y_i has the bits `hs_rows_matmul` gives it. Returns 0, or -1 for sizes or
+ * weights it does not take (checked before anything is computed). */
+int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int count, const float *const *w,
+                        const int64_t *N, float *const *y) {
+    if (count < 1 || count > MAX_PRODUCTS || M < 0 || K < 0 || (M > 1 && ldx < K)) return -1;
+    if (isa512 < 0) hs_rows_isa(-1);
+    products_job job = {count, {{0}}};
+    int64_t widest = 0, macs = 0;
+    for (int i = 0; i < count; ++i) {
+        const int type = (int)((uintptr_t)w[i] & HS_WEIGHT_TYPE);
+        if (N[i] < 0 || type == HS_WEIGHT_TYPE) return -1;
+        job.jobs[i] = (product_job){x, (const void *)((uintptr_t)w[i] & ~(uintptr_t)HS_WEIGHT_TYPE), y[i], ldx, M, K,
+                                    N[i], type};
+        widest = N[i] > widest ? N[i] : widest;
+        macs += M * K * N[i];
+    }
+    if (M == 0) return 0;
+    const int parts = parts_for(widest, macs);
+    if (parts > 1 && hs_parallel(products_part, (void *)&job, parts)) return 0;
+    products_part((void *)&job, 0, 1);
+    return 0;
+}
+
 /* y[M, N] = x[M, K] @ w[K, N]; returns 0, or -1 for sizes it does not take.
  * w: float32, or bfloat16 / float16 with HS_BF16_WEIGHT / HS_F16_WEIGHT set in its address (see
  * "weight storage" above). Rows split into balanced groups of at most
@@ -309,12 +356,5 @@ static void product_part(void *ctx, int part, int parts) {
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y) {
     if (M < 0 || K < 0 || N < 0 || (M > 1 && ldx < K)) return -1;
     if (M == 0 || N == 0) return 0;
-    if (isa512 < 0) hs_rows_isa(-1);
-    const int threads = hs_threads(), parts = threads < N / 64 ? threads : (int)(N / 64);
-    const int type = (int)((uintptr_t)w & HS_WEIGHT_TYPE);
-    if (type == HS_WEIGHT_TYPE) return -1;
-    const product_job job = {x, (const void *)((uintptr_t)w & ~(uintptr_t)HS_WEIGHT_TYPE), y, ldx, M, K, N, type};
-    if (parts > 1 && M * K * N >= PARALLEL_MIN_MACS && hs_parallel(product_part, (void *)&job, parts)) return 0;
-    product_columns(&job, y, N, 0, N, 0, 1);
-    return 0;
+    return hs_rows_matmul_many(x, ldx, M, K, 1, &w, &N, &y);
 }

@@ -157,6 +157,25 @@ def test_threads_quick(benches, tmp_path):
     assert all(r["min_ms"] <= r["ms"] <= r["max_ms"] for r in rows)
 
 
+def test_llamacpp_quick_without_a_converter(benches, tmp_path):
+    """Our side of the llama.cpp comparison on a tiny Granite-4.0-H-shaped model: it agrees with HF,
+    and the llama.cpp side is skipped with its reason (no llama_cpp, or no converter given)."""
+    import torch
+    out = tmp_path / "llamacpp.json"
+    before = torch.get_num_threads()
+    assert bench_main("llamacpp")(["--quick", "--thread-counts", "1", "2", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == before
+    payload = json.loads(out.read_text())
+    assert payload["llama_cpp_skipped"]
+    assert [c["weights"] for c in payload["checks"]] == ["float32", "bfloat16"]
+    assert all(c["ours_vs_hf"] < 1e-4 for c in payload["checks"])
+    assert {(r["weights"], r["threads"]) for r in payload["rows"]} == {
+        (w, t) for w in ("float32", "bfloat16") for t in (1, 2)}
+    for row in payload["rows"]:
+        decode = row["hybridspec decode tok/s"]
+        assert decode["min"] <= decode["median"] <= decode["max"]  # (a smoke run: a timing, not a measurement)
+
+
 def test_cpu_kernels_quick(benches, tmp_path):
     from hybridspec.kernels import cpu_native, cpu_rows
     if not cpu_native.available():
@@ -296,3 +315,19 @@ def test_tensor_parallel_quick(benches, tmp_path):
             assert r["kv_mb"] == one["kv_mb"] / 2
             assert one["states_mb"] / 2 <= r["states_mb"] < 0.6 * one["states_mb"]
             assert one["weights_mb"] / 2 < r["weights_mb"] < one["weights_mb"]  # embeddings and norms replicated
+
+
+def test_targets_read_the_llamacpp_table(benches, monkeypatch):
+    """The llama.cpp rows: a ratio per part and run, and two threads against one for our decode;
+    the run joins the targets only where llama_cpp is importable and LLAMA_CPP_SDIST names its sdist."""
+    monkeypatch.syspath_prepend(str(BENCHES))
+    import targets
+    table = [dict(weights="float32", prompt=128, threads=t, ours_decode=10.0 * t, decode_ratio=1.1, prefill_ratio=0.9)
+             for t in (1, 2)]
+    rows = targets.llamacpp_rows({"table": table})
+    assert [(r["target"].split(",")[0], r["met"]) for r in rows] == [
+        ("decode / llama.cpp", True), ("prefill / llama.cpp", False), ("decode / llama.cpp", True),
+        ("prefill / llama.cpp", False), ("decode", True)]
+    assert rows[-1]["figure"] == 2.0
+    monkeypatch.delenv("LLAMA_CPP_SDIST", raising=False)
+    assert targets.llamacpp_run() == ()

@@ -39,7 +39,7 @@ FAMILIES = {  # name: (HF model, whether the whole forward takes every layer)
     "granite: MoE + shared expert, multipliers not 1": (
         lambda: granite(seed=4, layer_types=("attention", "mamba", "mamba"), dtype=torch.float32), False),
     "granite: dense MLP, multipliers not 1": (
-        lambda: granite(seed=5, layer_types=("mamba", "attention"), num_experts=0, dtype=torch.float32), False),
+        lambda: granite(seed=5, layer_types=("mamba", "attention"), num_experts=0, dtype=torch.float32), True),
     "jamba: attention first, every layer MoE (the issue's checkpoint)": (
         lambda: jamba(seed=6, num_layers=2, attn_period=2, attn_offset=0, expert_period=1, expert_offset=0,
                       dtype=torch.float32), False),
