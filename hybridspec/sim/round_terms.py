@@ -27,10 +27,9 @@ docs/simulator.md, "7. The whole round", says where each term is measured.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from hybridspec.errors import ConfigError
+from .validation import check_cost
 
 TERMS = ("forward_s", "draft_s", "sampling_s", "commit_s", "replay_s", "host_s")
 
@@ -47,10 +46,8 @@ class RoundTerms:
     host_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"RoundTerms.{field.name}={value!r} is invalid: pass finite seconds >= 0")
+        for name in TERMS:
+            check_cost(getattr(self, name), f"RoundTerms.{name}")
 
     @property
     def total_s(self) -> float:
