@@ -244,6 +244,21 @@ def test_measured_goodputs_within_their_spread_leave_the_choice_to_the_model():
     assert controller.choose([0], [1000]) == [0]
 
 
+def test_plain_steps_are_probed_every_probe_every_rounds_until_their_goodput_is_measured():
+    controller = GammaController(GAMMA_MAX, costs(forward=(1.0, 1.05, 1.1, 1.15, 1.2)))  # drafting wins narrowly
+    plain = []
+    for i in range(4 * PROBE_EVERY):
+        gammas = controller.choose([0], [1000])
+        if gammas[0]:
+            controller.observe([0], gammas, [1], gammas, {"verify": 1.2, "draft": 0.2, "sampling": 0.1})
+        else:
+            plain.append(i)
+            controller.observe([0], [0], [0], [0], {"verify": 1.0, "sampling": 0.1})
+    # MIN_REALIZED plain steps PROBE_EVERY rounds apart, then the doubled wait (longer than what is left)
+    assert len(plain) == MIN_REALIZED and all(b - a == PROBE_EVERY for a, b in zip(plain, plain[1:]))
+    assert controller.plain_probe_every == 2 ** MIN_REALIZED * PROBE_EVERY
+
+
 def test_mixed_rounds_and_rounds_after_a_prefill_measure_neither_kind():
     controller = FixedModel(GAMMA_MAX, costs())
     teach(controller, [0, 1], alpha_hits=3)

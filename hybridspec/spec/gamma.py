@@ -37,8 +37,10 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   `PROBE_EVERY` rounds (doubling up to `MAX_PROBE_EVERY`) without a plain
   step that taught its scale one round is a plain step, unless drafting's
   predicted goodput is at least `PLAIN_PROBE_MARGIN` times plain's (then no
-  price of a plain step could change the choice). The drafter's scale is
-  learned per G (the nearest G's stands in until one is seen), because G
+  price of a plain step could change the choice); the wait doubles only
+  once plain steps' goodput is measured at the batch (`MIN_REALIZED`
+  rounds, below), so the measured rule has both kinds to compare. The
+  drafter's scale is learned per G (the nearest G's stands in until one is seen), because G
   steps do not cost G times one step (a greedy drafter's G steps run as one
   native call). The residuals are learned apart for rounds that draft and
   plain ones.
@@ -351,6 +353,7 @@ class GammaController:
             self.goodput = options[0][0]  # no G pays even if every draft were accepted: nothing to probe
             return [0] * batch
         goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
+        learned = self.learned[self.costs.bucket(batch)]
         probe = max(1, min(top, self.gamma_max // 2))  # enough drafts to learn from
         if not self.rounds_seen and top > 0 and G < probe:
             G, goodput = probe, options[probe][0]
@@ -362,14 +365,14 @@ class GammaController:
                           key=lambda b: (behind[b], -caps[b], b))
                 return [min(probe, limits[b]) if b == row else 0 for b in range(batch)]
             return [min(probe, limit) for limit in limits]
-        elif G > 0 and self.learned[self.costs.bucket(batch)].drafting_measured_slower():
+        elif G > 0 and learned.drafting_measured_slower():
             if self.idle_rounds + 1 >= self.probe_every:  # on the probe schedule: draft, to measure drafting again
                 self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
                 self.goodput = goodput
                 return [min(G, limit) for limit in limits]
             self.goodput = options[0][0]
             return [0] * batch
-        elif (G > 0 and self.unpriced_rounds + 1 >= self.plain_probe_every
+        elif (G > 0 and self.unpriced_rounds + 1 >= self._plain_probe_wait(learned)
               and goodput < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price plain steps
             self._plain_probe_pending = True  # (until one teaches: the round after a prefill does not)
             self.goodput = options[0][0]
@@ -378,6 +381,11 @@ class GammaController:
             self.probe_every = PROBE_EVERY
         self.goodput = goodput
         return [min(G, limit) for limit in limits]
+
+    def _plain_probe_wait(self, learned: _Learned) -> int:
+        """Rounds without a priced plain step before one: `PROBE_EVERY` until plain
+        steps' goodput is measured (`MIN_REALIZED` rounds), then the doubling wait."""
+        return self.plain_probe_every if learned.realized[False].rounds >= MIN_REALIZED else PROBE_EVERY
 
     def _own_limit(self, alpha: float, row_cost: float) -> int:
         """Most drafts j with α^j ≥ row_cost (the row's marginal gain covers its own cost)."""
