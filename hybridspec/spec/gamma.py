@@ -327,7 +327,8 @@ class GammaController:
         batch = len(seq_ids)
         behind = [0] * batch if behind is None else behind
         charged = behind if self.absorb_s is not None else [0] * batch  # nothing learned: nothing charged
-        alphas = [self.alpha(s) for s in seq_ids]
+        engine, sequences = self.engine_acceptance.estimate(self.prior_alpha), self.sequences  # once per round
+        alphas = [engine if (own := sequences.get(s)) is None else own.estimate(engine) for s in seq_ids]
         row_draft = self.costs.row_draft(batch)
         row_cost = row_draft * self.goodput  # in tokens per draft: λ · row_draft_s
         limits = [max(0, min(cap, self._own_limit(a, row_cost))) for a, cap in zip(alphas, caps)]
