@@ -259,6 +259,27 @@ def test_plain_steps_are_probed_every_probe_every_rounds_until_their_goodput_is_
     assert controller.plain_probe_every == 2 ** MIN_REALIZED * PROBE_EVERY
 
 
+def test_a_plain_step_is_run_where_drafting_is_predicted_far_ahead_but_measured_not():
+    """The model predicts drafting ahead of plain steps by about 1.9x; measured
+    drafting rounds at 1 token per second (plain predicted at 1) get plain
+    steps probed, measured ones at 4 do not."""
+    for seconds, probes in ((4.0, True), (1.0, False)):
+        controller = FixedModel(GAMMA_MAX, costs())
+        teach(controller, [0], alpha_hits=3)
+        choices = []
+        for _ in range(2 * PROBE_EVERY):
+            gammas = controller.choose([0], [1000])
+            choices.append(gammas[0])
+            if gammas[0]:
+                controller.observe([0], gammas, [gammas[0] - 1], gammas, {"verify": 1.0, "round": seconds})
+                continue
+            controller.observe([0], [0], [0], [0], {"verify": 0.9, "round": 1.0})
+        if probes:
+            assert choices.index(0) == PROBE_EVERY - 1
+        else:
+            assert 0 not in choices
+
+
 def test_mixed_rounds_and_rounds_after_a_prefill_measure_neither_kind():
     controller = FixedModel(GAMMA_MAX, costs())
     teach(controller, [0, 1], alpha_hits=3)

@@ -36,8 +36,9 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   engine drafts, plain steps are rare and most follow prefills, so after
   `PROBE_EVERY` rounds (doubling up to `MAX_PROBE_EVERY`) without a plain
   step that taught its scale one round is a plain step, unless drafting's
-  predicted goodput is at least `PLAIN_PROBE_MARGIN` times plain's (then no
-  price of a plain step could change the choice); the wait doubles only
+  goodput, predicted and (once measured, below) measured, is at least
+  `PLAIN_PROBE_MARGIN` times plain steps' predicted one (then no price of a
+  plain step could change the choice); the wait doubles only
   once plain steps' goodput is measured at the batch (`MIN_REALIZED`
   rounds, below), so the measured rule has both kinds to compare. The
   drafter's scale is learned per G (the nearest G's stands in until one is seen), because G
@@ -238,6 +239,12 @@ class _Learned:
     # keyed by whether the round drafted: tokens per second as measured (module docstring)
     realized: dict[bool, _Realized] = field(default_factory=lambda: {False: _Realized(), True: _Realized()})
 
+    def drafting_goodput(self, predicted: float) -> float:
+        """Drafting's tokens per second: the lesser of the prediction and, once
+        measured (`MIN_REALIZED` rounds), the measured rounds' (geometric) mean."""
+        draft = self.realized[True]
+        return predicted if draft.rounds < MIN_REALIZED else min(predicted, math.exp(draft.mean))
+
     def drafting_measured_slower(self) -> bool:
         """The rule of the module docstring: measured drafting trails plain steps beyond their spread."""
         plain, draft = self.realized[False], self.realized[True]
@@ -374,7 +381,7 @@ class GammaController:
             self.goodput = options[0][0]
             return [0] * batch
         elif (G > 0 and self.unpriced_rounds + 1 >= self._plain_probe_wait(learned)
-              and goodput < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price plain steps
+              and learned.drafting_goodput(goodput) < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price plain steps
             self._plain_probe_pending = True  # (until one teaches: the round after a prefill does not)
             self.goodput = options[0][0]
             return [0] * batch
