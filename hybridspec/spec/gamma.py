@@ -38,10 +38,10 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   step that taught its scale one round is a plain step, unless drafting's
   goodput, predicted and (once measured, below) measured, is at least
   `PLAIN_PROBE_MARGIN` times plain steps' predicted one (then no price of a
-  plain step could change the choice); the wait doubles only
-  once plain steps' goodput is measured at the batch (`MIN_REALIZED`
-  rounds, below), so the measured rule has both kinds to compare. The
-  drafter's scale is learned per G (the nearest G's stands in until one is seen), because G
+  plain step could change the choice); the wait doubles only once plain
+  steps' goodput is measured at the batch (`MIN_REALIZED` rounds, below),
+  so the measured rule has both kinds to compare. The drafter's scale is
+  learned per G (the nearest G's stands in until one is seen), because G
   steps do not cost G times one step (a greedy drafter's G steps run as one
   native call). The residuals are learned apart for rounds that draft and
   plain ones.
@@ -381,7 +381,7 @@ class GammaController:
             self.goodput = options[0][0]
             return [0] * batch
         elif (G > 0 and self.unpriced_rounds + 1 >= self._plain_probe_wait(learned)
-              and learned.drafting_goodput(goodput) < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price plain steps
+              and learned.drafting_goodput(goodput) < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price it
             self._plain_probe_pending = True  # (until one teaches: the round after a prefill does not)
             self.goodput = options[0][0]
             return [0] * batch
