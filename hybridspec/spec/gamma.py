@@ -47,17 +47,18 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   plain ones.
 - measured rounds over the prior: each batch bucket keeps the realized
   goodput of each kind of round, log(emitted tokens / round seconds) per
-  round, as an exponentially weighted mean m and variance v over its last
-  n ≤ 1 / (1 − COST_DECAY) rounds (`_Realized`); drafting rounds are those
-  where every row drafted, plain ones those where none did (mixed rounds, a
-  one-row probe or rows at their caps, and rounds right after a prefill
-  teach neither). The rule: where both kinds have `MIN_REALIZED` rounds and
+  round (the round's wall time without the drafter's absorption, which
+  `absorb` below charges), as an exponentially weighted mean m and
+  variance v over its last n ≤ 1 / (1 − COST_DECAY) rounds (`_Realized`);
+  drafting rounds are those where every row drafted, plain ones those where
+  none did (mixed rounds, a one-row probe or rows at their caps, and rounds
+  right after a prefill teach neither). The rule: where both kinds have `MIN_REALIZED` rounds and
 
       m_draft + REALIZED_Z · √(v_draft / n_draft + v_plain / n_plain) < m_plain,
 
   drafting was measured slower per token than plain steps, whatever the
   model predicts: a round the model would draft runs plain steps instead,
-  except on the probe schedule below (`PROBE_EVERY` rounds without drafts,
+  except on the probe schedule above (`PROBE_EVERY` rounds without drafts,
   doubling up to `MAX_PROBE_EVERY`), where it drafts for every row as the
   model chose, so drafting is measured again. Where the measured kinds
   overlap (or one is unmeasured) the model decides.
