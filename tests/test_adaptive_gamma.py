@@ -9,7 +9,8 @@ import pytest
 import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.rollback import perturbed_copy
-from hybridspec.spec.gamma import PROBE_EVERY, GammaController, RoundCosts
+from hybridspec.sim.round_terms import round_seconds
+from hybridspec.spec.gamma import MIN_REALIZED, PROBE_EVERY, GammaController, RoundCosts
 from oracles import bamba, nemotron_h
 
 GAMMA_MAX = 4
@@ -186,6 +187,107 @@ def test_a_drafter_far_behind_a_row_near_its_end_gives_plain_steps():
     assert controller.choose([0], [1000], behind=[50]) == [4]
     assert controller.choose([0], [2], behind=[50]) == [0]
     assert controller.choose([0], [2], behind=[0]) == [2]
+
+
+class FixedModel(GammaController):
+    """The model's prices fixed at start-up's (nothing learned online): a
+    model that stays wrong, for the measured rounds to overrule."""
+
+    def round_cost(self, batch, G):
+        return round_seconds(self.costs.terms(batch, G), 1.0, 1.0)
+
+
+def measured(controller, drafting_seconds, plain_seconds) -> None:
+    """Rounds of one row at 4 drafts, 3 accepted (4 tokens), then plain steps (1 token), timed as given."""
+    for seconds in drafting_seconds:
+        controller.observe([0], [4], [3], [4], {"round": seconds})
+    for seconds in plain_seconds:
+        controller.observe([0], [0], [0], [0], {"verify": 0.9 * seconds, "round": seconds})
+
+
+def test_drafting_measured_slower_per_token_than_plain_steps_gives_plain_steps_probed_on_schedule():
+    controller = FixedModel(GAMMA_MAX, costs())
+    teach(controller, [0], alpha_hits=3)
+    assert controller.choose([0], [1000]) == [4]  # the model's choice
+    measured(controller, [4.0, 4.4, 3.6], [])  # about 1 token per second drafting ...
+    assert controller.choose([0], [1000]) == [4]  # ... plain steps unmeasured: the model decides
+    measured(controller, [], [0.5, 0.55, 0.45][:MIN_REALIZED])  # ... about 2 plain
+    choices = []
+    for _ in range(3 * PROBE_EVERY):
+        gammas = controller.choose([0], [1000])
+        choices.append(gammas[0])
+        if gammas[0]:  # the probe measures drafting as slow again
+            controller.observe([0], gammas, [gammas[0] - 1], gammas, {"round": 4.0})
+        else:
+            controller.observe([0], [0], [0], [0], {"verify": 0.45, "round": 0.5})
+    probes = [i for i, g in enumerate(choices) if g]
+    assert choices[0] == 0 and len(probes) == 2  # the model's G at each probe, for the one row
+    # the first probe after PROBE_EVERY rounds without drafts (counting the measured plain steps), then twice that
+    assert probes[0] == PROBE_EVERY - MIN_REALIZED - 1 and probes[1] - probes[0] == 2 * PROBE_EVERY
+
+
+def test_drafting_measured_faster_than_plain_steps_keeps_drafting():
+    controller = FixedModel(GAMMA_MAX, costs())
+    teach(controller, [0], alpha_hits=3)
+    measured(controller, [1.0, 1.1, 0.9], [0.5, 0.55, 0.45])  # about 4 tokens per second drafting, 2 plain
+    for _ in range(3 * PROBE_EVERY):
+        assert controller.choose([0], [1000]) == [4]
+        controller.observe([0], [4], [3], [4], {"round": 1.0})
+
+
+def test_measured_goodputs_within_their_spread_leave_the_choice_to_the_model():
+    controller = FixedModel(GAMMA_MAX, costs())
+    teach(controller, [0], alpha_hits=3)
+    measured(controller, [1.5, 3.5, 1.5, 3.5], [0.5, 0.5, 0.5])  # drafting 2.7 or 1.1 tokens per second, plain 2
+    assert controller.choose([0], [1000]) == [4]
+    measured(controller, [3.5] * 4, [])  # now consistently slower
+    assert controller.choose([0], [1000]) == [0]
+
+
+def test_plain_steps_are_probed_every_probe_every_rounds_until_their_goodput_is_measured():
+    controller = GammaController(GAMMA_MAX, costs(forward=(1.0, 1.05, 1.1, 1.15, 1.2)))  # drafting wins narrowly
+    plain = []
+    for i in range(4 * PROBE_EVERY):
+        gammas = controller.choose([0], [1000])
+        if gammas[0]:
+            controller.observe([0], gammas, [1], gammas, {"verify": 1.2, "draft": 0.2, "sampling": 0.1})
+        else:
+            plain.append(i)
+            controller.observe([0], [0], [0], [0], {"verify": 1.0, "sampling": 0.1})
+    # MIN_REALIZED plain steps PROBE_EVERY rounds apart, then the doubled wait (longer than what is left)
+    assert len(plain) == MIN_REALIZED and all(b - a == PROBE_EVERY for a, b in zip(plain, plain[1:]))
+    assert controller.plain_probe_every == 2 ** MIN_REALIZED * PROBE_EVERY
+
+
+def test_a_plain_step_is_run_where_drafting_is_predicted_far_ahead_but_measured_not():
+    """The model predicts drafting ahead of plain steps by about 1.9x; measured
+    drafting rounds at 1 token per second (plain predicted at 1) get plain
+    steps probed, measured ones at 4 do not."""
+    for seconds, probes in ((4.0, True), (1.0, False)):
+        controller = FixedModel(GAMMA_MAX, costs())
+        teach(controller, [0], alpha_hits=3)
+        choices = []
+        for _ in range(2 * PROBE_EVERY):
+            gammas = controller.choose([0], [1000])
+            choices.append(gammas[0])
+            if gammas[0]:
+                controller.observe([0], gammas, [gammas[0] - 1], gammas, {"verify": 1.0, "round": seconds})
+                continue
+            controller.observe([0], [0], [0], [0], {"verify": 0.9, "round": 1.0})
+        if probes:
+            assert choices.index(0) == PROBE_EVERY - 1
+        else:
+            assert 0 not in choices
+
+
+def test_mixed_rounds_and_rounds_after_a_prefill_measure_neither_kind():
+    controller = FixedModel(GAMMA_MAX, costs())
+    teach(controller, [0, 1], alpha_hits=3)
+    for _ in range(PROBE_EVERY // 2):
+        controller.observe([0, 1], [4, 0], [3, 0], [4, 0], {"round": 9.0})  # one row drafts: a mixed round
+        controller.observe([0, 1], [4, 4], [3, 3], [4, 4], {"round": 9.0}, after_prefill=True)
+        controller.observe([0, 1], [0, 0], [0, 0], [0, 0], {"verify": 0.5, "round": 0.5})
+    assert controller.choose([0, 1], [1000, 1000]) == [4, 4]
 
 
 def test_engine_arguments_are_checked():

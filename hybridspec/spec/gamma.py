@@ -36,12 +36,32 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   engine drafts, plain steps are rare and most follow prefills, so after
   `PROBE_EVERY` rounds (doubling up to `MAX_PROBE_EVERY`) without a plain
   step that taught its scale one round is a plain step, unless drafting's
-  predicted goodput is at least `PLAIN_PROBE_MARGIN` times plain's (then no
-  price of a plain step could change the choice). The drafter's scale is
+  goodput, predicted and (once measured, below) measured, is at least
+  `PLAIN_PROBE_MARGIN` times plain steps' predicted one (then no price of a
+  plain step could change the choice); the wait doubles only once plain
+  steps' goodput is measured at the batch (`MIN_REALIZED` rounds, below),
+  so the measured rule has both kinds to compare. The drafter's scale is
   learned per G (the nearest G's stands in until one is seen), because G
   steps do not cost G times one step (a greedy drafter's G steps run as one
   native call). The residuals are learned apart for rounds that draft and
   plain ones.
+- measured rounds over the prior: each batch bucket keeps the realized
+  goodput of each kind of round, log(emitted tokens / round seconds) per
+  round (the round's wall time without the drafter's absorption, which
+  `absorb` below charges), as an exponentially weighted mean m and
+  variance v over its last n ≤ 1 / (1 − COST_DECAY) rounds (`_Realized`);
+  drafting rounds are those where every row drafted, plain ones those where
+  none did (mixed rounds, a one-row probe or rows at their caps, and rounds
+  right after a prefill teach neither). The rule: where both kinds have `MIN_REALIZED` rounds and
+
+      m_draft + REALIZED_Z · √(v_draft / n_draft + v_plain / n_plain) < m_plain,
+
+  drafting was measured slower per token than plain steps, whatever the
+  model predicts: a round the model would draft runs plain steps instead,
+  except on the probe schedule above (`PROBE_EVERY` rounds without drafts,
+  doubling up to `MAX_PROBE_EVERY`), where it drafts for every row as the
+  model chose, so drafting is measured again. Where the measured kinds
+  overlap (or one is unmeasured) the model decides.
 - no γ pays: where even rounds that accept every draft (G + 1 tokens per
   row) would yield fewer tokens per second than plain steps at the current
   costs, every row runs a plain step and nothing is probed (the first round
@@ -83,6 +103,8 @@ IDLE_DECAY = 0.98  # the same for acceptance counts in rounds that draft nothing
 PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts ...
 MAX_PROBE_EVERY = 1024  # ... doubled after each probe, up to this, while drafting does not pay
 PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide estimate
+MIN_REALIZED = 3  # rounds of each kind measured before measured goodputs overrule the model
+REALIZED_Z = 2.0  # standard errors by which measured drafting must trail plain steps to overrule it
 PLAIN_PROBE_MARGIN = 1.5  # plain steps are probed only where drafting wins by less (their price could be off a third)
 
 
@@ -185,6 +207,28 @@ class _Acceptance:
 
 
 @dataclass
+class _Realized:
+    """One kind of round's measured goodput: log tokens per second per round,
+    exponentially weighted mean and variance over its last `rounds` (≤ 1 / (1 −
+    COST_DECAY): the effective count of the weighted average)."""
+
+    mean: float = 0.0
+    var: float = 0.0
+    rounds: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        x = math.log(tokens / seconds)
+        self.rounds = min(self.rounds + 1, round(1.0 / (1.0 - COST_DECAY)))
+        weight = 1.0 / self.rounds  # a plain mean until the window fills, then exponential
+        diff = x - self.mean
+        self.mean += weight * diff
+        self.var = (1.0 - weight) * (self.var + weight * diff * diff)
+
+    def squared_error(self) -> float:
+        return self.var / self.rounds
+
+
+@dataclass
 class _Learned:
     """Online corrections at one measured batch size."""
 
@@ -193,6 +237,21 @@ class _Learned:
     forward_scale: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
     # keyed by whether the round drafted: sampling and commit differ between the kinds
     residual_s: dict[bool, float | None] = field(default_factory=lambda: {False: None, True: None})
+    # keyed by whether the round drafted: tokens per second as measured (module docstring)
+    realized: dict[bool, _Realized] = field(default_factory=lambda: {False: _Realized(), True: _Realized()})
+
+    def drafting_goodput(self, predicted: float) -> float:
+        """Drafting's tokens per second: the lesser of the prediction and, once
+        measured (`MIN_REALIZED` rounds), the measured rounds' (geometric) mean."""
+        draft = self.realized[True]
+        return predicted if draft.rounds < MIN_REALIZED else min(predicted, math.exp(draft.mean))
+
+    def drafting_measured_slower(self) -> bool:
+        """The rule of the module docstring: measured drafting trails plain steps beyond their spread."""
+        plain, draft = self.realized[False], self.realized[True]
+        if min(plain.rounds, draft.rounds) < MIN_REALIZED:
+            return False
+        return draft.mean + REALIZED_Z * math.sqrt(draft.squared_error() + plain.squared_error()) < plain.mean
 
     def draft_scale_at(self, G: int) -> float:
         """G's learned drafter scale, else the nearest learned G's (the larger on a tie), else 1."""
@@ -276,7 +335,8 @@ class GammaController:
         batch = len(seq_ids)
         behind = [0] * batch if behind is None else behind
         charged = behind if self.absorb_s is not None else [0] * batch  # nothing learned: nothing charged
-        alphas = [self.alpha(s) for s in seq_ids]
+        engine, sequences = self.engine_acceptance.estimate(self.prior_alpha), self.sequences  # once per round
+        alphas = [engine if (own := sequences.get(s)) is None else own.estimate(engine) for s in seq_ids]
         row_draft = self.costs.row_draft(batch)
         row_cost = row_draft * self.goodput  # in tokens per draft: λ · row_draft_s
         limits = [max(0, min(cap, self._own_limit(a, row_cost))) for a, cap in zip(alphas, caps)]
@@ -302,6 +362,7 @@ class GammaController:
             self.goodput = options[0][0]  # no G pays even if every draft were accepted: nothing to probe
             return [0] * batch
         goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
+        learned = self.learned[self.costs.bucket(batch)]
         probe = max(1, min(top, self.gamma_max // 2))  # enough drafts to learn from
         if not self.rounds_seen and top > 0 and G < probe:
             G, goodput = probe, options[probe][0]
@@ -313,8 +374,15 @@ class GammaController:
                           key=lambda b: (behind[b], -caps[b], b))
                 return [min(probe, limits[b]) if b == row else 0 for b in range(batch)]
             return [min(probe, limit) for limit in limits]
-        elif (G > 0 and self.unpriced_rounds + 1 >= self.plain_probe_every
-              and goodput < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price plain steps
+        elif G > 0 and learned.drafting_measured_slower():
+            if self.idle_rounds + 1 >= self.probe_every:  # on the probe schedule: draft, to measure drafting again
+                self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+                self.goodput = goodput
+                return [min(G, limit) for limit in limits]
+            self.goodput = options[0][0]
+            return [0] * batch
+        elif (G > 0 and self.unpriced_rounds + 1 >= self._plain_probe_wait(learned)
+              and learned.drafting_goodput(goodput) < PLAIN_PROBE_MARGIN * options[0][0]):  # a plain step, to price it
             self._plain_probe_pending = True  # (until one teaches: the round after a prefill does not)
             self.goodput = options[0][0]
             return [0] * batch
@@ -322,6 +390,11 @@ class GammaController:
             self.probe_every = PROBE_EVERY
         self.goodput = goodput
         return [min(G, limit) for limit in limits]
+
+    def _plain_probe_wait(self, learned: _Learned) -> int:
+        """Rounds without a priced plain step before one: `PROBE_EVERY` until plain
+        steps' goodput is measured (`MIN_REALIZED` rounds), then the doubling wait."""
+        return self.plain_probe_every if learned.realized[False].rounds >= MIN_REALIZED else PROBE_EVERY
 
     def _own_limit(self, alpha: float, row_cost: float) -> int:
         """Most drafts j with α^j ≥ row_cost (the row's marginal gain covers its own cost)."""
@@ -363,6 +436,8 @@ class GammaController:
         if seconds is not None:
             self.unpriced_rounds += 1
             self._learn_costs(len(seq_ids), max(gammas, default=0), seconds, learn_forward=not after_prefill)
+            if not after_prefill:  # its forward runs cold: neither kind's goodput
+                self._learn_goodput(len(seq_ids), gammas, accepted, seconds)
             if backlog_tokens > 0 and seconds.get("backlog", 0.0) > 0:
                 self.absorb_s = _Learned.mix(self.absorb_s, seconds["backlog"] / backlog_tokens)
 
@@ -386,6 +461,15 @@ class GammaController:
         # what those terms missed (negative where they overestimate), on top of the observed forward and drafter
         residual = total - seconds.get("verify", 0.0) - (seconds.get("draft", 0.0) if G > 0 else 0.0) - others
         learned.residual_s[G > 0] = learned.mix(learned.residual_s[G > 0], max(residual, -others))
+
+    def _learn_goodput(self, batch: int, gammas: list[int], accepted: list[int], seconds: dict[str, float]) -> None:
+        """A round of one kind (every row drafted, or none) teaches its kind's measured goodput."""
+        drafting = sum(g > 0 for g in gammas)
+        if drafting not in (0, batch) or not batch:
+            return
+        total = seconds.get("round", sum(seconds.get(p, 0.0) for p in ("draft", "verify", "sampling", "commit")))
+        if total > 0:
+            self.learned[self.costs.bucket(batch)].realized[drafting > 0].add(batch + sum(accepted), total)
 
     def forget(self, seq_ids: list[int]) -> None:
         """Finished sequences leave the estimates (the engine-wide one keeps what they taught)."""
