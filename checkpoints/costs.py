@@ -208,11 +208,16 @@ def _measure_at(model, gamma: int, batch: int, new_cache, repeats: int, clock) -
     }
 
 
+def device_sync(device: torch.device):
+    """What waits for `device`'s queued work before a clock is read (nothing on a CPU)."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
 def fastest(fns: dict, repeats: int, device: torch.device, clock) -> dict[str, float]:
     """Fastest of `repeats` calls of each function (the cost without
     interference), interleaved call by call after one warm-up round so that a
     load change on a shared machine hits all alike."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_sync(device)
     best = dict.fromkeys(fns, math.inf)
     for round_index in range(repeats + 1):
         for name, fn in fns.items():

@@ -356,8 +356,7 @@ class Engine:
                 before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
             if running:
                 self._round(self._in_ring_order(running), step_stats, after_prefill=bool(admitted))
-            if tp is not None and not tp.end_step(True):
-                raise PeerRankError("another tensor-parallel rank's step raised; this rank's step failed too")
+            self._agree(tp, rest_of_step=True)
         except BaseException:
             if tp is not None:  # peers waiting in a sum for this rank fail now; every agreement says so
                 tp.abort()
@@ -380,10 +379,12 @@ class Engine:
                           if start is not None and (len(r.output.token_ids) > start or r.finished)]
 
     @staticmethod
-    def _agree(tp) -> None:
+    def _agree(tp, rest_of_step: bool = False) -> None:
         """Tensor parallel: the step goes on only if every rank's part so far
-        went well (`hybridspec.tp.group`); one process: nothing."""
-        if tp is not None and not tp.agree(True):
+        went well (`hybridspec.tp.group`): the step's next agreement, or with
+        `rest_of_step` those it has left (none where the round made them); one
+        process: nothing."""
+        if tp is not None and not (tp.end_step(True) if rest_of_step else tp.agree(True)):
             raise PeerRankError("another tensor-parallel rank's step raised; this rank's step failed too")
 
     def _report_early(self, entries: list[tuple[Request, int]]) -> list[StepOutput]:

@@ -21,11 +21,8 @@ from __future__ import annotations
 import functools
 import math
 import time
-from contextlib import contextmanager
 
-import torch
-
-from hybridspec.checkpoints.costs import ScratchForwards, fastest
+from hybridspec.checkpoints.costs import ScratchForwards, device_sync, fastest
 from hybridspec.checkpoints.policy import ring_halves_by_default
 from hybridspec.sim.round_terms import TERMS, RoundTerms
 
@@ -136,7 +133,7 @@ class ScratchRounds:
     def plain_step(self, clock) -> dict[str, float]:
         """A plain decode step as `Engine._decode_step` runs it, undone afterwards."""
         starts = [self.cache.computed_len[s] for s in self.ids]
-        sync = _sync(self.target.device)
+        sync = device_sync(self.target.device)
         began = clock()
         self.cache.align_heads(self.ids)
         logits = self.target.decode(self.cache, self.ids, [r.last_token for r in self.requests])  # [batch, vocab]
@@ -154,10 +151,11 @@ class ScratchRounds:
         """One `Speculator.round` of G drafts per row, its terms, reverted afterwards."""
         if self.speculator is None:
             return {"forward_s": self._verify_only(G + 1, clock)}
-        stats = ClockedStats(clock)
+        stats = EngineStats()
+        stats.clock = clock  # the phases on the clock the whole round is timed with
         began = clock()
         round = self.speculator.round(self.requests, self.rows, stats, [G] * len(self.ids))
-        _sync(self.target.device)()
+        device_sync(self.target.device)()
         total = clock() - began
         self.speculator.revert(round)
         phases = stats.seconds  # the backlog is none: the warm-up round absorbed the prompts
@@ -172,23 +170,3 @@ class ScratchRounds:
         self._forwards.forward(num_inputs, every_input=True, last_only=False)
         return clock() - began
 
-
-class ClockedStats(EngineStats):
-    """`EngineStats` whose phase timers read `clock`, so that a round's phases
-    and its whole time are measured alike."""
-
-    def __init__(self, clock):
-        super().__init__()
-        self.clock = clock
-
-    @contextmanager
-    def phase(self, name: str):
-        start = self.clock()
-        try:
-            yield
-        finally:
-            self.seconds[name] += self.clock() - start
-
-
-def _sync(device: torch.device):
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

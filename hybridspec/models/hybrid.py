@@ -366,7 +366,7 @@ class HybridModel(Kernelled, nn.Module):
         local = ids - start
         mine = (local >= 0) & (local < rows)
         h = self._widened(self.embed.index_select(0, local.clamp(0, rows - 1)))
-        return self.tensor_parallel.all_reduce(torch.where(mine.unsqueeze(-1), h, torch.zeros_like(h)))
+        return self.tensor_parallel.all_reduce(h.masked_fill(~mine.unsqueeze(-1), 0))
 
     def _widened(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows of a 16-bit table (`pack_for_cpu`) in the model's dtype (exact); others as they are."""
