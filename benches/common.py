@@ -88,16 +88,25 @@ def side_by_side(fns: dict[str, Callable[[], object]], repeats: int = 3, warmup:
     """Median seconds per function, measured by alternating them call by call
     (a, b, a, b, ...) so that a load change on a shared machine hits all alike.
     Each function is warmed up `warmup` times first."""
+    return {name: statistics.median(s) for name, s in alternating_samples(fns, repeats, warmup).items()}
+
+
+def alternating_samples(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                        timer: Callable[[], float] | None = None) -> dict[str, list[float]]:
+    """Seconds of every call of each function (`timer`, default `clock`), the
+    functions alternating call by call (a, b, a, b, ...) after `warmup`
+    untimed passes."""
+    timer = timer or clock
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = clock()
+            start = timer()
             fn()
-            samples[name].append(clock() - start)
-    return {name: statistics.median(s) for name, s in samples.items()}
+            samples[name].append(timer() - start)
+    return samples
 
 
 # -- output -----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from common import bench_parser, describe_machine, print_table, set_threads, write_json
+from common import alternating_samples, bench_parser, describe_machine, print_table, set_threads, write_json
 from context_scaling import LogitsStamps, Stamps
 from memory_vs_replay import GAMMA, cpu_side_by_side, prompts_for
 from plain_decode import engine_greedy, first_mismatch
@@ -81,18 +81,6 @@ def layer_skip_pair(shape: dict, draft_layers: int, scale: float, seed: int = 0)
     if missing:
         raise RuntimeError(f"layer-skip draft: no target weights for {missing}")
     return target, draft
-
-
-def samples_alternating(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Wall seconds of each function over `repeats` calls made alternately after one warm-up each."""
-    out = {name: [] for name in fns}
-    for index in range(repeats + 1):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            if index:
-                out[name].append(time.perf_counter() - start)
-    return out
 
 
 def spread(values: list[float], scale: float = 1e3) -> dict:
@@ -197,7 +185,7 @@ def spec_rows(target, drafters: dict, vocab: int, prompt_len: int, num_tokens: i
 
     fns = {"plain": lambda: got.__setitem__("plain", engine_greedy(plain, prompts, num_tokens))}
     fns.update({name: (lambda n=name: spec(n)) for name in drafters})
-    t = samples_alternating(fns, repeats)
+    t = alternating_samples(fns, repeats, timer=time.perf_counter)
     base = statistics.median(t["plain"])
     return [dict(drafter=name, batch=1, new_tokens=num_tokens, plain_tok_s=num_tokens / base,
                  spec_tok_s=num_tokens / statistics.median(t[name]), speedup=base / statistics.median(t[name]),

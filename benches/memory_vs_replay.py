@@ -44,7 +44,8 @@ from hybridspec.cache.hybrid_cache import scratch_cache
 from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointFootprint, measure_checkpoint_costs
 from hybridspec.state_memory import default_state_dtype
 from hybridspec.sim import alpha_from_acceptance_rate
-from common import bench_parser, describe_machine, print_table, save_png, set_threads, write_json
+from common import (alternating_samples, bench_parser, describe_machine, print_table, save_png, set_threads,
+                    write_json)
 
 FULL = dict(hidden_size=256, num_hidden_layers=8, attn_layer_indices=[4], intermediate_size=768,
             num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=64, mamba_d_state=128,
@@ -198,14 +199,7 @@ def cpu_side_by_side(fns: dict, repeats: int) -> dict[str, float]:
     """Fastest process CPU seconds of each function over `repeats` calls made
     alternately after one warm-up each (CPU time: other work on the shared
     machine counts less)."""
-    samples = {name: [] for name in fns}
-    for index in range(repeats + 1):
-        for name, fn in fns.items():
-            start = time.process_time()
-            fn()
-            if index:
-                samples[name].append(time.process_time() - start)
-    return {name: min(values) for name, values in samples.items()}
+    return {name: min(values) for name, values in alternating_samples(fns, repeats, timer=time.process_time).items()}
 
 
 def plot_frontier(rows: list[dict], path) -> None:

@@ -30,8 +30,8 @@ Two choices measured on the TP = 2 ranks (tables 2 and 3):
 """
 from __future__ import annotations
 
+import functools
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from common import bench_parser, describe_machine, out_dir, print_table, write_json
+from threads import interleaved, spread
 
 GAMMA = 4
 SIZE = 2
@@ -65,23 +66,11 @@ def memory(model, scratch) -> dict:
                 states_mb=tensor_bytes(scratch.cache.states) / 2**20)
 
 
-def spread(samples: list[float]) -> dict:
-    return {"ms": 1e3 * statistics.median(samples), "min_ms": 1e3 * min(samples), "max_ms": 1e3 * max(samples)}
-
-
 def time_forwards(scratch, repeats: int, threads: list[int]) -> dict:
     """{(part, threads): seconds samples}, alternating parts and thread counts call by call after a warm-up."""
     parts = {"plain decode step": 1, f"verify ({GAMMA + 1} inputs)": GAMMA + 1}
-    samples = {(p, t): [] for p in parts for t in threads}
-    for index in range(repeats + 1):
-        for part, inputs in parts.items():
-            for t in threads:
-                torch.set_num_threads(t)
-                start = time.perf_counter()
-                scratch.forward(inputs)
-                if index:
-                    samples[(part, t)].append(time.perf_counter() - start)
-    return samples
+    return interleaved({part: functools.partial(scratch.forward, inputs) for part, inputs in parts.items()},
+                       threads, repeats)
 
 
 def build(quick: bool):
