@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import time
 
 from hybridspec.checkpoints.costs import ScratchForwards, device_sync, fastest
@@ -35,7 +36,8 @@ from .spec.round import RowResult
 from .spec.speculator import Speculator
 from .stats import EngineStats
 
-PROMPT_LEN = 8  # tokens each scratch row holds before the measured rounds
+PROMPT_LEN = 64  # tokens each scratch row holds before the measured rounds: attention reads a typical context
+WARM_CALLS = {False: 1, True: 4}  # untimed calls before a timed round (False) or plain step (True)
 ABSORB_LEN = 16  # tokens per row of the measured absorption (a drafter's backlog forward)
 ROUND_TERMS = ("draft_s", "sampling_s", "commit_s", "host_s")  # the terms a scratch round's phases give
 
@@ -50,9 +52,9 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     """`RoundCosts` of G = T − 1 drafts per row for T in the token grid (1, 2, 3,
     ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in seconds of `clock`
     (wall, as the engine's phase timers; `time.process_time` on a CPU other
-    work shares): fastest of `repeats` after a warm-up, each (batch, G) interleaved with the others
-    of its batch. `new_cache(max_seqs, ring_slots)`: a scratch cache of the
-    target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
+    work shares): the median over `repeats` runs of calls of one kind
+    (`_measure_batch`), the runs of each (batch, G) alternating with the
+    others of its batch. `new_cache(max_seqs, ring_slots)`: a scratch cache of the target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
     the drafter's model (None: a drafter without one, whose proposals are
     host work learned online); `policy`: the engine's checkpoint policy;
     `new_request(seq_id, params, prompt, first_token)`: an engine request
@@ -71,17 +73,31 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
 
 
 def _measure_batch(scratch: "ScratchRounds", tokens, repeats, clock) -> tuple[dict[int, RoundTerms], float]:
-    """({T: RoundTerms of G = T − 1}, the row draft seconds) at the batch of `scratch`."""
-    best = {T: dict.fromkeys(("forward_s",) + ROUND_TERMS, math.inf) for T in tokens}
-    for index in range(repeats + 1):
+    """({T: RoundTerms of G = T − 1}, the row draft seconds) at the batch of `scratch`.
+
+    Each T is timed as the engine runs it, at the end of a run of calls of its
+    kind (a plain engine's steps follow one another, as a fixed γ's rounds
+    do): a call right after a call of another kind pays for what the other
+    evicted, which the steady state does not, and a small model's plain step
+    takes several steps to recover from a round (`WARM_CALLS`). The runs of
+    the T alternate `repeats` times, so a load change hits all alike; each
+    term is the median of its timed calls, the cost a typical round pays (the
+    fastest call would be an optimistic one)."""
+    samples = {T: {} for T in tokens}  # T -> term -> timed values
+    for _ in range(repeats):
         for T in tokens:
-            measured = scratch.plain_step(clock) if T == 1 else scratch.round(T - 1, clock)
-            if index:  # the first pass warms up
-                for name, value in measured.items():
-                    best[T][name] = min(best[T][name], value)
-    terms = {T: RoundTerms(**{name: value for name, value in best[T].items() if math.isfinite(value)})
+            for _ in range(WARM_CALLS[T == 1]):
+                _call(scratch, T, clock)
+            for name, value in _call(scratch, T, clock).items():
+                samples[T].setdefault(name, []).append(value)
+    terms = {T: RoundTerms(**{name: statistics.median(values) for name, values in samples[T].items()})
              for T in tokens}
     return terms, _row_draft_s(scratch.target, len(scratch.ids), tokens[-1], scratch.new_cache, repeats, clock)
+
+
+def _call(scratch: "ScratchRounds", T: int, clock) -> dict[str, float]:
+    """One plain step (T = 1) or round of T − 1 drafts per row, its terms."""
+    return scratch.plain_step(clock) if T == 1 else scratch.round(T - 1, clock)
 
 
 def _row_draft_s(target, batch: int, top: int, new_cache, repeats: int, clock) -> float:

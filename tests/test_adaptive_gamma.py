@@ -347,3 +347,37 @@ def test_auto_measures_costs_and_keeps_greedy_parity():
     assert all(t > 0 for row in measured.forward_s for t in row) and all(t > 0 for t in measured.draft_step_s)
     assert [o.token_ids for o in engine.generate(prompts, params)] == expected
     assert sum(engine.stats.gamma_counts.values()) == engine.stats.sequence_rounds
+
+
+def test_start_up_times_each_kind_at_the_end_of_a_run_of_its_own_and_takes_the_median():
+    from hybridspec import startup_costs
+
+    class Scripted:  # a ScratchRounds whose calls cost what the test says: a call after another kind is slow
+        target, ids, new_cache = None, [0], None
+
+        def __init__(self):
+            self.calls, self.last = [], None
+
+        def _cost(self, kind, run_costs):
+            warm = self.last == kind
+            self.last = kind
+            self.calls.append(kind)
+            return run_costs[len(self.calls) % len(run_costs)] if warm else 1.0
+
+        def plain_step(self, clock):
+            return {"forward_s": self._cost(1, [0.10, 0.12, 0.11])}
+
+        def round(self, G, clock):
+            return {"forward_s": self._cost(G + 1, [0.30, 0.50, 0.40]), "draft_s": 0.05}
+
+    scratch = Scripted()
+    original = startup_costs._row_draft_s
+    startup_costs._row_draft_s = lambda *args: 0.0
+    try:
+        terms, _ = startup_costs._measure_batch(scratch, [1, 3], repeats=3, clock=None)
+    finally:
+        startup_costs._row_draft_s = original
+    warm = startup_costs.WARM_CALLS
+    assert scratch.calls == ([1] * (warm[True] + 1) + [3] * (warm[False] + 1)) * 3
+    assert 0.10 <= terms[1].forward_s <= 0.12 and terms[1].draft_s == 0.0  # no cold call counted
+    assert 0.30 <= terms[3].forward_s <= 0.50 and terms[3].draft_s == 0.05
