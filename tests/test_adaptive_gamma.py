@@ -114,6 +114,25 @@ def test_pessimism_is_probed_again():
     assert choices[:-1] == [0] * (PROBE_EVERY - 1) and choices[-1] >= 1
 
 
+def test_one_unlucky_round_does_not_stop_drafting_before_rounds_measure_it(monkeypatch):
+    """While few drafts were tried the engine-wide estimate is raised by its
+    uncertainty (an upper confidence bound): one round that accepted nothing
+    leaves a drafter that pays at moderate acceptance drafting; rounds that keep
+    accepting nothing stop it. Without the bound the one round stops it."""
+    import hybridspec.spec.gamma as gamma
+    controller = GammaController(GAMMA_MAX, costs(draft_step=0.3))
+    first = controller.choose([0], [100])
+    controller.observe([0], first, [0], first)
+    assert controller.choose([0], [100])[0] >= 1
+    teach(controller, [0], alpha_hits=0, rounds=10)
+    assert controller.choose([0], [100]) == [0]
+    monkeypatch.setattr(gamma, "OPTIMISM_Z", 0.0)
+    unbounded = GammaController(GAMMA_MAX, costs(draft_step=0.3))
+    first = unbounded.choose([0], [100])
+    unbounded.observe([0], first, [0], first)
+    assert unbounded.choose([0], [100]) == [0]
+
+
 def test_a_probe_drafts_only_the_row_the_drafter_is_least_behind():
     controller = GammaController(GAMMA_MAX, costs(draft_step=0.4))
     teach(controller, [0, 1, 2], alpha_hits=0)

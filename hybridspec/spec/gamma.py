@@ -8,7 +8,11 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
 - α̂_b: the sequence's acceptance estimate, an exponentially weighted count of
   accepted drafts over drafts tried (a draft is tried up to the first
   rejection), shrunk toward the engine-wide estimate, itself shrunk toward
-  `prior_alpha`. Rounds that draft nothing decay the counts (`IDLE_DECAY`),
+  `prior_alpha` and raised by `OPTIMISM_Z` standard deviations of its Beta
+  posterior over the drafts ever tried (an upper confidence bound): while
+  few drafts were tried, the prior or one unlucky round cannot stop drafting
+  before rounds measure it, and the bound meets the estimate as drafts are
+  tried. Rounds that draft nothing decay the counts (`IDLE_DECAY`),
   so an estimate drifts back to the prior. Probes keep a pessimistic
   estimate from freezing: after `PROBE_EVERY` rounds without drafts one
   round drafts G = γ_max / 2 anyway (the wait doubles after every probe up
@@ -103,6 +107,7 @@ IDLE_DECAY = 0.98  # the same for acceptance counts in rounds that draft nothing
 PROBE_EVERY = 32  # rounds in a row without drafts before one that drafts ...
 MAX_PROBE_EVERY = 1024  # ... doubled after each probe, up to this, while drafting does not pay
 PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide estimate
+OPTIMISM_Z = 1.0  # standard deviations the engine-wide estimate is raised by while few drafts were tried
 MIN_REALIZED = 3  # rounds of each kind measured before measured goodputs overrule the model
 REALIZED_Z = 2.0  # standard errors by which measured drafting must trail plain steps to overrule it
 PLAIN_PROBE_MARGIN = 1.5  # plain steps are probed only where drafting wins by less (their price could be off a third)
@@ -193,6 +198,8 @@ class _Acceptance:
     accepted: float = 0.0
     tried: float = 0.0
 
+    seen: int = 0  # drafts tried ever, undecayed: how much the estimate rests on
+
     def decay(self, weight: float = DECAY) -> None:
         self.accepted *= weight
         self.tried *= weight
@@ -201,9 +208,19 @@ class _Acceptance:
         self.decay()
         self.accepted += accepted
         self.tried += tried
+        self.seen += tried
 
     def estimate(self, prior: float, strength: float = PRIOR_TRIALS) -> float:
         return (self.accepted + strength * prior) / (self.tried + strength)
+
+    def optimistic(self, prior: float) -> float:
+        """The estimate plus OPTIMISM_Z standard deviations of a Beta posterior
+        with the drafts ever tried (an upper confidence bound): while few drafts
+        were tried, a pessimistic prior or one unlucky round cannot stop
+        drafting before rounds measure it; the bound meets the estimate as
+        drafts are tried."""
+        mean = self.estimate(prior)
+        return min(1.0, mean + OPTIMISM_Z * math.sqrt(mean * (1.0 - mean) / (self.seen + PRIOR_TRIALS + 1.0)))
 
 
 @dataclass
@@ -308,7 +325,7 @@ class GammaController:
     # -- the choice ---------------------------------------------------------------------------
 
     def alpha(self, seq_id: int) -> float:
-        engine = self.engine_acceptance.estimate(self.prior_alpha)
+        engine = self.engine_acceptance.optimistic(self.prior_alpha)
         own = self.sequences.get(seq_id)
         return engine if own is None else own.estimate(engine)
 
@@ -335,7 +352,7 @@ class GammaController:
         batch = len(seq_ids)
         behind = [0] * batch if behind is None else behind
         charged = behind if self.absorb_s is not None else [0] * batch  # nothing learned: nothing charged
-        engine, sequences = self.engine_acceptance.estimate(self.prior_alpha), self.sequences  # once per round
+        engine, sequences = self.engine_acceptance.optimistic(self.prior_alpha), self.sequences  # once per round
         alphas = [engine if (own := sequences.get(s)) is None else own.estimate(engine) for s in seq_ids]
         row_draft = self.costs.row_draft(batch)
         row_cost = row_draft * self.goodput  # in tokens per draft: λ · row_draft_s
