@@ -350,6 +350,11 @@ class GammaController:
         """γ_b for each row (caps[b]: most drafts row b can use; behind[b]: tokens
         the drafter absorbs before drafting for it, None: none)."""
         batch = len(seq_ids)
+        plain_cost = self.round_cost(batch, 0)
+        # "no G pays" below, bounded before the per-row work: every row drafting G, all accepted, nothing else charged
+        if not any(_pays(G + 1, self.round_cost(batch, G), 1.0, plain_cost) for G in range(1, self.gamma_max + 1)):
+            self.goodput = batch / plain_cost if plain_cost > 0 else float(batch)
+            return [0] * batch
         behind = [0] * batch if behind is None else behind
         charged = behind if self.absorb_s is not None else [0] * batch  # nothing learned: nothing charged
         engine, sequences = self.engine_acceptance.optimistic(self.prior_alpha), self.sequences  # once per round
