@@ -603,8 +603,9 @@ class Engine:
         rows, ids = self._rows(requests), [r.seq_id for r in requests]
         controller, gammas = self.gamma_controller, None
         if controller is not None:
+            sampled = 0 if rows.flags.all_greedy else sum(not r.params.is_greedy for r in requests)
             gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests],
-                                       self.speculator.drafter.backlog(requests))
+                                       self.speculator.drafter.backlog(requests), sampled)
             if self.tensor_parallel is not None:  # chosen from timings, which differ by rank: rank 0's
                 gammas = self.tensor_parallel.broadcast(gammas)
         before = dict(stats.seconds)
@@ -627,7 +628,7 @@ class Engine:
             seconds["draft"] -= backlog_s  # a prompt's one-off absorption is not what a round costs ...
             seconds["round"] -= backlog_s
             seconds["backlog"] = backlog_s  # ... it is learned per token and amortised (spec/gamma.py)
-            controller.observe(ids, drafted, accepted, asked, seconds, backlog_tokens, after_prefill)
+            controller.observe(ids, drafted, accepted, asked, seconds, backlog_tokens, after_prefill, sampled)
 
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> list[RowResult]:
         """One target step per sequence, sampled as plain decoding does; what

@@ -10,11 +10,13 @@ requests on scratch caches and undoing each run:
   ("verify"), sampling and commit, and what the round took beyond them is
   host; the round is then reverted (target and drafter back to its start).
 
-The scratch rows are greedy and caught up (one warm-up round absorbs their
-prompts in the drafter first), as most rows of a running batch are; the
-policy is the engine's, so snapshot writes are in the forward and replays in
-the commit. What start-up cannot see (sampled rows, a loaded machine) the
-controller learns online (`spec/gamma.py`).
+The scratch rows are caught up (one warm-up round absorbs their prompts in
+the drafter first), as most rows of a running batch are; the policy is the
+engine's, so snapshot writes are in the forward and replays in the commit.
+Rows are greedy, and a second set samples (temperature 1), timed at the
+corners of the batch and token grid for the sampling and draft terms that
+sampling changes (the rejection kernel, the drafter's q). What start-up cannot see (filters and
+penalties, a loaded machine) the controller learns online (`spec/gamma.py`).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import math
 import statistics
 import time
 
-from hybridspec.checkpoints.costs import ScratchForwards, device_sync, fastest
+from hybridspec.checkpoints.costs import ScratchForwards, device_sync, fastest, interpolate
 from hybridspec.checkpoints.policy import ring_halves_by_default
 from hybridspec.sim.round_terms import TERMS, RoundTerms
 
@@ -54,26 +56,66 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     (wall, as the engine's phase timers; `time.process_time` on a CPU other
     work shares): the median over `repeats` runs of calls of one kind
     (`_measure_batch`), the runs of each (batch, G) alternating with the
-    others of its batch. `new_cache(max_seqs, ring_slots)`: a scratch cache of the target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
+    others of its batch; rows that sample, at the corners of the batch and
+    token grid (`_sampled_terms`). `new_cache(max_seqs, ring_slots)`: a scratch cache of
+    the target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
     the drafter's model (None: a drafter without one, whose proposals are
     host work learned online); `policy`: the engine's checkpoint policy;
     `new_request(seq_id, params, prompt, first_token)`: an engine request
     that has emitted its first token (`hybridspec.engine.scratch_request`)."""
     batches = sorted(set(batches))
     tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
-    per_batch = [_measure_batch(ScratchRounds(target, draft_model, policy, gamma_max, b, new_cache, new_request),
-                                tokens, repeats, clock) for b in batches]
-    table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row, _ in per_batch) for name in TERMS}
-    draft_step = tuple(row[min(2, tokens[-1])].draft_s for row, _ in per_batch)  # one step (G = 1), catch-up included
+    scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max,
+                                new_cache=new_cache, new_request=new_request)
+    greedy = [_measure_batch(scratch(b), tokens, repeats, clock) for b in batches]
+    extra = {}  # rows that sample, at the least and most batch and token counts
+    for b in sorted({batches[0], batches[-1]}):
+        measured = _measure_batch(scratch(b, temperature=1.0), sorted({1, tokens[-1]}), repeats, clock)
+        extra[b] = _extra_of_sampling(greedy[batches.index(b)], measured)
+    sampled = [_sampled_terms(row, b, extra, tokens) for b, row in zip(batches, greedy)]
+    table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row in greedy) for name in TERMS}
+    of_sampled = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row in sampled)
+                  for name in SAMPLED_TERMS}
+    draft_step = tuple(row[min(2, tokens[-1])].draft_s for row in greedy)  # one step (G = 1), catch-up included
+    row_draft_at = {b: _row_draft_s(target, b, tokens[-1], new_cache, repeats, clock)  # per row: linear in between
+                    for b in sorted({batches[0], batches[-1]})}
+    row_draft = tuple(interpolate(list(row_draft_at), list(row_draft_at.values()), b) for b in batches)
     absorb = None if draft_model is None else tuple(_absorb_s(draft_model, b, repeats, clock) for b in batches)
-    return RoundCosts(tuple(batches), tuple(tokens), table["forward_s"], draft_step,
-                      tuple(row_draft for _, row_draft in per_batch), draft_s=table["draft_s"],
-                      sampling_s=table["sampling_s"], commit_s=table["commit_s"], host_s=table["host_s"],
-                      absorb_s=absorb)
+    return RoundCosts(tuple(batches), tuple(tokens), table["forward_s"], draft_step, row_draft,
+                      draft_s=table["draft_s"], sampling_s=table["sampling_s"], commit_s=table["commit_s"],
+                      host_s=table["host_s"], absorb_s=absorb, sampled_sampling_s=of_sampled["sampling_s"],
+                      sampled_draft_s=of_sampled["draft_s"])
 
 
-def _measure_batch(scratch: "ScratchRounds", tokens, repeats, clock) -> tuple[dict[int, RoundTerms], float]:
-    """({T: RoundTerms of G = T − 1}, the row draft seconds) at the batch of `scratch`.
+SAMPLED_TERMS = ("sampling_s", "draft_s")  # what rows that sample change in a round
+
+
+def _extra_of_sampling(greedy: dict[int, RoundTerms], sampled: dict[int, RoundTerms]) -> dict[int, dict[str, float]]:
+    """{T: {term: seconds rows that sample add over greedy ones}} where both were measured."""
+    return {T: {name: getattr(sampled[T], name) - getattr(greedy[T], name) for name in SAMPLED_TERMS}
+            for T in sampled}
+
+
+def _sampled_terms(greedy: dict[int, RoundTerms], batch: int, extra: dict, tokens) -> dict[int, RoundTerms]:
+    """{T: terms of `batch` rows that all sample} over the token grid: the
+    greedy terms plus the extra sampling and draft seconds measured at the
+    corners of the grid (`extra`: batch -> T -> term -> seconds, at the least
+    and most batch and token counts), linear in the batch and in T between
+    them (the extra is work per distribution: per row and per token; a
+    measured extra below 0 is noise, taken as 0)."""
+    out = {}
+    for T in tokens:
+        values = greedy[T].as_dict()
+        for name in SAMPLED_TERMS:
+            per_batch = [interpolate(list(by_T), [terms[name] for terms in by_T.values()], T) for by_T in extra.values()]
+            added = interpolate(list(extra), per_batch, batch)
+            values[name] = 0.0 if name == "draft_s" and T == 1 else values[name] + added
+        out[T] = RoundTerms(**values)
+    return out
+
+
+def _measure_batch(scratch: "ScratchRounds", tokens, repeats, clock) -> dict[int, RoundTerms]:
+    """{T: RoundTerms of G = T − 1} at the batch of `scratch`.
 
     Each T is timed as the engine runs it, at the end of a run of calls of its
     kind (a plain engine's steps follow one another, as a fixed γ's rounds
@@ -90,9 +132,8 @@ def _measure_batch(scratch: "ScratchRounds", tokens, repeats, clock) -> tuple[di
                 _call(scratch, T, clock)
             for name, value in _call(scratch, T, clock).items():
                 samples[T].setdefault(name, []).append(value)
-    terms = {T: RoundTerms(**{name: statistics.median(values) for name, values in samples[T].items()})
-             for T in tokens}
-    return terms, _row_draft_s(scratch.target, len(scratch.ids), tokens[-1], scratch.new_cache, repeats, clock)
+    return {T: RoundTerms(**{name: statistics.median(values) for name, values in samples[T].items()})
+            for T in tokens}
 
 
 def _call(scratch: "ScratchRounds", T: int, clock) -> dict[str, float]:
@@ -120,11 +161,13 @@ def _absorb_s(draft_model, batch: int, repeats: int, clock) -> float:
 
 
 class ScratchRounds:
-    """`batch` greedy scratch requests on scratch caches of the target and (with
-    `draft_model`) a drafter, caught up; `plain_step` and `round` time one
-    plain step or one round and put both models back where they were."""
+    """`batch` scratch requests, greedy or sampling at `temperature`, on scratch
+    caches of the target and (with `draft_model`) a drafter, caught up;
+    `plain_step` and `round` time one plain step or one round and put both
+    models back where they were."""
 
-    def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache, new_request):
+    def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache, new_request,
+                 temperature: float = 0.0):
         halves = ring_halves_by_default(target.device)
         self.target, self.cache = target, new_cache(batch, policy.ring_size(gamma_max, halves=halves))
         self.new_cache, self.gamma_max = new_cache, gamma_max
@@ -132,7 +175,7 @@ class ScratchRounds:
         self.drafter = None if draft_model is None else ModelDrafter(
             draft_model, gamma_max, dict(max_seqs=batch, num_blocks=batch * pages, block_size=16))
         vocab = target.vocab_size
-        params = SamplingParams(max_new_tokens=1 << 20, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_new_tokens=1 << 20, temperature=temperature, ignore_eos=True)
         prompts = [[(7 * b + i) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
         self.requests = [new_request(b, params, prompt, (5 * b) % vocab) for b, prompt in enumerate(prompts)]
         self.ids = [r.seq_id for r in self.requests]

@@ -212,7 +212,7 @@ class FixedModel(GammaController):
     """The model's prices fixed at start-up's (nothing learned online): a
     model that stays wrong, for the measured rounds to overrule."""
 
-    def round_cost(self, batch, G):
+    def round_cost(self, batch, G, sampled=0):
         return round_seconds(self.costs.terms(batch, G), 1.0, 1.0)
 
 
@@ -327,7 +327,7 @@ class ScriptedGammas(GammaController):
         self.rng = random.Random(seed)
         self.chosen: list[list[int]] = []
 
-    def choose(self, seq_ids, caps, behind=None):
+    def choose(self, seq_ids, caps, behind=None, sampled=0):
         gammas = [self.rng.choice([0, 0, 1, self.gamma_max]) if self.rng.random() < 0.7 else 0 for _ in seq_ids]
         self.chosen.append(gammas)
         return gammas
@@ -390,13 +390,42 @@ def test_start_up_times_each_kind_at_the_end_of_a_run_of_its_own_and_takes_the_m
             return {"forward_s": self._cost(G + 1, [0.30, 0.50, 0.40]), "draft_s": 0.05}
 
     scratch = Scripted()
-    original = startup_costs._row_draft_s
-    startup_costs._row_draft_s = lambda *args: 0.0
-    try:
-        terms, _ = startup_costs._measure_batch(scratch, [1, 3], repeats=3, clock=None)
-    finally:
-        startup_costs._row_draft_s = original
+    terms = startup_costs._measure_batch(scratch, [1, 3], repeats=3, clock=None)
     warm = startup_costs.WARM_CALLS
     assert scratch.calls == ([1] * (warm[True] + 1) + [3] * (warm[False] + 1)) * 3
     assert 0.10 <= terms[1].forward_s <= 0.12 and terms[1].draft_s == 0.0  # no cold call counted
     assert 0.30 <= terms[3].forward_s <= 0.50 and terms[3].draft_s == 0.05
+
+
+def test_rows_that_sample_add_their_measured_extra_linear_in_batch_and_tokens():
+    from hybridspec.startup_costs import _sampled_terms
+    terms = lambda sampling, draft: hs.sim.RoundTerms(forward_s=1.0, draft_s=draft, sampling_s=sampling)
+    greedy = {1: terms(0.1, 0.0), 3: terms(0.2, 0.4), 5: terms(0.3, 0.8)}
+    extra = {1: {1: {"sampling_s": 0.1, "draft_s": 0.0}, 5: {"sampling_s": 0.5, "draft_s": 0.2}},
+             9: {1: {"sampling_s": 0.9, "draft_s": 0.0}, 5: {"sampling_s": 4.5, "draft_s": 1.8}}}
+    at_1 = _sampled_terms(greedy, 1, extra, [1, 3, 5])
+    assert at_1[1] == terms(0.2, 0.0) and at_1[5].sampling_s == pytest.approx(0.8)
+    assert at_1[3].sampling_s == pytest.approx(0.2 + 0.3) and at_1[3].draft_s == pytest.approx(0.4 + 0.1)
+    at_5 = _sampled_terms(greedy, 5, extra, [1, 3, 5])  # halfway between the measured batches
+    assert at_5[5].sampling_s == pytest.approx(0.3 + 2.5) and at_5[5].draft_s == pytest.approx(0.8 + 1.0)
+    assert at_5[1].draft_s == 0.0 and at_5[5].forward_s == 1.0  # a plain step drafts nothing; the forward is shared
+
+
+def test_auto_prices_rows_that_sample_with_their_own_terms():
+    target = hs.from_hf(bamba(seed=0))
+    engine = hs.Engine(target, draft=perturbed_copy(target, seed=2), num_draft_tokens="auto", max_draft_tokens=3,
+                       max_batch_size=2)
+    measured, controller = engine.gamma_controller.costs, engine.gamma_controller
+    assert measured.sampled_sampling_s is not None and measured.sampled_draft_s is not None
+    for G in range(4):
+        greedy, sampled = measured.terms(2, G), measured.terms(2, G, sampled=True)
+        assert sampled.forward_s == greedy.forward_s and sampled.commit_s == greedy.commit_s
+        half = hs.sim.mixed_terms(greedy, sampled, 0.5)
+        assert controller.round_cost(2, G, sampled=1) == pytest.approx(hs.sim.round_seconds(half))
+    seen = []
+    original = controller.choose
+    controller.choose = lambda *args: seen.append(args[3]) or original(*args)
+    params = [hs.SamplingParams(max_new_tokens=4, ignore_eos=True),
+              hs.SamplingParams(max_new_tokens=4, temperature=0.8, seed=3, ignore_eos=True)]
+    engine.generate([[3, 4, 5], [6, 7]], params)
+    assert seen and all(n == 1 for n in seen)

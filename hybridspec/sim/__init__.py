@@ -35,7 +35,8 @@ from hybridspec.sim.cost_model import (
 from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
 from hybridspec.sim.measured import MeasuredRun, load_measured, measured_crossover, measured_rows, parse_measured
 from hybridspec.sim.montecarlo import SimResult, simulate, simulate_replay_steps, simulate_with_stderr
-from hybridspec.sim.round_terms import TERMS, RoundTerms, generation_speedup, round_seconds, round_speedup
+from hybridspec.sim.round_terms import (TERMS, RoundTerms, generation_speedup, mixed_terms, round_seconds,
+                                        round_speedup)
 from hybridspec.sim.presets import BAMBA_9B, H200, NEMOTRON_H_8B, PRESETS, Preset, small_hybrid_draft
 from hybridspec.sim.shapes import HybridShape
 
@@ -68,6 +69,7 @@ __all__ = [
     "load_measured",
     "measured_crossover",
     "measured_rows",
+    "mixed_terms",
     "optimal_gamma",
     "parse_measured",
     "replay_probability",

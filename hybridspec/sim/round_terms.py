@@ -57,6 +57,16 @@ class RoundTerms:
         return {name: getattr(self, name) for name in TERMS}
 
 
+def mixed_terms(greedy: RoundTerms, sampled: RoundTerms, fraction: float) -> RoundTerms:
+    """The terms of a round in which `fraction` of the rows sample and the rest
+    are greedy, from the two kinds' terms measured on whole batches of each:
+    a row's share of a term is its kind's."""
+    if fraction <= 0.0:
+        return greedy
+    return RoundTerms(**{name: (1.0 - fraction) * getattr(greedy, name) + fraction * getattr(sampled, name)
+                         for name in TERMS})
+
+
 def round_seconds(terms: RoundTerms, forward_scale: float = 1.0, draft_scale: float = 1.0) -> float:
     """round(B, G) of the module docstring; the forward and draft terms may carry
     a scale learned online (adaptive γ), 1 for the measured figures."""

@@ -29,11 +29,14 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   and token counts: the target forward of G + 1 tokens per row (with the
   engine's snapshot writes), the drafter's part (catch-up and G steps, as
   the drafter runs them), sampling and acceptance, commit, and the round's
-  own host bookkeeping. The forward and drafter scales (1 until a round is
-  seen) and the residual (0: what the other terms missed, signed) are
-  learned online per batch size from each round's phase times (exponential
-  averages, scales in log space), so costs follow the machine's load and
-  what start-up missed (sampled rows, the engine's own loop).
+  own host bookkeeping; a round whose rows partly sample takes each of the
+  sampling and draft terms that share of the way from the greedy rows'
+  figure to the sampling rows' (`hs.sim.mixed_terms`). The forward and
+  drafter scales (1 until a round is seen) and the residual (0: what the
+  other terms missed, signed) are learned online per batch size from each
+  round's phase times (exponential averages, scales in log space), so costs
+  follow the machine's load and what start-up missed (filters and
+  penalties, the engine's own loop).
   The forward's scale is learned apart for plain steps and verify forwards,
   because the two drift from start-up's figures differently; the round right
   after a prefill teaches neither, because its forward runs cold. While the
@@ -91,11 +94,12 @@ these choices are in docs/results/gamma.md.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 from hybridspec.checkpoints.costs import interpolate
-from hybridspec.sim.round_terms import RoundTerms, round_seconds
+from hybridspec.sim.round_terms import RoundTerms, mixed_terms, round_seconds
 
 from ..errors import ConfigError
 
@@ -129,8 +133,11 @@ class RoundCosts:
     draft_step_s[i]: one drafter step, which prices G steps as G · draft_step
     where `draft_s` is not given (None); row_draft_s[i]: what one more draft
     of one row adds beyond the padded forward (its snapshot write);
-    absorb_s[i]: seconds per token of a model drafter's backlog forward. A
-    term given as None is 0 (not measured; absorb_s: learned online)."""
+    absorb_s[i]: seconds per token of a model drafter's backlog forward.
+    sampled_sampling_s, sampled_draft_s: the sampling and draft terms of rounds
+    whose rows all sample (temperature 1: the rejection kernel, the drafter's q
+    and sampled drafts) where the others are of greedy rows (None: as greedy).
+    A term given as None is 0 (not measured; absorb_s: learned online)."""
 
     batches: tuple[int, ...]
     tokens: tuple[int, ...]
@@ -142,10 +149,12 @@ class RoundCosts:
     commit_s: Table | None = None
     host_s: Table | None = None
     absorb_s: tuple[float, ...] | None = None
+    sampled_sampling_s: Table | None = None
+    sampled_draft_s: Table | None = None
 
     def __post_init__(self):
-        tables = [t for t in (self.forward_s, self.draft_s, self.sampling_s, self.commit_s, self.host_s)
-                  if t is not None]
+        tables = [t for t in (self.forward_s, self.draft_s, self.sampling_s, self.commit_s, self.host_s,
+                              self.sampled_sampling_s, self.sampled_draft_s) if t is not None]
         ok = (self.batches and list(self.batches) == sorted(set(self.batches)) and self.tokens
               and list(self.tokens) == sorted(set(self.tokens))
               and all(len(t) == len(self.batches) and all(len(row) == len(self.tokens) for row in t) for t in tables)
@@ -176,13 +185,17 @@ class RoundCosts:
         """Seconds per token a model drafter absorbs at `batch` (None: not measured)."""
         return None if self.absorb_s is None else interpolate(self.batches, self.absorb_s, batch)
 
-    def terms(self, batch: int, G: int) -> RoundTerms:
-        """The measured terms of a round of `batch` rows drafting G each (G = 0: a plain step)."""
+    def terms(self, batch: int, G: int, sampled: bool = False) -> RoundTerms:
+        """The measured terms of a round of `batch` rows drafting G each (G = 0:
+        a plain step), every row greedy or (`sampled`) every row sampling."""
         T = G + 1
-        draft = 0.0 if G == 0 else (G * self.draft_step(batch) if self.draft_s is None
-                                    else self._at(self.draft_s, batch, T))
+        draft_s, sampling_s = self.draft_s, self.sampling_s
+        if sampled:
+            draft_s = self.sampled_draft_s if self.sampled_draft_s is not None else draft_s
+            sampling_s = self.sampled_sampling_s if self.sampled_sampling_s is not None else sampling_s
+        draft = 0.0 if G == 0 else (G * self.draft_step(batch) if draft_s is None else self._at(draft_s, batch, T))
         return RoundTerms(forward_s=self.forward(batch, T), draft_s=draft,
-                          sampling_s=self._at(self.sampling_s, batch, T),
+                          sampling_s=self._at(sampling_s, batch, T),
                           commit_s=0.0 if G == 0 else self._at(self.commit_s, batch, T),
                           host_s=self._at(self.host_s, batch, T))
 
@@ -319,7 +332,7 @@ class GammaController:
         self.plain_probe_every = PROBE_EVERY  # rounds without a plain step that taught its scale before one
         self.unpriced_rounds = 0  # rounds since a plain step last taught its scale
         self._plain_probe_pending = False
-        self._measured_at: dict[int, list[tuple[float, float]]] = {}  # batch -> start-up seconds per G
+        self._measured_at: dict[int, tuple[list[RoundTerms], list[RoundTerms]]] = {}  # batch -> greedy, sampled terms per G
         self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
 
     # -- the choice ---------------------------------------------------------------------------
@@ -329,30 +342,36 @@ class GammaController:
         own = self.sequences.get(seq_id)
         return engine if own is None else own.estimate(engine)
 
-    def round_cost(self, batch: int, G: int) -> float:
-        """Predicted seconds of a round of `batch` rows drafting at most G: the
-        measured terms (`hs.sim.round_seconds`), the forward and the drafter
-        scaled as learned, plus the learned residual of the other terms."""
-        terms = self._measured(batch)[G]
+    def round_cost(self, batch: int, G: int, sampled: int = 0) -> float:
+        """Predicted seconds of a round of `batch` rows drafting at most G, of
+        which `sampled` sample (the rest greedy): the measured terms
+        (`hs.sim.round_seconds`), the forward and the drafter scaled as
+        learned, plus the learned residual of the other terms."""
+        terms = self._terms(batch, G, sampled)
         learned = self._learned_at[batch]
         drafted = G > 0
         seconds = round_seconds(terms, learned.get(learned.forward_scale, drafted, 1.0), learned.draft_scale_at(G))
         return max(seconds + learned.get(learned.residual_s, drafted, 0.0), 0.0)
 
-    def _measured(self, batch: int) -> list[RoundTerms]:
-        """The start-up terms of a round drafting G at `batch`, for G in 0..γ_max."""
+    def _terms(self, batch: int, G: int, sampled: int) -> RoundTerms:
+        """The start-up terms of a round drafting G at `batch` with `sampled` sampling rows."""
         if batch not in self._measured_at:
-            self._measured_at[batch] = [self.costs.terms(batch, G) for G in range(self.gamma_max + 1)]
+            self._measured_at[batch] = tuple([self.costs.terms(batch, G, kind) for G in range(self.gamma_max + 1)]
+                                             for kind in (False, True))
             self._learned_at[batch] = self.learned[self.costs.bucket(batch)]
-        return self._measured_at[batch]
+        greedy, sampling = self._measured_at[batch]
+        return mixed_terms(greedy[G], sampling[G], sampled / batch) if sampled else greedy[G]
 
-    def choose(self, seq_ids: list[int], caps: list[int], behind: list[int] | None = None) -> list[int]:
+    def choose(self, seq_ids: list[int], caps: list[int], behind: list[int] | None = None,
+               sampled: int = 0) -> list[int]:
         """γ_b for each row (caps[b]: most drafts row b can use; behind[b]: tokens
-        the drafter absorbs before drafting for it, None: none)."""
+        the drafter absorbs before drafting for it, None: none; `sampled`: how
+        many rows sample, the rest being greedy)."""
         batch = len(seq_ids)
-        plain_cost = self.round_cost(batch, 0)
+        cost = functools.partial(self.round_cost, batch, sampled=sampled)
+        plain_cost = cost(0)
         # "no G pays" below, bounded before the per-row work: every row drafting G, all accepted, nothing else charged
-        if not any(_pays(G + 1, self.round_cost(batch, G), 1.0, plain_cost) for G in range(1, self.gamma_max + 1)):
+        if not any(_pays(G + 1, cost(G), 1.0, plain_cost) for G in range(1, self.gamma_max + 1)):
             self.goodput = batch / plain_cost if plain_cost > 0 else float(batch)
             return [0] * batch
         behind = [0] * batch if behind is None else behind
@@ -378,7 +397,7 @@ class GammaController:
                 drafts[G] += G if G <= limit else limit
                 if share:
                     absorb[G] += share * total
-        costs = [self.round_cost(batch, G) + row_draft * drafts[G] + absorb[G] for G in range(top + 1)]
+        costs = [cost(G) + row_draft * drafts[G] + absorb[G] for G in range(top + 1)]
         options = [(tokens[G] / cost if cost > 0 else tokens[G], G) for G, cost in enumerate(costs)]
         if not any(_pays(batch + drafts[G], costs[G], tokens[0], costs[0]) for G in range(1, top + 1)):
             self.goodput = options[0][0]  # no G pays even if every draft were accepted: nothing to probe
@@ -432,14 +451,14 @@ class GammaController:
 
     def observe(self, seq_ids: list[int], drafted: list[int], accepted: list[int], gammas: list[int],
                 seconds: dict[str, float] | None = None, backlog_tokens: int = 0,
-                after_prefill: bool = False) -> None:
+                after_prefill: bool = False, sampled: int = 0) -> None:
         """One round's outcome: per row the drafts asked for (`gammas`),
         proposed and accepted; the round's phase seconds ("draft", "verify",
         "sampling", "commit"; "backlog", the drafter's absorption of
         `backlog_tokens` tokens, apart from "draft") and "round", its whole
         wall time (default: the phases' sum); None: learn acceptance only;
         `after_prefill`: a prefill ran just before the round (its forward's
-        time teaches no scale)."""
+        time teaches no scale); `sampled`: rows that sampled, as `choose`."""
         total_accepted = total_tried = 0
         for s, d, n in zip(seq_ids, drafted, accepted):
             own = self.sequences.setdefault(s, _Acceptance())
@@ -457,14 +476,15 @@ class GammaController:
         self.rounds_seen += 1
         if seconds is not None:
             self.unpriced_rounds += 1
-            self._learn_costs(len(seq_ids), max(gammas, default=0), seconds, learn_forward=not after_prefill)
+            self._learn_costs(len(seq_ids), max(gammas, default=0), seconds, not after_prefill, sampled)
             if not after_prefill:  # its forward runs cold: neither kind's goodput
                 self._learn_goodput(len(seq_ids), gammas, accepted, seconds)
             if backlog_tokens > 0 and seconds.get("backlog", 0.0) > 0:
                 self.absorb_s = _Learned.mix(self.absorb_s, seconds["backlog"] / backlog_tokens)
 
-    def _learn_costs(self, batch: int, G: int, seconds: dict[str, float], learn_forward: bool = True) -> None:
-        terms = self._measured(batch)[G]
+    def _learn_costs(self, batch: int, G: int, seconds: dict[str, float], learn_forward: bool = True,
+                     sampled: int = 0) -> None:
+        terms = self._terms(batch, G, sampled)
         forward, draft = terms.forward_s, terms.draft_s
         learned = self._learned_at[batch]
         if learn_forward and forward > 0 and seconds.get("verify", 0.0) > 0:
