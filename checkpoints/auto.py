@@ -36,6 +36,8 @@ binds the policy, unless given.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -56,9 +58,57 @@ def expected_round_s(costs: CheckpointCosts, batch: int, gamma: int, alpha: floa
                      log_inputs: bool) -> float:
     """Expected checkpoint + replay seconds of one round (module docstring)."""
     spent = round_time(costs.step_costs(batch), gamma, alpha, snapshot_every, log_inputs)
+    return float(spent.checkpoint_s) + expected_replay_s(costs, batch, gamma, alpha, snapshot_every, log_inputs)
+
+
+def expected_replay_s(costs: CheckpointCosts, batch: int, gamma: int, alpha: float, snapshot_every: int,
+                      log_inputs: bool) -> float:
+    """Expected replay seconds of one round (module docstring), the log replay's launch included."""
+    spent = round_time(costs.step_costs(batch), gamma, alpha, snapshot_every, log_inputs)
     any_replays = 1.0 - (1.0 - replay_probability(alpha, gamma, snapshot_every)) ** batch
     launch = any_replays * costs.at("log_replay_fixed_s", batch) if log_inputs else 0.0
-    return float(spent.checkpoint_s + spent.replay_s) + launch
+    return float(spent.replay_s) + launch
+
+
+@dataclass(frozen=True)
+class ReplayPrice:
+    """The replay term of a round (`hs.sim.RoundTerms.replay_s`) under an
+    engine's checkpoint policy, from step costs measured on its target."""
+
+    policy: CheckpointPolicy
+    costs: CheckpointCosts
+
+    @classmethod
+    def of(cls, policy: CheckpointPolicy, model, gamma: int, batches, new_cache,
+           clock=time.perf_counter) -> "ReplayPrice | None":
+        """None where the policy never replays (a snapshot after every input);
+        an `auto` policy's own measured costs, else measured now on `model`
+        at the least and most of `batches`."""
+        if isinstance(policy, AutoCheckpointPolicy):
+            return cls(policy, policy._bound().costs)
+        if policy.snapshot_every == 1:
+            return None
+        batches = sorted({min(batches), max(batches)})
+        return cls(policy, measure_checkpoint_costs(model, gamma, batches, new_cache, repeats=5, clock=clock))
+
+    def seconds(self, batch: int, G: int, alpha: float) -> float:
+        """Expected replay seconds of a round of `batch` rows drafting G at acceptance α."""
+        if G == 0:
+            return 0.0
+        k, log_inputs = self.policy.spacing_at(alpha, batch)
+        return 0.0 if k == 1 else expected_replay_s(self.costs, batch, G, alpha, k, log_inputs)
+
+    def spent(self, replaying_rows: int, log_steps: int, token_steps: int, batch: int) -> float:
+        """Seconds of the replays a round made (`replaying_rows` rows, so many
+        log-replayed and token-replayed steps), at this policy's step costs."""
+        at = functools.partial(self.costs.at, batch=batch)
+        seconds = replaying_rows * at("restore_s") + log_steps * at("log_replay_step_s") \
+            + token_steps * at("token_replay_step_s")
+        if log_steps:
+            seconds += at("log_replay_fixed_s")
+        if token_steps:
+            seconds += at("token_replay_fixed_s")
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -183,6 +233,13 @@ class AutoCheckpointPolicy(CheckpointPolicy):
                 bound.memo.clear()
             bound.memo[rate, batch] = choice
         return choice
+
+    def spacing_at(self, alpha: float, batch: int) -> tuple[int, bool]:
+        """(k, log_inputs) this policy picks for a round of `batch` sequences at acceptance α."""
+        bound = self._bound()
+        choice = choose(alpha, bound.gamma, batch, bound.costs, bound.footprint, self.memory_budget_bytes,
+                        bound.ring_slots - 1)
+        return choice.snapshot_every, choice.log_inputs
 
     def for_round(self, acceptance_history: list[float], batch: int) -> CheckpointPolicy:
         """The concrete policy of a round of `batch` sequences."""

@@ -78,6 +78,10 @@ class CheckpointPolicy:
         needed = self.slots_needed(gamma)
         return max(needed, 2 * (needed - 1)) if halves else needed
 
+    def spacing_at(self, alpha: float, batch: int) -> tuple[int, bool]:
+        """(k, log_inputs) of a round at acceptance α (fixed policies do not adapt)."""
+        return self.snapshot_every, self.log_inputs
+
     def for_round(self, acceptance_history: list[float], batch: int) -> "CheckpointPolicy":
         """The policy of a round of `batch` sequences after rounds with these
         acceptance rates (fixed policies do not adapt)."""

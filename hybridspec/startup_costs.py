@@ -25,6 +25,7 @@ import math
 import statistics
 import time
 
+from hybridspec.checkpoints.auto import ReplayPrice
 from hybridspec.checkpoints.costs import ScratchForwards, device_sync, fastest, interpolate
 from hybridspec.checkpoints.policy import ring_halves_by_default
 from hybridspec.sim.round_terms import TERMS, RoundTerms
@@ -67,6 +68,8 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
     scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max,
                                 new_cache=new_cache, new_request=new_request)
+    replay = ReplayPrice.of(policy, target, gamma_max, batches, new_cache, clock)  # None: the policy never replays
+    scratch = functools.partial(scratch, replay=replay)
     greedy = [_measure_batch(scratch(b), tokens, repeats, clock) for b in batches]
     extra = {}  # rows that sample, at the least and most batch and token counts
     for b in sorted({batches[0], batches[-1]}):
@@ -84,7 +87,7 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     return RoundCosts(tuple(batches), tuple(tokens), table["forward_s"], draft_step, row_draft,
                       draft_s=table["draft_s"], sampling_s=table["sampling_s"], commit_s=table["commit_s"],
                       host_s=table["host_s"], absorb_s=absorb, sampled_sampling_s=of_sampled["sampling_s"],
-                      sampled_draft_s=of_sampled["draft_s"])
+                      sampled_draft_s=of_sampled["draft_s"], replay=replay)
 
 
 SAMPLED_TERMS = ("sampling_s", "draft_s")  # what rows that sample change in a round
@@ -167,10 +170,10 @@ class ScratchRounds:
     models back where they were."""
 
     def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache, new_request,
-                 temperature: float = 0.0):
+                 temperature: float = 0.0, replay: ReplayPrice | None = None):
         halves = ring_halves_by_default(target.device)
         self.target, self.cache = target, new_cache(batch, policy.ring_size(gamma_max, halves=halves))
-        self.new_cache, self.gamma_max = new_cache, gamma_max
+        self.new_cache, self.gamma_max, self.replay = new_cache, gamma_max, replay
         pages = -(-scratch_len(gamma_max) // 16)
         self.drafter = None if draft_model is None else ModelDrafter(
             draft_model, gamma_max, dict(max_seqs=batch, num_blocks=batch * pages, block_size=16))
@@ -219,7 +222,17 @@ class ScratchRounds:
         self.speculator.revert(round)
         phases = stats.seconds  # the backlog is none: the warm-up round absorbed the prompts
         return {"forward_s": phases["verify"], "draft_s": phases["draft"], "sampling_s": phases["sampling"],
-                "commit_s": phases["commit"], "host_s": max(total - sum(phases.values()), 0.0)}
+                "commit_s": max(phases["commit"] - self._replayed_s(stats), 0.0),
+                "host_s": max(total - sum(phases.values()), 0.0)}
+
+    def _replayed_s(self, stats: EngineStats) -> float:
+        """What the round's own replays cost (`ReplayPrice.spent`): the replay
+        term prices them at the acceptance a batch has, so the commit term
+        leaves them out."""
+        if self.replay is None:
+            return 0.0
+        rows = len(self.ids) - stats.snapshot_hits
+        return self.replay.spent(rows, stats.log_replayed_tokens, stats.token_replayed_tokens, len(self.ids))
 
     def _verify_only(self, num_inputs: int, clock) -> float:
         """Without a draft model: the forward of `num_inputs` inputs per row alone."""

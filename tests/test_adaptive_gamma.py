@@ -429,3 +429,35 @@ def test_auto_prices_rows_that_sample_with_their_own_terms():
               hs.SamplingParams(max_new_tokens=4, temperature=0.8, seed=3, ignore_eos=True)]
     engine.generate([[3, 4, 5], [6, 7]], params)
     assert seen and all(n == 1 for n in seen)
+
+
+def test_a_sparse_policy_prices_its_expected_replay_and_keeps_parity():
+    from hybridspec.checkpoints.auto import ReplayPrice, expected_replay_s
+    target = hs.from_hf(bamba(seed=0))
+    prompts, params = [[3, 4, 5], [6, 7]], hs.SamplingParams(max_new_tokens=8, ignore_eos=True)
+    expected = [o.token_ids for o in hs.Engine(target).generate(prompts, params)]
+    engine = hs.Engine(target, draft=perturbed_copy(target, seed=2), num_draft_tokens="auto", max_draft_tokens=3,
+                       max_batch_size=2, checkpoint=hs.CheckpointPolicy(snapshot_every=0))
+    controller = engine.gamma_controller
+    replay = controller.costs.replay
+    assert isinstance(replay, ReplayPrice) and replay.policy.snapshot_every == 0
+    assert controller.replay_s(2, 0, 0.5) == 0.0
+    assert controller.replay_s(2, 3, 0.5) == pytest.approx(expected_replay_s(replay.costs, 2, 3, 0.5, 0, True))
+    assert controller.replay_s(2, 3, 0.5) > controller.replay_s(2, 1, 0.5) > 0.0  # more drafts, more to replay
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected
+    every = hs.Engine(target, draft=perturbed_copy(target, seed=2), num_draft_tokens="auto", max_draft_tokens=3,
+                      max_batch_size=2)
+    assert every.gamma_controller.costs.replay is None and every.gamma_controller.replay_s(2, 3, 0.5) == 0.0
+
+
+def test_a_replay_is_priced_from_its_rows_and_steps():
+    from hybridspec.checkpoints.auto import ReplayPrice
+    from hybridspec.checkpoints.costs import CheckpointCosts
+    costs = CheckpointCosts(batches=(1, 4), snapshot_write_s=(0.0, 0.0), log_write_s=(0.0, 0.0),
+                            log_replay_fixed_s=(1.0, 1.0), restore_s=(0.1, 0.1), log_replay_step_s=(0.01, 0.01),
+                            token_replay_fixed_s=(5.0, 5.0), token_replay_step_s=(0.5, 0.5))
+    price = ReplayPrice(hs.CheckpointPolicy(snapshot_every=2), costs)
+    assert price.spent(0, 0, 0, batch=4) == 0.0
+    assert price.spent(2, 3, 0, batch=4) == pytest.approx(2 * 0.1 + 3 * 0.01 + 1.0)
+    assert price.spent(1, 0, 2, batch=4) == pytest.approx(0.1 + 2 * 0.5 + 5.0)
+    assert ReplayPrice(hs.CheckpointPolicy(), costs).seconds(4, 3, 0.5) == 0.0  # a snapshot after every input

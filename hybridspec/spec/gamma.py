@@ -23,9 +23,11 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   measured at a G that can pay before rounds at G = 1 (whose steps cost the
   most each) price it out.
 - cost(B, G) = hs.sim.round_seconds(terms(B, G), scale_B, draft_scale_B,G)
-  + residual_B: every term of a round (`hs.sim.RoundTerms`) measured at
-  start-up by running the engine's own plain step and rounds on scratch
-  caches (`hybridspec.startup_costs`), linear between the measured batches
+  + replay(B, G, ᾱ) + residual_B, replay the expected replay of the
+  engine's checkpoint policy at the batch's mean acceptance estimate
+  (`RoundCosts.replay`, 0 where every boundary is a snapshot); the terms:
+  every term of a round (`hs.sim.RoundTerms`) measured at start-up by
+  running the engine's own plain step and rounds on scratch caches (`hybridspec.startup_costs`), linear between the measured batches
   and token counts: the target forward of G + 1 tokens per row (with the
   engine's snapshot writes), the drafter's part (catch-up and G steps, as
   the drafter runs them), sampling and acceptance, commit, and the round's
@@ -98,6 +100,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+from hybridspec.checkpoints.auto import ReplayPrice
 from hybridspec.checkpoints.costs import interpolate
 from hybridspec.sim.round_terms import RoundTerms, mixed_terms, round_seconds
 
@@ -114,6 +117,7 @@ PRIOR_TRIALS = 4.0  # pseudo-trials of the shrinkage toward the engine-wide esti
 OPTIMISM_Z = 1.0  # standard deviations the engine-wide estimate is raised by while few drafts were tried
 MIN_REALIZED = 3  # rounds of each kind measured before measured goodputs overrule the model
 REALIZED_Z = 2.0  # standard errors by which measured drafting must trail plain steps to overrule it
+REPLAY_GRID = 64  # the expected replay is priced at α's nearest multiple of 1 / REPLAY_GRID
 PLAIN_PROBE_MARGIN = 1.5  # plain steps are probed only where drafting wins by less (their price could be off a third)
 
 
@@ -134,6 +138,8 @@ class RoundCosts:
     where `draft_s` is not given (None); row_draft_s[i]: what one more draft
     of one row adds beyond the padded forward (its snapshot write);
     absorb_s[i]: seconds per token of a model drafter's backlog forward.
+    replay: the expected replay of the engine's checkpoint policy, by batch,
+    G and acceptance (the commit terms leave replays out).
     sampled_sampling_s, sampled_draft_s: the sampling and draft terms of rounds
     whose rows all sample (temperature 1: the rejection kernel, the drafter's q
     and sampled drafts) where the others are of greedy rows (None: as greedy).
@@ -151,6 +157,7 @@ class RoundCosts:
     absorb_s: tuple[float, ...] | None = None
     sampled_sampling_s: Table | None = None
     sampled_draft_s: Table | None = None
+    replay: ReplayPrice | None = None  # the policy's expected replay at an acceptance (None: it never replays)
 
     def __post_init__(self):
         tables = [t for t in (self.forward_s, self.draft_s, self.sampling_s, self.commit_s, self.host_s,
@@ -334,6 +341,7 @@ class GammaController:
         self._plain_probe_pending = False
         self._measured_at: dict[int, tuple[list[RoundTerms], list[RoundTerms]]] = {}  # batch -> greedy, sampled terms per G
         self._learned_at: dict[int, _Learned] = {}  # batch -> the corrections of its nearest measured batch
+        self._replay_memo: dict[tuple[int, int, int], float] = {}  # (α on its grid, batch, G) -> seconds
 
     # -- the choice ---------------------------------------------------------------------------
 
@@ -352,6 +360,17 @@ class GammaController:
         drafted = G > 0
         seconds = round_seconds(terms, learned.get(learned.forward_scale, drafted, 1.0), learned.draft_scale_at(G))
         return max(seconds + learned.get(learned.residual_s, drafted, 0.0), 0.0)
+
+    def replay_s(self, batch: int, G: int, alpha: float) -> float:
+        """Expected replay seconds of a round drafting G at acceptance α under
+        the engine's checkpoint policy (`RoundCosts.replay`; 0 where it never
+        replays), remembered on a grid of α (REPLAY_GRID)."""
+        if self.costs.replay is None or G == 0:
+            return 0.0
+        key = (round(alpha * REPLAY_GRID), batch, G)
+        if key not in self._replay_memo:
+            self._replay_memo[key] = self.costs.replay.seconds(batch, G, key[0] / REPLAY_GRID)
+        return self._replay_memo[key]
 
     def _terms(self, batch: int, G: int, sampled: int) -> RoundTerms:
         """The start-up terms of a round drafting G at `batch` with `sampled` sampling rows."""
@@ -397,7 +416,8 @@ class GammaController:
                 drafts[G] += G if G <= limit else limit
                 if share:
                     absorb[G] += share * total
-        costs = [cost(G) + row_draft * drafts[G] + absorb[G] for G in range(top + 1)]
+        replay = functools.partial(self.replay_s, batch, alpha=sum(alphas) / batch)
+        costs = [cost(G) + replay(G) + row_draft * drafts[G] + absorb[G] for G in range(top + 1)]
         options = [(tokens[G] / cost if cost > 0 else tokens[G], G) for G, cost in enumerate(costs)]
         if not any(_pays(batch + drafts[G], costs[G], tokens[0], costs[0]) for G in range(1, top + 1)):
             self.goodput = options[0][0]  # no G pays even if every draft were accepted: nothing to probe
@@ -500,6 +520,7 @@ class GammaController:
             + seconds.get("commit", 0.0)
         total = seconds.get("round", phases)  # the whole round, host bookkeeping included
         others = round_seconds(terms, 0.0, 0.0)  # the measured terms besides the forward and the drafter
+        others += self.replay_s(batch, G, self.engine_acceptance.estimate(self.prior_alpha))
         # what those terms missed (negative where they overestimate), on top of the observed forward and drafter
         residual = total - seconds.get("verify", 0.0) - (seconds.get("draft", 0.0) if G > 0 else 0.0) - others
         learned.residual_s[G > 0] = learned.mix(learned.residual_s[G > 0], max(residual, -others))
