@@ -134,6 +134,16 @@ class StatePool:
         ring = self._rings[seq_id]
         return [ring + k * self.max_seqs for k in range(self.num_ring_slots)]
 
+    def head_offset(self, seq_id: int) -> int:
+        """The head's offset in its ring (`ring_slots(seq_id).index(head)`, without the list)."""
+        self._check_known(seq_id)
+        return (self._heads[seq_id] - self._rings[seq_id]) // self.max_seqs
+
+    def slot_at(self, seq_id: int, offset: int) -> int:
+        """The slot at `offset` of the sequence's ring (`ring_slots(seq_id)[offset]`)."""
+        self._check_known(seq_id)
+        return self._rings[seq_id] + offset * self.max_seqs
+
     def ring_index(self, seq_id: int) -> int:
         """The ring `seq_id` owns (its slot at ring offset k is ring + k·max_seqs)."""
         self._check_known(seq_id)

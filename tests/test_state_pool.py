@@ -138,3 +138,17 @@ def test_no_ring_slot_but_the_head_is_read_before_it_is_written(policy):
     want = [o.token_ids for o in plain_outputs(target, prompts, params)]
     for _ in range(2):
         assert [o.token_ids for o in engine.generate(prompts, params)] == want
+
+
+
+def test_head_offset_and_slot_at_agree_with_the_ring():
+    pool = make_pool()
+    for seq in (7, 9, 4):
+        pool.add_sequence(seq)
+    pool.move_head(9, pool.ring_slots(9)[2])
+    pool.move_head(4, pool.ring_slots(4)[3])
+    for seq in (7, 9, 4):
+        ring = pool.ring_slots(seq)
+        assert pool.head_offset(seq) == ring.index(pool.head(seq))
+        assert [pool.slot_at(seq, k) for k in range(len(ring))] == ring
+    assert [pool.head_offset(s) for s in (7, 9, 4)] == [0, 2, 3]

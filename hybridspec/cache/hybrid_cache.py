@@ -133,12 +133,12 @@ class HybridCache:
             return heads
         if snapshot_counts is None and self.backend.writes_any_slot:
             return heads
-        rings = [self.states.ring_slots(s) for s in seq_ids]
-        offsets = [ring.index(head) for ring, head in zip(rings, heads)]
+        offsets = [self.states.head_offset(s) for s in seq_ids]
         if snapshot_counts is None:  # each offset is its own group
             groups, candidates = offsets, set(offsets)
         else:
-            groups = [head_half(ring, head, count) for ring, head, count in zip(rings, heads, snapshot_counts)]
+            groups = [head_half(self.states.ring_slots(s), head, count)
+                      for s, head, count in zip(seq_ids, heads, snapshot_counts)]
             candidates = ("low", "high")
         known = [g for g in groups if g is not None]
         if len(set(known)) < 2:
@@ -146,10 +146,10 @@ class HybridCache:
         majority = max(candidates, key=known.count)
         chosen = [at for at, group in zip(offsets, groups) if group == majority]
         offset = max(set(chosen), key=chosen.count)  # the majority's most common head offset: sources in one span
-        for b, (s, ring, group) in enumerate(zip(seq_ids, rings, groups)):
+        for b, (s, group) in enumerate(zip(seq_ids, groups)):
             if group is not None and group != majority:
-                self.states.move_head(s, ring[offset])
-                heads[b] = ring[offset]
+                heads[b] = self.states.slot_at(s, offset)
+                self.states.move_head(s, heads[b])
         return heads
 
     def spare_slot(self, seq_id: int) -> int:
@@ -159,11 +159,10 @@ class HybridCache:
         one-slot ring."""
         if self.states is None:
             return -1
-        ring = self.states.ring_slots(seq_id)
-        at = ring.index(self.states.head(seq_id))
-        if self.spare == "pair" and (at ^ 1) < len(ring):
-            return ring[at ^ 1]
-        return ring[(at + 1) % len(ring)]
+        at, size = self.states.head_offset(seq_id), self.states.num_ring_slots
+        if self.spare == "pair" and (at ^ 1) < size:
+            return self.states.slot_at(seq_id, at ^ 1)
+        return self.states.slot_at(seq_id, (at + 1) % size)
 
     # -- one forward --------------------------------------------------------------------------
 
