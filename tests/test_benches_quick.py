@@ -317,6 +317,17 @@ def test_tensor_parallel_quick(benches, tmp_path):
             assert one["weights_mb"] / 2 < r["weights_mb"] < one["weights_mb"]  # embeddings and norms replicated
 
 
+def test_vllm_cpu_quick_without_vllm(benches, tmp_path):
+    """Our side of the vLLM CPU comparison on a tiny model, vLLM's skipped with its reason."""
+    out = tmp_path / "vllm_cpu.json"
+    assert bench_main("vllm_cpu")(["--quick", "--weights", "float32", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["notes"] == ["float32: vLLM not run (no --vllm-python given)"]
+    [row] = payload["rows"]
+    assert row["runtime"] == "hybridspec" and row["vs hybridspec"] == 1.0 and row["new tok/s"] > 0
+    assert row["tokens equal to hybridspec's"] == "8/8"
+
+
 def test_targets_read_the_llamacpp_table(benches, monkeypatch):
     """The llama.cpp rows: a ratio per part and run, and two threads against one for our decode;
     the run joins the targets only where llama_cpp is importable and LLAMA_CPP_SDIST names its sdist."""
