@@ -37,7 +37,8 @@ from .requests import engine_eos_ids, engine_sizes, normalize_requests
 from .scheduler import Scheduler
 from .sampling import RowParams, SamplingParams, derived_seed
 from .spec.drafters import Drafter, as_draft, as_drafter
-from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController, measured_batches
+from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController
+from .spec.round_costs import measured_batches
 from .spec.round import RowResult
 from .spec.speculator import Speculator
 from .startup_costs import measure_round_costs, scratch_len

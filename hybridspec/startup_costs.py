@@ -21,7 +21,6 @@ penalties, a loaded machine) the controller learns online (`spec/gamma.py`).
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 import time
 
@@ -33,7 +32,7 @@ from hybridspec.sim.round_terms import TERMS, RoundTerms
 from .cache.hybrid_cache import scratch_cache
 from .next_token import sample_next
 from .sampling import RowParams, SamplingParams
-from .spec.gamma import RoundCosts
+from .spec.round_costs import RoundCosts
 from .spec.model_drafter import ModelDrafter
 from .spec.round import RowResult
 from .spec.speculator import Speculator

@@ -10,7 +10,8 @@ import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.rollback import perturbed_copy
 from hybridspec.sim.round_terms import round_seconds
-from hybridspec.spec.gamma import MIN_REALIZED, PROBE_EVERY, GammaController, RoundCosts
+from hybridspec.spec.gamma import MIN_REALIZED, PROBE_EVERY, GammaController
+from hybridspec.spec.round_costs import RoundCosts
 from oracles import bamba, nemotron_h
 
 GAMMA_MAX = 4
