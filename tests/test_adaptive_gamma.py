@@ -423,13 +423,13 @@ def test_auto_prices_rows_that_sample_with_their_own_terms():
         assert sampled.forward_s == greedy.forward_s and sampled.commit_s == greedy.commit_s
         half = hs.sim.mixed_terms(greedy, sampled, 0.5)
         assert controller.round_cost(2, G, sampled=1) == pytest.approx(hs.sim.round_seconds(half))
-    seen = []
+    seen = []  # (rows, rows that sample) per round
     original = controller.choose
-    controller.choose = lambda *args: seen.append(args[3]) or original(*args)
+    controller.choose = lambda *args: seen.append((len(args[0]), args[3])) or original(*args)
     params = [hs.SamplingParams(max_new_tokens=4, ignore_eos=True),
               hs.SamplingParams(max_new_tokens=4, temperature=0.8, seed=3, ignore_eos=True)]
     engine.generate([[3, 4, 5], [6, 7]], params)
-    assert seen and all(n == 1 for n in seen)
+    assert seen[0] == (2, 1) and all(sampled == 1 for rows, sampled in seen if rows == 2)
 
 
 def test_a_sparse_policy_prices_its_expected_replay_and_keeps_parity():
