@@ -98,9 +98,9 @@ def terms_on_bench_clock(target, draft, engine):
     import common
     from hybridspec.cache.hybrid_cache import scratch_cache
     from hybridspec.engine import scratch_request
-    from hybridspec.startup_costs import measure_round_costs, scratch_len
+    from hybridspec.startup_costs import measure_round_costs
     gamma_max, batch = engine.speculator.gamma, engine.max_batch_size
-    new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(gamma_max))
+    new_cache = functools.partial(scratch_cache, target)
     return measure_round_costs(target, draft, engine.speculator.policy, gamma_max, [batch], new_cache,
                                scratch_request, clock=common.clock)
 

@@ -109,9 +109,9 @@ def step_times(target, draft, batch: int, repeats: int) -> dict:
     import functools
     from hybridspec.cache.hybrid_cache import scratch_cache
     from hybridspec.engine import scratch_request
-    from hybridspec.startup_costs import measure_round_costs, scratch_len
+    from hybridspec.startup_costs import measure_round_costs
     policy = hs.CheckpointPolicy(snapshot_every=1, log_inputs=False)
-    new_cache = functools.partial(scratch_cache, target, max_len=scratch_len(GAMMA))
+    new_cache = functools.partial(scratch_cache, target)
     costs = measure_round_costs(target, draft, policy, GAMMA, [batch], new_cache, scratch_request, repeats=repeats,
                                 clock=time.process_time)  # CPU time: the machine is shared
     plain, spec = costs.terms(batch, 0), costs.terms(batch, GAMMA)

@@ -41,7 +41,7 @@ from .spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController
 from .spec.round_costs import measured_batches
 from .spec.round import RowResult
 from .spec.speculator import Speculator
-from .startup_costs import measure_round_costs, scratch_len
+from .startup_costs import measure_round_costs
 from .stats import EngineStats
 from .stopping import Cut, Decode, StopRule
 
@@ -301,8 +301,7 @@ class Engine:
 
     def _gamma_controller(self, drafter: Drafter, gamma_max: int) -> GammaController:
         """γ per round from costs measured now on scratch caches of this engine's models."""
-        new_cache = functools.partial(scratch_cache, self.target, state_dtype=self.state_dtype,
-                                      max_len=scratch_len(gamma_max))
+        new_cache = functools.partial(scratch_cache, self.target, state_dtype=self.state_dtype)
         costs = measure_round_costs(self.target, drafter.model, self.speculator.policy, gamma_max,
                                     measured_batches(self.max_batch_size), new_cache, scratch_request)
         return GammaController(gamma_max, costs)

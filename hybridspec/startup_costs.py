@@ -1,14 +1,14 @@
 """Round costs measured when an Engine with `num_draft_tokens="auto"` is built:
 every term of `hs.sim.RoundTerms` for a plain step and for rounds drafting G,
 at each measured batch size, by running the engine's own code over scratch
-requests on scratch caches and undoing each run:
+requests on scratch caches:
 
 - a plain step: `HybridCache.align_heads` + `HybridModel.decode` (forward),
-  `sample_next` (sampling), the rows' `RowResult`s (host);
+  `sample_next` (sampling), the rows' `RowResult`s (host), then undone;
 - a round drafting G per row: `Speculator.round` with a scratch drafter over
   the same model as the engine's; its phase timers give draft, forward
   ("verify"), sampling and commit, and what the round took beyond them is
-  host; the round is then reverted (target and drafter back to its start).
+  host; the rows then take its tokens, as an engine's do.
 
 The scratch rows are caught up (one warm-up round absorbs their prompts in
 the drafter first), as most rows of a running batch are; the policy is the
@@ -39,34 +39,41 @@ from .spec.speculator import Speculator
 from .stats import EngineStats
 
 PROMPT_LEN = 64  # tokens each scratch row holds before the measured rounds: attention reads a typical context
+REPEATS = 3  # runs of each kind of call per batch (`_measure_batch`)
 WARM_CALLS = {False: 1, True: 4}  # untimed calls before a timed round (False) or plain step (True)
 ABSORB_LEN = 16  # tokens per row of the measured absorption (a drafter's backlog forward)
 ROUND_TERMS = ("draft_s", "sampling_s", "commit_s", "host_s")  # the terms a scratch round's phases give
 
 
-def scratch_len(gamma_max: int) -> int:
-    """Tokens a scratch row reaches: its prompt, the warm-up round and one measured round."""
-    return PROMPT_LEN + 2 * (gamma_max + 2)
+def token_grid(gamma_max: int) -> list[int]:
+    """Token counts T = G + 1 measured: 1, 2, 3, ⌈(γ_max + 1)/2⌉ and γ_max + 1."""
+    return sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
+
+
+def scratch_len(gamma_max: int, repeats: int = REPEATS) -> int:
+    """Tokens a scratch row can reach: its prompt, the warm-up round, and
+    every measured round advancing it by at most G + 1 (a plain step is undone)."""
+    rounds = repeats * (WARM_CALLS[False] + 1) * sum(T for T in token_grid(gamma_max) if T > 1)
+    return PROMPT_LEN + (gamma_max + 1) + rounds + 1
 
 
 def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, new_cache, new_request,
-                        repeats: int = 3, clock=time.perf_counter) -> RoundCosts:
+                        repeats: int = REPEATS, clock=time.perf_counter) -> RoundCosts:
     """`RoundCosts` of G = T − 1 drafts per row for T in the token grid (1, 2, 3,
     ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in seconds of `clock`
     (wall, as the engine's phase timers; `time.process_time` on a CPU other
     work shares): the median over `repeats` runs of calls of one kind
     (`_measure_batch`), the runs of each (batch, G) alternating with the
     others of its batch; rows that sample, at the corners of the batch and
-    token grid (`_sampled_terms`). `new_cache(max_seqs, ring_slots)`: a scratch cache of
-    the target holding `scratch_len(gamma_max)` tokens per row; `draft_model`:
+    token grid (`_sampled_terms`). `new_cache(max_seqs, ring_slots, max_len=64)`: a
+    scratch cache of the target holding `max_len` tokens per row; `draft_model`:
     the drafter's model (None: a drafter without one, whose proposals are
     host work learned online); `policy`: the engine's checkpoint policy;
     `new_request(seq_id, params, prompt, first_token)`: an engine request
     that has emitted its first token (`hybridspec.engine.scratch_request`)."""
-    batches = sorted(set(batches))
-    tokens = sorted({1, 2, 3, (gamma_max + 2) // 2, gamma_max + 1} & set(range(1, gamma_max + 2)))
-    scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max,
-                                new_cache=new_cache, new_request=new_request)
+    batches, tokens = sorted(set(batches)), token_grid(gamma_max)
+    scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max, new_cache=new_cache,
+                                new_request=new_request, max_len=scratch_len(gamma_max, repeats))
     replay = ReplayPrice.of(policy, target, gamma_max, batches, new_cache, clock)  # None: the policy never replays
     scratch = functools.partial(scratch, replay=replay)
     greedy = [_measure_batch(scratch(b), tokens, repeats, clock) for b in batches]
@@ -164,16 +171,20 @@ def _absorb_s(draft_model, batch: int, repeats: int, clock) -> float:
 
 class ScratchRounds:
     """`batch` scratch requests, greedy or sampling at `temperature`, on scratch
-    caches of the target and (with `draft_model`) a drafter, caught up;
-    `plain_step` and `round` time one plain step or one round and put both
-    models back where they were."""
+    caches of the target and (with `draft_model`) a drafter, caught up, of up
+    to `max_len` tokens per row; `plain_step` times one plain step and undoes
+    it, `round` times one round and commits it as an engine does (the next
+    round writes new positions and slots: a round repeated on the same ones
+    finds them in cache, which an engine's rounds do not)."""
 
     def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache, new_request,
-                 temperature: float = 0.0, replay: ReplayPrice | None = None):
+                 temperature: float = 0.0, replay: ReplayPrice | None = None, max_len: int | None = None):
         halves = ring_halves_by_default(target.device)
-        self.target, self.cache = target, new_cache(batch, policy.ring_size(gamma_max, halves=halves))
+        max_len = scratch_len(gamma_max) if max_len is None else max_len
+        self.target = target
+        self.cache = new_cache(batch, policy.ring_size(gamma_max, halves=halves), max_len=max_len)
         self.new_cache, self.gamma_max, self.replay = new_cache, gamma_max, replay
-        pages = -(-scratch_len(gamma_max) // 16)
+        pages = -(-max_len // 16)
         self.drafter = None if draft_model is None else ModelDrafter(
             draft_model, gamma_max, dict(max_seqs=batch, num_blocks=batch * pages, block_size=16))
         vocab = target.vocab_size
@@ -209,7 +220,7 @@ class ScratchRounds:
         return {"forward_s": forward_end - began, "sampling_s": sampled - forward_end, "host_s": ended - sampled}
 
     def round(self, G: int, clock) -> dict[str, float]:
-        """One `Speculator.round` of G drafts per row, its terms, reverted afterwards."""
+        """One `Speculator.round` of G drafts per row, its terms; the rows take what it gave."""
         if self.speculator is None:
             return {"forward_s": self._verify_only(G + 1, clock)}
         stats = EngineStats()
@@ -218,8 +229,9 @@ class ScratchRounds:
         round = self.speculator.round(self.requests, self.rows, stats, [G] * len(self.ids))
         device_sync(self.target.device)()
         total = clock() - began
-        self.speculator.revert(round)
-        phases = stats.seconds  # the backlog is none: the warm-up round absorbed the prompts
+        for request, result in zip(self.requests, round.results):
+            request.emit(result)
+        phases = stats.seconds  # the backlog is none: the warm-up round absorbed the prompts, rounds keep up
         return {"forward_s": phases["verify"], "draft_s": phases["draft"], "sampling_s": phases["sampling"],
                 "commit_s": max(phases["commit"] - self._replayed_s(stats), 0.0),
                 "host_s": max(total - sum(phases.values()), 0.0)}
