@@ -183,6 +183,17 @@ def test_load_and_llm_take_compute(tmp_path):
     assert model.set_compute("float32").backend.compute is torch.float32  # and back
 
 
+@has_bf16
+def test_the_generate_cli_takes_compute(tmp_path, capsys):
+    import json
+    from hybridspec.cli import main
+    granite(seed=8, layer_types=("mamba", "attention"), vocab=256).to(torch.bfloat16).save_pretrained(tmp_path)
+    argv = ["generate", "abcabc", "--model", str(tmp_path), "--draft", "ngram", "-n", "5", "--json"]
+    assert main([*argv, "--compute", "bfloat16"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["token_ids"]) == 5
+
+
 @pytest.mark.parametrize("value", ["bf16", "float16", torch.float64, 16])
 def test_an_unknown_compute_is_a_config_error_naming_it(value):
     with pytest.raises(ConfigError, match="compute=.*must be one of"):
