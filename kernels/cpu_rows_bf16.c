@@ -19,7 +19,8 @@
  * The loop: chunks of CHUNK_ROWS rows; in each, blocks of BLOCK_PAIRS pairs of weight rows, whose
  * activations are rounded once. Up to STREAM_MAX_ROWS rows (a decode step, a verify, a small
  * batch), `step_G` streams the weight in memory order, STEP_PAIRS pairs of rows at a time across
- * the columns, interleaving each 64 columns of a pair (w[2j][n] and w[2j+1][n] side by side: what
+ * the columns (GROUPS_STEP_PAIRS with several groups), the next pass prefetched into L2,
+ * interleaving each 64 columns of a pair (w[2j][n] and w[2j+1][n] side by side: what
  * dpbf16 takes) in registers, for groups of up to STEP_MAX_ROWS rows in turn. More rows: each 64
  * column panel's block is interleaved once into `packed` (the next panel's rows prefetched
  * meanwhile), and `tile_G` keeps the sums of up to TILE_ROWS rows × 64 columns in registers over
@@ -36,7 +37,9 @@
 #define BLOCK_PAIRS 32  /* pairs of weight rows per block: a panel's interleaved block is 8 KiB (L1) */
 #define PANEL 64        /* columns per panel: 4 vectors of 16 sums; the threads split at multiples of 64 */
 #define TILE_ROWS 6     /* 6 rows × 4 vectors of sums + 4 weight vectors + a broadcast: 29 of 32 zmm */
-#define STEP_PAIRS 4    /* pairs of weight rows a streaming step takes across the columns */
+#define STEP_PAIRS 4    /* pairs of weight rows a streaming step takes across the columns, */
+#define GROUPS_STEP_PAIRS 8 /* and with several groups (the later ones reading the pass from cache: longer
+                             * passes load and store the sums less often) */
 #define STEP_MAX_ROWS 4 /* rows per streaming step: 4 × 4 sums, 4 + 4 weight vectors, 2 indices */
 /* rows up to which the weight streams through the steps, groups of up to STEP_MAX_ROWS in turn (the
  * later groups reading the rows from cache): faster than the tiles from 1 to 20 rows when the weight
@@ -127,9 +130,9 @@ DEFINE_TILE(4)
 DEFINE_TILE(5)
 DEFINE_TILE(6)
 
-/* Few rows (a decode step, a drafter's): the weight streamed in memory order instead, STEP_PAIRS pairs
- * of weight rows at a time across all the columns (2·STEP_PAIRS sequential streams, the rows after
- * them prefetched), y[0:G, c0:c1] += xp's G rows (BLOCK_PAIRS apart) by pairs j0 <= j < j1 of w */
+/* Few rows (a decode step, a verify, a small batch): the weight streamed in memory order, a pass of
+ * pairs j0 <= j < j1 of weight rows across all the columns (2·(j1 - j0) sequential streams),
+ * y[0:G, c0:c1] += xp's G rows (BLOCK_PAIRS apart) by that pass */
 #define DEFINE_STEP(G)                                                                                       \
     TARGET_BF16 static void step_##G(const uint32_t *xp, const uint16_t *w, int64_t K, int64_t N, int64_t j0, \
                                      int64_t j1, int64_t c0, int64_t c1, float *y, int64_t ldy) {            \
@@ -143,14 +146,15 @@ DEFINE_TILE(6)
                     acc[g][v] = _mm512_maskz_loadu_ps(mask[v], y + g * ldy + (n0 - c0) + 16 * v);            \
             for (int64_t j = j0; j < j1; ++j) {                                                              \
                 const uint16_t *r0 = w + 2 * j * N + n0, *r1 = 2 * j + 1 < K ? r0 + N : 0;                   \
-                const uint16_t *ahead = r0 + 2 * STEP_PAIRS * N;                                             \
-                if (2 * (j + STEP_PAIRS) < K) {                                                              \
-                    _mm_prefetch((const char *)ahead, _MM_HINT_T0);                                          \
-                    _mm_prefetch((const char *)(ahead + 32), _MM_HINT_T0);                                   \
+                /* the next pass's rows, into L2 (a pass of a wide weight outgrows L1) */                  \
+                const uint16_t *ahead = r0 + 2 * (j1 - j0) * N;                                              \
+                if (2 * (j + j1 - j0) < K) {                                                                 \
+                    _mm_prefetch((const char *)ahead, _MM_HINT_T1);                                          \
+                    _mm_prefetch((const char *)(ahead + 32), _MM_HINT_T1);                                   \
                 }                                                                                            \
-                if (2 * (j + STEP_PAIRS) + 1 < K) {                                                          \
-                    _mm_prefetch((const char *)(ahead + N), _MM_HINT_T0);                                    \
-                    _mm_prefetch((const char *)(ahead + N + 32), _MM_HINT_T0);                               \
+                if (2 * (j + j1 - j0) + 1 < K) {                                                             \
+                    _mm_prefetch((const char *)(ahead + N), _MM_HINT_T1);                                    \
+                    _mm_prefetch((const char *)(ahead + N + 32), _MM_HINT_T1);                               \
                 }                                                                                            \
                 __m512i p[4];                                                                                \
                 interleave(r0, r1, cols, p);                                                                 \
@@ -192,11 +196,12 @@ TARGET_BF16 void hs_bf16_columns(const float *x, int64_t ldx, const uint16_t *w,
             round_pairs(x, ldx, m0, m1, K, j0, j1, xp);
             if (m1 - m0 <= STREAM_MAX_ROWS) {
                 const int64_t groups = (m1 - m0 + STEP_MAX_ROWS - 1) / STEP_MAX_ROWS;
-                for (int64_t j = j0; j < j1; j += STEP_PAIRS)
+                const int64_t pass = groups > 1 ? GROUPS_STEP_PAIRS : STEP_PAIRS;
+                for (int64_t j = j0; j < j1; j += pass)
                     for (int64_t group = 0; group < groups; ++group) {
                         const int64_t g0 = m0 + (m1 - m0) * group / groups, g1 = m0 + (m1 - m0) * (group + 1) / groups;
-                        STEPS[g1 - g0](xp + (g0 - m0) * BLOCK_PAIRS + j - j0, w, K, N, j,
-                                       j + STEP_PAIRS < j1 ? j + STEP_PAIRS : j1, c0, c1, y + g0 * ldy, ldy);
+                        STEPS[g1 - g0](xp + (g0 - m0) * BLOCK_PAIRS + j - j0, w, K, N, j, j + pass < j1 ? j + pass : j1,
+                                       c0, c1, y + g0 * ldy, ldy);
                     }
                 continue;
             }

@@ -66,7 +66,6 @@ class Linear:
     """F.linear(x, weight, bias) as one product over the flattened rows (`torch.mm`
     on a cached transposed view).  # [..., out]"""
     reads_16bit = False  # whether the products read a float32 weight's exact 16-bit copy
-    compute = torch.float32  # what the products multiply in: float32 (exact), or bfloat16 (NativeBf16Linear)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
@@ -103,7 +102,6 @@ class NativeBf16Linear(NativeLinear):
     AVX512-BF16), at any row count; where the kernel declines a call (autograd), torch
     multiplies the same rounded values. A float32 weight (one a norm or another part also
     uses, `pack_for_cpu`) takes `NativeLinear`'s exact products."""
-    compute = torch.bfloat16
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))

@@ -71,6 +71,20 @@ def test_an_odd_row_stride_and_a_one_row_view_are_taken():
     assert torch.equal(product(x, w_t), product(x.contiguous(), w_t))
 
 
+@has_bf16
+def test_the_op_multiplies_the_same_rounded_values_where_the_kernel_declines():
+    """Under autograd torch runs the product: the same rounded activations, its own sums."""
+    from hybridspec.kernels import ops
+    g = torch.Generator().manual_seed(9)
+    x, weight = torch.randn(3, 130, generator=g), torch.randn(70, 130, generator=g).bfloat16()
+    weight = weight.t().contiguous().t()  # input-major, as pack_for_cpu stores it
+    kernel = ops.NATIVE_BF16_LINEAR(x, weight)
+    torched = ops.NATIVE_BF16_LINEAR(x.clone().requires_grad_(), weight)
+    assert torched.requires_grad
+    assert torch.allclose(torched.detach(), kernel, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(kernel, x.bfloat16().float() @ weight.float().t(), rtol=1e-5, atol=1e-5)
+
+
 # -- the models -----------------------------------------------------------------------------------
 
 def pair(seed: int = 2, **shape):
