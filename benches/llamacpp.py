@@ -57,9 +57,9 @@ FULL = dict(hidden_size=1024, num_hidden_layers=12, attention_layers=(5, 11), in
 QUICK = dict(hidden_size=64, num_hidden_layers=3, attention_layers=(1,), intermediate_size=128,
              num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
              vocab_size=512)
-# our name: the converter's --outtype. "bf16-compute": the bfloat16 weights with our opt-in fast path
-# (`compute="bfloat16"`: activations rounded to bfloat16, AVX512-BF16 dot products, as llama.cpp's bf16
-# does), run by default where the CPU has AVX512-BF16
+# our name: the converter's --outtype. "bf16-compute" (asked for with --weights; a CPU with AVX512-BF16):
+# the bfloat16 weights under our opt-in fast path (`compute="bfloat16"`: activations rounded to bfloat16,
+# the BF16 dot product, as llama.cpp's bf16 does; not the float32 bits)
 WEIGHTS = {"float32": "f32", "bfloat16": "bf16", "bf16-compute": "bf16"}
 
 
@@ -209,13 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=None, help="default 128 2048")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 64")
     parser.add_argument("--thread-counts", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--weights", nargs="+", choices=tuple(WEIGHTS), default=None,
-                        help="default: all (bf16-compute where the CPU has AVX512-BF16)")
+    parser.add_argument("--weights", nargs="+", choices=tuple(WEIGHTS), default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=None, help="default 3")
     args = parser.parse_args(argv)
     import hybridspec as hs
-    from hybridspec.kernels import cpu_native
-    args.weights = args.weights or [w for w in WEIGHTS if w != "bf16-compute" or cpu_native.bf16_compute_supported()]
 
     shape = QUICK if args.quick else FULL
     prompt_lens = args.prompt_lens or ([16] if args.quick else [128, 2048])

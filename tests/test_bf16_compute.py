@@ -232,3 +232,19 @@ def test_a_gpu_or_a_float64_model_is_a_config_error():
     with pytest.raises(ConfigError, match="runs on CPU for a float32 model"):
         backend.check_compute("bfloat16", "cpu", torch.float64)
     assert backend.check_compute(None) is torch.float32 and backend.check_compute("float32", "cuda") is torch.float32
+
+
+@has_bf16
+def test_the_llamacpp_bench_times_the_fast_path(tmp_path, monkeypatch):
+    """benches/llamacpp.py --weights bf16-compute: the bf16 copy under compute="bfloat16" (tiny model;
+    the llama.cpp side skipped without a converter), its logits near HF's but not at float32's 1e-6."""
+    import json
+    from test_benches_quick import BENCHES, bench_main
+    monkeypatch.syspath_prepend(str(BENCHES))
+    out = tmp_path / "llamacpp.json"
+    assert bench_main("llamacpp")(["--quick", "--weights", "bf16-compute", "--thread-counts", "1", "--out",
+                                   str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [c["weights"] for c in payload["checks"]] == ["bf16-compute"]
+    assert 1e-6 < payload["checks"][0]["ours_vs_hf"] < 0.5
+    assert {(r["weights"], r["threads"]) for r in payload["rows"]} == {("bf16-compute", 1)}
