@@ -24,7 +24,6 @@ from .codec import ByteCodec, TokenizerCodec, byte_codec, has_tokenizer, load_to
 from .embedded import embedded_paths
 from .engine import Engine, Output
 from .errors import ConfigError, InvalidRequestError
-from .kernels.backend import check_compute
 from .logprobs import TokenLogprob
 from .models.hybrid import HybridModel
 from .sampling import SamplingParams
@@ -115,7 +114,7 @@ class LLM:
                  tensor_parallel_size: int | None = None, compute: str | torch.dtype | None = None):
         dtype = load_dtype(model_dtype(dtype), device)
         if compute is not None:  # checked before anything is loaded
-            compute = check_compute(compute, device, model.dtype if isinstance(model, HybridModel) else dtype)
+            compute = HybridModel.compute_for(compute, device, model.dtype if isinstance(model, HybridModel) else dtype)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
         self.target = as_model(embedded_target if model is None else model, dtype, device, tensor_parallel_size or 1,
                                compute)

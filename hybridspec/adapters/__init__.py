@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from ..config import HybridConfig
-from ..kernels.backend import check_compute
 from ..errors import CheckpointError, ConfigError, UnsupportedModelError
 from ..models.hybrid import HALF_DTYPES, HybridModel, storable_16bit
 from .checkpoint_files import describe_files, read_config, read_weights
@@ -94,7 +93,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     `checkpoint_files`, `validate`); tensors the adapter knows to be present
     and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
     the model's `load_report`."""
-    compute = check_compute(compute, device, dtype)
+    compute = HybridModel.compute_for(compute, device, dtype)
     if compute is torch.bfloat16 and dtype is None:
         dtype = torch.float32
     path = Path(path)

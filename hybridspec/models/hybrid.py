@@ -239,6 +239,13 @@ class HybridModel(Kernelled, nn.Module):
         """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
         return [self.layers[i].recurrent for i in self.config.mamba_layers]
 
+    @staticmethod
+    def compute_for(compute: str | torch.dtype | None, device, dtype: torch.dtype | None) -> torch.dtype:
+        """The products' compute `set_compute(compute)` takes for a model on `device` in `dtype`
+        (`kernels.backend.check_compute`): a ConfigError where it cannot run, before a model is
+        loaded or changed."""
+        return backends.check_compute(compute, device, dtype)
+
     def set_compute(self, compute: str | torch.dtype | None) -> "HybridModel":
         """What the products (the linear layers, the LM head) multiply in: "float32"
         (None, the default: exact, bfloat16 weights widened as they load) or
@@ -252,7 +259,7 @@ class HybridModel(Kernelled, nn.Module):
         and stays rounded after a later "float32". A ConfigError
         (`backend.check_compute`) before anything changes for an unknown value, a
         GPU, a non-float32 model or a CPU without AVX512-BF16. Returns self."""
-        compute = backends.check_compute(compute, self.device, self.dtype)
+        compute = self.compute_for(compute, self.device, self.dtype)
         self.compute = compute
         if compute is torch.bfloat16:
             return self.pack_for_cpu()  # the weights in bfloat16, rebound
