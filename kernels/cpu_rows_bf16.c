@@ -42,8 +42,8 @@
                              * passes load and store the sums less often) */
 #define STEP_MAX_ROWS 4 /* rows per streaming step: 4 × 4 sums, 4 + 4 weight vectors, 2 indices */
 /* rows up to which the weight streams through the steps, groups of up to STEP_MAX_ROWS in turn (the
- * later groups reading the rows from cache): faster than the tiles from 1 to 20 rows when the weight
- * comes from memory (docs/results/llamacpp.md) */
+ * later groups reading the pass from cache): faster than the tiles from 5 to 12 rows when the weight
+ * comes from memory, and even up to 20 (docs/results/llamacpp.md, "bfloat16 compute") */
 #define STREAM_MAX_ROWS 24
 #define CHUNK_ROWS 96   /* rows whose rounded block of activations is kept (12 KiB of stack) */
 
