@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
                         help="dtype the model computes in (default: float32 on a CPU, where a bf16 checkpoint's "
                              "linear weights stay bf16 in memory, exactly; the checkpoint's elsewhere)")
+    parser.add_argument("--compute", choices=("float32", "bfloat16"), default=None,
+                        help="what the products multiply in: float32 (default, exact) or bfloat16 (the fast path on CPUs with "
+                             "AVX512-BF16: activations rounded to bf16, close to float32, not its bits)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads on CPU (default: 1 for models of hidden size < 2048 such as "
                              "the embedded pair, torch's default otherwise)")
@@ -124,7 +127,7 @@ def load_models(args: argparse.Namespace, dtype, device: str):
     from .cli_args import load_checkpoint
     from .embedded import embedded_paths
     kwargs = dict(dtype=dtype, device=device)
-    shards = dict(kwargs, tensor_parallel_size=args.tensor_parallel_size)
+    shards = dict(kwargs, tensor_parallel_size=args.tensor_parallel_size, compute=args.compute)  # the target's
     if args.model is None:
         target_dir, draft_dir = embedded_paths()
         target, target_name = hs.load(target_dir, **shards), "embedded target"

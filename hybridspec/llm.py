@@ -83,6 +83,17 @@ class LLM:
         on a CPU, where a bf16 checkpoint's linear weights and embedding
         stay bfloat16 in memory, exactly (fp16: float16); the checkpoint's
         own elsewhere).
+    compute: what the target's products multiply in (`HybridModel.set_compute`):
+        None or "float32" (default: exact, the float32 bits), or "bfloat16", the
+        opt-in fast path on CPUs with AVX512-BF16: the linear layers and LM head
+        round their activations to bfloat16 and use the CPU's BF16 dot product
+        (float32 sums; norms, recurrences and attention stay float32). Close to
+        float32, not its bits; speculative output still equals plain output
+        within it. A separate option from `dtype`, which names the model's own
+        dtype (every op's, as in HF and vLLM): a bfloat16 `dtype` on a CPU runs
+        everything through torch in bfloat16, several times slower. A
+        HybridModel `model` is switched in place. A ConfigError before anything
+        is loaded where it cannot run (a GPU, a CPU without AVX512-BF16).
     threads: torch intra-op threads for CPU runs (a process-wide torch
         setting); default None: `hybridspec.threads.default_threads` (1 for
         the embedded pair).
@@ -100,10 +111,13 @@ class LLM:
                  device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
                  max_batch_size: int = 16, max_model_len: int | None = None,
                  eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool | None = None,
-                 tensor_parallel_size: int | None = None):
+                 tensor_parallel_size: int | None = None, compute: str | torch.dtype | None = None):
         dtype = load_dtype(model_dtype(dtype), device)
+        if compute is not None:  # checked before anything is loaded
+            compute = HybridModel.compute_for(compute, device, model.dtype if isinstance(model, HybridModel) else dtype)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
-        self.target = as_model(embedded_target if model is None else model, dtype, device, tensor_parallel_size or 1)
+        self.target = as_model(embedded_target if model is None else model, dtype, device, tensor_parallel_size or 1,
+                               compute)
         if draft == DEFAULT_DRAFT:
             draft = embedded_draft if model is None else "ngram"
         self.codec = as_codec(tokenizer, model, self.target.vocab_size)
@@ -182,13 +196,14 @@ def load_dtype(dtype: torch.dtype | None, device) -> torch.dtype | None:
     return dtype
 
 
-def as_model(model, dtype, device, tensor_parallel_size: int = 1) -> HybridModel:
+def as_model(model, dtype, device, tensor_parallel_size: int = 1, compute: torch.dtype | None = None) -> HybridModel:
     """A HybridModel from a checkpoint directory, this rank's shard of it with
-    tensor_parallel_size > 1 (or the model itself)."""
+    tensor_parallel_size > 1 (or the model itself), its products in `compute`
+    where that is given (`HybridModel.set_compute`)."""
     if isinstance(model, HybridModel):
-        return model
+        return model if compute is None or compute is model.compute else model.set_compute(compute)
     if isinstance(model, (str, Path)):
-        return load(model, dtype=dtype, device=device, tensor_parallel_size=tensor_parallel_size)
+        return load(model, dtype=dtype, device=device, tensor_parallel_size=tensor_parallel_size, compute=compute)
     raise ConfigError(f"expected a checkpoint directory or a HybridModel, got a {type(model).__name__}")
 
 

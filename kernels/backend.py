@@ -21,7 +21,18 @@ The choice, by name (`CHOICES`):
   TRITON_INTERPRET=1, to run the GPU path in tests);
 - "torch": the torch references everywhere (to tell a kernel bug from a
   runtime bug).
-It comes from `use_backend(name)` (the one override, for this process), else
+The products' compute (`COMPUTES`, `check_compute`) is a second, per-model choice:
+"float32" (default) multiplies float32 (or exact 16-bit copies widened as they
+load: the float32 bits); "bfloat16", the opt-in fast path on CPUs with
+AVX512-BF16, rounds each product's activations to bfloat16 and multiplies the
+bfloat16 weights with the CPU's BF16 dot product, float32 sums
+(`cpu_rows_bf16.c`): close to float32, not its bits. It changes the products
+only (the linear layers and the LM head: layer by layer, in the blocks and in
+the whole forward); norms, recurrences, conv windows and attention stay
+float32. It applies where the native kernels run; under "torch" or "triton"
+the products are those backends' own.
+
+The name comes from `use_backend(name)` (the one override, for this process), else
 the environment variable HYBRIDSPEC_BACKEND, else "auto"; a bad value is a
 ConfigError. `select` reads it when a model binds (construction,
 `pack_for_cpu`, `to`) or a cache is made, never per call: after changing it,
@@ -40,6 +51,7 @@ from hybridspec.kernels import cpu_native, ops
 
 BACKEND_ENV = "HYBRIDSPEC_BACKEND"
 CHOICES = ("auto", "native", "native-blocks", "native-ops", "triton", "torch")
+COMPUTES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what the products multiply in
 
 _override: str | None = None  # `use_backend`
 
@@ -48,6 +60,29 @@ def check_choice(name: str, source: str) -> str:
     if name not in CHOICES:
         raise ConfigError(f"{source}={name!r} must be one of {CHOICES}; unset it (or pass None) for 'auto'")
     return name
+
+
+def check_compute(compute: str | torch.dtype | None, device="cpu", dtype: torch.dtype | None = None) -> torch.dtype:
+    """The products' compute named by `compute` ("float32", the default and exact, or
+    "bfloat16", `COMPUTES`; None: float32) for a model on `device` in `dtype`. "bfloat16"
+    needs a float32 model on a CPU whose native kernels run with AVX512-BF16. Raises
+    ConfigError naming the value and the fix otherwise; changes nothing."""
+    if compute is None:
+        return torch.float32
+    named = compute if compute in COMPUTES.values() else COMPUTES.get(compute) if isinstance(compute, str) else None
+    if named is None:
+        raise ConfigError(f"compute={compute!r} must be one of {tuple(COMPUTES)} (or None for 'float32', exact)")
+    if named is torch.float32:
+        return named
+    if torch.device(device).type != "cpu" or dtype not in (None, torch.float32):
+        raise ConfigError(f"compute={compute!r} runs on CPU for a float32 model (device 'cpu', dtype float32, "
+                          f"the CPU default), not device {str(device)!r} dtype {dtype}; for 16-bit on a GPU "
+                          "pass dtype='bfloat16', or leave compute unset")
+    if not cpu_native.bf16_compute_supported():
+        raise ConfigError(f"compute={compute!r} needs a CPU with AVX512-BF16 and the native CPU kernels, which "
+                          "this machine lacks (or they are off); leave compute unset (or 'float32'): the exact "
+                          "path, which reads a bf16 checkpoint's weights in 16 bits too")
+    return named
 
 
 def choice() -> str:
@@ -104,6 +139,7 @@ class Backend:
     writes_any_slot: bool
     graphable: bool
     captures: bool
+    compute: torch.dtype = torch.float32  # what the products multiply in (`COMPUTES`)
 
     def __deepcopy__(self, memo) -> "Backend":  # stateless: a deep-copied model shares it
         return self
@@ -114,19 +150,24 @@ class Backend:
         return self.linear.reads_16bit
 
 
-def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None, sharded: bool = False) -> Backend:
+def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None, sharded: bool = False,
+           compute: torch.dtype = torch.float32) -> Backend:
     """The backend for a model or cache on `device` computing in `dtype` under
     `name` (default: `choice()`); `sharded`: the model is one tensor-parallel
     shard, whose layers sum their outputs across ranks between the ops, so no
-    native block or whole forward runs it."""
+    native block or whole forward runs it. `compute` (`check_compute`'s):
+    bfloat16 makes the native products the bfloat16 ones where they run."""
     name = choice() if name is None else check_choice(name, "backend")
     device = torch.device(device)
     native = (name.startswith("native") or name == "auto") and device.type == "cpu" and dtype is torch.float32 \
         and bool(cpu_native.library())
     triton = name == "triton" or (name in ("auto", "native", "native-blocks", "native-ops") and device.type == "cuda")
     kind = "native" if native else "triton" if triton else "torch"
+    compute = compute if native and compute is torch.bfloat16 and cpu_native.bf16_compute_supported() \
+        else torch.float32
+    linear = ops.NATIVE_BF16_LINEAR if compute is torch.bfloat16 else ops.LINEAR[kind]
     return Backend(
-        name=name, device=device, dtype=dtype, linear=ops.LINEAR[kind], norm=ops.NORM[kind],
+        name=name, device=device, dtype=dtype, linear=linear, norm=ops.NORM[kind],
         rotary=ops.ROTARY[kind], conv_window=ops.CONV_WINDOW[kind], mamba2_steps=ops.MAMBA2_STEPS[kind],
         mamba1_steps=ops.MAMBA1_STEPS[kind], mamba2_replay=ops.MAMBA2_REPLAY[kind],
         mamba1_replay=ops.MAMBA1_REPLAY[kind], gdn_steps=ops.GDN_STEPS[kind], gdn_replay=ops.GDN_REPLAY[kind],
@@ -134,7 +175,7 @@ def select(device: torch.device | str, dtype: torch.dtype, name: str | None = No
         kv_write=ops.KV_WRITE[kind], rejection=ops.REJECTION[kind],
         native_blocks=native and not sharded and name in ("auto", "native", "native-blocks"),
         whole_forward=native and not sharded and name in ("auto", "native"),
-        writes_any_slot=triton, graphable=triton, captures=triton and device.type == "cuda")
+        writes_any_slot=triton, graphable=triton, captures=triton and device.type == "cuda", compute=compute)
 
 
 def reference() -> Backend:

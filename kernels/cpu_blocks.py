@@ -77,17 +77,17 @@ class Block:
     `static()` is what its C call takes that only the layer decides, made on
     first use and remade when a weight's storage moves."""
 
-    def __init__(self, layer: LayerDesc):
-        self.layer, self._static = layer, None
+    def __init__(self, layer: LayerDesc, compute: torch.dtype = torch.float32):
+        self.layer, self.compute, self._static = layer, compute, None
 
     def static(self) -> _Static:
         static = self._static
         if static is None or not static.current():
-            static = self._static = self.make_static(self.layer)
+            static = self._static = self.make_static(self.layer, self.compute)
         return static
 
     @staticmethod
-    def make_static(layer: LayerDesc) -> _Static:
+    def make_static(layer: LayerDesc, compute: torch.dtype) -> _Static:
         raise NotImplementedError
 
 
@@ -105,17 +105,18 @@ class LayerBlocks(NamedTuple):
     mlp: "MLPBlock | None"
 
     @staticmethod
-    def of(layer: LayerDesc, native: bool = True) -> "LayerBlocks":
-        """The blocks the native path takes of `layer` (none unless `native`)."""
+    def of(layer: LayerDesc, native: bool = True, compute: torch.dtype = torch.float32) -> "LayerBlocks":
+        """The blocks the native path takes of `layer` (none unless `native`), their products in
+        `compute` (`backend.select`)."""
         if not native:
             return NO_BLOCKS
         plain = not layer.shared_block
         mixer = None
         if plain and isinstance(layer.mixer, Mamba2Desc):
-            mixer = Mamba2Block(layer)
+            mixer = Mamba2Block(layer, compute)
         elif plain and isinstance(layer.mixer, AttentionDesc):
-            mixer = AttentionBlock(layer)
-        return LayerBlocks(mixer, MLPBlock(layer) if plain and isinstance(layer.ffn, MLPDesc) else None)
+            mixer = AttentionBlock(layer, compute)
+        return LayerBlocks(mixer, MLPBlock(layer, compute) if plain and isinstance(layer.ffn, MLPDesc) else None)
 
 
 NO_BLOCKS = LayerBlocks(None, None)
@@ -135,9 +136,9 @@ def _products_take(*weights: torch.Tensor) -> bool:
     return all(cpu_native.weight_dtype_ok(w) and _input_major(w) for w in weights)
 
 
-def _weight(weight: torch.Tensor) -> int:
+def _weight(weight: torch.Tensor, compute: torch.dtype) -> int:
     """A product weight [out, in] as the kernels take it: its input-major data's tagged address."""
-    return cpu_native.weight_address(weight.t())
+    return cpu_native.weight_address(weight.t(), compute)
 
 
 # rows (batch · inputs) up to which a block runs: the rows `linear` gives the product kernel (the
@@ -165,7 +166,7 @@ class MLPBlock(Block):
         return mlp_block(self, h)
 
     @staticmethod
-    def make_static(layer: LayerDesc) -> _Static:
+    def make_static(layer: LayerDesc, compute: torch.dtype) -> _Static:
         mlp, norm = layer.ffn, layer.ffn_norm
         weights = [norm.weight, mlp.gate, mlp.up, mlp.down] if mlp.gate is not None else [norm.weight]
         ok = (mlp.gate is not None and mlp.activation == "silu" and mlp.up_bias is None and mlp.gate_bias is None
@@ -173,8 +174,8 @@ class MLPBlock(Block):
               and _float32_cpu(norm.weight) and _products_take(*weights[1:]))
         if not ok:
             return _Static(weights, False)
-        return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, _weight(mlp.gate), _weight(mlp.up),
-                                       _weight(mlp.down), mlp.up.shape[0]))
+        return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, _weight(mlp.gate, compute),
+                                       _weight(mlp.up, compute), _weight(mlp.down, compute), mlp.up.shape[0]))
 
 
 def mlp_block(block: MLPBlock, h: torch.Tensor) -> torch.Tensor | None:
@@ -207,7 +208,7 @@ class Mamba2Block(MixerBlock):
     multipliers, the default Δ limits, a conv window of at most 16."""
 
     @staticmethod
-    def make_static(layer: LayerDesc) -> _Static:
+    def make_static(layer: LayerDesc, compute: torch.dtype) -> _Static:
         m, norm = layer.mixer, layer.mixer_norm
         vectors = [m.dt_bias, m.A, m.D, *(() if m.norm_weight is None else (m.norm_weight,)),
                    *(() if m.conv_bias is None else (m.conv_bias,))]
@@ -220,9 +221,9 @@ class Mamba2Block(MixerBlock):
             return _Static(weights, False)
         sizes = (m.d_inner, m.num_heads, m.head_dim, m.n_groups, m.d_state, m.d_conv, m.conv_dim, m.in_proj.shape[0])
         return _Static(weights, True, (
-            norm.weight.data_ptr(), norm.eps, _weight(m.in_proj), m.conv_kernel.data_ptr(),
+            norm.weight.data_ptr(), norm.eps, _weight(m.in_proj, compute), m.conv_kernel.data_ptr(),
             None if m.conv_bias is None else m.conv_bias.data_ptr(), m.dt_bias.data_ptr(), m.A.data_ptr(),
-            m.D.data_ptr(), m.norm_weight.data_ptr(), m.group_size, _weight(m.out_proj), sizes))
+            m.D.data_ptr(), m.norm_weight.data_ptr(), m.group_size, _weight(m.out_proj, compute), sizes))
 
     def run(self, static: _Static, h: torch.Tensor, batch, cache) -> torch.Tensor | None:
         return _mamba2_block(self.layer.mixer, static, h, batch, cache, self.layer.residual_multiplier)
@@ -271,7 +272,7 @@ class AttentionBlock(MixerBlock):
     """h + attention(norm(h)): no biases; the rotary embedding over its dims or none."""
 
     @staticmethod
-    def make_static(layer: LayerDesc) -> _Static:
+    def make_static(layer: LayerDesc, compute: torch.dtype) -> _Static:
         a, norm = layer.mixer, layer.mixer_norm
         projections = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
         weights = [norm.weight, *projections]
@@ -282,7 +283,7 @@ class AttentionBlock(MixerBlock):
               and (a.inv_freq is None or (a.inv_freq.is_contiguous() and 2 * a.inv_freq.numel() == a.rotary_dim)))
         if not ok:
             return _Static(weights, False)
-        return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, *map(_weight, projections),
+        return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, *(_weight(w, compute) for w in projections),
                                        None if a.inv_freq is None else a.inv_freq.data_ptr(), a.rotary_dim // 2,
                                        a.softmax_scale, a.kv_layer, (a.num_heads, a.num_kv_heads, a.head_dim)))
 

@@ -75,10 +75,10 @@ class _Table:
 
     def __init__(self, whole: "WholeForward", cache):
         self.tensors = [whole.desc.embed, whole.desc.lm_head, whole.desc.final_norm.weight]  # + each layer's
-        self.ok = self._build(whole.desc, whole.blocks, cache)
+        self.ok = self._build(whole.desc, whole.blocks, cache, whole.compute)
         self.ptrs = [t.data_ptr() for t in self.tensors]
 
-    def _build(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks], cache) -> bool:
+    def _build(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks], cache, compute: torch.dtype) -> bool:
         if desc.dtype is not torch.float32:
             return False
         head_t = desc.lm_head.t()
@@ -107,7 +107,7 @@ class _Table:
                 record.mlp, record.mlp_norm, record.mlp_eps = 1, norm_w, eps
                 record.gate_t, record.up_t, record.down_t, record.inter = gate_t, up_t, down_t, inter
         self.layers = layers
-        self.head_t = cpu_native.weight_address(head_t)
+        self.head_t = cpu_native.weight_address(head_t, compute)
         self.final_w, self.final_eps = final.data_ptr(), desc.final_norm.eps
         self.hidden, self.vocab = desc.embed.shape[1], head_t.shape[1]
         self.embed_strides = desc.embed.stride()
@@ -181,13 +181,13 @@ class WholeForward:
     path), and a table per cache, made on first use and remade when a tensor it
     names has moved. A model that replaces its parameters makes a new one."""
 
-    def __init__(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks]):
-        self.desc, self.blocks = desc, blocks
+    def __init__(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks], compute: torch.dtype = torch.float32):
+        self.desc, self.blocks, self.compute = desc, blocks, compute  # compute: the LM head's (the blocks' own)
         self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> _Table
 
     def __deepcopy__(self, memo) -> "WholeForward":
         """A copy over the copied descriptors (a deep-copied model's), with no tables: they name caches."""
-        return WholeForward(copy.deepcopy(self.desc, memo), copy.deepcopy(self.blocks, memo))
+        return WholeForward(copy.deepcopy(self.desc, memo), copy.deepcopy(self.blocks, memo), self.compute)
 
     def table(self, cache) -> _Table:
         table = self._tables.get(cache)

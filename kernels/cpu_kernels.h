@@ -20,6 +20,12 @@ int hs_threads(void);
 #define HS_BF16_WEIGHT 1
 #define HS_F16_WEIGHT 2
 #define HS_WEIGHT_TYPE 3 /* the bits that say the type */
+/* both bits: bfloat16 data multiplied in bfloat16 compute (activations rounded to bfloat16, AVX512-BF16
+ * dot products, float32 sums; not the float32 bits: the opt-in fast path, cpu_rows_bf16.c) */
+#define HS_BF16_COMPUTE 3
+int hs_bf16_supported(void);
+void hs_bf16_columns(const float *x, int64_t ldx, const uint16_t *w, int64_t M, int64_t K, int64_t N, float *y,
+                     int64_t ldy, int64_t c0, int64_t c1);
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);
 int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int count, const float *const *w,
                         const int64_t *N, float *const *y);

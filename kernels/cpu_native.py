@@ -6,6 +6,8 @@ Seven kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`
   (weights float32 or their exact bfloat16 / float16 copies, `cpu_rows_weights.h`);
+  `cpu_rows_bf16.c`: the same products in bfloat16 compute (AVX512-BF16), the
+  opt-in fast path (`compute="bfloat16"`, not the float32 bits);
 - `cpu_mamba2.c` (`cpu_mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu_mamba1.c` (`cpu_mamba1.py`): the same for the Mamba-1 mixer;
@@ -52,7 +54,7 @@ import torch
 
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("cpu_pool.c", "cpu_rows.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_gdn.c", "cpu_conv.c",
+                for name in ("cpu_pool.c", "cpu_rows.c", "cpu_rows_bf16.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_gdn.c", "cpu_conv.c",
                              "cpu_norm.c", "cpu_rope.c", "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("cpu_simd.h", "cpu_kernels.h", "cpu_rows_weights.h"))
@@ -101,6 +103,7 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {  # function: argument types (all return int: 0, or -1 for arguments it does not take)
     "hs_rows_matmul": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr],
     "hs_rows_isa": [ctypes.c_int],
+    "hs_bf16_supported": [],
     "hs_set_threads": [ctypes.c_int],
     "hs_forward": [_ptr],  # one hs_forward_args struct (cpu_forward.py)
     **{f"hs_{name}_call": [_ptr] for name in ARGUMENTS},  # one hs_<name>_args struct (`arguments`)
@@ -242,10 +245,23 @@ def weight_dtype_ok(weight: torch.Tensor) -> bool:
     return weight.dtype in WEIGHT_TYPE_BITS and weight.is_cpu and weight.data_ptr() % 4 == 0
 
 
-def weight_address(weight: torch.Tensor) -> int:
+BF16_COMPUTE_BITS = 3  # HS_BF16_COMPUTE: bfloat16 data multiplied in bfloat16 compute (cpu_rows_bf16.c)
+
+
+def weight_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -> int:
     """A product weight's address as the kernels take it: 16-bit data carries
-    its type's bit (cpu_rows.c, "weight storage")."""
+    its type's bit (cpu_rows.c, "weight storage"); a bfloat16 weight under
+    `compute` bfloat16 both bits (the opt-in fast products, cpu_rows_bf16.c)."""
+    if compute is torch.bfloat16 and weight.dtype is torch.bfloat16:
+        return weight.data_ptr() | BF16_COMPUTE_BITS
     return weight.data_ptr() | WEIGHT_TYPE_BITS[weight.dtype]
+
+
+def bf16_compute_supported() -> bool:
+    """Whether the products in bfloat16 compute run here: the kernels built and
+    a CPU with AVX512-BF16 (`hs_bf16_supported`)."""
+    lib = library()
+    return bool(lib) and lib.hs_bf16_supported() == 1
 
 
 def takes_forward(plan, *tensors: torch.Tensor) -> bool:

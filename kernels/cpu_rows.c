@@ -268,7 +268,9 @@ typedef struct {
 /* columns c0 <= n < c1 of the product into y (rows ldy floats apart), by the weight's type */
 static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
                             int parts) {
-    if (j->type == HS_BF16_WEIGHT)
+    if (j->type == HS_BF16_COMPUTE)
+        hs_bf16_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1);
+    else if (j->type == HS_BF16_WEIGHT)
         product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
     else if (j->type == HS_F16_WEIGHT)
         product_columns_f16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
@@ -336,7 +338,7 @@ int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int c
     int64_t widest = 0, macs = 0;
     for (int i = 0; i < count; ++i) {
         const int type = (int)((uintptr_t)w[i] & HS_WEIGHT_TYPE);
-        if (N[i] < 0 || type == HS_WEIGHT_TYPE) return -1;
+        if (N[i] < 0 || (type == HS_BF16_COMPUTE && !hs_bf16_supported())) return -1;
         job.jobs[i] = (product_job){x, (const void *)((uintptr_t)w[i] & ~(uintptr_t)HS_WEIGHT_TYPE), y[i], ldx, M, K,
                                     N[i], type};
         widest = N[i] > widest ? N[i] : widest;

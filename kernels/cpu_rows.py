@@ -66,15 +66,26 @@ def applies(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
             and cpu_native.weight_dtype_ok(weight_t) and cpu_native.takes(x))
 
 
-def rows_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight_t [K, N] -> [M, N] with the C kernel; the caller checked `applies`."""
+def applies_bf16(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
+    """Whether `rows_matmul(x, weight_t, torch.bfloat16)` runs: `applies`' conditions at any row
+    count (the bfloat16 products have no faster path for many rows to give way to, and a row's
+    bits then never depend on the call's rows), for a bfloat16 weight."""
+    return (x.shape[0] > 0 and weight_t.dtype is torch.bfloat16 and x.dim() == 2 and x.stride(1) == 1
+            and (x.shape[0] == 1 or x.stride(0) >= x.shape[1]) and weight_t.is_contiguous()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad))
+            and cpu_native.weight_dtype_ok(weight_t) and cpu_native.takes(x))
+
+
+def rows_matmul(x: torch.Tensor, weight_t: torch.Tensor, compute: torch.dtype = torch.float32) -> torch.Tensor:
+    """x [M, K] @ weight_t [K, N] -> [M, N] with the C kernel; the caller checked `applies`
+    (`applies_bf16` for `compute` bfloat16: x rounded to bfloat16, `cpu_rows_bf16.c`)."""
     M, K = x.shape
     N = weight_t.shape[1]
     if weight_t.shape[0] != K:
         raise ValueError(f"rows_matmul: x is {tuple(x.shape)} but the weight is {tuple(weight_t.shape)}")
     out = torch.empty(M, N, dtype=torch.float32)
     row_stride = x.stride(0) if M > 1 else K  # a one-row view may carry any row stride
-    if cpu_native.library().hs_rows_matmul(x.data_ptr(), row_stride, cpu_native.weight_address(weight_t), M, K, N,
+    if cpu_native.library().hs_rows_matmul(x.data_ptr(), row_stride, cpu_native.weight_address(weight_t, compute), M, K, N,
                                            out.data_ptr()) != 0:
         raise ValueError(f"rows_matmul: sizes not taken: x {tuple(x.shape)} stride {x.stride()}, weight "
                          f"{tuple(weight_t.shape)}")

@@ -96,6 +96,27 @@ class NativeLinear(Linear):
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
 
+class NativeBf16Linear(NativeLinear):
+    """The products in bfloat16 compute (the opt-in fast path, `compute="bfloat16"`): a
+    bfloat16 weight multiplies x rounded to bfloat16 with float32 sums (`cpu_rows_bf16.c`,
+    AVX512-BF16), at any row count; where the kernel declines a call (autograd), torch
+    multiplies the same rounded values. A float32 weight (one a norm or another part also
+    uses, `pack_for_cpu`) takes `NativeLinear`'s exact products."""
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
+        weight_t = transposed(weight)
+        if weight_t.dtype is not torch.bfloat16:
+            return super().__call__(x, weight, bias)
+        if cpu_rows.applies_bf16(rows, weight_t):
+            out = cpu_rows.rows_matmul(rows, weight_t, torch.bfloat16)
+        else:
+            out = torch.mm(rows.to(torch.bfloat16).to(rows.dtype), weight_t.to(rows.dtype))
+        if bias is not None:
+            out += bias
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
+
 # -- RMSNorm ----------------------------------------------------------------------------------------
 
 class Norm:
@@ -358,6 +379,7 @@ class Rejection:
 # -- one table per op: backend kind -> implementation -----------------------------------------------
 
 LINEAR = {"torch": Linear(), "triton": Linear(), "native": NativeLinear()}
+NATIVE_BF16_LINEAR = NativeBf16Linear()  # the native products in bfloat16 compute (`backend.select`'s `compute`)
 NORM = {"torch": Norm(), "triton": Norm(), "native": NativeNorm()}
 ROTARY = {"torch": Rotary(), "triton": Rotary(), "native": NativeRotary()}
 CONV_WINDOW = {"torch": ConvWindow(), "triton": TritonConvWindow(), "native": NativeConvWindow()}

@@ -70,7 +70,7 @@ def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None,
-         tensor_parallel_size: int = 1) -> HybridModel:
+         tensor_parallel_size: int = 1, compute: str | torch.dtype | None = None) -> HybridModel:
     """Load a checkpoint directory: config.json + safetensors shards (with
     model.safetensors.index.json when sharded) or pytorch_model.bin, in HF
     layout or mamba_ssm's layout, from local files only.
@@ -82,12 +82,20 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     values in that type, exactly: load a bf16 or fp16 checkpoint with
     dtype=torch.float32 on CPU; default None: on CPU). tensor_parallel_size:
     > 1, this process's shard over a torch.distributed group of that many
-    ranks (`hybridspec.tp`).
+    ranks (`hybridspec.tp`). compute: what the products multiply in
+    (`HybridModel.set_compute`): None or "float32" (default, exact), or
+    "bfloat16", the opt-in fast path on CPUs with AVX512-BF16 (a float32 model
+    whose products round their activations to bfloat16: close to float32, not
+    its bits; dtype None then means float32); a ConfigError before anything is
+    read where it cannot run.
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise CheckpointError (see
     `checkpoint_files`, `validate`); tensors the adapter knows to be present
     and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
     the model's `load_report`."""
+    compute = HybridModel.compute_for(compute, device, dtype)
+    if compute is torch.bfloat16 and dtype is None:
+        dtype = torch.float32
     path = Path(path)
     cfg = read_config(path)
     config_file = str(path / "config.json")
@@ -117,6 +125,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     del weights
     if pack:
         model.pack_for_cpu()
+    if compute is not torch.float32:
+        model.set_compute(compute)
     return model
 
 

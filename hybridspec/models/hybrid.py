@@ -168,6 +168,7 @@ class HybridModel(Kernelled, nn.Module):
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
         self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
+        self.compute = torch.float32  # what the products multiply in (`set_compute`)
         self.tensor_parallel = None  # the TensorParallel group this model is a shard over (`shard_over`)
         self.vocab_shard: tuple[int, int] | None = None  # (first id, rows) of a vocab-parallel shard's tables
         self.load_report = None  # hybridspec.adapters.LoadReport after hs.from_hf / hs.load: tensors left unused
@@ -208,15 +209,15 @@ class HybridModel(Kernelled, nn.Module):
         never per forward."""
         self.backend_name = name
         backend = self.backend = backends.select(self.device, self.dtype, name,
-                                                 sharded=self.tensor_parallel is not None)
+                                                 sharded=self.tensor_parallel is not None, compute=self.compute)
         for module in self.modules():
             if isinstance(module, Kernelled):
                 module.ops = backend
         desc = self.describe()
-        blocks = [LayerBlocks.of(layer, backend.native_blocks) for layer in desc.layers]
+        blocks = [LayerBlocks.of(layer, backend.native_blocks, backend.compute) for layer in desc.layers]
         for layer, layer_blocks in zip(self.layers, blocks):
             layer.blocks = layer_blocks
-        self.whole = WholeForward(desc, blocks) if backend.whole_forward else NO_WHOLE_FORWARD
+        self.whole = WholeForward(desc, blocks, backend.compute) if backend.whole_forward else NO_WHOLE_FORWARD
         self.greedy_chain = GreedyChain(self, self.whole) if backend.whole_forward else None
 
     @property
@@ -237,6 +238,33 @@ class HybridModel(Kernelled, nn.Module):
     def recurrent_layers(self) -> list[RecurrentLayer]:
         """The layers with recurrent state, in state-pool order (`state_layer` 0, 1, …)."""
         return [self.layers[i].recurrent for i in self.config.mamba_layers]
+
+    @staticmethod
+    def compute_for(compute: str | torch.dtype | None, device, dtype: torch.dtype | None) -> torch.dtype:
+        """The products' compute `set_compute(compute)` takes for a model on `device` in `dtype`
+        (`kernels.backend.check_compute`): a ConfigError where it cannot run, before a model is
+        loaded or changed."""
+        return backends.check_compute(compute, device, dtype)
+
+    def set_compute(self, compute: str | torch.dtype | None) -> "HybridModel":
+        """What the products (the linear layers, the LM head) multiply in: "float32"
+        (None, the default: exact, bfloat16 weights widened as they load) or
+        "bfloat16", the opt-in fast path on CPUs with AVX512-BF16: each product's
+        activations rounded to bfloat16 and multiplied by bfloat16 weights with the
+        CPU's BF16 dot product, float32 sums (`kernels/cpu_rows_bf16.c`). Close to
+        float32, not its bits; within the path a row's bits do not depend on the other
+        rows of its call nor on the thread count, so speculative output equals plain
+        output and batches do not change a row. With "bfloat16" a product weight that
+        is not a bfloat16 value is rounded to one (a bf16 checkpoint's are already),
+        and stays rounded after a later "float32". A ConfigError
+        (`backend.check_compute`) before anything changes for an unknown value, a
+        GPU, a non-float32 model or a CPU without AVX512-BF16. Returns self."""
+        compute = self.compute_for(compute, self.device, self.dtype)
+        self.compute = compute
+        if compute is torch.bfloat16:
+            return self.pack_for_cpu()  # the weights in bfloat16, rebound
+        self.bind_backend(self.backend_name)
+        return self
 
     def pack_for_cpu(self, exact_16bit: bool = True) -> "HybridModel":
         """Store every linear weight input-major ([out, in] with its transpose
@@ -262,7 +290,9 @@ class HybridModel(Kernelled, nn.Module):
 
         The packed weights are copies: a model from `from_hf` stops sharing them
         with the HF model (one more copy while that lives); `load` packs on CPU
-        by default, where nothing else holds them. Tied weights stay tied. Returns self."""
+        by default, where nothing else holds them. Tied weights stay tied. Under
+        `set_compute("bfloat16")` every such linear weight is stored in bfloat16,
+        rounded where it is not one. Returns self."""
         def key(weight):  # one tensor's memory, a view of another included
             return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
@@ -278,9 +308,14 @@ class HybridModel(Kernelled, nn.Module):
         # a decode step with the kernels off slower than from float32
         exact_16bit = exact_16bit and float32 and self.backend.reads_16bit_weights
 
-        def storage(weight) -> torch.dtype:
-            """bfloat16, else float16, where that is exact and allowed; a 16-bit weight of a float32 model
-            (`load`'s) else widened; any other weight as it is."""
+        rounded = float32 and self.compute is torch.bfloat16  # the products multiply bfloat16 weights
+
+        def storage(weight, product: bool = True) -> torch.dtype:
+            """bfloat16, else float16, where that is exact and allowed (a product weight: bfloat16 under
+            bfloat16 compute); a 16-bit weight of a float32 model (`load`'s) else widened; any other
+            weight as it is."""
+            if rounded and product and key(weight) not in elsewhere:
+                return torch.bfloat16
             if exact_16bit and key(weight) not in elsewhere:
                 for half in HALF_DTYPES:
                     if weight.dtype is half or exact_in(weight, half):
@@ -305,7 +340,7 @@ class HybridModel(Kernelled, nn.Module):
                 if key(weight) in packed:
                     setattr(module, name, packed[key(weight)])
         embed = self.embed  # untied: stays [vocab, hidden], rows contiguous for the lookup
-        if key(embed) not in packed and (dtype := storage(embed)) is not embed.dtype:
+        if key(embed) not in packed and (dtype := storage(embed, product=False)) is not embed.dtype:
             self.embed = param(embed.detach().to(dtype))
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
             self._widen_16bit(keep=lambda module, name, weight: (products(module, name, weight)

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Jinja chat template (a file or the template itself) used instead of the tokenizer's")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None, help="model dtype (default float32 on CPU)")
+    parser.add_argument("--compute", choices=("float32", "bfloat16"), default=None,
+                        help="what the products multiply in: float32 (default, exact) or bfloat16 (the fast path on CPUs with "
+                             "AVX512-BF16: activations rounded to bf16, close to float32, not its bits)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for CPU runs")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
@@ -65,7 +68,8 @@ def build_llm(args: argparse.Namespace, device: str):
     return LLM(args.model, draft=draft, tokenizer=args.tokenizer, num_draft_tokens=args.num_draft_tokens,
                max_draft_tokens=args.max_draft_tokens, verify=args.verify, device=device, dtype=args.dtype,
                threads=args.threads, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
-               prefix_cache=True if args.prefix_cache else None, tensor_parallel_size=args.tensor_parallel_size)
+               prefix_cache=True if args.prefix_cache else None, tensor_parallel_size=args.tensor_parallel_size,
+               compute=args.compute)
 
 
 def served_name(args: argparse.Namespace) -> str:
