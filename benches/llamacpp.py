@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="default 3")
     parser.add_argument("--draft-layers", type=int, default=None, help="the speculative draft's layers (default 2; 1 quick)")
     parser.add_argument("--gamma", type=int, default=4, help="drafts per round")
-    parser.add_argument("--scale", type=float, default=0.1,
+    parser.add_argument("--scale", type=float, default=0.01,
                         help="λ: the target's layers past the draft's have their output projections times λ")
     args = parser.parse_args(argv)
     import hybridspec as hs
