@@ -16,7 +16,9 @@
  * own OpenMP threads between our jobs, another process), a pausing thread
  * holds its core for its whole time slice and the thread it waits for, or the
  * caller's serial work, runs on what is left; a yielding one hands the core
- * over and still sees a job within a system call's time on an idle core.
+ * over and still sees a job within a system call's time on an idle core. A
+ * job no helper has claimed within CLAIM_NS goes back to its caller whole
+ * (`hs_parallel` returns 0).
  * One job uses the helpers at a time: a job
  * submitted while they serve another (another Python thread: the C calls
  * release the GIL) gets 0 back and runs on its caller. A forked child starts
@@ -35,6 +37,7 @@
 #include "cpu_kernels.h"
 
 #define MAX_THREADS 64
+#define CLAIM_NS 10000 /* how long a caller waits for a helper to claim a part before it takes the job back */
 #define SPIN_NS 3000000 /* how long an idle helper stays awake before it sleeps: a few decode steps' host work */
 
 /* pool.ticket: the job's generation (bits 32-63), its parts (16-31) and the next unclaimed part (0-15) */
@@ -151,6 +154,21 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts) {
         pthread_mutex_lock(&pool.lock);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
+    }
+    /* No helper claimed a part within CLAIM_NS (its core held by other work, or asleep): take the
+     * whole job back and let the caller run it as one part. Alone, the caller would otherwise run
+     * the parts one after another, each a narrower pass over a product's weight rows than one
+     * pass, or wait for a helper that claims a part late. Where a helper is awake on its own
+     * core it claims within a sched_yield call, and its part ends the job either way. */
+    for (const int64_t until = now_ns() + CLAIM_NS; TICKET_NEXT(atomic_load(&pool.ticket)) == 1;) {
+        if (now_ns() > until) {
+            uint64_t posted = TICKET(generation + 1, parts, 1);
+            if (atomic_compare_exchange_strong(&pool.ticket, &posted, TICKET(generation + 1, parts, parts))) {
+                pthread_mutex_unlock(&pool.busy);
+                return 0;
+            }
+            break;
+        }
     }
     fn(ctx, 0, parts);
     run_claimed();
