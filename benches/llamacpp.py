@@ -17,6 +17,18 @@ hybridspec, ...), medians of `--repeats` with min-max in the JSON. Before
 timing, the runtimes are checked to agree on the model: the last prompt
 position's float32 logits against HF's, and the greedy tokens.
 
+Speculative rows for hybridspec (issue: "plain and speculative for us"): the
+draft is the target's first `--draft-layers` layers with its embedding, final
+norm and LM head (a layer-skip draft, copies of the weights), γ =
+`--gamma`. Random weights give a random draft nothing to agree on, so, as
+`e2e.py`'s random pair does, the target's later layers have their output
+projections scaled by `--scale` (λ) for every run here, llama.cpp's
+included (the same weights everywhere; a dense model's speed does not depend
+on its values): λ = 0 makes the draft exact, larger λ lowers acceptance. The
+table gives our speculative decode against llama.cpp's plain decode, the
+acceptance rate reached, and whether the issue's target (≥ 1.5× llama.cpp
+plain) is met; the speculative tokens are checked equal to the plain ones.
+
 llama.cpp is not a dependency and nothing here builds it. To run the
 comparison, once:
 
@@ -61,11 +73,15 @@ QUICK = dict(hidden_size=64, num_hidden_layers=3, attention_layers=(1,), interme
 # the bfloat16 weights under our opt-in fast path (`compute="bfloat16"`: activations rounded to bfloat16,
 # the BF16 dot product, as llama.cpp's bf16 does; not the float32 bits)
 WEIGHTS = {"float32": "f32", "bfloat16": "bf16", "bf16-compute": "bf16"}
+OUTPUT_PROJECTIONS = ("mamba.out_proj.weight", "self_attn.o_proj.weight", "shared_mlp.output_linear.weight")
+SPEC_TARGET = 1.5  # the issue's: speculative decode at least this times llama.cpp's plain decode
 
 
-def build_granite(shape: dict, seed: int = 0, bf16_values: bool = False):
+def build_granite(shape: dict, seed: int = 0, bf16_values: bool = False, scale_from: int | None = None,
+                  scale: float = 1.0):
     """A random float32 GraniteMoeHybridForCausalLM, dense shared MLP, no positional embedding
-    (Granite-4.0-H's); with `bf16_values` every weight rounded to a bfloat16 value."""
+    (Granite-4.0-H's); the output projections of layers >= `scale_from` multiplied by `scale`
+    (see the module docstring); with `bf16_values` every weight then rounded to a bfloat16 value."""
     from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
     shape = dict(shape)
     attention = shape.pop("attention_layers")
@@ -77,12 +93,32 @@ def build_granite(shape: dict, seed: int = 0, bf16_values: bool = False):
         tie_word_embeddings=False, pad_token_id=0, bos_token_id=None, eos_token_id=None, **GRANITE_MULTIPLIERS)
     torch.manual_seed(seed)
     model = GraniteMoeHybridForCausalLM(config).float().eval()
+    if scale_from is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                parts = name.split(".")
+                if name.endswith(OUTPUT_PROJECTIONS) and parts[1] == "layers" and int(parts[2]) >= scale_from:
+                    p.mul_(scale)
     if bf16_values:
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.bfloat16().float())
     model.generation_config.eos_token_id = None
     return model
+
+
+def layer_skip_draft(hf_target, draft_layers: int):
+    """A GraniteMoeHybridForCausalLM of the target's first `draft_layers` layers, embedding, final
+    norm and LM head (copies of the weights)."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+    config = hf_target.config.to_dict()
+    config.update(num_hidden_layers=draft_layers, layer_types=config["layer_types"][:draft_layers])
+    draft = GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**config)).float().eval()
+    missing = draft.load_state_dict(hf_target.state_dict(), strict=False).missing_keys
+    if missing:
+        raise RuntimeError(f"layer-skip draft: no target weights for {missing}")
+    draft.generation_config.eos_token_id = None
+    return draft
 
 
 # -- llama.cpp -------------------------------------------------------------------------------------
@@ -165,25 +201,45 @@ class LlamaRunner:
 # -- hybridspec ------------------------------------------------------------------------------------
 
 class OursRunner:
-    """hs.Engine over the packed model: greedy decode of one prompt."""
+    """hs.Engine over the packed model, plain or with a draft (γ drafts per round): greedy
+    decode of one prompt."""
 
-    def __init__(self, target, max_len: int):
+    def __init__(self, target, max_len: int, draft=None, gamma: int = 4):
         import hybridspec as hs
         self.hs, self.target = hs, target
-        self.engine = hs.Engine(target, max_batch_size=1, max_model_len=max_len, prefix_cache=False)
-
-    def generate(self, prompt: list[int], new_tokens: int) -> list[int]:
-        params = self.hs.SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-        return self.engine.generate([prompt], params)[0].token_ids
+        self.speculative = draft is not None
+        spec = dict(draft=draft, num_draft_tokens=gamma) if self.speculative else {}
+        self.engine = hs.Engine(target, max_batch_size=1, max_model_len=max_len, prefix_cache=False, **spec)
 
     def run(self, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
-        """(greedy tokens, prefill seconds, decode seconds of the tokens after the first): the
-        prefill is a generate of one token (the first token comes from the prefill's logits)."""
+        """(greedy tokens, prefill seconds, decode seconds of the tokens after the first), from one
+        request: the prefill ends when it emits the first token (`Engine.step`'s first_tokens,
+        called before that step's round). The decode seconds are those of the steps after the
+        first, scaled to the new_tokens - 1 tokens: the first step's round is where a draft
+        absorbs the prompt (`ModelDrafter.start`), prefill work that at a long prompt outweighs
+        the decode. When the first step ends the request, from the first token instead."""
+        params = self.hs.SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        tokens, first = [], []
+
+        def on_first(outputs):
+            first.append(time.perf_counter())
+            tokens.extend(t for out in outputs for t in out.token_ids)
+        self.engine.stats.reset()
         start = time.perf_counter()
-        self.generate(prompt, 1)
-        prefilled = time.perf_counter()
-        tokens = self.generate(prompt, new_tokens)
-        return tokens, prefilled - start, time.perf_counter() - prefilled - (prefilled - start)
+        self.engine.add_request(prompt, params)
+        steps = []  # (time, tokens so far) after each step
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step(first_tokens=on_first):
+                tokens.extend(out.token_ids)
+            steps.append((time.perf_counter(), len(tokens)))
+        (after_first, emitted), end = steps[0], steps[-1][0]
+        if len(tokens) > emitted:
+            return tokens, first[0] - start, (end - after_first) * (new_tokens - 1) / (len(tokens) - emitted)
+        return tokens, first[0] - start, end - first[0]
+
+    def acceptance_rate(self) -> float | None:
+        """The last generate's accepted / drafted tokens (None: plain)."""
+        return self.engine.stats.as_dict()["acceptance_rate"] if self.speculative else None
 
     def last_logits(self, prompt: list[int]) -> torch.Tensor:
         from hybridspec.cache.hybrid_cache import HybridCache
@@ -211,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thread-counts", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--weights", nargs="+", choices=tuple(WEIGHTS), default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=None, help="default 3")
+    parser.add_argument("--draft-layers", type=int, default=None, help="the speculative draft's layers (default 2; 1 quick)")
+    parser.add_argument("--gamma", type=int, default=4, help="drafts per round")
+    parser.add_argument("--scale", type=float, default=0.01,
+                        help="λ: the target's layers past the draft's have their output projections times λ")
     args = parser.parse_args(argv)
     import hybridspec as hs
 
@@ -218,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt_lens = args.prompt_lens or ([16] if args.quick else [128, 2048])
     new_tokens = args.new_tokens or (4 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 3)
+    draft_layers = args.draft_layers or (1 if args.quick else 2)
     missing = llama_cpp_missing()
     threads_before = torch.get_num_threads()
     g = torch.Generator().manual_seed(1)
@@ -232,11 +293,13 @@ def main(argv: list[str] | None = None) -> int:
             except (FileNotFoundError, tarfile.TarError) as exc:
                 missing = str(exc)
         for weights in args.weights:
-            hf = build_granite(shape, bf16_values=weights != "float32")
+            hf = build_granite(shape, bf16_values=weights != "float32", scale_from=draft_layers, scale=args.scale)
             target = hs.from_hf(hf).pack_for_cpu()
             if weights == "bf16-compute":
                 target.set_compute("bfloat16")
             ours = OursRunner(target, max(prompt_lens) + new_tokens + 8)
+            draft = hs.from_hf(layer_skip_draft(hf, draft_layers)).pack_for_cpu()
+            ours_spec = OursRunner(target, max(prompt_lens) + new_tokens + args.gamma + 8, draft, args.gamma)
             params = target.num_parameters()
             print(f"Granite-4.0-H-shaped random model: {params / 1e6:.1f}M parameters, {weights} weights; "
                   f"{describe_machine()}", flush=True)
@@ -254,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             check = dict(weights=weights, prompt_len=len(prompt),
                          ours_vs_hf=float((ours.last_logits(prompt) - reference).abs().max()))
             ours_tokens = ours.run(prompt, new_tokens)[0]
+            check["spec_equals_plain"] = ours_spec.run(prompt, new_tokens)[0] == ours_tokens
             if llamas:
                 llama = llamas[args.thread_counts[0]]
                 llama.run(prompt, 1)  # the prompt alone: its last position's logits
@@ -267,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agreement ({weights}): {check}", flush=True)
             for n, prompt in prompts.items():
                 for threads in args.thread_counts:
-                    runners = {"hybridspec": ours, **({"llama.cpp": llamas[threads]} if llamas else {})}
+                    runners = {"hybridspec": ours, "hybridspec speculative": ours_spec,
+                               **({"llama.cpp": llamas[threads]} if llamas else {})}
                     samples = {name: ([], []) for name in runners}
+                    accepted = []
                     for name, runner in runners.items():  # warm-up
                         set_threads(threads)
                         runner.run(prompt, min(new_tokens, 4))
@@ -278,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                             _, prefill_s, decode_s = runner.run(prompt, new_tokens)
                             samples[name][0].append(n / prefill_s)
                             samples[name][1].append((new_tokens - 1) / decode_s)
-                    row = dict(weights=weights, prompt_len=n, threads=threads)
+                            if runner is ours_spec:
+                                accepted.append(runner.acceptance_rate())
+                    row = dict(weights=weights, prompt_len=n, threads=threads, draft_layers=draft_layers,
+                               gamma=args.gamma, scale=args.scale, acceptance_rate=statistics.median(accepted))
                     for name, (prefill, decode) in samples.items():
                         row[f"{name} decode tok/s"] = spread(decode)
                         row[f"{name} prefill tok/s"] = spread(prefill)
@@ -286,29 +355,41 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{weights}, prompt {n}, {threads} thread(s): " + ", ".join(
                         f"{name} decode {statistics.median(d):.1f} prefill {statistics.median(p):.0f} tok/s"
                         for name, (p, d) in samples.items()), flush=True)
-            del llamas, ours, target, hf
+            del llamas, ours, ours_spec, draft, target, hf
     set_threads(threads_before)
     table = []
     for row in rows:
         cells = dict(weights=row["weights"], prompt=row["prompt_len"], threads=row["threads"],
                      ours_decode=row["hybridspec decode tok/s"]["median"],
-                     ours_prefill=row["hybridspec prefill tok/s"]["median"])
+                     ours_prefill=row["hybridspec prefill tok/s"]["median"],
+                     spec_decode=row["hybridspec speculative decode tok/s"]["median"],
+                     acceptance=row["acceptance_rate"])
         if "llama.cpp decode tok/s" in row:
             cells.update(llama_decode=row["llama.cpp decode tok/s"]["median"],
                          llama_prefill=row["llama.cpp prefill tok/s"]["median"])
             cells.update(decode_ratio=cells["ours_decode"] / cells["llama_decode"],
-                         prefill_ratio=cells["ours_prefill"] / cells["llama_prefill"])
+                         prefill_ratio=cells["ours_prefill"] / cells["llama_prefill"],
+                         spec_ratio=cells["spec_decode"] / cells["llama_decode"])
+            cells["spec_target_met"] = cells["spec_ratio"] >= SPEC_TARGET
         table.append(cells)
     print_table(table, [("weights", "weights"), ("prompt", "prompt"), ("threads", "threads"),
                         ("ours_decode", "ours decode tok/s"), ("llama_decode", "llama.cpp decode tok/s"),
                         ("decode_ratio", "decode ×"), ("ours_prefill", "ours prefill tok/s"),
                         ("llama_prefill", "llama.cpp prefill tok/s"), ("prefill_ratio", "prefill ×")],
                 title=f"batch-1 greedy, {new_tokens} new tokens, medians of {repeats} (hybridspec / llama.cpp)")
+    print_table(table, [("weights", "weights"), ("prompt", "prompt"), ("threads", "threads"),
+                        ("ours_decode", "ours plain tok/s"), ("spec_decode", "ours speculative tok/s"),
+                        ("acceptance", "acceptance"), ("llama_decode", "llama.cpp plain tok/s"),
+                        ("spec_ratio", "speculative / llama.cpp plain"),
+                        ("spec_target_met", f"≥ {SPEC_TARGET}× (target)")],
+                title=f"speculative decode: draft = the first {draft_layers} layers, γ = {args.gamma}, later "
+                      f"layers' output projections × λ = {args.scale:g} (every runtime, the same weights)")
     if missing:
         print(f"llama.cpp side skipped: {missing}", flush=True)
     write_json(args.out or "llamacpp.json", dict(
         bench="llamacpp", quick=args.quick, model=dict(family="granitemoehybrid", **shape, **GRANITE_MULTIPLIERS),
         new_tokens=new_tokens, repeats=repeats, thread_counts=args.thread_counts, llama_cpp_skipped=missing,
+        speculative=dict(draft_layers=draft_layers, gamma=args.gamma, scale=args.scale, target_vs_llama=SPEC_TARGET),
         checks=checks, rows=rows, table=table))
     return 0
 

@@ -5,12 +5,21 @@
  * `hs_set_threads` (kept at torch's intra-op thread count by
  * `cpu_native.sync_threads`) says how many threads a job may use.
  *
- * Helpers are started on first need and kept. After a job they spin for
+ * Helpers are started on first need and kept. After a job they stay awake for
  * SPIN_NS (a forward's jobs follow each other within microseconds, and the
  * next decode step's first job comes after the host's work between steps),
  * then sleep on a condition variable; a job wakes them through it only when
  * one sleeps, so a forward's jobs cost an atomic store each to start and the
- * helpers' claims. One job uses the helpers at a time: a job
+ * helpers' claims. Awake and idle, a helper (and a caller waiting for the
+ * helpers' parts) looks for work between calls to sched_yield, not pause
+ * instructions: where more threads are runnable than there are cores (torch's
+ * own OpenMP threads between our jobs, another process), a pausing thread
+ * holds its core for its whole time slice and the thread it waits for, or the
+ * caller's serial work, runs on what is left; a yielding one hands the core
+ * over and still sees a job within a system call's time on an idle core. A
+ * job no helper has claimed within CLAIM_NS goes back to its caller whole
+ * (`hs_parallel` returns 0).
+ * One job uses the helpers at a time: a job
  * submitted while they serve another (another Python thread: the C calls
  * release the GIL) gets 0 back and runs on its caller. A forked child starts
  * with no helpers and makes its own.
@@ -19,8 +28,8 @@
  * results do not depend on the thread count. Built with the other kernels by
  * `cpu_native.py`; used by `cpu_rows.c` (the products) and `cpu_mamba2.c`.
  */
-#include <immintrin.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
@@ -28,8 +37,8 @@
 #include "cpu_kernels.h"
 
 #define MAX_THREADS 64
-#define SPIN_NS 3000000 /* how long an idle helper spins before it sleeps: a few decode steps' host work */
-#define SPIN_CHECK 256  /* pause instructions between looks at the clock */
+#define CLAIM_NS 10000 /* how long a caller waits for a helper to claim a part before it takes the job back */
+#define SPIN_NS 3000000 /* how long an idle helper stays awake before it sleeps: a few decode steps' host work */
 
 /* pool.ticket: the job's generation (bits 32-63), its parts (16-31) and the next unclaimed part (0-15) */
 #define TICKET(generation, parts, next) ((uint64_t)(generation) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
@@ -80,12 +89,9 @@ static void *helper(void *arg) {
     uint32_t seen = (uint32_t)(uintptr_t)arg;
     for (;;) {
         uint32_t now = TICKET_GENERATION(atomic_load(&pool.ticket));
-        for (int64_t until = now == seen ? now_ns() + SPIN_NS : 0; now == seen;) {
-            for (int spin = 0; now == seen && spin < SPIN_CHECK; ++spin) {
-                _mm_pause();
-                now = TICKET_GENERATION(atomic_load(&pool.ticket));
-            }
-            if (now == seen && now_ns() > until) break;
+        for (int64_t until = now == seen ? now_ns() + SPIN_NS : 0; now == seen && now_ns() < until;) {
+            sched_yield();
+            now = TICKET_GENERATION(atomic_load(&pool.ticket));
         }
         if (now == seen) {
             /* counted before the generation is read again: a caller that then reads no sleeper has
@@ -149,9 +155,24 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts) {
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
     }
+    /* No helper claimed a part within CLAIM_NS (its core held by other work, or asleep): take the
+     * whole job back and let the caller run it as one part. Alone, the caller would otherwise run
+     * the parts one after another, each a narrower pass over a product's weight rows than one
+     * pass, or wait for a helper that claims a part late. Where a helper is awake on its own
+     * core it claims within a sched_yield call, and its part ends the job either way. */
+    for (const int64_t until = now_ns() + CLAIM_NS; TICKET_NEXT(atomic_load(&pool.ticket)) == 1;) {
+        if (now_ns() > until) {
+            uint64_t posted = TICKET(generation + 1, parts, 1);
+            if (atomic_compare_exchange_strong(&pool.ticket, &posted, TICKET(generation + 1, parts, parts))) {
+                pthread_mutex_unlock(&pool.busy);
+                return 0;
+            }
+            break;
+        }
+    }
     fn(ctx, 0, parts);
     run_claimed();
-    while (atomic_load(&pool.done) < parts - 1) _mm_pause();
+    while (atomic_load(&pool.done) < parts - 1) sched_yield();
     pthread_mutex_unlock(&pool.busy);
     return 1;
 }

@@ -174,6 +174,10 @@ def test_llamacpp_quick_without_a_converter(benches, tmp_path):
     for row in payload["rows"]:
         decode = row["hybridspec decode tok/s"]
         assert decode["min"] <= decode["median"] <= decode["max"]  # (a smoke run: a timing, not a measurement)
+        spec = row["hybridspec speculative decode tok/s"]  # the speculative row: a layer-skip draft
+        assert spec["min"] <= spec["median"] <= spec["max"] and 0.0 <= row["acceptance_rate"] <= 1.0
+    assert all(c["spec_equals_plain"] for c in payload["checks"])  # greedy speculative tokens are the plain ones
+    assert payload["speculative"]["draft_layers"] == 1 and all("spec_decode" in r for r in payload["table"])
 
 
 def test_cpu_kernels_quick(benches, tmp_path):
