@@ -15,8 +15,9 @@ the drafter first), as most rows of a running batch are; the policy is the
 engine's, so snapshot writes are in the forward and replays in the commit.
 Rows are greedy, and a second set samples (temperature 1), timed at the
 corners of the batch and token grid for the sampling and draft terms that
-sampling changes (the rejection kernel, the drafter's q). What start-up cannot see (filters and
-penalties, a loaded machine) the controller learns online (`spec/gamma.py`).
+sampling changes (the rejection kernel, the drafter's q). What start-up
+cannot see (filters and penalties, a loaded machine) the controller learns
+online (`spec/gamma.py`).
 """
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ PROMPT_LEN = 64  # tokens each scratch row holds before the measured rounds: att
 REPEATS = 3  # runs of each kind of call per batch (`_measure_batch`)
 WARM_CALLS = {False: 1, True: 4}  # untimed calls before a timed round (False) or plain step (True)
 ABSORB_LEN = 16  # tokens per row of the measured absorption (a drafter's backlog forward)
-ROUND_TERMS = ("draft_s", "sampling_s", "commit_s", "host_s")  # the terms a scratch round's phases give
 
 
 def token_grid(gamma_max: int) -> list[int]:
@@ -65,20 +65,20 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     work shares): the median over `repeats` runs of calls of one kind
     (`_measure_batch`), the runs of each (batch, G) alternating with the
     others of its batch; rows that sample, at the corners of the batch and
-    token grid (`_sampled_terms`). `new_cache(max_seqs, ring_slots, max_len=64)`: a
-    scratch cache of the target holding `max_len` tokens per row; `draft_model`:
+    token grid (`_sampled_terms`). `new_cache(max_seqs, ring_slots, max_len=64)`:
+    a scratch cache of the target holding `max_len` tokens per row; `draft_model`:
     the drafter's model (None: a drafter without one, whose proposals are
     host work learned online); `policy`: the engine's checkpoint policy;
     `new_request(seq_id, params, prompt, first_token)`: an engine request
     that has emitted its first token (`hybridspec.engine.scratch_request`)."""
     batches, tokens = sorted(set(batches)), token_grid(gamma_max)
-    scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max, new_cache=new_cache,
-                                new_request=new_request, max_len=scratch_len(gamma_max, repeats))
+    corners = sorted({batches[0], batches[-1]})  # the least and most batch
     replay = ReplayPrice.of(policy, target, gamma_max, batches, new_cache, clock)  # None: the policy never replays
-    scratch = functools.partial(scratch, replay=replay)
+    scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max, new_cache=new_cache,
+                                new_request=new_request, max_len=scratch_len(gamma_max, repeats), replay=replay)
     greedy = [_measure_batch(scratch(b), tokens, repeats, clock) for b in batches]
-    extra = {}  # rows that sample, at the least and most batch and token counts
-    for b in sorted({batches[0], batches[-1]}):
+    extra = {}  # rows that sample, at the corners of the batch and token grid
+    for b in corners:
         measured = _measure_batch(scratch(b, temperature=1.0), sorted({1, tokens[-1]}), repeats, clock)
         extra[b] = _extra_of_sampling(greedy[batches.index(b)], measured)
     sampled = [_sampled_terms(row, b, extra, tokens) for b, row in zip(batches, greedy)]
@@ -87,7 +87,7 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
                   for name in SAMPLED_TERMS}
     draft_step = tuple(row[min(2, tokens[-1])].draft_s for row in greedy)  # one step (G = 1), catch-up included
     row_draft_at = {b: _row_draft_s(target, b, tokens[-1], new_cache, repeats, clock)  # per row: linear in between
-                    for b in sorted({batches[0], batches[-1]})}
+                    for b in corners}
     row_draft = tuple(interpolate(list(row_draft_at), list(row_draft_at.values()), b) for b in batches)
     absorb = None if draft_model is None else tuple(_absorb_s(draft_model, b, repeats, clock) for b in batches)
     return RoundCosts(tuple(batches), tuple(tokens), table["forward_s"], draft_step, row_draft,
@@ -178,9 +178,8 @@ class ScratchRounds:
     finds them in cache, which an engine's rounds do not)."""
 
     def __init__(self, target, draft_model, policy, gamma_max: int, batch: int, new_cache, new_request,
-                 temperature: float = 0.0, replay: ReplayPrice | None = None, max_len: int | None = None):
+                 max_len: int, temperature: float = 0.0, replay: ReplayPrice | None = None):
         halves = ring_halves_by_default(target.device)
-        max_len = scratch_len(gamma_max) if max_len is None else max_len
         self.target = target
         self.cache = new_cache(batch, policy.ring_size(gamma_max, halves=halves), max_len=max_len)
         self.new_cache, self.gamma_max, self.replay = new_cache, gamma_max, replay

@@ -27,8 +27,9 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   engine's checkpoint policy at the batch's mean acceptance estimate
   (`RoundCosts.replay`, 0 where every boundary is a snapshot); the terms:
   every term of a round (`hs.sim.RoundTerms`) measured at start-up by
-  running the engine's own plain step and rounds on scratch caches (`hybridspec.startup_costs`), linear between the measured batches
-  and token counts: the target forward of G + 1 tokens per row (with the
+  running the engine's own plain step and rounds on scratch caches
+  (`hybridspec.startup_costs`), linear between the measured batches and
+  token counts: the target forward of G + 1 tokens per row (with the
   engine's snapshot writes), the drafter's part (catch-up and G steps, as
   the drafter runs them), sampling and acceptance, commit, and the round's
   own host bookkeeping; a round whose rows partly sample takes each of the
