@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 
 from hybridspec.errors import CacheFullError, ConfigError
-from hybridspec.sim import (alpha_from_acceptance_rate, replay_probability, round_time,
+from hybridspec.sim import (RoundTime, alpha_from_acceptance_rate, replay_probability, round_time,
                             snapshot_writes_per_round)
 
 from hybridspec.checkpoints.costs import CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
@@ -58,13 +58,19 @@ def expected_round_s(costs: CheckpointCosts, batch: int, gamma: int, alpha: floa
                      log_inputs: bool) -> float:
     """Expected checkpoint + replay seconds of one round (module docstring)."""
     spent = round_time(costs.step_costs(batch), gamma, alpha, snapshot_every, log_inputs)
-    return float(spent.checkpoint_s) + expected_replay_s(costs, batch, gamma, alpha, snapshot_every, log_inputs)
+    return float(spent.checkpoint_s) + _with_launch(spent, costs, batch, gamma, alpha, snapshot_every, log_inputs)
 
 
 def expected_replay_s(costs: CheckpointCosts, batch: int, gamma: int, alpha: float, snapshot_every: int,
                       log_inputs: bool) -> float:
     """Expected replay seconds of one round (module docstring), the log replay's launch included."""
     spent = round_time(costs.step_costs(batch), gamma, alpha, snapshot_every, log_inputs)
+    return _with_launch(spent, costs, batch, gamma, alpha, snapshot_every, log_inputs)
+
+
+def _with_launch(spent: RoundTime, costs: CheckpointCosts, batch: int, gamma: int, alpha: float,
+                 snapshot_every: int, log_inputs: bool) -> float:
+    """`spent`'s replay seconds plus the log replay's launch, paid once per round when any sequence replays."""
     any_replays = 1.0 - (1.0 - replay_probability(alpha, gamma, snapshot_every)) ** batch
     launch = any_replays * costs.at("log_replay_fixed_s", batch) if log_inputs else 0.0
     return float(spent.replay_s) + launch
