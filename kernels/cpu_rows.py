@@ -60,17 +60,20 @@ def vector_path(choice: str | None = None) -> str:
 
 def applies(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
     """Whether `rows_matmul(x, weight_t)` runs for these operands (see the module docstring)."""
-    return (0 < x.shape[0] <= MAX_ROWS and x.dim() == 2 and x.stride(1) == 1
-            and (x.shape[0] == 1 or x.stride(0) >= x.shape[1]) and weight_t.is_contiguous()
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad))
-            and cpu_native.weight_dtype_ok(weight_t) and cpu_native.takes(x))
+    return x.shape[0] <= MAX_ROWS and _operands_ok(x, weight_t)
 
 
 def applies_bf16(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
     """Whether `rows_matmul(x, weight_t, torch.bfloat16)` runs: `applies`' conditions at any row
     count (the bfloat16 products have no faster path for many rows to give way to, and a row's
     bits then never depend on the call's rows), for a bfloat16 weight."""
-    return (x.shape[0] > 0 and weight_t.dtype is torch.bfloat16 and x.dim() == 2 and x.stride(1) == 1
+    return weight_t.dtype is torch.bfloat16 and _operands_ok(x, weight_t)
+
+
+def _operands_ok(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
+    """What the C kernel reads: rows of x contiguous along K (at least one), a contiguous weight of
+    a type it reads, no autograd, float32 x on a CPU where the kernels are built."""
+    return (x.shape[0] > 0 and x.dim() == 2 and x.stride(1) == 1
             and (x.shape[0] == 1 or x.stride(0) >= x.shape[1]) and weight_t.is_contiguous()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad))
             and cpu_native.weight_dtype_ok(weight_t) and cpu_native.takes(x))
