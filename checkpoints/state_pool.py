@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from hybridspec.errors import CacheFullError
+from hybridspec.kernels import huge_pages
 from hybridspec.state_memory import RecurrentStateShape, bytes_per_slot
 
 
@@ -78,8 +79,10 @@ class StatePool:
         self.num_ring_slots = ring_slots
         self.dtype = dtype
         num_slots = max_seqs * ring_slots
-        self.ssm_states = [torch.zeros(num_slots, *s.ssm, dtype=dtype, device=device) for s in self.layer_shapes]
-        self.conv_states = [torch.zeros(num_slots, *s.conv, dtype=dtype, device=device) for s in self.layer_shapes]
+        # on CPU in huge pages: a decode step reads and writes every running sequence's states
+        states = huge_pages.zeros([((num_slots, *s.ssm), dtype) for s in self.layer_shapes]
+                                  + [((num_slots, *s.conv), dtype) for s in self.layer_shapes], torch.device(device))
+        self.ssm_states, self.conv_states = states[:len(self.layer_shapes)], states[len(self.layer_shapes):]
         self._free_rings: list[int] = list(range(max_seqs))  # a heap: the lowest free ring is taken first
         self._rings: dict[int, int] = {}
         self._heads: dict[int, int] = {}

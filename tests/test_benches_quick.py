@@ -330,6 +330,7 @@ def test_vllm_cpu_quick_without_vllm(benches, tmp_path):
     [row] = payload["rows"]
     assert row["runtime"] == "hybridspec" and row["vs hybridspec"] == 1.0 and row["new tok/s"] > 0
     assert row["tokens equal to hybridspec's"] == "8/8"
+    assert row["prefill tok/s"] > 0 and len(row["one-token seconds"]["samples"]) == 1
 
 
 def test_targets_read_the_llamacpp_table(benches, monkeypatch):
@@ -337,12 +338,36 @@ def test_targets_read_the_llamacpp_table(benches, monkeypatch):
     the run joins the targets only where llama_cpp is importable and LLAMA_CPP_SDIST names its sdist."""
     monkeypatch.syspath_prepend(str(BENCHES))
     import targets
-    table = [dict(weights="float32", prompt=128, threads=t, ours_decode=10.0 * t, decode_ratio=1.1, prefill_ratio=0.9)
-             for t in (1, 2)]
+    table = [dict(weights="float32", prompt=128, threads=t, ours_decode=10.0 * t, decode_ratio=1.1, prefill_ratio=0.9,
+                  spec_ratio=1.4 + 0.2 * t) for t in (1, 2)]
     rows = targets.llamacpp_rows({"table": table})
     assert [(r["target"].split(",")[0], r["met"]) for r in rows] == [
         ("decode / llama.cpp", True), ("prefill / llama.cpp", False), ("decode / llama.cpp", True),
-        ("prefill / llama.cpp", False), ("decode", True)]
-    assert rows[-1]["figure"] == 2.0
+        ("prefill / llama.cpp", False), ("decode", True), ("speculative / llama.cpp plain decode", True),
+        ("speculative / llama.cpp plain decode", True)]
+    assert rows[4]["figure"] == 2.0 and rows[5]["figure"] == pytest.approx(1.6)
+    table[0]["spec_ratio"] = 1.3
+    assert not targets.llamacpp_rows({"table": table})[5]["met"]
     monkeypatch.delenv("LLAMA_CPP_SDIST", raising=False)
     assert targets.llamacpp_run() == ()
+
+
+def test_targets_read_the_vllm_rows(benches, monkeypatch):
+    """The vLLM rows: each of our variants over vLLM's new tokens per second at its weights' precision;
+    the run joins the targets only where VLLM_PYTHON is set."""
+    monkeypatch.syspath_prepend(str(BENCHES))
+    import targets
+    payload = {"rows": [dict(weights="float32", runtime="hybridspec", **{"new tok/s": 90.0}),
+                        dict(weights="float32", runtime="vLLM CPU", **{"new tok/s": 100.0}),
+                        dict(weights="bfloat16", runtime="hybridspec", **{"new tok/s": 90.0}),
+                        dict(weights="bfloat16", runtime="hybridspec, compute=bfloat16", **{"new tok/s": 160.0}),
+                        dict(weights="bfloat16", runtime="vLLM CPU", **{"new tok/s": 150.0})]}
+    rows = targets.vllm_rows(payload)
+    assert [(r["where"], round(r["figure"], 3), r["met"]) for r in rows] == [
+        ("float32, hybridspec", 0.9, False), ("bfloat16, hybridspec", 0.6, False),
+        ("bfloat16, hybridspec, compute=bfloat16", 1.067, True)]
+    assert targets.vllm_rows({"rows": payload["rows"][:1]}) == []  # vLLM not run: no rows
+    monkeypatch.delenv("VLLM_PYTHON", raising=False)
+    assert targets.vllm_run() == ()
+    monkeypatch.setenv("VLLM_PYTHON", "/some/python")
+    assert targets.vllm_run()[0].args == ("--vllm-python", "/some/python")

@@ -17,6 +17,7 @@ from torch import nn
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
 from hybridspec.kernels import backend as backends
+from hybridspec.kernels import huge_pages
 from hybridspec.kernels.cpu_blocks import NO_BLOCKS, LayerBlocks
 from hybridspec.kernels.cpu_forward import NO_WHOLE_FORWARD, WholeForward
 
@@ -290,7 +291,9 @@ class HybridModel(Kernelled, nn.Module):
 
         The packed weights are copies: a model from `from_hf` stops sharing them
         with the HF model (one more copy while that lives); `load` packs on CPU
-        by default, where nothing else holds them. Tied weights stay tied. Under
+        by default, where nothing else holds them. On CPU they lie side by side in
+        memory advised for transparent huge pages (`kernels/huge_pages.py`: a
+        decode step streams them all), each call moving all of them. Tied weights stay tied. Under
         `set_compute("bfloat16")` every such linear weight is stored in bfloat16,
         rounded where it is not one. Returns self."""
         def key(weight):  # one tensor's memory, a view of another included
@@ -322,20 +325,19 @@ class HybridModel(Kernelled, nn.Module):
                         return half
             return torch.float32 if float32 and weight.dtype in HALF_DTYPES else weight.dtype
 
+        weights = {key(weight): weight for module in self.modules()  # each product weight once
+                   for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
+                   if products(module, name, weight)}
+        # [..., in, out]; on CPU side by side in huge pages (a packed weight moves too: the memory it
+        # shares with the others is then released)
+        specs = [((*weight.shape[:-2], weight.shape[-1], weight.shape[-2]), storage(weight))
+                 for weight in weights.values()]
+        stores = huge_pages.zeros(specs, self.device)
         packed: dict[tuple, nn.Parameter] = {}
-        for module in self.modules():
-            for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                if not products(module, name, weight):
-                    continue
-                dtype = storage(weight)
-                if weight.transpose(-1, -2).is_contiguous() and dtype is weight.dtype:
-                    continue
-                new = packed.get(key(weight))
-                if new is None:
-                    stored = weight.detach().transpose(-1, -2).contiguous()  # [..., in, out]
-                    new = packed[key(weight)] = param(stored.to(dtype).transpose(-1, -2))
-                setattr(module, name, new)
-        for module in self.modules():  # weights tied to a packed one (an embedding tied to lm_head)
+        for (k, weight), stored in zip(weights.items(), stores):
+            stored.copy_(weight.detach().transpose(-1, -2))  # rounds as `.to` does where the dtype narrows
+            packed[k] = param(stored.transpose(-1, -2))
+        for module in self.modules():  # the product weights, and those tied to one (an embedding to lm_head)
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if key(weight) in packed:
                     setattr(module, name, packed[key(weight)])

@@ -1,0 +1,70 @@
+"""`kernels/huge_pages.py`: tensors side by side in one mapping advised for transparent huge
+pages, and `pack_for_cpu` storing the product weights there."""
+from __future__ import annotations
+
+import gc
+import mmap
+import sys
+
+import pytest
+import torch
+
+import hybridspec as hs
+from hybridspec.kernels import huge_pages
+from oracles import bamba
+
+SPECS = [((3, 5), torch.float32), ((7,), torch.bfloat16), ((2, 4, 3), torch.float16), ((0, 4), torch.float32),
+         ((33,), torch.uint8)]
+
+
+def test_tensors_have_their_shapes_zeros_and_own_memory():
+    tensors = huge_pages.zeros(SPECS, torch.device("cpu"))
+    assert [(tuple(t.shape), t.dtype) for t in tensors] == [spec for spec in SPECS]
+    assert all(torch.all(t == 0) for t in tensors)
+    assert all(t.is_contiguous() and t.device.type == "cpu" for t in tensors)
+    assert all(t.data_ptr() % huge_pages.ALIGN == 0 for t in tensors if t.numel())
+    for value, t in enumerate(tensors):  # no two overlap: each keeps what was written to it
+        t.fill_(value + 1)
+    for value, t in enumerate(tensors):
+        assert torch.all(t == value + 1)
+
+
+def test_a_tensor_keeps_the_mapping_alive():
+    kept = huge_pages.zeros(SPECS, torch.device("cpu"))[2]
+    gc.collect()
+    kept.fill_(3.5)
+    assert torch.all(kept == 3.5)
+
+
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(bound, 16) for bound in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"),
+                    reason="MADV_HUGEPAGE is Linux's")
+def test_the_mapping_is_advised_for_huge_pages():
+    tensor = huge_pages.zeros([((1 << 20,), torch.float32)], torch.device("cpu"))[0]
+    assert "hg" in vm_flags(tensor.data_ptr())  # hg: advised MADV_HUGEPAGE
+    assert "hg" not in vm_flags(torch.empty(1 << 20).data_ptr())  # torch's own memory is not
+
+
+def test_packed_weights_share_one_advised_mapping_and_repacking_moves_them():
+    model = hs.from_hf(bamba(seed=4)).pack_for_cpu()
+    weights = [model.lm_head] + [p for name, p in model.named_parameters() if name.endswith("in_proj")]
+    storages = {p.untyped_storage().data_ptr() for p in weights}
+    assert len(weights) > 1 and len(storages) == 1
+    before = [p.detach().clone() for p in weights]
+    model.pack_for_cpu()
+    after = [model.lm_head] + [p for name, p in model.named_parameters() if name.endswith("in_proj")]
+    assert {p.untyped_storage().data_ptr() for p in after}.isdisjoint(storages)  # the old mapping is let go
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
