@@ -10,6 +10,7 @@
  * or 0 (nothing run) where it cannot split: the caller then runs the job itself */
 typedef void (*hs_part_fn)(void *ctx, int part, int parts);
 int hs_parallel(hs_part_fn fn, void *ctx, int parts);
+int hs_parallel_long(hs_part_fn fn, void *ctx, int parts); /* the same, never taken back whole */
 int hs_set_threads(int threads);
 int hs_threads(void);
 

@@ -18,7 +18,11 @@
  * caller's serial work, runs on what is left; a yielding one hands the core
  * over and still sees a job within a system call's time on an idle core. A
  * job no helper has claimed within CLAIM_NS goes back to its caller whole
- * (`hs_parallel` returns 0).
+ * (`hs_parallel` returns 0). A long job (`hs_parallel_long`: a prefill's
+ * product, milliseconds on one core) is not taken back: its caller starts
+ * its part at once and then runs the parts no helper has claimed, so a
+ * helper that claims late (its core held a while by torch's OpenMP workers
+ * spinning after their own work) still shortens the job.
  * One job uses the helpers at a time: a job
  * submitted while they serve another (another Python thread: the C calls
  * release the GIL) gets 0 back and runs on its caller. A forked child starts
@@ -128,7 +132,7 @@ int hs_set_threads(int threads) {
 
 int hs_threads(void) { return atomic_load(&pool.wanted); }
 
-int hs_parallel(hs_part_fn fn, void *ctx, int parts) {
+static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
     if (parts > MAX_THREADS) parts = MAX_THREADS;
     if (parts < 2 || pthread_mutex_trylock(&pool.busy)) return 0;
     const uint32_t generation = TICKET_GENERATION(atomic_load(&pool.ticket));
@@ -160,7 +164,7 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts) {
      * the parts one after another, each a narrower pass over a product's weight rows than one
      * pass, or wait for a helper that claims a part late. Where a helper is awake on its own
      * core it claims within a sched_yield call, and its part ends the job either way. */
-    for (const int64_t until = now_ns() + CLAIM_NS; TICKET_NEXT(atomic_load(&pool.ticket)) == 1;) {
+    for (const int64_t until = now_ns() + CLAIM_NS; take_back && TICKET_NEXT(atomic_load(&pool.ticket)) == 1;) {
         if (now_ns() > until) {
             uint64_t posted = TICKET(generation + 1, parts, 1);
             if (atomic_compare_exchange_strong(&pool.ticket, &posted, TICKET(generation + 1, parts, parts))) {
@@ -176,3 +180,7 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts) {
     pthread_mutex_unlock(&pool.busy);
     return 1;
 }
+
+int hs_parallel(hs_part_fn fn, void *ctx, int parts) { return parallel(fn, ctx, parts, 1); }
+
+int hs_parallel_long(hs_part_fn fn, void *ctx, int parts) { return parallel(fn, ctx, parts, 0); }

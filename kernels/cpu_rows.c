@@ -256,6 +256,9 @@ static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
  * share of every one. A column is computed by one thread with the same chain
  * as ever, so the bits do not depend on the thread count (tested). */
 #define PARALLEL_MIN_MACS (1 << 16) /* below this the hand-off costs about what the split saves */
+/* from this many multiply-adds (a prefill's product: 128 rows of a 1024 × 2048 weight) a job is not
+ * taken back from a helper that claims late (`hs_parallel_long`): a late half still shortens it */
+#define LONG_JOB_MACS (1 << 28)
 
 typedef struct {
     const float *x;
@@ -346,7 +349,8 @@ int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int c
     }
     if (M == 0) return 0;
     const int parts = parts_for(widest, macs);
-    if (parts > 1 && hs_parallel(products_part, (void *)&job, parts)) return 0;
+    if (parts > 1 && (macs >= LONG_JOB_MACS ? hs_parallel_long : hs_parallel)(products_part, (void *)&job, parts))
+        return 0;
     products_part((void *)&job, 0, 1);
     return 0;
 }

@@ -55,6 +55,20 @@ def test_a_products_bits_do_not_depend_on_the_thread_count(K, N):
     assert torch.allclose(one[48], (x.double() @ w.double()).float(), rtol=1e-4, atol=1e-4)
 
 
+def test_a_long_products_bits_do_not_depend_on_the_thread_count():
+    """A job of 2^28 multiply-adds and more (cpu_rows.c's LONG_JOB_MACS: a prefill's product) is
+    never taken back whole from a late helper (`hs_parallel_long`); the bits stay one thread's,
+    for float32 and bfloat16-compute weights alike."""
+    g = torch.Generator().manual_seed(7)
+    w, x = torch.randn(1024, 2112, generator=g), torch.randn(128, 1024, generator=g)  # 2^28 + 2^23 MACs
+    kinds = [(w, torch.float32)] + ([(w.bfloat16(), torch.bfloat16)] if cpu_native.bf16_compute_supported() else [])
+    for weight, compute in kinds:
+        one = cpu_rows.rows_matmul(x, weight, compute)
+        for count in (2, 3):
+            got = with_threads(count, lambda: cpu_native.available() and cpu_rows.rows_matmul(x, weight, compute))
+            assert torch.equal(got, one), (compute, count)
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_mamba2_recurrences_bits_do_not_depend_on_the_thread_count(padded):
     """(row, head) units split over the threads: outputs and every slot of the pool the same bits."""
