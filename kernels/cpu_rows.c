@@ -98,7 +98,7 @@ int hs_rows_isa(int choice) {
  * multiply-adds still runs over k = 0, 1, …, K - 1 in order: the same bits as
  * the steps above. */
 /* Weight rows per block, and how the weight is fetched ahead. By default blocks of TILE_K (a panel's
- * copy, 16 KiB, in L1), the tile calls prefetching the next block into L2, a share each. A weight
+ * block, 16 KiB, in L1), the tile calls prefetching the next block into L2, a share each. A weight
  * streamed from memory (past L2) multiplied by fewer than TILE_K_LONG_ROWS rows takes blocks of
  * TILE_K_STREAMED instead, and below AHEAD_MAX_ROWS rows each tile prefetches, weight row by weight
  * row, the next panel's part of the row into L1 instead of the next block: a block's rows are then
@@ -162,15 +162,12 @@ int hs_rows_isa(int choice) {
  * in memory order (each call a share, a line or two per weight row; with
  * `ahead`, each tile the next panel's part of its weight rows instead: see
  * TILE_K_STREAMED above), so the
- * weight streams from memory behind the arithmetic instead of stalling the
- * copy below (a panel-major order reads 256 bytes of each of 128 rows far
- * apart, which no hardware prefetcher follows). The tiles read the block
- * where it lies, except where
- * its rows lie a multiple of 4 KiB apart (N a multiple of 1024): there they
- * would crowd into a few cache sets, so a wide panel's part of the block is
- * first copied into `packed` (`tile_k` rows of `panel` floats in a row).
- * Elsewhere the copy costs more than it saves (reading in place is faster
- * from 10 to 40 rows there; for N = 3072 or 4096 it is the slower).
+ * weight streams from memory behind the arithmetic (a panel-major order reads
+ * 256 bytes of each of 128 rows far apart, which no hardware prefetcher
+ * follows). The tiles read the block where it lies, whatever N: copying a
+ * panel's part of a block first (where rows lie a multiple of 4 KiB apart
+ * and crowd into a few cache sets) was slower from 10 to 80 rows on weights
+ * in huge pages, where `pack_for_cpu` puts them (docs/results/vllm_cpu.md).
  * Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
 

@@ -77,12 +77,10 @@ static inline int WS(widens)(const WS(tile_set) *t, int64_t M) {
 static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, const float *x, int64_t ldx,
                              const WT *w, int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0,
                              int64_t c1, int part, int parts) {
-    WT packed[TILE_K * 64] __attribute__((aligned(64)));  /* 16 KiB of stack (float32) */
     const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
     const int64_t wide = c0 + (c1 - c0) / panel * panel, vec_end = c0 + (c1 - c0) / t->width * t->width;
     const int64_t vec8 = c0 + (c1 - c0) / 8 * 8;
     const int64_t calls = ((wide - c0) / panel + (vec_end - wide) / t->width) * groups;  /* tile calls per block */
-    const int copy = N * (int64_t)sizeof(WT) % 4096 == 0;  /* rows a multiple of 4 KiB apart */
 #ifdef W_WIDENED_TILES
     /* with `widen`, each panel's block widened once into float32, the float32 tiles on it */
     float widened[TILE_K * 64] __attribute__((aligned(64)));
@@ -99,20 +97,16 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
         for (int64_t n0 = c0; n0 < vec8;) {
             /* this panel: `wide` columns in wide tiles, then single vectors, then one AVX2 vector */
             const int64_t step = n0 < wide ? panel : n0 < vec_end ? t->width : 8;
-            if (step == panel && (copy || widen))
+#ifdef W_WIDENED_TILES
+            if (step == panel && widen)
                 for (int64_t k = k0; k < k1; ++k) {
                     if (ahead) /* the next panel's part of the row, as the tiles would */
                         for (int64_t l = 0; l < panel; l += W_PER_LINE)
                             _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
-#ifdef W_WIDENED_TILES
-                    if (widen) {
-                        for (int64_t l = 0; l < panel; l += 8)
-                            _mm256_store_ps(widened + (k - k0) * panel + l, WLOAD8(w + k * N + n0 + l));
-                        continue;
-                    }
-#endif
-                    memcpy(packed + (k - k0) * panel, w + k * N + n0, sizeof(WT) * panel);
+                    for (int64_t l = 0; l < panel; l += 8)
+                        _mm256_store_ps(widened + (k - k0) * panel + l, WLOAD8(w + k * N + n0 + l));
                 }
+#endif
             for (int64_t group = 0; group < groups; ++group) {
                 const int64_t m0 = M * group / groups, m1 = M * (group + 1) / groups;
                 const int G = (int)(m1 - m0);
@@ -133,9 +127,7 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
                                 (const float *)(next + W_PER_LINE * l0), l1 - l0, 0);
                 else
 #endif
-                if (step == panel && copy)
-                    t->wide[G](xg + k0, ldx, packed, panel, 0, k1 - k0, yg, ldy, next + W_PER_LINE * l0, l1 - l0, 0);
-                else if (step == panel)
+                if (step == panel)
                     t->wide[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + W_PER_LINE * l0, l1 - l0, ahead);
                 else t->one[G](xg, ldx, w + n0, N, k0, k1, yg, ldy, next + W_PER_LINE * l0, l1 - l0, ahead);
             }
