@@ -45,7 +45,9 @@
 
 #define GROUP_ROWS 5     /* rows of x per register group */
 #define KBLOCK 12        /* weight rows the groups take in turn (a multiple of every Q) */
-#define PREFETCH_ROWS 8  /* how far ahead, in weight rows, the stream is prefetched */
+/* how far ahead, in weight rows, the stream is prefetched: on weights in huge pages (pack_for_cpu) 2-4
+ * rows streamed a decode step's products faster than 6-16 (docs/results/llamacpp.md, "Prefetch distance") */
+#define PREFETCH_ROWS 3
 
 /* y[0:G, 0:n1] += x[0:G, k:k+Q] @ w[k:k+Q, 0:n1], n1 a multiple of W (the columns per vector) */
 #define DEFINE_STEP(NAME, WT, WLOAD, PER_LINE, TARGET, VEC, W, LOAD, STORE, FMA, SET1, G, Q)              \
