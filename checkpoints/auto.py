@@ -233,8 +233,7 @@ class AutoCheckpointPolicy(CheckpointPolicy):
         rate = round(running_rate(acceptance_history, self.acceptance_window) * RATE_GRID) / RATE_GRID
         choice = bound.memo.get((rate, batch))
         if choice is None:
-            choice = choose(alpha_from_acceptance_rate(rate, bound.gamma), bound.gamma, batch, bound.costs,
-                            bound.footprint, self.memory_budget_bytes, bound.ring_slots - 1)
+            choice = self._choice(alpha_from_acceptance_rate(rate, bound.gamma), batch)
             if len(bound.memo) >= MEMO_SIZE:
                 bound.memo.clear()
             bound.memo[rate, batch] = choice
@@ -242,10 +241,14 @@ class AutoCheckpointPolicy(CheckpointPolicy):
 
     def spacing_at(self, alpha: float, batch: int) -> tuple[int, bool]:
         """(k, log_inputs) this policy picks for a round of `batch` sequences at acceptance α."""
-        bound = self._bound()
-        choice = choose(alpha, bound.gamma, batch, bound.costs, bound.footprint, self.memory_budget_bytes,
-                        bound.ring_slots - 1)
+        choice = self._choice(alpha, batch)
         return choice.snapshot_every, choice.log_inputs
+
+    def _choice(self, alpha: float, batch: int) -> RoundChoice:
+        """`choose` at acceptance α for `batch` sequences, within this binding's costs, memory and ring."""
+        bound = self._bound()
+        return choose(alpha, bound.gamma, batch, bound.costs, bound.footprint, self.memory_budget_bytes,
+                      bound.ring_slots - 1)
 
     def for_round(self, acceptance_history: list[float], batch: int) -> CheckpointPolicy:
         """The concrete policy of a round of `batch` sequences."""

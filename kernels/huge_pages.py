@@ -12,7 +12,8 @@ advises it, and places the tensors side by side in it (one mapping: the few
 small pages at its two ends are all that a tensor's odd size leaves behind).
 
 Where the advice is not available (another OS) or refused, the tensors are
-the same tensors in small pages: only the speed differs, never a value.
+the same tensors in small pages, and where the OS has no private anonymous
+mappings (Windows) torch's own: only the speed differs, never a value.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def zeros(specs: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device
     by side in one fresh mapping advised for huge pages (fresh anonymous memory
     is zero), where they keep the mapping alive between them (it is released
     when the last one goes); elsewhere torch's own."""
-    if torch.device(device).type != "cpu":
+    if torch.device(device).type != "cpu" or not hasattr(mmap, "MAP_ANONYMOUS"):  # no private anonymous maps: Windows
         return [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in specs]
     offsets, total = [], 0
     for shape, dtype in specs:

@@ -297,7 +297,7 @@ class GammaController:
         the drafter absorbs before drafting for it, None: none; `sampled`: how
         many rows sample, the rest being greedy)."""
         batch = len(seq_ids)
-        cost = functools.partial(self.round_cost, batch, sampled=sampled)
+        cost = functools.cache(functools.partial(self.round_cost, batch, sampled=sampled))  # G -> seconds, once each
         plain_cost = cost(0)
         # "no G pays" below, bounded before the per-row work: every row drafting G, all accepted, nothing else charged
         if not any(_pays(G + 1, cost(G), 1.0, plain_cost) for G in range(1, self.gamma_max + 1)):
