@@ -149,6 +149,11 @@ class Backend:
         """Whether the products read bfloat16 / float16 copies of float32 weights (`pack_for_cpu`)."""
         return self.linear.reads_16bit
 
+    @property
+    def reads_panels(self) -> bool:
+        """Whether the products read float32 models' weights fastest in panels (`pack_for_cpu`, `panels`)."""
+        return self.linear.reads_panels
+
 
 def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None, sharded: bool = False,
            compute: torch.dtype = torch.float32) -> Backend:

@@ -46,6 +46,7 @@ import torch
 from hybridspec.kernels import cpu_native
 from hybridspec.kernels.descriptors import AttentionDesc, LayerDesc, Mamba2Desc, MLPDesc
 from hybridspec.kernels.cpu_rows import MAX_ROWS
+from hybridspec.kernels.panels import PanelWeight, out_features
 
 _LOCAL = threading.local()  # per thread: the C calls release the GIL, so threads must not share scratch
 
@@ -123,8 +124,8 @@ NO_BLOCKS = LayerBlocks(None, None)
 
 
 def _input_major(weight: torch.Tensor) -> bool:
-    """Whether weight [out, in] is stored as its contiguous [in, out] transpose."""
-    return weight.t().is_contiguous()
+    """Whether weight [out, in] is a layout the products read: panels, or its contiguous [in, out] transpose."""
+    return isinstance(weight, PanelWeight) or weight.t().is_contiguous()
 
 
 def _float32_cpu(*tensors: torch.Tensor) -> bool:
@@ -138,7 +139,7 @@ def _products_take(*weights: torch.Tensor) -> bool:
 
 def _weight(weight: torch.Tensor, compute: torch.dtype) -> int:
     """A product weight [out, in] as the kernels take it: its input-major data's tagged address."""
-    return cpu_native.weight_address(weight.t(), compute)
+    return cpu_native.product_address(weight, compute)
 
 
 # rows (batch · inputs) up to which a block runs: the rows `linear` gives the product kernel (the
@@ -175,7 +176,7 @@ class MLPBlock(Block):
         if not ok:
             return _Static(weights, False)
         return _Static(weights, True, (norm.weight.data_ptr(), norm.eps, _weight(mlp.gate, compute),
-                                       _weight(mlp.up, compute), _weight(mlp.down, compute), mlp.up.shape[0]))
+                                       _weight(mlp.up, compute), _weight(mlp.down, compute), out_features(mlp.up)))
 
 
 def mlp_block(block: MLPBlock, h: torch.Tensor) -> torch.Tensor | None:
@@ -219,7 +220,7 @@ class Mamba2Block(MixerBlock):
               and m.conv_kernel.is_contiguous() and all(w.is_contiguous() for w in vectors))
         if not ok:
             return _Static(weights, False)
-        sizes = (m.d_inner, m.num_heads, m.head_dim, m.n_groups, m.d_state, m.d_conv, m.conv_dim, m.in_proj.shape[0])
+        sizes = (m.d_inner, m.num_heads, m.head_dim, m.n_groups, m.d_state, m.d_conv, m.conv_dim, out_features(m.in_proj))
         return _Static(weights, True, (
             norm.weight.data_ptr(), norm.eps, _weight(m.in_proj, compute), m.conv_kernel.data_ptr(),
             None if m.conv_bias is None else m.conv_bias.data_ptr(), m.dt_bias.data_ptr(), m.A.data_ptr(),
@@ -258,7 +259,7 @@ def logged_inputs(mixer: Mamba2Desc, batch, bsz: int, T: int) -> torch.Tensor:
     forward's input log (the mixer's log entry gets views of it; the block writes them)."""
     d_inner, nheads, head_dim, n_groups, d_state, conv_dim = (mixer.d_inner, mixer.num_heads, mixer.head_dim,
                                                               mixer.n_groups, mixer.d_state, mixer.conv_dim)
-    rows, proj = bsz * T, mixer.in_proj.shape[0]
+    rows, proj = bsz * T, out_features(mixer.in_proj)
     logged = torch.empty(rows * (proj + conv_dim + nheads), dtype=torch.float32)
     projected, xbc, dt = logged.split([rows * proj, rows * conv_dim, rows * nheads])
     x, B, C = xbc.view(bsz, T, conv_dim).split([d_inner, n_groups * d_state, n_groups * d_state], dim=-1)

@@ -40,6 +40,25 @@ static int64_t layer_work(const hs_layer *l, const hs_forward_args *a, int64_t m
     return need;
 }
 
+/* h[r] = the embedding of token ids[r] from the LM head's panels it is tied to (`embed` tagged
+ * HS_PANELS: token t is column t of the head's [hidden, vocab], widened from 16 bits) */
+static void embed_from_panels(const hs_forward_args *a, uintptr_t embed, int64_t rows, int64_t hidden, float *h) {
+    const uintptr_t type = embed & HS_WEIGHT_TYPE;
+    const int64_t R = type == HS_BF16_WEIGHT ? 2 : 1, Kr = (hidden + R - 1) / R;
+    const void *w = (const void *)(embed & ~(uintptr_t)HS_WEIGHT_TAGS);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = a->ids[r], column = t / PANEL * Kr * PANEL * R + t % PANEL * R;
+        for (int64_t c = 0; c < hidden; ++c) {
+            const int64_t at = column + c / R * PANEL * R + c % R;
+            if (type == HS_F16_WEIGHT) h[r * hidden + c] = _cvtsh_ss(((const uint16_t *)w)[at]);
+            else if (type == HS_BF16_WEIGHT) {
+                const uint32_t bits = (uint32_t)((const uint16_t *)w)[at] << 16;
+                memcpy(h + r * hidden + c, &bits, sizeof bits);
+            } else h[r * hidden + c] = ((const float *)w)[at];
+        }
+    }
+}
+
 int hs_forward(const hs_forward_args *a) {
     const int64_t rows = a->batch * a->T, hidden = a->hidden;
     if (rows < 1 || hidden < 1 || a->num_layers < 0) return -1;
@@ -59,7 +78,8 @@ int hs_forward(const hs_forward_args *a) {
         if (a->ids[r] < 0 || a->ids[r] >= a->vocab) return -2;
     const uintptr_t embed = (uintptr_t)a->embed, type = embed & HS_WEIGHT_TYPE;
     if (type == HS_WEIGHT_TYPE) return -1;
-    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied (a 16-bit table's widened) */
+    if (embed & HS_PANELS) embed_from_panels(a, embed, rows, hidden, h);
+    for (int64_t r = 0; r < rows && !(embed & HS_PANELS); ++r) {  /* the embeddings, copied (a 16-bit table's widened) */
         if (type) {
             const uint16_t *e = (const uint16_t *)(embed & ~(uintptr_t)HS_WEIGHT_TYPE) + a->ids[r] * a->embed_row;
             for (int64_t c = 0; c < hidden; ++c) {

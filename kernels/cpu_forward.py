@@ -36,6 +36,7 @@ import torch
 
 from hybridspec.kernels import cpu_blocks, cpu_native
 from hybridspec.kernels.descriptors import ModelDesc
+from hybridspec.kernels.panels import PanelWeight, out_features
 
 _f32_p, _i64_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -81,11 +82,14 @@ class _Table:
     def _build(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks], cache, compute: torch.dtype) -> bool:
         if desc.dtype is not torch.float32:
             return False
-        head_t = desc.lm_head.t()
+        head_t = desc.lm_head if isinstance(desc.lm_head, PanelWeight) else desc.lm_head.t()
         final = desc.final_norm.weight
+        # the embedding table: [vocab, hidden] at any strides, or the panels of the LM head it is tied to
+        embed_panels = isinstance(desc.embed, PanelWeight)
         if not (cpu_blocks._float32_cpu(final) and cpu_native.weight_dtype_ok(desc.embed)
                 and cpu_native.weight_dtype_ok(head_t) and head_t.is_contiguous()
-                and final.is_contiguous() and desc.embed.dim() == 2 and desc.embed.shape[0] == head_t.shape[1]):
+                and final.is_contiguous() and (embed_panels or desc.embed.dim() == 2)
+                and out_features(desc.embed) == out_features(desc.lm_head)):
             return False
         layers = (Layer * len(desc.layers))()
         tensors = self.tensors
@@ -109,8 +113,9 @@ class _Table:
         self.layers = layers
         self.head_t = cpu_native.weight_address(head_t, compute)
         self.final_w, self.final_eps = final.data_ptr(), desc.final_norm.eps
-        self.hidden, self.vocab = desc.embed.shape[1], head_t.shape[1]
-        self.embed_strides = desc.embed.stride()
+        self.hidden = desc.embed.in_features if embed_panels else desc.embed.shape[1]
+        self.vocab = out_features(desc.lm_head)
+        self.embed_strides = (0, 0) if embed_panels else desc.embed.stride()  # panels: cpu_forward.c's own
         self.has_attention = any(r.mixer == HS_ATTENTION for r in layers)
         self.has_mamba = bool(self.mamba_layers)
         # scratch floats (an upper bound of what hs_forward computes): per row, the largest block's

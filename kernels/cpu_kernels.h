@@ -16,15 +16,23 @@ int hs_threads(void);
 
 /* The products' weights (`w` here, the blocks' `*_t`, the LM head and the embedding): the
  * address of float32 data, or of bfloat16 / float16 data with HS_BF16_WEIGHT / HS_F16_WEIGHT
- * set (an exact copy of a float32 weight whose every value is a bfloat16 / float16 one, at least
- * 4-byte aligned; cpu_rows.c, "weight storage"). The other kernels pass them on. */
+ * set (an exact copy of a float32 weight whose every value is a bfloat16 / float16 one; cpu_rows.c,
+ * "weight storage"), and HS_PANELS set where the data lies in panels; at least 8-byte aligned, so
+ * that the low bits are free for these tags. The other kernels pass them on. */
 #define HS_BF16_WEIGHT 1
 #define HS_F16_WEIGHT 2
 #define HS_WEIGHT_TYPE 3 /* the bits that say the type */
 /* both bits: bfloat16 data multiplied in bfloat16 compute (activations rounded to bfloat16, AVX512-BF16
  * dot products, float32 sums; not the float32 bits: the opt-in fast path, cpu_rows_bf16.c) */
 #define HS_BF16_COMPUTE 3
+/* the weight lies in panels (cpu_panels.c, what `pack_for_cpu` stores), not input-major: with the type's bits */
+#define HS_PANELS 4
+#define PANEL 64 /* columns per panel (`panels.PANEL`) */
+#define HS_WEIGHT_TAGS 7 /* every bit an address carries */
 int hs_bf16_supported(void);
+void hs_round_pairs(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_t *xp);
+void hs_panel_columns(const float *x, int64_t ldx, const uint32_t *xp, const void *w, int type, int64_t M,
+                      int64_t K, float *y, int64_t ldy, int64_t c0, int64_t c1);
 void hs_bf16_columns(const float *x, int64_t ldx, const uint16_t *w, int64_t M, int64_t K, int64_t N, float *y,
                      int64_t ldy, int64_t c0, int64_t c1);
 int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64_t K, int64_t N, float *y);

@@ -52,9 +52,11 @@ from pathlib import Path
 
 import torch
 
+from hybridspec.kernels.panels import PanelWeight
+
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("cpu_pool.c", "cpu_rows.c", "cpu_rows_bf16.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_gdn.c", "cpu_conv.c",
+                for name in ("cpu_pool.c", "cpu_rows.c", "cpu_rows_bf16.c", "cpu_panels.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_gdn.c", "cpu_conv.c",
                              "cpu_norm.c", "cpu_rope.c", "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("cpu_simd.h", "cpu_kernels.h", "cpu_rows_weights.h"))
@@ -240,21 +242,29 @@ WEIGHT_TYPE_BITS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 def weight_dtype_ok(weight: torch.Tensor) -> bool:
     """Whether the products take this weight's storage: float32, or bfloat16 or
-    float16 (an exact copy of a float32 weight, `HybridModel.pack_for_cpu`,
-    4-byte aligned so that its address can carry the type), on the CPU."""
-    return weight.dtype in WEIGHT_TYPE_BITS and weight.is_cpu and weight.data_ptr() % 4 == 0
+    float16 (an exact copy of a float32 weight, `HybridModel.pack_for_cpu`),
+    on the CPU, 8-byte aligned so that its address can carry the tags."""
+    return weight.dtype in WEIGHT_TYPE_BITS and weight.is_cpu and weight.data_ptr() % 8 == 0
 
 
 BF16_COMPUTE_BITS = 3  # HS_BF16_COMPUTE: bfloat16 data multiplied in bfloat16 compute (cpu_rows_bf16.c)
+PANELS_BIT = 4  # HS_PANELS: the data lies in panels (`panels.PanelWeight`, cpu_panels.c)
 
 
 def weight_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -> int:
     """A product weight's address as the kernels take it: 16-bit data carries
     its type's bit (cpu_rows.c, "weight storage"); a bfloat16 weight under
-    `compute` bfloat16 both bits (the opt-in fast products, cpu_rows_bf16.c)."""
-    if compute is torch.bfloat16 and weight.dtype is torch.bfloat16:
-        return weight.data_ptr() | BF16_COMPUTE_BITS
-    return weight.data_ptr() | WEIGHT_TYPE_BITS[weight.dtype]
+    `compute` bfloat16 both bits (the opt-in fast products, cpu_rows_bf16.c);
+    a `PanelWeight` the panels' bit too. `weight`: a PanelWeight, or the
+    input-major [in, out] view of any other."""
+    tags = BF16_COMPUTE_BITS if compute is torch.bfloat16 and weight.dtype is torch.bfloat16 else \
+        WEIGHT_TYPE_BITS[weight.dtype]
+    return weight.data_ptr() | tags | (PANELS_BIT if isinstance(weight, PanelWeight) else 0)
+
+
+def product_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -> int:
+    """`weight_address` of a product weight [out, in] as a layer holds it (panels, or input-major)."""
+    return weight_address(weight if isinstance(weight, PanelWeight) else weight.t(), compute)
 
 
 def bf16_compute_supported() -> bool:

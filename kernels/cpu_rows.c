@@ -261,16 +261,19 @@ static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
 
 typedef struct {
     const float *x;
-    const void *w;  /* untagged; type: its HS_WEIGHT_TYPE bits */
+    const uint32_t *xp;  /* x as bfloat16 pairs, for HS_BF16_COMPUTE panels (hs_round_pairs) */
+    const void *w;       /* untagged; type: its HS_WEIGHT_TYPE bits; panels: HS_PANELS was set */
     float *y;
     int64_t ldx, M, K, N;
-    int type;
+    int type, panels;
 } product_job;
 
 /* columns c0 <= n < c1 of the product into y (rows ldy floats apart), by the weight's type */
 static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
                             int parts) {
-    if (j->type == HS_BF16_COMPUTE)
+    if (j->panels)
+        hs_panel_columns(j->x, j->ldx, j->xp, j->w, j->type, j->M, j->K, y, ldy, c0, c1);
+    else if (j->type == HS_BF16_COMPUTE)
         hs_bf16_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1);
     else if (j->type == HS_BF16_WEIGHT)
         product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
@@ -338,19 +341,27 @@ int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int c
     if (isa512 < 0) hs_rows_isa(-1);
     products_job job = {count, {{0}}};
     int64_t widest = 0, macs = 0;
+    int rounds = 0;  /* a product of panels in bfloat16 compute: x rounded once for all */
     for (int i = 0; i < count; ++i) {
-        const int type = (int)((uintptr_t)w[i] & HS_WEIGHT_TYPE);
+        const int type = (int)((uintptr_t)w[i] & HS_WEIGHT_TYPE), panels = ((uintptr_t)w[i] & HS_PANELS) != 0;
         if (N[i] < 0 || (type == HS_BF16_COMPUTE && !hs_bf16_supported())) return -1;
-        job.jobs[i] = (product_job){x, (const void *)((uintptr_t)w[i] & ~(uintptr_t)HS_WEIGHT_TYPE), y[i], ldx, M, K,
-                                    N[i], type};
+        job.jobs[i] = (product_job){x, 0, (const void *)((uintptr_t)w[i] & ~(uintptr_t)HS_WEIGHT_TAGS), y[i], ldx, M,
+                                    K, N[i], type, panels};
+        rounds |= panels && type == HS_BF16_COMPUTE;
         widest = N[i] > widest ? N[i] : widest;
         macs += M * K * N[i];
     }
     if (M == 0) return 0;
+    uint32_t *xp = 0;
+    if (rounds) {
+        if (!(xp = malloc((size_t)(M * ((K + 1) / 2)) * sizeof *xp + 1))) return -1;
+        hs_round_pairs(x, ldx, M, K, xp);
+        for (int i = 0; i < count; ++i) job.jobs[i].xp = xp;
+    }
     const int parts = parts_for(widest, macs);
-    if (parts > 1 && (macs >= LONG_JOB_MACS ? hs_parallel_long : hs_parallel)(products_part, (void *)&job, parts))
-        return 0;
-    products_part((void *)&job, 0, 1);
+    if (!(parts > 1 && (macs >= LONG_JOB_MACS ? hs_parallel_long : hs_parallel)(products_part, (void *)&job, parts)))
+        products_part((void *)&job, 0, 1);
+    free(xp);
     return 0;
 }
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from hybridspec.kernels import cpu_native
+from hybridspec.kernels.panels import PanelWeight
 
 # rows up to which `linear` takes the kernel: the whole blocks' rows (`cpu_blocks.BLOCK_ROWS`), so
 # that a row's bits do not depend on the batch for any verify or decode the whole forward runs.
@@ -71,20 +72,29 @@ def applies_bf16(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
 
 
 def _operands_ok(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
-    """What the C kernel reads: rows of x contiguous along K (at least one), a contiguous weight of
-    a type it reads, no autograd, float32 x on a CPU where the kernels are built."""
+    """What the C kernel reads: rows of x contiguous along K (at least one), a weight of a type and
+    layout it reads (input-major and contiguous, or `PanelWeight`), no autograd, float32 x on a CPU
+    where the kernels are built."""
     return (x.shape[0] > 0 and x.dim() == 2 and x.stride(1) == 1
             and (x.shape[0] == 1 or x.stride(0) >= x.shape[1]) and weight_t.is_contiguous()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad))
             and cpu_native.weight_dtype_ok(weight_t) and cpu_native.takes(x))
 
 
+def _sizes(weight_t: torch.Tensor) -> tuple[int, int]:
+    """(K, N) of a product weight the kernel takes: input-major [K, N], or panels."""
+    if isinstance(weight_t, PanelWeight):
+        return weight_t.in_features, weight_t.out_features
+    return tuple(weight_t.shape)
+
+
 def rows_matmul(x: torch.Tensor, weight_t: torch.Tensor, compute: torch.dtype = torch.float32) -> torch.Tensor:
-    """x [M, K] @ weight_t [K, N] -> [M, N] with the C kernel; the caller checked `applies`
-    (`applies_bf16` for `compute` bfloat16: x rounded to bfloat16, `cpu_rows_bf16.c`)."""
+    """x [M, K] @ weight_t [K, N] (input-major, or a `PanelWeight` [N, K]) -> [M, N] with the C
+    kernel; the caller checked `applies` (`applies_bf16` for `compute` bfloat16: x rounded to
+    bfloat16, `cpu_rows_bf16.c`)."""
     M, K = x.shape
-    N = weight_t.shape[1]
-    if weight_t.shape[0] != K:
+    weight_k, N = _sizes(weight_t)
+    if weight_k != K:
         raise ValueError(f"rows_matmul: x is {tuple(x.shape)} but the weight is {tuple(weight_t.shape)}")
     out = torch.empty(M, N, dtype=torch.float32)
     row_stride = x.stride(0) if M > 1 else K  # a one-row view may carry any row stride

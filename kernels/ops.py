@@ -12,7 +12,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from hybridspec.kernels import cpu_conv, cpu_gdn, cpu_mamba1, cpu_mamba2, cpu_native, cpu_norm, cpu_rows
+from hybridspec.kernels import cpu_conv, cpu_gdn, cpu_mamba1, cpu_mamba2, cpu_native, cpu_norm, cpu_rows, panels
 from hybridspec.kernels.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
                                             conv_window_update_ref)
 from hybridspec.kernels.gdn_verify import gdn_replay, gdn_replay_ref, gdn_verify, gdn_verify_ref
@@ -20,6 +20,7 @@ from hybridspec.kernels.kv_write import kv_write
 from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
 from hybridspec.kernels.native_replay import replay_native
+from hybridspec.kernels.panels import PanelWeight
 from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES, paged_attention, paged_attention_cpu
 from hybridspec.kernels.rejection import rejection, rejection_ref
 from hybridspec.kernels.rotary import NativeRotation, Rotation
@@ -50,6 +51,15 @@ def constant(value: float, dtype: torch.dtype, device) -> torch.Tensor:
     return c
 
 
+def dense_t(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The [in, out] operand torch multiplies by, in `dtype`: the cached transposed view, a copy
+    where the weight is stored in 16 bits (widened exactly) or in panels (`panels.unpack_t`)."""
+    if isinstance(weight, PanelWeight):
+        return panels.unpack_t(weight, dtype)
+    weight_t = transposed(weight)
+    return weight_t if weight_t.dtype == dtype else weight_t.to(dtype)
+
+
 def transposed(weight: torch.Tensor) -> torch.Tensor:
     """weight.t(), a view made once per parameter and remade if its storage
     changes (`model.to(device)` swaps it)."""
@@ -66,12 +76,11 @@ class Linear:
     """F.linear(x, weight, bias) as one product over the flattened rows (`torch.mm`
     on a cached transposed view).  # [..., out]"""
     reads_16bit = False  # whether the products read a float32 weight's exact 16-bit copy
+    reads_panels = False  # whether the products read weights in panels fastest (`panels`)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
-        weight_t = transposed(weight)
-        # a weight stored in 16 bits (`pack_for_cpu`) is widened, exactly, for torch
-        out = torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
+        out = torch.mm(rows, dense_t(weight, rows.dtype))
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
@@ -83,14 +92,15 @@ class NativeLinear(Linear):
     per layer-by-layer forward, and a second Python call each is host work on
     the decode path."""
     reads_16bit = True
+    reads_panels = True
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
-        weight_t = transposed(weight)
+        weight_t = weight if isinstance(weight, PanelWeight) else transposed(weight)
         if cpu_rows.applies(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t)
         else:
-            out = torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
+            out = torch.mm(rows, dense_t(weight, rows.dtype))
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
@@ -105,13 +115,13 @@ class NativeBf16Linear(NativeLinear):
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
-        weight_t = transposed(weight)
-        if weight_t.dtype is not torch.bfloat16:
+        if weight.dtype is not torch.bfloat16:
             return super().__call__(x, weight, bias)
+        weight_t = weight if isinstance(weight, PanelWeight) else transposed(weight)
         if cpu_rows.applies_bf16(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t, torch.bfloat16)
         else:
-            out = torch.mm(rows.to(torch.bfloat16).to(rows.dtype), weight_t.to(rows.dtype))
+            out = torch.mm(rows.to(torch.bfloat16).to(rows.dtype), dense_t(weight, rows.dtype))
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])

@@ -17,11 +17,12 @@ from torch import nn
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
 from hybridspec.kernels import backend as backends
-from hybridspec.kernels import huge_pages
+from hybridspec.kernels import huge_pages, panels
 from hybridspec.kernels.cpu_blocks import NO_BLOCKS, LayerBlocks
 from hybridspec.kernels.cpu_forward import NO_WHOLE_FORWARD, WholeForward
 
 from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
+from hybridspec.kernels.panels import PanelWeight
 
 from ..config import HybridConfig
 from ..errors import ConfigError
@@ -34,7 +35,7 @@ from .greedy_chain import GreedyChain
 from .mamba2 import Mamba2Mixer
 
 
-# the 2-d weights the layers multiply through `linear` (pack_for_cpu lays them out input-major)
+# the 2-d weights the layers multiply through `linear` (pack_for_cpu lays them out in panels or input-major)
 LINEAR_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj", "in_proj",
                             "out_proj", "x_proj", "dt_proj", "lm_head"})
 
@@ -181,7 +182,7 @@ class HybridModel(Kernelled, nn.Module):
         its layers sum their partial outputs over the ranks, and the backend
         runs the modules (the native blocks and whole forward do not reduce)."""
         self.tensor_parallel = tp
-        rows = self.embed.shape[0]  # the shard's rows of the vocab-parallel embedding and LM head
+        rows = panels.out_features(self.embed)  # the shard's rows of the vocab-parallel embedding and LM head
         if rows * tp.size < self.config.vocab_size:
             raise ConfigError(f"this shard's embedding has {rows} rows; tensor_parallel_size={tp.size} needs at "
                               f"least {self.config.vocab_size} / {tp.size} (build it with tp.shard_weights)")
@@ -268,12 +269,12 @@ class HybridModel(Kernelled, nn.Module):
         return self
 
     def pack_for_cpu(self, exact_16bit: bool = True) -> "HybridModel":
-        """Store every linear weight input-major ([out, in] with its transpose
-        contiguous; a MoE's experts each so): one-row products (decode,
-        drafting) then stream the weight in the order MKL's kernel reads fastest
-        (a gain at batch 1, none from 4 rows) and the native few-row
-        kernel takes them (`linear`). Values, shapes and outputs' meaning are
-        unchanged.
+        """Lay every linear weight out for the CPU's products: where the backend's
+        products read panels (the native kernels, a float32 model) each 2-d one as
+        a `kernels.panels.PanelWeight` (the layout a decode step streams fastest),
+        else input-major ([out, in] with its transpose contiguous: one-row products
+        then stream the weight in the order MKL's kernel reads fastest); a MoE's
+        experts input-major. Values and outputs' meaning are unchanged.
 
         With `exact_16bit` (default), a float32 linear weight or embedding whose
         every value is a bfloat16 value (a checkpoint stored in bf16 and loaded
@@ -300,13 +301,17 @@ class HybridModel(Kernelled, nn.Module):
             return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
         def products(module, name: str, weight) -> bool:  # a linear weight, or a MoE's stack of experts'
-            return ((name in LINEAR_WEIGHTS and weight.dim() == 2)
+            return ((name in LINEAR_WEIGHTS and (weight.dim() == 2 or isinstance(weight, PanelWeight)))
                     or (isinstance(module, MoE) and name in ("up", "down") and weight.dim() == 3))
 
         elsewhere = {key(weight) for module in self.modules()  # weights some other parameter also is
                      for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                      if not products(module, name, weight) and name != "embed"}
         float32 = self.dtype is torch.float32
+        panels_here = float32 and self.backend.reads_panels
+
+        def values(weight):  # [out, in] (a packed weight's values)
+            return panels.unpack(weight) if isinstance(weight, PanelWeight) else weight
         # 16 bits only where the native kernels run: torch's products widen a copy per call, which makes
         # a decode step with the kernels off slower than from float32
         exact_16bit = exact_16bit and float32 and self.backend.reads_16bit_weights
@@ -321,22 +326,33 @@ class HybridModel(Kernelled, nn.Module):
                 return torch.bfloat16
             if exact_16bit and key(weight) not in elsewhere:
                 for half in HALF_DTYPES:
-                    if weight.dtype is half or exact_in(weight, half):
+                    if weight.dtype is half or exact_in(values(weight), half):
                         return half
             return torch.float32 if float32 and weight.dtype in HALF_DTYPES else weight.dtype
 
         weights = {key(weight): weight for module in self.modules()  # each product weight once
                    for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                    if products(module, name, weight)}
-        # [..., in, out]; on CPU side by side in huge pages (a packed weight moves too: the memory it
-        # shares with the others is then released)
-        specs = [((*weight.shape[:-2], weight.shape[-1], weight.shape[-2]), storage(weight))
-                 for weight in weights.values()]
+        def as_panels(weight) -> bool:  # a 2-d product weight, laid out in panels
+            return panels_here and (weight.dim() == 2 or isinstance(weight, PanelWeight))
+
+        def shape(weight, dtype) -> tuple[int, ...]:  # panels, or [..., in, out]
+            if as_panels(weight):
+                return panels.panel_shape(*values(weight).shape, dtype)
+            weight = values(weight)
+            return (*weight.shape[:-2], weight.shape[-1], weight.shape[-2])
+
+        # on CPU side by side in huge pages (a packed weight moves too: the memory it shares with the
+        # others is then released)
+        specs = [(shape(weight, storage(weight)), storage(weight)) for weight in weights.values()]
         stores = huge_pages.zeros(specs, self.device)
         packed: dict[tuple, nn.Parameter] = {}
         for (k, weight), stored in zip(weights.items(), stores):
-            stored.copy_(weight.detach().transpose(-1, -2))  # rounds as `.to` does where the dtype narrows
-            packed[k] = param(stored.transpose(-1, -2))
+            if as_panels(weight):  # rounds as `.to` does where the dtype narrows
+                packed[k] = panels.pack(values(weight).detach(), stored)
+            else:
+                stored.copy_(values(weight).detach().transpose(-1, -2))
+                packed[k] = param(stored.transpose(-1, -2))
         for module in self.modules():  # the product weights, and those tied to one (an embedding to lm_head)
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if key(weight) in packed:
@@ -351,25 +367,41 @@ class HybridModel(Kernelled, nn.Module):
         return self
 
     def _widen_16bit(self, keep=lambda module, name, weight: False) -> None:
-        """Each 16-bit parameter widened to float32, but those `keep` names (a
-        Parameter tied to several names stays one)."""
-        widened: dict[int, nn.Parameter] = {}
+        """Each 16-bit parameter widened to float32 (a packed one unpacked to [out, in]), but
+        those `keep` names (a Parameter tied to several names stays one)."""
+        self._replace(lambda module, name, weight: weight.dtype in HALF_DTYPES and not keep(module, name, weight),
+                      lambda weight: (panels.unpack(weight, torch.float32) if isinstance(weight, PanelWeight)
+                                      else weight.detach().to(torch.float32)))
+
+    def _unpack_panels(self) -> bool:
+        """Each `PanelWeight` back to a plain [out, in] Parameter in its dtype; whether there was one."""
+        return self._replace(lambda module, name, weight: isinstance(weight, PanelWeight), panels.unpack)
+
+    def _replace(self, which, new) -> bool:
+        """Each parameter `which(module, name, weight)` names replaced by param(new(weight)), once per
+        Parameter (tied names stay tied); whether any was."""
+        replaced: dict[int, nn.Parameter] = {}
         for module in self.modules():
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                if weight.dtype in HALF_DTYPES and not keep(module, name, weight):
-                    if id(weight) not in widened:
-                        widened[id(weight)] = param(weight.detach().to(torch.float32))
-                    setattr(module, name, widened[id(weight)])
+                if which(module, name, weight):
+                    if id(weight) not in replaced:
+                        replaced[id(weight)] = param(new(weight))
+                    setattr(module, name, replaced[id(weight)])
+        return bool(replaced)
 
     def _apply(self, fn, recurse=True):
-        """`nn.Module.to` and kin, then the backend of the new device and dtype; a
-        float32 model whose new backend's products do not read 16-bit weights
+        """`nn.Module.to` and kin, then the backend of the new device and dtype: weights in panels
+        are unpacked first (`fn` sees plain [out, in] tensors) and packed again where the new backend's
+        products read panels; a float32 model whose new backend's products do not read 16-bit weights
         widens those `pack_for_cpu` kept (torch's products would widen them per call)."""
+        had_panels = self._unpack_panels()
         super()._apply(fn, recurse)
         self.bind_backend(self.backend_name)
         if self.dtype is torch.float32 and not self.backend.reads_16bit_weights and self._has_16bit():
             self._widen_16bit()
             self.bind_backend(self.backend_name)
+        if had_panels and self.dtype is torch.float32 and self.backend.reads_panels:
+            self.pack_for_cpu(exact_16bit=self._has_16bit())
         return self
 
     def _has_16bit(self) -> bool:
@@ -377,7 +409,8 @@ class HybridModel(Kernelled, nn.Module):
 
     def num_parameters(self) -> int:
         # by storage: a shared block's weights back one Parameter per occurrence
-        return sum(p.numel() for p in {(p.data_ptr(), p.shape): p for p in self.parameters()}.values())
+        return sum(p.out_features * p.in_features if isinstance(p, PanelWeight) else p.numel()
+                   for p in {(p.data_ptr(), p.shape): p for p in self.parameters()}.values())
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache, last_only: bool = False) -> torch.Tensor:
         """input_ids [batch, T] -> logits [batch, T or 1, vocab]; `last_only` keeps
@@ -398,12 +431,18 @@ class HybridModel(Kernelled, nn.Module):
         vocab-parallel shard looks up the ids in its rows, zeros for the others,
         and sums over the ranks (one row is not zero: exact)."""
         if self.vocab_shard is None:
-            return self._widened(self.embed.index_select(0, ids))
+            return self._widened(self._table_rows(ids))
         start, rows = self.vocab_shard
         local = ids - start
         mine = (local >= 0) & (local < rows)
-        h = self._widened(self.embed.index_select(0, local.clamp(0, rows - 1)))
+        h = self._widened(self._table_rows(local.clamp(0, rows - 1)))
         return self.tensor_parallel.all_reduce(h.masked_fill(~mine.unsqueeze(-1), 0))
+
+    def _table_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the embedding table (the panels of an LM head it is tied to, `pack_for_cpu`)."""
+        if isinstance(self.embed, PanelWeight):
+            return panels.rows(self.embed, ids)
+        return self.embed.index_select(0, ids)
 
     def _widened(self, rows: torch.Tensor) -> torch.Tensor:
         """Rows of a 16-bit table (`pack_for_cpu`) in the model's dtype (exact); others as they are."""
