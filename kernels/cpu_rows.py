@@ -13,8 +13,9 @@ rows register tiles take over (a verify of batch 2–4 and up), again with the
 same bits. It is built and loaded with the other native CPU kernels (`cpu_native`).
 
 Used by the native backend's `linear` op (`ops.NativeLinear`) when every condition holds: float32 CPU
-tensors, at most `MAX_ROWS` rows, an input-major contiguous weight (what
-`HybridModel.pack_for_cpu` stores; `hs.load` packs on CPU), float32 or its
+tensors, a weight in panels (what `HybridModel.pack_for_cpu` stores for a float32 model; `hs.load`
+packs on CPU; `cpu_panels.c`) or, for at most `MAX_ROWS` rows, an input-major contiguous one
+(a MoE's experts), float32 or its
 exact bfloat16 or float16 copy (pack_for_cpu's `exact_16bit`: the kernel
 widens each weight as it loads it, the same bits from half the bytes), no
 autograd, and
@@ -60,8 +61,12 @@ def vector_path(choice: str | None = None) -> str:
 
 
 def applies(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
-    """Whether `rows_matmul(x, weight_t)` runs for these operands (see the module docstring)."""
-    return x.shape[0] <= MAX_ROWS and _operands_ok(x, weight_t)
+    """Whether `rows_matmul(x, weight_t)` runs for these operands (see the module docstring): up to
+    MAX_ROWS rows; on one thread any count for a weight in panels (there the kernel is faster than
+    MKL on the unpacked weight at a prefill's rows too; with more threads MKL splits a prefill's
+    product better than the kernel's helpers: docs/results/llamacpp.md, "Panels")."""
+    return ((x.shape[0] <= MAX_ROWS or (isinstance(weight_t, PanelWeight) and torch.get_num_threads() == 1))
+            and _operands_ok(x, weight_t))
 
 
 def applies_bf16(x: torch.Tensor, weight_t: torch.Tensor) -> bool:

@@ -99,6 +99,8 @@ class NativeLinear(Linear):
         weight_t = weight if isinstance(weight, PanelWeight) else transposed(weight)
         if cpu_rows.applies(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t)
+        elif isinstance(weight, PanelWeight):
+            out = panels.matmul(rows, weight)
         else:
             out = torch.mm(rows, dense_t(weight, rows.dtype))
         if bias is not None:

@@ -84,6 +84,21 @@ def unpack(weight: PanelWeight, dtype: torch.dtype | None = None) -> torch.Tenso
     return full[:weight.out_features, :weight.in_features].contiguous()
 
 
+# rows up to which torch multiplies float32 panels one by one (no copy of the weight); past them MKL
+# packs x once per panel, which costs more than unpacking the weight (docs/results/llamacpp.md, "Panels")
+PANELWISE_MAX_ROWS = 256
+
+
+def matmul(x: torch.Tensor, weight: PanelWeight) -> torch.Tensor:
+    """x [M, K] @ the values' transpose by torch: [M, N]; float32 panels of a few hundred rows
+    panel by panel, else on the unpacked weight."""
+    if weight.dtype is not x.dtype or pair_rows(weight.dtype) != 1 or x.shape[0] > PANELWISE_MAX_ROWS:
+        return x @ unpack_t(weight, x.dtype)
+    panels_, rows, width = weight.shape
+    out = torch.matmul(x, weight.detach()[:, :weight.in_features])  # [panels, M, PANEL]
+    return out.transpose(0, 1).reshape(x.shape[0], panels_ * PANEL)[:, :weight.out_features]
+
+
 def unpack_t(weight: PanelWeight, dtype: torch.dtype) -> torch.Tensor:
     """The values as [in, out] contiguous in `dtype`: what torch's product reads fastest."""
     panels, rows, width = weight.shape

@@ -194,7 +194,7 @@ def test_attention_over_a_long_context_has_the_same_bits_at_every_thread_count()
     def decode_and_verify(count):
         cache = HybridCache(long_model.config, max_seqs=1, num_blocks=24, block_size=16, ring_slots=8,
                             dtype=long_model.dtype)
-        long_model.prefill(cache, [0], [prompt], last_only=True)  # one thread: past 96 rows MKL's products run
+        long_model.prefill(cache, [0], [prompt], last_only=True)  # one thread, outside the counts compared
         steps = with_threads(count, lambda: [long_model.decode(cache, [0], [t]) for t in (11, 12, 13)]
                              + [long_model.extend(cache, [0], [[14, 15, 16, 17, 18]])])
         return steps, cache

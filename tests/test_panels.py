@@ -50,10 +50,10 @@ def test_the_products_give_the_input_major_kernels_bits(both_vector_paths, out_f
     g = torch.Generator().manual_seed(in_features)
     weight = torch.randn(out_features, in_features, generator=g).to(dtype)
     p, weight_t = packed(weight), weight.t().contiguous()
-    x = torch.randn(cpu_rows.MAX_ROWS, in_features, generator=g)
+    x = torch.randn(200, in_features, generator=g)
 
-    def check():
-        for M in (1, 2, 4, 5, 6, 7, 13, 40, cpu_rows.MAX_ROWS):
+    def check():  # past CHUNK_ROWS too: `linear` gives panels any row count
+        for M in (1, 2, 4, 5, 6, 7, 13, 40, cpu_rows.MAX_ROWS, 200):
             assert torch.equal(cpu_rows.rows_matmul(x[:M], p), cpu_rows.rows_matmul(x[:M], weight_t)), M
     both_vector_paths(check)
 
@@ -116,3 +116,14 @@ def test_a_float32_model_packs_in_panels_and_keeps_its_logits():
     model.to("meta")  # leaving the CPU: plain [out, in] weights again
     assert not any(isinstance(p, PanelWeight) for p in model.parameters())
     assert model.lm_head.shape == (model.vocab_size, model.config.hidden_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torchs_product_by_panels_is_the_product(dtype):
+    """`panels.matmul` (past MAX_ROWS with several threads, and wherever the kernel declines):
+    panel by panel up to PANELWISE_MAX_ROWS float32 rows, on the unpacked weight past them."""
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randn(130, 70, generator=g).to(dtype)
+    for M in (3, panels.PANELWISE_MAX_ROWS, panels.PANELWISE_MAX_ROWS + 1):
+        x = torch.randn(M, 70, generator=g)
+        torch.testing.assert_close(panels.matmul(x, packed(weight)), x @ weight.t().float(), rtol=1e-5, atol=1e-5)
