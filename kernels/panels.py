@@ -84,18 +84,23 @@ def unpack(weight: PanelWeight, dtype: torch.dtype | None = None) -> torch.Tenso
     return full[:weight.out_features, :weight.in_features].contiguous()
 
 
-# rows up to which torch multiplies float32 panels one by one (no copy of the weight); past them MKL
-# packs x once per panel, which costs more than unpacking the weight (docs/results/llamacpp.md, "Panels")
+# rows up to which torch multiplies panel by panel (no copy of a float32 weight); past them MKL packs
+# x once per panel, which costs more than unpacking the weight (docs/results/llamacpp.md, "Panels")
 PANELWISE_MAX_ROWS = 256
 
 
 def matmul(x: torch.Tensor, weight: PanelWeight) -> torch.Tensor:
-    """x [M, K] @ the values' transpose by torch: [M, N]; float32 panels of a few hundred rows
-    panel by panel, else on the unpacked weight."""
-    if weight.dtype is not x.dtype or pair_rows(weight.dtype) != 1 or x.shape[0] > PANELWISE_MAX_ROWS:
+    """x [M, K] @ the values' transpose by torch: [M, N]; up to PANELWISE_MAX_ROWS rows panel by
+    panel (16-bit panels widened to x's dtype, bfloat16's row pairs split), else on the unpacked
+    weight."""
+    if x.shape[0] > PANELWISE_MAX_ROWS:
         return x @ unpack_t(weight, x.dtype)
     panels_, rows, width = weight.shape
-    out = torch.matmul(x, weight.detach()[:, :weight.in_features])  # [panels, M, PANEL]
+    data = weight.detach()
+    if width != PANEL:  # [panels, rows, PANEL, 2] -> [panels, 2 · rows, PANEL]
+        data = data.view(panels_, rows, PANEL, 2).transpose(2, 3).reshape(panels_, 2 * rows, PANEL)
+    data = data[:, :weight.in_features]
+    out = torch.matmul(x, data if data.dtype is x.dtype else data.to(x.dtype))  # [panels, M, PANEL]
     return out.transpose(0, 1).reshape(x.shape[0], panels_ * PANEL)[:, :weight.out_features]
 
 

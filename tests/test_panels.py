@@ -121,7 +121,7 @@ def test_a_float32_model_packs_in_panels_and_keeps_its_logits():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_torchs_product_by_panels_is_the_product(dtype):
     """`panels.matmul` (past MAX_ROWS with several threads, and wherever the kernel declines):
-    panel by panel up to PANELWISE_MAX_ROWS float32 rows, on the unpacked weight past them."""
+    panel by panel up to PANELWISE_MAX_ROWS rows (bfloat16 widened), on the unpacked weight past them."""
     g = torch.Generator().manual_seed(11)
     weight = torch.randn(130, 70, generator=g).to(dtype)
     for M in (3, panels.PANELWISE_MAX_ROWS, panels.PANELWISE_MAX_ROWS + 1):
