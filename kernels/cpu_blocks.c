@@ -8,7 +8,7 @@
  * with the Mamba-2 mixer's conv window and recurrence written into the ring
  * slots of the plan exactly as `hs_conv_window_steps` and `hs_mamba2_steps`
  * write them (it calls them). h and out are [rows, hidden] contiguous;
- * weights are input-major ([in, out] contiguous, what `pack_for_cpu` stores);
+ * weights are tagged addresses (cpu_kernels.h): panels, what `pack_for_cpu` stores, or input-major;
  * `work` is scratch memory of the size the Python side computes. Built by
  * `cpu_native.py`, used through `cpu_blocks.py`.
  */

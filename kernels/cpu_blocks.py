@@ -28,7 +28,7 @@ forward.
 `DecoderLayer` calls its blocks first (`mixer_block`, `mlp_block`); they return None
 (and the modules run) unless every condition holds: the native kernels'
 (`cpu_native.takes`; for the Mamba block every row runs all its inputs), at
-most `BLOCK_ROWS` rows (batch · inputs), input-major weights
+most `BLOCK_ROWS` rows (batch · inputs), weights in panels or input-major
 (`pack_for_cpu`), and the plain form of the block: a gated SiLU MLP without
 biases or multipliers; a Mamba-2 mixer with RMSNorm(y ⊙ silu(z)), no
 projection biases or multipliers and the default Δ limits (its inputs go to

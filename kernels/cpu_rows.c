@@ -1,9 +1,11 @@
 /* Few-row matrix products on x86 CPUs with AVX2 and FMA (AVX-512 where present): y = x @ w.
  *
  * x is [M, K] (rows `ldx` floats apart, unit column stride), w is [K, N]
- * contiguous (input-major: what `HybridModel.pack_for_cpu` stores), float32
+ * contiguous (input-major: a MoE's experts, a weight not packed), float32
  * or its exact bfloat16 / float16 copy (see "weight storage" below), y is
- * [M, N] contiguous. Built by `cpu_native.py`, used through `cpu_rows.py` (see there for why).
+ * [M, N] contiguous; a weight in panels (what `HybridModel.pack_for_cpu`
+ * stores, HS_PANELS) goes to `cpu_panels.c` with the same bits. Built by
+ * `cpu_native.py`, used through `cpu_rows.py` (see there for why).
  *
  * The weight is streamed in memory order, Q rows of w at a time, for groups
  * of up to GROUP_ROWS rows of x; the group's G·Q broadcasts of x and the Q

@@ -2,7 +2,8 @@
  *
  * The opt-in fast 16-bit path (`compute="bfloat16"`, `kernels/backend.py`): not bit-equal to
  * float32. x is [M, K] float32 (rows `ldx` floats apart), w is [K, N] bfloat16, contiguous
- * (input-major, what `HybridModel.pack_for_cpu` stores), y is [M, N] float32. Each activation is
+ * (input-major: a MoE's experts; `cpu_panels.c` takes `pack_for_cpu`'s panels with the same
+ * bits), y is [M, N] float32. Each activation is
  * rounded to bfloat16 (to nearest, ties to even: torch's `x.bfloat16()`, llama.cpp's
  * GGML_FP32_TO_BF16), then `_mm512_dpbf16_ps` multiplies pairs of them by pairs of weights
  * (k = 2j, 2j + 1) and adds both products to a float32 sum: half the instructions of the exact
