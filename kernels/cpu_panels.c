@@ -20,10 +20,14 @@
  * compute: of dpbf16 steps over the pairs), as in `cpu_rows.c` and `cpu_rows_bf16.c`: the same
  * bits whatever M, the row's group, the column's place, the thread or the vector path.
  *
- * Up to a tile's rows (6 on AVX-512, 2 on AVX2) one tile runs each panel over all of K, fetching the
- * stream PREFETCH_ROWS panel rows ahead. More rows: blocks of BLOCK_K weight rows (a panel's block,
- * 16 KiB, stays in L1 for every row group), the first group fetching the next block; the sums are
- * loaded from y and stored back once per block, so each chain still runs over k in order.
+ * Rows in groups of up to a tile's rows (6 on AVX-512, 2 on AVX2), chunks of up to CHUNK_ROWS. A
+ * panel of up to STREAM_PANEL_BYTES is streamed whole: the first group's tile runs over all of K,
+ * fetching the stream PREFETCH_ROWS panel rows ahead, and the other groups' tiles read the panel
+ * from L2, each tile's sums in registers throughout; against blocks of BLOCK_K rows kept in L1
+ * this was 1.1-1.5x faster from 8 to 96 rows (docs/results/llamacpp.md, "Panels"). A larger panel
+ * (K past 2,048 float32 or 4,096 bfloat16 values) takes those blocks, the first group fetching the
+ * next; the sums are then loaded from y and stored back once per block, so each chain still runs
+ * over k in order.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -33,9 +37,10 @@
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
 
-#define BLOCK_K 64       /* weight rows per block when several row groups share a panel */
+#define BLOCK_K 64       /* weight rows per block of a panel too large to stream whole */
 #define CHUNK_ROWS 96    /* rows per chunk: a last, narrower panel is computed into 24 KiB of stack */
 #define PREFETCH_ROWS 16 /* how far ahead a single group fetches its stream: 4 KiB */
+#define STREAM_PANEL_BYTES (512 << 10) /* panels up to this size are streamed whole (they stay in L2) */
 #define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* prefetch the `bytes` (a panel row) at `p` */
@@ -213,12 +218,14 @@ void hs_panel_columns(const float *x, int64_t ldx, const uint32_t *xp, const voi
             const int whole = c1 - n0 >= PANEL;
             float *yp = whole ? y + m0 * ldy + (n0 - c0) : scratch;
             const int64_t ldp = whole ? ldy : PANEL;
-            for (int64_t k0 = 0; k0 < k_end; k0 += groups > 1 ? block : k_end) {
-                const int64_t k1 = groups > 1 && k0 + block < k_end ? k0 + block : k_end;
+            const int stream = panel_bytes <= STREAM_PANEL_BYTES;
+            const int64_t step = stream ? k_end : block;
+            for (int64_t k0 = 0; k0 < k_end; k0 += step) {
+                const int64_t k1 = k0 + step < k_end ? k0 + step : k_end;
                 for (int64_t group = 0; group < groups; ++group) {
                     const int64_t g0 = m0 + (m1 - m0) * group / groups, g1 = m0 + (m1 - m0) * (group + 1) / groups;
-                    /* one group streams the panel; of several, the first fetches the next block */
-                    const int64_t ahead = groups == 1 ? PREFETCH_ROWS : group == 0 ? (dot ? block : block / R) : 0;
+                    /* the first group streams the panel (the others read it from L2), or fetches the next block */
+                    const int64_t ahead = group > 0 ? 0 : stream ? PREFETCH_ROWS : dot ? block : block / R;
                     for (int s = 0; s < PANEL; s += t->width)
                         t->tile[g1 - g0]((const float *)(rows + g0 * ld * 4), ld, panel + (int64_t)s * R * (int64_t)size,
                                          k0, k1, yp + (g0 - m0) * ldp + s, ldp, k0 == 0, ahead);

@@ -16,8 +16,10 @@ from hybridspec.kernels.panels import PanelWeight
 from oracles import bamba
 from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 
-# (out, in): a last panel narrower than 64 columns, an odd K (a bfloat16 pair with one row), one column
-SHAPES = [(1, 1), (7, 3), (13, 5), (8, 64), (257, 129), (1160, 256), (4101, 7), (130, 2048)]
+# (out, in): a last panel narrower than 64 columns, an odd K (a bfloat16 pair with one row), one column;
+# panels past STREAM_PANEL_BYTES (cpu_panels.c: in blocks) from 2,049 float32 and 4,097 bfloat16 inputs
+SHAPES = [(1, 1), (7, 3), (13, 5), (8, 64), (257, 129), (1160, 256), (4101, 7), (130, 2048), (70, 2101),
+          (65, 4201)]
 TYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
