@@ -13,8 +13,8 @@
  * Why: a few rows' product (a decode step, a verify, a small batch) is bound by streaming its weight
  * from memory. Here each panel is one sequential stream and a tile keeps its rows' sums in registers
  * over all of K; the input-major layout reads a dozen rows far apart at once and loads and stores
- * the sums every few of them, which streamed the same bytes at about two thirds of the speed
- * (docs/results/llamacpp.md, "Panels").
+ * the sums every few of them, which streamed the same bytes slower, most of all for bfloat16 and
+ * a verify's few rows (docs/results/llamacpp.md, "Panels").
  *
  * Every output is the chain of fused multiply-adds over k = 0, 1, …, K - 1 from zero (bfloat16
  * compute: of dpbf16 steps over the pairs), as in `cpu_rows.c` and `cpu_rows_bf16.c`: the same
@@ -23,8 +23,8 @@
  * Rows in groups of up to a tile's rows (6 on AVX-512, 2 on AVX2), chunks of up to CHUNK_ROWS. A
  * panel of up to STREAM_PANEL_BYTES is streamed whole: the first group's tile runs over all of K,
  * fetching the stream PREFETCH_ROWS panel rows ahead, and the other groups' tiles read the panel
- * from L2, each tile's sums in registers throughout; against blocks of BLOCK_K rows kept in L1
- * this was 1.1-1.5x faster from 8 to 96 rows (docs/results/llamacpp.md, "Panels"). A larger panel
+ * from L2, each tile's sums in registers throughout: faster from 8 to 96 rows than blocks of
+ * BLOCK_K rows kept in L1 (docs/results/llamacpp.md, "Panels"). A larger panel
  * (K past 2,048 float32 or 4,096 bfloat16 values) takes those blocks, the first group fetching the
  * next; the sums are then loaded from y and stored back once per block, so each chain still runs
  * over k in order.

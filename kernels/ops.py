@@ -51,13 +51,13 @@ def constant(value: float, dtype: torch.dtype, device) -> torch.Tensor:
     return c
 
 
-def dense_t(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The [in, out] operand torch multiplies by, in `dtype`: the cached transposed view, a copy
-    where the weight is stored in 16 bits (widened exactly) or in panels (`panels.unpack_t`)."""
+def torch_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rows [M, in] @ weight [out, in]ᵀ by torch: on the cached transposed view (a weight stored in
+    16 bits, `pack_for_cpu`, widened exactly for it), or panel by panel (`panels.matmul`)."""
     if isinstance(weight, PanelWeight):
-        return panels.unpack_t(weight, dtype)
+        return panels.matmul(rows, weight)
     weight_t = transposed(weight)
-    return weight_t if weight_t.dtype == dtype else weight_t.to(dtype)
+    return torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
 
 
 def transposed(weight: torch.Tensor) -> torch.Tensor:
@@ -80,7 +80,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
-        out = torch.mm(rows, dense_t(weight, rows.dtype))
+        out = torch_product(rows, weight)
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
@@ -99,10 +99,8 @@ class NativeLinear(Linear):
         weight_t = weight if isinstance(weight, PanelWeight) else transposed(weight)
         if cpu_rows.applies(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t)
-        elif isinstance(weight, PanelWeight):
-            out = panels.matmul(rows, weight)
         else:
-            out = torch.mm(rows, dense_t(weight, rows.dtype))
+            out = torch_product(rows, weight)
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
@@ -123,7 +121,7 @@ class NativeBf16Linear(NativeLinear):
         if cpu_rows.applies_bf16(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t, torch.bfloat16)
         else:
-            out = torch.mm(rows.to(torch.bfloat16).to(rows.dtype), dense_t(weight, rows.dtype))
+            out = torch_product(rows.to(torch.bfloat16).to(rows.dtype), weight)
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])

@@ -4,15 +4,17 @@ A weight [out, in] multiplies as w [K = in, N = out]. In panels its N columns ar
 PANEL-column panels, each holding all K rows of its columns contiguously, the panels one after
 another; bfloat16 keeps rows 2j and 2j + 1 side by side in each 32-bit lane (`pair_rows`), which is
 what AVX512-BF16's dot product takes and what a shift and a mask widen. A decode step then reads
-each panel as one sequential stream and keeps its sums in registers over all of K: about 1.3× (float32)
-to 1.9× (bfloat16) the speed at which the input-major layout streamed the same bytes
-(docs/results/llamacpp.md, "Panels"). The bits are those of the input-major products.
+each panel as one sequential stream and keeps its sums in registers over all of K, where the
+input-major layout reads a dozen rows far apart and loads and stores the sums every few: faster
+at one row, most of all for bfloat16 and for a verify's few rows (docs/results/llamacpp.md,
+"Panels"). The bits are those of the input-major products.
 
 No strided view of [out, in] lies in panels, so a packed weight is its own Parameter type,
 `PanelWeight`: data [panels, rows, PANEL · R] (zero past K and N) and the logical `out_features`,
 `in_features`. `HybridModel.pack_for_cpu` makes them where the backend's products read panels
-(`Backend.reads_panels`); `matmul` multiplies by one (the kernel, else torch on the unpacked
-weight), `rows` looks up an embedding tied to one, `unpack` gives the values back as [out, in].
+(`Backend.reads_panels`); the product kernels read them (`cpu_rows.rows_matmul`, the HS_PANELS
+address tag), `matmul` multiplies by one with torch where the kernels do not, `rows` looks up an
+embedding tied to one, `unpack` gives the values back as [out, in].
 """
 from __future__ import annotations
 

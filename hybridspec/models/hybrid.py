@@ -333,6 +333,7 @@ class HybridModel(Kernelled, nn.Module):
         weights = {key(weight): weight for module in self.modules()  # each product weight once
                    for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                    if products(module, name, weight)}
+
         def as_panels(weight) -> bool:  # a 2-d product weight, laid out in panels
             return panels_here and (weight.dim() == 2 or isinstance(weight, PanelWeight))
 
