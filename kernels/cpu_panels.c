@@ -147,14 +147,6 @@ static const tile_set TILES[3][2] = {{SET256(f32), SET512(f32)}, {SET256(bf16), 
 
 /* -- bfloat16 compute (AVX512-BF16): x rounded to bfloat16 pairs, dpbf16 into float32 sums ---------- */
 
-/* float32 -> bfloat16, to nearest, ties to even; a NaN stays a (quiet) NaN (as cpu_rows_bf16.c) */
-static inline uint32_t bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-
 /* y[0:G, 0:64] (first: =, else +=) the G rows of rounded pairs at xp (ldp apart), pairs j0 … j1 - 1,
  * by the panel at wp */
 #define DEFINE_DOT_TILE(G)                                                                                 \

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 
 #define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define BLOCK_PAIRS 32  /* pairs of weight rows per block: a panel's interleaved block is 8 KiB (L1) */
@@ -51,14 +52,6 @@
 int hs_bf16_supported(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
         && __builtin_cpu_supports("avx512bf16");
-}
-
-/* float32 -> bfloat16, to nearest, ties to even; a NaN stays a (quiet) NaN */
-static inline uint32_t bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
 /* rows m0 <= m < m1 of x, pairs j0 <= j < j1, as dpbf16 takes them:

@@ -3,6 +3,16 @@
 #define HYBRIDSPEC_CPU_SIMD_H
 
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+/* float32 -> bfloat16, to nearest, ties to even; a NaN stays a (quiet) NaN */
+static inline uint32_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
 
 /* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
 #define TARGET512 __attribute__((target("avx512f")))
