@@ -11,7 +11,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_rows, panels
+from hybridspec.kernels import cpu_native, cpu_rows, panels
 from hybridspec.kernels.panels import PanelWeight
 from oracles import bamba
 from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
@@ -63,7 +63,6 @@ def test_the_products_give_the_input_major_kernels_bits(both_vector_paths, out_f
 @x86_with_compiler
 @pytest.mark.parametrize("out_features,in_features", SHAPES)
 def test_bfloat16_compute_gives_the_input_major_kernels_bits(out_features, in_features):
-    from hybridspec.kernels import cpu_native
     if not cpu_native.bf16_compute_supported():
         pytest.skip("this CPU has no AVX512-BF16")
     g = torch.Generator().manual_seed(in_features)
