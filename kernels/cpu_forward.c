@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
@@ -40,23 +41,16 @@ static int64_t layer_work(const hs_layer *l, const hs_forward_args *a, int64_t m
     return need;
 }
 
-/* h[r] = the embedding of token ids[r] from the LM head's panels it is tied to (`embed` tagged
- * HS_PANELS: token t is column t of the head's [hidden, vocab], widened from 16 bits) */
-static void embed_from_panels(const hs_forward_args *a, uintptr_t embed, int64_t rows, int64_t hidden, float *h) {
-    const uintptr_t type = embed & HS_WEIGHT_TYPE;
-    const int64_t R = type == HS_BF16_WEIGHT ? 2 : 1, Kr = (hidden + R - 1) / R;
-    const void *w = (const void *)(embed & ~(uintptr_t)HS_WEIGHT_TAGS);
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = a->ids[r], column = t / PANEL * Kr * PANEL * R + t % PANEL * R;
-        for (int64_t c = 0; c < hidden; ++c) {
-            const int64_t at = column + c / R * PANEL * R + c % R;
-            if (type == HS_F16_WEIGHT) h[r * hidden + c] = _cvtsh_ss(((const uint16_t *)w)[at]);
-            else if (type == HS_BF16_WEIGHT) {
-                const uint32_t bits = (uint32_t)((const uint16_t *)w)[at] << 16;
-                memcpy(h + r * hidden + c, &bits, sizeof bits);
-            } else h[r * hidden + c] = ((const float *)w)[at];
-        }
-    }
+/* the embedding table's value c of token t, widened from 16 bits: the table [vocab, hidden] at
+ * strides (embed_row, embed_col), or (HS_PANELS) the LM head's panels it is tied to, where token t
+ * is column t of the head's [hidden, vocab] (cpu_panels.c's layout, R rows side by side) */
+static inline float embed_value(const hs_forward_args *a, const void *w, uintptr_t type, int panels, int64_t t,
+                                int64_t c) {
+    const int64_t R = type == HS_BF16_WEIGHT ? 2 : 1;
+    const int64_t at = panels ? (t / PANEL * ((a->hidden + R - 1) / R) + c / R) * PANEL * R + t % PANEL * R + c % R
+                              : t * a->embed_row + c * a->embed_col;
+    return type == HS_F16_WEIGHT ? f16_value(((const uint16_t *)w)[at])
+           : type == HS_BF16_WEIGHT ? bf16_value(((const uint16_t *)w)[at]) : ((const float *)w)[at];
 }
 
 int hs_forward(const hs_forward_args *a) {
@@ -78,23 +72,13 @@ int hs_forward(const hs_forward_args *a) {
         if (a->ids[r] < 0 || a->ids[r] >= a->vocab) return -2;
     const uintptr_t embed = (uintptr_t)a->embed, type = embed & HS_WEIGHT_TYPE;
     if (type == HS_WEIGHT_TYPE) return -1;
-    if (embed & HS_PANELS) embed_from_panels(a, embed, rows, hidden, h);
-    for (int64_t r = 0; r < rows && !(embed & HS_PANELS); ++r) {  /* the embeddings, copied (a 16-bit table's widened) */
-        if (type) {
-            const uint16_t *e = (const uint16_t *)(embed & ~(uintptr_t)HS_WEIGHT_TYPE) + a->ids[r] * a->embed_row;
-            for (int64_t c = 0; c < hidden; ++c) {
-                const uint16_t v = e[c * a->embed_col];
-                if (type == HS_F16_WEIGHT) h[r * hidden + c] = _cvtsh_ss(v);
-                else {
-                    const uint32_t bits = (uint32_t)v << 16;
-                    memcpy(h + r * hidden + c, &bits, sizeof bits);
-                }
-            }
-            continue;
-        }
-        const float *e = a->embed + a->ids[r] * a->embed_row;
-        if (a->embed_col == 1) memcpy(h + r * hidden, e, sizeof(float) * (size_t)hidden);
-        else for (int64_t c = 0; c < hidden; ++c) h[r * hidden + c] = e[c * a->embed_col];
+    const void *table = (const void *)(embed & ~(uintptr_t)HS_WEIGHT_TAGS);
+    const int panels = (embed & HS_PANELS) != 0;
+    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied (a 16-bit table's widened) */
+        if (!type && !panels && a->embed_col == 1)
+            memcpy(h + r * hidden, a->embed + a->ids[r] * a->embed_row, sizeof(float) * (size_t)hidden);
+        else
+            for (int64_t c = 0; c < hidden; ++c) h[r * hidden + c] = embed_value(a, table, type, panels, a->ids[r], c);
     }
     if (a->embed_scale != 1.0f)  /* the embedding multiplier: each value times it, as torch's h * m */
         for (int64_t i = 0; i < rows * hidden; ++i) h[i] *= a->embed_scale;

@@ -82,12 +82,11 @@ class _Table:
     def _build(self, desc: ModelDesc, blocks: list[cpu_blocks.LayerBlocks], cache, compute: torch.dtype) -> bool:
         if desc.dtype is not torch.float32:
             return False
-        head_t = desc.lm_head if isinstance(desc.lm_head, PanelWeight) else desc.lm_head.t()
         final = desc.final_norm.weight
         # the embedding table: [vocab, hidden] at any strides, or the panels of the LM head it is tied to
         embed_panels = isinstance(desc.embed, PanelWeight)
         if not (cpu_blocks._float32_cpu(final) and cpu_native.weight_dtype_ok(desc.embed)
-                and cpu_native.weight_dtype_ok(head_t) and head_t.is_contiguous()
+                and cpu_blocks._products_take(desc.lm_head)
                 and final.is_contiguous() and (embed_panels or desc.embed.dim() == 2)
                 and out_features(desc.embed) == out_features(desc.lm_head)):
             return False
@@ -111,7 +110,7 @@ class _Table:
                 record.mlp, record.mlp_norm, record.mlp_eps = 1, norm_w, eps
                 record.gate_t, record.up_t, record.down_t, record.inter = gate_t, up_t, down_t, inter
         self.layers = layers
-        self.head_t = cpu_native.weight_address(head_t, compute)
+        self.head_t = cpu_native.product_address(desc.lm_head, compute)
         self.final_w, self.final_eps = final.data_ptr(), desc.final_norm.eps
         self.hidden = desc.embed.in_features if embed_panels else desc.embed.shape[1]
         self.vocab = out_features(desc.lm_head)

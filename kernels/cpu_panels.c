@@ -111,10 +111,6 @@
             _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v) STORE(y + g * ldy + W * v, acc[g][v]);      \
     }
 
-static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-TARGET512 static inline __m512 f16x16(const uint16_t *p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
 static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 TARGET512 static inline __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
 #define BF16_512 __m512i, load512, _mm512_slli_epi32, _mm512_and_si512, _mm512_set1_epi32, _mm512_castsi512_ps
@@ -185,7 +181,7 @@ void hs_round_pairs(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_t 
     const int64_t Kr = (K + 1) / 2;
     for (int64_t m = 0; m < M; ++m)
         for (int64_t j = 0; j < Kr; ++j)
-            xp[m * Kr + j] = bf16_bits(x[m * ldx + 2 * j]) | (2 * j + 1 < K ? bf16_bits(x[m * ldx + 2 * j + 1]) << 16 : 0);
+            xp[m * Kr + j] = bf16_pair(x + m * ldx, j, K);
 }
 
 /* -- the driver ------------------------------------------------------------------------------- */
@@ -219,8 +215,9 @@ void hs_panel_columns(const float *x, int64_t ldx, const uint32_t *xp, const voi
                     /* the first group streams the panel (the others read it from L2), or fetches the next block */
                     const int64_t ahead = group > 0 ? 0 : stream ? PREFETCH_ROWS : dot ? block : block / R;
                     for (int s = 0; s < PANEL; s += t->width)
-                        t->tile[g1 - g0]((const float *)(rows + g0 * ld * 4), ld, panel + (int64_t)s * R * (int64_t)size,
-                                         k0, k1, yp + (g0 - m0) * ldp + s, ldp, k0 == 0, ahead);
+                        t->tile[g1 - g0]((const float *)(rows + g0 * ld * 4), ld,
+                                         panel + (int64_t)s * R * (int64_t)size, k0, k1, yp + (g0 - m0) * ldp + s,
+                                         ldp, k0 == 0, ahead);
                 }
             }
             if (!whole)

@@ -190,17 +190,7 @@ static inline __m256 bf16x8(const uint16_t *p) {
 TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
-static inline float bf16_value(uint16_t v) {
-    const uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-TARGET512 static inline __m512 f16x16(const uint16_t *p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
+/* (the float16 loads and both types' scalars: cpu_simd.h) */
 #define WS_PASTE(name, type) name##_##type
 #define WS_NAME(name, type) WS_PASTE(name, type)
 #define WS(name) WS_NAME(name, W_TYPE_NAME)

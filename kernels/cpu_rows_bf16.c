@@ -62,7 +62,7 @@ static void round_pairs(const float *x, int64_t ldx, int64_t m0, int64_t m1, int
         const float *xm = x + m * ldx;
         uint32_t *pm = xp + (m - m0) * BLOCK_PAIRS - j0;
         for (int64_t j = j0; j < j1; ++j)
-            pm[j] = bf16_bits(xm[2 * j]) | (2 * j + 1 < K ? bf16_bits(xm[2 * j + 1]) << 16 : 0);
+            pm[j] = bf16_pair(xm, j, K);
     }
 }
 

@@ -14,8 +14,26 @@ static inline uint32_t bf16_bits(float f) {
     return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+/* x[2j] and x[2j + 1] (0 past K) as one 32-bit lane of bfloat16 pairs, the low half first: what dpbf16 takes */
+static inline uint32_t bf16_pair(const float *x, int64_t j, int64_t K) {
+    return bf16_bits(x[2 * j]) | (2 * j + 1 < K ? bf16_bits(x[2 * j + 1]) << 16 : 0);
+}
+
 /* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
 #define TARGET512 __attribute__((target("avx512f")))
+
+/* 16-bit weights widened exactly to float32: one value, or 8 / 16 consecutive ones */
+static inline float bf16_value(uint16_t v) {
+    const uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
+static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+TARGET512 static inline __m512 f16x16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
 
 /* exp: Cody–Waite reduction by ln 2 and a degree-5 minimax polynomial, about
  * 1 ulp; arguments clamped to the float range. The constants, once for exp8

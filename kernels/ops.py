@@ -62,7 +62,10 @@ def torch_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def transposed(weight: torch.Tensor) -> torch.Tensor:
     """weight.t(), a view made once per parameter and remade if its storage
-    changes (`model.to(device)` swaps it)."""
+    changes (`model.to(device)` swaps it); a `PanelWeight` is its own [in, out]
+    operand (the products read its panels)."""
+    if isinstance(weight, PanelWeight):
+        return weight
     view = getattr(weight, "_hs_transposed", None)
     if view is None or view.data_ptr() != weight.data_ptr() or view.device != weight.device:
         view = weight.t()
@@ -96,7 +99,7 @@ class NativeLinear(Linear):
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
-        weight_t = weight if isinstance(weight, PanelWeight) else transposed(weight)
+        weight_t = transposed(weight)
         if cpu_rows.applies(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t)
         else:
@@ -117,7 +120,7 @@ class NativeBf16Linear(NativeLinear):
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
         if weight.dtype is not torch.bfloat16:
             return super().__call__(x, weight, bias)
-        weight_t = weight if isinstance(weight, PanelWeight) else transposed(weight)
+        weight_t = transposed(weight)
         if cpu_rows.applies_bf16(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t, torch.bfloat16)
         else:

@@ -310,56 +310,52 @@ class HybridModel(Kernelled, nn.Module):
         float32 = self.dtype is torch.float32
         panels_here = float32 and self.backend.reads_panels
 
-        def values(weight):  # [out, in] (a packed weight's values)
-            return panels.unpack(weight) if isinstance(weight, PanelWeight) else weight
         # 16 bits only where the native kernels run: torch's products widen a copy per call, which makes
         # a decode step with the kernels off slower than from float32
         exact_16bit = exact_16bit and float32 and self.backend.reads_16bit_weights
 
         rounded = float32 and self.compute is torch.bfloat16  # the products multiply bfloat16 weights
 
-        def storage(weight, product: bool = True) -> torch.dtype:
-            """bfloat16, else float16, where that is exact and allowed (a product weight: bfloat16 under
-            bfloat16 compute); a 16-bit weight of a float32 model (`load`'s) else widened; any other
-            weight as it is."""
-            if rounded and product and key(weight) not in elsewhere:
+        def storage(k, weight, product: bool = True) -> torch.dtype:
+            """The dtype of the weight whose key is k and values [out, in] `weight`: bfloat16, else
+            float16, where that is exact and allowed (a product weight: bfloat16 under bfloat16
+            compute); a 16-bit weight of a float32 model (`load`'s) else widened; any other as it is."""
+            if rounded and product and k not in elsewhere:
                 return torch.bfloat16
-            if exact_16bit and key(weight) not in elsewhere:
+            if exact_16bit and k not in elsewhere:
                 for half in HALF_DTYPES:
-                    if weight.dtype is half or exact_in(values(weight), half):
+                    if weight.dtype is half or exact_in(weight, half):
                         return half
             return torch.float32 if float32 and weight.dtype in HALF_DTYPES else weight.dtype
 
-        weights = {key(weight): weight for module in self.modules()  # each product weight once
-                   for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
-                   if products(module, name, weight)}
+        values: dict[tuple, torch.Tensor] = {}  # each product weight once, by key: its values (a packed one unpacked)
+        for module in self.modules():
+            for name, weight in module.named_parameters(recurse=False, remove_duplicate=False):
+                if products(module, name, weight) and key(weight) not in values:
+                    values[key(weight)] = panels.unpack(weight) if isinstance(weight, PanelWeight) else weight.detach()
+        dtypes = {k: storage(k, weight) for k, weight in values.items()}
 
-        def as_panels(weight) -> bool:  # a 2-d product weight, laid out in panels
-            return panels_here and (weight.dim() == 2 or isinstance(weight, PanelWeight))
-
-        def shape(weight, dtype) -> tuple[int, ...]:  # panels, or [..., in, out]
-            if as_panels(weight):
-                return panels.panel_shape(*values(weight).shape, dtype)
-            weight = values(weight)
+        def shape(weight, dtype) -> tuple[int, ...]:  # panels (a 2-d weight where they are read), or [..., in, out]
+            if panels_here and weight.dim() == 2:
+                return panels.panel_shape(*weight.shape, dtype)
             return (*weight.shape[:-2], weight.shape[-1], weight.shape[-2])
 
         # on CPU side by side in huge pages (a packed weight moves too: the memory it shares with the
         # others is then released)
-        specs = [(shape(weight, storage(weight)), storage(weight)) for weight in weights.values()]
-        stores = huge_pages.zeros(specs, self.device)
+        stores = huge_pages.zeros([(shape(weight, dtypes[k]), dtypes[k]) for k, weight in values.items()], self.device)
         packed: dict[tuple, nn.Parameter] = {}
-        for (k, weight), stored in zip(weights.items(), stores):
-            if as_panels(weight):  # rounds as `.to` does where the dtype narrows
-                packed[k] = panels.pack(values(weight).detach(), stored)
+        for (k, weight), stored in zip(values.items(), stores):  # rounds as `.to` does where the dtype narrows
+            if panels_here and weight.dim() == 2:
+                packed[k] = panels.pack(weight, stored)
             else:
-                stored.copy_(values(weight).detach().transpose(-1, -2))
+                stored.copy_(weight.transpose(-1, -2))
                 packed[k] = param(stored.transpose(-1, -2))
         for module in self.modules():  # the product weights, and those tied to one (an embedding to lm_head)
             for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
                 if key(weight) in packed:
                     setattr(module, name, packed[key(weight)])
         embed = self.embed  # untied: stays [vocab, hidden], rows contiguous for the lookup
-        if key(embed) not in packed and (dtype := storage(embed, product=False)) is not embed.dtype:
+        if key(embed) not in packed and (dtype := storage(key(embed), embed, product=False)) is not embed.dtype:
             self.embed = param(embed.detach().to(dtype))
         if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
             self._widen_16bit(keep=lambda module, name, weight: (products(module, name, weight)
