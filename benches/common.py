@@ -160,6 +160,9 @@ def print_table(rows: Sequence[dict], columns: Sequence[str | tuple[str, str]] |
     print(format_table(rows, columns), flush=True)
 
 
+ENVIRONMENT = ("HYBRIDSPEC_BACKEND", "HYBRIDSPEC_PIN_THREADS", "OMP_WAIT_POLICY", "OMP_PROC_BIND")
+
+
 def machine_info() -> dict:
     """Where a result was measured: OS, CPU, thread count, library versions, date, commit."""
     import torch
@@ -173,6 +176,8 @@ def machine_info() -> dict:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": _git_commit(),
+        # the settings that change how a CPU run uses its cores or which kernels it takes
+        "environment": {name: os.environ.get(name) for name in ENVIRONMENT},
     }
     try:
         from hybridspec.kernels import cpu_native

@@ -13,6 +13,7 @@ int hs_parallel(hs_part_fn fn, void *ctx, int parts);
 int hs_parallel_long(hs_part_fn fn, void *ctx, int parts); /* the same, never taken back whole */
 int hs_set_threads(int threads);
 int hs_threads(void);
+int hs_set_pinning(int on); /* bind each helper to one CPU (1) or not (0, the default) */
 
 /* The products' weights (`w` here, the blocks' `*_t`, the LM head and the embedding): the
  * address of float32 data, or of bfloat16 / float16 data with HS_BF16_WEIGHT / HS_F16_WEIGHT

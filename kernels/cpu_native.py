@@ -36,7 +36,8 @@ parity suites) never takes them. They run at any torch thread count: the matrix 
 (`cpu_rows.c`, which every block and the whole forward call) split their
 columns, and the Mamba-2 and GDN recurrences their heads, over torch's intra-op thread
 count (`sync_threads`), with the same bits at every count; the other kernels
-run on the calling thread.
+run on the calling thread. `pin_threads` (HYBRIDSPEC_PIN_THREADS=1) binds each
+helper thread to a CPU of its own.
 """
 from __future__ import annotations
 
@@ -52,9 +53,11 @@ from pathlib import Path
 
 import torch
 
+from hybridspec.errors import ConfigError
 from hybridspec.kernels.panels import PanelWeight
 
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
+PIN_ENV = "HYBRIDSPEC_PIN_THREADS"  # "1": each helper thread bound to a CPU of its own (`pin_threads`)
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_pool.c", "cpu_rows.c", "cpu_rows_bf16.c", "cpu_panels.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_gdn.c", "cpu_conv.c",
                              "cpu_norm.c", "cpu_rope.c", "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
@@ -107,6 +110,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
     "hs_rows_isa": [ctypes.c_int],
     "hs_bf16_supported": [],
     "hs_set_threads": [ctypes.c_int],
+    "hs_set_pinning": [ctypes.c_int],
     "hs_forward": [_ptr],  # one hs_forward_args struct (cpu_forward.py)
     **{f"hs_{name}_call": [_ptr] for name in ARGUMENTS},  # one hs_<name>_args struct (`arguments`)
     "hs_greedy_steps": [_ptr, _i64, _ptr, _ptr, _ptr],
@@ -202,6 +206,7 @@ def library():
             _library = False
         else:
             _library = lib
+            pin_threads(None)
     return _library
 
 
@@ -226,6 +231,23 @@ def sync_threads() -> int:
     if threads != _threads and _library:
         _threads = _library.hs_set_threads(threads)
     return _threads
+
+
+def pin_threads(on: bool | None) -> bool:
+    """Bind each helper thread of the kernels to a CPU of its own (True), or let
+    them run on any of the process's CPUs (False); None: HYBRIDSPEC_PIN_THREADS's
+    choice ("0", the default, or "1"). Returns whether they are bound; False where
+    the kernels do not run. The calling thread is never bound (cpu_pool.c says
+    why, and why binding is not the default)."""
+    if on is None:
+        value = os.environ.get(PIN_ENV, "0")
+        if value not in ("0", "1"):
+            raise ConfigError(f"{PIN_ENV}={value!r} must be '1' (bind each helper thread to a CPU of its own) or "
+                              "'0' (leave them the process's CPUs, the default)")
+        on = value == "1"
+    elif not isinstance(on, bool):
+        raise ConfigError(f"pin_threads({on!r}) takes True, False or None (HYBRIDSPEC_PIN_THREADS's choice)")
+    return bool(_library) and bool(_library.hs_set_pinning(int(on)))
 
 
 def takes(*tensors: torch.Tensor) -> bool:

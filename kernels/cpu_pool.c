@@ -28,10 +28,21 @@
  * release the GIL) gets 0 back and runs on its caller. A forked child starts
  * with no helpers and makes its own.
  *
+ * Pinning (`hs_set_pinning`, off by default): each helper is bound to one CPU
+ * of the process's affinity mask other than the one its first caller ran on,
+ * helper k to the k-th of those after it, so the helpers never migrate and
+ * never share a core with each other or, while it stays, the caller. The
+ * caller itself is not bound: it is the host's Python thread, whose torch
+ * work and whatever else the process runs on it keep the scheduler's choice.
+ * A helper with no CPU of its own left (more threads than CPUs) keeps the
+ * whole mask. Off by default, as llama.cpp's threads are: processes that share
+ * a mask would bind their helpers to the same CPUs, with no way out.
+ *
  * A part must not depend on which thread runs it or in what order, so the
  * results do not depend on the thread count. Built with the other kernels by
  * `cpu_native.py`; used by `cpu_rows.c` (the products) and `cpu_mamba2.c`.
  */
+#define _GNU_SOURCE /* pthread_attr_setaffinity_np, pthread_setname_np, sched_getcpu, CPU_SET */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -59,9 +70,13 @@ static struct {
     atomic_int wanted;        /* threads a job may use */
     atomic_int sleepers;      /* helpers asleep or about to sleep on `wake` (changed under `lock`) */
     int started;              /* helpers running */
+    pthread_t helpers[MAX_THREADS];
+    int pin;                  /* bind each helper to one CPU (hs_set_pinning) */
+    int home;                 /* the CPU the caller ran on when the helpers were first bound, -1 before */
     hs_part_fn fn;            /* the job, written before the ticket that names it */
     void *ctx;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, 0, 0, 0, 0};
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .busy = PTHREAD_MUTEX_INITIALIZER,
+            .wanted = 1, .pin = 0, .home = -1};
 
 static int64_t now_ns(void) {
     struct timespec t;
@@ -112,11 +127,44 @@ static void *helper(void *arg) {
     return 0;
 }
 
+/* helper k's CPUs: the k-th of the process's CPUs after pool.home (wrapping, home itself left out),
+ * or the whole mask when pinning is off or there are not k + 1 such CPUs */
+static void helper_cpus(int k, cpu_set_t *cpus) {
+    cpu_set_t mask;
+    CPU_ZERO(cpus);
+    if (sched_getaffinity(0, sizeof mask, &mask)) { /* cannot read it: every CPU */
+        for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) CPU_SET(cpu, cpus);
+        return;
+    }
+    *cpus = mask;
+    if (!pool.pin) return;
+    if (pool.home < 0 || !CPU_ISSET(pool.home, &mask)) pool.home = sched_getcpu();
+    int others[CPU_SETSIZE], count = 0, after = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (!CPU_ISSET(cpu, &mask) || cpu == pool.home) continue;
+        if (cpu < pool.home) ++after; /* the ones before home come last */
+        others[count++] = cpu;
+    }
+    if (k >= count) return;
+    CPU_ZERO(cpus);
+    CPU_SET(others[(after + k) % count], cpus);
+}
+
+static void bind_helpers(void) { /* after a change of pinning: every started helper to its CPUs */
+    pool.home = -1;
+    for (int k = 0; k < pool.started; ++k) {
+        cpu_set_t cpus;
+        helper_cpus(k, &cpus);
+        pthread_setaffinity_np(pool.helpers[k], sizeof cpus, &cpus);
+    }
+}
+
 static void forget_helpers(void) { /* in a forked child: the helpers stayed in the parent */
     pthread_mutex_init(&pool.lock, 0);
     pthread_cond_init(&pool.wake, 0);
     pthread_mutex_init(&pool.busy, 0);
     pool.started = 0;
+    pool.home = -1;
     atomic_store(&pool.sleepers, 0);
 }
 
@@ -132,6 +180,14 @@ int hs_set_threads(int threads) {
 
 int hs_threads(void) { return atomic_load(&pool.wanted); }
 
+int hs_set_pinning(int on) {
+    pthread_mutex_lock(&pool.busy); /* no job runs while the helpers move */
+    pool.pin = on != 0;
+    bind_helpers();
+    pthread_mutex_unlock(&pool.busy);
+    return pool.pin;
+}
+
 static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
     if (parts > MAX_THREADS) parts = MAX_THREADS;
     if (parts < 2 || pthread_mutex_trylock(&pool.busy)) return 0;
@@ -141,10 +197,14 @@ static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        cpu_set_t cpus;
+        helper_cpus(pool.started, &cpus);
+        pthread_attr_setaffinity_np(&attr, sizeof cpus, &cpus);
         const int failed = pthread_create(&thread, &attr, helper, (void *)(uintptr_t)generation);
         pthread_attr_destroy(&attr);
         if (failed) break;
-        ++pool.started;
+        pthread_setname_np(thread, "hs-helper");
+        pool.helpers[pool.started++] = thread;
     }
     if (pool.started == 0) { /* no helper could start */
         pthread_mutex_unlock(&pool.busy);

@@ -1,7 +1,7 @@
 """The native kernels over several threads (`kernels/cpu_pool.c`, `cpu_native.sync_threads`):
 the same bits at every thread count, in a product, the Mamba-2 recurrence,
 attention over a long context, a whole forward and the engine's tokens; products from two Python threads at
-once; a forked child."""
+once; a forked child; helpers bound to CPUs of their own (`cpu_native.pin_threads`) and let go."""
 from __future__ import annotations
 
 import multiprocessing
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hybridspec as hs
+from hybridspec.errors import ConfigError
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import cpu_mamba2, cpu_native, cpu_rows
 from hybridspec.kernels.slot_plan import SlotPlan
@@ -221,3 +222,85 @@ def test_the_engine_emits_the_same_tokens_at_every_thread_count(model):
     one = generate()
     assert one[0] == one[2]  # greedy: speculative == plain
     assert with_threads(2, generate) == one
+
+
+def helper_cpus() -> list[set[int]]:
+    """The CPUs each of this process's helper threads (named hs-helper) may run on, oldest first."""
+    found = []
+    for task in sorted(os.listdir("/proc/self/task"), key=int):
+        with open(f"/proc/self/task/{task}/comm") as f:
+            if f.read().strip() != "hs-helper":
+                continue
+        found.append(os.sched_getaffinity(int(task)))
+    return found
+
+
+def bound_as_promised(helpers: list[set[int]], cpus: set[int]) -> bool:
+    """Helper k alone on one CPU of `cpus` while k + 1 CPUs other than the caller's are there,
+    each a CPU of its own; the others keep all of `cpus`."""
+    own = [h for h in helpers if len(h) == 1]
+    return (all(len(h) == 1 and h <= cpus for h in helpers[:len(cpus) - 1])
+            and all(h == cpus for h in helpers[len(cpus) - 1:])
+            and len(set().union(*own)) == len(own))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the threads' names in /proc")
+def test_helpers_are_each_bound_to_a_cpu_of_their_own_on_request_and_let_go():
+    """Bound (HYBRIDSPEC_PIN_THREADS=1), helpers started before and after take their CPUs;
+    let go, all keep the process's; the bits the same either way."""
+    g = torch.Generator().manual_seed(12)
+    w, x = torch.randn(256, 1160, generator=g), torch.randn(3, 256, generator=g)
+    want = cpu_rows.rows_matmul(x, w)
+    cpus = os.sched_getaffinity(0)
+    product = lambda count: with_threads(count, lambda: cpu_native.available() and cpu_rows.rows_matmul(x, w))  # noqa: E731
+    assert torch.equal(product(2), want)  # a helper started free
+    assert helper_cpus() == [cpus] * len(helper_cpus()) and helper_cpus()
+    try:
+        assert cpu_native.pin_threads(True) is True
+        assert torch.equal(product(3), want)  # one more helper, started bound
+        helpers = helper_cpus()
+        assert len(helpers) >= 2 and bound_as_promised(helpers, cpus), (helpers, cpus)
+    finally:
+        assert cpu_native.pin_threads(None) is False
+    assert helper_cpus() == [cpus] * len(helpers)
+    assert torch.equal(product(3), want)
+
+
+def _child_on_one_cpu(queue, x, w):
+    """In a forked child confined to one CPU, helpers bound: the helpers its split product starts, their CPUs."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    cpu_native.pin_threads(True)
+    cpu_native.library().hs_set_threads(2)
+    cpu_rows.rows_matmul(x, w)
+    queue.put((os.sched_getaffinity(0), helper_cpus()))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the threads' names in /proc")
+def test_a_helper_with_no_cpu_of_its_own_keeps_the_process_cpus():
+    """Confined to one CPU, the only one is the caller's: the helper keeps it rather than a CPU outside."""
+    x, w = torch.ones(3, 256), torch.ones(256, 1160)
+    cpu_native.available()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_on_one_cpu, args=(queue, x, w))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the confined child's split product did not finish")
+    cpus, helpers = queue.get(timeout=5)
+    assert len(cpus) == 1 and helpers == [cpus]
+
+
+@pytest.mark.parametrize("value", ["yes", "2", ""])
+def test_a_bad_pinning_choice_is_refused_naming_the_fix(monkeypatch, value):
+    cpu_native.available()
+    monkeypatch.setenv(cpu_native.PIN_ENV, value)
+    with pytest.raises(ConfigError, match="HYBRIDSPEC_PIN_THREADS=.*must be '1'"):
+        cpu_native.pin_threads(None)
+    with pytest.raises(ConfigError, match="takes True, False or None"):
+        cpu_native.pin_threads(1)
+    monkeypatch.setenv(cpu_native.PIN_ENV, "1")
+    assert cpu_native.pin_threads(None) is True
+    monkeypatch.delenv(cpu_native.PIN_ENV)
+    assert cpu_native.pin_threads(None) is False
