@@ -17,7 +17,8 @@ from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import cpu_blocks
 from hybridspec.kernels.panels import PanelWeight
 from hybridspec.models.ffn import MoE
-from hybridspec.models.hybrid import LINEAR_WEIGHTS
+from hybridspec.models import packing
+from hybridspec.models.packing import LINEAR_WEIGHTS
 from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, nemotron_h_moe, zamba2
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
@@ -181,5 +182,5 @@ def test_widening_keeps_a_tied_embedding_tied():
     tied.config.tie_word_embeddings = True
     tied.tie_weights()
     model = hs.from_hf(half_valued(tied)).pack_for_cpu()
-    model._widen_16bit()  # what leaving the CPU does
+    packing.widen_16bit(model)  # what leaving the CPU does
     assert model.lm_head is model.embed and model.embed.dtype is torch.float32

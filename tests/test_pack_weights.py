@@ -8,7 +8,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.models.hybrid import LINEAR_WEIGHTS
+from hybridspec.models.packing import LINEAR_WEIGHTS
 from oracles import bamba, float64_oracle, jamba, zamba2
 
 

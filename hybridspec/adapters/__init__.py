@@ -11,7 +11,8 @@ import torch
 
 from ..config import HybridConfig
 from ..errors import CheckpointError, ConfigError, UnsupportedModelError
-from ..models.hybrid import HALF_DTYPES, HybridModel, storable_16bit
+from ..models.hybrid import HybridModel
+from ..models.packing import HALF_DTYPES, storable_16bit
 from .checkpoint_files import describe_files, read_config, read_weights
 from .common import LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
 from .validate import check_weights

@@ -17,7 +17,7 @@ from torch import nn
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
 from hybridspec.kernels import backend as backends
-from hybridspec.kernels import huge_pages, panels
+from hybridspec.kernels import panels
 from hybridspec.kernels.cpu_blocks import NO_BLOCKS, LayerBlocks
 from hybridspec.kernels.cpu_forward import NO_WHOLE_FORWARD, WholeForward
 
@@ -29,39 +29,11 @@ from ..errors import ConfigError
 
 from .attention import Attention, rope_inv_freq
 from .batch import ForwardBatch
+from . import packing
 from .common import Kernelled, RMSNorm, check_finite, param, take
 from .ffn import MLP, MoE
 from .greedy_chain import GreedyChain
 from .mamba2 import Mamba2Mixer
-
-
-# the 2-d weights the layers multiply through `linear` (pack_for_cpu lays them out in panels or input-major)
-LINEAR_WEIGHTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj", "in_proj",
-                            "out_proj", "x_proj", "dt_proj", "lm_head"})
-
-
-HALF_DTYPES = (torch.bfloat16, torch.float16)  # what pack_for_cpu may keep weights in under float32 compute
-
-
-def storable_16bit(name: str) -> bool:
-    """Whether a canonical weight name is one `pack_for_cpu` may keep in bfloat16
-    or float16 under float32 compute (a linear weight, a MoE's expert stack, the
-    embedding), so that `load` need not widen it first; pack_for_cpu widens
-    whatever else a float32 model holds in 16 bits."""
-    parts = name.split(".")
-    return (name == "embed_tokens.weight" or name.endswith(("experts.gate_up_proj", "experts.up_proj",
-                                                             "experts.down_proj"))
-            or (len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEAR_WEIGHTS))
-
-
-def exact_in(weight: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether a float32 weight's every value is a `dtype` value (a checkpoint's stored in it, widened)."""
-    if weight.dtype is not torch.float32:
-        return False
-    with torch.no_grad():
-        head = weight[:1]  # a view: a float32-trained weight fails on it without all of it converted
-        return bool(torch.equal(head, head.to(dtype).to(torch.float32))
-                    and torch.equal(weight, weight.to(dtype).to(torch.float32)))
 
 
 class DecoderLayer(nn.Module):
@@ -297,112 +269,23 @@ class HybridModel(Kernelled, nn.Module):
         decode step streams them all), each call moving all of them. Tied weights stay tied. Under
         `set_compute("bfloat16")` every such linear weight is stored in bfloat16,
         rounded where it is not one. Returns self."""
-        def key(weight):  # one tensor's memory, a view of another included
-            return weight.data_ptr(), tuple(weight.shape), weight.stride()
-
-        def products(module, name: str, weight) -> bool:  # a linear weight, or a MoE's stack of experts'
-            return ((name in LINEAR_WEIGHTS and (weight.dim() == 2 or isinstance(weight, PanelWeight)))
-                    or (isinstance(module, MoE) and name in ("up", "down") and weight.dim() == 3))
-
-        elsewhere = {key(weight) for module in self.modules()  # weights some other parameter also is
-                     for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
-                     if not products(module, name, weight) and name != "embed"}
-        float32 = self.dtype is torch.float32
-        panels_here = float32 and self.backend.reads_panels
-
-        # 16 bits only where the native kernels run: torch's products widen a copy per call, which makes
-        # a decode step with the kernels off slower than from float32
-        exact_16bit = exact_16bit and float32 and self.backend.reads_16bit_weights
-
-        rounded = float32 and self.compute is torch.bfloat16  # the products multiply bfloat16 weights
-
-        def storage(k, weight, product: bool = True) -> torch.dtype:
-            """The dtype of the weight whose key is k and values [out, in] `weight`: bfloat16, else
-            float16, where that is exact and allowed (a product weight: bfloat16 under bfloat16
-            compute); a 16-bit weight of a float32 model (`load`'s) else widened; any other as it is."""
-            if rounded and product and k not in elsewhere:
-                return torch.bfloat16
-            if exact_16bit and k not in elsewhere:
-                for half in HALF_DTYPES:
-                    if weight.dtype is half or exact_in(weight, half):
-                        return half
-            return torch.float32 if float32 and weight.dtype in HALF_DTYPES else weight.dtype
-
-        values: dict[tuple, torch.Tensor] = {}  # each product weight once, by key: its values (a packed one unpacked)
-        for module in self.modules():
-            for name, weight in module.named_parameters(recurse=False, remove_duplicate=False):
-                if products(module, name, weight) and key(weight) not in values:
-                    values[key(weight)] = panels.unpack(weight) if isinstance(weight, PanelWeight) else weight.detach()
-        dtypes = {k: storage(k, weight) for k, weight in values.items()}
-
-        def shape(weight, dtype) -> tuple[int, ...]:  # panels (a 2-d weight where they are read), or [..., in, out]
-            if panels_here and weight.dim() == 2:
-                return panels.panel_shape(*weight.shape, dtype)
-            return (*weight.shape[:-2], weight.shape[-1], weight.shape[-2])
-
-        # on CPU side by side in huge pages (a packed weight moves too: the memory it shares with the
-        # others is then released)
-        stores = huge_pages.zeros([(shape(weight, dtypes[k]), dtypes[k]) for k, weight in values.items()], self.device)
-        packed: dict[tuple, nn.Parameter] = {}
-        for (k, weight), stored in zip(values.items(), stores):  # rounds as `.to` does where the dtype narrows
-            if panels_here and weight.dim() == 2:
-                packed[k] = panels.pack(weight, stored)
-            else:
-                stored.copy_(weight.transpose(-1, -2))
-                packed[k] = param(stored.transpose(-1, -2))
-        for module in self.modules():  # the product weights, and those tied to one (an embedding to lm_head)
-            for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                if key(weight) in packed:
-                    setattr(module, name, packed[key(weight)])
-        embed = self.embed  # untied: stays [vocab, hidden], rows contiguous for the lookup
-        if key(embed) not in packed and (dtype := storage(key(embed), embed, product=False)) is not embed.dtype:
-            self.embed = param(embed.detach().to(dtype))
-        if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
-            self._widen_16bit(keep=lambda module, name, weight: (products(module, name, weight)
-                                                                 or key(weight) == key(self.embed)))
-        self.bind_backend(self.backend_name)  # the kernels' weight pointers name the old tensors
+        packing.pack(self, exact_16bit)
         return self
-
-    def _widen_16bit(self, keep=lambda module, name, weight: False) -> None:
-        """Each 16-bit parameter widened to float32 (a packed one unpacked to [out, in]), but
-        those `keep` names (a Parameter tied to several names stays one)."""
-        self._replace(lambda module, name, weight: weight.dtype in HALF_DTYPES and not keep(module, name, weight),
-                      lambda weight: (panels.unpack(weight, torch.float32) if isinstance(weight, PanelWeight)
-                                      else weight.detach().to(torch.float32)))
-
-    def _unpack_panels(self) -> bool:
-        """Each `PanelWeight` back to a plain [out, in] Parameter in its dtype; whether there was one."""
-        return self._replace(lambda module, name, weight: isinstance(weight, PanelWeight), panels.unpack)
-
-    def _replace(self, which, new) -> bool:
-        """Each parameter `which(module, name, weight)` names replaced by param(new(weight)), once per
-        Parameter (tied names stay tied); whether any was."""
-        replaced: dict[int, nn.Parameter] = {}
-        for module in self.modules():
-            for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-                if which(module, name, weight):
-                    if id(weight) not in replaced:
-                        replaced[id(weight)] = param(new(weight))
-                    setattr(module, name, replaced[id(weight)])
-        return bool(replaced)
 
     def _apply(self, fn, recurse=True):
         """`nn.Module.to` and kin, then the backend of the new device and dtype: weights in panels
         are unpacked first (`fn` sees plain [out, in] tensors) and packed again where the new backend's
         products read panels; a float32 model whose new backend's products do not read 16-bit weights
         widens those `pack_for_cpu` kept (torch's products would widen them per call)."""
-        had_panels = self._unpack_panels()
+        had_panels = packing.unpack_panels(self)
         super()._apply(fn, recurse)
         self.bind_backend(self.backend_name)
-        if self.dtype is torch.float32 and not self.backend.reads_16bit_weights and self._has_16bit():
-            self._widen_16bit()
+        if self.dtype is torch.float32 and not self.backend.reads_16bit_weights and packing.has_16bit(self):
+            packing.widen_16bit(self)
             self.bind_backend(self.backend_name)
         if had_panels and self.dtype is torch.float32 and self.backend.reads_panels:
-            self.pack_for_cpu(exact_16bit=self._has_16bit())
+            self.pack_for_cpu(exact_16bit=packing.has_16bit(self))
         return self
-
-    def _has_16bit(self) -> bool:
-        return any(weight.dtype in HALF_DTYPES for weight in self.parameters())
 
     def num_parameters(self) -> int:
         # by storage: a shared block's weights back one Parameter per occurrence
