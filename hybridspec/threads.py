@@ -3,7 +3,7 @@
 The native CPU kernels split each matrix product's columns, and the
 Mamba-2 recurrence's heads and a long context's KV heads, over torch's
 thread count (`kernels/cpu_pool.c`; their bits are the same at any count,
-while prefills past 96 rows take MKL's products, whose bits may not be).
+while a MoE's experts past 96 rows take MKL's products, whose bits may not be).
 A model with large products gains from more threads; a small one, whose
 products take microseconds, gains little, because its step is mostly the
 serial work around them, and through torch's own threads (the kernels off,

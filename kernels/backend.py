@@ -41,7 +41,7 @@ a model takes it at its next `bind_backend()`.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -140,6 +140,7 @@ class Backend:
     graphable: bool
     captures: bool
     compute: torch.dtype = torch.float32  # what the products multiply in (`COMPUTES`)
+    native: bool = False  # the native CPU kernels run the ops they take, over torch's thread count
 
     def __deepcopy__(self, memo) -> "Backend":  # stateless: a deep-copied model shares it
         return self
@@ -153,6 +154,12 @@ class Backend:
     def reads_panels(self) -> bool:
         """Whether the products read float32 models' weights fastest in panels (`pack_for_cpu`, `panels`)."""
         return self.linear.reads_panels
+
+    def layer_by_layer(self):
+        """The context a layer-by-layer forward runs in: on the native backend torch's
+        own operations on one thread beside the kernels' threads
+        (`cpu_native.torch_on_one_thread` says why); elsewhere nothing."""
+        return cpu_native.torch_on_one_thread() if self.native else nullcontext()
 
 
 def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None, sharded: bool = False,
@@ -180,7 +187,8 @@ def select(device: torch.device | str, dtype: torch.dtype, name: str | None = No
         kv_write=ops.KV_WRITE[kind], rejection=ops.REJECTION[kind],
         native_blocks=native and not sharded and name in ("auto", "native", "native-blocks"),
         whole_forward=native and not sharded and name in ("auto", "native"),
-        writes_any_slot=triton, graphable=triton, captures=triton and device.type == "cuda", compute=compute)
+        writes_any_slot=triton, graphable=triton, captures=triton and device.type == "cuda", compute=compute,
+        native=native)
 
 
 def reference() -> Backend:

@@ -49,6 +49,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -221,16 +222,61 @@ def available() -> bool:
 
 
 _threads = 1  # the thread count the products were last given
+_held = 0  # inside `torch_on_one_thread`: the kernels' count, torch's own being 1; else 0
 
 
 def sync_threads() -> int:
     """Give the products torch's intra-op thread count (`torch.set_num_threads`,
-    or `hybridspec.threads.use_threads`) if it changed; returns it."""
+    or `hybridspec.threads.use_threads`) if it changed; returns it. Inside
+    `torch_on_one_thread` the kernels keep the count it found."""
     global _threads
+    if _held:
+        return _held
     threads = torch.get_num_threads()
     if threads != _threads and _library:
         _threads = _library.hs_set_threads(threads)
     return _threads
+
+
+@contextmanager
+def torch_on_one_thread():
+    """Run what torch computes inside the block on one thread while the kernels
+    split their work over torch's thread count as before (a layer-by-layer
+    forward of the native backend, `Backend.layer_by_layer`). Why: after each
+    parallel region GNU OpenMP's workers spin on their cores for a while
+    (OMP_WAIT_POLICY's default), the cores the kernels' helpers need for the
+    next product; a prefill runs a few hundred such regions (elementwise
+    operations) between its products, and the helpers then share a core with a
+    spinning worker. What splits well gets torch's count back (`torch_threads`:
+    attention over a prompt, a product the kernels do not take). Nested blocks
+    and blocks in other Python threads while one holds change nothing."""
+    global _held
+    threads = sync_threads() if available() else 1
+    if threads < 2 or _held:
+        yield
+        return
+    _held = threads
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        _held = 0
+
+
+@contextmanager
+def torch_threads():
+    """Inside `torch_on_one_thread`: torch's count back for the block (one operation
+    that splits well); elsewhere nothing."""
+    held = _held
+    if not held:
+        yield
+        return
+    torch.set_num_threads(held)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
 
 
 def pin_threads(on: bool | None) -> bool:

@@ -24,7 +24,8 @@ thread the kernel splits a product's columns over that many threads (helpers
 it keeps, `cpu_native.sync_threads`). Each output is the fused multiply-add
 chain over the input dimension in order, computed by one thread, so a row's
 result does not depend on the other rows of the call nor on the thread count
-(batch invariance at the bit level for up to `MAX_ROWS` rows). float64 (the parity
+(batch invariance at the bit level: at any row count for a weight in panels, up to
+`MAX_ROWS` rows for an input-major one). float64 (the parity
 suites) always takes `torch.mm`.
 """
 from __future__ import annotations
@@ -62,11 +63,11 @@ def vector_path(choice: str | None = None) -> str:
 
 def applies(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
     """Whether `rows_matmul(x, weight_t)` runs for these operands (see the module docstring): up to
-    MAX_ROWS rows; on one thread any count for a weight in panels (there the kernel is faster than
-    MKL on the unpacked weight at a prefill's rows too; with more threads MKL splits a prefill's
-    product better than the kernel's helpers: docs/results/llamacpp.md, "Panels")."""
-    return ((x.shape[0] <= MAX_ROWS or (isinstance(weight_t, PanelWeight) and torch.get_num_threads() == 1))
-            and _operands_ok(x, weight_t))
+    MAX_ROWS rows; any count for a weight in panels (there the kernel is faster than MKL on the
+    unpacked weight at a prefill's rows too, at any thread count beside torch's operations on one
+    thread, `cpu_native.torch_on_one_thread`: docs/results/llamacpp.md, "Prefill over the kernels'
+    threads")."""
+    return (x.shape[0] <= MAX_ROWS or isinstance(weight_t, PanelWeight)) and _operands_ok(x, weight_t)
 
 
 def applies_bf16(x: torch.Tensor, weight_t: torch.Tensor) -> bool:

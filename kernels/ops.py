@@ -103,7 +103,8 @@ class NativeLinear(Linear):
         if cpu_rows.applies(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t)
         else:
-            out = torch_product(rows, weight)
+            with cpu_native.torch_threads():  # MKL splits it well (a MoE's prefill)
+                out = torch_product(rows, weight)
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
@@ -124,7 +125,8 @@ class NativeBf16Linear(NativeLinear):
         if cpu_rows.applies_bf16(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t, torch.bfloat16)
         else:
-            out = torch_product(rows.to(torch.bfloat16).to(rows.dtype), weight)
+            with cpu_native.torch_threads():
+                out = torch_product(rows.to(torch.bfloat16).to(rows.dtype), weight)
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
@@ -354,6 +356,16 @@ class PagedAttention:
         return paged_attention_cpu(q, k_cache, v_cache, meta.page_runs, meta.context_list, meta.query_list, scale)
 
 
+class NativePagedAttention(PagedAttention):
+    """The torch form with torch's thread count, inside a native forward that runs
+    torch's other operations on one thread (`cpu_native.torch_on_one_thread`):
+    a prompt's attention splits well."""
+
+    def __call__(self, q, k_cache, v_cache, meta, scale):
+        with cpu_native.torch_threads():
+            return super().__call__(q, k_cache, v_cache, meta, scale)
+
+
 class TritonPagedAttention(PagedAttention):
     def __call__(self, q, k_cache, v_cache, meta, scale):
         if q.dtype not in SUPPORTED_DTYPES:  # float64: the torch form
@@ -410,6 +422,6 @@ GDN_STEPS = {"torch": GdnSteps(), "triton": TritonGdnSteps(), "native": NativeGd
 GDN_REPLAY = {"torch": GdnLogReplay(gdn_replay_ref, conv_window_rebuild_ref),
               "triton": GdnLogReplay(gdn_replay, conv_window_rebuild),
               "native": GdnLogReplay(cpu_gdn.gdn_replay, conv_window_rebuild_ref)}
-PAGED_ATTENTION = {"torch": PagedAttention(), "triton": TritonPagedAttention(), "native": PagedAttention()}
+PAGED_ATTENTION = {"torch": PagedAttention(), "triton": TritonPagedAttention(), "native": NativePagedAttention()}
 KV_WRITE = {"torch": KVWrite(), "triton": TritonKVWrite(), "native": KVWrite()}
 REJECTION = {"torch": Rejection(rejection_ref), "triton": Rejection(rejection), "native": Rejection(rejection_ref)}

@@ -14,7 +14,7 @@ import torch
 import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_mamba2, cpu_native, cpu_rows
+from hybridspec.kernels import cpu_mamba2, cpu_native, cpu_rows, ops
 from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba
 from native_switch import backend_of
@@ -304,3 +304,58 @@ def test_a_bad_pinning_choice_is_refused_naming_the_fix(monkeypatch, value):
     assert cpu_native.pin_threads(None) is True
     monkeypatch.delenv(cpu_native.PIN_ENV)
     assert cpu_native.pin_threads(None) is False
+
+
+def test_a_long_prefills_bits_do_not_depend_on_the_thread_count(model):
+    """Past MAX_ROWS rows the products of weights in panels stay the kernel's at every count
+    (torch's own operations on one thread beside them, `cpu_native.torch_on_one_thread`)."""
+    prompts = [[(5 * i + b) % 1000 + 3 for i in range(70)] for b in (0, 1)]  # 140 rows
+    logits, cache, _ = run(model, prompts, steps=1, verify_tokens=5)
+    for count in (2, 3):
+        got, other, _ = with_threads(count, lambda: run(model, prompts, steps=1, verify_tokens=5))
+        assert all(torch.equal(a, b) for a, b in zip(logits, got)), count
+        assert all(torch.equal(a, b) for a, b in zip(cache.states.ssm_states, other.states.ssm_states))
+
+
+def test_a_native_forward_runs_torch_on_one_thread_but_attention(model, monkeypatch):
+    """Two threads: a layer's torch operations see one, attention (and the kernels) two; the torch
+    backend's layers see two; afterwards torch has its two again."""
+    seen = {}
+    attention = ops.PagedAttention.__call__
+
+    def recorded(self, *args):
+        seen["attention"] = torch.get_num_threads()
+        return attention(self, *args)
+    monkeypatch.setattr(ops.PagedAttention, "__call__", recorded)
+    hook = model.layers[0].register_forward_hook(lambda *_: seen.__setitem__("layer", torch.get_num_threads()))
+    prompts = [[(5 * i + 7) % 1000 + 3 for i in range(40)]]
+    try:
+        for backend, layer in (("native-ops", 1), ("torch", 2)):  # native-ops: attention through the op
+            with backend_of(model, backend):
+                seen.clear()
+                with_threads(2, lambda: [run(model, prompts, steps=0, verify_tokens=3),
+                                         seen.__setitem__("after", torch.get_num_threads()),
+                                         seen.__setitem__("kernels", cpu_native.sync_threads())])
+                assert seen == {"layer": layer, "attention": 2, "after": 2, "kernels": 2}, backend
+    finally:
+        hook.remove()
+
+
+def test_torch_on_one_thread_holds_the_kernels_count_and_gives_it_back():
+    assert cpu_native.available()
+
+    def inside():
+        with cpu_native.torch_on_one_thread():
+            counts = [torch.get_num_threads(), cpu_native.sync_threads()]
+            with cpu_native.torch_on_one_thread():  # nested: the outer one holds
+                counts.append(torch.get_num_threads())
+            with cpu_native.torch_threads():
+                counts.append(torch.get_num_threads())
+            counts.append(torch.get_num_threads())
+            raise KeyError(counts)
+    with pytest.raises(KeyError) as raised:
+        with_threads(3, inside)
+    assert raised.value.args[0] == [1, 3, 1, 3, 1]
+    assert with_threads(3, lambda: (torch.get_num_threads(), cpu_native.sync_threads())) == (3, 3)
+    with cpu_native.torch_on_one_thread(), cpu_native.torch_threads():  # one thread: nothing to hold
+        assert torch.get_num_threads() == 1

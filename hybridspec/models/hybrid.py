@@ -372,7 +372,9 @@ class HybridModel(Kernelled, nn.Module):
             elif (whole := self.whole(token_lists, batch, cache, last_only)) is not None:
                 logits, finite = whole.values, whole.finite  # one C call, where it applies
             else:  # layer by layer
-                logits, finite = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only), False
+                with self.backend.layer_by_layer():
+                    logits = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only)
+                finite = False
             if not finite:
                 check_finite(logits, batch.num_tokens, last_only)
             self.forward_done()
