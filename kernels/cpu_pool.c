@@ -52,7 +52,6 @@
 #include "cpu_kernels.h"
 
 #define MAX_THREADS 64
-#define MAX_PARTS 4096 /* a job's parts: more than its threads where the threads claim them one at a time */
 #define CLAIM_NS 10000 /* how long a caller waits for a helper to claim a part before it takes the job back */
 #define SPIN_NS 3000000 /* how long an idle helper stays awake before it sleeps: a few decode steps' host work */
 
@@ -70,7 +69,6 @@ static struct {
     atomic_int done;          /* claimed parts finished */
     atomic_int wanted;        /* threads a job may use */
     atomic_int sleepers;      /* helpers asleep or about to sleep on `wake` (changed under `lock`) */
-    atomic_int claimers;      /* helpers 0 … claimers - 1 may claim the job's parts (its threads - 1) */
     int started;              /* helpers running */
     pthread_t helpers[MAX_THREADS];
     int pin;                  /* bind each helper to one CPU (hs_set_pinning) */
@@ -105,9 +103,8 @@ static void run_claimed(void) {
     }
 }
 
-/* arg: the helper's index (bits 32-47) and the generation before its first job (0-31) */
+/* arg: the generation before the helper's first job */
 static void *helper(void *arg) {
-    const int index = (int)((uint64_t)(uintptr_t)arg >> 32);
     uint32_t seen = (uint32_t)(uintptr_t)arg;
     for (;;) {
         uint32_t now = TICKET_GENERATION(atomic_load(&pool.ticket));
@@ -125,7 +122,7 @@ static void *helper(void *arg) {
             pthread_mutex_unlock(&pool.lock);
         }
         seen = now;
-        if (index < atomic_load(&pool.claimers)) run_claimed(); /* else the job wants fewer threads */
+        run_claimed();
     }
     return 0;
 }
@@ -192,11 +189,10 @@ int hs_set_pinning(int on) {
 }
 
 static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
-    if (parts > MAX_PARTS) parts = MAX_PARTS;
+    if (parts > MAX_THREADS) parts = MAX_THREADS;
     if (parts < 2 || pthread_mutex_trylock(&pool.busy)) return 0;
     const uint32_t generation = TICKET_GENERATION(atomic_load(&pool.ticket));
-    const int wanted = atomic_load(&pool.wanted), helpers = (parts < wanted ? parts : wanted) - 1;
-    while (pool.started < helpers) {
+    while (pool.started < parts - 1) {
         pthread_t thread;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -204,8 +200,7 @@ static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
         cpu_set_t cpus;
         helper_cpus(pool.started, &cpus);
         pthread_attr_setaffinity_np(&attr, sizeof cpus, &cpus);
-        const int failed = pthread_create(&thread, &attr, helper,
-                                          (void *)(uintptr_t)((uint64_t)pool.started << 32 | generation));
+        const int failed = pthread_create(&thread, &attr, helper, (void *)(uintptr_t)generation);
         pthread_attr_destroy(&attr);
         if (failed) break;
         pthread_setname_np(thread, "hs-helper");
@@ -217,7 +212,6 @@ static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
     }
     pool.fn = fn;
     pool.ctx = ctx;
-    atomic_store(&pool.claimers, helpers);
     atomic_store(&pool.done, 0);
     atomic_store(&pool.ticket, TICKET(generation + 1, parts, 1)); /* part 0 is the caller's */
     if (atomic_load(&pool.sleepers)) { /* under the lock: a helper between its count and its wait hears it */

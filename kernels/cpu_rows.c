@@ -248,12 +248,8 @@ TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
  * as ever, so the bits do not depend on the thread count (tested). */
 #define PARALLEL_MIN_MACS (1 << 16) /* below this the hand-off costs about what the split saves */
 /* from this many multiply-adds (a prefill's product: 128 rows of a 1024 × 2048 weight) a job is not
- * taken back from a helper that claims late (`hs_parallel_long`): a late part still shortens it.
- * Such a job goes in LONG_PARTS_PER_THREAD parts a thread, claimed one at a time: a helper that
- * shares its core (with torch's OpenMP workers spinning after their own work) takes fewer of them
- * and the caller more, where with one part a thread the caller would wait for the slow one's half */
+ * taken back from a helper that claims late (`hs_parallel_long`): a late half still shortens it */
 #define LONG_JOB_MACS (1 << 28)
-#define LONG_PARTS_PER_THREAD 8
 
 typedef struct {
     const float *x;
@@ -323,8 +319,8 @@ static void products_part(void *ctx, int part, int parts) {
 
 /* the parts a job of `widest` columns and `macs` multiply-adds splits into (1: the caller alone) */
 static int parts_for(int64_t widest, int64_t macs) {
-    const int threads = hs_threads(), wanted = macs >= LONG_JOB_MACS ? threads * LONG_PARTS_PER_THREAD : threads;
-    const int parts = threads > 1 && wanted < widest / 64 ? wanted : threads > 1 ? (int)(widest / 64) : 1;
+    const int threads = hs_threads();
+    const int parts = threads < widest / 64 ? threads : (int)(widest / 64);
     return macs >= PARALLEL_MIN_MACS ? parts : 1;
 }
 
