@@ -134,6 +134,20 @@ def test_mamba2_recurrences_from_two_python_threads_at_once():
     assert failures_in_two_python_threads(same, 30) == []
 
 
+def in_forked_child(target, *args):
+    """What `target(queue, *args)` puts on its queue, run in a forked child; fails the test if the
+    child has not finished within a minute (its split product awaiting helpers it does not have)."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=target, args=(queue, *args))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail(f"the forked child's split product did not finish ({target.__name__})")
+    return queue.get(timeout=5)
+
+
 def _child_product(queue, x, w):
     """In a forked child: the helpers a split product over 3 threads starts (2,
     reused after), and its sum. torch stays on one thread here: GNU OpenMP's
@@ -152,15 +166,7 @@ def test_a_forked_child_makes_its_own_helpers():
     its own (and does not wait for the parent's), once."""
     x, w = torch.ones(3, 256), torch.ones(256, 1160)
     with_threads(2, lambda: cpu_native.available() and cpu_rows.rows_matmul(x, w))  # the parent's helper
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_child_product, args=(queue, x, w))
-    child.start()
-    child.join(timeout=60)
-    if child.is_alive():
-        child.kill()
-        pytest.fail("the forked child's split product did not finish (helpers from the parent awaited)")
-    total, started, after_second = queue.get(timeout=5)
+    total, started, after_second = in_forked_child(_child_product, x, w)
     assert total == 3 * 1160 * 256
     assert started == 2 and after_second == started
 
@@ -280,15 +286,7 @@ def test_a_helper_with_no_cpu_of_its_own_keeps_the_process_cpus():
     """Confined to one CPU, the only one is the caller's: the helper keeps it rather than a CPU outside."""
     x, w = torch.ones(3, 256), torch.ones(256, 1160)
     cpu_native.available()
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_child_on_one_cpu, args=(queue, x, w))
-    child.start()
-    child.join(timeout=60)
-    if child.is_alive():
-        child.kill()
-        pytest.fail("the confined child's split product did not finish")
-    cpus, helpers = queue.get(timeout=5)
+    cpus, helpers = in_forked_child(_child_on_one_cpu, x, w)
     assert len(cpus) == 1 and helpers == [cpus]
 
 
