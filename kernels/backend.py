@@ -123,6 +123,7 @@ class Backend:
     dtype: torch.dtype
     linear: ops.Linear
     norm: ops.Norm
+    pointwise: ops.Pointwise
     rotary: ops.Rotary
     conv_window: ops.ConvWindow
     mamba2_steps: ops.Mamba2Steps
@@ -179,7 +180,7 @@ def select(device: torch.device | str, dtype: torch.dtype, name: str | None = No
         else torch.float32
     linear = ops.NATIVE_BF16_LINEAR if compute is torch.bfloat16 else ops.LINEAR[kind]
     return Backend(
-        name=name, device=device, dtype=dtype, linear=linear, norm=ops.NORM[kind],
+        name=name, device=device, dtype=dtype, linear=linear, norm=ops.NORM[kind], pointwise=ops.POINTWISE[kind],
         rotary=ops.ROTARY[kind], conv_window=ops.CONV_WINDOW[kind], mamba2_steps=ops.MAMBA2_STEPS[kind],
         mamba1_steps=ops.MAMBA1_STEPS[kind], mamba2_replay=ops.MAMBA2_REPLAY[kind],
         mamba1_replay=ops.MAMBA1_REPLAY[kind], gdn_steps=ops.GDN_STEPS[kind], gdn_replay=ops.GDN_REPLAY[kind],

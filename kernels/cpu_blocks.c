@@ -62,9 +62,6 @@ int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *ga
     return 0;
 }
 
-/* softplus(v) as torch computes it with beta 1, threshold 20 */
-static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
-
 /* work: rows · (hidden + proj + conv_dim + nheads + 2 · d_inner) + headdim · d_state floats,
  * proj = 2 · d_inner + 2 · ngroups · d_state + nheads; rows = batch · T. `logged`, when not
  * NULL, is where the in_proj output [rows, proj], the conv output [rows, conv_dim] and Δ
@@ -87,7 +84,7 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
                              batch, T, conv_dim, d_conv)) return -1;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t k = 0; k < nheads; ++k)
-            dt[r * nheads + k] = softplus(projected[r * proj + d_inner + conv_dim + k] + dt_bias[k]);
+            dt[r * nheads + k] = hs_softplus(projected[r * proj + d_inner + conv_dim + k] + dt_bias[k]);
     const float *x = xbc, *B = xbc + d_inner, *C = B + ngroups * d_state;
     if (hs_mamba2_steps(ssm_states, src, dst, scratch, x, T * conv_dim, conv_dim, headdim, dt, T * nheads, nheads,
                         A, D, B, T * conv_dim, conv_dim, d_state, C, T * conv_dim, conv_dim, d_state, y,

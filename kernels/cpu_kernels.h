@@ -4,6 +4,7 @@
 #ifndef HYBRIDSPEC_CPU_KERNELS_H
 #define HYBRIDSPEC_CPU_KERNELS_H
 
+#include <math.h>
 #include <stdint.h>
 
 /* cpu_pool.c: parts 0 … parts - 1 of a job over the helper threads; returns 1,
@@ -40,6 +41,12 @@ int hs_rows_matmul(const float *x, int64_t ldx, const float *w, int64_t M, int64
 int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int count, const float *const *w,
                         const int64_t *N, float *const *y);
 int hs_rows_isa(int choice);
+/* cpu_pointwise.c: softplus / sigmoid with every output the scalar libm value (see there) */
+#define HS_SOFTPLUS 0
+#define HS_SIGMOID 1
+int hs_pointwise(int fn, const float *x, float *y, int64_t n);
+/* softplus(v) as torch computes it with beta 1, threshold 20, in libm's scalar functions */
+static inline float hs_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
                 int64_t rows, int64_t n, int64_t group, float eps);
 int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,

@@ -2,7 +2,7 @@
 AVX-512 vectors where the CPU has them, chosen at run time with the same
 bits, `cpu_rows.vector_path`) built on first use and called through ctypes.
 
-Seven kernels, each used by its own module where it applies, and whole blocks
+Eight kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:
 - `cpu_rows.c` (`cpu_rows.py`): few-row float32 matrix products, for `linear`
   (weights float32 or their exact bfloat16 / float16 copies, `cpu_rows_weights.h`);
@@ -16,6 +16,8 @@ and a whole forward chaining them:
 - `cpu_conv.c` (`cpu_conv.py`): the causal conv window over a forward's
   inputs, straight into the ring slots, for the Mamba mixers;
 - `cpu_norm.c` (`cpu_norm.py`): RMSNorm, plain and gated;
+- `cpu_pointwise.c` (`ops.NativePointwise`): softplus and sigmoid, each output
+  the same bits wherever its element lies (torch's are not in a tensor's tail);
 - `cpu_rope.c` (`cpu_rope.py`): the rotary embedding of queries and keys;
 - `cpu_blocks.c` (`cpu_blocks.py`): a decoder layer's MLP block, Mamba-2
   mixer block and attention block (norm to residual) in one call each;
@@ -61,7 +63,7 @@ CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 PIN_ENV = "HYBRIDSPEC_PIN_THREADS"  # "1": each helper thread bound to a CPU of its own (`pin_threads`)
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("cpu_pool.c", "cpu_rows.c", "cpu_rows_bf16.c", "cpu_panels.c", "cpu_mamba2.c", "cpu_mamba1.c", "cpu_gdn.c", "cpu_conv.c",
-                             "cpu_norm.c", "cpu_rope.c", "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
+                             "cpu_norm.c", "cpu_pointwise.c", "cpu_rope.c", "cpu_blocks.c", "cpu_forward.c", "cpu_calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("cpu_simd.h", "cpu_kernels.h", "cpu_rows_weights.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
@@ -112,6 +114,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
     "hs_bf16_supported": [],
     "hs_set_threads": [ctypes.c_int],
     "hs_set_pinning": [ctypes.c_int],
+    "hs_pointwise": [ctypes.c_int, _ptr, _ptr, _i64],
     "hs_forward": [_ptr],  # one hs_forward_args struct (cpu_forward.py)
     **{f"hs_{name}_call": [_ptr] for name in ARGUMENTS},  # one hs_<name>_args struct (`arguments`)
     "hs_greedy_steps": [_ptr, _i64, _ptr, _ptr, _ptr],

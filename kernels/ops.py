@@ -132,6 +132,45 @@ class NativeBf16Linear(NativeLinear):
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
 
+# -- softplus and sigmoid -------------------------------------------------------------------------
+
+class Pointwise:
+    """softplus (beta 1, threshold 20) and sigmoid, elementwise: torch's."""
+
+    def softplus(self, x: torch.Tensor) -> torch.Tensor:
+        return F.softplus(x)
+
+    def sigmoid(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x)
+
+
+class NativePointwise(Pointwise):
+    """The same functions in C (`cpu_pointwise.c`) for float32 CPU tensors: each output
+    the scalar libm value of its input wherever the element lies. torch's can differ in
+    the last bit between a tensor's vectorized body and its tail, which would make a
+    row's Δ or gate depend on the rows beside it (batch invariance)."""
+
+    def softplus(self, x: torch.Tensor) -> torch.Tensor:
+        return self._native(HS_SOFTPLUS, x) if self._takes(x) else super().softplus(x)
+
+    def sigmoid(self, x: torch.Tensor) -> torch.Tensor:
+        return self._native(HS_SIGMOID, x) if self._takes(x) else super().sigmoid(x)
+
+    @staticmethod
+    def _takes(x: torch.Tensor) -> bool:
+        return not (torch.is_grad_enabled() and x.requires_grad) and cpu_native.takes(x)
+
+    @staticmethod
+    def _native(fn: int, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        cpu_native.library().hs_pointwise(fn, x.data_ptr(), out.data_ptr(), x.numel())
+        return out
+
+
+HS_SOFTPLUS, HS_SIGMOID = 0, 1  # cpu_kernels.h
+
+
 # -- RMSNorm ----------------------------------------------------------------------------------------
 
 class Norm:
@@ -406,6 +445,7 @@ class Rejection:
 LINEAR = {"torch": Linear(), "triton": Linear(), "native": NativeLinear()}
 NATIVE_BF16_LINEAR = NativeBf16Linear()  # the native products in bfloat16 compute (`backend.select`'s `compute`)
 NORM = {"torch": Norm(), "triton": Norm(), "native": NativeNorm()}
+POINTWISE = {"torch": Pointwise(), "triton": Pointwise(), "native": NativePointwise()}
 ROTARY = {"torch": Rotary(), "triton": Rotary(), "native": NativeRotary()}
 CONV_WINDOW = {"torch": ConvWindow(), "triton": TritonConvWindow(), "native": NativeConvWindow()}
 MAMBA2_STEPS = {"torch": Mamba2Steps(), "triton": TritonMamba2Steps(), "native": NativeMamba2Steps()}

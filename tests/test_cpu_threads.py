@@ -357,3 +357,18 @@ def test_torch_on_one_thread_holds_the_kernels_count_and_gives_it_back():
     assert with_threads(3, lambda: (torch.get_num_threads(), cpu_native.sync_threads())) == (3, 3)
     with cpu_native.torch_on_one_thread(), cpu_native.torch_threads():  # one thread: nothing to hold
         assert torch.get_num_threads() == 1
+
+
+def test_a_long_prompts_prefill_bits_do_not_depend_on_the_prompts_beside_it(model):
+    """Forwards past MAX_ROWS rows run layer by layer: a 100-token prompt's logits alone and beside
+    a 37-token one (padded) are the same bits, at one and two threads. torch's softplus and sigmoid
+    round a tensor's tail differently from its body, so Δ comes from `ops.NativePointwise`."""
+    a, b = [(3 * i + 1) % 1000 + 3 for i in range(100)], [(11 * i + 5) % 1000 + 3 for i in range(37)]
+
+    def prefill(prompts):
+        cache = HybridCache(model.config, max_seqs=2, num_blocks=40, block_size=8, ring_slots=8, dtype=model.dtype)
+        return model.prefill(cache, list(range(len(prompts))), prompts)  # [batch, T, vocab]
+
+    for count in (1, 2):
+        alone, beside = with_threads(count, lambda: (prefill([a]), prefill([a, b])))
+        assert torch.equal(alone[0], beside[0]), count

@@ -75,7 +75,8 @@ class MoE(Kernelled, nn.Module):
         """(weights [tokens, k], expert ids [tokens, k])."""
         cd = compute_dtype(x.dtype)
         if self.cfg.router == "sigmoid_group_topk":
-            weights, ids = sigmoid_group_topk(F.linear(x.to(cd), self.router.to(cd)), self.score_bias.to(cd), self.cfg)
+            weights, ids = sigmoid_group_topk(F.linear(x.to(cd), self.router.to(cd)), self.score_bias.to(cd), self.cfg,
+                                              self.ops.pointwise.sigmoid)
         elif self.cfg.router == "softmax_topk":
             weights, ids = torch.topk(torch.softmax(F.linear(x, self.router).to(cd), dim=-1), self.cfg.top_k, dim=-1)
             if self.cfg.norm_topk_prob:
@@ -108,12 +109,12 @@ class MoE(Kernelled, nn.Module):
             return out
         shared = self.shared(x)
         if self.shared_gate is not None:  # sigmoid(w · x) per token
-            shared = torch.sigmoid(self.ops.linear(x, self.shared_gate)) * shared
+            shared = self.ops.pointwise.sigmoid(self.ops.linear(x, self.shared_gate)) * shared
         return out + shared
 
 
-def sigmoid_group_topk(logits: torch.Tensor, score_bias: torch.Tensor,
-                       cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def sigmoid_group_topk(logits: torch.Tensor, score_bias: torch.Tensor, cfg: MoEConfig,
+                       sigmoid=torch.sigmoid) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-limited sigmoid routing (DeepSeek-V3 §2.1.2; Nemotron 3 Nano).
 
     s = sigmoid(logits); the choice score s + b (b: the load-balancing
@@ -122,8 +123,9 @@ def sigmoid_group_topk(logits: torch.Tensor, score_bias: torch.Tensor,
         chosen   = top_k experts by s + b inside those groups
         w        = s[chosen] / (Σ s[chosen] + 1e-20) if norm_topk_prob else s[chosen]
         w       *= routed_scaling_factor
-    logits: [tokens, E] -> (w [tokens, k], expert ids [tokens, k])."""
-    scores = logits.sigmoid()
+    logits: [tokens, E] -> (w [tokens, k], expert ids [tokens, k]); `sigmoid`: the backend's
+    (`ops.Pointwise`)."""
+    scores = sigmoid(logits)
     choice = scores + score_bias  # [tokens, E]
     grouped = choice.view(-1, cfg.n_group, cfg.num_experts // cfg.n_group)  # [tokens, groups, E / groups]
     group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [tokens, groups]

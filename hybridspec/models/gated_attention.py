@@ -44,5 +44,5 @@ class GatedAttention(Attention):
             q, k = self.ops.norm.rms(q, self.q_norm, self.eps), self.ops.norm.rms(k, self.k_norm, self.eps)
         out = self.attend(q, k, v, batch, cache).reshape(bsz, T, -1)
         if gate is not None:
-            out = out * torch.sigmoid(gate)
+            out = out * self.ops.pointwise.sigmoid(gate)
         return self.ops.linear(out, self.o_proj, self.o_bias)

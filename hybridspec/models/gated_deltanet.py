@@ -94,8 +94,9 @@ class GatedDeltaNet(Kernelled, nn.Module):
     def gates(self, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """g = −exp(A_log)·softplus(a + dt_bias) and β = sigmoid(b) [batch, T, HV] in the state dtype."""
         cd = torch.promote_types(compute_dtype(a.dtype), dtype)
-        g = self.decay_rate(cd) * F.softplus(as_dtype(a, cd) + as_dtype(self.dt_bias, cd))
-        return g.contiguous(), torch.sigmoid(as_dtype(b, cd)).contiguous()
+        pointwise = self.ops.pointwise
+        g = self.decay_rate(cd) * pointwise.softplus(as_dtype(a, cd) + as_dtype(self.dt_bias, cd))
+        return g.contiguous(), pointwise.sigmoid(as_dtype(b, cd)).contiguous()
 
     def decay_rate(self, dtype: torch.dtype) -> torch.Tensor:
         """−exp(A_log) [HV] in `dtype`, kept until A_log changes."""

@@ -72,7 +72,7 @@ class Mamba1Mixer(LogReplay, Kernelled, nn.Module):
         if cfg.inner_layernorms:
             dt, B, C = self.dt_norm(dt), self.b_norm(B), self.c_norm(C)
         cd = compute_dtype(x.dtype)
-        dt = F.softplus(linear(dt, self.dt_proj).to(cd) + self.dt_bias.to(cd))
+        dt = self.ops.pointwise.softplus(linear(dt, self.dt_proj).to(cd) + self.dt_bias.to(cd))
         return dt.contiguous(), B.contiguous(), C.contiguous()
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:

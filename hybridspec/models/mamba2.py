@@ -102,7 +102,7 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
         x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()  # the kernels want contiguous inputs
         B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
         C = C.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
-        dt = F.softplus(as_dtype(dt, cd) + as_dtype(self.dt_bias, cd))  # [batch, T, nheads]
+        dt = ops.pointwise.softplus(as_dtype(dt, cd) + as_dtype(self.dt_bias, cd))  # [batch, T, nheads]
         low, high = cfg.time_step_limit
         if low > 0.0 or high != float("inf"):  # softplus is already >= 0: the default limits change nothing
             dt = dt.clamp(low, high)
