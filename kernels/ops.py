@@ -151,24 +151,21 @@ class NativePointwise(Pointwise):
     row's Δ or gate depend on the rows beside it (batch invariance)."""
 
     def softplus(self, x: torch.Tensor) -> torch.Tensor:
-        return self._native(HS_SOFTPLUS, x) if self._takes(x) else super().softplus(x)
+        return self._native("softplus", x) if self._takes(x) else super().softplus(x)
 
     def sigmoid(self, x: torch.Tensor) -> torch.Tensor:
-        return self._native(HS_SIGMOID, x) if self._takes(x) else super().sigmoid(x)
+        return self._native("sigmoid", x) if self._takes(x) else super().sigmoid(x)
 
     @staticmethod
     def _takes(x: torch.Tensor) -> bool:
         return not (torch.is_grad_enabled() and x.requires_grad) and cpu_native.takes(x)
 
     @staticmethod
-    def _native(fn: int, x: torch.Tensor) -> torch.Tensor:
+    def _native(name: str, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         out = torch.empty_like(x)
-        cpu_native.library().hs_pointwise(fn, x.data_ptr(), out.data_ptr(), x.numel())
+        cpu_native.library().hs_pointwise(cpu_native.POINTWISE[name], x.data_ptr(), out.data_ptr(), x.numel())
         return out
-
-
-HS_SOFTPLUS, HS_SIGMOID = 0, 1  # cpu_kernels.h
 
 
 # -- RMSNorm ----------------------------------------------------------------------------------------
