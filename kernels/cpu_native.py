@@ -320,7 +320,7 @@ def weight_dtype_ok(weight: torch.Tensor) -> bool:
 
 BF16_COMPUTE_BITS = 3  # HS_BF16_COMPUTE: bfloat16 data multiplied in bfloat16 compute (cpu_rows_bf16.c)
 PANELS_BIT = 4  # HS_PANELS: the data lies in panels (`panels.PanelWeight`, cpu_panels.c)
-POINTWISE = {"softplus": 0, "sigmoid": 1}  # HS_SOFTPLUS, HS_SIGMOID: hs_pointwise's functions (cpu_pointwise.c)
+POINTWISE_FUNCTIONS = {"softplus": 0, "sigmoid": 1}  # HS_SOFTPLUS, HS_SIGMOID: hs_pointwise's (cpu_pointwise.c)
 
 
 def weight_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -> int:

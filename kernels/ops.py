@@ -164,7 +164,7 @@ class NativePointwise(Pointwise):
     def _native(name: str, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         out = torch.empty_like(x)
-        cpu_native.library().hs_pointwise(cpu_native.POINTWISE[name], x.data_ptr(), out.data_ptr(), x.numel())
+        cpu_native.library().hs_pointwise(cpu_native.POINTWISE_FUNCTIONS[name], x.data_ptr(), out.data_ptr(), x.numel())
         return out
 
 
