@@ -22,7 +22,7 @@ per wave of B requests the target's prefill (timed here) in both, the
 drafter's absorption of the prompts (start-up `absorb_s`) in the
 speculative one, then the rounds, every term of the plain step and of the
 round (forward, draft, sampling, commit, host) from the adaptive engine's
-start-up measurement (`hybridspec.startup_costs`, repeated on the bench's
+start-up measurement (`hybridspec.engine.startup_costs`, repeated on the bench's
 clock at B), α from the fixed-γ = 4 run's acceptance
 rate at B (`alpha_from_acceptance_rate`); the measured speedup it is set
 against is the best fixed γ's over plain. The predicted and measured
@@ -55,7 +55,7 @@ VARIANTS = ("plain", "gamma=2", "gamma=4", "auto")
 def workloads(args) -> list[tuple[str, object, object, list[list[int]]]]:
     """(name, target, draft, prompt pool) per workload."""
     import hybridspec as hs
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
     most = max(args.batches) * args.requests_per_slot
     target_dir, draft_dir = embedded_paths()
     text_prompts = heldout_prompts(min(most, 24), args.prompt_len)
@@ -92,13 +92,13 @@ def predicted(costs, batch: int, alpha: float, num_tokens: int, prefill_s: float
 
 
 def terms_on_bench_clock(target, draft, engine):
-    """The adaptive engine's start-up measurement (`hybridspec.startup_costs`)
+    """The adaptive engine's start-up measurement (`hybridspec.engine.startup_costs`)
     repeated at its largest batch on the clock the bench times with (`--clock`)."""
     import functools
     import common
     from hybridspec.cache.hybrid_cache import scratch_cache
-    from hybridspec.engine import scratch_request
-    from hybridspec.startup_costs import measure_round_costs
+    from hybridspec.engine.engine import scratch_request
+    from hybridspec.engine.startup_costs import measure_round_costs
     gamma_max, batch = engine.speculator.gamma, engine.max_batch_size
     new_cache = functools.partial(scratch_cache, target)
     return measure_round_costs(target, draft, engine.speculator.policy, gamma_max, [batch], new_cache,

@@ -39,7 +39,7 @@ def out_dir() -> Path:
 
 def bench_parser(description: str | None) -> argparse.ArgumentParser:
     """A parser with the flags every bench shares: --quick, --threads, --out."""
-    from hybridspec.cli import OneLineParser  # a bad value is one line, as in every other command
+    from hybridspec.cli.main import OneLineParser  # a bad value is one line, as in every other command
     first_line = (description or "").strip().splitlines()[0] if description else None
     parser = OneLineParser(description=first_line)
     parser.add_argument("--quick", action="store_true",
@@ -180,7 +180,7 @@ def machine_info() -> dict:
         "environment": {name: os.environ.get(name) for name in ENVIRONMENT},
     }
     try:
-        from hybridspec.kernels import cpu_native
+        from hybridspec.kernels.cpu import native as cpu_native
         info["native_cpu_kernels"] = cpu_native.available()  # the C paths float32 CPU runs take on one thread
     except ImportError:
         info["native_cpu_kernels"] = None

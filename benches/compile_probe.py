@@ -80,7 +80,7 @@ def compare(name: str, batch: int, eager, compiled, repeats: int) -> dict:
 
 
 def probe(shape: dict, batch: int, repeats: int) -> list[dict]:
-    from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
+    from hybridspec.kernels.triton.mamba2_verify import mamba2_verify_ref
     from hybridspec.kernels import backend
     from hybridspec.models.mamba2 import gate_and_norm
     from hybridspec.config import Mamba2Config

@@ -1,7 +1,7 @@
 """Decode ms per token and prefill ms against prompt length, engine against HF `generate`.
 
 Workloads (greedy, batch 1):
-- the embedded pair (`hybridspec.embedded`): prefixes of one held-out
+- the embedded pair (`hybridspec.adapters.embedded`): prefixes of one held-out
   standard-library file (the prompts of `benches/e2e.py`), 128 ... 4,000 bytes;
   speculative decoding drafts with the embedded draft model;
 - a random hybrid with Bamba-9B's proportions scaled to this CPU: its 32
@@ -68,7 +68,7 @@ class Workload:
 
 def embedded_workload(lengths: list[int]) -> Workload:
     import hybridspec as hs
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
     from transformers import BambaForCausalLM
     target_dir, draft_dir = embedded_paths()
     hf = BambaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()

@@ -1,10 +1,10 @@
 """The native CPU kernels: few-row products against MKL, and what they make of a step.
 
-The native CPU kernels (`hybridspec/kernels/cpu_native.py`): few-row products,
+The native CPU kernels (`hybridspec/kernels/cpu/native.py`): few-row products,
 `torch.mm` (MKL) against the kernel `linear` takes for 1 … 96 rows
-(`cpu_rows.c`), with the weights out of cache as in a decode step; then what
-the three kernels together (products, the Mamba-2 recurrence `cpu_mamba2.c`,
-the conv window `cpu_conv.c`) make of one model step and of a verify forward
+(`cpu/rows.c`), with the weights out of cache as in a decode step; then what
+the three kernels together (products, the Mamba-2 recurrence `cpu/mamba2.c`,
+the conv window `cpu/conv.c`) make of one model step and of a verify forward
 of γ + 1 = 5 tokens.
 
 Products: the weight shapes of the embedded target (hidden 256) and of the
@@ -41,7 +41,8 @@ COPIES_BYTES = 96 << 20  # weights per timed call: past any last-level cache thi
 
 
 def product_rows(shapes: dict, rows: tuple, repeats: int, copies_bytes: int) -> list[dict]:
-    from hybridspec.kernels import cpu_native, cpu_rows
+    from hybridspec.kernels.cpu import native as cpu_native
+    from hybridspec.kernels.cpu import rows as cpu_rows
     out = []
     for name, (K, N) in shapes.items():
         g = torch.Generator().manual_seed(K + N)
@@ -81,7 +82,7 @@ def step_rows(repeats: int) -> list[dict]:
     from hybridspec.cache.hybrid_cache import HybridCache
     from hybridspec.checkpoints.policy import ring_halves_by_default
     from hybridspec.checkpoints.ring import plan_snapshots
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
     prompt = list(b"def parse(self, text):\n    for line in text.splitlines():\n        if not line:" * 3)
     forwards, models = {}, {}
     for name, path in zip(("target", "draft"), embedded_paths()):
@@ -118,7 +119,7 @@ def step_rows(repeats: int) -> list[dict]:
 
 def main(argv=None) -> int:
     args = bench_parser(__doc__).parse_args(argv)
-    from hybridspec.kernels import cpu_native
+    from hybridspec.kernels.cpu import native as cpu_native
     threads = set_threads(args.threads)
     print(describe_machine(), flush=True)
     if not cpu_native.available():

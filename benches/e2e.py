@@ -2,7 +2,7 @@
 
 Workloads (greedy, so all three must produce the same tokens):
 - embedded pair, model drafter: the shipped byte-level target and draft
-  (`hybridspec.embedded`), prompts cut from the Python standard library files
+  (`hybridspec.adapters.embedded`), prompts cut from the Python standard library files
   that `tools/train_embedded.py` holds out of training;
 - embedded target, n-gram drafter (prompt lookup), same prompts;
 - a larger random Bamba pair with controlled acceptance: the draft is the
@@ -81,7 +81,7 @@ def heldout_prompts(num_prompts: int, prompt_len: int) -> list[list[int]]:
 
 def embedded_workloads(args) -> list[Workload]:
     import hybridspec as hs
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
     from transformers import BambaForCausalLM
     target_dir, draft_dir = (args.target, args.draft) if args.target else embedded_paths()
     target = hs.load(target_dir)

@@ -48,7 +48,7 @@ for stage in $STAGES; do
       for run in "float32 0" "float32 1" "float64 0"; do  # dtype, HYBRIDSPEC_CUDA_GRAPHS
         set -- $run
         echo "-- check --dtype $1, CUDA graphs $2"
-        HYBRIDSPEC_CUDA_GRAPHS=$2 timeout 70 "$PY" -m hybridspec.cli check --quick --device cuda --dtype "$1" \
+        HYBRIDSPEC_CUDA_GRAPHS=$2 timeout 70 "$PY" -m hybridspec.cli.main check --quick --device cuda --dtype "$1" \
           2>&1 | tail -3
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("benches/gpu_launches.py counts on the interpreted GPU path: run it with "
                          "TRITON_INTERPRET=1 set before python starts")
     import hybridspec as hs
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
     os.environ["HYBRIDSPEC_BACKEND"] = "triton"
     set_threads(args.threads)
     target_dir, draft_dir = embedded_paths()

@@ -99,7 +99,7 @@ def _labelled(forward, label: str):
 def main(argv=None) -> int:
     args = bench_parser(__doc__).parse_args(argv)
     import hybridspec as hs
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
     threads = set_threads(args.threads)
     print(describe_machine(), flush=True)
     new_tokens = 16 if args.quick else 64

@@ -50,7 +50,10 @@ GDN_SIZES = {  # value heads, key heads, d_k, d_v (Qwen3-Next's GDN layer; batch
 
 def cases(size: str, dev="cuda"):
     """(name, kernel call, reference call, bytes the kernel must move)."""
-    from hybridspec.kernels import conv_window, mamba2_verify, rejection, ssm_replay
+    from hybridspec.kernels.triton import conv_window
+    from hybridspec.kernels.triton import mamba2_verify
+    from hybridspec.kernels.triton import rejection
+    from hybridspec.kernels.triton import ssm_replay
     f32 = torch.float32
     batch, T, nheads, headdim, d_state, ngroups, V = SIZES[size]
     slots = batch * (T + 1)
@@ -92,7 +95,7 @@ def cases(size: str, dev="cuda"):
 
 def gdn_cases(size: str, dev, src, snap, ntok):
     """The GDN verify update and log replay over the same slot plan as Mamba-2's."""
-    from hybridspec.kernels import gdn_verify
+    from hybridspec.kernels.triton import gdn_verify
     batch, T = snap.shape
     heads, key_heads, d_k, d_v = GDN_SIZES[size]
     states = torch.randn(batch * (T + 1), heads, d_k, d_v, device=dev)

@@ -249,7 +249,7 @@ class OursRunner:
 
 
 def set_threads(threads: int) -> None:
-    from hybridspec.kernels import cpu_native
+    from hybridspec.kernels.cpu import native as cpu_native
     torch.set_num_threads(threads)
     cpu_native.sync_threads()
 

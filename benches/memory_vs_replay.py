@@ -41,8 +41,9 @@ import torch
 import hybridspec as hs
 from hybridspec.checkpoints.auto import AutoCheckpointPolicy, expected_round_s
 from hybridspec.cache.hybrid_cache import scratch_cache
-from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointFootprint, measure_checkpoint_costs
-from hybridspec.state_memory import default_state_dtype
+from hybridspec.costs.checkpoint_costs import COST_FIELDS, CheckpointFootprint
+from hybridspec.checkpoints.measure import measure_checkpoint_costs
+from hybridspec.cache.state_memory import default_state_dtype
 from hybridspec.sim import alpha_from_acceptance_rate
 from common import (alternating_samples, bench_parser, describe_machine, print_table, save_png, set_threads,
                     write_json)

@@ -16,7 +16,7 @@ Per (batch, forward, library): median and min–max wall milliseconds; per
 pair: new / base of the medians, and whether the two libraries gave the
 same logits bit for bit (they do unless a kernel's chains changed); per
 library: the verify in plain steps (the target: ≤ 1.5 up to batch 8). The libraries must agree on
-the structs the forward passes (`cpu_forward.py`, `cpu_kernels.h`) and on
+the structs the forward passes (`cpu/forward.py`, `cpu/kernels.h`) and on
 the functions' arguments (`cpu_native.SIGNATURES`): a revision where those
 differ is refused.
 
@@ -36,11 +36,11 @@ import torch
 
 import hybridspec as hs
 from common import bench_parser, describe_machine, out_dir, print_table, set_threads, write_json
-from hybridspec.kernels import cpu_native
+from hybridspec.kernels.cpu import native as cpu_native
 
 ROOT = Path(__file__).resolve().parent.parent
 GAMMA = 4
-SAME_LAYOUT = ("kernels/cpu_forward.py", "kernels/cpu_kernels.h")  # the structs, Python and C side
+SAME_LAYOUT = ("kernels/cpu/forward.py", "kernels/cpu/kernels.h")  # the structs, Python and C side
 
 
 def git(*args: str) -> str:
@@ -48,7 +48,7 @@ def git(*args: str) -> str:
 
 
 def signatures_text(source: str) -> str:
-    """The `SIGNATURES = {…}` table of a `cpu_native.py` source."""
+    """The `SIGNATURES = {…}` table of a `cpu/native.py` source."""
     start = source.index("SIGNATURES = {")
     return source[start:source.index("\n}\n", start)]
 
@@ -59,8 +59,8 @@ def build_revision(rev: str, directory: Path, sources: Path | None = None):
     in `directory`, loaded and typed."""
     if sources is None:
         changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", rev, "--", *SAME_LAYOUT]).returncode
-        here = signatures_text((ROOT / "kernels" / "cpu_native.py").read_text())
-        if changed or signatures_text(git("show", f"{rev}:kernels/cpu_native.py")) != here:
+        here = signatures_text((ROOT / "kernels" / "cpu/native.py").read_text())
+        if changed or signatures_text(git("show", f"{rev}:kernels/cpu/native.py")) != here:
             raise SystemExit(f"native_ab: {rev} differs from this checkout in {', '.join(SAME_LAYOUT)} or in "
                              "cpu_native.SIGNATURES; the forward's structs or the functions' arguments may not "
                              "match, so its library cannot stand in for this one")
@@ -79,7 +79,7 @@ def build_revision(rev: str, directory: Path, sources: Path | None = None):
 
 def build_model(name: str, quick: bool):
     if name == "embedded":
-        from hybridspec.embedded import embedded_paths
+        from hybridspec.adapters.embedded import embedded_paths
         return hs.load(embedded_paths()[0])
     from round_cost import FULL, QUICK, build_pair
     return hs.from_hf(build_pair(QUICK if quick else FULL, 0.03)[0]).pack_for_cpu()

@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     set_threads(args.threads)
     set_clock(args.clock)
     import hybridspec as hs
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
 
     target_dir, draft_dir = embedded_paths()
     target, draft = hs.load(target_dir), hs.load(draft_dir)

@@ -14,10 +14,10 @@ other layers have their output projections (Mamba out_proj, attention o_proj,
 MLP down_proj) scaled by ε, so they perturb the drafter's residual stream by
 an amount ε controls; the acceptance it gives is measured. Nothing is downloaded.
 Both are packed as `hs.load` packs on CPU (input-major linear weights, so the
-few-row kernel of `kernels/cpu_rows.c` takes products of up to 96 rows).
+few-row kernel of `kernels/cpu/rows.c` takes products of up to 96 rows).
 
 Per batch B the terms of a plain step and of a round drafting γ are the
-engine's own start-up measurement (`hybridspec.startup_costs`, the terms
+engine's own start-up measurement (`hybridspec.engine.startup_costs`, the terms
 `num_draft_tokens="auto"` chooses from: forward, draft, sampling, commit,
 host; process CPU seconds on scratch caches, as the engine runs are timed,
 policy k = 1). Then the engine
@@ -108,8 +108,8 @@ def step_times(target, draft, batch: int, repeats: int) -> dict:
     drafts per row, policy k = 1) as a `hybridspec.round_cost/v1` batch entry."""
     import functools
     from hybridspec.cache.hybrid_cache import scratch_cache
-    from hybridspec.engine import scratch_request
-    from hybridspec.startup_costs import measure_round_costs
+    from hybridspec.engine.engine import scratch_request
+    from hybridspec.engine.startup_costs import measure_round_costs
     policy = hs.CheckpointPolicy(snapshot_every=1, log_inputs=False)
     new_cache = functools.partial(scratch_cache, target)
     costs = measure_round_costs(target, draft, policy, GAMMA, [batch], new_cache, scratch_request, repeats=repeats,

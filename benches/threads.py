@@ -1,7 +1,7 @@
 """Threads: what torch's intra-op thread count buys on CPU, measured side by side.
 
 The native kernels' matrix products split their columns over torch's thread
-count (`kernels/cpu_rows.c`, same bits at every count); the rest of a
+count (`kernels/cpu/rows.c`, same bits at every count); the rest of a
 forward (recurrences, conv windows, attention, norms, Python) runs on the
 calling thread. This bench measures what that gives, per thread count
 (`--thread-counts`, default 1 … os.cpu_count() up to 4), alternating the
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += engine_rows(label, random_target, random_draft, prompts, new_tokens, counts, repeats)
     else:
         from e2e import heldout_prompts
-        from hybridspec.embedded import embedded_paths
+        from hybridspec.adapters.embedded import embedded_paths
         del hf_target, hf_draft
         target_dir, draft_dir = embedded_paths()
         target, draft = hs.load(target_dir), hs.load(draft_dir)

@@ -11,7 +11,7 @@ Checkpoint bytes, what the budget bounds (and what
 - writes(γ, k) = `hs.sim.snapshot_writes_per_round`: snapshot slots a sequence
   holds after the verify forward (the final state included, the pinned
   round-start head not); `held_bytes` counts the surviving ones, `len(plan.survivors)`;
-- bytes_per_slot, log_bytes_per_input: `hybridspec.state_memory` (the formulas
+- bytes_per_slot, log_bytes_per_input: `hybridspec.cache.state_memory` (the formulas
   `StatePool` and `MambaInputLog` allocate by), in the state and model dtypes.
 A round whose sequences draft fewer than γ tokens holds less. The ring itself
 (`ring_size(γ)` slots per sequence, allocated once with the cache) is the pool
@@ -43,10 +43,12 @@ from dataclasses import dataclass, field
 
 
 from hybridspec.errors import CacheFullError, ConfigError
-from hybridspec.sim import (RoundTime, alpha_from_acceptance_rate, replay_probability, round_time,
-                            snapshot_writes_per_round)
+from hybridspec.costs.checkpoint_terms import replay_probability, snapshot_writes_per_round
+from hybridspec.costs.closed_form import alpha_from_acceptance_rate
+from hybridspec.costs.round_time import RoundTime, round_time
 
-from hybridspec.checkpoints.costs import CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
+from hybridspec.costs.checkpoint_costs import CheckpointCosts, CheckpointFootprint
+from hybridspec.checkpoints.measure import measure_checkpoint_costs
 from hybridspec.checkpoints.policy import CheckpointPolicy, validate_gamma
 
 PRIOR_RATE, PRIOR_ROUNDS = 0.5, 2  # acceptance prior: two pseudo-rounds at rate 0.5

@@ -22,8 +22,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from hybridspec.checkpoints.input_log import LayerInputLog
-from hybridspec.checkpoints.state_pool import StatePool
-from hybridspec.state_memory import RecurrentStateShape
+from hybridspec.cache.state_pool import StatePool
+from hybridspec.cache.state_memory import RecurrentStateShape
 
 
 @runtime_checkable

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridspec.cache.state_pool import head_half
+
 
 @dataclass
 class SnapshotPlan:
@@ -35,16 +37,6 @@ class SnapshotPlan:
             return -1, self.head
         j = max(earlier)
         return j, self.survivors[j]
-
-
-def head_half(ring: list[int], head: int, count: int) -> str | None:
-    """For a round of `count` snapshots under ring halves: "low" when the head
-    lies at an offset < count (the round writes offsets count … 2·count-1),
-    "high" otherwise (it writes 0 … count-1); None when the ring has fewer than
-    2·count slots (no halves) or there is nothing to snapshot."""
-    if not count or len(ring) < 2 * count:
-        return None
-    return "low" if ring.index(head) < count else "high"
 
 
 def plan_snapshots(ring: list[int], head: int, snapshot_inputs: list[int], num_inputs: int) -> SnapshotPlan:

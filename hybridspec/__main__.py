@@ -1,6 +1,6 @@
 """`python -m hybridspec ...` (and `torchrun ... -m hybridspec ...`): the `hybridspec` command."""
 import sys
 
-from .cli import main
+from hybridspec.cli.main import main
 
 sys.exit(main())

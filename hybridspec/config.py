@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from .errors import ConfigError
-from .state_memory import RecurrentStateShape, gdn_state_shape, mamba1_state_shape, mamba2_state_shape
+from hybridspec.errors import ConfigError
+from hybridspec.cache.state_memory import RecurrentStateShape, gdn_state_shape, mamba1_state_shape, mamba2_state_shape
 
 MixerType = Literal["attention", "mamba1", "mamba2", "gdn", "parallel", "none"]
 FfnType = Literal["mlp", "moe", "none"]

@@ -19,18 +19,18 @@ from typing import Literal
 
 import torch
 
-from .adapters import load
-from .codec import ByteCodec, TokenizerCodec, byte_codec, has_tokenizer, load_tokenizer
-from .embedded import embedded_paths
-from .engine import Engine, Output
-from .errors import ConfigError, InvalidRequestError
-from .logprobs import TokenLogprob
-from .models.hybrid import HybridModel
-from .sampling import SamplingParams
-from .spec.drafters import as_draft
-from .stats import EngineStats
-from .stopping import cut_text
-from .threads import use_threads
+from hybridspec.adapters import load
+from hybridspec.text.codec import ByteCodec, TokenizerCodec, byte_codec, has_tokenizer, load_tokenizer
+from hybridspec.adapters.embedded import embedded_paths
+from hybridspec.engine.engine import Engine, Output
+from hybridspec.errors import ConfigError, InvalidRequestError
+from hybridspec.sampling.logprobs import TokenLogprob
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.sampler import SamplingParams
+from hybridspec.spec.drafters import as_draft
+from hybridspec.engine.stats import EngineStats
+from hybridspec.sampling.stopping import cut_text
+from hybridspec.engine.threads import use_threads
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 DEFAULT_DRAFT = "default"  # the embedded draft with the embedded target, the n-gram drafter otherwise
@@ -95,7 +95,7 @@ class LLM:
         HybridModel `model` is switched in place. A ConfigError before anything
         is loaded where it cannot run (a GPU, a CPU without AVX512-BF16).
     threads: torch intra-op threads for CPU runs (a process-wide torch
-        setting); default None: `hybridspec.threads.default_threads` (1 for
+        setting); default None: `hybridspec.engine.threads.default_threads` (1 for
         the embedded pair).
     eos_token_ids: the ids that end a request unless `ignore_eos`; default
         None: the tokenizer's EOS, the config's `eos_token_id` and those of the

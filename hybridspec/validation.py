@@ -12,7 +12,7 @@ import numbers
 
 import torch
 
-from .errors import HybridSpecError
+from hybridspec.errors import HybridSpecError
 
 INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 

@@ -26,7 +26,7 @@ The products' compute (`COMPUTES`, `check_compute`) is a second, per-model choic
 load: the float32 bits); "bfloat16", the opt-in fast path on CPUs with
 AVX512-BF16, rounds each product's activations to bfloat16 and multiplies the
 bfloat16 weights with the CPU's BF16 dot product, float32 sums
-(`cpu_rows_bf16.c`): close to float32, not its bits. It changes the products
+(`cpu/rows_bf16.c`): close to float32, not its bits. It changes the products
 only (the linear layers and the LM head: layer by layer, in the blocks and in
 the whole forward); norms, recurrences, conv windows and attention stay
 float32. It applies where the native kernels run; under "torch" or "triton"
@@ -47,7 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from hybridspec.errors import ConfigError
-from hybridspec.kernels import cpu_native, ops
+from hybridspec.kernels import ops
+from hybridspec.kernels.cpu import native as cpu_native
 
 BACKEND_ENV = "HYBRIDSPEC_BACKEND"
 CHOICES = ("auto", "native", "native-blocks", "native-ops", "triton", "torch")

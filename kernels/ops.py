@@ -12,19 +12,26 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from hybridspec.kernels import cpu_conv, cpu_gdn, cpu_mamba1, cpu_mamba2, cpu_native, cpu_norm, cpu_rows, panels
-from hybridspec.kernels.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
+from hybridspec.kernels.cpu import conv as cpu_conv
+from hybridspec.kernels.cpu import gdn as cpu_gdn
+from hybridspec.kernels.cpu import mamba1 as cpu_mamba1
+from hybridspec.kernels.cpu import mamba2 as cpu_mamba2
+from hybridspec.kernels.cpu import native as cpu_native
+from hybridspec.kernels.cpu import norm as cpu_norm
+from hybridspec.kernels.cpu import rows as cpu_rows
+from hybridspec.kernels.cpu import panels
+from hybridspec.kernels.triton.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
                                             conv_window_update_ref)
-from hybridspec.kernels.gdn_verify import gdn_replay, gdn_replay_ref, gdn_verify, gdn_verify_ref
-from hybridspec.kernels.kv_write import kv_write
-from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
-from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
-from hybridspec.kernels.native_replay import replay_native
-from hybridspec.kernels.panels import PanelWeight
-from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES, paged_attention, paged_attention_cpu
-from hybridspec.kernels.rejection import rejection, rejection_ref
+from hybridspec.kernels.triton.gdn_verify import gdn_replay, gdn_replay_ref, gdn_verify, gdn_verify_ref
+from hybridspec.kernels.triton.kv_write import kv_write
+from hybridspec.kernels.triton.mamba1_verify import mamba1_verify, mamba1_verify_ref
+from hybridspec.kernels.triton.mamba2_verify import mamba2_verify, mamba2_verify_ref
+from hybridspec.kernels.cpu.replay import replay_native
+from hybridspec.kernels.cpu.panels import PanelWeight
+from hybridspec.kernels.triton.paged_attention import SUPPORTED_DTYPES, paged_attention, paged_attention_cpu
+from hybridspec.kernels.triton.rejection import rejection, rejection_ref
 from hybridspec.kernels.rotary import NativeRotation, Rotation
-from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref, mamba2_replay, mamba2_replay_ref
+from hybridspec.kernels.triton.ssm_replay import mamba1_replay, mamba1_replay_ref, mamba2_replay, mamba2_replay_ref
 
 
 @functools.cache
@@ -112,7 +119,7 @@ class NativeLinear(Linear):
 
 class NativeBf16Linear(NativeLinear):
     """The products in bfloat16 compute (the opt-in fast path, `compute="bfloat16"`): a
-    bfloat16 weight multiplies x rounded to bfloat16 with float32 sums (`cpu_rows_bf16.c`,
+    bfloat16 weight multiplies x rounded to bfloat16 with float32 sums (`cpu/rows_bf16.c`,
     AVX512-BF16), at any row count; where the kernel declines a call (autograd), torch
     multiplies the same rounded values. A float32 weight (one a norm or another part also
     uses, `pack_for_cpu`) takes `NativeLinear`'s exact products."""
@@ -145,7 +152,7 @@ class Pointwise:
 
 
 class NativePointwise(Pointwise):
-    """The same functions in C (`cpu_pointwise.c`) for float32 CPU tensors: each output
+    """The same functions in C (`cpu/pointwise.c`) for float32 CPU tensors: each output
     the scalar libm value of its input wherever the element lies. torch's can differ in
     the last bit between a tensor's vectorized body and its tail, which would make a
     row's Δ or gate depend on the rows beside it (batch invariance)."""

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from hybridspec.kernels import cpu_rope
+from hybridspec.kernels.cpu import rope as cpu_rope
 
 _ROTATE_HALF: dict[tuple, torch.Tensor] = {}
 

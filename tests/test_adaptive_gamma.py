@@ -9,9 +9,9 @@ import pytest
 import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.rollback import perturbed_copy
-from hybridspec.sim.round_terms import round_seconds
+from hybridspec.costs.round_terms import round_seconds
 from hybridspec.spec.gamma import MIN_REALIZED, PROBE_EVERY, GammaController
-from hybridspec.spec.round_costs import RoundCosts
+from hybridspec.costs.round_costs import RoundCosts
 from oracles import bamba, nemotron_h
 
 GAMMA_MAX = 4
@@ -370,7 +370,7 @@ def test_auto_measures_costs_and_keeps_greedy_parity():
 
 
 def test_start_up_times_each_kind_at_the_end_of_a_run_of_its_own_and_takes_the_median():
-    from hybridspec import startup_costs
+    from hybridspec.engine import startup_costs
 
     class Scripted:  # a ScratchRounds whose calls cost what the test says: a call after another kind is slow
         target, ids, new_cache = None, [0], None
@@ -399,7 +399,7 @@ def test_start_up_times_each_kind_at_the_end_of_a_run_of_its_own_and_takes_the_m
 
 
 def test_rows_that_sample_add_their_measured_extra_linear_in_batch_and_tokens():
-    from hybridspec.startup_costs import _sampled_terms
+    from hybridspec.engine.startup_costs import _sampled_terms
     terms = lambda sampling, draft: hs.sim.RoundTerms(forward_s=1.0, draft_s=draft, sampling_s=sampling)
     greedy = {1: terms(0.1, 0.0), 3: terms(0.2, 0.4), 5: terms(0.3, 0.8)}
     extra = {1: {1: {"sampling_s": 0.1, "draft_s": 0.0}, 5: {"sampling_s": 0.5, "draft_s": 0.2}},
@@ -453,7 +453,7 @@ def test_a_sparse_policy_prices_its_expected_replay_and_keeps_parity():
 
 def test_a_replay_is_priced_from_its_rows_and_steps():
     from hybridspec.checkpoints.auto import ReplayPrice
-    from hybridspec.checkpoints.costs import CheckpointCosts
+    from hybridspec.costs.checkpoint_costs import CheckpointCosts
     costs = CheckpointCosts(batches=(1, 4), snapshot_write_s=(0.0, 0.0), log_write_s=(0.0, 0.0),
                             log_replay_fixed_s=(1.0, 1.0), restore_s=(0.1, 0.1), log_replay_step_s=(0.01, 0.01),
                             token_replay_fixed_s=(5.0, 5.0), token_replay_step_s=(0.5, 0.5))

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 import hybridspec as hs
 from hybridspec.checkpoints.auto import AutoCheckpointPolicy, candidates, expected_round_s, running_alpha
 from hybridspec.cache.hybrid_cache import scratch_cache
-from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointCosts, CheckpointFootprint, measure_checkpoint_costs
+from hybridspec.costs.checkpoint_costs import COST_FIELDS, CheckpointCosts, CheckpointFootprint
+from hybridspec.checkpoints.measure import measure_checkpoint_costs
 from hybridspec.errors import CacheFullError, ConfigError
-from hybridspec.state_memory import default_state_dtype
+from hybridspec.cache.state_memory import default_state_dtype
 from hybridspec.sim import round_time, snapshot_writes_per_round
 from oracles import bamba
 

@@ -181,7 +181,8 @@ def test_llamacpp_quick_without_a_converter(benches, tmp_path):
 
 
 def test_cpu_kernels_quick(benches, tmp_path):
-    from hybridspec.kernels import cpu_native, cpu_rows
+    from hybridspec.kernels.cpu import native as cpu_native
+    from hybridspec.kernels.cpu import rows as cpu_rows
     if not cpu_native.available():
         pytest.skip("the few-row kernel cannot run on this machine")
     out = tmp_path / "cpu_kernels.json"
@@ -198,7 +199,7 @@ def test_cpu_kernels_quick(benches, tmp_path):
 def test_native_ab_quick(benches, tmp_path):
     """HEAD's kernels against this checkout's in one process: both libraries run
     the forwards (equal logits: the checkout's kernels compute HEAD's chains)."""
-    from hybridspec.kernels import cpu_native
+    from hybridspec.kernels.cpu import native as cpu_native
     if not cpu_native.available():
         pytest.skip("the native kernels cannot run on this machine")
     if subprocess.run(["git", "-C", str(BENCHES), "rev-parse", "HEAD"], capture_output=True).returncode:
@@ -215,7 +216,7 @@ def test_native_ab_quick(benches, tmp_path):
 
 def test_exact_bf16_quick(benches, tmp_path):
     """Both storages of a bf16-valued model: the same logits and tokens, about half the parameters' memory."""
-    from hybridspec.kernels import cpu_native
+    from hybridspec.kernels.cpu import native as cpu_native
     if not cpu_native.available():
         pytest.skip("the native kernels cannot run on this machine")
     out = tmp_path / "exact_bf16.json"
@@ -287,8 +288,8 @@ def test_targets_verdicts(benches, monkeypatch):
 
 def test_bench_listing_says_what_each_measures(capsys):
     """`hybridspec bench` lists every bench with the first line of its docstring."""
-    from hybridspec.bench_cli import available, summary
-    from hybridspec.cli import main
+    from hybridspec.cli.bench import available, summary
+    from hybridspec.cli.main import main
     assert main(["bench"]) == 0
     out = capsys.readouterr().out
     names = available()

@@ -1,4 +1,4 @@
-"""The opt-in bfloat16 compute path (`compute="bfloat16"`, `kernels/cpu_rows_bf16.c`):
+"""The opt-in bfloat16 compute path (`compute="bfloat16"`, `kernels/cpu/rows_bf16.c`):
 the products round their activations to bfloat16 and use the CPU's BF16 dot product
 (AVX512-BF16) with float32 sums. NOT bit-equal to the exact float32 path (the default);
 within the path a row's bits do not depend on the other rows of its call (a decode of
@@ -13,7 +13,9 @@ import torch
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.errors import ConfigError
-from hybridspec.kernels import backend, cpu_native, cpu_rows
+from hybridspec.kernels import backend
+from hybridspec.kernels.cpu import native as cpu_native
+from hybridspec.kernels.cpu import rows as cpu_rows
 from oracles import granite
 from test_cpu_rows import one_thread  # noqa: F401 (an autouse fixture)
 from test_cpu_threads import with_threads
@@ -200,7 +202,7 @@ def test_load_and_llm_take_compute(tmp_path):
 @has_bf16
 def test_the_generate_cli_takes_compute(tmp_path, capsys):
     import json
-    from hybridspec.cli import main
+    from hybridspec.cli.main import main
     granite(seed=8, layer_types=("mamba", "attention"), vocab=256).to(torch.bfloat16).save_pretrained(tmp_path)
     argv = ["generate", "abcabc", "--model", str(tmp_path), "--draft", "ngram", "-n", "5", "--json"]
     assert main([*argv, "--compute", "bfloat16"]) == 0

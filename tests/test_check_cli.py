@@ -7,7 +7,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.checkpoints.restore import RestoreDecision, decide
-from hybridspec.cli import SUBCOMMANDS, build_parser, main
+from hybridspec.cli.main import SUBCOMMANDS, build_parser, main
 from hybridspec.rollback import perturbed_copy, tiny_model
 from oracles import bamba
 
@@ -17,7 +17,7 @@ def table_rows(out: str) -> list[str]:
 
 
 def test_check_is_a_subcommand():
-    assert SUBCOMMANDS["check"][0] == "hybridspec.check_cli"
+    assert SUBCOMMANDS["check"][0] == "hybridspec.cli.check"
     args = build_parser().parse_args(["check", "--quick", "--draft", "ngram"])
     assert args.quick and args.draft == "ngram" and args.model is None and args.dtype == "float64"
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-import hybridspec.sim.cli
-from hybridspec.cli import main
+import hybridspec.cli.simulate
+from hybridspec.cli.main import main
 from oracles import bamba
 
 
@@ -87,7 +87,7 @@ def test_a_bench_argument_error_is_one_line():
 
 
 def test_the_console_script_exits_2_with_one_line():
-    child = subprocess.run([sys.executable, "-m", "hybridspec.cli", "generate", "--temperature", "abc"],
+    child = subprocess.run([sys.executable, "-m", "hybridspec.cli.main", "generate", "--temperature", "abc"],
                            capture_output=True, text=True, timeout=120)
     assert child.returncode == 2 and child.stdout == ""
     assert child.stderr == "hybridspec generate: error: --temperature: 'abc' is not a number\n"
@@ -122,7 +122,7 @@ def test_interrupt_and_closed_pipe(capsys, monkeypatch, raised, status):
     def stop(args):
         raise raised()
 
-    monkeypatch.setattr(hybridspec.sim.cli, "run", stop)
+    monkeypatch.setattr(hybridspec.cli.simulate, "run", stop)
     assert main(["simulate"]) == status
     err = capsys.readouterr().err
     assert err == ("hybridspec simulate: interrupted\n" if raised is KeyboardInterrupt else "")
@@ -132,14 +132,14 @@ def test_internal_errors_keep_their_traceback(monkeypatch):
     def broken(args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(hybridspec.sim.cli, "run", broken)
+    monkeypatch.setattr(hybridspec.cli.simulate, "run", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["simulate"])
 
 
 def test_closed_stdout_ends_quietly():
     """`hybridspec simulate --json - | true`: the reader is gone before the report is written."""
-    child = subprocess.Popen([sys.executable, "-m", "hybridspec.cli", "simulate", "--rounds", "200", "--json", "-"],
+    child = subprocess.Popen([sys.executable, "-m", "hybridspec.cli.main", "simulate", "--rounds", "200", "--json", "-"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     child.stdout.close()
     err = child.stderr.read().decode()

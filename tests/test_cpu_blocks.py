@@ -1,5 +1,5 @@
-"""Whole blocks in C (`kernels/cpu_blocks.c`) and whole forwards
-(`kernels/cpu_forward.c`): the MLP, Mamba-2 and attention blocks of float32
+"""Whole blocks in C (`kernels/cpu/blocks.c`) and whole forwards
+(`kernels/cpu/forward.c`): the MLP, Mamba-2 and attention blocks of float32
 Bamba models against the module path (logits, state slots, conv windows, K/V
 pages, input logs), the whole forward against the blocks layer by layer (bit
 for bit), a row's bits alone and in a batch, a verify input's bits against a
@@ -13,7 +13,8 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_blocks, cpu_forward
+from hybridspec.kernels.cpu import blocks as cpu_blocks
+from hybridspec.kernels.cpu import forward as cpu_forward
 from hybridspec.models.greedy_chain import GreedyChain
 from native_switch import backend_of
 from oracles import bamba

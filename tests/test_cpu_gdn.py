@@ -1,4 +1,4 @@
-"""The gated delta rule in C (`kernels/cpu_gdn.c`) against the torch
+"""The gated delta rule in C (`kernels/cpu/gdn.c`) against the torch
 references it stands in for: the same outputs and snapshot writes as
 `gdn_verify_ref` within float32 rounding, for decode and multi-input
 forwards, key heads shared by value heads, steps without a snapshot, padded
@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridspec.kernels import cpu_gdn, ops
-from hybridspec.kernels.gdn_verify import gdn_replay_ref, gdn_verify_ref
+from hybridspec.kernels import ops
+from hybridspec.kernels.cpu import gdn as cpu_gdn
+from hybridspec.kernels.triton.gdn_verify import gdn_replay_ref, gdn_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 from test_cpu_state_kernels import lengths

@@ -1,11 +1,12 @@
-"""RMSNorm in C (`kernels/cpu_norm.c`): plain and gated, against the torch
+"""RMSNorm in C (`kernels/cpu/norm.c`): plain and gated, against the torch
 form, and when it runs."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hybridspec.kernels import cpu_norm, ops
+from hybridspec.kernels import ops
+from hybridspec.kernels.cpu import norm as cpu_norm
 from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler

@@ -1,4 +1,4 @@
-"""softplus and sigmoid of the native backend (`ops.NativePointwise`, `kernels/cpu_pointwise.c`):
+"""softplus and sigmoid of the native backend (`ops.NativePointwise`, `kernels/cpu/pointwise.c`):
 each output the same bits wherever its element lies, close to torch's, torch's where the kernels
 do not take the tensor."""
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The rotary embedding in C (`kernels/cpu_rope.c`) against the torch form of
+"""The rotary embedding in C (`kernels/cpu/rope.c`) against the torch form of
 `Rotation.apply`: the same bits, full and partial rotary dims."""
 import pytest
 import torch
 
 from hybridspec.config import AttentionConfig
-from hybridspec.kernels import cpu_rope
+from hybridspec.kernels.cpu import rope as cpu_rope
 from hybridspec.kernels.rotary import NativeRotation, Rotation
 from hybridspec.models.attention import rope_inv_freq
 from test_cpu_rows import x86_with_compiler

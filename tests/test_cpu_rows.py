@@ -1,4 +1,4 @@
-"""The few-row CPU matmul kernel (`kernels/cpu_rows.c`): values against a
+"""The few-row CPU matmul kernel (`kernels/cpu/rows.c`): values against a
 float64 product, a row's bits independent of the other rows of the call, when
 `linear` takes it; and the loader of the native kernels (`cpu_native`): the
 environment switch, the torch paths when they cannot be built or run, a
@@ -15,7 +15,8 @@ import torch
 import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import backend as backends
-from hybridspec.kernels import cpu_native, cpu_rows
+from hybridspec.kernels.cpu import native as cpu_native
+from hybridspec.kernels.cpu import rows as cpu_rows
 from hybridspec.models import common
 from oracles import bamba
 

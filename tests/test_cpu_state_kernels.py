@@ -1,6 +1,6 @@
 """The state kernels in C against the torch references they stand in for:
-the Mamba-2 and Mamba-1 recurrences (`kernels/cpu_mamba2.c`, `cpu_mamba1.c`)
-and the conv window (`kernels/cpu_conv.c`) give the same outputs and the same snapshot writes,
+the Mamba-2 and Mamba-1 recurrences (`kernels/cpu/mamba2.c`, `cpu/mamba1.c`)
+and the conv window (`kernels/cpu/conv.c`) give the same outputs and the same snapshot writes,
 for decode and multi-input forwards, groups, steps without a snapshot, padded
 rows (zeros out, nothing written after a row's last live input, even where its
 plan names a slot), and in a model run whose states match the torch paths'."""
@@ -11,10 +11,13 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_blocks, cpu_conv, cpu_mamba1, cpu_mamba2
-from hybridspec.kernels.mamba1_verify import mamba1_verify_ref
-from hybridspec.kernels.conv_window import conv_window_update_ref
-from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
+from hybridspec.kernels.cpu import blocks as cpu_blocks
+from hybridspec.kernels.cpu import conv as cpu_conv
+from hybridspec.kernels.cpu import mamba1 as cpu_mamba1
+from hybridspec.kernels.cpu import mamba2 as cpu_mamba2
+from hybridspec.kernels.triton.mamba1_verify import mamba1_verify_ref
+from hybridspec.kernels.triton.conv_window import conv_window_update_ref
+from hybridspec.kernels.triton.mamba2_verify import mamba2_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba, jamba
 from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures; one_thread autouse)

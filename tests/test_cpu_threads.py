@@ -1,4 +1,4 @@
-"""The native kernels over several threads (`kernels/cpu_pool.c`, `cpu_native.sync_threads`):
+"""The native kernels over several threads (`kernels/cpu/pool.c`, `cpu_native.sync_threads`):
 the same bits at every thread count, in a product, the Mamba-2 recurrence,
 attention over a long context, a whole forward and the engine's tokens; products from two Python threads at
 once; a forked child; helpers bound to CPUs of their own (`cpu_native.pin_threads`) and let go."""
@@ -14,7 +14,10 @@ import torch
 import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_mamba2, cpu_native, cpu_rows, ops
+from hybridspec.kernels import ops
+from hybridspec.kernels.cpu import mamba2 as cpu_mamba2
+from hybridspec.kernels.cpu import native as cpu_native
+from hybridspec.kernels.cpu import rows as cpu_rows
 from hybridspec.kernels.slot_plan import SlotPlan
 from oracles import bamba
 from native_switch import backend_of
@@ -57,7 +60,7 @@ def test_a_products_bits_do_not_depend_on_the_thread_count(K, N):
 
 
 def test_a_long_products_bits_do_not_depend_on_the_thread_count():
-    """A job of 2^28 multiply-adds and more (cpu_rows.c's LONG_JOB_MACS: a prefill's product) is
+    """A job of 2^28 multiply-adds and more (cpu/rows.c's LONG_JOB_MACS: a prefill's product) is
     never taken back whole from a late helper (`hs_parallel_long`); the bits stay one thread's,
     for float32 and bfloat16-compute weights alike."""
     g = torch.Generator().manual_seed(7)

@@ -1,5 +1,5 @@
 """Linear weights and embeddings stored in bfloat16 (or float16) where every
-value is one (`pack_for_cpu`'s `exact_16bit`, `kernels/cpu_rows.c` "weight
+value is one (`pack_for_cpu`'s `exact_16bit`, `kernels/cpu/rows.c` "weight
 storage"): a float32 model whose weights came from a bf16 (fp16) checkpoint
 gives the same logits, bit for bit, with its linear weights and embedding in
 half the memory — in every family, for prefills the blocks run and prefills past them
@@ -14,8 +14,8 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_blocks
-from hybridspec.kernels.panels import PanelWeight
+from hybridspec.kernels.cpu import blocks as cpu_blocks
+from hybridspec.kernels.cpu.panels import PanelWeight
 from hybridspec.models.ffn import MoE
 from hybridspec.models import packing
 from hybridspec.models.packing import LINEAR_WEIGHTS

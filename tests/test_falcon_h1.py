@@ -8,7 +8,7 @@ import torch
 import hybridspec as hs
 from hybridspec.adapters import falcon_h1 as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.cli import main
+from hybridspec.cli.main import main
 from hybridspec.errors import CheckpointError, UnsupportedModelError
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, falcon_h1, float64_oracle, hf_greedy
 

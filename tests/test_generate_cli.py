@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.cli import main
-from hybridspec.embedded import embedded_paths
+from hybridspec.cli.main import main
+from hybridspec.adapters.embedded import embedded_paths
 from hybridspec.errors import ConfigError
-from hybridspec.generate_cli import DEFAULT_PROMPT, SUMMARY_WIDTH, parse_policy, wrap_phrases
+from hybridspec.cli.generate import DEFAULT_PROMPT, SUMMARY_WIDTH, parse_policy, wrap_phrases
 
 
 def save_bamba(path, vocab=256, hidden=32, layers=2, seed=0):
@@ -165,8 +165,8 @@ def test_errors(capsys, pair, tmp_path):
 def test_text_stream_holds_back_incomplete_characters():
     import io
 
-    from hybridspec.codec import byte_codec
-    from hybridspec.generate_cli import TextStream
+    from hybridspec.text.codec import byte_codec
+    from hybridspec.cli.generate import TextStream
     out = io.StringIO()
     stream = TextStream(byte_codec(256), out)
     data = "héllo wörld ✓".encode()
@@ -180,8 +180,8 @@ def test_text_stream_holds_back_incomplete_characters():
 
 
 def test_text_stream_never_shows_a_stop_string():
-    from hybridspec.codec import byte_codec
-    from hybridspec.generate_cli import TextStream
+    from hybridspec.text.codec import byte_codec
+    from hybridspec.cli.generate import TextStream
     out = io.StringIO()
     stream = TextStream(byte_codec(256), out, stop=("<END>",))
     for ch in "abc<EN":
@@ -193,7 +193,7 @@ def test_text_stream_never_shows_a_stop_string():
 
 
 def test_version():
-    child = subprocess.run([sys.executable, "-m", "hybridspec.cli", "--version"], capture_output=True, text=True,
+    child = subprocess.run([sys.executable, "-m", "hybridspec.cli.main", "--version"], capture_output=True, text=True,
                            timeout=60)
     assert child.returncode == 0 and child.stdout.strip() == f"hybridspec {hs.__version__}" and child.stderr == ""
 

@@ -13,8 +13,8 @@ import hybridspec as hs
 from hybridspec.adapters import jamba as jamba_adapter
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.errors import UnsupportedModelError
-from hybridspec.kernels.conv_window import conv_window_rebuild_ref
-from hybridspec.kernels.ssm_replay import mamba1_replay_ref
+from hybridspec.kernels.triton.conv_window import conv_window_rebuild_ref
+from hybridspec.kernels.triton.ssm_replay import mamba1_replay_ref
 
 from oracles import float64_oracle, jamba
 

@@ -114,9 +114,9 @@ def test_cpu_runs_never_import_triton():
 
 
 def test_help_imports_neither_torch_nor_a_subcommand():
-    out = run_python("import sys\nfrom hybridspec.cli import main\n"
+    out = run_python("import sys\nfrom hybridspec.cli.main import main\n"
                      "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-                     "print('torch' in sys.modules, 'hybridspec.generate_cli' in sys.modules)")
+                     "print('torch' in sys.modules, 'hybridspec.cli.generate' in sys.modules)")
     assert out.strip().splitlines()[-1] == "False False"
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_native
+from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.rollback.models import tiny_model
 from native_switch import backend_of
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.sampling import RowParams
+from hybridspec.sampling.sampler import RowParams
 from hybridspec.spec.model_drafter import ModelDrafter
 from native_switch import backend_of
 from oracles import bamba

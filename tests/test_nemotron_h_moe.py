@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 import hybridspec as hs
 from hybridspec.adapters import nemotron_h as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.cli import main
+from hybridspec.cli.main import main
 from hybridspec.errors import CheckpointError, ConfigError, UnsupportedModelError
 from hybridspec.models.ffn import sigmoid_group_topk
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, nemotron_h_moe

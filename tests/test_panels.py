@@ -1,4 +1,4 @@
-"""Product weights in panels (`kernels/panels.py`, `kernels/cpu_panels.c`): packing keeps every
+"""Product weights in panels (`kernels/cpu/panels.py`, `kernels/cpu/panels.c`): packing keeps every
 value, the products give the input-major kernel's bits for every type, row count, vector path and
 thread count, an embedding tied to a packed LM head reads its rows, and the type survives copies."""
 from __future__ import annotations
@@ -11,13 +11,15 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels import cpu_native, cpu_rows, panels
-from hybridspec.kernels.panels import PanelWeight
+from hybridspec.kernels.cpu import native as cpu_native
+from hybridspec.kernels.cpu import rows as cpu_rows
+from hybridspec.kernels.cpu import panels
+from hybridspec.kernels.cpu.panels import PanelWeight
 from oracles import bamba
 from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 
 # (out, in): a last panel narrower than 64 columns, an odd K (a bfloat16 pair with one row), one column;
-# panels past STREAM_PANEL_BYTES (cpu_panels.c: in blocks) from 2,049 float32 and 4,097 bfloat16 inputs
+# panels past STREAM_PANEL_BYTES (cpu/panels.c: in blocks) from 2,049 float32 and 4,097 bfloat16 inputs
 SHAPES = [(1, 1), (7, 3), (13, 5), (8, 64), (257, 129), (1160, 256), (4101, 7), (130, 2048), (70, 2101),
           (65, 4201)]
 TYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -1,6 +1,6 @@
 """A full KV pool ends in admission waiting or preemption, never in
 `CacheFullError` from inside a forward: the scheduler reserves what every
-round writes (`hybridspec.scheduler.round_positions`), in a model
+round writes (`hybridspec.engine.scheduler.round_positions`), in a model
 drafter's cache too, where no row steps past its own γ. Random request streams over
 random tiny pools (plain, fixed γ and "auto" engines, model and n-gram
 drafters, prefix cache on and off, aborts, late arrivals) give every request
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import hybridspec as hs
 from hybridspec.rollback import perturbed_copy
-from hybridspec.scheduler import round_positions
+from hybridspec.engine.scheduler import round_positions
 from oracles import bamba
 
 

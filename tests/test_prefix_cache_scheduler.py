@@ -1,4 +1,4 @@
-"""The prefix cache under continuous batching (`hybridspec.scheduler`): queued
+"""The prefix cache under continuous batching (`hybridspec.engine.scheduler`): queued
 requests hit the ones before them, cached pages give way to admission and to
 the next round before anyone is preempted, a preempted request resumes from
 its own cached tokens, and aborts leave the others exact; every output equals

@@ -140,7 +140,7 @@ def test_load_rejects_an_unknown_tensor(tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_check_cli_on_a_saved_checkpoint(family, tmp_path, capsys):
-    from hybridspec.cli import main
+    from hybridspec.cli.main import main
     FAMILIES[family](seed=10).save_pretrained(tmp_path / "target")
     assert main(["check", "--quick", "--model", str(tmp_path / "target"), "--draft", "perturbed"]) == 0
     out = capsys.readouterr().out

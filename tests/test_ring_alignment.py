@@ -46,7 +46,7 @@ def test_a_row_in_the_other_half_is_moved_and_the_round_writes_one_grid():
 
 
 def test_rings_are_reused_lowest_first():
-    from hybridspec.checkpoints.state_pool import StatePool
+    from hybridspec.cache.state_pool import StatePool
     pool = StatePool([((2, 3, 4), (10, 3))], max_seqs=4, ring_slots=2)
     for s in range(4):
         pool.add_sequence(s)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.sampling import RowParams, process_logits
+from hybridspec.sampling.sampler import RowParams, process_logits
 
 
 def reference(logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float) -> list[float]:

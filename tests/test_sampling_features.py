@@ -11,9 +11,9 @@ from scipy import stats
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import scratch_cache
 from hybridspec.errors import InvalidRequestError
-from hybridspec.penalties import penalty_context
+from hybridspec.sampling.penalties import penalty_context
 from hybridspec.rollback import perturbed_copy
-from hybridspec.sampling import RowParams, process_logits
+from hybridspec.sampling.sampler import RowParams, process_logits
 from oracles import bamba
 
 PENALTIES = dict(repetition_penalty=1.8, presence_penalty=0.7, frequency_penalty=0.4)

@@ -1,4 +1,4 @@
-"""Continuous batching (`hybridspec.scheduler` inside `Engine`): any number of
+"""Continuous batching (`hybridspec.engine.scheduler` inside `Engine`): any number of
 prompts give the outputs of one-by-one runs, pools too small for two requests
 complete them all, forced preemption changes no token and leaks no page or
 ring, `abort` leaves the others exact, and the incremental API (`add_request`,

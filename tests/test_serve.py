@@ -406,6 +406,6 @@ def test_openai_fields_map_onto_sampling_params():
 
 
 def test_serve_command_line_refuses_a_bad_flag_before_loading(capsys):
-    from hybridspec.cli import main
+    from hybridspec.cli.main import main
     assert main(["serve", "--max-queue", "0"]) == 2
     assert "--max-queue 0 must be >= 1" in capsys.readouterr().err

@@ -2,9 +2,9 @@
 strings, characters split across tokens) concatenate to the offline text."""
 import random
 
-from hybridspec.codec import ByteCodec
-from hybridspec.serve.text import TextStream
-from hybridspec.stopping import cut_text
+from hybridspec.text.codec import ByteCodec
+from hybridspec.text.stream import TextStream
+from hybridspec.sampling.stopping import cut_text
 
 
 def test_deltas_concatenate_to_the_offline_text():

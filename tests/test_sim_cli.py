@@ -8,7 +8,7 @@ import pytest
 
 from hybridspec.errors import ConfigError
 import hybridspec.sim as hs_sim
-from hybridspec.sim import cli as simulate_cli
+from hybridspec.cli import simulate as simulate_cli
 from hybridspec.sim import expected_tokens, measured_crossover, parse_measured
 from hybridspec.sim.measured import measured_rows
 from hybridspec.sim.presets import PRESETS
@@ -137,7 +137,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkey
 
 
 def test_hybridspec_cli_dispatches_simulate(capsys):
-    from hybridspec.cli import main
+    from hybridspec.cli.main import main
 
     assert main(["simulate", "--rounds", "2000", "--alphas", "0.8", "--gammas", "4"]) == 0
     assert "3.3616" in capsys.readouterr().out

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hybridspec.checkpoints.auto import choose
-from hybridspec.checkpoints.costs import COST_FIELDS, CheckpointCosts, CheckpointFootprint
+from hybridspec.costs.checkpoint_costs import COST_FIELDS, CheckpointCosts, CheckpointFootprint
 from hybridspec.errors import ConfigError
 from hybridspec.sim import PRESETS, GdnMixer, HybridShape
 from hybridspec.sim.presets import FALCON_H1_7B, NEMOTRON_3_NANO_30B, QWEN3_NEXT_80B, ZAMBA2_7B

@@ -93,10 +93,10 @@ def test_round_that_raises_where_the_whole_forward_is_one_native_call(site, poli
     """The embedded pair in float32 runs each forward as one C call, so no layer's
     forward is called: the fault comes after the model call that did the work,
     and the round still leaves every sequence unchanged."""
-    from hybridspec.kernels import cpu_native
+    from hybridspec.kernels.cpu import native as cpu_native
     if not cpu_native.available():
         pytest.skip("native CPU kernels not built here")
-    from hybridspec.embedded import embedded_paths
+    from hybridspec.adapters.embedded import embedded_paths
     target, draft = (hs.load(path) for path in embedded_paths())
     batch = workload(target.vocab_size, seed=2, max_new_tokens=(12, 7, 10))
     result = failed_round(f"{site} {policy}", target, draft, 4, POLICIES[policy], *batch, site=site)

@@ -5,7 +5,7 @@ import torch
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
+from hybridspec.kernels.triton.mamba2_verify import mamba2_verify_ref
 from hybridspec.models.mamba2 import SSD_MIN_TOKENS
 from hybridspec.models.ssd import ssd_chunk_scan
 from oracles import bamba, float64_oracle

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.checkpoints.costs import CheckpointFootprint
+from hybridspec.costs.checkpoint_costs import CheckpointFootprint
 from hybridspec.sim import HybridShape, snapshot_positions
-from hybridspec.state_memory import snapshot_inputs
+from hybridspec.cache.state_memory import snapshot_inputs
 from oracles import bamba, jamba
 
 

@@ -42,7 +42,7 @@ def test_llm_and_generate_run_on_cpu_without_triton():
         "llm = hs.LLM(max_batch_size=1, max_model_len=64)\n"
         "[done] = llm.generate(['def f(x):'], hs.SamplingParams(max_new_tokens=8))\n"
         "print('llm', done.finish_reason, len(done.token_ids), llm.stats.drafted_tokens > 0)\n"
-        "from hybridspec.cli import main\n"
+        "from hybridspec.cli.main import main\n"
         "print('cli', main(['generate', 'def g(y):', '-n', '8', '--repeats', '1', '--json']) == 0)\n"
         "print('triton modules', [m for m in sys.modules if m.split('.')[0] == 'triton'])\n")
     assert child.returncode == 0, child.stderr

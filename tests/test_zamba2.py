@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 import hybridspec as hs
 from hybridspec.adapters import zamba2 as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.cli import main
+from hybridspec.cli.main import main
 from hybridspec.errors import CheckpointError, UnsupportedModelError
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, zamba2
 

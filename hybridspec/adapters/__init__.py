@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
-from ..config import HybridConfig
-from ..errors import CheckpointError, ConfigError, UnsupportedModelError
-from ..models.hybrid import HybridModel
-from ..models.packing import HALF_DTYPES, storable_16bit
-from .checkpoint_files import describe_files, read_config, read_weights
-from .common import LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
-from .validate import check_weights
+from hybridspec.config import HybridConfig
+from hybridspec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.models.packing import HALF_DTYPES, storable_16bit
+from hybridspec.adapters.checkpoint_files import describe_files, read_config, read_weights
+from hybridspec.adapters.common import LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
+from hybridspec.adapters.validate import check_weights
 
 # HF architecture name -> adapter module (config_from_dict, weights_from_state)
 HF_ADAPTERS = {
@@ -102,7 +102,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     config_file = str(path / "config.json")
     unused_patterns = []
     if "d_model" in cfg and "n_layer" in cfg:
-        from . import mamba_ssm
+        from hybridspec.adapters import mamba_ssm
         config = _config(mamba_ssm.config_from_dict, cfg, config_file)
         to_canonical, rules = (lambda state: mamba_ssm.weights_from_state(state, cfg)), mamba_ssm.RULES
     else:
@@ -139,7 +139,7 @@ def _build(config: HybridConfig, weights: dict[str, torch.Tensor], tensor_parall
     if tensor_parallel_size == 1:
         model = HybridModel(config, prepare(weights))
     else:
-        from ..tp import TensorParallel, shard_weights
+        from hybridspec.tp import TensorParallel, shard_weights
         tp = TensorParallel.of(tensor_parallel_size)
         config, weights = shard_weights(config, weights, tp.rank, tp.size)
         model = HybridModel(config, prepare(weights)).shard_over(tp)

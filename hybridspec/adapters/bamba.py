@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig
-from .common import eos_id, rename, rope_settings
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig
+from hybridspec.adapters.common import eos_id, rename, rope_settings
 
 ARCHITECTURE = "BambaForCausalLM"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
+from hybridspec.errors import CheckpointError
 
 INDEX = "model.safetensors.index.json"
 BINARY = "pytorch_model.bin"

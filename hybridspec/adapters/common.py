@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import UnsupportedModelError
+from hybridspec.errors import UnsupportedModelError
 
 
 def rename(state: dict[str, torch.Tensor], rules: list[tuple[str, str | None]]) -> dict[str, torch.Tensor]:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, ParallelConfig
-from ..errors import UnsupportedModelError
-from .common import eos_id, rename, rope_settings
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, ParallelConfig
+from hybridspec.errors import UnsupportedModelError
+from hybridspec.adapters.common import eos_id, rename, rope_settings
 
 ARCHITECTURE = "FalconH1ForCausalLM"
 

@@ -20,9 +20,9 @@ import re
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, MoEConfig
-from ..errors import UnsupportedModelError
-from .common import eos_id, rename, rope_settings
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, MoEConfig
+from hybridspec.errors import UnsupportedModelError
+from hybridspec.adapters.common import eos_id, rename, rope_settings
 
 ARCHITECTURE = "GraniteMoeHybridForCausalLM"
 

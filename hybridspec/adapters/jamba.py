@@ -16,9 +16,9 @@ import re
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba1Config, MLPConfig, MoEConfig
-from ..errors import CheckpointError, UnsupportedModelError
-from .common import eos_id, rename
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba1Config, MLPConfig, MoEConfig
+from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.adapters.common import eos_id, rename
 
 ARCHITECTURE = "JambaForCausalLM"
 

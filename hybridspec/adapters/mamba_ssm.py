@@ -23,9 +23,9 @@ import re
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
-from ..errors import CheckpointError, UnsupportedModelError
-from .common import rename
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
+from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.adapters.common import rename
 
 NORM_EPS = 1e-5
 MLP_MULTIPLE = 128  # GatedMLP rounds hidden_features up to a multiple of this

@@ -22,9 +22,9 @@ import re
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, MoEConfig
-from ..errors import CheckpointError, ConfigError, UnsupportedModelError
-from .common import eos_id, rename
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, MoEConfig
+from hybridspec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from hybridspec.adapters.common import eos_id, rename
 
 ARCHITECTURE = "NemotronHForCausalLM"
 ACTIVATIONS = ("relu2", "silu", "gelu")

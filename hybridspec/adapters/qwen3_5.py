@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from ..config import HybridConfig
-from .common import rename
-from .jamba import stack_experts
-from . import qwen3_next
-from .qwen3_next import fuse_gdn_projections, moe_config, qwen_config
+from hybridspec.config import HybridConfig
+from hybridspec.adapters.common import rename
+from hybridspec.adapters.jamba import stack_experts
+from hybridspec.adapters import qwen3_next
+from hybridspec.adapters.qwen3_next import fuse_gdn_projections, moe_config, qwen_config
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 SPLIT = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from ..config import AttentionConfig, GdnConfig, HybridConfig, MLPConfig, MoEConfig
-from ..errors import UnsupportedModelError
-from .common import eos_id, rename, rope_settings
-from .jamba import stack_experts
+from hybridspec.config import AttentionConfig, GdnConfig, HybridConfig, MLPConfig, MoEConfig
+from hybridspec.errors import UnsupportedModelError
+from hybridspec.adapters.common import eos_id, rename, rope_settings
+from hybridspec.adapters.jamba import stack_experts
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
 

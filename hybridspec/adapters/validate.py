@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from ..config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig, MoEConfig
-from ..errors import CheckpointError
+from hybridspec.config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig, MoEConfig
+from hybridspec.errors import CheckpointError
 
 SHOWN = 4  # tensors listed per kind of mismatch
 

@@ -18,9 +18,9 @@ import re
 
 import torch
 
-from ..config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, SharedBlockConfig
-from ..errors import CheckpointError, UnsupportedModelError
-from .common import eos_id, rename, rope_settings
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, SharedBlockConfig
+from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.adapters.common import eos_id, rename, rope_settings
 
 ARCHITECTURE = "Zamba2ForCausalLM"
 WEIGHTS_NEED_CONFIG = True  # which layer holds which shared block comes from the config

@@ -1,6 +1,6 @@
 """`HybridCache`: every layer's cache of one model for a set of sequences —
 the paged KV cache of the attention layers and the state pool (a ring of slots
-per sequence, `hybridspec.checkpoints.state_pool`) of the Mamba layers — and
+per sequence, `hybridspec.cache.state_pool`) of the Mamba layers — and
 `computed_len` per sequence, the one length both are kept at. `commit` moves
 every layer of a sequence to an accepted boundary at once, `rewind_to` back to
 an earlier length (a round start); which ring slot holds the state
@@ -11,18 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from hybridspec.checkpoints.ring import head_half
-from hybridspec.checkpoints.state_pool import SlotState, StatePool
+from hybridspec.cache.state_pool import SlotState, StatePool, head_half
 from hybridspec.kernels import backend as backends
 from hybridspec.kernels.slot_plan import SlotPlan
-from hybridspec.state_memory import default_state_dtype
+from hybridspec.cache.state_memory import default_state_dtype
 
-from ..config import HybridConfig
-from ..errors import CacheFullError, InvariantError
-from ..models.batch import ForwardBatch
-from .paged_kv import PagedKVCache
+from hybridspec.errors import CacheFullError, InvariantError
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.cache.paged_kv import PagedKVCache
+
+if TYPE_CHECKING:  # the cache sits below the model configuration's users; it reads a config, never builds one
+    from hybridspec.config import HybridConfig
 
 
 @dataclass

@@ -37,9 +37,9 @@ import torch
 
 from hybridspec.errors import CacheFullError
 from hybridspec.kernels import backend as backends
-from hybridspec.kernels.paged_attention import gather_pages
+from hybridspec.kernels.triton.paged_attention import gather_pages
 
-from .block_pool import BlockPool, BlockPoolState, consecutive_runs
+from hybridspec.cache.block_pool import BlockPool, BlockPoolState, consecutive_runs
 
 
 class KVWriteMeta:

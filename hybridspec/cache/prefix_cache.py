@@ -44,8 +44,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..errors import ConfigError
-from .prefix_index import Checkpoint, Node, PrefixIndex
+from hybridspec.errors import ConfigError
+from hybridspec.cache.prefix_index import Checkpoint, Node, PrefixIndex
 
 
 @dataclass(frozen=True)

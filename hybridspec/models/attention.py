@@ -8,9 +8,9 @@ from torch import nn
 from hybridspec.kernels.descriptors import AttentionDesc
 from hybridspec.kernels.rotary import Rotation
 
-from ..config import AttentionConfig
-from .batch import ForwardBatch
-from .common import Kernelled, param
+from hybridspec.config import AttentionConfig
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models.common import Kernelled, param
 
 
 def rope_inv_freq(cfg: AttentionConfig) -> torch.Tensor:

@@ -8,8 +8,8 @@ from torch import nn
 
 from hybridspec.kernels.descriptors import MLPDesc, MoEDesc
 
-from ..config import MLPConfig, MoEConfig
-from .common import Kernelled, activation, compute_dtype, param, take
+from hybridspec.config import MLPConfig, MoEConfig
+from hybridspec.models.common import Kernelled, activation, compute_dtype, param, take
 
 
 class MLP(Kernelled, nn.Module):

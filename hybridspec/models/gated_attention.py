@@ -11,9 +11,9 @@ import torch
 
 from hybridspec.kernels.descriptors import GatedAttentionDesc
 
-from .attention import Attention
-from .batch import ForwardBatch
-from .common import norm_weight, param
+from hybridspec.models.attention import Attention
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models.common import norm_weight, param
 
 
 class GatedAttention(Attention):

@@ -1,7 +1,7 @@
 """Gated DeltaNet mixer (Yang, Kautz & Hatamizadeh 2025, "Gated Delta
 Networks"), as Qwen3-Next and Qwen3.5 run it ("linear attention" layers).
 
-Symbols (kernels/gdn_verify.py has the rule itself): HK key heads and HV value
+Symbols (kernels/triton/gdn_verify.py has the rule itself): HK key heads and HV value
 heads (HV a multiple of HK), head sizes d_k and d_v; per token
     [q | k | v] = silu(causal_conv(W_qkv · x))      the conv window keeps d_conv − 1 inputs
     q ← q / ‖q‖ · d_k^-1/2,  k ← k / ‖k‖             (L2 norm with eps 1e-6 under the root)
@@ -23,14 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.checkpoints.state_pool import StatePool
+from hybridspec.cache.state_pool import StatePool
 from hybridspec.kernels.descriptors import GdnDesc
 
-from ..config import GdnConfig
-from .batch import ForwardBatch
-from .common import Kernelled, as_dtype, compute_dtype, param
-from .gdn_chunk import gdn_chunk_scan
-from .gdn_log import GdnInputLog
+from hybridspec.config import GdnConfig
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models.common import Kernelled, as_dtype, compute_dtype, param
+from hybridspec.models.gdn_chunk import gdn_chunk_scan
+from hybridspec.models.gdn_log import GdnInputLog
 
 L2_EPS = 1e-6  # under the root of q's and k's L2 norms (FLA's and HF's l2norm)
 CHUNK_SIZE = 64

@@ -59,11 +59,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from hybridspec.kernels.paged_attention import SUPPORTED_DTYPES
+from hybridspec.kernels.triton.paged_attention import SUPPORTED_DTYPES
 
-from ..errors import ConfigError
-from .batch import ForwardBatch
-from .ffn import MoE
+from hybridspec.errors import ConfigError
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models.ffn import MoE
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_INPUTS = 8  # verification of γ ≤ 7; longer forwards run eagerly

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import check_finite
+from hybridspec.models.common import check_finite
 
 
 class GreedyChain:

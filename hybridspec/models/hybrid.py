@@ -17,23 +17,23 @@ from torch import nn
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
 from hybridspec.kernels import backend as backends
-from hybridspec.kernels import panels
-from hybridspec.kernels.cpu_blocks import NO_BLOCKS, LayerBlocks
-from hybridspec.kernels.cpu_forward import NO_WHOLE_FORWARD, WholeForward
+from hybridspec.kernels.cpu import panels
+from hybridspec.kernels.cpu.blocks import NO_BLOCKS, LayerBlocks
+from hybridspec.kernels.cpu.forward import NO_WHOLE_FORWARD, WholeForward
 
 from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
-from hybridspec.kernels.panels import PanelWeight
+from hybridspec.kernels.cpu.panels import PanelWeight
 
-from ..config import HybridConfig
-from ..errors import ConfigError
+from hybridspec.config import HybridConfig
+from hybridspec.errors import ConfigError
 
-from .attention import Attention, rope_inv_freq
-from .batch import ForwardBatch
-from . import packing
-from .common import Kernelled, RMSNorm, check_finite, param, take
-from .ffn import MLP, MoE
-from .greedy_chain import GreedyChain
-from .mamba2 import Mamba2Mixer
+from hybridspec.models.attention import Attention, rope_inv_freq
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models import packing
+from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
+from hybridspec.models.ffn import MLP, MoE
+from hybridspec.models.greedy_chain import GreedyChain
+from hybridspec.models.mamba2 import Mamba2Mixer
 
 
 class DecoderLayer(nn.Module):
@@ -46,7 +46,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.shared = None
         if cfg.shared_blocks is not None and index in cfg.shared_blocks.occurrences:
-            from .shared_block import SharedBlockOccurrence
+            from hybridspec.models.shared_block import SharedBlockOccurrence
             self.shared = SharedBlockOccurrence(cfg, shared_blocks[cfg.shared_blocks.block_of(index)],
                                                 take(weights, "shared"), index, inv_freq)
         mixer_type, ffn_type = cfg.layer_types[index], cfg.ffn_types[index]
@@ -58,7 +58,7 @@ class DecoderLayer(nn.Module):
                          if ffn_type != "none" else None)
         mixer_weights = take(weights, "mixer")
         if mixer_type == "attention" and (cfg.attention.qk_norm or cfg.attention.output_gate):
-            from .gated_attention import GatedAttention
+            from hybridspec.models.gated_attention import GatedAttention
             self.mixer = GatedAttention(cfg.attention, mixer_weights, cfg.attention_layers.index(index), inv_freq,
                                         cfg.rms_norm_eps, cfg.zero_centred_norms)
         elif mixer_type == "attention":
@@ -66,13 +66,13 @@ class DecoderLayer(nn.Module):
         elif mixer_type == "mamba2":
             self.mixer = Mamba2Mixer(cfg.mamba2, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
         elif mixer_type == "parallel":
-            from .parallel import ParallelMixer
+            from hybridspec.models.parallel_mixer import ParallelMixer
             self.mixer = ParallelMixer(cfg, mixer_weights, index, inv_freq)
         elif mixer_type == "mamba1":
-            from .mamba1 import Mamba1Mixer
+            from hybridspec.models.mamba1 import Mamba1Mixer
             self.mixer = Mamba1Mixer(cfg.mamba1, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
         elif mixer_type == "gdn":
-            from .gated_deltanet import GatedDeltaNet
+            from hybridspec.models.gated_deltanet import GatedDeltaNet
             self.mixer = GatedDeltaNet(cfg.gdn, mixer_weights, cfg.mamba_layers.index(index), cfg.rms_norm_eps)
         else:
             self.mixer = None
@@ -131,7 +131,7 @@ class HybridModel(Kernelled, nn.Module):
             inv_freq = weights.get("rotary.inv_freq", rope_inv_freq(config.attention))
         shared_blocks = None
         if config.shared_blocks is not None:
-            from .shared_block import SharedBlock
+            from hybridspec.models.shared_block import SharedBlock
             shared_blocks = nn.ModuleList(SharedBlock(config, take(weights, f"shared_blocks.{b}"))
                                           for b in range(config.shared_blocks.num_blocks))
         self.shared_blocks = shared_blocks
@@ -225,7 +225,7 @@ class HybridModel(Kernelled, nn.Module):
         (None, the default: exact, bfloat16 weights widened as they load) or
         "bfloat16", the opt-in fast path on CPUs with AVX512-BF16: each product's
         activations rounded to bfloat16 and multiplied by bfloat16 weights with the
-        CPU's BF16 dot product, float32 sums (`kernels/cpu_rows_bf16.c`). Close to
+        CPU's BF16 dot product, float32 sums (`kernels/cpu/rows_bf16.c`). Close to
         float32, not its bits; within the path a row's bits do not depend on the other
         rows of its call nor on the thread count, so speculative output equals plain
         output and batches do not change a row. With "bfloat16" a product weight that
@@ -255,7 +255,7 @@ class HybridModel(Kernelled, nn.Module):
         products widen each weight exactly as they load it and the embedding
         lookup widens its rows, so the logits are the same bits from half the
         weight memory, and a decode step that streams its weights from
-        memory reads half the bytes (`kernels/cpu_rows.c`, "weight storage";
+        memory reads half the bytes (`kernels/cpu/rows.c`, "weight storage";
         torch's products widen a copy). Only where the native CPU kernels run
         (the backend's products read them: `Backend.reads_16bit_weights`): elsewhere every weight is float32. The
         compute dtype (`dtype`) stays the final norm's; norms, biases and the

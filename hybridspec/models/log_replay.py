@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from hybridspec.checkpoints.state_pool import StatePool
-from hybridspec.kernels.native_replay import ReplayPlan  # noqa: F401 (re-exported for tests)
+from hybridspec.cache.state_pool import StatePool
+from hybridspec.kernels.cpu.replay import ReplayPlan  # noqa: F401 (re-exported for tests)
 
-from .mamba_log import MambaInputLog
+from hybridspec.models.mamba_log import MambaInputLog
 
 
 class LogReplay:

@@ -24,11 +24,11 @@ from torch import nn
 
 from hybridspec.kernels.descriptors import Mamba1Desc
 
-from ..config import Mamba1Config
-from .batch import ForwardBatch
-from .common import Kernelled, RMSNorm, compute_dtype, param
-from .log_replay import LogReplay
-from .mamba_log import MambaInputLog
+from hybridspec.config import Mamba1Config
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models.common import Kernelled, RMSNorm, compute_dtype, param
+from hybridspec.models.log_replay import LogReplay
+from hybridspec.models.mamba_log import MambaInputLog
 
 
 class Mamba1Mixer(LogReplay, Kernelled, nn.Module):

@@ -20,12 +20,12 @@ from hybridspec.kernels.descriptors import Mamba2Desc
 from hybridspec.kernels.ops import SSD_MIN_TOKENS  # noqa: F401 (where the chunked scan takes over)
 from hybridspec.kernels.ops import Norm
 
-from ..config import Mamba2Config
-from .batch import ForwardBatch
-from .common import Kernelled, as_dtype, compute_dtype, param
-from .log_replay import LogReplay
-from .mamba_log import MambaInputLog
-from .ssd import ssd_chunk_scan
+from hybridspec.config import Mamba2Config
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models.common import Kernelled, as_dtype, compute_dtype, param
+from hybridspec.models.log_replay import LogReplay
+from hybridspec.models.mamba_log import MambaInputLog
+from hybridspec.models.ssd import ssd_chunk_scan
 
 
 def gate_and_norm(norm: Norm, y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None, cfg: Mamba2Config,

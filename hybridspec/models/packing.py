@@ -8,11 +8,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridspec.kernels import huge_pages, panels
-from hybridspec.kernels.panels import PanelWeight
+from hybridspec.kernels import huge_pages
+from hybridspec.kernels.cpu import panels
+from hybridspec.kernels.cpu.panels import PanelWeight
 
-from .common import param
-from .ffn import MoE
+from hybridspec.models.common import param
+from hybridspec.models.ffn import MoE
 
 
 # the 2-d weights the layers multiply through `linear` (pack_for_cpu lays them out in panels or input-major)

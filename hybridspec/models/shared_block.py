@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import AttentionConfig, HybridConfig
-from .attention import Attention
-from .batch import ForwardBatch
-from .common import Kernelled, RMSNorm, activation, param, take
-from .ffn import MLP
+from hybridspec.config import AttentionConfig, HybridConfig
+from hybridspec.models.attention import Attention
+from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.models.common import Kernelled, RMSNorm, activation, param, take
+from hybridspec.models.ffn import MLP
 
 
 class LoRA(nn.Module):

@@ -2,11 +2,11 @@
 and by `hybridspec check`: `checks` (the checks and `run_suite`), `models`
 (tiny random models, perturbed copies, workloads), `observer` (per-round
 state comparison and fault injection)."""
-from .checks import (GAMMAS, POLICIES, CheckFailure, CheckResult, bad_input_checks, batch_invariance, failed_round,
+from hybridspec.rollback.checks import (GAMMAS, POLICIES, CheckFailure, CheckResult, bad_input_checks, batch_invariance, failed_round,
                      run_suite, speculative_parity, stop_inside_accepted_run)
-from .models import (OutOfVocabDrafter, ScriptedDrafter, params_fingerprint, perturbed_copy, plain_outputs,
+from hybridspec.rollback.models import (OutOfVocabDrafter, ScriptedDrafter, params_fingerprint, perturbed_copy, plain_outputs,
                      sampled_params, tiny_model, workload)
-from .observer import FAULT_SITES, InjectedFault, RoundObserver, install_fault, witness_bookkeeping
+from hybridspec.rollback.observer import FAULT_SITES, InjectedFault, RoundObserver, install_fault, witness_bookkeeping
 
 __all__ = ["FAULT_SITES", "GAMMAS", "POLICIES", "CheckFailure", "CheckResult", "InjectedFault", "OutOfVocabDrafter",
            "RoundObserver", "ScriptedDrafter", "bad_input_checks", "batch_invariance", "failed_round",

@@ -22,14 +22,14 @@ import time
 from dataclasses import dataclass, field, replace
 
 
-from ..engine import Engine
-from ..errors import ConfigError, InvalidRequestError
-from ..models.hybrid import HybridModel
-from ..spec.drafters import NgramDrafter
+from hybridspec.engine.engine import Engine
+from hybridspec.errors import ConfigError, InvalidRequestError
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.spec.drafters import NgramDrafter
 from hybridspec.checkpoints.policy import MAX_DRAFT_TOKENS, CheckpointPolicy
-from .models import (OutOfVocabDrafter, params_fingerprint, perturbed_copy, plain_outputs, sampled_params,
+from hybridspec.rollback.models import (OutOfVocabDrafter, params_fingerprint, perturbed_copy, plain_outputs, sampled_params,
                      tiny_model, workload)
-from .observer import InjectedFault, RoundObserver, install_fault, witness_bookkeeping
+from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, witness_bookkeeping
 
 
 POLICIES = {

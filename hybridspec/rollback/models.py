@@ -7,12 +7,12 @@ from copy import deepcopy
 
 import torch
 
-from ..adapters.validate import expected_tensors
-from ..config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
-from ..engine import Engine
-from ..models.hybrid import HybridModel
-from ..sampling import SamplingParams
-from ..spec.drafters import NgramDrafter
+from hybridspec.adapters.validate import expected_tensors
+from hybridspec.config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
+from hybridspec.engine.engine import Engine
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.sampler import SamplingParams
+from hybridspec.spec.drafters import NgramDrafter
 
 
 # -- models --------------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ import torch
 
 from hybridspec.checkpoints.policy import CheckpointPolicy
 
-from ..cache.hybrid_cache import HybridCache
-from ..engine import Engine
-from ..errors import InvariantError
-from ..models.hybrid import HybridModel
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.engine.engine import Engine
+from hybridspec.errors import InvariantError
+from hybridspec.models.hybrid import HybridModel
 
 FAULT_SITES = ("draft", "verify", "replay", "drafter commit")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def create_app(llm, **kwargs):
     """The FastAPI app serving `llm` (`hybridspec.serve.app.create_app`)."""
-    from .app import create_app as make
+    from hybridspec.serve.app import create_app as make
     return make(llm, **kwargs)
 
 
@@ -15,6 +15,6 @@ def serve(llm=None, host: str = "127.0.0.1", port: int = 8000, log_level: str = 
     import uvicorn
 
     if llm is None:
-        from ..llm import LLM
+        from hybridspec.llm import LLM
         llm = LLM(num_draft_tokens="auto")
     uvicorn.run(create_app(llm, **kwargs), host=host, port=port, log_level=log_level)

@@ -20,13 +20,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..errors import HybridSpecError, InvalidRequestError
-from ..logprobs import TokenLogprob
-from ..sampling import SamplingParams
-from .loop import EngineFailure, EngineLoop
-from .metrics import Metrics
-from .protocol import ApiError, ChatRequest, CompletionRequest, finish_reason, sampling_params
-from .text import TextStream
+from hybridspec.errors import HybridSpecError, InvalidRequestError
+from hybridspec.sampling.logprobs import TokenLogprob
+from hybridspec.sampling.sampler import SamplingParams
+from hybridspec.serve.loop import EngineFailure, EngineLoop
+from hybridspec.serve.metrics import Metrics
+from hybridspec.serve.protocol import ApiError, ChatRequest, CompletionRequest, finish_reason, sampling_params
+from hybridspec.text.stream import TextStream
 
 log = logging.getLogger("hybridspec.serve")
 

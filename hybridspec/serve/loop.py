@@ -28,10 +28,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..engine import Engine, StepOutput
-from ..sampling import SamplingParams
-from .metrics import Metrics
-from .protocol import ApiError
+from hybridspec.engine.engine import Engine, StepOutput
+from hybridspec.sampling.sampler import SamplingParams
+from hybridspec.serve.metrics import Metrics
+from hybridspec.serve.protocol import ApiError
 
 log = logging.getLogger("hybridspec.serve")
 

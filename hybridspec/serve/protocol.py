@@ -12,8 +12,8 @@ import logging
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import InvalidRequestError
-from ..sampling import SamplingParams
+from hybridspec.errors import InvalidRequestError
+from hybridspec.sampling.sampler import SamplingParams
 
 log = logging.getLogger("hybridspec.serve")
 

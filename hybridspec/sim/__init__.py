@@ -7,14 +7,14 @@ checkpoint policies on hybrid models (`expected_replay_steps`, ...), a roofline
 (`RoundTerms`, `round_seconds`: the one formula adaptive γ uses too) and `crossover_batch`, the batch where the gain
 turns into a loss. Derivations: docs/simulator.md.
 """
-from hybridspec.sim.checkpoint_terms import (
+from hybridspec.costs.checkpoint_terms import (
     expected_replay_steps,
     replay_probability,
     replay_steps,
     snapshot_positions,
     snapshot_writes_per_round,
 )
-from hybridspec.sim.closed_form import (
+from hybridspec.costs.closed_form import (
     accepted_distribution,
     alpha_from_acceptance_rate,
     expected_accepted,
@@ -22,20 +22,12 @@ from hybridspec.sim.closed_form import (
     optimal_gamma,
     speedup,
 )
-from hybridspec.sim.cost_model import (
-    AllReduceLink,
-    CostModel,
-    Hardware,
-    ModelCost,
-    RoundTime,
-    StepCosts,
-    crossover_batch,
-    round_time,
-)
+from hybridspec.costs.round_time import RoundTime, StepCosts, round_time
+from hybridspec.sim.cost_model import AllReduceLink, CostModel, Hardware, ModelCost, crossover_batch
 from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
 from hybridspec.sim.measured import MeasuredRun, load_measured, measured_crossover, measured_rows, parse_measured
 from hybridspec.sim.montecarlo import SimResult, simulate, simulate_replay_steps, simulate_with_stderr
-from hybridspec.sim.round_terms import (TERMS, RoundTerms, generation_speedup, mixed_terms, round_seconds,
+from hybridspec.costs.round_terms import (TERMS, RoundTerms, generation_speedup, mixed_terms, round_seconds,
                                         round_speedup)
 from hybridspec.sim.presets import BAMBA_9B, H200, NEMOTRON_H_8B, PRESETS, Preset, small_hybrid_draft
 from hybridspec.sim.shapes import HybridShape

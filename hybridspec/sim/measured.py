@@ -30,7 +30,7 @@
     }
 
 The speedup is `hs.sim.round_speedup`: tokens_per_round · round(B, 0) / round(B, γ),
-each round the sum of its `RoundTerms` (`hybridspec.sim.round_terms`).
+each round the sum of its `RoundTerms` (`hybridspec.costs.round_terms`).
 
 Times are seconds for the whole batch. A figure computed only from measured
 inputs is labelled measured; one that uses any assumed input is labelled assumed.
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hybridspec.errors import ConfigError
-from hybridspec.sim.closed_form import alpha_from_acceptance_rate, expected_tokens
-from hybridspec.sim.round_terms import TERMS, RoundTerms, round_speedup
-from hybridspec.sim.validation import check_alpha, check_cost, check_gamma, check_int, check_snapshot_every
+from hybridspec.costs.closed_form import alpha_from_acceptance_rate, expected_tokens
+from hybridspec.costs.round_terms import TERMS, RoundTerms, round_speedup
+from hybridspec.costs.validation import check_alpha, check_cost, check_gamma, check_int, check_snapshot_every
 
 SCHEMA = "hybridspec.round_cost/v1"
 MEASURED, ASSUMED = "measured", "assumed"

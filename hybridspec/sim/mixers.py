@@ -1,6 +1,6 @@
 """The recurrent layers a `HybridShape` holds. Each kind answers the same
 questions: its weights, its per-sequence state and input log
-(`hybridspec.state_memory`, the formulas `Engine` allocates by), and the
+(`hybridspec.cache.state_memory`, the formulas `Engine` allocates by), and the
 FLOPs per token of its recurrence and of its short causal conv.
 
 Mamba2 (Dao & Gu 2024): d_inner = nheads·headdim; B and C shared per group;
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hybridspec.state_memory import RecurrentStateShape, gdn_state_shape, mamba2_state_shape
+from hybridspec.cache.state_memory import RecurrentStateShape, gdn_state_shape, mamba2_state_shape
 
 # FLOPs per state element per token of the Mamba2 scan: decay (1), input (1), add (1), readout C·h (2)
 SCAN_FLOPS_PER_STATE_ELEMENT = 5

@@ -12,8 +12,8 @@ from typing import Iterator
 
 import numpy as np
 
-from hybridspec.sim.checkpoint_terms import snapshot_positions
-from hybridspec.sim.validation import check_alpha, check_gamma, check_int, check_snapshot_every
+from hybridspec.costs.checkpoint_terms import snapshot_positions
+from hybridspec.costs.validation import check_alpha, check_gamma, check_int, check_snapshot_every
 
 _CHUNK_ROUNDS = 1 << 17
 

@@ -6,13 +6,13 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from hybridspec.errors import ConfigError
-from hybridspec.sim.closed_form import expected_tokens, optimal_gamma, speedup
+from hybridspec.costs.closed_form import expected_tokens, optimal_gamma, speedup
 from hybridspec.sim.cost_model import crossover_batch
 from hybridspec.sim.measured import ASSUMED, MeasuredRun, measured_crossover, measured_rows
 from hybridspec.sim.montecarlo import simulate_with_stderr
 from hybridspec.sim.presets import PRESETS, Preset
 from hybridspec.sim.shapes import HybridShape
-from hybridspec.sim.validation import check_alpha, check_cost, check_gamma, check_int
+from hybridspec.costs.validation import check_alpha, check_cost, check_gamma, check_int
 
 REPORT_SCHEMA = "hybridspec.simulate/v1"
 

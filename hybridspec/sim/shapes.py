@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from hybridspec.errors import ConfigError
 from hybridspec.sim.cost_model import ModelCost
 from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
-from hybridspec.state_memory import bytes_per_slot, log_bytes_per_input
+from hybridspec.cache.state_memory import bytes_per_slot, log_bytes_per_input
 
 MAMBA2_FIELDS = ("mamba_d_state", "mamba_headdim", "mamba_ngroups", "mamba_expand", "mamba_d_conv")
 
@@ -186,7 +186,7 @@ class HybridShape:
         return self.block_params() + embeddings * (1 if self.tie_embeddings else 2)
 
     def state_shape(self):
-        """One recurrent layer's `RecurrentStateShape` (`hybridspec.state_memory`)."""
+        """One recurrent layer's `RecurrentStateShape` (`hybridspec.cache.state_memory`)."""
         return self.recurrent.state_shape()
 
     def state_bytes_per_layer(self) -> int:

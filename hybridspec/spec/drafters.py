@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import load
-from ..cache.prefix_cache import PrefixCache
-from ..errors import ConfigError
-from ..models.hybrid import HybridModel
-from ..sampling import RowParams
-from .model_drafter import ModelDrafter
-from .protocol import Drafter, Proposal, StatelessDrafter
+from hybridspec.adapters import load
+from hybridspec.cache.prefix_cache import PrefixCache
+from hybridspec.errors import ConfigError
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.sampler import RowParams
+from hybridspec.spec.model_drafter import ModelDrafter
+from hybridspec.spec.protocol import Drafter, Proposal, StatelessDrafter
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter", "as_draft", "as_drafter"]
 

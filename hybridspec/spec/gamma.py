@@ -28,7 +28,7 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   (`RoundCosts.replay`, 0 where every boundary is a snapshot); the terms:
   every term of a round (`hs.sim.RoundTerms`) measured at start-up by
   running the engine's own plain step and rounds on scratch caches
-  (`hybridspec.startup_costs`), linear between the measured batches and
+  (`hybridspec.engine.startup_costs`), linear between the measured batches and
   token counts: the target forward of G + 1 tokens per row (with the
   engine's snapshot writes), the drafter's part (catch-up and G steps, as
   the drafter runs them), sampling and acceptance, commit, and the round's
@@ -101,10 +101,10 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from hybridspec.sim.round_terms import RoundTerms, mixed_terms, round_seconds
+from hybridspec.costs.round_terms import RoundTerms, mixed_terms, round_seconds
 
-from ..errors import ConfigError
-from .round_costs import RoundCosts
+from hybridspec.errors import ConfigError
+from hybridspec.costs.round_costs import RoundCosts
 
 DEFAULT_MAX_DRAFT_TOKENS = 8
 PRIOR_ALPHA = 0.6  # acceptance assumed before anything was measured

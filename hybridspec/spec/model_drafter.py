@@ -13,15 +13,15 @@ import time
 
 import torch
 
-from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
+from hybridspec.kernels.triton.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
 
-from ..cache.hybrid_cache import HybridCache
-from ..cache.prefix_cache import PrefixCache, PrefixStore
-from ..errors import InvariantError
-from ..models.hybrid import HybridModel
-from ..penalties import penalty_context
-from ..sampling import RowParams, process_logits, sample
-from .protocol import Proposal
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.cache.prefix_cache import PrefixCache, PrefixStore
+from hybridspec.errors import InvariantError
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.penalties import penalty_context
+from hybridspec.sampling.sampler import RowParams, process_logits, sample
+from hybridspec.spec.protocol import Proposal
 
 
 def _backlog_len(gap: int) -> int:

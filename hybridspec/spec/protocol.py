@@ -13,10 +13,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..cache.hybrid_cache import HybridCache
-from ..cache.prefix_cache import PrefixStore
-from ..models.hybrid import HybridModel
-from ..sampling import RowParams
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.cache.prefix_cache import PrefixStore
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.sampler import RowParams
 
 
 @dataclass

@@ -23,8 +23,8 @@ from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.restore import RestoreDecision
 from hybridspec.checkpoints.ring import SnapshotPlan
 
-from ..logprobs import TokenLogprob
-from ..stopping import Cut
+from hybridspec.sampling.logprobs import TokenLogprob
+from hybridspec.sampling.stopping import Cut
 
 
 @dataclass(frozen=True)

@@ -18,23 +18,25 @@ the Engine applies its `results` to the requests (emits the tokens).
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from hybridspec.checkpoints.checkpointer import Checkpointer
 from hybridspec.checkpoints.policy import CheckpointPolicy
-from hybridspec.kernels.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
+from hybridspec.kernels.triton.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
 
-from ..errors import InvalidRequestError, PeerRankError
-from ..logprobs import batch_logprobs
-from ..models.hybrid import HybridModel
-from ..next_token import sample_next
-from ..penalties import penalty_context
-from ..sampling import RowParams, argmax_suffices, process_logits
-from ..stats import EngineStats
-from .drafters import Drafter, Proposal
-from .round import RoundBatch, RowResult
+from hybridspec.errors import InvalidRequestError, PeerRankError
+from hybridspec.sampling.logprobs import batch_logprobs
+from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.next_token import sample_next
+from hybridspec.sampling.penalties import penalty_context
+from hybridspec.sampling.sampler import RowParams, argmax_suffices, process_logits
+from hybridspec.spec.drafters import Drafter, Proposal
+from hybridspec.spec.round import RoundBatch, RowResult
+
+if TYPE_CHECKING:  # the engine passes its counters in; spec sits below the engine
+    from hybridspec.engine.stats import EngineStats
 
 
 class RoundHook(Protocol):

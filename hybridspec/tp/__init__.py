@@ -10,7 +10,7 @@ logits, samples the same tokens with the same keyed noise, and commits every
 layer to the same boundary. Decisions made from timings (adaptive γ, the
 measured costs of `CheckpointPolicy.auto`) are made on rank 0 and broadcast.
 """
-from .group import TensorParallel
-from .shard import shard_weights
+from hybridspec.tp.group import TensorParallel
+from hybridspec.tp.shard import shard_weights
 
 __all__ = ["TensorParallel", "shard_weights"]

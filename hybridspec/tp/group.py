@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError, PeerRankError
+from hybridspec.errors import ConfigError, PeerRankError
 
 _GROUPS: dict = {}  # (control group, the world's group) -> its TensorParallel: a target and drafter share one
 AGREEMENTS_PER_STEP = 2  # after admission and prefill; at the end of the round

@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import UsageError
+from hybridspec.errors import UsageError
 
 # a server's ranks wait in collectives while it is idle: far longer than torch's 10-minute default
 IDLE_TIMEOUT = timedelta(days=7)
@@ -59,5 +59,5 @@ def rank0_value(value):
     by each process); `value` itself without one."""
     if not dist.is_initialized():
         return value
-    from .group import TensorParallel
+    from hybridspec.tp.group import TensorParallel
     return TensorParallel.of(dist.get_world_size()).broadcast(value)

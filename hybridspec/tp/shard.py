@@ -43,8 +43,8 @@ from dataclasses import replace
 
 import torch
 
-from ..config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MoEConfig
-from ..errors import ConfigError
+from hybridspec.config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MoEConfig
+from hybridspec.errors import ConfigError
 
 
 def shard_weights(config: HybridConfig, weights: dict[str, torch.Tensor], rank: int,

@@ -16,7 +16,8 @@ import torch  # noqa: E402
 def _kernels_are_interpreted() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
-    from hybridspec.kernels import keyed_random, rejection
+    from hybridspec.kernels.triton import keyed_random
+    from hybridspec.kernels.triton import rejection
 
     return all(isinstance(f, InterpretedFunction) for f in (keyed_random.uniform_dev, rejection._rejection_kernel))
 

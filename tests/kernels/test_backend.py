@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from hybridspec.errors import ConfigError
-from hybridspec.kernels import backend, cpu_native, ops
+from hybridspec.kernels import backend, ops
+from hybridspec.kernels.cpu import native as cpu_native
 
 
 def kinds(b: backend.Backend) -> tuple:

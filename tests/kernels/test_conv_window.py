@@ -4,7 +4,7 @@ naive loop, outputs and every slot) and the rebuild from logged conv inputs."""
 import pytest
 import torch
 
-from hybridspec.kernels.conv_window import (
+from hybridspec.kernels.triton.conv_window import (
     conv_window_rebuild,
     conv_window_rebuild_ref,
     conv_window_update,

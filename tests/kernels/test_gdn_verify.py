@@ -6,7 +6,7 @@ untouched), with key heads shared by value heads."""
 import pytest
 import torch
 
-from hybridspec.kernels.gdn_verify import gdn_replay, gdn_replay_ref, gdn_verify, gdn_verify_ref
+from hybridspec.kernels.triton.gdn_verify import gdn_replay, gdn_replay_ref, gdn_verify, gdn_verify_ref
 from slot_plan import NUM_TOKENS, SNAP, SRC, TOLERANCES, WRITTEN
 
 NUM_SLOTS = 16

@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy import stats
 
-from hybridspec.kernels.keyed_random import (
+from hybridspec.kernels.triton.keyed_random import (
     PURPOSE_ACCEPT,
     PURPOSE_DRAFT,
     PURPOSE_RECOVER,

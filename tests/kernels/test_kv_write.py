@@ -4,7 +4,7 @@ reference == a loop), skipping -1; the same launch for any slots."""
 import pytest
 import torch
 
-from hybridspec.kernels.kv_write import kv_write, kv_write_ref
+from hybridspec.kernels.triton.kv_write import kv_write, kv_write_ref
 
 SLOTS = [[5, 6, 7], [12, -1, -1], [-1, -1, -1], [0, 1, 2]]  # row 1 padded, row 2 all padding
 

@@ -4,7 +4,7 @@ reference == a naive per-token, per-channel loop, for outputs and every slot."""
 import pytest
 import torch
 
-from hybridspec.kernels.mamba1_verify import mamba1_verify, mamba1_verify_ref
+from hybridspec.kernels.triton.mamba1_verify import mamba1_verify, mamba1_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
 from slot_plan import NUM_TOKENS, SNAP, SPANNED, SRC, TOLERANCES, WRITTEN
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from hybridspec.kernels.mamba2_verify import mamba2_verify, mamba2_verify_ref
+from hybridspec.kernels.triton.mamba2_verify import mamba2_verify, mamba2_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
 from slot_plan import NUM_TOKENS, SNAP, SPANNED, SRC, TOLERANCES, WRITTEN
 

@@ -9,7 +9,7 @@ import torch
 
 from hybridspec.cache import PagedKVCache
 from hybridspec.cache.block_pool import consecutive_runs
-from hybridspec.kernels.paged_attention import paged_attention, paged_attention_cpu, paged_attention_ref, row_pages
+from hybridspec.kernels.triton.paged_attention import paged_attention, paged_attention_cpu, paged_attention_ref, row_pages
 
 pytest.importorskip("triton")
 

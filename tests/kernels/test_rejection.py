@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_RECOVER, PURPOSE_SAMPLE, gumbel_argmax
-from hybridspec.kernels.rejection import (
+from hybridspec.kernels.triton.keyed_random import PURPOSE_DRAFT, PURPOSE_RECOVER, PURPOSE_SAMPLE, gumbel_argmax
+from hybridspec.kernels.triton.rejection import (
     MODE_COUPLED,
     MODE_GREEDY,
     MODE_REJECTION,

@@ -4,9 +4,9 @@ the verify update wrote after input n - 1, for the kernels and the references.""
 import pytest
 import torch
 
-from hybridspec.kernels.mamba1_verify import mamba1_verify_ref
-from hybridspec.kernels.mamba2_verify import mamba2_verify_ref
-from hybridspec.kernels.ssm_replay import mamba1_replay, mamba1_replay_ref, mamba2_replay, mamba2_replay_ref
+from hybridspec.kernels.triton.mamba1_verify import mamba1_verify_ref
+from hybridspec.kernels.triton.mamba2_verify import mamba2_verify_ref
+from hybridspec.kernels.triton.ssm_replay import mamba1_replay, mamba1_replay_ref, mamba2_replay, mamba2_replay_ref
 from slot_plan import TOLERANCES
 
 BATCH, NUM_INPUTS, NUM_SLOTS = 3, 4, 19

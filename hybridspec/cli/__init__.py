@@ -1,0 +1,2 @@
+"""The `hybridspec` command: main.py dispatches to one module per command (generate, check,
+bench, serve, simulate); args.py holds the options they share."""

@@ -1,0 +1,89 @@
+"""Command-line arguments that several commands share: the model flags
+(`add_model_arguments`) and the checks of arguments that name things outside
+the program — checkpoint and tokenizer directories, output files, torch
+devices — each failing with a `UsageError` that names the flag, the value and
+the fix."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hybridspec.errors import CheckpointError, UsageError
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --draft and --tokenizer, as `generate` and `serve` take them."""
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="target checkpoint directory, anything hs.load reads (default: the embedded target)")
+    parser.add_argument("--draft", metavar="DIR|ngram|none", default=None,
+                        help="draft checkpoint directory, 'ngram' for prompt lookup, or 'none' for plain decoding "
+                             "only (default: the embedded draft with the embedded target, else ngram)")
+    parser.add_argument("--tokenizer", metavar="DIR", default=None,
+                        help="local HF tokenizer directory (default: the model directory's own, or bytes for a "
+                             "byte-level model)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="split the target over N processes started by `torchrun --nproc-per-node N -m "
+                             "hybridspec ...` (the draft runs whole on each; default 1)")
+
+
+def gamma_arg(text: str) -> int | str:
+    """γ on the command line: an integer or 'auto' (the Engine checks the integer:
+    its error names num_draft_tokens and the fix)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
+
+
+def load_checkpoint(flag: str, path: str, also: str = "", **kwargs):
+    """hs.load(path, **kwargs), its CheckpointError as a UsageError naming `flag`."""
+    import hybridspec as hs
+    try:
+        return hs.load(path, **kwargs)
+    except CheckpointError as error:
+        raise UsageError(f"{flag} {path}: {error}{also}") from None
+
+
+def output_file(flag: str, path: str) -> Path:
+    """`path` if a file can be created there: its folder exists and it is not a folder itself."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; pass a file name such as {target / 'out'}")
+    if not target.parent.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {target.parent} does not exist; create it first or pass a "
+                         "path in an existing folder")
+    return target
+
+
+def write_text(flag: str, path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write it ({error.strerror or error}); pass a writable path") from None
+
+
+def torch_device(flag: str, text: str) -> str:
+    """`text` if it names a device this torch build can use (cpu, cuda[:N], mps)."""
+    import torch
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"{flag} {text!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            has_gpu_build = torch.version.cuda is not None or torch.version.hip is not None
+            reason = "no CUDA GPU is visible" if has_gpu_build else "this torch build has no CUDA support"
+            raise UsageError(f"{flag} {text}: {reason}; use {flag} cpu, or install a CUDA build of torch")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"{flag} {text}: there are {torch.cuda.device_count()} CUDA device(s); use cuda:0 to "
+                             f"cuda:{torch.cuda.device_count() - 1}")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise UsageError(f"{flag} {text}: MPS is not available in this torch build or on this machine; use cpu")
+    elif device.type != "cpu":
+        raise UsageError(f"{flag} {text}: hybridspec runs on cpu, cuda or mps devices; use one of those")
+    return text

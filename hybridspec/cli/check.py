@@ -1,0 +1,87 @@
+"""`hybridspec check`: run the rollback-correctness suite
+(`hybridspec.rollback`) against a model and print a pass/fail table.
+
+    hybridspec check                          # built-in tiny random hybrid model
+    hybridspec check --model DIR --draft ngram --quick
+
+Exit status: 0 all checks passed, 1 a check failed, 2 the models could not be
+loaded or do not fit together (one line on stderr says why).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from hybridspec.errors import ConfigError, UsageError
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR",
+                        help="checkpoint directory hs.load reads (default: a built-in tiny random hybrid model)")
+    parser.add_argument("--draft", default="perturbed", metavar="DIR|ngram|perturbed",
+                        help="drafter: a checkpoint directory, prompt lookup (ngram), or a copy of the target with "
+                             "3%% multiplicative weight noise (perturbed, the default)")
+    parser.add_argument("--quick", action="store_true",
+                        help="γ in {1, 4}, fewer drafters, shorter generations")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64",
+                        help="weights and states; float64 (default) makes every comparison exact to 1e-10")
+    parser.add_argument("--device", default="cpu", help="torch device of the models (default: cpu)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model, the weight noise and the prompts")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for torch (default 1: the suite's tensors are small, more threads "
+                             "mostly add overhead)")
+
+
+def load_models(args: argparse.Namespace):
+    """(target, drafter, drafter name) from the arguments."""
+    import hybridspec as hs
+    from hybridspec.cli.args import load_checkpoint, torch_device
+    from hybridspec.rollback import perturbed_copy, tiny_model
+
+    dtype, device = DTYPES[args.dtype], torch_device("--device", args.device)
+    if args.model:
+        target = load_checkpoint("--model", args.model, dtype=dtype, device=device)
+    else:
+        target = tiny_model(args.seed, dtype=dtype, device=device)
+    if args.draft == "perturbed":
+        return target, perturbed_copy(target, seed=args.seed), "perturbed"
+    if args.draft == "ngram":
+        return target, hs.NgramDrafter(), "n-gram"
+    draft = load_checkpoint("--draft", args.draft, also=" (or pass --draft ngram or --draft perturbed)",
+                            dtype=dtype, device=device)
+    if draft.vocab_size != target.vocab_size:
+        raise ConfigError(f"the drafter in {args.draft} has vocabulary {draft.vocab_size}, the target "
+                          f"{target.vocab_size}; pass a drafter that shares the target's tokenizer")
+    return target, draft, "draft"
+
+
+def format_table(results) -> str:
+    width = max(len(r.name) for r in results)
+    lines = [f"{'result':6}  {'seconds':>7}  {'check':{width}}  detail"]
+    for r in results:
+        lines.append(f"{'PASS' if r.passed else 'FAIL':6}  {r.seconds:7.2f}  {r.name:{width}}  {r.detail}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hybridspec.rollback import run_suite
+
+    if args.threads < 1:
+        raise UsageError(f"--threads={args.threads} must be >= 1")
+    torch.set_num_threads(args.threads)
+    target, draft, draft_name = load_models(args)
+    layers = ", ".join(f"{target.config.layer_types.count(t)} {t}" for t in dict.fromkeys(target.config.layer_types))
+    print(f"target: {args.model or 'built-in tiny model'} ({target.config.family}: {layers}; {args.dtype}); "
+          f"drafter: {draft_name}")
+    results = run_suite(target, draft, draft_name, quick=args.quick, seed=args.seed)
+    print(format_table(results))
+    own = [r.stats["acceptance_rate"] for r in results
+           if r.name.startswith(f"greedy parity · {draft_name} ·") and "acceptance_rate" in r.stats]
+    if own:
+        print(f"acceptance of the {draft_name} drafter (greedy, mean over γ and policies): {sum(own) / len(own):.2f}")
+    failed = sum(not r.passed for r in results)
+    print(f"{len(results) - failed}/{len(results)} checks passed in {sum(r.seconds for r in results):.1f} s")
+    return 1 if failed else 0

@@ -1,0 +1,366 @@
+"""`hybridspec generate [PROMPT]`: text in, text out, from the command line.
+
+With no arguments it continues a short Python prompt with the embedded
+byte-level pair (`hybridspec.adapters.embedded`) and measures the speedup over plain
+decoding: after one untimed warm-up each, plain and speculative runs of the
+same prompt alternate `--repeats` times (3 by default), and the report gives
+the median tokens/s of each, their ratio and the range of the per-pair
+ratios. `--no-baseline` runs the speculative decoder once and skips the plain
+runs. `PROMPT` `-` reads the prompt from stdin.
+
+The generated text goes to stdout after the prompt (on a terminal it streams
+as rounds commit), then the statistics to stderr; `--json` prints one JSON
+object (text and statistics) to stdout instead. Progress bars, labelled with
+the run, appear on stderr whenever stderr is a terminal, never with `--json`;
+the run whose text streams to the terminal has none (its text is its
+progress). The statistics are lines of at most about `SUMMARY_WIDTH`
+characters, broken between phrases.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import statistics
+import sys
+import time
+
+from hybridspec.cli.args import DTYPE_NAMES, add_model_arguments, gamma_arg
+
+DEFAULT_PROMPT = '''class Stack:
+    """A last-in, first-out stack."""
+
+    def __init__(self):
+        self._items = []
+
+    def push(self, item):
+'''
+
+POLICY_HELP = ("checkpoint policy: k1 (snapshot every verify input), k2, k4, ... (every k-th), k0 (round start "
+               "and final only), auto, or key=value pairs such as snapshot_every=2,ring_slots=4,log_inputs=0")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", nargs="?", default=None,
+                        help="text to continue; - reads it from stdin (default: a short Python class)")
+    add_model_arguments(parser)
+    parser.add_argument("-n", "--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=256,
+                        help="tokens to generate at most (default 256)")
+    parser.add_argument("--gamma", type=gamma_arg, default=4,
+                        help="draft tokens per round (default 4), or 'auto': chosen per round, 0..8")
+    parser.add_argument("--policy", default="k1", help=POLICY_HELP + " (default k1)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="drop tokens below min-p times the most likely one's probability (default 0: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="HF's repetition penalty (default 1: off)")
+    parser.add_argument("--stop", action="append", metavar="TEXT", default=[],
+                        help="stop when TEXT appears; the output is cut just before it (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true", help="generate past the model's EOS token")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="sampling seed (default: a random one, printed so the run can be repeated)")
+    parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
+                        help="'coupled' makes sampled output identical to plain decoding with the same seed")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps (default cpu)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="replay decode and verify forwards as captured CUDA graphs (a CUDA --device; "
+                             "models without MoE layers; default: HYBRIDSPEC_CUDA_GRAPHS=1 turns them on where "
+                             "they can run)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
+                        help="dtype the model computes in (default: float32 on a CPU, where a bf16 checkpoint's "
+                             "linear weights stay bf16 in memory, exactly; the checkpoint's elsewhere)")
+    parser.add_argument("--compute", choices=("float32", "bfloat16"), default=None,
+                        help="what the products multiply in: float32 (default, exact) or bfloat16 (the fast path on CPUs with "
+                             "AVX512-BF16: activations rounded to bf16, close to float32, not its bits)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads on CPU (default: 1 for models of hidden size < 2048 such as "
+                             "the embedded pair, torch's default otherwise)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the plain-decoding runs (no speedup is measured)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed plain and speculative runs, interleaved, for the speedup (default 3)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (text and statistics) to stdout")
+
+
+def read_prompt(prompt: str | None) -> str:
+    """The prompt text: the argument, stdin for "-", or the default."""
+    if prompt == "-":
+        return sys.stdin.read()
+    return DEFAULT_PROMPT if prompt is None else prompt
+
+
+def parse_policy(text: str):
+    """A `CheckpointPolicy` (or "auto") from "k1", "k0", "auto" or "snapshot_every=2,ring_slots=4,log_inputs=0"."""
+    from hybridspec.checkpoints.policy import CheckpointPolicy
+    from hybridspec.errors import ConfigError
+    spec = text.strip().lower()
+    if spec == "auto":
+        return "auto"
+    if spec.startswith("k") and spec[1:].isdigit():
+        return CheckpointPolicy(snapshot_every=int(spec[1:]))
+    fields = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("snapshot_every", "ring_slots", "log_inputs"):
+            raise ConfigError(f"--policy {text!r}: cannot read {item!r}; " + POLICY_HELP)
+        if key == "log_inputs" and value in ("0", "1", "true", "false"):
+            fields[key] = value in ("1", "true")
+        elif key == "ring_slots" and value == "none":
+            fields[key] = None
+        elif value.isdigit() and key != "log_inputs":
+            fields[key] = int(value)
+        else:
+            raise ConfigError(f"--policy {text!r}: {key} takes an integer"
+                              + (" or none" if key == "ring_slots" else "")
+                              + ("; log_inputs takes 0 or 1" if key == "log_inputs" else ""))
+    if not fields:
+        raise ConfigError(f"--policy {text!r} is empty; " + POLICY_HELP)
+    return CheckpointPolicy(**fields)
+
+
+def load_models(args: argparse.Namespace, dtype, device: str):
+    """(target, draft or None, target directory, target name, draft name) from --model / --draft."""
+    import hybridspec as hs
+    from hybridspec.cli.args import load_checkpoint
+    from hybridspec.adapters.embedded import embedded_paths
+    kwargs = dict(dtype=dtype, device=device)
+    shards = dict(kwargs, tensor_parallel_size=args.tensor_parallel_size, compute=args.compute)  # the target's
+    if args.model is None:
+        target_dir, draft_dir = embedded_paths()
+        target, target_name = hs.load(target_dir, **shards), "embedded target"
+        draft_spec = args.draft if args.draft is not None else str(draft_dir)
+    else:
+        target_dir = args.model
+        target, target_name = load_checkpoint("--model", args.model, **shards), args.model
+        draft_spec = args.draft if args.draft is not None else "ngram"
+    if draft_spec == "none":
+        return target, None, target_dir, target_name, "none"
+    if draft_spec == "ngram":
+        return target, hs.NgramDrafter(), target_dir, target_name, "ngram (prompt lookup)"
+    name = "embedded draft" if args.model is None and args.draft is None else draft_spec
+    draft = load_checkpoint("--draft", draft_spec, also=" (or pass --draft ngram or --draft none)", **kwargs)
+    return target, draft, target_dir, target_name, name
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    from hybridspec.errors import UsageError
+    for flag, value in (("--threads", args.threads), ("--repeats", args.repeats)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}={value} must be >= 1")
+
+
+def build_llm(args: argparse.Namespace):
+    """(LLM, plain Engine or None, prompt text, prompt ids, names) for the arguments."""
+    import hybridspec as hs
+    from hybridspec.cli.args import torch_device
+    from hybridspec.text.codec import TokenizerCodec, load_tokenizer
+    from hybridspec.llm import DTYPES, as_codec, load_dtype, model_eos_ids
+    from hybridspec.tp.launch import join
+    check_counts(args)
+    prompt_text = read_prompt(args.prompt)
+    device = join(args.tensor_parallel_size, torch_device("--device", args.device))
+    target, draft, target_dir, target_name, draft_name = load_models(
+        args, load_dtype(None if args.dtype is None else DTYPES[args.dtype], device), device)
+    tokenizer = TokenizerCodec(load_tokenizer(args.tokenizer, "--tokenizer"), args.tokenizer) if args.tokenizer \
+        else None
+    codec = as_codec(tokenizer, args.model, target.vocab_size)
+    prompt = codec.encode(prompt_text)
+    eos = sorted(set(codec.eos_token_ids) | set(model_eos_ids(target_dir, target)))
+    sizes = dict(max_batch_size=1, max_model_len=min(target.config.max_position_embeddings,
+                                                      len(prompt) + args.max_new_tokens + max_gamma(args.gamma) + 1))
+    llm = hs.LLM(target, draft=draft, tokenizer=codec, num_draft_tokens=args.gamma,
+                 checkpoint=parse_policy(args.policy), verify=args.verify, threads=args.threads,
+                 eos_token_ids=eos, cuda_graphs=args.cuda_graphs or None, **sizes)
+    plain = None if draft is None or args.no_baseline else \
+        hs.Engine(target, eos_token_ids=eos, decode=codec.decode, cuda_graphs=args.cuda_graphs or None, **sizes)
+    return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
+
+
+def max_gamma(gamma: int | str) -> int:
+    """The most drafts a round may verify under --gamma."""
+    from hybridspec.spec.gamma import DEFAULT_MAX_DRAFT_TOKENS
+    return DEFAULT_MAX_DRAFT_TOKENS if gamma == "auto" else gamma
+
+
+def sampling_params(args: argparse.Namespace):
+    import hybridspec as hs
+    from hybridspec.tp.launch import rank0_value
+    seed = args.seed if args.seed is not None or args.temperature == 0 else rank0_value(secrets.randbits(31))
+    return hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, min_p=args.min_p, seed=seed, stop=tuple(args.stop),
+                             ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hybridspec.tp.launch import is_first_rank
+    llm, plain, prompt_text, prompt, names = build_llm(args)
+    params = sampling_params(args)
+    first = "speculative" if llm.engine.speculator is not None else "plain"
+    engines = [(first, llm.engine)] + ([("plain", plain)] if plain is not None else [])
+    speaks = is_first_rank()  # tensor parallel: every rank runs, rank 0 reports
+    streaming = sys.stdout.isatty() and not args.json and speaks
+    bars = sys.stderr.isatty() and not args.json and speaks
+    repeats = args.repeats if len(engines) == 2 else 1
+    runs = {name: [] for name, _ in engines}
+    for name, engine in engines:
+        warm_up(engine, prompt, params)
+    for i in range(repeats):
+        for name, engine in engines:
+            stream = None
+            if streaming and i == 0 and name == first:
+                sys.stdout.write(prompt_text)
+                stream = TextStream(llm.codec, sys.stdout, params.stop)
+            label = f"{name} run {i + 1}/{repeats}" if bars and stream is None else False
+            runs[name].append(timed_generate(engine, prompt, params, label, stream))
+            if stream is not None:
+                stream.finish(runs[name][0][0].stop_reason)
+    report = build_report(args, runs, names, llm, prompt_text, prompt, params.seed)
+    if not speaks:
+        return 0
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        if not streaming:
+            sys.stdout.write(prompt_text + report["text"] + "\n")
+        sys.stdout.flush()
+        print(render_summary(report), file=sys.stderr)
+    return 0
+
+
+class TextStream:
+    """Writes the decoded text of the tokens emitted so far as they arrive,
+    holding back a trailing incomplete character (U+FFFD) and anything that
+    could be the start of a stop string until it is decided."""
+
+    def __init__(self, codec, out, stop: tuple[str, ...] = ()):
+        self.codec, self.out, self.ids, self.written, self.stop = codec, out, [], 0, stop
+        self.hold = max(map(len, stop), default=1) - 1
+
+    def __call__(self, index: int, tokens: list[int]) -> None:
+        self.ids.extend(tokens)
+        text = self.codec.decode(self.ids).rstrip("\ufffd")
+        hits = [text.find(s) for s in self.stop if s in text]
+        self._write(text[:min(hits) if hits else len(text) - self.hold])
+
+    def finish(self, stop_reason) -> None:
+        from hybridspec.sampling.stopping import cut_text
+        self._write(cut_text(self.codec.decode(self.ids), stop_reason) + "\n")
+
+    def _write(self, text: str) -> None:
+        if len(text) > self.written:
+            self.out.write(text[self.written:])
+            self.out.flush()
+            self.written = len(text)
+
+
+def timed_generate(engine, prompt: list[int], params, progress: bool | str, stream=None):
+    """(Output, wall seconds, the call's statistics) of one generate call."""
+    start = time.perf_counter()
+    output = engine.generate([prompt], params, progress=progress, stream=stream)[0]
+    return output, time.perf_counter() - start, engine.stats.as_dict()
+
+
+def warm_up(engine, prompt: list[int], params) -> None:
+    """One short untimed call so the timed ones pay no first-call costs."""
+    import hybridspec as hs
+    engine.generate([prompt], hs.SamplingParams(max_new_tokens=min(4, params.max_new_tokens),
+                                                temperature=params.temperature, seed=params.seed))
+
+
+def run_summary(runs: list | None) -> dict | None:
+    """Median seconds and tokens/s of repeated runs; the first run's tokens and statistics."""
+    if not runs:
+        return None
+    output, _, stats = runs[0]
+    rates = [len(o.token_ids) / seconds for o, seconds, _ in runs]
+    return dict(seconds=statistics.median(s for _, s, _ in runs), new_tokens=len(output.token_ids),
+                tokens_per_s=statistics.median(rates), tokens_per_s_runs=rates, runs=len(runs), stats=stats)
+
+
+def build_report(args, runs: dict, names: dict, llm, prompt_text: str, prompt: list[int], seed: int | None) -> dict:
+    from hybridspec.sampling.stopping import cut_text
+    output = (runs.get("speculative") or runs["plain"])[0][0]
+    speculative, plain = run_summary(runs.get("speculative")), run_summary(runs.get("plain"))
+    exact = args.temperature == 0 or args.verify == "coupled"
+    both = speculative is not None and plain is not None
+    pairs = [s / p for s, p in zip(speculative["tokens_per_s_runs"], plain["tokens_per_s_runs"])] if both else []
+    return {
+        "schema": "hybridspec.generate/v1",
+        **names,
+        "gamma": args.gamma, "policy": args.policy, "verify": args.verify, "threads": llm.threads,
+        "device": args.device, "dtype": str(llm.target.dtype).removeprefix("torch."),
+        "sampling": dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                         stop=list(args.stop), ignore_eos=args.ignore_eos, seed=seed),
+        "prompt": prompt_text, "prompt_tokens": len(prompt),
+        "text": cut_text(llm.codec.decode(output.token_ids), output.stop_reason), "token_ids": output.token_ids,
+        "finish_reason": output.finish_reason, "stop_reason": output.stop_reason,
+        "speculative": speculative, "plain": plain,
+        "speedup": speculative["tokens_per_s"] / plain["tokens_per_s"] if both else None,
+        "speedup_range": [min(pairs), max(pairs)] if pairs else None,
+        "speedup_method": f"median tok/s of {len(pairs)} interleaved plain and speculative runs each" if both
+        else None,
+        # greedy and coupled outputs must equal plain decoding; rejection sampling draws differently
+        "same_as_plain": runs["speculative"][0][0].token_ids == runs["plain"][0][0].token_ids
+        if both and exact else None,
+    }
+
+
+def render_summary(report: dict) -> str:
+    """The statistics, each line wrapped between phrases to at most `SUMMARY_WIDTH` characters."""
+    return "\n".join(part for line in summary_lines(report) for part in wrap_phrases(line))
+
+
+def summary_lines(report: dict) -> list[str]:
+    main = report["speculative"] or report["plain"]
+    lines = [f"--- {report['model']}, {report['prompt_tokens']} prompt tokens, {main['new_tokens']} new tokens "
+             f"({report['finish_reason']}), {report['device']} {report['dtype']}, {report['threads']} thread(s)"]
+    if report["sampling"]["seed"] is not None:
+        lines[0] += f", seed {report['sampling']['seed']}"
+    spec, plain = report["speculative"], report["plain"]
+    if spec is None:
+        lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s")
+        return lines
+    stats = spec["stats"]
+    lines.append(f"speculative: draft {report['draft']}, gamma {report['gamma']}, policy {report['policy']}, "
+                 f"verify {report['verify']}")
+    lines.append(f"acceptance rate {stats['acceptance_rate']:.3f}, {stats['tokens_per_round']:.2f} tokens per round, "
+                 f"{spec['tokens_per_s']:.1f} tok/s{_median_note(spec)}")
+    if report["gamma"] == "auto" and stats.get("gamma_counts"):
+        counts = sorted((int(g), n) for g, n in stats["gamma_counts"].items())
+        lines.append("gamma chosen (rounds): " + ", ".join(f"{g}: {n}" for g, n in counts))
+    if plain is None:
+        lines.append("plain decoding: skipped (--no-baseline), no speedup measured")
+        return lines
+    same = report["same_as_plain"]
+    same_text = "n/a (rejection sampling)" if same is None else ("yes" if same else "NO")
+    low, high = report["speedup_range"]
+    lines.append(f"plain decoding: {plain['tokens_per_s']:.1f} tok/s{_median_note(plain)}")
+    lines.append(f"speedup {report['speedup']:.2f}x ({report['speedup_method']}; per pair {low:.2f}x-{high:.2f}x)")
+    lines.append(f"same tokens as plain: {same_text}")
+    return lines
+
+
+SUMMARY_WIDTH = 100
+
+
+def wrap_phrases(line: str, width: int = SUMMARY_WIDTH) -> list[str]:
+    """`line` broken after its commas and semicolons into lines of at most `width`
+    characters (a single phrase longer than that, a long path, stays whole);
+    continuation lines are indented by two spaces."""
+    phrases = re.findall(r"[^,;]+(?:[,;]|$)", line) or [line]
+    lines = [phrases[0]]
+    for phrase in phrases[1:]:
+        if len(lines[-1]) + len(phrase) <= width:
+            lines[-1] += phrase
+        else:
+            lines.append("  " + phrase.lstrip())
+    return lines
+
+
+def _median_note(run: dict) -> str:
+    return f" (median of {run['runs']})" if run["runs"] > 1 else ""

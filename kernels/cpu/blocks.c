@@ -1,0 +1,447 @@
+/* Whole residual blocks of a decoder layer for few rows (decode, drafting, a
+ * verify), on x86 CPUs: the other native kernels chained in one call, so
+ * a block costs one call from Python instead of twenty-odd operations.
+ *
+ * hs_mlp_block:     out = h + m · down · (silu(gate · n) ⊙ (up · n)),   n = rmsnorm(h) ⊙ w
+ * hs_mamba2_block:  out = h + m · out_proj · gated_rmsnorm(ssm(conv(x B C)), z),
+ *                   [z | x B C | dt] = in_proj · n,   n = rmsnorm(h) ⊙ w
+ * with the Mamba-2 mixer's conv window and recurrence written into the ring
+ * slots of the plan exactly as `hs_conv_window_steps` and `hs_mamba2_steps`
+ * write them (it calls them). h and out are [rows, hidden] contiguous;
+ * weights are tagged addresses (cpu/kernels.h): panels, what `pack_for_cpu` stores, or input-major;
+ * `work` is scratch memory of the size the Python side computes. Built by
+ * `cpu/native.py`, used through `cpu/blocks.py`.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+/* out[i] = h[i] + out[i] · m over n values (the residual; out[i] · m rounded first, as torch's
+ * h + update * m; no product where m is 1, as the module path skips it) */
+static void add_into(float *out, const float *h, int64_t n, float m) {
+    int64_t i = 0;
+    if (m != 1.0f) {
+        const __m256 m8 = _mm256_set1_ps(m);
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_mul_ps(_mm256_loadu_ps(out + i), m8)));
+        for (; i < n; ++i) out[i] = h[i] + out[i] * m;
+        return;
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(out + i)));
+    for (; i < n; ++i) out[i] = h[i] + out[i];
+}
+
+/* work: rows · (hidden + 2 · inter) floats */
+int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *gate_t, const float *up_t,
+                 const float *down_t, float *work, float *out, int64_t rows, int64_t hidden, int64_t inter,
+                 float residual) {
+    if (rows < 1 || hidden < 1 || inter < 1) return -1;
+    float *n = work, *g = n + rows * hidden, *u = g + rows * inter;
+    if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
+    const float *gate_up[2] = {gate_t, up_t};
+    const int64_t widths[2] = {inter, inter};
+    float *const outs[2] = {g, u};
+    if (hs_rows_matmul_many(n, hidden, rows, hidden, 2, gate_up, widths, outs)) return -1;  /* one job */
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t r = 0; r < rows; ++r) {  /* row by row: a value takes the same path in any batch */
+        float *gr = g + r * inter, *ur = u + r * inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {  /* silu(g) ⊙ u = g ⊙ u / (1 + e^-g) */
+            __m256 gi = _mm256_loadu_ps(gr + i);
+            __m256 s = _mm256_div_ps(gi, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gi))));
+            _mm256_storeu_ps(gr + i, _mm256_mul_ps(s, _mm256_loadu_ps(ur + i)));
+        }
+        for (; i < inter; ++i) gr[i] = (gr[i] / (1.0f + expf(-gr[i]))) * ur[i];
+    }
+    if (hs_rows_matmul(g, inter, down_t, rows, inter, hidden, out)) return -1;
+    add_into(out, h, rows * hidden, residual);
+    return 0;
+}
+
+/* work: rows · (hidden + proj + conv_dim + nheads + 2 · d_inner) + headdim · d_state floats,
+ * proj = 2 · d_inner + 2 · ngroups · d_state + nheads; rows = batch · T. `logged`, when not
+ * NULL, is where the in_proj output [rows, proj], the conv output [rows, conv_dim] and Δ
+ * [rows, nheads] go, one after the other, instead of `work` (the caller keeps them: the
+ * input log of a verify forward). */
+int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float *in_t,
+                    float *conv_states, float *ssm_states, const int64_t *src, const int64_t *dst,
+                    const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
+                    const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
+                    float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual) {
+    const int64_t rows = batch * T, conv_dim = d_inner + 2 * ngroups * d_state, proj = d_inner + conv_dim + nheads;
+    if (rows < 1 || hidden < 1 || nheads < 1 || headdim * nheads != d_inner || group < 1 || d_inner % group) return -1;
+    float *n = work, *projected = logged ? logged : n + rows * hidden, *xbc = projected + rows * proj;
+    float *dt = xbc + rows * conv_dim;
+    float *y = n + rows * (hidden + proj + conv_dim + nheads), *g = y + rows * d_inner, *scratch = g + rows * d_inner;
+    if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
+    if (hs_rows_matmul(n, hidden, in_t, rows, hidden, proj, projected)) return -1;  /* [rows, z | xBC | dt] */
+    if (hs_conv_window_steps(conv_states, src, dst, projected + d_inner, T * proj, proj, conv_w, conv_b, 1, xbc,
+                             batch, T, conv_dim, d_conv)) return -1;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < nheads; ++k)
+            dt[r * nheads + k] = hs_softplus(projected[r * proj + d_inner + conv_dim + k] + dt_bias[k]);
+    const float *x = xbc, *B = xbc + d_inner, *C = B + ngroups * d_state;
+    if (hs_mamba2_steps(ssm_states, src, dst, scratch, x, T * conv_dim, conv_dim, headdim, dt, T * nheads, nheads,
+                        A, D, B, T * conv_dim, conv_dim, d_state, C, T * conv_dim, conv_dim, d_state, y,
+                        batch, T, nheads, headdim, d_state, ngroups)) return -1;
+    if (hs_rms_norm(y, d_inner, projected, proj, gate_norm_w, g, rows, d_inner, group, eps)) return -1;
+    if (hs_rows_matmul(g, d_inner, out_t, rows, d_inner, hidden, out)) return -1;
+    add_into(out, h, rows * hidden, residual);
+    return 0;
+}
+
+/* the lane sums of eight vectors, [hsum8(a[0]), …, hsum8(a[7])]: the same
+ * additions in the same order as hsum8 for each (lo + hi halves, then lanes
+ * 0 + 2 and 1 + 3, then those two), so a sum's bits do not depend on which
+ * seven others it is computed with */
+static inline __m256 hsum8x8(const __m256 *a) {
+    /* [lo + hi of a[k] | lo + hi of a[k + 4]] */
+    const __m256 s04 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[4], 0x20), _mm256_permute2f128_ps(a[0], a[4], 0x31));
+    const __m256 s15 = _mm256_add_ps(_mm256_permute2f128_ps(a[1], a[5], 0x20), _mm256_permute2f128_ps(a[1], a[5], 0x31));
+    const __m256 s26 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[6], 0x20), _mm256_permute2f128_ps(a[2], a[6], 0x31));
+    const __m256 s37 = _mm256_add_ps(_mm256_permute2f128_ps(a[3], a[7], 0x20), _mm256_permute2f128_ps(a[3], a[7], 0x31));
+    /* lanes 0 + 2 and 1 + 3: [y0_0 y1_0 y0_1 y1_1 | y4_0 y5_0 y4_1 y5_1] and likewise for 2, 3, 6, 7 */
+    const __m256 t01 = _mm256_add_ps(_mm256_unpacklo_ps(s04, s15), _mm256_unpackhi_ps(s04, s15));
+    const __m256 t23 = _mm256_add_ps(_mm256_unpacklo_ps(s26, s37), _mm256_unpackhi_ps(s26, s37));
+    /* y_k0 + y_k1, in key order */
+    return _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* s[u] = scale · q·k_u for the `count` (≤ 8) keys k_u = k + u · stride, over
+ * head_dim floats: eight independent sums reduced together by hsum8x8; a
+ * key's score has the same bits however many keys come with it */
+static inline void dot8(const float *q, const float *k, int64_t stride, int64_t count, int64_t head_dim,
+                        float scale, float *s) {
+    const int64_t tail = head_dim / 8 * 8;
+    __m256 a[8];
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+    if (count == 8) {
+        for (int64_t c = 0; c < tail; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + c);
+            a[0] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c), a[0]);
+            a[1] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + stride + c), a[1]);
+            a[2] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * stride + c), a[2]);
+            a[3] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * stride + c), a[3]);
+            a[4] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * stride + c), a[4]);
+            a[5] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * stride + c), a[5]);
+            a[6] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * stride + c), a[6]);
+            a[7] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * stride + c), a[7]);
+        }
+    } else {
+        for (int64_t c = 0; c < tail; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + c);
+            for (int64_t u = 0; u < count; ++u) a[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + u * stride + c), a[u]);
+        }
+    }
+    float d[8];
+    _mm256_storeu_ps(d, hsum8x8(a));
+    for (int64_t u = 0; u < count; ++u) {
+        const float *ku = k + u * stride;
+        for (int64_t c = tail; c < head_dim; ++c) d[u] += q[c] * ku[c];
+        s[u] = d[u] * scale;
+    }
+}
+
+/* s[0 … seen) ← softmax(s[0 … seen)) (the maximum is the same in any order:
+ * eight lanes at a time) */
+static void softmax_row(float *s, int64_t seen) {
+    float top = s[0], total = 0.0f;
+    int64_t p = 0;
+    if (seen >= 8) {
+        __m256 top8 = _mm256_loadu_ps(s);
+        for (p = 8; p + 8 <= seen; p += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + p));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, top8);
+        for (int u = 0; u < 8; ++u) top = lanes[u] > top ? lanes[u] : top;
+    }
+    for (; p < seen; ++p) top = s[p] > top ? s[p] : top;
+    const __m256 top8 = _mm256_set1_ps(top);
+    for (p = 0; p + 8 <= seen; p += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + p), top8));
+        _mm256_storeu_ps(s + p, e);
+        total += hsum8(e);
+    }
+    for (; p < seen; ++p) total += (s[p] = expf(s[p] - top));
+    const float inv = 1.0f / total;
+    const __m256 inv8 = _mm256_set1_ps(inv);
+    for (p = 0; p + 8 <= seen; p += 8) _mm256_storeu_ps(s + p, _mm256_mul_ps(_mm256_loadu_ps(s + p), inv8));
+    for (; p < seen; ++p) s[p] *= inv;
+}
+
+/* o[0 … head_dim) += Σ_{p < count} w[p] v_p, v_p = v + p · stride: 64 columns
+ * at a time, their sums in 8 registers over the keys, so each column's sum is
+ * one chain of fused multiply-adds in p order whatever the page boundaries */
+static void weigh_values(float *o, const float *w, const float *v, int64_t stride, int64_t count, int64_t head_dim) {
+    const int64_t tail = head_dim / 8 * 8;
+    for (int64_t c0 = 0; c0 < tail; c0 += 64) {
+        const int64_t width = tail - c0 < 64 ? (tail - c0) / 8 : 8;
+        __m256 acc[8];
+        for (int64_t u = 0; u < width; ++u) acc[u] = _mm256_loadu_ps(o + c0 + 8 * u);
+        for (int64_t p = 0; p < count; ++p) {
+            const float *vp = v + p * stride + c0;
+            const __m256 wp = _mm256_set1_ps(w[p]);
+            if (width == 8) {  /* the common case, unrolled */
+                acc[0] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp), acc[0]);
+                acc[1] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8), acc[1]);
+                acc[2] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 16), acc[2]);
+                acc[3] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 24), acc[3]);
+                acc[4] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 32), acc[4]);
+                acc[5] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 40), acc[5]);
+                acc[6] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 48), acc[6]);
+                acc[7] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 56), acc[7]);
+            } else {
+                for (int64_t u = 0; u < width; ++u) acc[u] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8 * u), acc[u]);
+            }
+        }
+        for (int64_t u = 0; u < width; ++u) _mm256_storeu_ps(o + c0 + 8 * u, acc[u]);
+    }
+    for (int64_t p = 0; p < count && tail < head_dim; ++p)
+        for (int64_t c = tail; c < head_dim; ++c) o[c] += w[p] * v[p * stride + c];
+}
+
+/* -- AVX-512, the same bits ---------------------------------------------------------------
+ * Where the products run on AVX-512 (`hs_rows_isa`), the query heads that share a KV head
+ * (grouped-query attention) share its key and value loads, and each instruction does two
+ * heads' or sixteen columns' work. Every lane still runs the chain it runs above, so the
+ * scores, the weighted values and the bits are the same on either path (tested):
+ * - scores: a zmm holds two heads' eight-lane partial sums for one key, [head h | head h + 1],
+ *   each lane the fused multiply-adds of dot8 over the key's 8-float chunks in order; the two
+ *   halves then reduce by hsum8x8 as dot8's do.
+ * - values: sixteen columns per vector, each column's sum one chain of fused multiply-adds in
+ *   key order, as weigh_values' eight. */
+
+/* an 8-float row in both halves of a zmm (a load, no shuffle) */
+TARGET512 static inline __m512 both_halves(const float *p) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+
+/* [a | b], two 8-float rows */
+TARGET512 static inline __m512 halves(const float *a, const float *b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+/* dot8 for eight keys (k + u · stride) and two query heads q0, q1 at once (head_dim a multiple
+ * of 8): s0[u], s1[u] = scale · q·k_u, the bits of dot8's */
+TARGET512 static void dot8_two_heads(const float *q0, const float *q1, const float *k, int64_t stride,
+                                     int64_t head_dim, float scale, float *s0, float *s1) {
+    __m512 a[8];
+    _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) a[u] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < head_dim; c += 8) {
+        const __m512 qv = halves(q0 + c, q1 + c);
+        _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u)
+            a[u] = _mm512_fmadd_ps(qv, both_halves(k + u * stride + c), a[u]);
+    }
+    __m256 lo[8], hi[8];
+    _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) {
+        lo[u] = _mm512_castps512_ps256(a[u]);
+        hi[u] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[u]), 1));
+    }
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    _mm256_storeu_ps(s0, _mm256_mul_ps(hsum8x8(lo), scale8));
+    _mm256_storeu_ps(s1, _mm256_mul_ps(hsum8x8(hi), scale8));
+}
+
+/* weigh_values over 64 columns for HEADS query heads sharing their values: o_j[0 … 64) +=
+ * Σ_{p < count} w_j[p] v_p, o_j = o + j · o_step, w_j = w + j · w_step */
+#define DEFINE_WEIGH64(HEADS)                                                                           \
+    TARGET512 static void weigh64_##HEADS(float *o, int64_t o_step, const float *w, int64_t w_step,     \
+                                          const float *v, int64_t stride, int64_t count) {              \
+        __m512 acc[HEADS][4];                                                                           \
+        _Pragma("GCC unroll 4") for (int j = 0; j < HEADS; ++j)                                         \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[j][u] = _mm512_loadu_ps(o + j * o_step + 16 * u); \
+        for (int64_t p = 0; p < count; ++p) {                                                           \
+            const float *vp = v + p * stride;                                                           \
+            __m512 vv[4];                                                                               \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) vv[u] = _mm512_loadu_ps(vp + 16 * u);  \
+            _Pragma("GCC unroll 4") for (int j = 0; j < HEADS; ++j) {                                   \
+                const __m512 wp = _mm512_set1_ps(w[j * w_step + p]);                                    \
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[j][u] = _mm512_fmadd_ps(wp, vv[u], acc[j][u]); \
+            }                                                                                           \
+        }                                                                                               \
+        _Pragma("GCC unroll 4") for (int j = 0; j < HEADS; ++j)                                         \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) _mm512_storeu_ps(o + j * o_step + 16 * u, acc[j][u]); \
+    }
+DEFINE_WEIGH64(1) DEFINE_WEIGH64(2) DEFINE_WEIGH64(3) DEFINE_WEIGH64(4)
+typedef void (*weigh64_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t);
+static const weigh64_fn WEIGH64[5] = {0, weigh64_1, weigh64_2, weigh64_3, weigh64_4};
+
+/* weigh_values for 1 to 4 query heads sharing their values: 64 columns at a time on AVX-512,
+ * the columns past the last 64 by weigh_values (the same chains) */
+static void weigh_values_heads(float *o, int64_t o_step, const float *w, int64_t w_step, int heads, const float *v,
+                               int64_t stride, int64_t count, int64_t head_dim) {
+    const int64_t wide = head_dim / 64 * 64;
+    for (int64_t c0 = 0; c0 < wide; c0 += 64) WEIGH64[heads](o + c0, o_step, w, w_step, v + c0, stride, count);
+    if (wide < head_dim)
+        for (int j = 0; j < heads; ++j)
+            weigh_values(o + j * o_step + wide, w + j * w_step, v + wide, stride, count, head_dim - wide);
+}
+
+/* Causal attention of one row's queries over its pages: for query i (at
+ * position first + i, i < queries) and query head h (KV head h / group),
+ *     o[i, h] = Σ_{p <= first + i} softmax_p(scale · q[i, h]·k_p) v_p
+ * q, o: [queries, nheads · head_dim] rows at stride ld; key p at
+ * k_cache + (table[p / block_size] · block_size + p % block_size) · kv_dim
+ * (all KV heads of a position in one row, as are the values). Page by page,
+ * all heads and queries at once: each page of K and of V streams from memory
+ * once per forward whatever the number of queries (a verify reads the
+ * context once, not once per input), the scores eight keys of all heads at
+ * a time (8 · kv_dim floats in a row). On AVX-512 the query heads of a KV
+ * head share its key and value loads (above). (A software prefetch of the
+ * pages ahead is left out: it is slower where the context stays in cache
+ * between steps, and gains little where the weights push it out.)
+ * scores: nheads · queries · (first + queries) floats. */
+static void attend(const float *q, float *o, int64_t ld, const float *k_cache, const float *v_cache,
+                   const int64_t *table, int64_t block_size, int64_t first, int64_t queries, int64_t nheads,
+                   int64_t kv_heads, int64_t head_dim, float scale, float *scores, int64_t g0, int64_t g1) {
+    const int64_t n = first + queries, group = nheads / kv_heads, kv_dim = kv_heads * head_dim;
+    const int64_t pages = (n + block_size - 1) / block_size, page_floats = block_size * kv_dim;
+    const int64_t h0 = g0 * group, h1 = g1 * group;  /* the query heads of KV heads g0 … g1 - 1 */
+    const int avx512 = head_dim % 8 == 0 && hs_rows_isa(-1) == 1;  /* the AVX-512 loops above */
+    for (int64_t page = 0; page < pages; ++page) {  /* the scores */
+        const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
+        const float *kp = k_cache + table[page] * page_floats;
+        for (int64_t i = 0; i < queries; ++i) {
+            const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;  /* keys p0 … end - 1 */
+            for (int64_t p = p0; p < end; p += 8) {  /* eight keys, all heads: 8 · kv_dim floats in a row */
+                const int64_t count = end - p < 8 ? end - p : 8;
+                for (int64_t h = h0; h < h1;) {
+                    const float *kh = kp + (p - p0) * kv_dim + (h / group) * head_dim;
+                    float *sh = scores + (h * queries + i) * n + p;
+                    if (avx512 && count == 8 && h % group + 1 < group) {  /* h and h + 1 share the keys */
+                        dot8_two_heads(q + i * ld + h * head_dim, q + i * ld + (h + 1) * head_dim, kh, kv_dim,
+                                       head_dim, scale, sh, sh + queries * n);
+                        h += 2;
+                    } else {
+                        dot8(q + i * ld + h * head_dim, kh, kv_dim, count, head_dim, scale, sh);
+                        h += 1;
+                    }
+                }
+            }
+        }
+    }
+    for (int64_t i = 0; i < queries; ++i)
+        for (int64_t h = h0; h < h1; ++h) {
+            softmax_row(scores + (h * queries + i) * n, first + i + 1);
+            for (int64_t d = 0; d < head_dim; ++d) o[i * ld + h * head_dim + d] = 0.0f;
+        }
+    for (int64_t page = 0; page < pages; ++page) {  /* o = Σ_p w_p v_p */
+        const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
+        const float *vp = v_cache + table[page] * page_floats;
+        for (int64_t i = 0; i < queries; ++i) {
+            const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;
+            if (end <= p0) continue;
+            if (avx512 && head_dim >= 64) /* each KV head's query heads, up to four at a time */
+                for (int64_t h = h0; h < h1;) {
+                    const int64_t left = group - h % group, heads = left < 4 ? left : 4;
+                    weigh_values_heads(o + i * ld + h * head_dim, head_dim, scores + (h * queries + i) * n + p0,
+                                       queries * n, (int)heads, vp + (h / group) * head_dim, kv_dim, end - p0,
+                                       head_dim);
+                    h += heads;
+                }
+            else
+                for (int64_t h = h0; h < h1; ++h)
+                    weigh_values(o + i * ld + h * head_dim, scores + (h * queries + i) * n + p0,
+                                 vp + (h / group) * head_dim, kv_dim, end - p0, head_dim);
+        }
+    }
+}
+
+/* One row's attention over its pages, its KV heads split over the threads
+ * (cpu/pool.c) where the context is long enough: a head's scores, softmax
+ * and weighted values are the same loops on any thread, so the bits do not
+ * change, and each thread streams its heads' share of every K and V row. */
+#define PARALLEL_MIN_KV_FLOATS (1 << 16) /* keys · kv_dim below which one thread attends */
+typedef struct {
+    const float *q, *k_cache, *v_cache;
+    float *o, *scores;
+    const int64_t *table;
+    int64_t ld, block_size, first, queries, nheads, kv_heads, head_dim;
+    float scale;
+} attend_job;
+
+static void attend_part(void *ctx, int part, int parts) {
+    const attend_job *j = ctx;
+    attend(j->q, j->o, j->ld, j->k_cache, j->v_cache, j->table, j->block_size, j->first, j->queries, j->nheads,
+           j->kv_heads, j->head_dim, j->scale, j->scores, j->kv_heads * part / parts, j->kv_heads * (part + 1) / parts);
+}
+
+static void attend_row(const attend_job *j) {
+    const int threads = hs_threads(), parts = threads < j->kv_heads ? threads : (int)j->kv_heads;
+    if (parts > 1 && (j->first + j->queries) * j->kv_heads * j->head_dim >= PARALLEL_MIN_KV_FLOATS
+        && hs_parallel(attend_part, (void *)j, parts))
+        return;
+    attend_part((void *)j, 0, 1);
+}
+
+/* out = h + m · o_proj · attention(rope(q_proj · n), rope(k_proj · n), v_proj · n),  n = rmsnorm(h) ⊙ w,
+ * with the new K/V written into this layer's pages first: input t of row b at
+ * slot slot_mapping[b·T + t] (page · block_size + offset; -1: not written, a
+ * padding input or K/V already cached). Query t of row b sits at position
+ * context_lens[b] - query_lens[b] + t and sees the keys up to it; padding
+ * inputs (t >= query_lens[b]) attend to nothing (zeros before o_proj).
+ * k_cache, v_cache: [num_blocks · block_size, kv_heads, head_dim] of this
+ * layer; block_tables [batch, max_blocks] (int64); inv_freq [half] the rotary
+ * frequencies θ_i (NULL: no rotary embedding), the angles computed here in
+ * float32 with the C library's cosf and sinf, so each position's angles are
+ * the same in every forward. work: rows · (hidden + 2 · (nheads + kv_heads) ·
+ * head_dim + 2 · half) + T · nheads · max(context_lens) floats. */
+int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
+                       const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
+                       float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
+                       int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
+                       const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual) {
+    const int64_t rows = batch * T, q_dim = nheads * head_dim, kv_dim = kv_heads * head_dim;
+    if (rows < 1 || hidden < 1 || kv_heads < 1 || nheads % kv_heads || block_size < 1) return -1;
+    float *n = work, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
+    float *o = v + rows * kv_dim, *angles = o + rows * q_dim, *scores = angles + 2 * rows * half;
+    if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
+    const float *qkv[3] = {q_t, k_t, v_t};
+    const int64_t widths[3] = {q_dim, kv_dim, kv_dim};
+    float *const outs[3] = {q, k, v};
+    if (hs_rows_matmul_many(n, hidden, rows, hidden, 3, qkv, widths, outs)) return -1;  /* one job */
+    if (inv_freq) {  /* the angles of each input's position, (float) p · θ_i as torch computes them */
+        float *cos = angles, *sin = angles + rows * half;
+        for (int64_t b = 0; b < batch; ++b)
+            for (int64_t t = 0; t < T; ++t) {
+                const float position = (float)(context_lens[b] - query_lens[b] + t);
+                for (int64_t i = 0; i < half; ++i) {
+                    const float angle = position * inv_freq[i];
+                    cos[(b * T + t) * half + i] = cosf(angle);
+                    sin[(b * T + t) * half + i] = sinf(angle);
+                }
+            }
+        if (hs_rope(q, cos, sin, half, q, rows, nheads, head_dim, half)) return -1;
+        if (hs_rope(k, cos, sin, half, k, rows, kv_heads, head_dim, half)) return -1;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t slot = slot_mapping[r];
+        if (slot < 0) continue;
+        for (int64_t d = 0; d < kv_dim; ++d) {
+            k_cache[slot * kv_dim + d] = k[r * kv_dim + d];
+            v_cache[slot * kv_dim + d] = v[r * kv_dim + d];
+        }
+    }
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t queries = query_lens[b], first = context_lens[b] - queries;
+        if (queries < 0 || queries > T || first < 0 || (first + queries + block_size - 1) / block_size > max_blocks)
+            return -1;
+        for (int64_t r = b * T + queries; r < (b + 1) * T; ++r)  /* padding inputs: zeros */
+            for (int64_t d = 0; d < q_dim; ++d) o[r * q_dim + d] = 0.0f;
+        if (queries == 0) continue;
+        const attend_job job = {q + b * T * q_dim, k_cache, v_cache, o + b * T * q_dim, scores,
+                                block_tables + b * max_blocks, q_dim, block_size, first, queries, nheads, kv_heads,
+                                head_dim, scale};
+        attend_row(&job);
+    }
+    if (hs_rows_matmul(o, q_dim, o_t, rows, q_dim, hidden, out)) return -1;
+    add_into(out, h, rows * hidden, residual);
+    return 0;
+}

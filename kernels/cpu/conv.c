@@ -1,0 +1,91 @@
+/* The causal conv window of one forward on x86 CPUs, straight into the ring
+ * slots: the CPU counterpart of the Triton `conv_window_update`.
+ *
+ * For each row b and channel c, from the window in slot src[b] (the last
+ * d_conv - 1 inputs), for t = 0 … T - 1:
+ *     out[b, t, c] = act(Σ_k w[c, k] · e_k + bias[c]),  e = (window, xs[b, t, c])
+ * and the window after input t goes into slot dst[b·T + t] when that is ≥ 0
+ * (a later input wins a slot named twice). act is SiLU (silu = 1) or none.
+ * states: [num_slots, conv_dim, d_conv - 1] contiguous; xs: [batch, T,
+ * conv_dim] with unit channel stride (row and time strides passed); weight:
+ * [conv_dim, d_conv] contiguous; bias: [conv_dim] or NULL; out: [batch, T,
+ * conv_dim] contiguous. Every row runs all T inputs. Built by `cpu/native.py`,
+ * used through `cpu/conv.py`.
+ *
+ * Input by input, 8 channels at a time: each tap is a row of xs (or of the
+ * window, transposed once per row), read in memory order, so a prefill of
+ * hundreds of inputs streams xs once instead of once per channel. Each
+ * output is the fused multiply-add chain over the taps in order, then the
+ * bias, then x / (1 + e^-x) with the vector exp (`exp8`) in every lane,
+ * a channel past the last multiple of 8 included: an output's bits depend
+ * only on its own inputs, whatever T, the batch or the channel count.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#define MAX_CONV 16
+
+/* act(Σ_k w_k e_k + bias) of 8 channels; w: [d_conv] vectors of the taps' weights */
+static inline __m256 conv8(const __m256 *w, const __m256 *e, __m256 bias, int64_t d_conv, int64_t silu) {
+    __m256 s = _mm256_setzero_ps();
+    for (int64_t k = 0; k < d_conv; ++k) s = _mm256_fmadd_ps(w[k], e[k], s);
+    s = _mm256_add_ps(s, bias);
+    if (silu) s = _mm256_div_ps(s, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), s))));
+    return s;
+}
+
+int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,
+                         const float *xs, int64_t sxb, int64_t sxt, const float *weight, const float *bias,
+                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv) {
+    if (batch < 0 || T < 1 || conv_dim < 1 || d_conv < 2 || d_conv > MAX_CONV) return -1;
+    const int64_t width = d_conv - 1, slot_size = conv_dim * width, full = conv_dim / 8 * 8;
+    /* the window of a row transposed ([width, conv_dim]: tap times -width … -1), then the
+     * weights tap-major ([d_conv, conv_dim]) */
+    float *win = malloc(sizeof(float) * (size_t)(width + d_conv) * (size_t)conv_dim);
+    if (!win) return -1;
+    float *wt = win + width * conv_dim;
+    for (int64_t c = 0; c < conv_dim; ++c)
+        for (int64_t k = 0; k < d_conv; ++k) wt[k * conv_dim + c] = weight[c * d_conv + k];
+    for (int64_t b = 0; b < batch; ++b) {
+        const float *window = states + src[b] * slot_size, *xb = xs + b * sxb;
+        for (int64_t c = 0; c < conv_dim; ++c)
+            for (int64_t k = 0; k < width; ++k) win[k * conv_dim + c] = window[c * width + k];
+        for (int64_t t = 0; t < T; ++t) {
+            const float *tap[MAX_CONV];  /* tap k: the input at time t - width + k */
+            for (int64_t k = 0; k < d_conv; ++k) {
+                const int64_t at = t - width + k;
+                tap[k] = at < 0 ? win + (at + width) * conv_dim : xb + at * sxt;
+            }
+            float *o = out + (b * T + t) * conv_dim;
+            __m256 w[MAX_CONV], e[MAX_CONV];
+            for (int64_t c = 0; c < full; c += 8) {
+                for (int64_t k = 0; k < d_conv; ++k) {
+                    w[k] = _mm256_loadu_ps(wt + k * conv_dim + c);
+                    e[k] = _mm256_loadu_ps(tap[k] + c);
+                }
+                _mm256_storeu_ps(o + c, conv8(w, e, bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps(), d_conv,
+                                              silu));
+            }
+            for (int64_t c = full; c < conv_dim; ++c) {  /* one channel in lane 0, the same operations */
+                for (int64_t k = 0; k < d_conv; ++k) {
+                    w[k] = _mm256_set1_ps(wt[k * conv_dim + c]);
+                    e[k] = _mm256_set1_ps(tap[k][c]);
+                }
+                o[c] = _mm256_cvtss_f32(conv8(w, e, _mm256_set1_ps(bias ? bias[c] : 0.0f), d_conv, silu));
+            }
+            const int64_t slot = dst[b * T + t];
+            if (slot >= 0) {  /* the window after input t: inputs t - width + 1 … t */
+                float *to = states + slot * slot_size;
+                for (int64_t c = 0; c < conv_dim; ++c)
+                    for (int64_t k = 0; k < width; ++k) to[c * width + k] = tap[k + 1][c];
+            }
+        }
+    }
+    free(win);
+    return 0;
+}

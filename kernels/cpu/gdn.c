@@ -1,0 +1,144 @@
+/* The gated delta rule over T inputs on x86 CPUs (AVX2 + FMA), straight into
+ * the ring slots: the CPU counterpart of the Triton `gdn_verify`.
+ *
+ * For each row b and value head h (key head h / (heads / key_heads)), from
+ * the state in slot src[b], for t = 0 … T - 1:
+ *     r_t = S_{t-1}ᵀ k_t                                     [d_v]
+ *     u_t = β_t (v_t − exp(g_t) r_t)                         (S'ᵀ k_t = exp(g_t) S_{t-1}ᵀ k_t)
+ *     S_t = exp(g_t) S_{t-1} + k_t ⊗ u_t                     [d_k, d_v]
+ *     o_t = S_tᵀ q_t                                         [d_v]
+ * A head's state runs in blocks of 32 value columns (every column's update
+ * reads only itself): a block of d_k × 32 floats (16 KiB for d_k = 128)
+ * stays in L1 across the T inputs, in a scratch block, and is copied to
+ * slot dst[b·T + t] (its snapshot) when that is ≥ 0, with streaming stores,
+ * which skip reading the slot's lines first. Each step is two passes over
+ * the block: r_t's sums, then the update with o_t's sums. Memory sees the
+ * source state once and each snapshot once. Where q is NULL (a log replay)
+ * no outputs are made. Built by `cpu/native.py`, used through `cpu/gdn.py`.
+ *
+ * states: [num_slots, heads, d_k, d_v] contiguous. q, k: [batch, T,
+ * key_heads, d_k]; v: [batch, T, heads, d_v]; g, beta: [batch, T, heads];
+ * each with unit innermost stride (the other strides passed). o: [batch, T,
+ * heads, d_v] contiguous. d_v a multiple of 8, d_k at most GDN_MAX_DK.
+ * Every row runs all T inputs.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#include "simd.h"
+
+#define BLOCK_VECS 4 /* value columns per block: 4 vectors of 8 */
+#define BLOCK_COLS (8 * BLOCK_VECS)
+
+typedef struct {
+    float *states, *o;
+    const int64_t *src, *dst;
+    const float *q, *k, *v, *g, *beta;
+    int64_t sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sbb, sbt;
+    int64_t batch, T, heads, key_heads, d_k, d_v;
+} gdn_job;
+
+/* One input's step on a block of NV vectors of value columns: S_t from `prev` (row stride ldp)
+ * into `out` (row stride BLOCK_COLS; NULL at the last input, which no step reads again) and
+ * `snap` (row stride lds; streamed where `stream`), o_t into ov (NULL: no output). */
+static inline __attribute__((always_inline)) void block_step(
+    const int NV, const float *prev, int64_t ldp, float *out, float *snap, int64_t lds, int stream,
+    const float *kv, const float *qv, const float *vv, float decay, float beta, float *ov, int64_t d_k) {
+    __m256 acc[BLOCK_VECS], u[BLOCK_VECS];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d_k; ++i) { /* r = S_{t-1}ᵀ k */
+        const __m256 ki = _mm256_set1_ps(kv[i]);
+        for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(prev + i * ldp + 8 * j), ki, acc[j]);
+    }
+    const __m256 decay8 = _mm256_set1_ps(decay), beta8 = _mm256_set1_ps(beta);
+    for (int j = 0; j < NV; ++j) { /* u = β (v − exp(g) r) */
+        u[j] = _mm256_mul_ps(beta8, _mm256_fnmadd_ps(decay8, acc[j], _mm256_loadu_ps(vv + 8 * j)));
+        acc[j] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < d_k; ++i) { /* S_t = exp(g) S_{t-1} + k ⊗ u;  o = S_tᵀ q */
+        const __m256 ki = _mm256_set1_ps(kv[i]);
+        const __m256 qi = qv ? _mm256_set1_ps(qv[i]) : _mm256_setzero_ps();
+        for (int j = 0; j < NV; ++j) {
+            const __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(prev + i * ldp + 8 * j), decay8,
+                                                _mm256_mul_ps(ki, u[j]));
+            if (out) _mm256_storeu_ps(out + i * BLOCK_COLS + 8 * j, next);
+            if (stream) _mm256_stream_ps(snap + i * lds + 8 * j, next);
+            else if (snap) _mm256_storeu_ps(snap + i * lds + 8 * j, next);
+            if (qv) acc[j] = _mm256_fmadd_ps(next, qi, acc[j]);
+        }
+    }
+    if (ov)
+        for (int j = 0; j < NV; ++j) _mm256_storeu_ps(ov + 8 * j, acc[j]);
+}
+
+/* The T inputs of one block of value columns c0 … c0 + 8·NV - 1 of row b, head h. */
+static inline __attribute__((always_inline)) void block_steps(const int NV, const gdn_job *j, int64_t b, int64_t h,
+                                                              int64_t c0, float *scratch) {
+    const int64_t T = j->T, d_k = j->d_k, d_v = j->d_v, head_size = d_k * d_v;
+    const int64_t slot_size = j->heads * head_size, hk = h / (j->heads / j->key_heads);
+    const float *prev = j->states + j->src[b] * slot_size + h * head_size + c0;
+    int64_t ldp = d_v;
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t slot = j->dst[b * T + t];
+        float *snap = slot >= 0 ? j->states + slot * slot_size + h * head_size + c0 : 0;
+        const int stream = snap && ((uintptr_t)snap & 31) == 0; /* d_v % 8 == 0: every row aligned alike */
+        const float *kv = j->k + b * j->skb + t * j->skt + hk * j->skh;
+        const float *qv = j->q ? j->q + b * j->sqb + t * j->sqt + hk * j->sqh : 0;
+        const float *vv = j->v + b * j->svb + t * j->svt + h * j->svh + c0;
+        const float decay = expf(j->g[b * j->sgb + t * j->sgt + h]), beta = j->beta[b * j->sbb + t * j->sbt + h];
+        float *ov = j->o && j->q ? j->o + ((b * T + t) * j->heads + h) * d_v + c0 : 0;
+        block_step(NV, prev, ldp, t + 1 < T ? scratch : 0, snap, d_v, stream, kv, qv, vv, decay, beta, ov, d_k);
+        prev = scratch;
+        ldp = BLOCK_COLS;
+    }
+}
+
+/* the recurrence of (row, value head) units u0 <= u < u1 (u = b · heads + h) */
+static void gdn_units(const gdn_job *j, int64_t u0, int64_t u1) {
+    float scratch[GDN_MAX_DK * BLOCK_COLS] __attribute__((aligned(64)));
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t b = u / j->heads, h = u % j->heads;
+        int64_t c0 = 0;
+        for (; c0 + BLOCK_COLS <= j->d_v; c0 += BLOCK_COLS) block_steps(BLOCK_VECS, j, b, h, c0, scratch);
+        switch ((j->d_v - c0) / 8) { /* the last columns: 1 to 3 vectors */
+        case 3: block_steps(3, j, b, h, c0, scratch); break;
+        case 2: block_steps(2, j, b, h, c0, scratch); break;
+        case 1: block_steps(1, j, b, h, c0, scratch); break;
+        default: break;
+        }
+    }
+    _mm_sfence(); /* this thread's streamed snapshots are visible before its part counts as done */
+}
+
+/* With more than one thread the (row, value head) units split into
+ * contiguous ranges, one per thread (cpu/pool.c): each unit is the same loop
+ * on any thread, so the bits do not change. */
+#define PARALLEL_MIN_FLOATS (1 << 16) /* state floats updated (units · T · head) below which one thread runs */
+
+static void gdn_part(void *ctx, int part, int parts) {
+    const gdn_job *j = ctx;
+    const int64_t units = j->batch * j->heads;
+    gdn_units(j, units * part / parts, units * (part + 1) / parts);
+}
+
+int hs_gdn_steps(float *states, const int64_t *src, const int64_t *dst,
+                 const float *q, int64_t sqb, int64_t sqt, int64_t sqh,
+                 const float *k, int64_t skb, int64_t skt, int64_t skh,
+                 const float *v, int64_t svb, int64_t svt, int64_t svh,
+                 const float *g, int64_t sgb, int64_t sgt, const float *beta, int64_t sbb, int64_t sbt,
+                 float *o, int64_t batch, int64_t T, int64_t heads, int64_t key_heads, int64_t d_k, int64_t d_v) {
+    if (batch < 0 || T < 1 || heads < 1 || key_heads < 1 || heads % key_heads || d_k < 1 || d_k > GDN_MAX_DK
+        || d_v < 8 || d_v % 8)
+        return -1;
+    gdn_job job = {states, o, src, dst, q, k, v, g, beta, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+                   sgb, sgt, sbb, sbt, batch, T, heads, key_heads, d_k, d_v};
+    const int64_t units = batch * heads;
+    const int threads = hs_threads(), parts = threads < units ? threads : (int)units;
+    if (parts > 1 && units * T * d_k * d_v >= PARALLEL_MIN_FLOATS && hs_parallel(gdn_part, &job, parts)) return 0;
+    gdn_units(&job, 0, units);
+    return 0;
+}

@@ -1,0 +1,120 @@
+/* The Mamba-1 recurrence over T inputs on x86 CPUs (AVX2 + FMA, AVX-512 where present), straight
+ * into the ring slots: the CPU counterpart of the Triton `mamba1_verify`.
+ *
+ * For each row b and channel c, from the state row in slot src[b], for
+ * t = 0 … T - 1:
+ *     h_t = exp(Δ_t,c A_c) ⊙ h_{t-1} + (Δ_t,c x_t,c) B_t      [d_state]
+ *     y_t,c = h_t · C_t + D_c x_t,c
+ * h_t goes into slot dst[b·T + t] when that is ≥ 0. A channel's state row
+ * (d_state floats, 16 in most models) stays in registers across the inputs;
+ * memory sees the source state once and each snapshot once (exp: `exp8`).
+ * Where the products run on AVX-512 (`hs_rows_isa`) two channels at a time
+ * take 16-lane vectors with the same bits (`two_channels512`), which take
+ * less time than the AVX2 loop, most for a decode step's few inputs.
+ *
+ * states: [num_slots, d_inner, d_state] contiguous; x, dt: [batch, T,
+ * d_inner] with unit channel stride (row and time strides passed); A:
+ * [d_inner, d_state] contiguous; B, C: [batch, T, d_state] with unit inner
+ * stride; D: [d_inner]; y: [batch, T, d_inner] contiguous. Every row runs
+ * all T inputs. Built by `cpu/native.py`, used through `cpu/mamba1.py`.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#include "kernels.h"
+#include "simd.h"
+
+#define MAX_STATE 64
+
+/* Channels c0 and c0 + 1 of row b on AVX-512 (d_state a multiple of 16): the state row in 16-lane
+ * vectors, exp16 for exp8, y's sums the AVX2 loop's 8-lane chains (each vector's low then high
+ * half), so every value is the AVX2 loop's, bit for bit; two channels at a time, their chains
+ * through the inputs interleaved (one channel's exp would otherwise set the pace). */
+TARGET512 static void two_channels512(float *states, const int64_t *src, const int64_t *dst, const float *x,
+                                      int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
+                                      const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C,
+                                      int64_t sCb, int64_t sCt, const float *D, float *y, int64_t b, int64_t c0,
+                                      int64_t T, int64_t d_inner, int64_t d_state) {
+    const int64_t nv = d_state / 16, slot_size = d_inner * d_state;
+    __m512 h[2][MAX_STATE / 16], a[2][MAX_STATE / 16];
+    for (int k = 0; k < 2; ++k)
+        for (int64_t v = 0; v < nv; ++v) {
+            h[k][v] = _mm512_loadu_ps(states + src[b] * slot_size + (c0 + k) * d_state + 16 * v);
+            a[k][v] = _mm512_loadu_ps(A + (c0 + k) * d_state + 16 * v);
+        }
+    for (int64_t t = 0; t < T; ++t) {
+        const float *Bt = B + b * sBb + t * sBt, *Ct = C + b * sCb + t * sCt;
+        const int64_t slot = dst[b * T + t];
+        for (int k = 0; k < 2; ++k) {
+            const int64_t c = c0 + k;
+            const float dtv = dt[b * sdb + t * sdt + c], xv = x[b * sxb + t * sxt + c];
+            const __m512 dt16 = _mm512_set1_ps(dtv), dtx16 = _mm512_set1_ps(dtv * xv);
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t v = 0; v < nv; ++v) {
+                const __m512 inject = _mm512_mul_ps(dtx16, _mm512_loadu_ps(Bt + 16 * v));
+                h[k][v] = _mm512_fmadd_ps(exp16(_mm512_mul_ps(dt16, a[k][v])), h[k][v], inject);
+                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h[k][v]), 1));
+                acc = _mm256_fmadd_ps(_mm512_castps512_ps256(h[k][v]), _mm256_loadu_ps(Ct + 16 * v), acc);
+                acc = _mm256_fmadd_ps(hi, _mm256_loadu_ps(Ct + 16 * v + 8), acc);
+            }
+            y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, hsum8(acc));
+            if (slot >= 0) {
+                float *snap = states + slot * slot_size + c * d_state;
+                if (((uintptr_t)snap & 63) == 0)  /* streaming stores: the slot's lines are not read first */
+                    for (int64_t v = 0; v < nv; ++v) _mm512_stream_ps(snap + 16 * v, h[k][v]);
+                else
+                    for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(snap + 16 * v, h[k][v]);
+            }
+        }
+    }
+}
+
+int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
+                    const float *x, int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
+                    const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C, int64_t sCb,
+                    int64_t sCt, const float *D, float *y, int64_t batch, int64_t T, int64_t d_inner,
+                    int64_t d_state) {
+    if (batch < 0 || T < 1 || d_inner < 1 || d_state < 8 || d_state % 8 || d_state > MAX_STATE) return -1;
+    const int64_t nv = d_state / 8, slot_size = d_inner * d_state;
+    const int wide = d_state % 16 == 0 && hs_rows_isa(-1) == 1;
+    for (int64_t b = 0; b < batch; ++b) {
+        int64_t c = 0;
+        if (wide)
+            for (; c + 2 <= d_inner; c += 2)
+                two_channels512(states, src, dst, x, sxb, sxt, dt, sdb, sdt, A, B, sBb, sBt, C, sCb, sCt, D, y, b, c,
+                                T, d_inner, d_state);
+        for (; c < d_inner; ++c) {
+            __m256 h[MAX_STATE / 8], a[MAX_STATE / 8];
+            const float *h0 = states + src[b] * slot_size + c * d_state;
+            for (int64_t v = 0; v < nv; ++v) {
+                h[v] = _mm256_loadu_ps(h0 + 8 * v);
+                a[v] = _mm256_loadu_ps(A + c * d_state + 8 * v);
+            }
+            for (int64_t t = 0; t < T; ++t) {
+                const float dtv = dt[b * sdb + t * sdt + c], xv = x[b * sxb + t * sxt + c];
+                const __m256 dt8 = _mm256_set1_ps(dtv), dtx8 = _mm256_set1_ps(dtv * xv);
+                const float *Bt = B + b * sBb + t * sBt, *Ct = C + b * sCb + t * sCt;
+                __m256 acc = _mm256_setzero_ps();
+                for (int64_t v = 0; v < nv; ++v) {
+                    __m256 inject = _mm256_mul_ps(dtx8, _mm256_loadu_ps(Bt + 8 * v));
+                    h[v] = _mm256_fmadd_ps(exp8(_mm256_mul_ps(dt8, a[v])), h[v], inject);
+                    acc = _mm256_fmadd_ps(h[v], _mm256_loadu_ps(Ct + 8 * v), acc);
+                }
+                y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, hsum8(acc));
+                const int64_t slot = dst[b * T + t];
+                if (slot >= 0) {
+                    float *snap = states + slot * slot_size + c * d_state;
+                    if (((uintptr_t)snap & 31) == 0)  /* streaming stores: the slot's lines are not read first */
+                        for (int64_t v = 0; v < nv; ++v) _mm256_stream_ps(snap + 8 * v, h[v]);
+                    else
+                        for (int64_t v = 0; v < nv; ++v) _mm256_storeu_ps(snap + 8 * v, h[v]);
+                }
+            }
+        }
+    }
+    _mm_sfence(); /* the streamed snapshots are visible before the call returns */
+    return 0;
+}

@@ -1,0 +1,193 @@
+/* The Mamba-2 recurrence over T inputs on x86 CPUs (AVX2 + FMA, AVX-512 where present), straight
+ * into the ring slots: the CPU counterpart of the Triton `mamba2_verify`.
+ *
+ * For each row b and head h (group g = h / (nheads / ngroups)), from the
+ * state in slot src[b], for t = 0 … T - 1:
+ *     h_t = exp(Δ_t A_h) · h_{t-1} + (Δ_t x_t) ⊗ B_t        [headdim, d_state]
+ *     y_t = h_t · C_t + D_h x_t                              [headdim]
+ * h_t is computed into a scratch head, read from there by step t + 1, and
+ * copied to slot dst[b·T + t] (its snapshot) when that is ≥ 0 with streaming
+ * stores, which skip reading the slot's lines first: one head's state (16 KiB
+ * for 64 × 64) stays in L1 across the steps, and the only memory traffic is
+ * reading the source state and writing the snapshots once. Where the
+ * products run on AVX-512 (`hs_rows_isa`) the update takes 16 columns per
+ * vector with the same bits (`head_step512`): steps computed in L1 (5 inputs
+ * with only the final state, a prefill's) run faster than on AVX2; a step
+ * bound by its memory (a decode, a snapshot after every input) runs as fast.
+ * Built and loaded by `cpu/native.py`; used through `cpu/mamba2.py`.
+ *
+ * states: [num_slots, nheads, headdim, d_state] contiguous. x: [batch, T,
+ * nheads, headdim], dt: [batch, T, nheads], B, C: [batch, T, ngroups,
+ * d_state], each with unit innermost stride (the other strides passed). y:
+ * [batch, T, nheads, headdim] contiguous. Every row runs all T inputs.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+#include "simd.h"
+
+typedef struct {
+    float *states, *scratch, *y;
+    const int64_t *src, *dst;
+    const float *x, *dt, *A, *D, *B, *C;
+    int64_t sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg, sCb, sCt, sCg;
+    int64_t batch, T, nheads, headdim, d_state, ngroups;
+} mamba2_job;
+
+/* One step of one head, rows p0 <= p < p1 of the state: h_t from `prev` into `out` (and `snap`,
+ * streamed where `stream`), y_t into yv. AVX2: 8 columns of d_state per vector. */
+static void head_step(const float *prev, float *out, float *snap, int stream, const float *xv, float dtv, float decay,
+                      const float *Bv, const float *Cv, float Dh, float *yv, int64_t p0, int64_t p1,
+                      int64_t d_state) {
+    const int64_t vec_end = d_state / 8 * 8;
+    const __m256 decay8 = _mm256_set1_ps(decay);
+    for (int64_t p = p0; p < p1; ++p) {
+        const float xdt = dtv * xv[p];
+        const __m256 xdt8 = _mm256_set1_ps(xdt);
+        const float *hp = prev + p * d_state;
+        float *op = out + p * d_state, *sp = snap ? snap + p * d_state : 0;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t n = 0; n < vec_end; n += 8) {
+            __m256 inject = _mm256_mul_ps(xdt8, _mm256_loadu_ps(Bv + n));
+            __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(hp + n), decay8, inject);
+            _mm256_storeu_ps(op + n, next);
+            if (stream) _mm256_stream_ps(sp + n, next);
+            else if (sp) _mm256_storeu_ps(sp + n, next);
+            acc = _mm256_fmadd_ps(next, _mm256_loadu_ps(Cv + n), acc);
+        }
+        float tail = 0.0f;
+        for (int64_t n = vec_end; n < d_state; ++n) {
+            float next = fmaf(hp[n], decay, xdt * Bv[n]);
+            op[n] = next;
+            if (sp) sp[n] = next;
+            tail = fmaf(next, Cv[n], tail);
+        }
+        yv[p] = fmaf(Dh, xv[p], hsum8(acc) + tail);
+    }
+}
+
+/* The same step on AVX-512, R rows of the state at a time (d_state a multiple of 16, headdim of
+ * 4). The state's update takes 16 columns per vector; y's sums stay 8-lane chains, each vector's
+ * low then high half, so every lane adds the columns n, n + 8, n + 16, … in the AVX2 loop's
+ * order: the same bits. R rows' chains interleave (one row's 2·d_state/16 dependent
+ * multiply-adds would otherwise set the pace). */
+TARGET512 static inline __attribute__((always_inline)) void head_rows512(
+    const int R, const float *prev, float *out, float *snap, int stream, const float *xv, float dtv, float decay,
+    const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim, int64_t d_state) {
+    const __m512 decay16 = _mm512_set1_ps(decay);
+    for (int64_t p = 0; p < headdim; p += R) {
+        __m512 xdt[4];
+        __m256 acc[4];
+        for (int r = 0; r < R; ++r) {
+            xdt[r] = _mm512_set1_ps(dtv * xv[p + r]);
+            acc[r] = _mm256_setzero_ps();
+        }
+        for (int64_t n = 0; n < d_state; n += 16) {
+            const __m512 Bn = _mm512_loadu_ps(Bv + n);
+            const __m256 Clo = _mm256_loadu_ps(Cv + n), Chi = _mm256_loadu_ps(Cv + n + 8);
+            for (int r = 0; r < R; ++r) {
+                const int64_t at = (p + r) * d_state + n;
+                const __m512 next = _mm512_fmadd_ps(_mm512_loadu_ps(prev + at), decay16, _mm512_mul_ps(xdt[r], Bn));
+                _mm512_storeu_ps(out + at, next);
+                if (stream) _mm512_stream_ps(snap + at, next);
+                else if (snap) _mm512_storeu_ps(snap + at, next);
+                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(next), 1));
+                acc[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(next), Clo, acc[r]);
+                acc[r] = _mm256_fmadd_ps(hi, Chi, acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) yv[p + r] = fmaf(Dh, xv[p + r], hsum8(acc[r]));
+    }
+}
+
+/* Four rows at a time where the step computes in L1 (h_{t-1} in scratch, no snapshot); two where
+ * it reads the source state from memory or writes a snapshot, whose memory streams more rows at
+ * once would multiply (four rows there make a decode step slower than AVX2; two make both kinds of
+ * step faster) */
+TARGET512 static void head_step512(const float *prev, float *out, float *snap, int stream, const float *xv, float dtv,
+                                   float decay, const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim,
+                                   int64_t d_state, int in_cache) {
+    if (in_cache && !snap) head_rows512(4, prev, out, snap, stream, xv, dtv, decay, Bv, Cv, Dh, yv, headdim, d_state);
+    else head_rows512(2, prev, out, snap, stream, xv, dtv, decay, Bv, Cv, Dh, yv, headdim, d_state);
+}
+
+/* the recurrence of (row, head) units u0 <= u < u1 (u = b · nheads + h), h_t in `scratch` (one head) */
+static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scratch) {
+    const int64_t T = j->T, nheads = j->nheads, headdim = j->headdim, d_state = j->d_state;
+    const int64_t head_size = headdim * d_state, slot_size = nheads * head_size;
+    const int64_t heads_per_group = nheads / j->ngroups;
+    const int wide = d_state % 16 == 0 && headdim % 4 == 0 && hs_rows_isa(-1) == 1;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t b = u / nheads, h = u % nheads, g = h / heads_per_group;
+        const float *prev = j->states + j->src[b] * slot_size + h * head_size;
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t slot = j->dst[b * T + t];
+            float *snap = slot >= 0 ? j->states + slot * slot_size + h * head_size : 0;
+            /* streaming stores need their vector's alignment: 64 bytes for the AVX-512 loop */
+            const int stream = snap && ((uintptr_t)snap & (wide ? 63 : 31)) == 0 && d_state % 8 == 0;
+            const float dtv = j->dt[b * j->sdb + t * j->sdt + h];
+            const float decay = expf(dtv * j->A[h]);
+            const float *xv = j->x + b * j->sxb + t * j->sxt + h * j->sxh;
+            const float *Bv = j->B + b * j->sBb + t * j->sBt + g * j->sBg;
+            const float *Cv = j->C + b * j->sCb + t * j->sCt + g * j->sCg;
+            float *yv = j->y + ((b * T + t) * nheads + h) * headdim;
+            if (wide) head_step512(prev, scratch, snap, stream, xv, dtv, decay, Bv, Cv, j->D[h], yv, headdim, d_state,
+                                  t > 0);
+            else head_step(prev, scratch, snap, stream, xv, dtv, decay, Bv, Cv, j->D[h], yv, 0, headdim, d_state);
+            prev = scratch;
+        }
+    }
+    _mm_sfence(); /* this thread's streamed snapshots are visible before its part counts as done */
+}
+
+/* With more than one thread the (row, head) units split into contiguous
+ * ranges, one per thread (cpu/pool.c): each unit is the same loop on any
+ * thread, so the bits do not change. Parts past the first keep h_t in the
+ * thread's own head of scratch. */
+#define PARALLEL_MIN_FLOATS (1 << 16) /* state floats updated (units · T · head) below which one thread runs */
+static _Thread_local float *own;
+static _Thread_local size_t own_floats;
+
+static void mamba2_part(void *ctx, int part, int parts) {
+    const mamba2_job *j = ctx;
+    const int64_t units = j->batch * j->nheads, head_size = j->headdim * j->d_state;
+    float *scratch = j->scratch;
+    if (part > 0) {
+        if (own_floats < (size_t)head_size) {
+            free(own);
+            own_floats = 0;
+            if (posix_memalign((void **)&own, 64, (size_t)head_size * sizeof(float))) own = 0;
+            else own_floats = (size_t)head_size;
+        }
+        if (!own) { /* no heap: one head on the stack (32 KiB for Bamba's 64 × 128) */
+            float head[head_size];
+            mamba2_units(j, units * part / parts, units * (part + 1) / parts, head);
+            return;
+        }
+        scratch = own;
+    }
+    mamba2_units(j, units * part / parts, units * (part + 1) / parts, scratch);
+}
+
+int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float *scratch,
+                    const float *x, int64_t sxb, int64_t sxt, int64_t sxh,
+                    const float *dt, int64_t sdb, int64_t sdt,
+                    const float *A, const float *D,
+                    const float *B, int64_t sBb, int64_t sBt, int64_t sBg,
+                    const float *C, int64_t sCb, int64_t sCt, int64_t sCg,
+                    float *y, int64_t batch, int64_t T, int64_t nheads, int64_t headdim, int64_t d_state,
+                    int64_t ngroups) {
+    if (batch < 0 || T < 1 || nheads < 1 || headdim < 1 || d_state < 1 || ngroups < 1 || nheads % ngroups) return -1;
+    mamba2_job job = {states, scratch, y, src, dst, x, dt, A, D, B, C, sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg,
+                      sCb, sCt, sCg, batch, T, nheads, headdim, d_state, ngroups};
+    const int64_t units = batch * nheads;
+    const int threads = hs_threads(), parts = threads < units ? threads : (int)units;
+    if (parts > 1 && units * T * headdim * d_state >= PARALLEL_MIN_FLOATS && hs_parallel(mamba2_part, &job, parts))
+        return 0;
+    mamba2_units(&job, 0, units, scratch);
+    return 0;
+}
