@@ -33,6 +33,7 @@ _HOMES = {
     "StatelessDrafter": "hybridspec.spec.drafters",
     "TokenLogprob": "hybridspec.sampling.logprobs",
     "derived_seed": "hybridspec.sampling.sampler",
+    "embedded_paths": "hybridspec.adapters.embedded",
     "from_hf": "hybridspec.adapters",
     "load": "hybridspec.adapters",
     "serve": "hybridspec.serve",  # an OpenAI-compatible server ([serve] extra)

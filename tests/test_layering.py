@@ -109,3 +109,19 @@ def test_the_top_level_kernels_folder_never_shadows_the_kernels_distribution():
     assert not found.startswith(str(REPO / "kernels")), found
     if found not in ("None", ""):
         assert "site-packages" in found or "dist-packages" in found, found
+
+
+def test_the_package_map_of_the_design_document_is_the_tree():
+    """docs/design.md's package map is `tools/package_map.py`'s output: a module added,
+    moved, renamed or removed (or a docstring's first lines changed) fails here until
+    `python tools/package_map.py --write` is run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("package_map", REPO / "tools" / "package_map.py")
+    package_map = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(package_map)
+    written = package_map.written_block(package_map.DESIGN.read_text())
+    assert written, "docs/design.md has no package map"
+    assert written == package_map.block(), "docs/design.md's package map is stale: run python tools/package_map.py --write"
+    modules_on_disk = {p.name for p in modules().values() if p.name != "__init__.py"}
+    assert all(name in written for name in modules_on_disk)

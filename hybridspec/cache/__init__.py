@@ -1,5 +1,7 @@
-"""Cache bookkeeping and storage: paged attention KV (the Mamba state rings are
-`hybridspec.cache.state_pool`), and `HybridCache`, both for one model."""
+"""Storage, one place for every pool: paged attention K/V and its block pool, the state pool of
+recurrent layers (a ring of slots per sequence) with its state specs and memory formulas, the
+forward's metadata, `HybridCache` (one model's K/V pages and states), the prefix cache, and what an
+engine's pools hold (memory.py)."""
 
 from hybridspec.cache.block_pool import BlockPool, BlockPoolState
 from hybridspec.cache.paged_kv import KVCacheBookkeeping, KVWriteMeta, PagedKVCache

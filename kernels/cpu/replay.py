@@ -1,5 +1,5 @@
-"""Log replay through the forward's own C loops (`cpu_mamba2` / `cpu_mamba1`
-and `cpu_conv`) over the replayed rows, with a plan that writes only each
+"""Log replay through the forward's own C loops (`cpu.mamba2` / `cpu.mamba1`
+and `cpu.conv`) over the replayed rows, with a plan that writes only each
 row's last replayed input, into its destination slot: the state is the one
 the forward would have snapshotted there, bit for bit, since it is the same
 code over the same inputs (Mamba-1's torch reference differs from its C loop
