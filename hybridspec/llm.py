@@ -24,6 +24,7 @@ from hybridspec.text.codec import ByteCodec, TokenizerCodec, byte_codec, has_tok
 from hybridspec.adapters.embedded import embedded_paths
 from hybridspec.engine.engine import Engine, Output
 from hybridspec.errors import ConfigError, InvalidRequestError
+from hybridspec.kernels import backend as backends
 from hybridspec.sampling.logprobs import TokenLogprob
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.sampler import SamplingParams
@@ -191,9 +192,7 @@ def load_dtype(dtype: torch.dtype | None, device) -> torch.dtype | None:
     float32, and a bf16 (fp16) checkpoint's linear weights and embedding stay
     16-bit in memory, exactly (`HybridModel.pack_for_cpu`); bf16 compute
     through torch makes a decode step several times slower."""
-    if dtype is None and torch.device(device).type == "cpu":
-        return torch.float32
-    return dtype
+    return backends.default_dtype(device) if dtype is None else dtype
 
 
 def as_model(model, dtype, device, tensor_parallel_size: int = 1, compute: torch.dtype | None = None) -> HybridModel:

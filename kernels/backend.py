@@ -49,6 +49,9 @@ import torch
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import native as cpu_native
+from hybridspec.kernels.cpu.blocks import NO_BLOCKS, LayerBlocks
+from hybridspec.kernels.cpu.forward import NO_WHOLE_FORWARD, WholeForward
+from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
 
 BACKEND_ENV = "HYBRIDSPEC_BACKEND"
 CHOICES = ("auto", "native", "native-blocks", "native-ops", "triton", "torch")
@@ -162,6 +165,26 @@ class Backend:
         own operations on one thread beside the kernels' threads
         (`cpu_native.torch_on_one_thread` says why); elsewhere nothing."""
         return cpu_native.torch_on_one_thread() if self.native else nullcontext()
+
+    def blocks_of(self, layer: LayerDesc) -> LayerBlocks:
+        """The native blocks of one layer, their products in `compute`: none unless this backend runs blocks."""
+        return LayerBlocks.of(layer, self.native_blocks, self.compute)
+
+    def whole_forward_of(self, desc: ModelDesc, blocks: list[LayerBlocks]) -> WholeForward:
+        """The whole forward in one C call over `blocks` (`blocks_of` each layer), where this backend runs it;
+        else the forward that declines every call."""
+        return WholeForward(desc, blocks, self.compute) if self.whole_forward else NO_WHOLE_FORWARD
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype | None:
+    """The dtype a checkpoint is loaded in when none is asked: float32 on a CPU, the native
+    kernels' dtype; None (the checkpoint's own) elsewhere."""
+    return torch.float32 if torch.device(device).type == "cpu" else None
+
+
+def packs_for_cpu(device: torch.device | str) -> bool:
+    """Whether a model loaded onto `device` has its weights packed for the CPU kernels by default."""
+    return torch.device(device).type == "cpu"
 
 
 def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None, sharded: bool = False,

@@ -11,6 +11,7 @@ import torch
 
 from hybridspec.config import HybridConfig
 from hybridspec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from hybridspec.kernels import backend as backends
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.models.packing import HALF_DTYPES, storable_16bit
 from hybridspec.adapters.checkpoint_files import describe_files, read_config, read_weights
@@ -118,7 +119,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     state, report = set_aside(state, unused_patterns, source)
     weights = _checked(config, to_canonical, state, rules, source, file_of)
     if pack is None:
-        pack = torch.device(device).type == "cpu"
+        pack = backends.packs_for_cpu(device)
     del state  # the model holds what it uses: packing frees each original as it copies it
     # cast after sharding: a rank casts (and so reads) only its slices
     model = _build(config, weights, tensor_parallel_size, report,

@@ -18,8 +18,6 @@ from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.recurrent import RecurrentLayer
 from hybridspec.kernels import backend as backends
 from hybridspec.kernels.cpu import panels
-from hybridspec.kernels.cpu.blocks import NO_BLOCKS, LayerBlocks
-from hybridspec.kernels.cpu.forward import NO_WHOLE_FORWARD, WholeForward
 
 from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
 from hybridspec.kernels.cpu.panels import PanelWeight
@@ -78,7 +76,7 @@ class DecoderLayer(nn.Module):
             self.mixer = None
         ffn_weights = take(weights, "ffn")
         self.ffn = MLP(cfg.mlp, ffn_weights) if ffn_type == "mlp" else MoE(cfg.moe, ffn_weights) if ffn_type == "moe" else None
-        self.blocks = NO_BLOCKS  # its native blocks (`HybridModel.bind_backend`)
+        self.blocks = backends.NO_BLOCKS  # its native blocks (`HybridModel.bind_backend`)
         self.reduce = None  # tensor parallel: the sum over ranks of the mixer's and ffn's partial outputs
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
@@ -188,10 +186,10 @@ class HybridModel(Kernelled, nn.Module):
             if isinstance(module, Kernelled):
                 module.ops = backend
         desc = self.describe()
-        blocks = [LayerBlocks.of(layer, backend.native_blocks, backend.compute) for layer in desc.layers]
+        blocks = [backend.blocks_of(layer) for layer in desc.layers]
         for layer, layer_blocks in zip(self.layers, blocks):
             layer.blocks = layer_blocks
-        self.whole = WholeForward(desc, blocks, backend.compute) if backend.whole_forward else NO_WHOLE_FORWARD
+        self.whole = backend.whole_forward_of(desc, blocks)
         self.greedy_chain = GreedyChain(self, self.whole) if backend.whole_forward else None
 
     @property

@@ -8,8 +8,6 @@ from __future__ import annotations
 import torch
 
 from hybridspec.cache.state_pool import StatePool
-from hybridspec.kernels.cpu.replay import ReplayPlan  # noqa: F401 (re-exported for tests)
-
 from hybridspec.models.mamba_log import MambaInputLog
 
 
