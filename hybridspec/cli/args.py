@@ -50,8 +50,8 @@ def engine_config(args: argparse.Namespace, **settings):
 
 
 def gamma_arg(text: str) -> int | str:
-    """γ on the command line: an integer or 'auto' (the Engine checks the integer:
-    its error names num_draft_tokens and the fix)."""
+    """γ on the command line: an integer or 'auto' (`EngineConfig` checks the
+    integer: its error names num_draft_tokens and the fix)."""
     if text == "auto":
         return text
     try:
