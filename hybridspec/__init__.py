@@ -21,6 +21,7 @@ _HOMES = {
     "Completion": "hybridspec.llm",
     "Drafter": "hybridspec.spec.drafters",
     "Engine": "hybridspec.engine.engine",
+    "EngineConfig": "hybridspec.engine.config",
     "EngineStats": "hybridspec.engine.stats",
     "HybridConfig": "hybridspec.config",
     "HybridModel": "hybridspec.models.hybrid",

@@ -12,7 +12,6 @@ downloaded.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,6 +21,7 @@ import torch
 from hybridspec.adapters import load
 from hybridspec.text.codec import ByteCodec, TokenizerCodec, byte_codec, has_tokenizer, load_tokenizer
 from hybridspec.adapters.embedded import embedded_paths
+from hybridspec.engine.config import EngineConfig, engine_config
 from hybridspec.engine.engine import Engine, Output
 from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.kernels import backend as backends
@@ -70,15 +70,21 @@ class LLM:
     tokenizer: a local HF tokenizer directory or a loaded tokenizer; default
         None: the model directory's own tokenizer, or bytes for a byte-level
         model (vocabulary 256).
-    num_draft_tokens ("auto": adaptive γ), max_draft_tokens, checkpoint, verify,
-    max_batch_size, max_model_len, prefix_cache, cuda_graphs: as in
-        `Engine` (γ = 4, a snapshot after every verify input, "rejection",
-        16 sequences, the model's limit up to 4096 tokens, no prefix cache,
-        CUDA graphs as `HYBRIDSPEC_CUDA_GRAPHS` says: none unless it is "1").
-    tensor_parallel_size: > 1, this process loads its shard of the target
+    config: an `hs.EngineConfig`, or its settings as keyword arguments
+        (both: they must agree), as in `Engine`: num_draft_tokens ("auto":
+        adaptive γ), max_draft_tokens, checkpoint, verify, max_batch_size,
+        max_model_len, prefix_cache, cuda_graphs, ... (defaults: γ = 4, a
+        snapshot after every verify input, "rejection", 16 sequences, the
+        model's limit up to 4096 tokens, no prefix cache, CUDA graphs as
+        `HYBRIDSPEC_CUDA_GRAPHS` says: none unless it is "1"). Here:
+      tensor_parallel_size: > 1, this process loads its shard of the target
         (`hybridspec.tp`) in a torch.distributed group of that many ranks that
         torchrun or the caller started; the draft runs whole on every rank.
         None (default): one process, or a HybridModel `model` as it is.
+      eos_token_ids: the ids that end a request unless `ignore_eos`; default
+        None: the tokenizer's EOS, the config's `eos_token_id` and those of the
+        model directory's generation_config.json.
+      decode: default None: the tokenizer's.
     device: torch device to load onto (default "cpu"); dtype: "float32",
         "bfloat16", "float16", "float64" or a torch.dtype (default: float32
         on a CPU, where a bf16 checkpoint's linear weights and embedding
@@ -98,38 +104,31 @@ class LLM:
     threads: torch intra-op threads for CPU runs (a process-wide torch
         setting); default None: `hybridspec.engine.threads.default_threads` (1 for
         the embedded pair).
-    eos_token_ids: the ids that end a request unless `ignore_eos`; default
-        None: the tokenizer's EOS, the config's `eos_token_id` and those of the
-        model directory's generation_config.json.
 
     `llm.engine` is the id-level `Engine` underneath; `llm.stats` its last
     call's statistics.
     """
 
     def __init__(self, model: str | Path | HybridModel | None = None, draft=DEFAULT_DRAFT, tokenizer=None, *,
-                 num_draft_tokens: int | Literal["auto"] = 4, max_draft_tokens: int | None = None, checkpoint=None,
-                 verify: Literal["rejection", "coupled"] = "rejection",
-                 device: str = "cpu", dtype: str | torch.dtype | None = None, threads: int | None = None,
-                 max_batch_size: int = 16, max_model_len: int | None = None,
-                 eos_token_ids: Iterable[int] | None = None, prefix_cache=None, cuda_graphs: bool | None = None,
-                 tensor_parallel_size: int | None = None, compute: str | torch.dtype | None = None):
+                 config: EngineConfig | None = None, device: str = "cpu", dtype: str | torch.dtype | None = None,
+                 threads: int | None = None, compute: str | torch.dtype | None = None, **settings):
+        config = engine_config(config, settings)  # checked, as dtype and compute, before anything is loaded
         dtype = load_dtype(model_dtype(dtype), device)
-        if compute is not None:  # checked before anything is loaded
+        if compute is not None:
             compute = HybridModel.compute_for(compute, device, model.dtype if isinstance(model, HybridModel) else dtype)
         embedded_target, embedded_draft = embedded_paths() if model is None else (None, None)
-        self.target = as_model(embedded_target if model is None else model, dtype, device, tensor_parallel_size or 1,
-                               compute)
+        self.target = as_model(embedded_target if model is None else model, dtype, device,
+                               config.tensor_parallel_size or 1, compute)
         if draft == DEFAULT_DRAFT:
             draft = embedded_draft if model is None else "ngram"
         self.codec = as_codec(tokenizer, model, self.target.vocab_size)
         self.threads = use_threads(threads, self.target)
-        if eos_token_ids is None:
-            eos_token_ids = sorted(set(self.codec.eos_token_ids) | set(model_eos_ids(model, self.target)))
-        self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), num_draft_tokens=num_draft_tokens,
-                             max_draft_tokens=max_draft_tokens, checkpoint=checkpoint,
-                             verify=verify, max_batch_size=max_batch_size, max_model_len=max_model_len,
-                             eos_token_ids=eos_token_ids, decode=self.codec.decode, prefix_cache=prefix_cache,
-                             cuda_graphs=cuda_graphs, tensor_parallel_size=tensor_parallel_size)
+        if config.eos_token_ids is None:
+            config = config.replace(eos_token_ids=sorted(set(self.codec.eos_token_ids)
+                                                         | set(model_eos_ids(model, self.target))))
+        if config.decode is None:
+            config = config.replace(decode=self.codec.decode)
+        self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), config=config)
 
     @property
     def stats(self) -> EngineStats:

@@ -28,9 +28,30 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "hybridspec ...` (the draft runs whole on each; default 1)")
 
 
+# argparse dest -> EngineConfig setting, for the engine flags a command has (generate's --gamma is serve's
+# --num-draft-tokens)
+ENGINE_FLAGS = {"gamma": "num_draft_tokens", "num_draft_tokens": "num_draft_tokens",
+                "max_draft_tokens": "max_draft_tokens", "verify": "verify", "max_batch_size": "max_batch_size",
+                "max_model_len": "max_model_len", "prefix_cache": "prefix_cache", "cuda_graphs": "cuda_graphs",
+                "tensor_parallel_size": "tensor_parallel_size"}
+SWITCHES = ("prefix_cache", "cuda_graphs")  # store_true flags: left off means the Engine's default, None
+
+
+def engine_config(args: argparse.Namespace, **settings):
+    """The one `EngineConfig` of a command: its engine flags (the Engine's
+    defaults for those it lacks) with `settings` the command derives itself
+    (a parsed --policy, sizes from the prompt) over them."""
+    from hybridspec.engine.config import EngineConfig
+    flags = {setting: getattr(args, dest) for dest, setting in ENGINE_FLAGS.items() if hasattr(args, dest)}
+    for switch in SWITCHES:
+        if flags.get(switch) is False:
+            flags[switch] = None
+    return EngineConfig(**{**flags, **settings})
+
+
 def gamma_arg(text: str) -> int | str:
-    """γ on the command line: an integer or 'auto' (the Engine checks the integer:
-    its error names num_draft_tokens and the fix)."""
+    """γ on the command line: an integer or 'auto' (`EngineConfig` checks the
+    integer: its error names num_draft_tokens and the fix)."""
     if text == "auto":
         return text
     try:

@@ -155,11 +155,12 @@ def check_counts(args: argparse.Namespace) -> None:
 def build_llm(args: argparse.Namespace):
     """(LLM, plain Engine or None, prompt text, prompt ids, names) for the arguments."""
     import hybridspec as hs
-    from hybridspec.cli.args import torch_device
+    from hybridspec.cli.args import engine_config, torch_device
     from hybridspec.text.codec import TokenizerCodec, load_tokenizer
     from hybridspec.llm import DTYPES, as_codec, load_dtype, model_eos_ids
     from hybridspec.tp.launch import join
     check_counts(args)
+    config = engine_config(args, checkpoint=parse_policy(args.policy))  # checked before any model is loaded
     prompt_text = read_prompt(args.prompt)
     device = join(args.tensor_parallel_size, torch_device("--device", args.device))
     target, draft, target_dir, target_name, draft_name = load_models(
@@ -169,20 +170,11 @@ def build_llm(args: argparse.Namespace):
     codec = as_codec(tokenizer, args.model, target.vocab_size)
     prompt = codec.encode(prompt_text)
     eos = sorted(set(codec.eos_token_ids) | set(model_eos_ids(target_dir, target)))
-    sizes = dict(max_batch_size=1, max_model_len=min(target.config.max_position_embeddings,
-                                                      len(prompt) + args.max_new_tokens + max_gamma(args.gamma) + 1))
-    llm = hs.LLM(target, draft=draft, tokenizer=codec, num_draft_tokens=args.gamma,
-                 checkpoint=parse_policy(args.policy), verify=args.verify, threads=args.threads,
-                 eos_token_ids=eos, cuda_graphs=args.cuda_graphs or None, **sizes)
-    plain = None if draft is None or args.no_baseline else \
-        hs.Engine(target, eos_token_ids=eos, decode=codec.decode, cuda_graphs=args.cuda_graphs or None, **sizes)
+    length = min(target.config.max_position_embeddings, len(prompt) + args.max_new_tokens + config.gamma_max + 1)
+    config = config.replace(max_batch_size=1, max_model_len=length, eos_token_ids=eos, decode=codec.decode)
+    llm = hs.LLM(target, draft=draft, tokenizer=codec, threads=args.threads, config=config)
+    plain = None if draft is None or args.no_baseline else hs.Engine(target, config=config)  # no draft: plain steps
     return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
-
-
-def max_gamma(gamma: int | str) -> int:
-    """The most drafts a round may verify under --gamma."""
-    from hybridspec.spec.gamma import DEFAULT_MAX_DRAFT_TOKENS
-    return DEFAULT_MAX_DRAFT_TOKENS if gamma == "auto" else gamma
 
 
 def sampling_params(args: argparse.Namespace):

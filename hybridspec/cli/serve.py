@@ -63,13 +63,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_llm(args: argparse.Namespace, device: str):
+    from hybridspec.cli.args import engine_config
     from hybridspec.llm import DEFAULT_DRAFT, LLM
     draft = DEFAULT_DRAFT if args.draft is None else None if args.draft == "none" else args.draft
-    return LLM(args.model, draft=draft, tokenizer=args.tokenizer, num_draft_tokens=args.num_draft_tokens,
-               max_draft_tokens=args.max_draft_tokens, verify=args.verify, device=device, dtype=args.dtype,
-               threads=args.threads, max_batch_size=args.max_batch_size, max_model_len=args.max_model_len,
-               prefix_cache=True if args.prefix_cache else None, tensor_parallel_size=args.tensor_parallel_size,
-               compute=args.compute)
+    return LLM(args.model, draft=draft, tokenizer=args.tokenizer, config=engine_config(args), device=device,
+               dtype=args.dtype, threads=args.threads, compute=args.compute)
 
 
 def served_name(args: argparse.Namespace) -> str:

@@ -15,35 +15,36 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Callable, Literal
 
 import torch
 from tqdm.auto import tqdm
 
 from hybridspec.checkpoints.auto import resolve_policy
-from hybridspec.checkpoints.policy import ring_halves_by_default, validate_gamma
+from hybridspec.checkpoints.policy import ring_halves_by_default
 from hybridspec.cache.state_memory import default_state_dtype
 
 from hybridspec.cache.hybrid_cache import HybridCache, scratch_cache
-from hybridspec.cache.prefix_cache import PrefixCache, PrefixStore, as_prefix_settings
+from hybridspec.cache.prefix_cache import PrefixStore, as_prefix_settings
 from hybridspec.errors import ConfigError, InvalidRequestError, PeerRankError
 from hybridspec.sampling.logprobs import TokenLogprob
 from hybridspec.cache.memory import EngineMemory, cache_memory
 from hybridspec.models.graphs import ForwardGraphs, graphed
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.next_token import sample_next
-from hybridspec.engine.requests import engine_eos_ids, engine_sizes, normalize_requests
+from hybridspec.engine.config import EngineConfig, engine_config
+from hybridspec.engine.requests import normalize_requests
 from hybridspec.engine.scheduler import Scheduler
 from hybridspec.sampling.sampler import RowParams, SamplingParams, derived_seed
 from hybridspec.spec.drafters import Drafter, as_draft, as_drafter
-from hybridspec.spec.gamma import DEFAULT_MAX_DRAFT_TOKENS, GammaController
+from hybridspec.spec.gamma import GammaController
 from hybridspec.costs.round_costs import measured_batches
 from hybridspec.spec.round import RowResult
 from hybridspec.spec.speculator import Speculator
 from hybridspec.engine.startup_costs import measure_round_costs
 from hybridspec.engine.stats import EngineStats
-from hybridspec.sampling.stopping import Cut, Decode, StopRule
+from hybridspec.sampling.stopping import Cut, StopRule
 
 
 @dataclass
@@ -169,6 +170,11 @@ class Engine:
         target's dtype, on its device), "ngram" or `hs.NgramDrafter(...)`
         (prompt lookup), or any `hybridspec.spec.Drafter` (`as_draft`: what
         `hs.LLM(draft=...)` takes).
+    config: an `hs.EngineConfig` holding the settings below; or the settings
+        as keyword arguments (`hs.Engine(target, max_batch_size=32)`). Both:
+        the keyword settings must agree with the config (else ConfigError).
+
+    Settings (`EngineConfig`'s fields):
     num_draft_tokens: γ, drafts per sequence per round (default 4; >= 1), or
         "auto": γ per sequence per round in 0 … max_draft_tokens, chosen for
         the most expected tokens per second from acceptance estimates and
@@ -220,33 +226,19 @@ class Engine:
     (`step` adds to it); `total_stats` adds up every step of this Engine.
     """
 
-    def __init__(self, target: HybridModel, draft=None, num_draft_tokens: int | Literal["auto"] = 4, checkpoint=None,
-                 verify: Literal["rejection", "coupled"] = "rejection", *, max_draft_tokens: int | None = None,
-                 max_batch_size: int = 16,
-                 max_model_len: int | None = None, block_size: int = 16, num_blocks: int | None = None,
-                 state_dtype: torch.dtype | None = None, eos_token_ids: Iterable[int] | None = None,
-                 decode: Decode | None = None, prefix_cache: bool | PrefixCache | None = None,
-                 cuda_graphs: bool | None = None, tensor_parallel_size: int | None = None):
+    def __init__(self, target: HybridModel, draft=None, config: EngineConfig | None = None, **settings):
         if not isinstance(target, HybridModel):
             raise ConfigError(f"target must be a HybridModel (from hs.from_hf or hs.load), got {type(target).__name__}")
-        self.tensor_parallel = check_tensor_parallel(target, tensor_parallel_size)
-        if verify not in ("rejection", "coupled"):
-            raise ConfigError(f"verify={verify!r} must be 'rejection' or 'coupled'")
-        if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
-            raise ConfigError(f"state_dtype={state_dtype!r} must be a floating torch.dtype (e.g. torch.float32) "
-                              "or None for the default")
-        if decode is not None and not callable(decode):
-            raise ConfigError(f"decode={decode!r} must be a function from token ids to text, e.g. tokenizer.decode")
+        self.config = config = engine_config(config, settings)
+        self.tensor_parallel = check_tensor_parallel(target, config.tensor_parallel_size)
+        self.eos_token_ids = config.eos_ids(target.config)
+        sizes = config.sizes(target.config)
         draft = as_draft(draft, target.dtype, target.device)
-        prefix_settings = as_prefix_settings(prefix_cache)
-        self.eos_token_ids = engine_eos_ids(target.config, eos_token_ids)
-        self.decode = decode
-        sizes = engine_sizes(target.config, max_batch_size, max_model_len, block_size, num_blocks)
+        prefix_settings = as_prefix_settings(config.prefix_cache)
         self.target = target
-        self.verify = verify
         self.max_model_len = sizes.max_model_len
         self.max_batch_size = sizes.max_batch_size
-        self.state_dtype = state_dtype or default_state_dtype(target.dtype)
+        self.state_dtype = config.state_dtype or default_state_dtype(target.dtype)
         self.cache_kwargs = dict(max_seqs=sizes.max_batch_size, block_size=sizes.block_size,
                                  num_blocks=sizes.num_blocks, dtype=target.dtype, device=target.device)
         self.stats = EngineStats()
@@ -254,22 +246,13 @@ class Engine:
         self.check_invariants = os.environ.get("HYBRIDSPEC_CHECK", "0") not in ("", "0")
         self.speculator: Speculator | None = None
         self.gamma_controller: GammaController | None = None
-        adaptive = num_draft_tokens == "auto"
-        if max_draft_tokens is not None and not adaptive:
-            raise ConfigError(f"max_draft_tokens={max_draft_tokens!r} is for num_draft_tokens='auto'; with a fixed "
-                              f"num_draft_tokens={num_draft_tokens!r} leave it out")
-        if adaptive:
-            num_draft_tokens = DEFAULT_MAX_DRAFT_TOKENS if max_draft_tokens is None else max_draft_tokens
-            if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
-                raise ConfigError(f"max_draft_tokens={max_draft_tokens!r} must be an integer >= 1 (8 is typical)")
-        if draft is not None:
-            validate_gamma(num_draft_tokens)
+        num_draft_tokens = config.gamma_max
         drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
-        graphed_models = graphed(cuda_graphs, [target] + _drafter_models(drafter))
+        graphed_models = graphed(config.cuda_graphs, [target] + _drafter_models(drafter))
         if drafter is None:
             self.cache = self._new_cache(ring_slots=2)
         else:
-            policy = resolve_policy(checkpoint).bind(  # "auto" measures step costs here
+            policy = resolve_policy(config.checkpoint).bind(  # "auto" measures step costs here
                 target, num_draft_tokens, max_batch_size=self.max_batch_size, state_dtype=self.state_dtype,
                 new_cache=functools.partial(scratch_cache, target, state_dtype=self.state_dtype))
             if self.tensor_parallel is not None:  # measured costs differ by rank: every rank takes rank 0's
@@ -277,8 +260,8 @@ class Engine:
             halves = ring_halves_by_default(target.device)  # CPU: batched snapshot writes in place
             self.cache = self._new_cache(ring_slots=policy.ring_size(num_draft_tokens, halves=halves))
             self.speculator = Speculator(target, drafter, num_draft_tokens, policy, self.cache,
-                                         coupled=verify == "coupled", check_invariants=self.check_invariants)
-            if adaptive:
+                                         coupled=config.verify == "coupled", check_invariants=self.check_invariants)
+            if config.adaptive:
                 self.gamma_controller = self._gamma_controller(drafter, num_draft_tokens)
         self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings)
         caches, stores, models = [self.cache], [self.prefix], [target]
@@ -498,7 +481,7 @@ class Engine:
         """Queue one request per prompt (n sequences each, fresh sequence ids);
         returns the request ids. Checks everything first: nothing is queued
         if any prompt is refused."""
-        if self.decode is None and any(p.stop for p in params):
+        if self.config.decode is None and any(p.stop for p in params):
             raise InvalidRequestError("stop strings need a detokenizer: use hs.LLM for text, or build the Engine "
                                       "with decode=tokenizer.decode (or pass stop_token_ids instead)")
         for i, (prompt, p) in enumerate(zip(prompts, params)):
@@ -510,7 +493,7 @@ class Engine:
             ids.append(request_id)
             seed = p.resolved_seed()
             stops = StopRule(p.max_new_tokens, frozenset(p.stop_token_ids),
-                             frozenset() if p.ignore_eos else self.eos_token_ids, p.stop, self.decode)
+                             frozenset() if p.ignore_eos else self.eos_token_ids, p.stop, self.config.decode)
             for sample_index in range(p.n):
                 on_emit = None if stream is None else (lambda tokens, i=output_index: stream(i, tokens))
                 output_index += 1

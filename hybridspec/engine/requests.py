@@ -1,6 +1,6 @@
-"""What `Engine` accepts, checked and normalised before anything else sees it:
-the Engine's sizes, the prompts of a `generate` call and their sampling
-parameters.
+"""What `Engine` requests carry, checked and normalised before anything else
+sees it: the prompts of a `generate` call and their sampling parameters (the
+Engine's own settings: `hybridspec.engine.config`).
 
 A prompt is a list or tuple of token ids, a 1-D integer numpy array or a 1-D
 integer tensor; a token id is an int, a numpy integer or a 0-d integer tensor
@@ -10,63 +10,14 @@ state changes.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from hybridspec.config import HybridConfig
-from hybridspec.errors import ConfigError, InvalidRequestError
+from hybridspec.errors import InvalidRequestError
 from hybridspec.sampling.sampler import SamplingParams
-from hybridspec.validation import INTEGER_DTYPES, integer, token_id
+from hybridspec.validation import INTEGER_DTYPES, token_id
 
-DEFAULT_MAX_MODEL_LEN = 4096  # when the model allows more and the caller does not say
 PROMPT_FORMS = "a list, tuple, 1-D numpy array or 1-D tensor of token ids"
-
-
-@dataclass(frozen=True)
-class EngineSizes:
-    max_batch_size: int
-    max_model_len: int  # prompt + generated tokens of one sequence
-    block_size: int  # KV tokens per block
-    num_blocks: int  # KV blocks in the pool
-
-
-def engine_sizes(config: HybridConfig, max_batch_size, max_model_len, block_size, num_blocks) -> EngineSizes:
-    """The Engine's sizes as positive ints; max_model_len defaults to the
-    model's limit (at most DEFAULT_MAX_MODEL_LEN) and may not exceed it,
-    num_blocks defaults to max_model_len tokens for every sequence of a batch."""
-    limit = config.max_position_embeddings
-    batch = integer("max_batch_size", max_batch_size, 1, ConfigError)
-    block = integer("block_size", block_size, 1, ConfigError, " (tokens per KV block; 16 is typical)")
-    if max_model_len is None:
-        length = min(limit, DEFAULT_MAX_MODEL_LEN)
-    else:
-        length = integer("max_model_len", max_model_len, 1, ConfigError, f" (the model allows up to {limit})")
-        if length > limit:
-            raise ConfigError(f"max_model_len={length} exceeds the model's limit max_position_embeddings={limit}; "
-                              f"pass max_model_len <= {limit}")
-    if num_blocks is None:
-        blocks = batch * math.ceil(length / block)
-    else:
-        blocks = integer("num_blocks", num_blocks, 1, ConfigError, "; or None for one full-length sequence per row")
-    return EngineSizes(batch, length, block, blocks)
-
-
-def engine_eos_ids(config: HybridConfig, eos_token_ids) -> frozenset[int]:
-    """The Engine's EOS ids: `eos_token_ids` checked, or the config's `eos_token_id` (none if it has none)."""
-    if eos_token_ids is None:
-        return frozenset() if config.eos_token_id is None else frozenset((config.eos_token_id,))
-    fix = f"; pass token ids in [0, {config.vocab_size}) such as (2,), or None for the model config's"
-    if isinstance(eos_token_ids, (str, bytes)) or not hasattr(eos_token_ids, "__iter__"):
-        raise ConfigError(f"eos_token_ids={eos_token_ids!r} is not a collection of token ids{fix}")
-    values = list(eos_token_ids)
-    ids = [token_id(t) for t in values]
-    bad = [t for t, i in zip(values, ids) if i is None or not 0 <= i < config.vocab_size]
-    if bad:
-        raise ConfigError(f"eos_token_ids holds {bad[0]!r}, not a token id of the model{fix}")
-    return frozenset(ids)
 
 
 def normalize_requests(prompts, params, vocab_size: int,

@@ -184,10 +184,7 @@ def graphed(cuda_graphs: bool | None, models) -> list:
     """The models whose forwards an Engine captures: with True every one (a
     ConfigError for one that cannot be, `check_graphable`), with False none,
     with None those that can be when `HYBRIDSPEC_CUDA_GRAPHS=1` (none when it
-    is unset or "0")."""
-    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-        raise ConfigError(f"cuda_graphs={cuda_graphs!r} must be True, False or None (the environment's "
-                          f"{GRAPHS_ENV})")
+    is unset or "0"; `EngineConfig` has checked it is one of these)."""
     if cuda_graphs is None:
         setting = os.environ.get(GRAPHS_ENV, "0")
         if setting not in ("0", "1"):
