@@ -16,8 +16,8 @@ object (text and statistics) to stdout instead, when every run has ended.
 The sampling flags are checked before the model loads; their errors name the
 flags. Progress bars, labelled with the run, appear on stderr whenever
 stderr is a terminal, never with `--json`; the run whose text streams to a
-terminal has none (its text is its progress). The statistics are lines of at most about `SUMMARY_WIDTH`
-characters, broken between phrases.
+terminal has none (its text is its progress). The statistics are lines of
+at most about `SUMMARY_WIDTH` characters, broken between phrases.
 """
 from __future__ import annotations
 
