@@ -2,6 +2,8 @@
 passes on healthy models (the built-in tiny one, checkpoint directories),
 fails (exit 1) when rollback is broken, refuses (exit 2) models that do not
 fit together; and the built-in tiny model itself."""
+import sys
+
 import pytest
 import torch
 
@@ -24,9 +26,13 @@ def test_check_is_a_subcommand():
 
 def test_quick_check_on_the_builtin_model_passes(capsys):
     assert main(["check", "--quick"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     rows = table_rows(out)
     assert rows and all(r.startswith("PASS") for r in rows)
+    # progress: one line per check on stderr as it ends (stderr is no terminal here), in the table's order
+    progress = err.splitlines()
+    assert [line.split(": ", 1)[0] for line in progress] == [f"check {i}" for i in range(1, len(rows) + 1)]
+    assert all(line.split("  ", 1)[1].rsplit(" (", 1)[0] in row for line, row in zip(progress, rows))
     for kind in ("greedy parity", "coupled parity", "stop inside accepted run", "batch invariance", "bad input",
                  "failed round"):
         assert any(kind in r for r in rows), kind
@@ -80,3 +86,15 @@ def test_perturbed_copy_leaves_the_original():
     ratios = [(c / a).flatten() for a, c in zip(model.parameters(), copy.parameters())]
     spread = torch.cat(ratios).std().item()
     assert 0.03 < spread < 0.07
+
+
+def test_progress_on_a_terminal_is_one_bar(capsys, monkeypatch):
+    from hybridspec.cli.check import Progress
+    from hybridspec.rollback.checks import CheckResult
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    progress = Progress()
+    for name in ("first check", "second check"):
+        progress(CheckResult(name, True, "", 0.1))
+    progress.close()
+    err = capsys.readouterr().err
+    assert "checks" in err and "second check" in err and "check 1:" not in err

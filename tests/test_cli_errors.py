@@ -144,3 +144,65 @@ def test_closed_stdout_ends_quietly():
     child.stdout.close()
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--top-p", "1.5"], "--top-p 1.5 must be in (0, 1]; use 1.0 to turn it off"),
+    (["--temperature", "-1"], "--temperature -1.0 must be finite and >= 0 (0 is greedy)"),
+    (["--top-k", "-3"], "--top-k -3 must be an integer >= 0; use 0 to turn it off"),
+    (["-n", "0"], "-n/--max-new-tokens 0 must be an integer >= 1"),
+    (["-n", "-5"], "-n/--max-new-tokens -5 must be an integer >= 1"),
+    (["--max-tokens", "-5"], "-n/--max-new-tokens -5 must be an integer >= 1"),
+    (["--min-p", "2"], "--min-p 2.0 must be in [0, 1]; use 0.0 to turn it off"),
+])
+def test_sampling_flags_are_checked_before_the_model_loads(capsys, monkeypatch, argv, line):
+    """SamplingParams' own checks, their errors naming the flag the user typed, not the Python field."""
+    import hybridspec.cli.generate as generate
+
+    def load(args):
+        raise AssertionError("the model loaded before the arguments were checked")
+
+    monkeypatch.setattr(generate, "build_llm", load)
+    assert error_line(capsys, ["generate", "x", *argv]) == f"hybridspec generate: error: {line}"
+
+
+def test_help_lists_every_command():
+    from hybridspec.cli.main import SUBCOMMANDS
+    child = subprocess.run([sys.executable, "-m", "hybridspec", "--help"], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0
+    description = child.stdout.split("\n\n")[1]
+    assert all(name in description for name in SUBCOMMANDS) and "serve" in SUBCOMMANDS, child.stdout
+    assert "[serve] extra" in " ".join(child.stdout.split())
+
+
+def test_a_missing_optional_dependency_names_its_extra():
+    """A lean install (no transformers) running a benchmark that needs it: one line, the extra, no traceback."""
+    code = ("import sys; sys.modules['transformers'] = None; from hybridspec.cli.main import main; "
+            "sys.exit(main(['bench', 'plain_decode', '--quick']))")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 2 and "Traceback" not in child.stderr, child.stderr
+    assert child.stderr.startswith("hybridspec bench: error: transformers is not installed; it comes with the "
+                                   "[hf] extra: pip install -e \".[hf]\"") and len(child.stderr.splitlines()) == 1
+
+
+def test_serve_without_its_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    line = error_line(capsys, ["serve"])
+    assert line.startswith("hybridspec serve: error: fastapi is not installed") and "[serve]" in line
+
+
+def test_a_missing_module_that_is_no_extra_keeps_its_traceback(monkeypatch):
+    def broken(args):
+        import hybridspec_no_such_module  # noqa: F401
+
+    monkeypatch.setattr(hybridspec.cli.simulate, "run", broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["simulate"])
+
+
+def test_bench_without_the_source_checkout(capsys, monkeypatch, tmp_path):
+    import hybridspec.cli.bench as bench
+    monkeypatch.setattr(bench, "BENCHES_DIR", tmp_path / "benches")
+    for argv in (["bench"], ["bench", "plain_decode"]):
+        line = error_line(capsys, argv)
+        assert "source checkout's benches/ folder" in line and str(tmp_path / "benches") in line

@@ -235,14 +235,18 @@ def test_float32_model_greedy_tokens_with_and_without_the_kernel(monkeypatch):
 
 
 @x86_with_compiler
-def test_a_read_only_cache_builds_in_the_temporary_directory(monkeypatch, tmp_path):
+def test_a_read_only_cache_builds_in_the_temporary_directory(monkeypatch, tmp_path, capsys):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     monkeypatch.setenv(cpu_native.CACHE_ENV, str(blocked))  # cache_dir() lies under a file: mkdir fails
     monkeypatch.setattr(cpu_native.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     built = cpu_native.build()
     assert built.is_file() and built.parent == tmp_path / "tmp" / f"hybridspec-kernels-{os.getuid()}"
+    # a build says so on stderr, naming where it is cached; a cache hit says nothing
+    announced = f"hybridspec: building the native CPU kernels (once, cached in {built.parent})...\n"
+    assert capsys.readouterr().err == announced
     assert cpu_native.build() == built  # found again, not rebuilt
+    assert capsys.readouterr().err == ""
 
 
 def test_an_unsupported_cpu_takes_the_torch_paths_quietly(monkeypatch, recwarn):

@@ -14,8 +14,9 @@ import torch
 import hybridspec as hs
 from hybridspec.cli.main import main
 from hybridspec.adapters.embedded import embedded_paths
-from hybridspec.errors import ConfigError
-from hybridspec.cli.generate import DEFAULT_PROMPT, SUMMARY_WIDTH, parse_policy, wrap_phrases
+from hybridspec.errors import ConfigError, UsageError
+from hybridspec.cli.generate import (DEFAULT_PROMPT, GENERATED_MARK, SUMMARY_WIDTH, check_length, parse_policy,
+                                     wrap_phrases)
 
 
 def save_bamba(path, vocab=256, hidden=32, layers=2, seed=0):
@@ -152,44 +153,15 @@ def test_errors(capsys, pair, tmp_path):
     wide = save_bamba(tmp_path / "wide", vocab=300)
     assert main(["generate", "x", "--model", wide, "-n", "2"]) == 2
     assert "--tokenizer" in capsys.readouterr().err
-    assert main(["generate", "x", "--model", target, "--gamma", "0", "-n", "2"]) == 2
-    assert "num_draft_tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # read with the arguments, before any model loads
+        main(["generate", "x", "--model", target, "--gamma", "0", "-n", "2"])
+    assert "--gamma: '0' is not a positive integer" in capsys.readouterr().err
     assert main(["generate", "x", "--model", target, "--policy", "sometimes", "-n", "2"]) == 2
     assert "--policy" in capsys.readouterr().err
     assert main(["generate", "x", "--model", target, "--top-p", "0", "-n", "2"]) == 2
-    assert "top_p" in capsys.readouterr().err
+    assert "--top-p 0.0 must be in (0, 1]" in capsys.readouterr().err
     assert main(["generate", "x", "--model", target, "--threads", "0", "-n", "2"]) == 2
     assert "--threads" in capsys.readouterr().err
-
-
-def test_text_stream_holds_back_incomplete_characters():
-    import io
-
-    from hybridspec.text.codec import byte_codec
-    from hybridspec.cli.generate import TextStream
-    out = io.StringIO()
-    stream = TextStream(byte_codec(256), out)
-    data = "héllo wörld ✓".encode()
-    written = []
-    for i in range(0, len(data), 3):
-        stream(0, list(data[i:i + 3]))
-        written.append(out.getvalue())
-    stream.finish(None)
-    assert out.getvalue() == "héllo wörld ✓\n"
-    assert all("\ufffd" not in w for w in written)
-
-
-def test_text_stream_never_shows_a_stop_string():
-    from hybridspec.text.codec import byte_codec
-    from hybridspec.cli.generate import TextStream
-    out = io.StringIO()
-    stream = TextStream(byte_codec(256), out, stop=("<END>",))
-    for ch in "abc<EN":
-        stream(0, list(ch.encode()))
-    assert out.getvalue() == "ab"  # "c<EN" might still become the stop string
-    stream(0, list(b"D>tail"))
-    stream.finish("<END>")
-    assert out.getvalue() == "abc\n"
 
 
 def test_version():
@@ -282,3 +254,62 @@ def test_a_bf16_checkpoint_runs_in_float32_by_default_on_cpu(capsys, tmp_path):
     assert report["dtype"] == "float32"
     report, _ = run_json(capsys, ["ab", "--model", path, "--draft", "none", "-n", "3", "--dtype", "bfloat16"])
     assert report["dtype"] == "bfloat16"
+
+
+def test_the_generated_text_follows_a_marker_line(capsys, pair):
+    target, draft = pair
+    argv = ["ab", "--model", target, "--draft", draft, "-n", "6", "--repeats", "1"]
+    report, _ = run_json(capsys, argv)
+    assert main(["generate", *argv]) == 0
+    assert capsys.readouterr().out == f"ab\n{GENERATED_MARK}\n{report['text']}\n"
+    assert main(["generate", "ab\n", *argv[1:]]) == 0  # a prompt that ends its line gets no second newline
+    assert capsys.readouterr().out.startswith(f"ab\n{GENERATED_MARK}\n")
+
+
+class FlushLog(io.StringIO):
+    """A stdout that is no terminal and remembers what had been flushed at each flush."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = []
+
+    def flush(self):
+        self.flushed.append(self.getvalue())
+
+
+def test_text_reaches_a_file_as_it_is_made(monkeypatch, pair):
+    """Redirected stdout gets the text in pieces while the first run decodes, all
+    of it before the next run starts (an interrupted command leaves what it made)."""
+    import hybridspec.cli.generate as generate
+    target, draft = pair
+    out, seen = FlushLog(), []
+    real = generate.timed_generate
+    monkeypatch.setattr(generate, "timed_generate", lambda *a, **k: seen.append(out.getvalue()) or real(*a, **k))
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["generate", "ab", "--model", target, "--draft", draft, "-n", "12", "--gamma", "1",
+                 "--repeats", "1"]) == 0
+    head = f"ab\n{GENERATED_MARK}\n"
+    assert out.flushed[0] == head and out.flushed[-1] == out.getvalue()
+    pieces = [f for f in out.flushed if head < f < out.getvalue()]
+    assert len(pieces) >= 2, out.flushed  # γ=1: at most two tokens a round, streamed round by round
+    assert seen[-1] == out.getvalue()  # the plain run started after the streamed text was all written
+
+
+def test_a_prompt_too_long_names_the_request(capsys, pair):
+    target, _ = pair  # max_position_embeddings=512
+    assert main(["generate", "x" * 500, "--model", target, "-n", "20"]) == 2
+    err = capsys.readouterr().err
+    assert "the prompt is 500 tokens and -n/--max-new-tokens asks for 20 more" in err
+    assert "context limit of 512 tokens" in err and "pass -n 12 or less" in err and "max_new_tokens=4" not in err
+
+
+@pytest.mark.parametrize("prompt,new,fixes", [
+    (500, 20, ["pass -n 12 or less", "shorten the prompt to at most 492 tokens"]),
+    (600, 20, ["shorten the prompt to at most 492 tokens"]),
+    (600, 600, ["shorten the prompt and pass -n below 512"]),
+])
+def test_check_length_gives_the_fixes_that_exist(prompt, new, fixes):
+    check_length(512 - new, new, 512)  # fits exactly
+    with pytest.raises(UsageError) as error:
+        check_length(prompt, new, 512)
+    assert str(error.value).endswith("; " + " or ".join(fixes))

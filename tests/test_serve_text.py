@@ -25,3 +25,23 @@ def test_deltas_concatenate_to_the_offline_text():
             assert cut_text(codec.decode(ids), reason).startswith(text)
             i += k
         assert text == cut_text(codec.decode(ids), reason)
+
+
+def test_an_incomplete_trailing_character_is_held_back():
+    codec, data = ByteCodec(), "héllo wörld ✓".encode()
+    stream, deltas = TextStream(codec.decode), []
+    for i in range(0, len(data), 3):
+        deltas.append(stream.push(list(data[i:i + 3])))
+    assert all("\ufffd" not in d for d in deltas) and "".join(deltas) == "héllo wörld ✓"[:len("".join(deltas))]
+    assert "".join(deltas) + stream.push([], True, None) == "héllo wörld ✓"
+
+
+def test_a_stop_string_is_never_handed_out_before_the_end_is_known():
+    """`hybridspec generate` learns that a request ended only after its last tokens
+    were pushed (Engine.generate's stream callback): none of the stop string shows."""
+    stream = TextStream(ByteCodec().decode, ("<END>",))
+    text = "".join(stream.push(list(ch.encode())) for ch in "abc<EN")
+    assert text == "ab"  # "c<EN" might still become the stop string
+    text += stream.push(list(b"D>"))
+    assert text == "abc"
+    assert text + stream.push([], True, "<END>") == "abc"

@@ -50,14 +50,17 @@ def engine_config(args: argparse.Namespace, **settings):
 
 
 def gamma_arg(text: str) -> int | str:
-    """γ on the command line: an integer or 'auto' (`EngineConfig` checks the
-    integer: its error names num_draft_tokens and the fix)."""
+    """γ on the command line: a positive integer or 'auto', checked as the
+    arguments are read (an error naming the flag, before any model loads)."""
     if text == "auto":
         return text
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'")
+    return value
 
 
 def load_checkpoint(flag: str, path: str, also: str = "", **kwargs):

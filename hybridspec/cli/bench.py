@@ -1,7 +1,7 @@
 """`hybridspec bench NAME [ARGS...]`: run one of the repository's benchmarks
 (`benches/NAME.py`) with its own arguments, e.g. `hybridspec bench
 memory_vs_replay --quick`. Benchmarks live in the source checkout, not in the
-installed package."""
+installed package: an installation without one says so and how to get it."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +10,12 @@ import runpy
 import sys
 from pathlib import Path
 
+from hybridspec.errors import UsageError
+
 BENCHES_DIR = Path(__file__).resolve().parents[2] / "benches"
 
 
 def available() -> list[str]:
-    if not BENCHES_DIR.is_dir():
-        return []
     return sorted(p.stem for p in BENCHES_DIR.glob("*.py") if p.stem != "common" and not p.stem.startswith("_"))
 
 
@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    if not BENCHES_DIR.is_dir():
+        raise UsageError(f"the benchmarks are in the source checkout's benches/ folder, which this installation has "
+                         f"not ({BENCHES_DIR} does not exist); clone the hybridspec repository, pip install -e . in "
+                         "it and run hybridspec bench from that checkout")
     names = available()
     if not args.name:
         if not names:

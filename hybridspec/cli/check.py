@@ -4,12 +4,16 @@
     hybridspec check                          # built-in tiny random hybrid model
     hybridspec check --model DIR --draft ngram --quick
 
+Each check is reported on stderr as it ends (on a terminal a bar that clears
+itself before the table, elsewhere a line per check); the table goes to stdout.
+
 Exit status: 0 all checks passed, 1 a check failed, 2 the models could not be
 loaded or do not fit together (one line on stderr says why).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -66,6 +70,31 @@ def format_table(results) -> str:
     return "\n".join(lines)
 
 
+class Progress:
+    """Each result on stderr as its check ends, so that a suite of minutes is not
+    silent: on a terminal one bar, cleared when the suite ends (the table
+    follows); elsewhere (a log) one line per check."""
+
+    def __init__(self):
+        from tqdm import tqdm
+        self.bar = tqdm(desc="checks", unit=" checks", leave=False, file=sys.stderr, mininterval=0) \
+            if sys.stderr.isatty() else None  # mininterval 0: every check redraws it (a few dozen draws)
+        self.done = 0
+
+    def __call__(self, result) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(result.name, refresh=False)
+            self.bar.update()
+        else:
+            print(f"check {self.done}: {'PASS' if result.passed else 'FAIL'}  {result.name} ({result.seconds:.2f} s)",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def run(args: argparse.Namespace) -> int:
     from hybridspec.rollback import run_suite
 
@@ -75,8 +104,12 @@ def run(args: argparse.Namespace) -> int:
     target, draft, draft_name = load_models(args)
     layers = ", ".join(f"{target.config.layer_types.count(t)} {t}" for t in dict.fromkeys(target.config.layer_types))
     print(f"target: {args.model or 'built-in tiny model'} ({target.config.family}: {layers}; {args.dtype}); "
-          f"drafter: {draft_name}")
-    results = run_suite(target, draft, draft_name, quick=args.quick, seed=args.seed)
+          f"drafter: {draft_name}", flush=True)
+    progress = Progress()
+    try:
+        results = run_suite(target, draft, draft_name, quick=args.quick, seed=args.seed, progress=progress)
+    finally:
+        progress.close()
     print(format_table(results))
     own = [r.stats["acceptance_rate"] for r in results
            if r.name.startswith(f"greedy parity · {draft_name} ·") and "acceptance_rate" in r.stats]

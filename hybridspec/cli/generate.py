@@ -8,13 +8,16 @@ the median tokens/s of each, their ratio and the range of the per-pair
 ratios. `--no-baseline` runs the speculative decoder once and skips the plain
 runs. `PROMPT` `-` reads the prompt from stdin.
 
-The generated text goes to stdout after the prompt (on a terminal it streams
-as rounds commit), then the statistics to stderr; `--json` prints one JSON
-object (text and statistics) to stdout instead. Progress bars, labelled with
-the run, appear on stderr whenever stderr is a terminal, never with `--json`;
-the run whose text streams to the terminal has none (its text is its
-progress). The statistics are lines of at most about `SUMMARY_WIDTH`
-characters, broken between phrases.
+Stdout gets the prompt, a line `=== generated text ===` (`GENERATED_MARK`;
+the prompt first ends its line) and the generated text, streamed and flushed
+as rounds commit (into a file or a pipe too, so an interrupted run leaves
+what it made), then the statistics go to stderr; `--json` prints one JSON
+object (text and statistics) to stdout instead, when every run has ended.
+The sampling flags are checked before the model loads; their errors name the
+flags. Progress bars, labelled with the run, appear on stderr whenever
+stderr is a terminal, never with `--json`; the run whose text streams to a
+terminal has none (its text is its progress). The statistics are lines of
+at most about `SUMMARY_WIDTH` characters, broken between phrases.
 """
 from __future__ import annotations
 
@@ -37,13 +40,21 @@ DEFAULT_PROMPT = '''class Stack:
     def push(self, item):
 '''
 
+GENERATED_MARK = "=== generated text ==="  # the line between the echoed prompt and the continuation
+
+# SamplingParams' fields as the flags that set them, for errors the user can act on
+SAMPLING_FLAGS = {"max_new_tokens": "-n/--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
+                  "top_p": "--top-p", "min_p": "--min-p", "repetition_penalty": "--repetition-penalty",
+                  "stop": "--stop", "seed": "--seed"}
+
 POLICY_HELP = ("checkpoint policy: k1 (snapshot every verify input), k2, k4, ... (every k-th), k0 (round start "
                "and final only), auto, or key=value pairs such as snapshot_every=2,ring_slots=4,log_inputs=0")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", default=None,
-                        help="text to continue; - reads it from stdin (default: a short Python class)")
+                        help="text to continue; - reads it from stdin (default: a short Python class). Stdout "
+                             f"echoes it, then a line '{GENERATED_MARK}', then the generated text")
     add_model_arguments(parser)
     parser.add_argument("-n", "--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=256,
                         help="tokens to generate at most (default 256)")
@@ -159,7 +170,6 @@ def build_llm(args: argparse.Namespace):
     from hybridspec.text.codec import TokenizerCodec, load_tokenizer
     from hybridspec.llm import DTYPES, as_codec, load_dtype, model_eos_ids
     from hybridspec.tp.launch import join
-    check_counts(args)
     config = engine_config(args, checkpoint=parse_policy(args.policy))  # checked before any model is loaded
     prompt_text = read_prompt(args.prompt)
     device = join(args.tensor_parallel_size, torch_device("--device", args.device))
@@ -169,6 +179,7 @@ def build_llm(args: argparse.Namespace):
         else None
     codec = as_codec(tokenizer, args.model, target.vocab_size)
     prompt = codec.encode(prompt_text)
+    check_length(len(prompt), args.max_new_tokens, target.config.max_position_embeddings)
     eos = sorted(set(codec.eos_token_ids) | set(model_eos_ids(target_dir, target)))
     length = min(target.config.max_position_embeddings, len(prompt) + args.max_new_tokens + config.gamma_max + 1)
     config = config.replace(max_batch_size=1, max_model_len=length, eos_token_ids=eos, decode=codec.decode)
@@ -177,23 +188,56 @@ def build_llm(args: argparse.Namespace):
     return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
 
 
-def sampling_params(args: argparse.Namespace):
+def check_length(prompt_tokens: int, max_new_tokens: int, limit: int) -> None:
+    """A UsageError, in the user's own terms, when the prompt and -n do not fit the model's context."""
+    from hybridspec.errors import UsageError
+    if prompt_tokens + max_new_tokens <= limit:
+        return
+    fixes = [f"pass -n {limit - prompt_tokens} or less"] if prompt_tokens < limit else []
+    if max_new_tokens < limit:
+        fixes.append(f"shorten the prompt to at most {limit - max_new_tokens} tokens")
+    fixes = fixes or [f"shorten the prompt and pass -n below {limit}"]
+    raise UsageError(f"the prompt is {prompt_tokens} tokens and -n/--max-new-tokens asks for {max_new_tokens} more, "
+                     f"{prompt_tokens + max_new_tokens} in all, past the model's context limit of {limit} tokens; "
+                     + " or ".join(fixes))
+
+
+def sampling_params(args: argparse.Namespace, seed: int | None):
+    """The SamplingParams of the arguments; SamplingParams' own checks, their errors naming the flags."""
     import hybridspec as hs
+    from hybridspec.errors import InvalidRequestError, UsageError
+    try:
+        return hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 top_p=args.top_p, min_p=args.min_p, seed=seed, stop=tuple(args.stop),
+                                 ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty)
+    except InvalidRequestError as error:
+        raise UsageError(flag_message(str(error))) from None
+
+
+def flag_message(message: str) -> str:
+    """A SamplingParams error with its field named by its flag: "top_p=1.5 must be ..." -> "--top-p 1.5 must be ..."."""
+    match = re.match(r"(\w+)(=| holds )", message)
+    if match is None or match[1] not in SAMPLING_FLAGS:
+        return message
+    return SAMPLING_FLAGS[match[1]] + (" " if match[2] == "=" else match[2]) + message[match.end():]
+
+
+def drawn_seed(args: argparse.Namespace) -> int | None:
+    """--seed, else a random seed where sampling needs one (the same on every tensor-parallel rank)."""
     from hybridspec.tp.launch import rank0_value
-    seed = args.seed if args.seed is not None or args.temperature == 0 else rank0_value(secrets.randbits(31))
-    return hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                             top_p=args.top_p, min_p=args.min_p, seed=seed, stop=tuple(args.stop),
-                             ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty)
+    return args.seed if args.seed is not None or args.temperature == 0 else rank0_value(secrets.randbits(31))
 
 
 def run(args: argparse.Namespace) -> int:
     from hybridspec.tp.launch import is_first_rank
+    check_counts(args)
+    sampling_params(args, args.seed)  # bad values fail here, before the model loads
     llm, plain, prompt_text, prompt, names = build_llm(args)
-    params = sampling_params(args)
+    params = sampling_params(args, drawn_seed(args))
     first = "speculative" if llm.engine.speculator is not None else "plain"
     engines = [(first, llm.engine)] + ([("plain", plain)] if plain is not None else [])
     speaks = is_first_rank()  # tensor parallel: every rank runs, rank 0 reports
-    streaming = sys.stdout.isatty() and not args.json and speaks
+    streaming = not args.json and speaks
     bars = sys.stderr.isatty() and not args.json and speaks
     repeats = args.repeats if len(engines) == 2 else 1
     runs = {name: [] for name, _ in engines}
@@ -201,52 +245,28 @@ def run(args: argparse.Namespace) -> int:
         warm_up(engine, prompt, params)
     for i in range(repeats):
         for name, engine in engines:
-            stream = None
-            if streaming and i == 0 and name == first:
-                sys.stdout.write(prompt_text)
-                stream = TextStream(llm.codec, sys.stdout, params.stop)
-            label = f"{name} run {i + 1}/{repeats}" if bars and stream is None else False
-            runs[name].append(timed_generate(engine, prompt, params, label, stream))
-            if stream is not None:
-                stream.finish(runs[name][0][0].stop_reason)
+            streamed = streaming and i == 0 and name == first
+            shown = streamed and sys.stdout.isatty()  # its text on the terminal is its progress
+            label = f"{name} run {i + 1}/{repeats}" if bars and not shown else False
+            runs[name].append(streamed_generate(engine, prompt, params, label, prompt_text, llm.codec.decode)
+                              if streamed else timed_generate(engine, prompt, params, label))
     report = build_report(args, runs, names, llm, prompt_text, prompt, params.seed)
     if not speaks:
         return 0
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
-    else:
-        if not streaming:
-            sys.stdout.write(prompt_text + report["text"] + "\n")
         sys.stdout.flush()
+    else:
         print(render_summary(report), file=sys.stderr)
     return 0
 
 
-class TextStream:
-    """Writes the decoded text of the tokens emitted so far as they arrive,
-    holding back a trailing incomplete character (U+FFFD) and anything that
-    could be the start of a stop string until it is decided."""
-
-    def __init__(self, codec, out, stop: tuple[str, ...] = ()):
-        self.codec, self.out, self.ids, self.written, self.stop = codec, out, [], 0, stop
-        self.hold = max(map(len, stop), default=1) - 1
-
-    def __call__(self, index: int, tokens: list[int]) -> None:
-        self.ids.extend(tokens)
-        text = self.codec.decode(self.ids).rstrip("\ufffd")
-        hits = [text.find(s) for s in self.stop if s in text]
-        self._write(text[:min(hits) if hits else len(text) - self.hold])
-
-    def finish(self, stop_reason) -> None:
-        from hybridspec.sampling.stopping import cut_text
-        self._write(cut_text(self.codec.decode(self.ids), stop_reason) + "\n")
-
-    def _write(self, text: str) -> None:
-        if len(text) > self.written:
-            self.out.write(text[self.written:])
-            self.out.flush()
-            self.written = len(text)
+def write(out, text: str) -> None:
+    """`text` on `out` now, not when its buffer fills: a file or pipe gets the text as it is made."""
+    if text:
+        out.write(text)
+        out.flush()
 
 
 def timed_generate(engine, prompt: list[int], params, progress: bool | str, stream=None):
@@ -254,6 +274,17 @@ def timed_generate(engine, prompt: list[int], params, progress: bool | str, stre
     start = time.perf_counter()
     output = engine.generate([prompt], params, progress=progress, stream=stream)[0]
     return output, time.perf_counter() - start, engine.stats.as_dict()
+
+
+def streamed_generate(engine, prompt: list[int], params, progress: bool | str, prompt_text: str, decode):
+    """`timed_generate`, writing to stdout the prompt, `GENERATED_MARK` and the text as it is made."""
+    from hybridspec.text.stream import TextStream
+    write(sys.stdout, prompt_text + ("" if prompt_text.endswith("\n") else "\n") + GENERATED_MARK + "\n")
+    text = TextStream(decode, params.stop)
+    result = timed_generate(engine, prompt, params, progress,
+                            lambda index, tokens: write(sys.stdout, text.push(tokens)))
+    write(sys.stdout, text.push([], True, result[0].stop_reason) + "\n")
+    return result
 
 
 def warm_up(engine, prompt: list[int], params) -> None:

@@ -1,9 +1,11 @@
-"""`hybridspec` command line: generate | simulate | bench | check.
+"""`hybridspec` command line: generate | simulate | check | bench | serve.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
 `run(args) -> int`; this file only wires them together. Only the module of
 the subcommand being run is imported (`hybridspec --help` and `--version`
-import none, nor torch).
+import none, nor torch). A command whose optional dependency is missing
+(transformers, fastapi, ...) ends with one line naming the extra that
+installs it (`hybridspec.cli.extras`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import re
 import sys
 
 from hybridspec import __version__
+from hybridspec.cli.extras import missing_extra, missing_message
 from hybridspec.errors import HybridSpecError
 
 # subcommand -> (module, one-line help)
@@ -22,7 +25,8 @@ SUBCOMMANDS = {
     "simulate": ("hybridspec.cli.simulate", "speculative-decoding economics: tokens per round, speedup, crossover batch"),
     "check": ("hybridspec.cli.check", "run the rollback-correctness suite against a model"),
     "bench": ("hybridspec.cli.bench", "run a benchmark from benches/ (e.g. plain_decode --quick)"),
-    "serve": ("hybridspec.cli.serve", "an OpenAI-compatible HTTP server (embedded pair by default; [serve] extra)"),
+    "serve": ("hybridspec.cli.serve", "an OpenAI-compatible HTTP server (embedded pair by default; needs the "
+                                      "[serve] extra)"),
 }
 
 
@@ -56,7 +60,7 @@ def one_line_message(message: str, prog: str) -> str:
 def build_parser(commands: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; the subparsers of `commands` (default: all) get their
     arguments, which imports their modules."""
-    parser = OneLineParser(prog="hybridspec", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="hybridspec", description=f"hybridspec command line: {' | '.join(SUBCOMMANDS)}")
     parser.add_argument("--version", action="version", version=f"hybridspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -74,8 +78,8 @@ def chosen_command(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a subcommand. A user error (any HybridSpecError) ends with exit status 2
-    and one line on stderr, Ctrl-C with 130, a closed stdout (`| head`) quietly
+    """Run a subcommand. A user error (any HybridSpecError) and a missing optional
+    dependency end with exit status 2 and one line on stderr, Ctrl-C with 130, a closed stdout (`| head`) quietly
     with 141 (128 + SIGPIPE, as the shell reports it); any other exception is an
     internal error and keeps its traceback."""
     argv = sys.argv[1:] if argv is None else argv
@@ -85,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         return args._run(args)
     except HybridSpecError as error:
         print(f"hybridspec {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        extra = missing_extra(error)
+        if extra is None:
+            raise
+        print(f"hybridspec {args.command}: error: {missing_message(error.name, extra)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"hybridspec {args.command}: interrupted", file=sys.stderr)

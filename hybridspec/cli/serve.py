@@ -41,12 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from hybridspec.serve import serve
-        import fastapi  # noqa: F401  (fails here, with the fix, where the [serve] extra is missing)
-    except ImportError as error:
-        raise UsageError(f"hybridspec serve needs the [serve] extra ({error.name} is missing): "
-                         "pip install 'hybridspec[serve]'") from None
+    from hybridspec.serve import serve
+    import fastapi, uvicorn  # noqa: F401,E401  (a missing [serve] extra ends the command here, before the model loads)
     if args.max_queue < 1:
         raise UsageError(f"--max-queue {args.max_queue} must be >= 1")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 
 from hybridspec.engine.engine import Engine
@@ -241,10 +242,11 @@ def failed_round(name: str, target: HybridModel, draft, gamma: int, policy, prom
 # -- the whole suite -----------------------------------------------------------------------------
 
 def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool = False,
-              seed: int = 0) -> list[CheckResult]:
+              seed: int = 0, progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Every check above against `target`, with `draft` over every (γ, policy)
     and, under every policy, the target itself, prompt lookup and (unless
-    `quick`) an unrelated pure-Mamba and pure-attention drafter."""
+    `quick`) an unrelated pure-Mamba and pure-attention drafter. `progress`,
+    when given, is called with each result as soon as its check ends."""
     dtype, device, vocab = target.dtype, target.device, target.vocab_size
     prompts, params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))
     expected = plain_outputs(target, prompts, params)
@@ -258,32 +260,39 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
         others["pure attention"] = tiny_model(seed + 2, ("attention", "attention"), dtype=dtype, vocab_size=vocab,
                                               device=device)
     results = []
+
+    def add(*done: CheckResult) -> None:
+        for result in done:
+            results.append(result)
+            if progress is not None:
+                progress(result)
+
     for gamma in gammas:
         for pname, policy in POLICIES.items():
-            results.append(speculative_parity(f"greedy parity · {draft_name} · γ={gamma} · {pname}", target, draft,
-                                              gamma, policy, prompts, params, expected, check_states=True))
+            add(speculative_parity(f"greedy parity · {draft_name} · γ={gamma} · {pname}", target, draft,
+                                   gamma, policy, prompts, params, expected, check_states=True))
     for i, (dname, other) in enumerate(others.items()):
         for j, (pname, policy) in enumerate(POLICIES.items()):
             gamma = gammas[(i + j) % len(gammas)]
-            results.append(speculative_parity(f"greedy parity · {dname} · γ={gamma} · {pname}", target, other,
-                                              gamma, policy, prompts, params, expected, check_states=True,
-                                              all_accepted=other is target))
+            add(speculative_parity(f"greedy parity · {dname} · γ={gamma} · {pname}", target, other,
+                                   gamma, policy, prompts, params, expected, check_states=True,
+                                   all_accepted=other is target))
     for gamma, pname in ((2, "k=0"), (4, "log off"))[:1 if quick else 2]:
-        results.append(stop_inside_accepted_run(f"stop inside accepted run · γ={gamma} · {pname}", target, gamma,
-                                                POLICIES[pname], prompts, params, expected))
+        add(stop_inside_accepted_run(f"stop inside accepted run · γ={gamma} · {pname}", target, gamma,
+                                     POLICIES[pname], prompts, params, expected))
     sparams = sampled_params(seed + 100, (12, 7, 10, 9) if quick else (20, 14, 17, 11))
     sprompts = workload(vocab, seed + 1, max_new_tokens=[p.max_new_tokens for p in sparams])[0]
     sexpected = plain_outputs(target, sprompts, sparams)
     for gamma, pname in ((2, "k=1"), (4, "k=0"), (7, "log off"))[:2 if quick else 3]:
-        results.append(speculative_parity(f"coupled parity · {draft_name} · γ={gamma} · {pname}", target, draft,
-                                          gamma, POLICIES[pname], sprompts, sparams, sexpected, verify="coupled",
-                                          check_states=True))
-    results.append(batch_invariance("batch invariance · sampled plain decoding", target, sprompts, sparams))
-    results += bad_input_checks(target, draft, prompts, params)
+        add(speculative_parity(f"coupled parity · {draft_name} · γ={gamma} · {pname}", target, draft,
+                               gamma, POLICIES[pname], sprompts, sparams, sexpected, verify="coupled",
+                               check_states=True))
+    add(batch_invariance("batch invariance · sampled plain decoding", target, sprompts, sparams))
+    add(*bad_input_checks(target, draft, prompts, params))
     model_draft = draft_models[0] if draft_models else perturbed_copy(target, seed=seed)
     for site, pname in (("draft", "k=1"), ("verify", "k=2"), ("replay", "k=0"), ("replay", "log off"),
                         ("drafter commit", "k=1")):
-        results.append(failed_round(f"failed round · {site} · {pname}", target, model_draft, 4, POLICIES[pname],
-                                    prompts, params, site))
+        add(failed_round(f"failed round · {site} · {pname}", target, model_draft, 4, POLICIES[pname],
+                         prompts, params, site))
     return results
 

@@ -29,7 +29,7 @@ and a whole forward chaining them:
 They are compiled together with the system's C compiler (`CC`, else `cc`,
 `gcc` or `clang`) into a per-user cache (`HYBRIDSPEC_CACHE_DIR`, default
 `~/.cache/hybridspec`, else a folder of the temporary directory; about a
-second, once per source version) and loaded with ctypes: no torch headers,
+second, once per source version, said on stderr) and loaded with ctypes: no torch headers,
 no build step at install. Where they cannot be built (no compiler) the torch
 paths run after one warning; on a CPU without AVX2 and FMA (ARM, old x86)
 they run without one. A model runs them where its backend is native
@@ -49,6 +49,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from contextlib import contextmanager
@@ -160,6 +161,8 @@ def build(directory: Path | None = None) -> Path:
         if target.is_file():
             return target
         directory.mkdir(parents=True, exist_ok=True)
+    # a user would otherwise wonder why the first run stalls; a cache hit says nothing
+    print(f"hybridspec: building the native CPU kernels (once, cached in {directory})...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:  # built aside, then renamed: no half-written library
         built = Path(tmp) / target.name
         compile_library(compiler, SOURCES, built)
