@@ -45,9 +45,9 @@ def variants() -> dict[str, object]:
     return {
         "off": None,
         "ends": hs.PrefixCache(),
-        "ends+64": hs.PrefixCache(checkpoint_every=64),
-        "ends+256": hs.PrefixCache(checkpoint_every=256),
-        f"grid-{GRID}": hs.PrefixCache(checkpoint_every=GRID, at_prompt_end=False, at_request_end=False,
+        "ends+64": hs.PrefixCache(save_every=64),
+        "ends+256": hs.PrefixCache(save_every=256),
+        f"grid-{GRID}": hs.PrefixCache(save_every=GRID, at_prompt_end=False, at_request_end=False,
                                        at_hit=False, max_replay_tokens=0),
     }
 
@@ -114,9 +114,9 @@ def measure(target, draft, settings, workload, params, repeats: int, clock) -> d
                 computed=stats.prefill_computed_tokens, replayed=stats.prefix_replayed_tokens,
                 hit_tokens=stats.prefix_hit_tokens, hit_rate=stats.prefix_hit_tokens / prompt_tokens,
                 saved=1 - stats.prefill_computed_tokens / prompt_tokens,
-                checkpoint_hits=stats.prefix_checkpoint_hits, evictions=stats.prefix_evictions,
-                checkpoints=sum(s.num_checkpoints() for s in stores),
-                checkpoint_mib=sum(s.checkpoint_bytes for s in stores) / 2 ** 20,
+                checkpoint_hits=stats.prefix_saved_state_hits, evictions=stats.prefix_evictions,
+                checkpoints=sum(s.num_saved_states() for s in stores),
+                checkpoint_mib=sum(s.saved_state_bytes for s in stores) / 2 ** 20,
                 tok_s=generated / wall, wall_s=wall, requests=len(outputs))
 
 

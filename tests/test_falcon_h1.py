@@ -9,7 +9,7 @@ import hybridspec as hs
 from hybridspec.adapters import falcon_h1 as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cli.main import main
-from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.errors import ModelFilesError, UnsupportedModelError
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, falcon_h1, float64_oracle, hf_greedy
 
 
@@ -89,7 +89,7 @@ def test_load_is_strict_about_the_norm_variant(tmp_path):
     falcon_h1(seed=6, rms_norm=True).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(cfg | {"mamba_rms_norm": False}))
-    with pytest.raises(CheckpointError, match=r"unused: .*layers\.0\.mixer\.mamba\.norm\.weight"):
+    with pytest.raises(ModelFilesError, match=r"unused: .*layers\.0\.mixer\.mamba\.norm\.weight"):
         hs.load(tmp_path)
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.errors import CheckpointError
+from hybridspec.errors import ModelFilesError
 from oracles import (assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, qwen3_5,
                      qwen3_5_moe, qwen3_next)
 
@@ -126,7 +126,7 @@ def test_load_is_strict(family, name, tmp_path):
     state = save_with_mtp(FAMILIES[family](seed=8), tmp_path)
     del state[name]
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="missing"):
+    with pytest.raises(ModelFilesError, match="missing"):
         hs.load(tmp_path)
 
 
@@ -134,7 +134,7 @@ def test_load_rejects_an_unknown_tensor(tmp_path):
     state = save_with_mtp(qwen3_5(seed=9), tmp_path)
     state["model.layers.0.linear_attn.extra.weight"] = torch.zeros(2, dtype=torch.float64)
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="unused"):
+    with pytest.raises(ModelFilesError, match="unused"):
         hs.load(tmp_path)
 
 

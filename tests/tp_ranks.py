@@ -171,7 +171,7 @@ def mapped_load(rank: int, path: str) -> dict:
 
     import hybridspec as hs
     from hybridspec.adapters import bamba as adapter
-    from hybridspec.adapters.checkpoint_files import read_config, read_weights
+    from hybridspec.adapters.model_files import read_config, read_weights
     from hybridspec.tp import shard_weights
     file = Path(path) / "model.safetensors"
     fd = os.open(file, os.O_RDONLY)
