@@ -74,7 +74,7 @@ def test_engine_greedy_matches_hf_generate_ragged():
     assert [o.token_ids for o in outs] == hf_greedy(m, prompts, 8)
 
 
-def test_load_saved_checkpoint(tmp_path):
+def test_load_saved_model_directory(tmp_path):
     m = falcon_h1(seed=6)
     m.save_pretrained(tmp_path)
     loaded = hs.load(tmp_path)
@@ -99,7 +99,7 @@ def test_unsupported_settings_are_refused_by_name():
         adapter.config_from_dict(cfg | {"projectors_bias": True})
 
 
-def test_check_cli_passes_on_a_saved_checkpoint(tmp_path, capsys):
+def test_check_cli_passes_on_a_saved_model_directory(tmp_path, capsys):
     falcon_h1(seed=0).save_pretrained(tmp_path)
     assert main(["check", "--quick", "--model", str(tmp_path), "--draft", "ngram"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("PASS", "FAIL"))]

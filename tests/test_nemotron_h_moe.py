@@ -127,7 +127,7 @@ def test_unsupported_moe_settings_are_refused_by_name():
         adapter.config_from_dict(cfg | {"topk_group": 5})
 
 
-def test_check_cli_passes_on_a_saved_checkpoint(tmp_path, capsys):
+def test_check_cli_passes_on_a_saved_model_directory(tmp_path, capsys):
     nemotron_h_moe(seed=0).save_pretrained(tmp_path)
     assert main(["check", "--quick", "--model", str(tmp_path), "--draft", "ngram"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("PASS", "FAIL"))]

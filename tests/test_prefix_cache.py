@@ -87,7 +87,7 @@ def test_bad_engine_argument_and_marks_raise_before_anything_runs(target):
     assert engine.prefix.index.nodes() == [] and engine.cache.kv.num_free_blocks == engine.cache.kv.num_blocks
 
 
-def test_checkpoint_positions_and_hit_plan():
+def test_save_positions_and_hit_plan():
     settings = hs.PrefixCache(save_every=4)
     assert save_positions(10, 0, settings, (3,)) == [3, 4, 8, 9]
     assert save_positions(10, 4, settings, (3, 10)) == [8, 9, 10]
@@ -119,7 +119,7 @@ def test_state_parity_at_every_tail_length(target, block_size):
 
 
 def test_whole_prompt_cached_still_computes_the_last_token(target):
-    """The same prompt again: every position's K/V is cached, the checkpoint at
+    """The same prompt again: every position's K/V is cached, the saved state at
     len - 1 is restored and the last token is run for the first-token logits."""
     cache = new_cache(target, 4)
     store = PrefixStore(target, cache, hs.PrefixCache())
@@ -135,7 +135,7 @@ def test_whole_prompt_cached_still_computes_the_last_token(target):
 
 def test_a_resumed_sequence_is_restored_whole(target):
     """Rows that want no logits (a preempted sequence absorbing its committed tokens again)
-    restore the end checkpoint of their own cached tokens: nothing is run."""
+    restore the end state saved at their own cached tokens: nothing is run."""
     cache = new_cache(target, 4)
     store = PrefixStore(target, cache, hs.PrefixCache())
     prompt = random_tokens(9, seed=14)
@@ -144,7 +144,7 @@ def test_a_resumed_sequence_is_restored_whole(target):
     for token in random_tokens(4, seed=15):
         target.decode(cache, [0], [committed[-1]])
         committed.append(token)
-    store.release([0], [committed])  # indexed up to computed_len = len(committed) - 1, end checkpoint there
+    store.release([0], [committed])  # indexed up to computed_len = len(committed) - 1, end state saved there
     cache.free_sequences([0])
     logits = store.prefill([0, 1], [committed[:-1], prompt], None, [False, True])
     assert logits.shape == (1, target.vocab_size)
@@ -156,8 +156,8 @@ def test_a_resumed_sequence_is_restored_whole(target):
         assert (got - layer_states(fresh, 0, len(committed) - 1)[label]).abs().max().item() <= ATOL, label
 
 
-def test_the_checkpoint_being_restored_is_not_evicted(target):
-    """A budget of one checkpoint: the checkpoints a prompt's own prefill takes cannot
+def test_the_saved_state_being_restored_is_not_evicted(target):
+    """A budget of one saved state: the states a prompt's own prefill saves cannot
     evict the one it restored from (locked while in use); the next prompt can."""
     cache = new_cache(target, 4)
     store = PrefixStore(target, cache, hs.PrefixCache(memory_budget_bytes=cache.states.bytes_per_slot,
@@ -166,13 +166,13 @@ def test_the_checkpoint_being_restored_is_not_evicted(target):
     store.prefill([0], [base[:10]])
     (first,) = store.index.saved_states()
     assert first.position == 9
-    store.prefill([1], [base[:20]])  # restores 9; its own checkpoint at 19 does not fit
+    store.prefill([1], [base[:20]])  # restores 9; its own state saved at 19 does not fit
     assert store.index.saved_states() == [first] and store.counts.prefix_evictions == 0
-    store.prefill([2], [random_tokens(8, seed=17)])  # unrelated: its checkpoint at 7 evicts 9
+    store.prefill([2], [random_tokens(8, seed=17)])  # unrelated: its state saved at 7 evicts 9
     assert [c.position for c in store.index.saved_states()] == [7] and store.counts.prefix_evictions == 1
 
 
-def test_replay_budget_stops_the_hit_at_the_checkpoint(target):
+def test_replay_budget_stops_the_hit_at_the_saved_state(target):
     cache = new_cache(target, 4)
     store = PrefixStore(target, cache, hs.PrefixCache(save_every=4, max_replay_tokens=2))
     base = random_tokens(20, seed=3)
@@ -266,7 +266,7 @@ def test_prefix_inside_a_page_past_the_last_grid_point_hits_with_replay(target):
     assert (grid.stats.prefix_hit_tokens, grid.stats.prefix_replayed_tokens) == (16, 0)
 
 
-def test_speculative_rounds_never_write_cached_pages_or_checkpoints(target):
+def test_speculative_rounds_never_write_cached_pages_or_saved_states(target):
     draft = perturbed_copy(target, scale=0.05, seed=2)
     engine = hs.Engine(target, draft=draft, num_draft_tokens=4, block_size=4,
                        prefix_cache=hs.PrefixCache(save_every=4))
@@ -309,7 +309,7 @@ def test_finished_requests_leave_only_cached_pages(target):
         assert pool.num_free == pool.num_blocks and store.saved_state_bytes == 0
 
 
-def test_a_tiny_budget_evicts_checkpoints_and_outputs_stay_equal(target):
+def test_a_tiny_budget_evicts_saved_states_and_outputs_stay_equal(target):
     params = hs.SamplingParams(max_new_tokens=5, ignore_eos=True)
     want = run_workload(hs.Engine(target, block_size=4), params)
     slot_bytes = HybridCache(target.config, max_seqs=1, num_blocks=1, block_size=4, dtype=target.dtype).states \
@@ -321,9 +321,9 @@ def test_a_tiny_budget_evicts_checkpoints_and_outputs_stay_equal(target):
     assert engine.prefix.num_saved_states() <= 2
 
 
-def test_branch_point_checkpoint_serves_the_next_question(target):
+def test_branch_point_saved_state_serves_the_next_question(target):
     """Questions over one document: the second replays the document from 0 and leaves a
-    checkpoint where it branches off; the third restores it with no replay."""
+    state where it branches off; the third restores it with no replay."""
     document, questions = chat_and_document_prompts(doc_len=30)
     params = hs.SamplingParams(max_new_tokens=3, ignore_eos=True)
     want = [o.token_ids for o in hs.Engine(target, block_size=4).generate(questions, params)]
@@ -337,7 +337,7 @@ def test_branch_point_checkpoint_serves_the_next_question(target):
     assert seen[1] == (30, 30, len(questions[1])) and seen[2] == (30, 0, len(questions[2]) - 30)
 
 
-def test_marked_checkpoint_serves_a_shared_system_prompt(target):
+def test_marked_saved_state_serves_a_shared_system_prompt(target):
     system = random_tokens(13, seed=8)
     prompts = [system + random_tokens(5, seed=9), system + random_tokens(3, seed=10)]
     params = [hs.SamplingParams(max_new_tokens=3, ignore_eos=True, save_states_at=(13,))] * 2
@@ -349,7 +349,7 @@ def test_marked_checkpoint_serves_a_shared_system_prompt(target):
 
 
 def test_pure_attention_model():
-    """Without recurrent layers every position is a checkpoint: a resend computes only its last token."""
+    """Without recurrent layers every position can be restored: a resend computes only its last token."""
     attention = hs.from_hf(bamba(seed=4, attn_layers=(0, 1), num_layers=2))
     assert not attention.config.mamba_layers
     prompt, params = random_tokens(10, seed=13), hs.SamplingParams(max_new_tokens=4, ignore_eos=True)
@@ -360,7 +360,7 @@ def test_pure_attention_model():
 
 
 def test_pure_mamba_and_sampled_n():
-    """A model without attention layers (checkpoints only, no pages) and n > 1 samples."""
+    """A model without attention layers (saved states only, no pages) and n > 1 samples."""
     mamba = hs.from_hf(bamba(seed=3, attn_layers=(), num_layers=2))
     prompt = random_tokens(12, seed=12)
     params = hs.SamplingParams(max_new_tokens=4, temperature=0.9, seed=5, n=2)

@@ -1,10 +1,10 @@
 """Eviction never frees what a running request holds: random request streams
 (prompts over a few shared prefixes, decode steps, finishes, aborts, room
-requests) under tiny checkpoint budgets and small block pools. After every
+requests) under tiny saved-state budgets and small block pools. After every
 step each page's reference count is exactly its holders (running block tables
-plus the index), every locked checkpoint is still stored and the checkpoint
+plus the index), every locked saved state is still stored and the saved-state
 bytes stay in budget; a finishing request's state equals a from-scratch
-prefill; at the end every page and checkpoint is cached or free."""
+prefill; at the end every page and saved state is cached or free."""
 from collections import Counter
 
 import pytest

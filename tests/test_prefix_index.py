@@ -1,5 +1,5 @@
 """PrefixIndex bookkeeping on its own: hits to the token (inside a page),
-checkpoint validity, deduplicated insertion, locks and LRU eviction."""
+saved-state validity, deduplicated insertion, locks and LRU eviction."""
 import pytest
 
 from hybridspec.cache.prefix_index import PrefixIndex
@@ -28,7 +28,7 @@ def test_insert_keeps_pages_already_cached():
     assert index.match(tokens(12)).pages == [1, 2, 3]
 
 
-def test_checkpoints_valid_only_as_far_as_the_prompt_agrees():
+def test_saved_states_valid_only_as_far_as_the_prompt_agrees():
     index = PrefixIndex(block_size=4)
     path, _ = index.insert(tokens(7), [0, 1])  # (0..3), (4, 5, 6)
     index.add_saved_state(path[1], 6, "s6", 10)
@@ -60,7 +60,7 @@ def test_eviction_takes_unlocked_leaves_least_recently_used():
         index.remove_leaf(a[0])
 
 
-def test_a_locked_checkpoint_pins_its_node_and_is_not_evicted():
+def test_a_locked_saved_state_pins_its_node_and_is_not_evicted():
     index = PrefixIndex(block_size=2)
     path, _ = index.insert([1, 2, 3], [0, 1])
     old = index.add_saved_state(path[0], 2, "s2", 4)

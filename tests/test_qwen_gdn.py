@@ -95,7 +95,7 @@ def test_tied_embeddings():
 
 
 def save_with_mtp(m, path):
-    """save_pretrained's layout (per-expert tensors), plus MTP tensors as the released checkpoints carry."""
+    """save_pretrained's layout (per-expert tensors), plus MTP tensors as the released models carry."""
     m.save_pretrained(path)
     state = load_file(str(path / "model.safetensors"))
     hidden = m.config.hidden_size
@@ -139,7 +139,7 @@ def test_load_rejects_an_unknown_tensor(tmp_path):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_check_cli_on_a_saved_checkpoint(family, tmp_path, capsys):
+def test_check_cli_on_a_saved_model_directory(family, tmp_path, capsys):
     from hybridspec.cli.main import main
     FAMILIES[family](seed=10).save_pretrained(tmp_path / "target")
     assert main(["check", "--quick", "--model", str(tmp_path / "target"), "--draft", "perturbed"]) == 0
@@ -149,7 +149,7 @@ def test_check_cli_on_a_saved_checkpoint(family, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("moe", [False, True])
-def test_multimodal_checkpoint_runs_its_text_model(moe, tmp_path):
+def test_multimodal_model_runs_its_text_model(moe, tmp_path):
     """The released layout (Qwen3_5(Moe)ForConditionalGeneration): the text model's logits equal HF's on
     text input, from the HF object and from its saved directory; the vision encoder is named unused."""
     from oracles import qwen3_5_multimodal
@@ -166,7 +166,7 @@ def test_multimodal_checkpoint_runs_its_text_model(moe, tmp_path):
         assert "vision encoder" in str(target.load_report)
 
 
-def test_bf16_checkpoint_loaded_as_float32_forms_the_norms_like_hf(tmp_path):
+def test_bf16_weights_loaded_as_float32_form_the_norms_like_hf(tmp_path):
     """Zero-centred norm weights: 1 + w is formed from the widened w (HF's float32 1 + w), not rounded to
     bfloat16 first, which would move the logits by ~1e-3."""
     m = qwen3_5(seed=12, dtype=torch.bfloat16)

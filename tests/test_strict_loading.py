@@ -1,7 +1,7 @@
-"""Strict checkpoint loading (`hs.load`, `hs.from_hf`): a broken directory or
+"""Strict loading of model directories (`hs.load`, `hs.from_hf`): a broken directory or
 a config that does not match its weights raises ModelFilesError naming the
 directory, the file and the tensors; never a different model. The fuzz test
-corrupts a saved sharded checkpoint at random: each corruption gives a typed
+corrupts a saved sharded model directory at random: each corruption gives a typed
 error or a model whose logits equal the original's."""
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def edit_shard(path: Path, tensor: str, change) -> None:
 # -- the cases of issue 9 -----------------------------------------------------------------------------------
 
 
-def test_sharded_checkpoint_loads_as_the_original(saved, reference, tmp_path):
+def test_sharded_model_directory_loads_as_the_original(saved, reference, tmp_path):
     path = copy_of(saved, tmp_path)
     assert torch.equal(logits(hs.load(path)), reference)
     (path / INDEX).unlink()  # without an index every shard is read
@@ -209,7 +209,7 @@ def test_config_fields_are_type_checked():
         MLPConfig(48, gated=1)
 
 
-# -- fuzz: random corruptions of a saved checkpoint -----------------------------------------------------------
+# -- fuzz: random corruptions of a saved model directory -------------------------------------------------------
 
 CONFIG_FIELDS = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "attn_layer_indices", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
@@ -225,7 +225,7 @@ def _shards(path: Path) -> list[Path]:
 
 @st.composite
 def corruptions(draw):
-    """(description, function(path) that corrupts the checkpoint at path)."""
+    """(description, function(path) that corrupts the model directory at path)."""
     kind = draw(st.sampled_from(["delete shard", "truncate shard", "rename shard", "truncate config", "edit config",
                                  "drop tensor", "add tensor", "reshape tensor", "corrupt index", "drop index"]))
     pick = draw(st.integers(0, 10 ** 6))
@@ -296,7 +296,7 @@ def _corrupt_index(path: Path, weight_map: dict, tensor: str, pick: int, fractio
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corruption=corruptions())
-def test_corrupted_checkpoint_is_an_error_or_the_same_model(saved, reference, tmp_path, corruption):
+def test_corrupted_model_directory_is_an_error_or_the_same_model(saved, reference, tmp_path, corruption):
     description, corrupt = corruption
     path = copy_of(saved, tmp_path)
     corrupt(path)

@@ -109,7 +109,7 @@ def test_unsupported_settings_are_refused_by_name():
         adapter.config_from_dict(cfg | {"add_bias_linear": True})
 
 
-def test_check_cli_passes_on_a_saved_checkpoint(tmp_path, capsys):
+def test_check_cli_passes_on_a_saved_model_directory(tmp_path, capsys):
     zamba2(seed=0).save_pretrained(tmp_path)
     assert main(["check", "--quick", "--model", str(tmp_path), "--draft", "ngram"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("PASS", "FAIL"))]
