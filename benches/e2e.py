@@ -243,8 +243,8 @@ def plot(rows: list[dict], path: Path, title: str = "Speculative decoding speedu
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
-    parser.add_argument("--target", help="target checkpoint dir instead of the embedded target (byte-level Bamba)")
-    parser.add_argument("--draft", help="draft checkpoint dir to go with --target")
+    parser.add_argument("--target", help="target model directory instead of the embedded target (byte-level Bamba)")
+    parser.add_argument("--draft", help="draft model directory to go with --target")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--policy", default="k1", choices=("k1", "k2", "k0"),
                         help="checkpoint policy: snapshot every k-th verify input (default k1)")

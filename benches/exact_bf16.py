@@ -1,7 +1,7 @@
 """Exact bfloat16 weight storage against float32: step time, tokens/s, memory, same logits.
 
 Exact bfloat16 weight storage: a float32 model whose weights are bfloat16
-values (a bf16 checkpoint loaded as float32, as hybrid checkpoints ship) with
+values (bf16 weights loaded as float32, as hybrid models ship) with
 its linear weights stored in float32 (`pack_for_cpu(exact_16bit=False)`) and
 in bfloat16 (the default: the kernels widen each weight as they load it),
 side by side in one process.

@@ -153,7 +153,7 @@ HUB_LAYER_TYPES = {"linear_attention": "mamba", "full_attention": "attention"}  
 
 
 def save_for_converter(model, model_dir: Path) -> None:
-    """save_pretrained, with the layer types under the names Granite checkpoints on the Hub use
+    """save_pretrained, with the layer types under the names Granite models on the Hub use
     (the converter reads "mamba" / "attention"; transformers 5 writes its own names)."""
     model.save_pretrained(model_dir)
     config = json.loads((model_dir / "config.json").read_text())

@@ -8,18 +8,18 @@ the model drafter each have their own prefix cache), one request at a time:
 Text is bytes of Python standard library files (the embedded pair is
 byte-level).
 
-Variants: the cache off; checkpoints only at prompt and request ends and at
-hits past their checkpoint ("ends"); ends plus every 64 / 256 prompt tokens;
+Variants: the cache off; states saved only at prompt and request ends and at
+hits past their saved state ("ends"); ends plus every 64 / 256 prompt tokens;
 and a block-grid-only cache
 as vLLM keeps it ("grid-256": states only every 256 tokens, no end
-checkpoints, hits only at a grid point, no replay).
+states, hits only at a grid point, no replay).
 
 Per variant and workload: mean time to first token (TTFT: generate call to
 the first emitted token; also over the second and later requests), prompt
-tokens the target's prefill actually ran, tokens replayed from checkpoints,
+tokens the target's prefill actually ran, tokens replayed from saved states,
 the hit rate (prompt tokens found in the cache / prompt tokens; their K/V is
 shared), the prefill saved (1 - computed / prompt tokens: what the
-checkpoints saved), state checkpoint memory (target + drafter, at the end),
+saved states spared), saved-state memory (target + drafter, at the end),
 and generated tokens/s over the whole run. Times are wall seconds, or this
 process's CPU seconds with --clock cpu (steadier where other work shares the
 machine). Every variant's outputs must equal the cache-off outputs.
@@ -45,9 +45,9 @@ def variants() -> dict[str, object]:
     return {
         "off": None,
         "ends": hs.PrefixCache(),
-        "ends+64": hs.PrefixCache(checkpoint_every=64),
-        "ends+256": hs.PrefixCache(checkpoint_every=256),
-        f"grid-{GRID}": hs.PrefixCache(checkpoint_every=GRID, at_prompt_end=False, at_request_end=False,
+        "ends+64": hs.PrefixCache(save_every=64),
+        "ends+256": hs.PrefixCache(save_every=256),
+        f"grid-{GRID}": hs.PrefixCache(save_every=GRID, at_prompt_end=False, at_request_end=False,
                                        at_hit=False, max_replay_tokens=0),
     }
 
@@ -113,10 +113,10 @@ def measure(target, draft, settings, workload, params, repeats: int, clock) -> d
                 later_ttft_ms=1000 * sum(ttfts[1:]) / max(1, len(ttfts) - 1), prompt_tokens=prompt_tokens,
                 computed=stats.prefill_computed_tokens, replayed=stats.prefix_replayed_tokens,
                 hit_tokens=stats.prefix_hit_tokens, hit_rate=stats.prefix_hit_tokens / prompt_tokens,
-                saved=1 - stats.prefill_computed_tokens / prompt_tokens,
-                checkpoint_hits=stats.prefix_checkpoint_hits, evictions=stats.prefix_evictions,
-                checkpoints=sum(s.num_checkpoints() for s in stores),
-                checkpoint_mib=sum(s.checkpoint_bytes for s in stores) / 2 ** 20,
+                prefill_saved=1 - stats.prefill_computed_tokens / prompt_tokens,
+                saved_state_hits=stats.prefix_saved_state_hits, evictions=stats.prefix_evictions,
+                saved_states=sum(s.num_saved_states() for s in stores),
+                saved_state_mib=sum(s.saved_state_bytes for s in stores) / 2 ** 20,
                 tok_s=generated / wall, wall_s=wall, requests=len(outputs))
 
 
@@ -127,11 +127,11 @@ def plot(rows, path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, workload in zip(axes, ("chat", "document")):
         for row in (r for r in rows if r["workload"] == workload):
-            ax.scatter(row["checkpoint_mib"], row["ttft_ms"], s=30)
-            ax.annotate(row["variant"], (row["checkpoint_mib"], row["ttft_ms"]), textcoords="offset points",
+            ax.scatter(row["saved_state_mib"], row["ttft_ms"], s=30)
+            ax.annotate(row["variant"], (row["saved_state_mib"], row["ttft_ms"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=8)
         ax.set_title(f"{workload} workload")
-        ax.set_xlabel("state checkpoint memory (MiB, target + drafter)")
+        ax.set_xlabel("saved-state memory (MiB, target + drafter)")
         ax.set_ylabel("mean time to first token (ms)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
                   f"{row['prompt_tokens']}  hit rate {row['hit_rate']:.3f}", flush=True)
     columns = ["workload", "variant", ("ttft_ms", "TTFT ms"), ("later_ttft_ms", "TTFT ms (2nd+)"),
                ("computed", "prefill computed"), ("prompt_tokens", "prompt tokens"), ("replayed", "replayed"),
-               ("hit_rate", "hit rate"), ("saved", "prefill saved"), ("checkpoint_hits", "ckpt hits"), ("checkpoint_mib", "ckpt MiB"),
+               ("hit_rate", "hit rate"), ("prefill_saved", "prefill saved"), ("saved_state_hits", "state hits"), ("saved_state_mib", "state MiB"),
                ("tok_s", "tok/s"), ("equal_to_off", "= off")]
     print_table(rows, columns, title=f"prefix cache, embedded pair, γ=4, greedy, {args.clock} clock "
                                      f"({describe_machine()})")

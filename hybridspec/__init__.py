@@ -4,7 +4,7 @@
     llm = hs.LLM()                                      # the embedded byte-level pair; hs.LLM("model/dir")
     print(llm.generate(["def add(a, b):"], hs.SamplingParams(max_new_tokens=32))[0].text)
 
-    target = hs.from_hf(hf_model)                       # or hs.load("checkpoint/dir")
+    target = hs.from_hf(hf_model)                       # or hs.load("model/dir")
     engine = hs.Engine(target, draft=hs.from_hf(hf_draft), num_draft_tokens=4)
     outs = engine.generate([[1, 2, 3]], hs.SamplingParams(max_new_tokens=32))   # token ids in and out
 

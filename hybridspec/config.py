@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+from hybridspec.deprecated import renamed_attributes
 from hybridspec.errors import ConfigError
 from hybridspec.cache.state_memory import RecurrentStateShape, gdn_state_shape, mamba1_state_shape, mamba2_state_shape
 
@@ -268,8 +269,9 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
-class ParallelConfig:
-    """Falcon-H1's µP multipliers around a parallel mixer:
+class ParallelMixerConfig:
+    """Falcon-H1's µP multipliers around a parallel mixer (attention and Mamba-2
+    side by side on the same input; not tensor parallelism):
     m_ssm_out · Mamba2(x) + m_attn_out · Attention(m_attn_in · x)."""
 
     attention_in_multiplier: float = 1.0
@@ -320,7 +322,7 @@ class HybridConfig:
     gdn: GdnConfig | None = None
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
-    parallel: ParallelConfig | None = None  # multipliers of "parallel" mixers; None: all 1
+    parallel: ParallelMixerConfig | None = None  # multipliers of "parallel" mixers; None: all 1
     shared_blocks: SharedBlockConfig | None = None  # Zamba2: shared transformer blocks before some mixers
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
@@ -386,3 +388,7 @@ class HybridConfig:
     def recurrent_state_shapes(self) -> list[RecurrentStateShape]:
         """One entry per recurrent layer, in `mamba_layers` order (the state pool's layout)."""
         return [self.state_shape(layer) for layer in self.mamba_layers]
+
+
+# the old name of ParallelMixerConfig, which read as tensor parallelism (`hybridspec.tp`)
+__getattr__ = renamed_attributes(globals(), {"ParallelConfig": "ParallelMixerConfig"})

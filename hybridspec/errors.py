@@ -1,5 +1,6 @@
 """Typed errors. Every one is raised before any state changes and says what
 was wrong and how to fix it."""
+from hybridspec.deprecated import renamed_attributes
 
 
 class HybridSpecError(Exception):
@@ -11,12 +12,12 @@ class ConfigError(HybridSpecError, ValueError):
 
 
 class UnsupportedModelError(HybridSpecError, ValueError):
-    """The model architecture or checkpoint layout is not supported."""
+    """The model architecture or the layout of its weights is not supported."""
 
 
-class CheckpointError(HybridSpecError, ValueError):
-    """A checkpoint directory is unreadable or inconsistent: config.json, the
-    shard index, a shard, or tensors that do not match what the config implies."""
+class ModelFilesError(HybridSpecError, ValueError):
+    """A model directory is unreadable or inconsistent: config.json, the shard
+    index, a shard, or weights that do not match what the config implies."""
 
 
 class UsageError(HybridSpecError, ValueError):
@@ -41,3 +42,7 @@ class InvariantError(HybridSpecError, AssertionError):
 
 class PeerRankError(HybridSpecError, RuntimeError):
     """Another tensor-parallel rank's round raised: this rank reverted its round too."""
+
+
+# the old name of ModelFilesError ("checkpoint" names the ring snapshots of recurrent state)
+__getattr__ = renamed_attributes(globals(), {"CheckpointError": "ModelFilesError"})

@@ -5,7 +5,7 @@
     [done] = llm.generate(["def add(a, b):"], hs.SamplingParams(max_new_tokens=40, stop=["\\n\\n"]))
     print(done.text, done.finish_reason)
 
-`hs.LLM(model_dir)` loads any checkpoint `hs.load` reads, with the HF
+`hs.LLM(model_dir)` loads any model directory `hs.load` reads, with the HF
 tokenizer saved beside it (or `tokenizer=DIR`); local files only, nothing is
 downloaded.
 """
@@ -61,9 +61,9 @@ class Completion:
 class LLM:
     """A model, its drafter and its tokenizer behind a text API.
 
-    model: a checkpoint directory (`hs.load`), a loaded `HybridModel`, or None
+    model: a model directory (`hs.load`), a loaded `HybridModel`, or None
         (default: the embedded byte-level target).
-    draft: a draft checkpoint directory, "ngram" (prompt lookup,
+    draft: a draft model directory, "ngram" (prompt lookup,
         `hs.NgramDrafter`), None (plain decoding), a HybridModel or a `Drafter`
         (what `Engine(draft=...)` takes: `hybridspec.spec.drafters.as_draft`);
         default: the embedded draft with the embedded target, "ngram" otherwise.
@@ -87,9 +87,9 @@ class LLM:
       decode: default None: the tokenizer's.
     device: torch device to load onto (default "cpu"); dtype: "float32",
         "bfloat16", "float16", "float64" or a torch.dtype (default: float32
-        on a CPU, where a bf16 checkpoint's linear weights and embedding
-        stay bfloat16 in memory, exactly (fp16: float16); the checkpoint's
-        own elsewhere).
+        on a CPU, where stored bf16 linear weights and embedding stay
+        bfloat16 in memory, exactly (fp16: float16); the weights' stored
+        dtype elsewhere).
     compute: what the target's products multiply in (`HybridModel.set_compute`):
         None or "float32" (default: exact, the float32 bits), or "bfloat16", the
         opt-in fast path on CPUs with AVX512-BF16: the linear layers and LM head
@@ -181,28 +181,28 @@ def model_dtype(dtype) -> torch.dtype | None:
         return dtype
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}, a torch.dtype, or None for the "
-                          "default (float32 on CPU, else the checkpoint's)")
+                          "default (float32 on CPU, else the weights' stored dtype)")
     return DTYPES[dtype]
 
 
 def load_dtype(dtype: torch.dtype | None, device) -> torch.dtype | None:
-    """The dtype a checkpoint is loaded in: `dtype`, or by default float32 on a
-    CPU and the checkpoint's own elsewhere. On a CPU the native kernels run
-    float32, and a bf16 (fp16) checkpoint's linear weights and embedding stay
+    """The dtype a model directory is loaded in: `dtype`, or by default float32
+    on a CPU and the weights' stored dtype elsewhere. On a CPU the native kernels run
+    float32, and stored bf16 (fp16) linear weights and embedding stay
     16-bit in memory, exactly (`HybridModel.pack_for_cpu`); bf16 compute
     through torch makes a decode step several times slower."""
     return backends.default_dtype(device) if dtype is None else dtype
 
 
 def as_model(model, dtype, device, tensor_parallel_size: int = 1, compute: torch.dtype | None = None) -> HybridModel:
-    """A HybridModel from a checkpoint directory, this rank's shard of it with
+    """A HybridModel from a model directory, this rank's shard of it with
     tensor_parallel_size > 1 (or the model itself), its products in `compute`
     where that is given (`HybridModel.set_compute`)."""
     if isinstance(model, HybridModel):
         return model if compute is None or compute is model.compute else model.set_compute(compute)
     if isinstance(model, (str, Path)):
         return load(model, dtype=dtype, device=device, tensor_parallel_size=tensor_parallel_size, compute=compute)
-    raise ConfigError(f"expected a checkpoint directory or a HybridModel, got a {type(model).__name__}")
+    raise ConfigError(f"expected a model directory or a HybridModel, got a {type(model).__name__}")
 
 
 def as_codec(tokenizer, model, vocab_size: int) -> ByteCodec | TokenizerCodec:

@@ -85,7 +85,7 @@ def check_compute(compute: str | torch.dtype | None, device="cpu", dtype: torch.
     if not cpu_native.bf16_compute_supported():
         raise ConfigError(f"compute={compute!r} needs a CPU with AVX512-BF16 and the native CPU kernels, which "
                           "this machine lacks (or they are off); leave compute unset (or 'float32'): the exact "
-                          "path, which reads a bf16 checkpoint's weights in 16 bits too")
+                          "path, which reads stored bf16 weights in 16 bits too")
     return named
 
 

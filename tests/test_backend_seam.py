@@ -39,7 +39,7 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "kernels/rotary.py": (frozenset({"import", "predicate"}),
                           "the rotation and its native subclass (ops.NativeRotary's), which asks cpu_rope"),
     "kernels/huge_pages.py": (frozenset({"device"}), "huge-page mappings are CPU memory; elsewhere torch's own"),
-    "hybridspec/adapters/checkpoint_files.py": (frozenset({"device"}), "a file mapped copy-on-write is CPU memory"),
+    "hybridspec/adapters/model_files.py": (frozenset({"device"}), "a file mapped copy-on-write is CPU memory"),
     "hybridspec/cli/args.py": (frozenset({"device", "cuda"}), "--device: refuses a CUDA device the machine lacks"),
     "hybridspec/engine/engine.py": (frozenset({"environ"}), "HYBRIDSPEC_CHECK: the engine's own invariant checks"),
     "hybridspec/engine/threads.py": (frozenset({"device"}), "torch's intra-op threads are set for a CPU model only"),

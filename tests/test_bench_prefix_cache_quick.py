@@ -18,10 +18,10 @@ def test_prefix_cache_quick(tmp_path):
     assert all(r["equal_to_off"] for r in rows.values())
     for workload in ("chat", "document"):
         off = rows[workload, "off"]
-        assert off["computed"] == off["prompt_tokens"] and off["hit_tokens"] == 0 and off["checkpoint_mib"] == 0
+        assert off["computed"] == off["prompt_tokens"] and off["hit_tokens"] == 0 and off["saved_state_mib"] == 0
         assert rows[workload, "ends+64"]["computed"] < off["computed"]
         # quick prompts are shorter than the grid: a grid-only cache reuses nothing
         assert rows[workload, "grid-256"]["hit_tokens"] == 0
     chat = rows["chat", "ends"]
-    assert chat["checkpoint_hits"] == chat["requests"] - 1 and chat["replayed"] == 0
+    assert chat["saved_state_hits"] == chat["requests"] - 1 and chat["replayed"] == 0
     assert "TTFT ms" in done.stdout and out.with_suffix(".png").stat().st_size > 0

@@ -4,7 +4,7 @@ the products round their activations to bfloat16 and use the CPU's BF16 dot prod
 within the path a row's bits do not depend on the other rows of its call (a decode of
 one row, a verify of five, a batch) nor on the thread count, so speculative output
 equals plain output and batching does not change a row. Tiny models whose float32
-weights are bfloat16 values (a bf16 checkpoint loaded as float32)."""
+weights are bfloat16 values (bf16 weights loaded as float32)."""
 from __future__ import annotations
 
 import pytest
@@ -224,7 +224,7 @@ def test_without_avx512_bf16_it_is_a_config_error_before_anything_changes(monkey
         model.set_compute("bfloat16")
     assert model.compute is torch.float32 and model.backend.compute is torch.float32
     assert {name: (p.dtype, p.data_ptr()) for name, p in model.named_parameters()} == before
-    with pytest.raises(ConfigError, match="AVX512-BF16"):  # before the (missing) checkpoint is read
+    with pytest.raises(ConfigError, match="AVX512-BF16"):  # before the (missing) model directory is read
         hs.load(tmp_path / "absent", compute="bfloat16")
 
 

@@ -1,5 +1,5 @@
 """`hybridspec check`: the rollback-correctness suite from the command line —
-passes on healthy models (the built-in tiny one, checkpoint directories),
+passes on healthy models (the built-in tiny one, model directories),
 fails (exit 1) when rollback is broken, refuses (exit 2) models that do not
 fit together; and the built-in tiny model itself."""
 import sys

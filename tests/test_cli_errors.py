@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory):
     return str(path)
 
 
-def test_bad_checkpoint_paths(capsys, model_dir, tmp_path):
+def test_bad_model_paths(capsys, model_dir, tmp_path):
     line = error_line(capsys, ["generate", "x", "--model", str(tmp_path / "nope"), "-n", "2"])
     assert line.startswith("hybridspec generate: error: --model ") and "is not a directory" in line
     line = error_line(capsys, ["generate", "x", "--model", model_dir, "--draft", str(tmp_path), "-n", "2"])

@@ -151,7 +151,7 @@ def test_a_drafter_lacking_part_of_the_protocol_is_refused(target):
 
 
 def test_the_engine_takes_what_the_llm_takes(target, tmp_path):
-    """"ngram" is prompt lookup; a directory is a draft checkpoint, loaded in the target's dtype."""
+    """"ngram" is prompt lookup; a directory is a draft model, loaded in the target's dtype."""
     params = hs.SamplingParams(max_new_tokens=10, ignore_eos=True)
     plain = [o.token_ids for o in hs.Engine(target, max_batch_size=4).generate(PROMPTS, params)]
     by_name = hs.Engine(target, draft="ngram", num_draft_tokens=3, max_batch_size=4)

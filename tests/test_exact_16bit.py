@@ -1,6 +1,6 @@
 """Linear weights and embeddings stored in bfloat16 (or float16) where every
 value is one (`pack_for_cpu`'s `exact_16bit`, `kernels/cpu/rows.c` "weight
-storage"): a float32 model whose weights came from a bf16 (fp16) checkpoint
+storage"): a float32 model whose weights came from bf16 (fp16) weights
 gives the same logits, bit for bit, with its linear weights and embedding in
 half the memory — in every family, for prefills the blocks run and prefills past them
 (torch's products of a widened copy), decode steps, snapshotted multi-input
@@ -26,7 +26,7 @@ pytestmark = x86_with_compiler
 
 
 def half_valued(hf, half: torch.dtype = torch.bfloat16):
-    """The HF model in float32 with every parameter rounded to a `half` value (a bf16 / fp16 checkpoint, widened)."""
+    """The HF model in float32 with every parameter rounded to a `half` value (bf16 / fp16 weights, widened)."""
     hf = hf.to(torch.float32)
     with torch.no_grad():
         for p in hf.parameters():
@@ -123,8 +123,8 @@ def test_an_embedding_tied_to_the_lm_head_is_stored_once_in_bfloat16():
 
 @pytest.mark.parametrize("half", HALVES)
 @pytest.mark.parametrize("build", [bamba, jamba, nemotron_h_moe, falcon_h1, zamba2])
-def test_a_16bit_checkpoint_loaded_as_float32_keeps_16bit_storage(tmp_path, build, half):
-    """`hs.load(dir, dtype=torch.float32)` of a checkpoint saved in bfloat16
+def test_16bit_weights_loaded_as_float32_keep_16bit_storage(tmp_path, build, half):
+    """`hs.load(dir, dtype=torch.float32)` of a model directory saved in bfloat16
     (float16) keeps its linear weights, experts and embedding in that type
     (never widening them on the way) and everything else in float32; the
     logits are those of the float32 copy (`pack_for_cpu(exact_16bit=False)`)."""
@@ -140,8 +140,8 @@ def test_a_16bit_checkpoint_loaded_as_float32_keeps_16bit_storage(tmp_path, buil
         assert torch.equal(got, want)
 
 
-def test_a_mamba_ssm_fp16_checkpoint_keeps_float16_storage(tmp_path):
-    """mamba_ssm's checkpoints are float16 (`pytorch_model.bin`, the attention's
+def test_mamba_ssm_fp16_weights_keep_float16_storage(tmp_path):
+    """mamba_ssm's weights are float16 (`pytorch_model.bin`, the attention's
     fused in_proj split into q, k, v on load): float32 compute from float16
     linear weights, the float32 copy's logits."""
     from hybridspec.adapters import bamba as bamba_adapter

@@ -9,7 +9,7 @@ import hybridspec as hs
 from hybridspec.adapters import falcon_h1 as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cli.main import main
-from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.errors import ModelFilesError, UnsupportedModelError
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, falcon_h1, float64_oracle, hf_greedy
 
 
@@ -74,7 +74,7 @@ def test_engine_greedy_matches_hf_generate_ragged():
     assert [o.token_ids for o in outs] == hf_greedy(m, prompts, 8)
 
 
-def test_load_saved_checkpoint(tmp_path):
+def test_load_saved_model_directory(tmp_path):
     m = falcon_h1(seed=6)
     m.save_pretrained(tmp_path)
     loaded = hs.load(tmp_path)
@@ -89,7 +89,7 @@ def test_load_is_strict_about_the_norm_variant(tmp_path):
     falcon_h1(seed=6, rms_norm=True).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(cfg | {"mamba_rms_norm": False}))
-    with pytest.raises(CheckpointError, match=r"unused: .*layers\.0\.mixer\.mamba\.norm\.weight"):
+    with pytest.raises(ModelFilesError, match=r"unused: .*layers\.0\.mixer\.mamba\.norm\.weight"):
         hs.load(tmp_path)
 
 
@@ -99,7 +99,7 @@ def test_unsupported_settings_are_refused_by_name():
         adapter.config_from_dict(cfg | {"projectors_bias": True})
 
 
-def test_check_cli_passes_on_a_saved_checkpoint(tmp_path, capsys):
+def test_check_cli_passes_on_a_saved_model_directory(tmp_path, capsys):
     falcon_h1(seed=0).save_pretrained(tmp_path)
     assert main(["check", "--quick", "--model", str(tmp_path), "--draft", "ngram"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("PASS", "FAIL"))]

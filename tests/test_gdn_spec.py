@@ -16,13 +16,13 @@ from oracles import bamba, qwen3_5, qwen3_5_moe, qwen3_next
 from test_spec_coupled import (test_coupled_equals_plain_sampling,  # noqa: F401 (collected here)
                                test_plain_sampling_independent_of_batch)
 from test_prefix_cache import (test_a_resumed_sequence_is_restored_whole,  # noqa: F401 (collected here)
-                               test_a_tiny_budget_evicts_checkpoints_and_outputs_stay_equal,
-                               test_branch_point_checkpoint_serves_the_next_question,
+                               test_a_tiny_budget_evicts_saved_states_and_outputs_stay_equal,
+                               test_branch_point_saved_state_serves_the_next_question,
                                test_plain_outputs_equal_with_the_cache_on,
                                test_prefix_inside_a_page_past_the_last_grid_point_hits_with_replay,
                                test_same_prompt_twice_hits_on_the_second_send,
                                test_speculative_outputs_equal_with_the_cache_on,
-                               test_speculative_rounds_never_write_cached_pages_or_checkpoints,
+                               test_speculative_rounds_never_write_cached_pages_or_saved_states,
                                test_state_parity_at_every_tail_length,
                                test_whole_prompt_cached_still_computes_the_last_token)
 from test_spec_parity import (test_drafter_under_every_policy, test_max_new_tokens_ends_mid_round,  # noqa: F401

@@ -244,9 +244,9 @@ def test_count_flags_are_checked(capsys, pair):
     assert "--threads=0 must be >= 1" in capsys.readouterr().err
 
 
-def test_a_bf16_checkpoint_runs_in_float32_by_default_on_cpu(capsys, tmp_path):
+def test_bf16_weights_run_in_float32_by_default_on_cpu(capsys, tmp_path):
     """On a CPU the model computes in float32 unless --dtype says otherwise (a bf16
-    checkpoint's linear weights stay bfloat16 in memory, test_exact_16bit)."""
+    stored linear weights stay bfloat16 in memory, test_exact_16bit)."""
     from transformers import BambaForCausalLM
     path = save_bamba(tmp_path / "bf16")
     BambaForCausalLM.from_pretrained(path).to(torch.bfloat16).save_pretrained(path)

@@ -10,7 +10,7 @@ import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, granite, hf_greedy
 
-# HF transformers 5 name -> the name in Granite checkpoints on the Hub
+# HF transformers 5 name -> the name in Granite models on the Hub
 HUB_NAMES = [("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.input_linear.weight"),
              ("block_sparse_moe.experts.down_proj", "block_sparse_moe.output_linear.weight"),
              ("block_sparse_moe.router.weight", "block_sparse_moe.router.layer.weight")]
@@ -83,7 +83,7 @@ def test_engine_greedy_matches_hf_generate_ragged(rope, num_experts):
 
 
 def test_load_hub_layout(tmp_path):
-    """Experts and router under the names Granite checkpoints on the Hub use."""
+    """Experts and router under the names Granite models on the Hub use."""
     m = granite(seed=6)
     state = {}
     for name, tensor in m.state_dict().items():

@@ -1,6 +1,6 @@
 """Jamba through hybridspec's own runtime against HF transformers'
 `JambaForCausalLM` (tiny random configs): logits, extend/decode, the input
-log, shared weights, the Hub checkpoint layout, and greedy generation."""
+log, shared weights, the Hub weight layout, and greedy generation."""
 from __future__ import annotations
 
 import functools
@@ -170,7 +170,7 @@ def test_input_log_replays_every_snapshot():
 
 
 def test_load_hub_layout_with_per_expert_weights(tmp_path):
-    """Hub checkpoints keep experts.{e}.gate_proj/up_proj/down_proj; hs.load stacks them."""
+    """Hub models keep experts.{e}.gate_proj/up_proj/down_proj; hs.load stacks them."""
     from safetensors.torch import save_file
 
     m, target = model_pair("gqa_moe")

@@ -120,7 +120,7 @@ def test_help_imports_neither_torch_nor_a_subcommand():
     assert out.strip().splitlines()[-1] == "False False"
 
 
-def test_a_bf16_checkpoint_on_cpu_computes_in_float32_from_bf16_weights(tmp_path):
+def test_bf16_weights_on_cpu_compute_in_float32_from_bf16_storage(tmp_path):
     """By default on a CPU the model computes in float32 (the native kernels),
     its linear weights and embedding kept in bfloat16, exactly; dtype= still
     chooses."""

@@ -1,4 +1,4 @@
-"""mamba_ssm's `MambaLMHeadModel` checkpoint layout, loaded by `hs.load`.
+"""mamba_ssm's `MambaLMHeadModel` weight layout, loaded by `hs.load`.
 
 Oracles: HF transformers models whose forward is mamba_ssm's math, written
 into mamba_ssm's layout by `save_mamba_ssm` below: BambaForCausalLM (Mamba2 +
@@ -26,7 +26,7 @@ from oracles import float64_oracle, hf_greedy, randomize_
 
 def save_mamba_ssm(path, config: HybridConfig, weights: dict, vocab_size: int | None = None,
                    pad_vocab_size_multiple: int = 1, binary: bool = False) -> None:
-    """Write canonical HybridModel weights as a mamba_ssm checkpoint: config.json
+    """Write canonical HybridModel weights as a mamba_ssm model directory: config.json
     plus model.safetensors, or pytorch_model.bin holding both tied names as
     `MambaLMHeadModel.save_pretrained` does."""
     ssm_types = {t for t in config.layer_types if t != "attention"}
@@ -183,7 +183,7 @@ def test_mamba2_mha_mlp_matches_hf_bamba(tmp_path, attn_layers, num_layers, kv_h
     assert max_err(prefill(loaded, ids), ref) <= 1e-9
 
 
-def test_engine_on_loaded_checkpoint_matches_hf_generate(tmp_path):
+def test_engine_on_loaded_model_directory_matches_hf_generate(tmp_path):
     m = bamba_oracle(7, (1,), 3, 2)
     save_mamba_ssm(tmp_path, bamba_adapter.config_from_dict(m.config.to_dict()),
                    bamba_adapter.weights_from_state(hf_state(m)))

@@ -9,7 +9,7 @@ kernels off) within float32 rounding, and the layer-by-layer path's (whole
 forward off) bit for bit. Where the whole forward does not take a layer
 (its descriptor's kind), it declines and the layers run: a model that
 describes an MoE is never handed to the MLP block (the GraniteMoeHybrid and
-Jamba checkpoints below raised AttributeError at the first prefill)."""
+Jamba models below raised AttributeError at the first prefill)."""
 from __future__ import annotations
 
 import collections
@@ -33,14 +33,14 @@ FAMILIES = {  # name: (HF model, whether the whole forward takes every layer)
     "granite: dense gated MLP, multipliers 1": (
         lambda: granite(seed=2, layer_types=("mamba", "attention"), num_experts=0, multipliers=ONES,
                         dtype=torch.float32), True),
-    "granite: MoE + shared expert, multipliers 1 (the issue's checkpoint)": (
+    "granite: MoE + shared expert, multipliers 1 (the issue's model)": (
         lambda: granite(seed=3, layer_types=("mamba", "attention"), num_experts=4, multipliers=ONES,
                         dtype=torch.float32), False),
     "granite: MoE + shared expert, multipliers not 1": (
         lambda: granite(seed=4, layer_types=("attention", "mamba", "mamba"), dtype=torch.float32), False),
     "granite: dense MLP, multipliers not 1": (
         lambda: granite(seed=5, layer_types=("mamba", "attention"), num_experts=0, dtype=torch.float32), True),
-    "jamba: attention first, every layer MoE (the issue's checkpoint)": (
+    "jamba: attention first, every layer MoE (the issue's model)": (
         lambda: jamba(seed=6, num_layers=2, attn_period=2, attn_offset=0, expert_period=1, expert_offset=0,
                       dtype=torch.float32), False),
     "jamba: mamba1, attention, gated MLP and MoE": (lambda: jamba(seed=7, dtype=torch.float32), False),
@@ -124,7 +124,7 @@ def test_native_forward_matches_the_torch_path_and_the_layers(family, whole_call
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
 
 
-def test_the_issues_granite_checkpoint_loads_and_prefills(tmp_path):
+def test_the_issues_granite_model_loads_and_prefills(tmp_path):
     """A 2-layer GraniteMoeHybrid with gated MoE layers and multipliers at 1.0,
     saved and read with `hs.load` (float32, packed for CPU): its first prefill ran
     the MoE through the MLP block's table builder."""

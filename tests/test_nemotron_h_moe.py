@@ -10,7 +10,7 @@ import hybridspec as hs
 from hybridspec.adapters import nemotron_h as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cli.main import main
-from hybridspec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from hybridspec.errors import ConfigError, ModelFilesError, UnsupportedModelError
 from hybridspec.models.ffn import sigmoid_group_topk
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, nemotron_h_moe
 
@@ -111,11 +111,11 @@ def test_load_is_strict_about_the_moe_tensors(tmp_path):
     state = save_hub_layout(m, tmp_path)
     del state["backbone.layers.1.mixer.gate.e_score_correction_bias"]
     save_file(state, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="layers.1.ffn.router.e_score_correction_bias"):
+    with pytest.raises(ModelFilesError, match="layers.1.ffn.router.e_score_correction_bias"):
         hs.load(tmp_path)
     del state["backbone.layers.3.mixer.experts.5.up_proj.weight"]
     save_file(state, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"experts \[0, 1, 2, 3, 4, 6, 7\]"):
+    with pytest.raises(ModelFilesError, match=r"experts \[0, 1, 2, 3, 4, 6, 7\]"):
         hs.load(tmp_path)
 
 
@@ -127,7 +127,7 @@ def test_unsupported_moe_settings_are_refused_by_name():
         adapter.config_from_dict(cfg | {"topk_group": 5})
 
 
-def test_check_cli_passes_on_a_saved_checkpoint(tmp_path, capsys):
+def test_check_cli_passes_on_a_saved_model_directory(tmp_path, capsys):
     nemotron_h_moe(seed=0).save_pretrained(tmp_path)
     assert main(["check", "--quick", "--model", str(tmp_path), "--draft", "ngram"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("PASS", "FAIL"))]

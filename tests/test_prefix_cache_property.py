@@ -1,10 +1,10 @@
 """Eviction never frees what a running request holds: random request streams
 (prompts over a few shared prefixes, decode steps, finishes, aborts, room
-requests) under tiny checkpoint budgets and small block pools. After every
+requests) under tiny saved-state budgets and small block pools. After every
 step each page's reference count is exactly its holders (running block tables
-plus the index), every locked checkpoint is still stored and the checkpoint
+plus the index), every locked saved state is still stored and the saved-state
 bytes stay in budget; a finishing request's state equals a from-scratch
-prefill; at the end every page and checkpoint is cached or free."""
+prefill; at the end every page and saved state is cached or free."""
 from collections import Counter
 
 import pytest
@@ -44,9 +44,9 @@ def check_holders(store: PrefixStore, cache: HybridCache, running: dict[int, lis
     assert [pool.ref_count(b) for b in range(pool.num_blocks)] == [holders[b] for b in range(pool.num_blocks)]
     assert set(pool.snapshot().free_blocks) == {b for b in range(pool.num_blocks) if holders[b] == 0}
     assert all(n.lock_count == 0 for n in store.index.nodes())  # locks live only while a prompt is restored
-    assert all(c.lock_count == 0 for c in store.index.checkpoints())
-    assert store.checkpoint_bytes == sum(c.nbytes for c in store.index.checkpoints())
-    assert store.checkpoint_bytes <= store.settings.memory_budget_bytes
+    assert all(c.lock_count == 0 for c in store.index.saved_states())
+    assert store.saved_state_bytes == sum(c.nbytes for c in store.index.saved_states())
+    assert store.saved_state_bytes <= store.settings.memory_budget_bytes
 
 
 def assert_state_is_a_fresh_prefill(model, cache, seq_id, tokens):
@@ -78,7 +78,7 @@ def test_random_streams_never_free_what_a_request_holds(target, ops, block_size,
     cache = HybridCache(target.config, max_seqs=MAX_SEQS, num_blocks=num_blocks, block_size=block_size,
                         dtype=target.dtype)
     budget = budget_slots * cache.states.bytes_per_slot
-    store = PrefixStore(target, cache, hs.PrefixCache(memory_budget_bytes=budget, checkpoint_every=every))
+    store = PrefixStore(target, cache, hs.PrefixCache(memory_budget_bytes=budget, save_every=every))
     g = torch.Generator().manual_seed(seed)
     prefixes = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (9, 6, 13)]
     running: dict[int, list[int]] = {}  # seq -> tokens absorbed
@@ -120,9 +120,9 @@ def test_random_streams_never_free_what_a_request_holds(target, ops, block_size,
     check_holders(store, cache, {})
     assert all(cache.kv.pool.ref_count(p) == 1 for p in store.cached_pages())
     assert all(n.lock_count == 0 for n in store.index.nodes())
-    assert all(c.lock_count == 0 for c in store.index.checkpoints())
+    assert all(c.lock_count == 0 for c in store.index.saved_states())
     store.clear()
-    assert cache.kv.pool.num_free == num_blocks and store.checkpoint_bytes == 0 and store.index.nodes() == []
+    assert cache.kv.pool.num_free == num_blocks and store.saved_state_bytes == 0 and store.index.nodes() == []
 
 
 REFERENCE: dict = {}
@@ -155,7 +155,7 @@ def test_engine_streams_equal_cache_off_outputs(target, requests, max_running, s
     pages = max(-(-(len(p) + r[3]) // 4) for p, r in zip(prompts, requests)) + spare_pages
     slot_bytes = HybridCache(target.config, max_seqs=1, num_blocks=1, block_size=4, dtype=target.dtype).states \
         .bytes_per_slot
-    settings_ = hs.PrefixCache(memory_budget_bytes=budget_slots * slot_bytes, checkpoint_every=every)
+    settings_ = hs.PrefixCache(memory_budget_bytes=budget_slots * slot_bytes, save_every=every)
     engine = hs.Engine(target, draft=target if spec else None, num_draft_tokens=2, max_batch_size=max_running,
                        block_size=4, num_blocks=pages, prefix_cache=settings_)
     engine.check_invariants = True
@@ -178,5 +178,5 @@ def test_engine_streams_equal_cache_off_outputs(target, requests, max_running, s
         pool = store.cache.kv.pool
         used = set(range(pool.num_blocks)) - set(pool.snapshot().free_blocks)
         assert sorted(store.cached_pages()) == sorted(used) and all(pool.ref_count(p) == 1 for p in used)
-        assert store.checkpoint_bytes <= store.settings.memory_budget_bytes
+        assert store.saved_state_bytes <= store.settings.memory_budget_bytes
         assert all(n.lock_count == 0 for n in store.index.nodes())

@@ -50,7 +50,7 @@ def test_queued_requests_hit_the_ones_before_them(models, verify):
                        verify="coupled" if verify == "coupled" else "rejection", prefix_cache=True)
     engine.check_invariants = True
     assert [o.token_ids for o in engine.generate(prompts, params)] == want
-    assert engine.stats.prefix_hit_tokens > 0 and engine.stats.prefix_checkpoint_hits > 0
+    assert engine.stats.prefix_hit_tokens > 0 and engine.stats.prefix_saved_state_hits > 0
     assert_only_cached_pages_left(engine)
 
 

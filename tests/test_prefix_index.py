@@ -1,5 +1,5 @@
 """PrefixIndex bookkeeping on its own: hits to the token (inside a page),
-checkpoint validity, deduplicated insertion, locks and LRU eviction."""
+saved-state validity, deduplicated insertion, locks and LRU eviction."""
 import pytest
 
 from hybridspec.cache.prefix_index import PrefixIndex
@@ -28,19 +28,19 @@ def test_insert_keeps_pages_already_cached():
     assert index.match(tokens(12)).pages == [1, 2, 3]
 
 
-def test_checkpoints_valid_only_as_far_as_the_prompt_agrees():
+def test_saved_states_valid_only_as_far_as_the_prompt_agrees():
     index = PrefixIndex(block_size=4)
     path, _ = index.insert(tokens(7), [0, 1])  # (0..3), (4, 5, 6)
-    index.add_checkpoint(path[1], 6, "s6", 10)
-    index.add_checkpoint(path[0], 3, "s3", 10)
+    index.add_saved_state(path[1], 6, "s6", 10)
+    index.add_saved_state(path[0], 3, "s3", 10)
     full, _ = index.insert(tokens(8), [0, 2])  # a full sibling of the partial page
     assert full[1] is not path[1]
     match = index.match(tokens(6) + [50, 51])
-    assert sorted(c.position for c in match.checkpoints) == [3, 6]
-    assert match.nearest_checkpoint(5).position == 3 and match.nearest_checkpoint(6).position == 6
-    assert sorted(c.position for c in index.match(tokens(5) + [50]).checkpoints) == [3]  # 6 needs token 5 too
+    assert sorted(c.position for c in match.saved_states) == [3, 6]
+    assert match.nearest_saved_state(5).position == 3 and match.nearest_saved_state(6).position == 6
+    assert sorted(c.position for c in index.match(tokens(5) + [50]).saved_states) == [3]  # 6 needs token 5 too
     with pytest.raises(ValueError, match="belongs to the node holding position 8"):
-        index.add_checkpoint(path[0], 9, "s9", 10)
+        index.add_saved_state(path[0], 9, "s9", 10)
 
 
 def test_eviction_takes_unlocked_leaves_least_recently_used():
@@ -60,14 +60,14 @@ def test_eviction_takes_unlocked_leaves_least_recently_used():
         index.remove_leaf(a[0])
 
 
-def test_a_locked_checkpoint_pins_its_node_and_is_not_evicted():
+def test_a_locked_saved_state_pins_its_node_and_is_not_evicted():
     index = PrefixIndex(block_size=2)
     path, _ = index.insert([1, 2, 3], [0, 1])
-    old = index.add_checkpoint(path[0], 2, "s2", 4)
-    new = index.add_checkpoint(path[1], 3, "s3", 4)
-    assert index.evictable_checkpoint() is old
+    old = index.add_saved_state(path[0], 2, "s2", 4)
+    new = index.add_saved_state(path[1], 3, "s3", 4)
+    assert index.evictable_saved_state() is old
     index.lock([], old)
-    assert index.evictable_checkpoint() is new
+    assert index.evictable_saved_state() is new
     assert index.evictable_leaf() is path[1]
     index.lock([], new)
-    assert index.evictable_checkpoint() is None and index.evictable_leaf() is None
+    assert index.evictable_saved_state() is None and index.evictable_leaf() is None

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
-from hybridspec.errors import CheckpointError
+from hybridspec.errors import ModelFilesError
 from oracles import (assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, qwen3_5,
                      qwen3_5_moe, qwen3_next)
 
@@ -95,7 +95,7 @@ def test_tied_embeddings():
 
 
 def save_with_mtp(m, path):
-    """save_pretrained's layout (per-expert tensors), plus MTP tensors as the released checkpoints carry."""
+    """save_pretrained's layout (per-expert tensors), plus MTP tensors as the released models carry."""
     m.save_pretrained(path)
     state = load_file(str(path / "model.safetensors"))
     hidden = m.config.hidden_size
@@ -126,7 +126,7 @@ def test_load_is_strict(family, name, tmp_path):
     state = save_with_mtp(FAMILIES[family](seed=8), tmp_path)
     del state[name]
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="missing"):
+    with pytest.raises(ModelFilesError, match="missing"):
         hs.load(tmp_path)
 
 
@@ -134,12 +134,12 @@ def test_load_rejects_an_unknown_tensor(tmp_path):
     state = save_with_mtp(qwen3_5(seed=9), tmp_path)
     state["model.layers.0.linear_attn.extra.weight"] = torch.zeros(2, dtype=torch.float64)
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="unused"):
+    with pytest.raises(ModelFilesError, match="unused"):
         hs.load(tmp_path)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_check_cli_on_a_saved_checkpoint(family, tmp_path, capsys):
+def test_check_cli_on_a_saved_model_directory(family, tmp_path, capsys):
     from hybridspec.cli.main import main
     FAMILIES[family](seed=10).save_pretrained(tmp_path / "target")
     assert main(["check", "--quick", "--model", str(tmp_path / "target"), "--draft", "perturbed"]) == 0
@@ -149,7 +149,7 @@ def test_check_cli_on_a_saved_checkpoint(family, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("moe", [False, True])
-def test_multimodal_checkpoint_runs_its_text_model(moe, tmp_path):
+def test_multimodal_model_runs_its_text_model(moe, tmp_path):
     """The released layout (Qwen3_5(Moe)ForConditionalGeneration): the text model's logits equal HF's on
     text input, from the HF object and from its saved directory; the vision encoder is named unused."""
     from oracles import qwen3_5_multimodal
@@ -166,7 +166,7 @@ def test_multimodal_checkpoint_runs_its_text_model(moe, tmp_path):
         assert "vision encoder" in str(target.load_report)
 
 
-def test_bf16_checkpoint_loaded_as_float32_forms_the_norms_like_hf(tmp_path):
+def test_bf16_weights_loaded_as_float32_form_the_norms_like_hf(tmp_path):
     """Zero-centred norm weights: 1 + w is formed from the widened w (HF's float32 1 + w), not rounded to
     bfloat16 first, which would move the logits by ~1e-3."""
     m = qwen3_5(seed=12, dtype=torch.bfloat16)

@@ -1,7 +1,7 @@
-"""Strict checkpoint loading (`hs.load`, `hs.from_hf`): a broken directory or
-a config that does not match its weights raises CheckpointError naming the
+"""Strict loading of model directories (`hs.load`, `hs.from_hf`): a broken directory or
+a config that does not match its weights raises ModelFilesError naming the
 directory, the file and the tensors; never a different model. The fuzz test
-corrupts a saved sharded checkpoint at random: each corruption gives a typed
+corrupts a saved sharded model directory at random: each corruption gives a typed
 error or a model whose logits equal the original's."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.config import MLPConfig
-from hybridspec.errors import CheckpointError, ConfigError, HybridSpecError
+from hybridspec.errors import ConfigError, HybridSpecError, ModelFilesError
 from oracles import bamba
 
 INDEX = "model.safetensors.index.json"
@@ -80,7 +80,7 @@ def edit_shard(path: Path, tensor: str, change) -> None:
 # -- the cases of issue 9 -----------------------------------------------------------------------------------
 
 
-def test_sharded_checkpoint_loads_as_the_original(saved, reference, tmp_path):
+def test_sharded_model_directory_loads_as_the_original(saved, reference, tmp_path):
     path = copy_of(saved, tmp_path)
     assert torch.equal(logits(hs.load(path)), reference)
     (path / INDEX).unlink()  # without an index every shard is read
@@ -91,10 +91,10 @@ def test_missing_lm_head_shard_is_an_error_not_tied_embeddings(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     shard = shard_of(path, "lm_head.weight")
     shard.unlink()
-    with pytest.raises(CheckpointError, match=f"{shard.name} named by {INDEX} not found.*lm_head.weight"):
+    with pytest.raises(ModelFilesError, match=f"{shard.name} named by {INDEX} not found.*lm_head.weight"):
         hs.load(path)
     (path / INDEX).unlink()
-    with pytest.raises(CheckpointError, match=r"missing: .*lm_head\.weight.*tie_word_embeddings"):
+    with pytest.raises(ModelFilesError, match=r"missing: .*lm_head\.weight.*tie_word_embeddings"):
         hs.load(path)
 
 
@@ -102,7 +102,7 @@ def test_missing_ordinary_shard_names_file_and_tensors(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     shard = shard_of(path, "model.layers.0.input_layernorm.weight")
     shard.unlink()
-    with pytest.raises(CheckpointError, match=f"{shard.name}.*model.layers.0.input_layernorm.weight"):
+    with pytest.raises(ModelFilesError, match=f"{shard.name}.*model.layers.0.input_layernorm.weight"):
         hs.load(path)
 
 
@@ -119,7 +119,7 @@ def test_missing_ordinary_shard_names_file_and_tensors(saved, tmp_path):
 def test_config_that_does_not_match_the_weights(saved, tmp_path, changes, fragment):
     path = copy_of(saved, tmp_path)
     edit_config(path, **changes)
-    with pytest.raises(CheckpointError, match=fragment) as error:
+    with pytest.raises(ModelFilesError, match=fragment) as error:
         hs.load(path)
     assert str(path) in str(error.value)
 
@@ -137,7 +137,7 @@ def test_config_that_does_not_match_the_weights(saved, tmp_path, changes, fragme
 def test_malformed_files_name_the_file(saved, tmp_path, edit, fragment):
     path = copy_of(saved, tmp_path)
     edit(path)
-    with pytest.raises(CheckpointError, match=fragment):
+    with pytest.raises(ModelFilesError, match=fragment):
         hs.load(path)
 
 
@@ -145,7 +145,7 @@ def test_truncated_shard_names_the_file(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     shard = shard_of(path, "lm_head.weight")
     shard.write_bytes(shard.read_bytes()[:-100])
-    with pytest.raises(CheckpointError, match=f"{shard.name} is not a readable safetensors file"):
+    with pytest.raises(ModelFilesError, match=f"{shard.name} is not a readable safetensors file"):
         hs.load(path)
 
 
@@ -154,16 +154,16 @@ def test_extra_or_unknown_tensors_are_refused(saved, tmp_path):
     shard = shard_of(path, "lm_head.weight")
     name = "model.layers.0.mamba.in_proj.bias"  # a bias the config (mamba_proj_bias false) does not allow
     edit_shard(path, "lm_head.weight", lambda t: t.update({name: torch.zeros(3)}))
-    with pytest.raises(CheckpointError, match=f"holds {name}, which the index does not assign"):
+    with pytest.raises(ModelFilesError, match=f"holds {name}, which the index does not assign"):
         hs.load(path)
     (path / INDEX).unlink()
-    with pytest.raises(CheckpointError, match=r"unused: layers\.0\.mixer\.in_proj\.bias"):
+    with pytest.raises(ModelFilesError, match=r"unused: layers\.0\.mixer\.in_proj\.bias"):
         hs.load(path)
     tensors = load_file(str(shard))
     del tensors[name]
     tensors["model.extra.weight"] = torch.zeros(2)  # a name no renaming rule knows
     save_file(tensors, str(shard))
-    with pytest.raises(CheckpointError, match=rf"unused: model\.extra\.weight \(in {shard.name}\)"):
+    with pytest.raises(ModelFilesError, match=rf"unused: model\.extra\.weight \(in {shard.name}\)"):
         hs.load(path)
 
 
@@ -172,33 +172,33 @@ def test_duplicate_shard_without_index(saved, tmp_path):
     (path / INDEX).unlink()
     shard = _shards(path)[1]
     shutil.copy(shard, path / "copy.safetensors")
-    with pytest.raises(CheckpointError, match=f"in both copy.safetensors and {shard.name}"):
+    with pytest.raises(ModelFilesError, match=f"in both copy.safetensors and {shard.name}"):
         hs.load(path)
 
 
 def test_stray_shard_with_index(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     shutil.copy(_shards(path)[1], path / "copy.safetensors")
-    with pytest.raises(CheckpointError, match=f"copy.safetensors not named by {INDEX}"):
+    with pytest.raises(ModelFilesError, match=f"copy.safetensors not named by {INDEX}"):
         hs.load(path)
 
 
 def test_not_a_directory(saved, tmp_path):
-    with pytest.raises(CheckpointError, match="is not a directory"):
+    with pytest.raises(ModelFilesError, match="is not a directory"):
         hs.load(tmp_path / "nope")
     shutil.copy(saved / "config.json", tmp_path / "config.json")
-    with pytest.raises(CheckpointError, match="holds no \\*.safetensors files"):
+    with pytest.raises(ModelFilesError, match="holds no \\*.safetensors files"):
         hs.load(tmp_path)
 
 
 def test_from_hf_runs_the_same_checks():
     m = bamba(seed=0, vocab=64)
     m.config.vocab_size = 100
-    with pytest.raises(CheckpointError, match=r"BambaForCausalLM \(from_hf\).*embed_tokens\.weight "
+    with pytest.raises(ModelFilesError, match=r"BambaForCausalLM \(from_hf\).*embed_tokens\.weight "
                                               r"\(model\.embed_tokens\.weight\) is \[64, 32\], expected \[100, 32\]"):
         hs.from_hf(m)
     m.config.vocab_size, m.config.mamba_proj_bias = 64, True
-    with pytest.raises(CheckpointError, match=r"missing: layers\.0\.mixer\.in_proj\.bias"):
+    with pytest.raises(ModelFilesError, match=r"missing: layers\.0\.mixer\.in_proj\.bias"):
         hs.from_hf(m)
 
 
@@ -209,7 +209,7 @@ def test_config_fields_are_type_checked():
         MLPConfig(48, gated=1)
 
 
-# -- fuzz: random corruptions of a saved checkpoint -----------------------------------------------------------
+# -- fuzz: random corruptions of a saved model directory -------------------------------------------------------
 
 CONFIG_FIELDS = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "attn_layer_indices", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups",
@@ -225,7 +225,7 @@ def _shards(path: Path) -> list[Path]:
 
 @st.composite
 def corruptions(draw):
-    """(description, function(path) that corrupts the checkpoint at path)."""
+    """(description, function(path) that corrupts the model directory at path)."""
     kind = draw(st.sampled_from(["delete shard", "truncate shard", "rename shard", "truncate config", "edit config",
                                  "drop tensor", "add tensor", "reshape tensor", "corrupt index", "drop index"]))
     pick = draw(st.integers(0, 10 ** 6))
@@ -296,7 +296,7 @@ def _corrupt_index(path: Path, weight_map: dict, tensor: str, pick: int, fractio
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corruption=corruptions())
-def test_corrupted_checkpoint_is_an_error_or_the_same_model(saved, reference, tmp_path, corruption):
+def test_corrupted_model_directory_is_an_error_or_the_same_model(saved, reference, tmp_path, corruption):
     description, corrupt = corruption
     path = copy_of(saved, tmp_path)
     corrupt(path)

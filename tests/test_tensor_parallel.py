@@ -56,13 +56,13 @@ def test_a_sharded_load_reads_only_its_slices(tmp_path):
 
 
 def test_a_corrupt_file_fails_a_mapped_read_as_a_whole_one(tmp_path):
-    from hybridspec.adapters.checkpoint_files import read_weights
-    from hybridspec.errors import CheckpointError
+    from hybridspec.adapters.model_files import read_weights
+    from hybridspec.errors import ModelFilesError
     bamba(seed=0).save_pretrained(tmp_path)
     file = tmp_path / "model.safetensors"
     file.write_bytes(file.read_bytes()[:-100])
     for mapped in (False, True):
-        with pytest.raises(CheckpointError, match="model.safetensors is not a readable safetensors file"):
+        with pytest.raises(ModelFilesError, match="model.safetensors is not a readable safetensors file"):
             read_weights(tmp_path, "cpu", mapped=mapped)
 
 

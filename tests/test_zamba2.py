@@ -11,7 +11,7 @@ import hybridspec as hs
 from hybridspec.adapters import zamba2 as adapter
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cli.main import main
-from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.errors import ModelFilesError, UnsupportedModelError
 from oracles import assert_prefill_matches_hf, assert_split_forwards_match, float64_oracle, hf_greedy, zamba2
 
 
@@ -88,7 +88,7 @@ def test_load_refuses_tied_copies_that_differ(tmp_path):
     state = {k: v.contiguous().clone() for k, v in m.state_dict().items()}
     state["model.layers.4.shared_transformer.self_attn.o_proj.weight"] += 1e-3  # layer 4 runs block 0, as layer 1
     save_file(state, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"layers\.4\.shared_transformer\.self_attn\.o_proj\.weight differs"):
+    with pytest.raises(ModelFilesError, match=r"layers\.4\.shared_transformer\.self_attn\.o_proj\.weight differs"):
         hs.load(tmp_path)
 
 
@@ -97,7 +97,7 @@ def test_load_is_strict_about_adapters(tmp_path):
     zamba2(seed=6).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(cfg | {"use_shared_attention_adapter": False}))
-    with pytest.raises(CheckpointError, match=r"18 unused: .*linear_k_adapter_list"):
+    with pytest.raises(ModelFilesError, match=r"18 unused: .*linear_k_adapter_list"):
         hs.load(tmp_path)
 
 
@@ -109,7 +109,7 @@ def test_unsupported_settings_are_refused_by_name():
         adapter.config_from_dict(cfg | {"add_bias_linear": True})
 
 
-def test_check_cli_passes_on_a_saved_checkpoint(tmp_path, capsys):
+def test_check_cli_passes_on_a_saved_model_directory(tmp_path, capsys):
     zamba2(seed=0).save_pretrained(tmp_path)
     assert main(["check", "--quick", "--model", str(tmp_path), "--draft", "ngram"]) == 0
     rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith(("PASS", "FAIL"))]

@@ -162,7 +162,7 @@ def gdn_speculative(rank: int) -> dict:
 
 
 def mapped_load(rank: int, path: str) -> dict:
-    """A sharded load's reads: the checkpoint file's pages resident in this
+    """A sharded load's reads: the weight file's pages resident in this
     process (its private mapping's Rss, the file first dropped from the page
     cache) after the rank's shard is copied out of the mapped tensors, against
     after every tensor is copied; and the logits of
@@ -171,7 +171,7 @@ def mapped_load(rank: int, path: str) -> dict:
 
     import hybridspec as hs
     from hybridspec.adapters import bamba as adapter
-    from hybridspec.adapters.checkpoint_files import read_config, read_weights
+    from hybridspec.adapters.model_files import read_config, read_weights
     from hybridspec.tp import shard_weights
     file = Path(path) / "model.safetensors"
     fd = os.open(file, os.O_RDONLY)

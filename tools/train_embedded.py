@@ -1,6 +1,6 @@
 """Train hybridspec's embedded default pair on the Python standard library's own source.
 
-Both models are byte-level `BambaForCausalLM` checkpoints (vocabulary 256, token = byte
+Both models are byte-level `BambaForCausalLM` models (vocabulary 256, token = byte
 value, no tokenizer): a hybrid Mamba2 + attention target and a much smaller draft. They
 are written in Hugging Face layout (config.json + model.safetensors) under
 `hybridspec/assets/embedded/{target,draft}`; TRAINING.md there records the run.

@@ -1,5 +1,5 @@
 """Adapters: build a `HybridModel` from an HF transformers model object
-(`from_hf`, sharing its parameters) or from a local checkpoint directory
+(`from_hf`, sharing its parameters) or from a local model directory
 (`load`: config.json + safetensors in HF layout or in mamba_ssm's
 `MambaLMHeadModel` layout)."""
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from hybridspec.config import HybridConfig
-from hybridspec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from hybridspec.errors import ConfigError, ModelFilesError, UnsupportedModelError
 from hybridspec.kernels import backend as backends
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.models.packing import HALF_DTYPES, storable_16bit
-from hybridspec.adapters.checkpoint_files import describe_files, read_config, read_weights
+from hybridspec.adapters.model_files import describe_files, read_config, read_weights
 from hybridspec.adapters.common import LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
 from hybridspec.adapters.validate import check_weights
 
@@ -29,7 +29,7 @@ HF_ADAPTERS = {
     "Qwen3NextForCausalLM": "qwen3_next",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5MoeForCausalLM": "qwen3_5",
-    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # the released checkpoints: the text model runs
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # the released models: the text model runs
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
 }
 MODEL_TYPES = {"bamba": "BambaForCausalLM", "jamba": "JambaForCausalLM", "nemotron_h": "NemotronHForCausalLM",
@@ -57,7 +57,7 @@ def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
     tensor_parallel_size: > 1, this process's shard of the model over a
     torch.distributed group of that many ranks (`hybridspec.tp`; the sharded
     tensors are copies).
-    Raises UnsupportedModelError for other architectures and CheckpointError
+    Raises UnsupportedModelError for other architectures and ModelFilesError
     when a tensor is missing or has the wrong shape for the config."""
     architecture = type(model).__name__
     adapter = _adapter(architecture)
@@ -73,7 +73,7 @@ def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
 
 def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None,
          tensor_parallel_size: int = 1, compute: str | torch.dtype | None = None) -> HybridModel:
-    """Load a checkpoint directory: config.json + safetensors shards (with
+    """Load a model directory: config.json + safetensors shards (with
     model.safetensors.index.json when sharded) or pytorch_model.bin, in HF
     layout or mamba_ssm's layout, from local files only.
 
@@ -81,7 +81,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     as stored). device: where the tensors are read to (default "cpu").
     pack: lay linear weights out for CPU decoding (`HybridModel.pack_for_cpu`,
     which also keeps float32 weights whose values are all bfloat16 or float16
-    values in that type, exactly: load a bf16 or fp16 checkpoint with
+    values in that type, exactly: load bf16 or fp16 weights with
     dtype=torch.float32 on CPU; default None: on CPU). tensor_parallel_size:
     > 1, this process's shard over a torch.distributed group of that many
     ranks (`hybridspec.tp`). compute: what the products multiply in
@@ -91,8 +91,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     its bits; dtype None then means float32); a ConfigError before anything is
     read where it cannot run.
     Loading is strict: a missing or unreadable file, or weights that differ
-    from what config.json implies, raise CheckpointError (see
-    `checkpoint_files`, `validate`); tensors the adapter knows to be present
+    from what config.json implies, raise ModelFilesError (see
+    `model_files`, `validate`); tensors the adapter knows to be present
     and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
     the model's `load_report`."""
     compute = HybridModel.compute_for(compute, device, dtype)
@@ -162,12 +162,12 @@ def _cast(weights: dict[str, torch.Tensor], dtype: torch.dtype | None, pack: boo
 
 def _owned(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each tensor in storage of its own: a replicated tensor still viewing a mapped
-    checkpoint file (`read_weights(mapped=True)`) is copied, so the model holds no mapping."""
+    weight file (`read_weights(mapped=True)`) is copied, so the model holds no mapping."""
     return {k: v.clone() if v.untyped_storage().nbytes() != v.nbytes else v for k, v in weights.items()}
 
 
 def _to_canonical(adapter, cfg: dict):
-    """The adapter's checkpoint-names -> canonical-names function; Zamba2's also
+    """The adapter's stored-names -> canonical-names function; Zamba2's also
     reads the config (which layers run which shared block)."""
     if getattr(adapter, "WEIGHTS_NEED_CONFIG", False):
         return lambda state: adapter.weights_from_state(state, cfg)
@@ -175,19 +175,19 @@ def _to_canonical(adapter, cfg: dict):
 
 
 def _config(config_from_dict, cfg: dict, source: str) -> HybridConfig:
-    """config_from_dict(cfg), its failures on missing or malformed fields as CheckpointError naming `source`."""
+    """config_from_dict(cfg), its failures on missing or malformed fields as ModelFilesError naming `source`."""
     try:
         return config_from_dict(cfg)
     except KeyError as error:
-        raise CheckpointError(f"{source} has no {error.args[0]!r} field, which this model family requires; "
-                              "restore it from the original checkpoint") from None
+        raise ModelFilesError(f"{source} has no {error.args[0]!r} field, which this model family requires; "
+                              "restore it from the model's original files") from None
     except ConfigError as error:
-        raise CheckpointError(f"{source}: {error}; fix the field in the config") from None
+        raise ModelFilesError(f"{source}: {error}; fix the field in the config") from None
     except UnsupportedModelError:
         raise
     except (TypeError, ValueError, ZeroDivisionError, AttributeError) as error:
-        raise CheckpointError(f"{source} holds a field of the wrong type or value ({type(error).__name__}: "
-                              f"{error}); compare it with the original checkpoint's config") from None
+        raise ModelFilesError(f"{source} holds a field of the wrong type or value ({type(error).__name__}: "
+                              f"{error}); compare it with the model's original config") from None
 
 
 def _checked(config: HybridConfig, to_canonical, state: dict[str, torch.Tensor], rules, source: str,
@@ -195,8 +195,8 @@ def _checked(config: HybridConfig, to_canonical, state: dict[str, torch.Tensor],
     """The canonical weights of `state`, checked against `config` (validate.check_weights)."""
     try:
         weights = to_canonical(state)
-    except CheckpointError as error:
-        raise CheckpointError(f"{source}: {error}") from None
+    except ModelFilesError as error:
+        raise ModelFilesError(f"{source}: {error}") from None
     origin = {id(t): name for name, t in state.items()}
 
     def describe(name: str) -> str:

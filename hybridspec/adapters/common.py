@@ -1,4 +1,4 @@
-"""Shared helpers of the checkpoint adapters: renaming by rules, config reading."""
+"""Shared helpers of the model adapters: renaming by rules, config reading."""
 from __future__ import annotations
 
 import re
@@ -10,7 +10,7 @@ from hybridspec.errors import UnsupportedModelError
 
 
 def rename(state: dict[str, torch.Tensor], rules: list[tuple[str, str | None]]) -> dict[str, torch.Tensor]:
-    """Map checkpoint names to hybridspec's canonical names with regex rules
+    """Map stored weight names to hybridspec's canonical names with regex rules
     (first match wins). A rule with replacement None drops a known non-weight
     (a rotary cache); names no rule matches are left out here and listed by
     `unmatched`, which the loaders reject."""
@@ -23,7 +23,7 @@ def rename(state: dict[str, torch.Tensor], rules: list[tuple[str, str | None]]) 
 
 
 def unmatched(state: dict[str, torch.Tensor], rules: list[tuple[str, str | None]]) -> list[str]:
-    """The checkpoint names no rule matches."""
+    """The stored names no rule matches."""
     return [name for name in state if _first_rule(name, rules) is None]
 
 
@@ -50,7 +50,7 @@ def eos_id(cfg: dict) -> int | None:
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a load found in the checkpoint besides the weights the model uses:
+    """What a load found in the model directory besides the weights the model uses:
     `unused` maps each tensor that is present and deliberately left out (an
     adapter's `UNUSED` patterns, e.g. Qwen3-Next's MTP head `mtp.*`) to why.
     `HybridModel.load_report` after `hs.from_hf` / `hs.load`."""

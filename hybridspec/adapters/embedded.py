@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hybridspec.errors import CheckpointError
+from hybridspec.errors import ModelFilesError
 
 EMBEDDED_DIR = Path(__file__).resolve().parents[1] / "assets" / "embedded"
 
@@ -16,6 +16,6 @@ def embedded_paths() -> tuple[Path, Path]:
     target, draft = EMBEDDED_DIR / "target", EMBEDDED_DIR / "draft"
     missing = [str(p) for p in (target, draft) if not (p / "config.json").is_file()]
     if missing:
-        raise CheckpointError(f"the embedded model pair is missing ({', '.join(missing)}); reinstall hybridspec, "
+        raise ModelFilesError(f"the embedded model pair is missing ({', '.join(missing)}); reinstall hybridspec, "
                                 "or rebuild it with `python tools/train_embedded.py` from a source checkout")
     return target, draft

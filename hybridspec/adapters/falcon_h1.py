@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, ParallelConfig
+from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, ParallelMixerConfig
 from hybridspec.errors import UnsupportedModelError
 from hybridspec.adapters.common import eos_id, rename, rope_settings
 
@@ -89,7 +89,7 @@ def config_from_dict(cfg: dict) -> HybridConfig:
             in_proj_multipliers=tuple(ssm_in * float(m) for m in ssm_multipliers)),
         mlp=MLPConfig(cfg["intermediate_size"], activation, gated=True, bias=cfg.get("mlp_bias", False),
                       gate_multiplier=float(gate_multiplier), down_multiplier=float(down_multiplier)),
-        parallel=ParallelConfig(
+        parallel=ParallelMixerConfig(
             attention_in_multiplier=float(cfg.get("attention_in_multiplier", 1.0)),
             attention_out_multiplier=float(cfg.get("attention_out_multiplier", 1.0)),
             mamba_out_multiplier=float(cfg.get("ssm_out_multiplier", 1.0))),

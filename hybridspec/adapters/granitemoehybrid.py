@@ -10,7 +10,7 @@ logits). Granite's muP multipliers map onto HybridConfig:
 
 RoPE (full head width) only when `position_embedding_type == "rope"`.
 The shared MLP's fused `input_linear` holds the gate rows first, then the up
-rows; it is split into views (no copy). Checkpoints on the Hub store the
+rows; it is split into views (no copy). Models on the Hub store the
 experts as `block_sparse_moe.input_linear/output_linear` and the router as
 `router.layer`; HF transformers 5 renames them, and both spellings load.
 """
@@ -100,7 +100,7 @@ def config_from_dict(cfg: dict) -> HybridConfig:
 
 
 def weights_from_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Checkpoint names -> canonical names. The shared MLP is the dense MLP of a
+    """Stored names -> canonical names. The shared MLP is the dense MLP of a
     layer without experts (`ffn.*`) and the shared expert of one with experts
     (`ffn.shared.*`)."""
     weights = rename(state, RULES)

@@ -5,7 +5,7 @@ unnormalised).
 
 Layer i is attention when i % attn_layer_period == attn_layer_offset, and
 its feed-forward is a MoE when i % expert_layer_period == expert_layer_offset
-(and num_experts > 1). Checkpoints on the Hub store each expert separately
+(and num_experts > 1). Models on the Hub store each expert separately
 (`experts.{e}.gate_proj/up_proj/down_proj.weight`); HF transformers 5 and
 hybridspec stack them into `experts.gate_up_proj [E, 2·I, hidden]` and
 `experts.down_proj [E, hidden, I]`.
@@ -17,7 +17,7 @@ import re
 import torch
 
 from hybridspec.config import AttentionConfig, HybridConfig, Mamba1Config, MLPConfig, MoEConfig
-from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.errors import ModelFilesError, UnsupportedModelError
 from hybridspec.adapters.common import eos_id, rename
 
 ARCHITECTURE = "JambaForCausalLM"
@@ -102,13 +102,13 @@ def stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for prefix, experts in per_expert.items():
         order = sorted(experts)
         if order != list(range(len(order))) or any(len(experts[e]) != 3 for e in order):
-            raise CheckpointError(f"{prefix}: expected gate_proj, up_proj and down_proj for experts "
-                                  f"0..{len(order) - 1}, got experts {order}; the checkpoint is incomplete")
+            raise ModelFilesError(f"{prefix}: expected gate_proj, up_proj and down_proj for experts "
+                                  f"0..{len(order) - 1}, got experts {order}; the weights are incomplete")
         shapes = {proj: {tuple(experts[e][proj].shape) for e in order}
                   for proj in ("gate_proj", "up_proj", "down_proj")}
         if any(len(s) > 1 for s in shapes.values()) or shapes["gate_proj"] != shapes["up_proj"]:
-            raise CheckpointError(f"{prefix}: the experts' weights differ in shape ({shapes}); every expert needs "
-                                  "the same gate_proj, up_proj and down_proj shapes: the checkpoint is corrupt")
+            raise ModelFilesError(f"{prefix}: the experts' weights differ in shape ({shapes}); every expert needs "
+                                  "the same gate_proj, up_proj and down_proj shapes: the weights are corrupt")
         out[f"{prefix}.gate_up_proj"] = torch.stack(
             [torch.cat([experts[e]["gate_proj"], experts[e]["up_proj"]], dim=0) for e in order])
         out[f"{prefix}.down_proj"] = torch.stack([experts[e]["down_proj"] for e in order])

@@ -1,4 +1,4 @@
-"""mamba_ssm's own checkpoint layout (`MambaLMHeadModel`, state-spaces/mamba):
+"""mamba_ssm's own weight layout (`MambaLMHeadModel`, state-spaces/mamba):
 config.json with `d_model`/`n_layer` and a state dict under `backbone.`.
 
 Every layer is `norm -> mixer` (+ `norm2 -> GatedMLP` when d_intermediate > 0):
@@ -24,7 +24,7 @@ import re
 import torch
 
 from hybridspec.config import AttentionConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
-from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.errors import ModelFilesError, UnsupportedModelError
 from hybridspec.adapters.common import rename
 
 NORM_EPS = 1e-5
@@ -44,7 +44,7 @@ _FC1 = re.compile(r"^layers\.(\d+)\.ffn\.fc1$")
 
 
 def _unsupported(what: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"mamba_ssm checkpoint: {what} is not supported")
+    return UnsupportedModelError(f"mamba_ssm model: {what} is not supported")
 
 
 def _check_equal(cfg: dict, key: str, value, default) -> None:
@@ -137,7 +137,7 @@ def _split_attention(weights: dict[str, torch.Tensor], layer: int, attn: Attenti
         fused = weights.pop(f"{prefix}.in_proj.{part}", None)
         if fused is not None:
             if fused.shape[0] != sum(sizes):
-                raise CheckpointError(f"layer {layer}: the MHA in_proj.{part} has {fused.shape[0]} rows, but "
+                raise ModelFilesError(f"layer {layer}: the MHA in_proj.{part} has {fused.shape[0]} rows, but "
                                       f"attn_cfg implies {sum(sizes)} (q, k, v: {sizes}); check num_heads, "
                                       "num_heads_kv and head_dim in config.json")
             for name, tensor in zip(("q_proj", "k_proj", "v_proj"), fused.split(sizes, dim=0)):

@@ -9,7 +9,7 @@ block holding a single sublayer, named by its pattern character:
                                   (Nemotron 3 Nano)
 
 The pattern comes from `hybrid_override_pattern` (config.json on the Hub) or
-`layers_block_type` (HF transformers 5). Checkpoints on the Hub prefix the
+`layers_block_type` (HF transformers 5). Models on the Hub prefix the
 stack with `backbone.`, HF transformers 5 with `model.`; both load. An "E"
 block's experts are stored stacked (`mixer.experts.up_proj [E, I, H]`,
 `down_proj [E, H, I]`) by HF transformers 5 and one by one
@@ -23,7 +23,7 @@ import re
 import torch
 
 from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, MoEConfig
-from hybridspec.errors import CheckpointError, ConfigError, UnsupportedModelError
+from hybridspec.errors import ConfigError, ModelFilesError, UnsupportedModelError
 from hybridspec.adapters.common import eos_id, rename
 
 ARCHITECTURE = "NemotronHForCausalLM"
@@ -158,14 +158,14 @@ def stack_experts(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         order = sorted(experts)
         shapes = {tuple(t.shape) for t in experts.values()}
         if order != list(range(len(order))) or len(shapes) > 1:
-            raise CheckpointError(f"{prefix}.*.{proj}: expected experts 0..{len(order) - 1} of one shape, got "
-                                  f"experts {order} of shapes {sorted(shapes)}; the checkpoint is incomplete")
+            raise ModelFilesError(f"{prefix}.*.{proj}: expected experts 0..{len(order) - 1} of one shape, got "
+                                  f"experts {order} of shapes {sorted(shapes)}; the weights are incomplete")
         out[f"{prefix}.{proj}"] = torch.stack([experts[e] for e in order])
     return out
 
 
 def weights_from_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Checkpoint names -> canonical names. A block's single norm is the mixer's
+    """Stored names -> canonical names. A block's single norm is the mixer's
     input norm, or the feed-forward norm in an MLP block."""
     weights = stack_experts(rename(state, RULES))
     for name in [n for n in weights if _BLOCK_NORM.match(n)]:

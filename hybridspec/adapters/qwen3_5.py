@@ -7,7 +7,7 @@ expert with its sigmoid gate). The multimodal rotary (`mrope_section`) gives
 text positions the plain rotary angles, so text runs with the plain rotation.
 `mtp.*` weights are present and unused, as for Qwen3-Next.
 
-The released checkpoints are the multimodal `Qwen3_5ForConditionalGeneration`
+The released models are the multimodal `Qwen3_5ForConditionalGeneration`
 / `Qwen3_5MoeForConditionalGeneration`: the text model's config under
 `text_config`, its weights under `model.language_model.`, the vision encoder
 under `model.visual.` (present and unused: hybridspec runs the text model).
@@ -31,7 +31,7 @@ UNUSED = qwen3_next.UNUSED + [(r"^model\.visual\.", "vision encoder: hybridspec 
 
 
 def text_config(cfg: dict) -> dict:
-    """The text model's config: `text_config` of a multimodal checkpoint (the top level's tie and EOS where
+    """The text model's config: `text_config` of a multimodal model (the top level's tie and EOS where
     it sets them), else the config itself."""
     if "text_config" not in cfg:
         return cfg

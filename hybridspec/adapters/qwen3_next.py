@@ -10,7 +10,7 @@ layer runs; layer i's feed-forward is a MoE when num_experts > 0, i is not in
 
 The RMSNorms (layer, final, q/k) are zero-centred, y = (1 + w)·x̂
 (`zero_centred_norms`: the model forms 1 + w from w in its own dtype, so a
-bf16 checkpoint loaded as float32 gets HF's float32 1 + w); the GDN's gated
+bf16 weights loaded as float32 gets HF's float32 1 + w); the GDN's gated
 norm is a plain w·x̂.
 
 Conversions to hybridspec's canonical weights (copies, not views: from_hf
@@ -19,7 +19,7 @@ shares every other tensor with the HF model):
   q, k, and its group's v and z (resp. b and a): they are regrouped into one
   `in_proj` [q | k | v | z | b | a] (`gated_deltanet.py`);
 - per-expert Hub weights are stacked as for Jamba.
-Checkpoints carry multi-token-prediction weights (`mtp.*`): present and unused
+The released models carry multi-token-prediction weights (`mtp.*`): present and unused
 (`UNUSED`, named in the model's `load_report`).
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ RULES = [
     (r"^model\.rotary_emb\.", None),  # HF's rotary buffers, recomputed from the config
 ]
 
-# checkpoint tensors present and deliberately unused: name pattern -> why (the model's `load_report`)
+# stored tensors present and deliberately unused: name pattern -> why (the model's `load_report`)
 UNUSED = [(r"^mtp\.", "multi-token-prediction (MTP) head: hybridspec drafts with its own drafters")]
 
 

@@ -1,5 +1,5 @@
 """The tensors a `HybridConfig` implies, by canonical name, with their shapes,
-and the strict check of a checkpoint's weights against them: every expected
+and the strict check of a model directory's weights against them: every expected
 tensor present with the expected shape, every tensor used, optional tensors
 (biases, `lm_head`) present exactly when the config says so.
 
@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from hybridspec.config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig, MoEConfig
-from hybridspec.errors import CheckpointError
+from hybridspec.errors import ModelFilesError
 
 SHOWN = 4  # tensors listed per kind of mismatch
 
@@ -173,7 +173,7 @@ def expected_tensors(config: HybridConfig) -> dict[str, Expected]:
 
 
 def optional_tensors(config: HybridConfig) -> dict[str, Expected]:
-    """Tensors a checkpoint may carry or leave out: the rotary frequencies
+    """Tensors a model directory may carry or leave out: the rotary frequencies
     (recomputed from the config when absent)."""
     a = config.attention
     if a is None or not a.use_rope:
@@ -184,9 +184,9 @@ def optional_tensors(config: HybridConfig) -> dict[str, Expected]:
 def check_weights(config: HybridConfig, weights: dict[str, torch.Tensor], unmatched: list[str], source: str,
                   describe: Callable[[str], str]) -> dict[str, torch.Tensor]:
     """`weights` (canonical names) if they are exactly what `config` implies, else
-    CheckpointError naming `source` and the first tensors missing, unused
-    (`unmatched`: checkpoint names no naming rule knows) or of the wrong shape.
-    A tied checkpoint may repeat the embedding as lm_head.weight; the copy is dropped."""
+    ModelFilesError naming `source` and the first tensors missing, unused
+    (`unmatched`: stored names no naming rule knows) or of the wrong shape.
+    A model with tied embeddings may store the embedding again as lm_head.weight; the copy is dropped."""
     weights = dict(weights)
     if config.tie_word_embeddings and _same_tensor(weights.get("lm_head.weight"), weights.get("embed_tokens.weight")):
         del weights["lm_head.weight"]
@@ -197,7 +197,7 @@ def check_weights(config: HybridConfig, weights: dict[str, torch.Tensor], unmatc
     wrong = [f"{describe(name)} is {list(t.shape)}, expected {list(expected[name].shape)} = {expected[name].formula}"
              for name, t in weights.items() if name in expected and tuple(t.shape) != expected[name].shape]
     if missing or unused or wrong:
-        raise CheckpointError(_mismatch_message(config, source, missing, unused, wrong, weights))
+        raise ModelFilesError(_mismatch_message(config, source, missing, unused, wrong, weights))
     return weights
 
 

@@ -6,7 +6,7 @@ is a Mamba2 mixer without feed-forward; the shared blocks are
 
 HF stores block b's weights under the layer of its first occurrence
 (`model.layers.{i}.shared_transformer.*`; later occurrences are tied to it
-and a checkpoint may repeat them, which must then be equal), with each
+and the weight files may repeat them, which must then be equal), with each
 occurrence j's LoRA adapters in that block's adapter lists at index j
 (`self_attn.linear_q_adapter_list.{j}.0/1`, `feed_forward.gate_up_proj_adapter_list.{j}.0/1`).
 hybridspec names them `shared_blocks.{b}.*` and `layers.{i}.shared.adapters.*`.
@@ -19,7 +19,7 @@ import re
 import torch
 
 from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig, SharedBlockConfig
-from hybridspec.errors import CheckpointError, UnsupportedModelError
+from hybridspec.errors import ModelFilesError, UnsupportedModelError
 from hybridspec.adapters.common import eos_id, rename, rope_settings
 
 ARCHITECTURE = "Zamba2ForCausalLM"
@@ -128,9 +128,9 @@ def resolve_shared_blocks(weights: dict[str, torch.Tensor], layers: tuple[int, .
         for key, value in renamed.items():
             if key in out and not torch.equal(out[key], value):
                 stored = _SHARED_AT.sub(r"model.layers.\1.shared_transformer.\2", name)
-                raise CheckpointError(f"{stored} differs from the same shared-block weight stored at another "
+                raise ModelFilesError(f"{stored} differs from the same shared-block weight stored at another "
                                       f"occurrence ({key}); the occurrences of a Zamba2 block share their weights, "
-                                      "so the checkpoint is corrupt")
+                                      "so the weights are corrupt")
             out[key] = value
     return out
 

@@ -5,23 +5,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridspec.deprecated import renamed_fields
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.prefix_cache import PrefixStore
 
 
+@renamed_fields({"prefix_checkpoint_bytes": "prefix_saved_state_bytes"})  # "checkpoint" names the ring snapshots
 @dataclass(frozen=True)
 class CacheMemory:
     """One model's cache: KV pages (0 of 0 for a model without attention),
     state rings (one per running sequence; 0 of 0 without recurrent layers),
-    and what its prefix cache holds (pages among the used ones, checkpoint
-    bytes; 0 with the prefix cache off)."""
+    and what its prefix cache holds (pages among the used ones, bytes of
+    saved states; 0 with the prefix cache off)."""
 
     kv_pages_total: int
     kv_pages_free: int
     rings_total: int
     rings_free: int
     prefix_cached_pages: int
-    prefix_checkpoint_bytes: int
+    prefix_saved_state_bytes: int
     kv_bytes_per_page: int
 
     @property
@@ -34,8 +36,8 @@ class CacheMemory:
 
     @property
     def prefix_cache_bytes(self) -> int:
-        """Pages the prefix cache holds (their K/V) plus its state checkpoints."""
-        return self.prefix_cached_pages * self.kv_bytes_per_page + self.prefix_checkpoint_bytes
+        """Pages the prefix cache holds (their K/V) plus its saved states."""
+        return self.prefix_cached_pages * self.kv_bytes_per_page + self.prefix_saved_state_bytes
 
 
 @dataclass(frozen=True)
@@ -55,5 +57,5 @@ def cache_memory(cache: HybridCache, prefix: PrefixStore | None) -> CacheMemory:
         kv_pages_total=0 if kv is None else kv.num_blocks, kv_pages_free=0 if kv is None else kv.num_free_blocks,
         rings_total=0 if states is None else states.max_seqs, rings_free=0 if states is None else states.num_free_rings,
         prefix_cached_pages=0 if prefix is None else len(prefix.cached_pages()),
-        prefix_checkpoint_bytes=0 if prefix is None else prefix.checkpoint_bytes,
+        prefix_saved_state_bytes=0 if prefix is None else prefix.saved_state_bytes,
         kv_bytes_per_page=0 if kv is None else kv.bytes_per_block)

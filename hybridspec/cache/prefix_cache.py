@@ -1,31 +1,31 @@
 """Prefix cache for a hybrid model: reuse the attention K/V pages of a cached
-prefix and restart the recurrent layers from a stored state checkpoint.
+prefix and restart the recurrent layers from a saved state.
 
 Attention layers can reuse any prefix's K/V; Mamba layers cannot, because
 their state is one point at one position. So a request finds the longest
 cached prefix H of its prompt (`PrefixIndex`, a token radix tree of KV pages)
-and the nearest valid checkpoint C <= H, copies the checkpoint into its ring
+and the nearest valid saved state C <= H, copies that state into its ring
 head, and runs the model over the tail C..H reading the tail's cached K/V
 (those positions are never written: the pages stay shared), then over the
 rest of its prompt as a plain prefill. Nothing is skipped at the end: the
 last prompt token is always computed, so the first token's logits are the
 ones a prefill from scratch gives (C <= len(prompt) - 1).
 
-Checkpoints are taken where the forward passes them (the prefill runs in
+States are saved where the forward passes them (the prefill runs in
 chunks ending there):
   - at len(prompt) - 1: the state with the last prompt token pending, which
     an identical prompt (or any longer one) restores with a one-token tail;
-  - every `checkpoint_every` tokens of a prompt;
-  - at each position the request marks (`SamplingParams(cache_checkpoints=...)`);
+  - every `save_every` tokens of a prompt;
+  - at each position the request marks (`SamplingParams(save_states_at=...)`);
   - at the hit H when the prompt leaves the cached path there past its
-    checkpoint (a branch point: the next prompt sharing that prefix, e.g. the
+    saved state (a branch point: the next prompt sharing that prefix, e.g. the
     next question over the same document, restores it with no replay);
   - at the end of a finished request (computed_len = committed - 1), so the
     next chat turn, which re-sends the conversation, hits.
-Checkpoints live under `memory_budget_bytes`, evicted least recently used;
+Saved states live under `memory_budget_bytes`, evicted least recently used;
 cached pages live in the model's block pool, evicted (leaves first, least
 recently used) when the scheduler needs room. While a prompt is restored and
-replayed, its hit (the deepest node, the checkpoint) is locked; afterwards the
+replayed, its hit (the deepest node, the saved state) is locked; afterwards the
 sequence holds its own reference to every page it shares and its own copy of
 the state, so evicting an index entry never frees what a running sequence uses.
 
@@ -35,7 +35,7 @@ anyway; replaying only saves the tail's K/V writes and keeps its pages
 shared, so it never costs more than stopping the hit at C. What can make it
 not worth it is its length: with `max_replay_tokens` set, a tail longer than
 that stops the hit at C (`plan_hit`); `max_replay_tokens=0` makes hits land
-only on checkpoints, which with `checkpoint_every=N` and no end checkpoints
+only on saved states, which with `save_every=N` and no end states
 (and `at_hit=False`) is the block-grid scheme of vLLM.
 """
 from __future__ import annotations
@@ -44,29 +44,31 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from hybridspec.deprecated import renamed_fields
 from hybridspec.errors import ConfigError
-from hybridspec.cache.prefix_index import Checkpoint, Node, PrefixIndex
+from hybridspec.cache.prefix_index import Node, PrefixIndex, SavedState
 
 
+@renamed_fields({"checkpoint_every": "save_every"})  # "checkpoint" names the ring snapshots
 @dataclass(frozen=True)
 class PrefixCache:
     """Settings of an Engine's prefix cache (`hs.Engine(..., prefix_cache=hs.PrefixCache(...))`).
 
-    memory_budget_bytes: most bytes of state checkpoints kept per model (the
+    memory_budget_bytes: most bytes of saved states kept per model (the
         target's and a model drafter's each; default 256 MiB); KV pages are
         bounded by the block pool (`Engine(num_blocks=...)`).
-    checkpoint_every: also checkpoint every N prompt tokens (positions N, 2N, …);
+    save_every: also save the state every N prompt tokens (positions N, 2N, …);
         None (default): only at prompt ends, request ends and marks.
-    at_prompt_end: checkpoint at len(prompt) - 1 (default True).
-    at_request_end: checkpoint a finished request's committed tokens (default True).
-    at_hit: checkpoint a prompt at its hit when the hit lies past the checkpoint it
+    at_prompt_end: save the state at len(prompt) - 1 (default True).
+    at_request_end: save a finished request's state at its end (default True).
+    at_hit: save a prompt's state at its hit when the hit lies past the saved state it
         restored (the replayed tail's end, where the prompt branches off; default True).
-    max_replay_tokens: longest tail replayed from a checkpoint; a longer one
-        stops the hit at the checkpoint. None (default): no limit; 0: no replay.
+    max_replay_tokens: longest tail replayed from a saved state; a longer one
+        stops the hit at the saved state. None (default): no limit; 0: no replay.
     """
 
     memory_budget_bytes: int = 256 * 2 ** 20
-    checkpoint_every: int | None = None
+    save_every: int | None = None
     at_prompt_end: bool = True
     at_request_end: bool = True
     at_hit: bool = True
@@ -76,9 +78,9 @@ class PrefixCache:
         def integer(name, value, low, fix):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"PrefixCache({name}={value!r}): must be an integer >= {low}{fix}")
-        integer("memory_budget_bytes", self.memory_budget_bytes, 0, " (bytes of state checkpoints)")
-        if self.checkpoint_every is not None:
-            integer("checkpoint_every", self.checkpoint_every, 1, ", or None for no grid of checkpoints")
+        integer("memory_budget_bytes", self.memory_budget_bytes, 0, " (bytes of saved states)")
+        if self.save_every is not None:
+            integer("save_every", self.save_every, 1, ", or None for no grid of saved states")
         if self.max_replay_tokens is not None:
             integer("max_replay_tokens", self.max_replay_tokens, 0, ", or None for no limit")
         for name in ("at_prompt_end", "at_request_end", "at_hit"):
@@ -100,34 +102,34 @@ def as_prefix_settings(value) -> PrefixCache | None:
 @dataclass
 class PrefixHit:
     """Where a prompt starts: the K/V of [0, num_cached) from `nodes`' pages, the
-    recurrent state after `state_position` tokens from `checkpoint` (None: zeros)."""
+    recurrent state after `state_position` tokens from `saved_state` (None: zeros)."""
 
     num_cached: int
     state_position: int
     nodes: list[Node]
-    checkpoint: Checkpoint | None
+    saved_state: SavedState | None
 
     @property
     def num_replayed(self) -> int:
         return self.num_cached - self.state_position
 
 
-def plan_hit(num_cached: int, checkpoint_position: int, max_replay_tokens: int | None) -> int:
-    """The hit length to use: `num_cached`, or `checkpoint_position` when the tail
+def plan_hit(num_cached: int, state_position: int, max_replay_tokens: int | None) -> int:
+    """The hit length to use: `num_cached`, or `state_position` when the tail
     between them is longer than `max_replay_tokens` (see the module's cost model)."""
-    if max_replay_tokens is not None and num_cached - checkpoint_position > max_replay_tokens:
-        return checkpoint_position
+    if max_replay_tokens is not None and num_cached - state_position > max_replay_tokens:
+        return state_position
     return num_cached
 
 
-def checkpoint_positions(prompt_len: int, start: int, settings: PrefixCache, marks=(), hit: int = 0) -> list[int]:
+def save_positions(prompt_len: int, start: int, settings: PrefixCache, marks=(), hit: int = 0) -> list[int]:
     """Positions in (start, prompt_len] where the prefill of a prompt restored at `start`
-    with a cached prefix of `hit` tokens stores a checkpoint."""
+    with a cached prefix of `hit` tokens saves the state."""
     wanted = set(m for m in marks if start < m <= prompt_len)
     if settings.at_hit and hit > start:
         wanted.add(hit)
-    if settings.checkpoint_every is not None:
-        wanted.update(range(settings.checkpoint_every, prompt_len + 1, settings.checkpoint_every))
+    if settings.save_every is not None:
+        wanted.update(range(settings.save_every, prompt_len + 1, settings.save_every))
     if settings.at_prompt_end and prompt_len >= 2:
         wanted.add(prompt_len - 1)
     return sorted(p for p in wanted if start < p)
@@ -140,14 +142,14 @@ class PrefixCounts:
 
     prefill_computed_tokens: int = 0  # prompt tokens run through the model (from each restored state on)
     prefix_hit_tokens: int = 0  # prompt tokens whose K/V was found cached
-    prefix_replayed_tokens: int = 0  # of those, the tails replayed from a checkpoint
-    prefix_checkpoint_hits: int = 0  # prompts started from a stored checkpoint
-    prefix_evictions: int = 0  # cached pages and checkpoints evicted
+    prefix_replayed_tokens: int = 0  # of those, the tails replayed from a saved state
+    prefix_saved_state_hits: int = 0  # prompts started from a saved state
+    prefix_evictions: int = 0  # cached pages and saved states evicted
 
 
 class PrefixStore:
     """The prefix cache of one model and its `HybridCache` (the target's, or a
-    model drafter's): index, checkpoints, lookup/restore, insertion, eviction.
+    model drafter's): index, saved states, lookup/restore, insertion, eviction.
     `counts` (`PrefixCounts`) add up what it did until `move_counts` hands them
     to an `EngineStats`.
 
@@ -161,25 +163,25 @@ class PrefixStore:
         self.model, self.cache, self.settings = model, cache, settings
         self.counts = PrefixCounts()
         self.index = PrefixIndex(cache.block_size)
-        self.checkpoint_bytes = 0
+        self.saved_state_bytes = 0
 
     # -- lookup and restore -------------------------------------------------------------------
 
     def lookup(self, tokens: list[int], wants_logits: bool = True) -> PrefixHit:
         """Where `tokens` (a prompt) can start: the longest cached prefix, at most the whole
-        prompt, and the nearest checkpoint at or before it and, when the last token's logits
+        prompt, and the nearest saved state at or before it and, when the last token's logits
         are wanted, before the last token."""
         match = self.index.match(tokens)
         limit = min(match.num_cached, len(tokens) - int(wants_logits))
-        if self.cache.states is None:  # no recurrent state: every position is a checkpoint
-            checkpoint, position = None, limit
+        if self.cache.states is None:  # no recurrent state: any position can be restored
+            saved, position = None, limit
         else:
-            checkpoint = match.nearest_checkpoint(limit)
-            position = 0 if checkpoint is None else checkpoint.position
+            saved = match.nearest_saved_state(limit)
+            position = 0 if saved is None else saved.position
         num_cached = plan_hit(match.num_cached, position, self.settings.max_replay_tokens)
         if self.cache.kv is None:
             num_cached = position  # without K/V there is nothing to share past the state
-        return PrefixHit(num_cached, position, match.nodes_for(num_cached, self.cache.block_size), checkpoint)
+        return PrefixHit(num_cached, position, match.nodes_for(num_cached, self.cache.block_size), saved)
 
     def prefill(self, seq_ids: list[int], token_lists: list[list[int]], marks=None,
                 wants_logits: list[bool] | None = None) -> torch.Tensor:
@@ -200,12 +202,12 @@ class PrefixStore:
                      wants_logits: bool) -> torch.Tensor | None:
         hit = self.lookup(tokens, wants_logits)
         self.cache.add_sequences([seq_id])
-        locked = hit.nodes[-1:] + ([hit.checkpoint.node] if hit.checkpoint is not None else [])
-        self.index.lock(locked, hit.checkpoint)  # in use until the prompt is absorbed and indexed
-        self.index.touch(hit.nodes, hit.checkpoint)
+        locked = hit.nodes[-1:] + ([hit.saved_state.node] if hit.saved_state is not None else [])
+        self.index.lock(locked, hit.saved_state)  # in use until the prompt is absorbed and indexed
+        self.index.touch(hit.nodes, hit.saved_state)
         try:
             try:
-                state = None if hit.checkpoint is None else hit.checkpoint.state
+                state = None if hit.saved_state is None else hit.saved_state.state
                 self.cache.restore_prefix(seq_id, [n.page for n in hit.nodes], hit.num_cached,
                                           hit.state_position, state)
                 logits, states = self._forward_from(seq_id, tokens, hit, marks)
@@ -215,16 +217,16 @@ class PrefixStore:
             self._count_hit(hit, len(tokens))
             self._insert(tokens, seq_id, states)
         finally:
-            self.index.lock(locked, hit.checkpoint, -1)
+            self.index.lock(locked, hit.saved_state, -1)
         return logits
 
     def _forward_from(self, seq_id: int, tokens: list[int], hit: PrefixHit,
                       marks) -> tuple[torch.Tensor | None, list]:
         """The model over the prompt from the hit's state position, in chunks ending at each
-        checkpoint position; returns the last logits [1, vocab] (None: nothing to run) and
-        the (position, state) checkpoints taken."""
+        position that saves the state; returns the last logits [1, vocab] (None: nothing to run) and
+        the (position, state) pairs saved."""
         start = hit.state_position
-        stops = checkpoint_positions(len(tokens), start, self.settings, marks, hit.num_cached)
+        stops = save_positions(len(tokens), start, self.settings, marks, hit.num_cached)
         ends = sorted(set(stops) | {len(tokens)}) if start < len(tokens) else []
         taken, logits = [], None
         for end in ends:
@@ -244,7 +246,7 @@ class PrefixStore:
         counts = self.counts
         counts.prefix_hit_tokens += hit.num_cached
         counts.prefix_replayed_tokens += hit.num_replayed
-        counts.prefix_checkpoint_hits += int(hit.checkpoint is not None)
+        counts.prefix_saved_state_hits += int(hit.saved_state is not None)
         counts.prefill_computed_tokens += prompt_len - hit.state_position
 
     # -- insertion and release ----------------------------------------------------------------
@@ -263,27 +265,27 @@ class PrefixStore:
             kv.pool.incref(page)
         for position, state in states:
             if 0 < position <= n:
-                self._add_checkpoint(path[(position - 1) // self.cache.block_size], position, state)
+                self._save_state(path[(position - 1) // self.cache.block_size], position, state)
 
-    def _add_checkpoint(self, node: Node, position: int, state) -> None:
+    def _save_state(self, node: Node, position: int, state) -> None:
         nbytes = state.nbytes
-        if position in node.checkpoints:
-            self.index.add_checkpoint(node, position, state, nbytes)  # already kept: only touched
+        if position in node.saved_states:
+            self.index.add_saved_state(node, position, state, nbytes)  # already kept: only touched
             return
         if nbytes > self.settings.memory_budget_bytes:
             return
-        while self.checkpoint_bytes + nbytes > self.settings.memory_budget_bytes:
-            victim = self.index.evictable_checkpoint()
+        while self.saved_state_bytes + nbytes > self.settings.memory_budget_bytes:
+            victim = self.index.evictable_saved_state()
             if victim is None:
                 return  # everything stored is in use: this one is not kept
-            self._drop_checkpoint(victim)
-        if self.index.add_checkpoint(node, position, state, nbytes) is not None:
-            self.checkpoint_bytes += nbytes
+            self._drop_saved_state(victim)
+        if self.index.add_saved_state(node, position, state, nbytes) is not None:
+            self.saved_state_bytes += nbytes
 
     def release(self, seq_ids: list[int], token_lists: list[list[int] | None]) -> None:
         """Sequences about to be freed (finished, preempted or aborted): each one given its
         committed tokens and standing at a boundary is indexed up to its computed_len,
-        with an end checkpoint (None: nothing is indexed). Call before
+        with its end state saved (None: nothing is indexed). Call before
         `HybridCache.free_sequences`."""
         for s, tokens in zip(seq_ids, token_lists):
             if tokens is None or not self.cache.has_sequence(s) or not self._is_consistent(s):
@@ -322,28 +324,28 @@ class PrefixStore:
             self._drop_leaf(leaf)
 
     def _drop_leaf(self, node: Node) -> None:
-        for checkpoint in self.index.remove_leaf(node):
-            self.checkpoint_bytes -= checkpoint.nbytes
+        for saved in self.index.remove_leaf(node):
+            self.saved_state_bytes -= saved.nbytes
             self.counts.prefix_evictions += 1
         if node.page is not None:
             self.cache.kv.pool.decref(node.page)
         self.counts.prefix_evictions += 1
 
-    def _drop_checkpoint(self, checkpoint: Checkpoint) -> None:
-        self.index.remove_checkpoint(checkpoint)
-        self.checkpoint_bytes -= checkpoint.nbytes
+    def _drop_saved_state(self, saved: SavedState) -> None:
+        self.index.remove_saved_state(saved)
+        self.saved_state_bytes -= saved.nbytes
         self.counts.prefix_evictions += 1
-        node = checkpoint.node
-        while node.parent is not None and node.page is None and not node.children and not node.checkpoints \
-                and node.lock_count == 0:  # a page-less node (no attention layers) only carried checkpoints
+        node = saved.node
+        while node.parent is not None and node.page is None and not node.children and not node.saved_states \
+                and node.lock_count == 0:  # a page-less node (no attention layers) only carried saved states
             parent = node.parent
             self.index.remove_leaf(node)
             node = parent
 
     def clear(self) -> None:
         """Evict everything not locked."""
-        while (checkpoint := self.index.evictable_checkpoint()) is not None:
-            self._drop_checkpoint(checkpoint)
+        while (saved := self.index.evictable_saved_state()) is not None:
+            self._drop_saved_state(saved)
         while (leaf := self.index.evictable_leaf()) is not None:
             self._drop_leaf(leaf)
 
@@ -353,5 +355,5 @@ class PrefixStore:
         """Every page the index holds (one holder each)."""
         return [n.page for n in self.index.nodes() if n.page is not None]
 
-    def num_checkpoints(self) -> int:
-        return len(self.index.checkpoints())
+    def num_saved_states(self) -> int:
+        return len(self.index.saved_states())

@@ -1,7 +1,8 @@
 """`PrefixIndex`: the bookkeeping of the prefix cache, a radix tree over
-committed tokens whose nodes are KV pages, with state checkpoints hung on the
-node that holds their position. Plain Python, no tensors: page ids, token
-tuples, checkpoint entries, lock counts and an LRU clock.
+committed tokens whose nodes are KV pages, with saved states (a sequence's
+recurrent state saved at a position) hung on the node that holds their
+position. Plain Python, no tensors: page ids, token tuples, saved-state
+entries, lock counts and an LRU clock.
 
 Terms
   node         one KV page of a cached prefix: `tokens` (1 .. block_size of them; fewer
@@ -12,20 +13,20 @@ Terms
                by exact key, then the child sharing most tokens with the rest of the
                prompt, which may end inside its page (the page is shared, and the first
                write past the hit copies it: `PagedKVCache` copy-on-write).
-  checkpoint   the recurrent state (`SlotState`) after `position` tokens of the path,
-               kept on the node holding position - 1. A checkpoint is valid for a
+  saved state  the recurrent state (`SlotState`) after `position` tokens of the path,
+               kept on the node holding position - 1. A saved state is valid for a
                prompt iff the prompt's first `position` tokens are the path's, so a
-               partial sibling's checkpoints count as far as the prompt agrees with it.
+               partial sibling's saved states count as far as the prompt agrees with it.
   lock         a prompt being restored and replayed holds the deepest node of its hit and
-               the checkpoint it restores from; locked nodes and checkpoints are never
+               the saved state it restores from; locked nodes and saved states are never
                evicted (only leaves are evicted, so a locked node keeps its ancestors too).
 
 Why a token radix tree rather than chained hashes of full pages (vLLM's
 block hashes): a hash names only a full page, so a shared prefix that ends
 inside a page, or a prompt sent twice whose last page is partial, loses that
-page; Mamba state makes this worse, because a checkpoint is only usable where
+page; Mamba state makes this worse, because a saved state is only usable where
 the index can say "these exact tokens". Comparing tokens gives a hit at any
-position, checkpoints at any position, and a cheap walk (one dictionary lookup
+position, saved states at any position, and a cheap walk (one dictionary lookup
 per full page).
 """
 from __future__ import annotations
@@ -45,8 +46,8 @@ def common_prefix_len(a, b) -> int:
 
 
 @dataclass(eq=False)
-class Checkpoint:
-    """A state checkpoint: `state` after the first `position` tokens of `node`'s path."""
+class SavedState:
+    """A saved state: `state` after the first `position` tokens of `node`'s path."""
 
     position: int
     state: Any  # SlotState (tensors); the index never looks inside
@@ -63,7 +64,7 @@ class Node:
     page: int | None
     parent: "Node | None"
     children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
-    checkpoints: dict[int, Checkpoint] = field(default_factory=dict)  # position -> checkpoint
+    saved_states: dict[int, SavedState] = field(default_factory=dict)  # position -> saved state
     lock_count: int = 0
     last_access: int = 0
 
@@ -75,19 +76,19 @@ class Node:
 @dataclass
 class PrefixMatch:
     """What the tree holds of a prompt: `num_cached` tokens in the pages of `nodes`
-    (one per page, root excluded) and the valid checkpoints at or before it."""
+    (one per page, root excluded) and the valid saved states at or before it."""
 
     num_cached: int
     nodes: list[Node]
-    checkpoints: list[Checkpoint]
+    saved_states: list[SavedState]
 
     @property
     def pages(self) -> list[int]:
         return [n.page for n in self.nodes]
 
-    def nearest_checkpoint(self, limit: int) -> Checkpoint | None:
-        """The checkpoint of largest position <= limit, or None."""
-        usable = [c for c in self.checkpoints if c.position <= limit]
+    def nearest_saved_state(self, limit: int) -> SavedState | None:
+        """The saved state of largest position <= limit, or None."""
+        usable = [c for c in self.saved_states if c.position <= limit]
         return max(usable, key=lambda c: c.position, default=None)
 
     def nodes_for(self, num_tokens: int, block_size: int) -> list[Node]:
@@ -106,14 +107,14 @@ class PrefixIndex:
     # -- lookup -------------------------------------------------------------------------------
 
     def match(self, tokens: list[int]) -> PrefixMatch:
-        """The longest cached prefix of `tokens` and every checkpoint valid for them."""
-        node, pos, nodes, checkpoints = self.root, 0, [], []
+        """The longest cached prefix of `tokens` and every saved state valid for them."""
+        node, pos, nodes, saved_states = self.root, 0, [], []
         while pos < len(tokens):
             chunk = tuple(tokens[pos:pos + self.block_size])
             best, best_len = None, 0
             for child in node.children.values():
                 n = common_prefix_len(child.tokens, chunk)
-                checkpoints += [c for p, c in child.checkpoints.items() if p - child.start <= n]
+                saved_states += [c for p, c in child.saved_states.items() if p - child.start <= n]
                 if n > best_len:
                     best, best_len = child, n
             if best is None:
@@ -123,14 +124,14 @@ class PrefixIndex:
             if best_len < self.block_size or len(best.tokens) < self.block_size:
                 break
             node = best
-        return PrefixMatch(pos, nodes, checkpoints)
+        return PrefixMatch(pos, nodes, saved_states)
 
-    def touch(self, nodes: list[Node], checkpoint: Checkpoint | None = None) -> None:
+    def touch(self, nodes: list[Node], saved: SavedState | None = None) -> None:
         now = next(self._clock)
         for n in nodes:
             n.last_access = now
-        if checkpoint is not None:
-            checkpoint.last_access = now
+        if saved is not None:
+            saved.last_access = now
 
     # -- insertion ----------------------------------------------------------------------------
 
@@ -151,25 +152,25 @@ class PrefixIndex:
         self.touch(path)
         return path, taken
 
-    def add_checkpoint(self, node: Node, position: int, state, nbytes: int) -> Checkpoint | None:
-        """Hang a checkpoint at `position` on `node`; None if one is there already (touched)."""
+    def add_saved_state(self, node: Node, position: int, state, nbytes: int) -> SavedState | None:
+        """Hang a saved state at `position` on `node`; None if one is there already (touched)."""
         if not node.start < position <= node.end:
-            raise ValueError(f"a checkpoint at {position} belongs to the node holding position {position - 1}, "
+            raise ValueError(f"a saved state at {position} belongs to the node holding position {position - 1}, "
                              f"not to the one of positions [{node.start}, {node.end})")
-        if position in node.checkpoints:
-            self.touch([], node.checkpoints[position])
+        if position in node.saved_states:
+            self.touch([], node.saved_states[position])
             return None
-        checkpoint = node.checkpoints[position] = Checkpoint(position, state, nbytes, node)
-        self.touch([], checkpoint)
-        return checkpoint
+        saved = node.saved_states[position] = SavedState(position, state, nbytes, node)
+        self.touch([], saved)
+        return saved
 
     # -- locks --------------------------------------------------------------------------------
 
-    def lock(self, nodes: list[Node], checkpoint: Checkpoint | None, delta: int = 1) -> None:
+    def lock(self, nodes: list[Node], saved: SavedState | None, delta: int = 1) -> None:
         for n in nodes:
             n.lock_count += delta
-        if checkpoint is not None:
-            checkpoint.lock_count += delta
+        if saved is not None:
+            saved.lock_count += delta
 
     # -- eviction -----------------------------------------------------------------------------
 
@@ -182,29 +183,29 @@ class PrefixIndex:
             stack += n.children.values()
         return out
 
-    def checkpoints(self) -> list[Checkpoint]:
-        return [c for n in self.nodes() for c in n.checkpoints.values()]
+    def saved_states(self) -> list[SavedState]:
+        return [c for n in self.nodes() for c in n.saved_states.values()]
 
     def evictable_leaf(self, worth=None) -> Node | None:
-        """The least recently used unlocked leaf holding no locked checkpoint (and, with
+        """The least recently used unlocked leaf holding no locked saved state (and, with
         `worth`, for which `worth(node)` holds)."""
         leaves = [n for n in self.nodes() if not n.children and n.lock_count == 0
-                  and all(c.lock_count == 0 for c in n.checkpoints.values()) and (worth is None or worth(n))]
+                  and all(c.lock_count == 0 for c in n.saved_states.values()) and (worth is None or worth(n))]
         return min(leaves, key=lambda n: n.last_access, default=None)
 
-    def evictable_checkpoint(self) -> Checkpoint | None:
-        """The least recently used unlocked checkpoint."""
-        free = [c for c in self.checkpoints() if c.lock_count == 0]
+    def evictable_saved_state(self) -> SavedState | None:
+        """The least recently used unlocked saved state."""
+        free = [c for c in self.saved_states() if c.lock_count == 0]
         return min(free, key=lambda c: c.last_access, default=None)
 
-    def remove_leaf(self, node: Node) -> list[Checkpoint]:
-        """Drop a leaf from the tree; returns its checkpoints (the caller frees them and the page)."""
+    def remove_leaf(self, node: Node) -> list[SavedState]:
+        """Drop a leaf from the tree; returns its saved states (the caller frees them and the page)."""
         if node.children or node.parent is None:
             raise ValueError("only a leaf below the root can be removed")
         del node.parent.children[node.tokens]
-        dropped = list(node.checkpoints.values())
-        node.checkpoints.clear()
+        dropped = list(node.saved_states.values())
+        node.saved_states.clear()
         return dropped
 
-    def remove_checkpoint(self, checkpoint: Checkpoint) -> None:
-        del checkpoint.node.checkpoints[checkpoint.position]
+    def remove_saved_state(self, saved: SavedState) -> None:
+        del saved.node.saved_states[saved.position]

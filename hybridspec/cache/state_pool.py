@@ -41,7 +41,7 @@ def _as_state_shape(spec: RecurrentStateShape | Sequence[Sequence[int]]) -> Recu
 
 @dataclass(frozen=True)
 class SlotState:
-    """A copy of one slot in every Mamba layer, held outside the pool (a prefix-cache checkpoint)."""
+    """A copy of one slot in every Mamba layer, held outside the pool (a prefix cache's saved state)."""
 
     ssm: tuple[torch.Tensor, ...]  # per layer [*ssm_shape]
     conv: tuple[torch.Tensor, ...]  # per layer [*conv_shape]

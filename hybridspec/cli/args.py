@@ -1,6 +1,6 @@
 """Command-line arguments that several commands share: the model flags
 (`add_model_arguments`) and the checks of arguments that name things outside
-the program — checkpoint and tokenizer directories, output files, torch
+the program — model and tokenizer directories, output files, torch
 devices — each failing with a `UsageError` that names the flag, the value and
 the fix."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hybridspec.errors import CheckpointError, UsageError
+from hybridspec.errors import ModelFilesError, UsageError
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 
@@ -16,9 +16,9 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --draft and --tokenizer, as `generate` and `serve` take them."""
     parser.add_argument("--model", metavar="DIR", default=None,
-                        help="target checkpoint directory, anything hs.load reads (default: the embedded target)")
+                        help="target model directory, anything hs.load reads (default: the embedded target)")
     parser.add_argument("--draft", metavar="DIR|ngram|none", default=None,
-                        help="draft checkpoint directory, 'ngram' for prompt lookup, or 'none' for plain decoding "
+                        help="draft model directory, 'ngram' for prompt lookup, or 'none' for plain decoding "
                              "only (default: the embedded draft with the embedded target, else ngram)")
     parser.add_argument("--tokenizer", metavar="DIR", default=None,
                         help="local HF tokenizer directory (default: the model directory's own, or bytes for a "
@@ -63,12 +63,12 @@ def gamma_arg(text: str) -> int | str:
     return value
 
 
-def load_checkpoint(flag: str, path: str, also: str = "", **kwargs):
-    """hs.load(path, **kwargs), its CheckpointError as a UsageError naming `flag`."""
+def load_model(flag: str, path: str, also: str = "", **kwargs):
+    """hs.load(path, **kwargs), its ModelFilesError as a UsageError naming `flag`."""
     import hybridspec as hs
     try:
         return hs.load(path, **kwargs)
-    except CheckpointError as error:
+    except ModelFilesError as error:
         raise UsageError(f"{flag} {path}: {error}{also}") from None
 
 

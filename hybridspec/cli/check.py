@@ -24,9 +24,9 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR",
-                        help="checkpoint directory hs.load reads (default: a built-in tiny random hybrid model)")
+                        help="model directory hs.load reads (default: a built-in tiny random hybrid model)")
     parser.add_argument("--draft", default="perturbed", metavar="DIR|ngram|perturbed",
-                        help="drafter: a checkpoint directory, prompt lookup (ngram), or a copy of the target with "
+                        help="drafter: a model directory, prompt lookup (ngram), or a copy of the target with "
                              "3%% multiplicative weight noise (perturbed, the default)")
     parser.add_argument("--quick", action="store_true",
                         help="γ in {1, 4}, fewer drafters, shorter generations")
@@ -42,19 +42,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_models(args: argparse.Namespace):
     """(target, drafter, drafter name) from the arguments."""
     import hybridspec as hs
-    from hybridspec.cli.args import load_checkpoint, torch_device
+    from hybridspec.cli.args import load_model, torch_device
     from hybridspec.rollback import perturbed_copy, tiny_model
 
     dtype, device = DTYPES[args.dtype], torch_device("--device", args.device)
     if args.model:
-        target = load_checkpoint("--model", args.model, dtype=dtype, device=device)
+        target = load_model("--model", args.model, dtype=dtype, device=device)
     else:
         target = tiny_model(args.seed, dtype=dtype, device=device)
     if args.draft == "perturbed":
         return target, perturbed_copy(target, seed=args.seed), "perturbed"
     if args.draft == "ngram":
         return target, hs.NgramDrafter(), "n-gram"
-    draft = load_checkpoint("--draft", args.draft, also=" (or pass --draft ngram or --draft perturbed)",
+    draft = load_model("--draft", args.draft, also=" (or pass --draft ngram or --draft perturbed)",
                             dtype=dtype, device=device)
     if draft.vocab_size != target.vocab_size:
         raise ConfigError(f"the drafter in {args.draft} has vocabulary {draft.vocab_size}, the target "

@@ -81,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "models without MoE layers; default: HYBRIDSPEC_CUDA_GRAPHS=1 turns them on where "
                              "they can run)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
-                        help="dtype the model computes in (default: float32 on a CPU, where a bf16 checkpoint's "
-                             "linear weights stay bf16 in memory, exactly; the checkpoint's elsewhere)")
+                        help="dtype the model computes in (default: float32 on a CPU, where stored bf16 "
+                             "linear weights stay bf16 in memory, exactly; the weights' stored dtype elsewhere)")
     parser.add_argument("--compute", choices=("float32", "bfloat16"), default=None,
                         help="what the products multiply in: float32 (default, exact) or bfloat16 (the fast path on CPUs with "
                              "AVX512-BF16: activations rounded to bf16, close to float32, not its bits)")
@@ -135,7 +135,7 @@ def parse_policy(text: str):
 def load_models(args: argparse.Namespace, dtype, device: str):
     """(target, draft or None, target directory, target name, draft name) from --model / --draft."""
     import hybridspec as hs
-    from hybridspec.cli.args import load_checkpoint
+    from hybridspec.cli.args import load_model
     from hybridspec.adapters.embedded import embedded_paths
     kwargs = dict(dtype=dtype, device=device)
     shards = dict(kwargs, tensor_parallel_size=args.tensor_parallel_size, compute=args.compute)  # the target's
@@ -145,14 +145,14 @@ def load_models(args: argparse.Namespace, dtype, device: str):
         draft_spec = args.draft if args.draft is not None else str(draft_dir)
     else:
         target_dir = args.model
-        target, target_name = load_checkpoint("--model", args.model, **shards), args.model
+        target, target_name = load_model("--model", args.model, **shards), args.model
         draft_spec = args.draft if args.draft is not None else "ngram"
     if draft_spec == "none":
         return target, None, target_dir, target_name, "none"
     if draft_spec == "ngram":
         return target, hs.NgramDrafter(), target_dir, target_name, "ngram (prompt lookup)"
     name = "embedded draft" if args.model is None and args.draft is None else draft_spec
-    draft = load_checkpoint("--draft", draft_spec, also=" (or pass --draft ngram or --draft none)", **kwargs)
+    draft = load_model("--draft", draft_spec, also=" (or pass --draft ngram or --draft none)", **kwargs)
     return target, draft, target_dir, target_name, name
 
 

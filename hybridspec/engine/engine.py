@@ -166,7 +166,7 @@ class Engine:
 
     target: the model whose distribution is sampled (`hs.from_hf`, `hs.load`).
     draft: None (default: plain decoding, the baseline), a HybridModel sharing
-        the target's vocabulary, a draft checkpoint directory (loaded in the
+        the target's vocabulary, a draft model directory (loaded in the
         target's dtype, on its device), "ngram" or `hs.NgramDrafter(...)`
         (prompt lookup), or any `hybridspec.spec.Drafter` (`as_draft`: what
         `hs.LLM(draft=...)` takes).
@@ -199,8 +199,8 @@ class Engine:
     decode: token ids -> text, needed by requests with `stop` strings (default
         None; `hs.LLM` passes its tokenizer's).
     prefix_cache: reuse cached prefixes across requests and `generate` calls
-        (attention K/V pages shared, recurrent state from the nearest state
-        checkpoint, the tail replayed; `hybridspec.cache.prefix_cache`): True
+        (attention K/V pages shared, recurrent state from the nearest saved
+        state, the tail replayed; `hybridspec.cache.prefix_cache`): True
         for the defaults, an `hs.PrefixCache(...)` for settings, or None / False
         (default: off). A model drafter gets a prefix cache of its own.
     cuda_graphs: capture the few-input forwards (decode, drafting,
@@ -547,7 +547,7 @@ class Engine:
             logits = logits[torch.tensor(fresh, dtype=torch.long, device=logits.device)]  # [fresh, vocab]
             stats.prefill_computed_tokens += sum(map(len, absorbed))
         else:  # a resumed sequence may be restored whole from its own cached tokens
-            logits = self.prefix.prefill(ids, absorbed, [r.params.cache_checkpoints for r in requests],
+            logits = self.prefix.prefill(ids, absorbed, [r.params.save_states_at for r in requests],
                                          [not r.output.token_ids for r in requests])  # [fresh, vocab]
         if self.speculator is not None:
             self.speculator.drafter.start(requests)

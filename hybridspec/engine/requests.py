@@ -30,9 +30,9 @@ def normalize_requests(prompts, params, vocab_size: int,
             raise InvalidRequestError(
                 f"prompt {i}: {len(prompt)} prompt tokens + max_new_tokens={p.max_new_tokens} exceed the "
                 f"model limit max_model_len={max_model_len}; shorten the prompt or lower max_new_tokens")
-        late = [c for c in p.cache_checkpoints if c > len(prompt)]
+        late = [c for c in p.save_states_at if c > len(prompt)]
         if late:
-            raise InvalidRequestError(f"prompt {i}: cache_checkpoints position {late[0]} lies past its {len(prompt)} "
+            raise InvalidRequestError(f"prompt {i}: save_states_at position {late[0]} lies past its {len(prompt)} "
                                       "tokens; mark positions 1..len(prompt)")
         bad_stops = [t for t in p.stop_token_ids if t >= vocab_size]
         if bad_stops:

@@ -5,9 +5,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from hybridspec.deprecated import renamed_fields
+
 PHASES = ("draft", "verify", "commit", "sampling")
 
 
+@renamed_fields({"prefix_checkpoint_hits": "prefix_saved_state_hits"})  # "checkpoint" names the ring snapshots
 @dataclass
 class EngineStats:
     """Counts and phase times of `Engine.generate` calls: `engine.stats` holds
@@ -22,12 +25,12 @@ class EngineStats:
         log or by running the model over tokens.
     peak_checkpoint_bytes: most bytes the snapshots and input log held at once.
     prefill_computed_tokens: prompt tokens the target's prefill ran the model over
-        (with the prefix cache: from each prompt's restored checkpoint on).
+        (with the prefix cache: from each prompt's restored saved state on).
     prefix_hit_tokens: prompt tokens found in the prefix cache (K/V shared);
-    prefix_replayed_tokens: of those, the tail from the checkpoint to the hit,
+    prefix_replayed_tokens: of those, the tail from the saved state to the hit,
         replayed for the recurrent layers over the cached K/V;
-    prefix_checkpoint_hits: prompts started from a stored state checkpoint;
-    prefix_evictions: cached pages and checkpoints evicted.
+    prefix_saved_state_hits: prompts started from a saved state;
+    prefix_evictions: cached pages and saved states evicted.
     preemptions: running requests the scheduler preempted (freed, to be recomputed).
     gamma_counts: γ (drafts asked for) -> sequence-rounds that drafted that many
         (speculative rounds only; 0 is a plain step inside a round).
@@ -47,7 +50,7 @@ class EngineStats:
     prefill_computed_tokens: int = 0
     prefix_hit_tokens: int = 0
     prefix_replayed_tokens: int = 0
-    prefix_checkpoint_hits: int = 0
+    prefix_saved_state_hits: int = 0
     prefix_evictions: int = 0
     preemptions: int = 0
     gamma_counts: dict[int, int] = field(default_factory=dict)
@@ -79,7 +82,7 @@ class EngineStats:
         for name in ("rounds", "drafted_tokens", "accepted_tokens", "emitted_tokens", "sequences",
                      "sequence_rounds", "snapshot_hits", "log_replayed_tokens", "token_replayed_tokens", "preemptions",
                      "prefill_computed_tokens", "prefix_hit_tokens", "prefix_replayed_tokens",
-                     "prefix_checkpoint_hits", "prefix_evictions"):
+                     "prefix_saved_state_hits", "prefix_evictions"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.peak_checkpoint_bytes = max(self.peak_checkpoint_bytes, other.peak_checkpoint_bytes)
         for gamma, count in other.gamma_counts.items():

@@ -227,7 +227,7 @@ class HybridModel(Kernelled, nn.Module):
         float32, not its bits; within the path a row's bits do not depend on the other
         rows of its call nor on the thread count, so speculative output equals plain
         output and batches do not change a row. With "bfloat16" a product weight that
-        is not a bfloat16 value is rounded to one (a bf16 checkpoint's are already),
+        is not a bfloat16 value is rounded to one (stored bf16 weights are already),
         and stays rounded after a later "float32". A ConfigError
         (`backend.check_compute`) before anything changes for an unknown value, a
         GPU, a non-float32 model or a CPU without AVX512-BF16. Returns self."""
@@ -247,9 +247,9 @@ class HybridModel(Kernelled, nn.Module):
         experts input-major. Values and outputs' meaning are unchanged.
 
         With `exact_16bit` (default), a float32 linear weight or embedding whose
-        every value is a bfloat16 value (a checkpoint stored in bf16 and loaded
-        as float32, as most hybrid checkpoints are), or else a float16 value
-        (mamba_ssm's fp16 checkpoints), is stored in that type: the native
+        every value is a bfloat16 value (weights stored in bf16 and loaded
+        as float32, as most hybrid models ship), or else a float16 value
+        (mamba_ssm's fp16 weights), is stored in that type: the native
         products widen each weight exactly as they load it and the embedding
         lookup widens its rows, so the logits are the same bits from half the
         weight memory, and a decode step that streams its weights from

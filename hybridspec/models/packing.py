@@ -1,6 +1,6 @@
 """How a model's weights lie for its device's products (`HybridModel.pack_for_cpu`
 says what and why): the linear weights in panels or input-major, in one
-mapping of huge pages on CPU, a bf16 checkpoint's values kept in 16 bits where
+mapping of huge pages on CPU, stored bf16 weights' values kept in 16 bits where
 that is exact and the native kernels read them; and the way back (`unpack_panels`,
 `widen_16bit`) when a model moves to a device or backend that reads neither."""
 from __future__ import annotations
@@ -36,7 +36,7 @@ def storable_16bit(name: str) -> bool:
 
 
 def exact_in(weight: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether a float32 weight's every value is a `dtype` value (a checkpoint's stored in it, widened)."""
+    """Whether a float32 weight's every value is a `dtype` value (weights stored in it, widened)."""
     if weight.dtype is not torch.float32:
         return False
     with torch.no_grad():

@@ -15,7 +15,7 @@ from torch import nn
 
 from hybridspec.kernels.descriptors import ComposedMixerDesc
 
-from hybridspec.config import HybridConfig, ParallelConfig
+from hybridspec.config import HybridConfig, ParallelMixerConfig
 from hybridspec.models.attention import Attention
 from hybridspec.cache.forward_batch import ForwardBatch
 from hybridspec.models.common import take
@@ -30,7 +30,7 @@ class ParallelMixer(nn.Module):
         self.attention = Attention(cfg.attention, take(weights, "attention"), cfg.attention_layers.index(index),
                                    inv_freq)
         self.mamba = Mamba2Mixer(cfg.mamba2, take(weights, "mamba"), cfg.mamba_layers.index(index), cfg.rms_norm_eps)
-        self.multipliers = cfg.parallel or ParallelConfig()
+        self.multipliers = cfg.parallel or ParallelMixerConfig()
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache) -> torch.Tensor:
         """h [batch, T, hidden] -> [batch, T, hidden]."""

@@ -23,6 +23,7 @@ import torch
 
 from hybridspec.kernels.triton.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
 
+from hybridspec.deprecated import renamed_fields
 from hybridspec.errors import InvalidRequestError
 from hybridspec.validation import integer, real, token_id
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 MAX_SEED = 2 ** 63
 
 
+@renamed_fields({"cache_checkpoints": "save_states_at"})  # "checkpoint" names the ring snapshots
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request. Every field is checked on construction
@@ -65,8 +67,8 @@ class SamplingParams:
         (default 0.0; vLLM's and OpenAI's `presence_penalty`).
     frequency_penalty: subtracted from a token's logit once per time it was
         generated so far (default 0.0).
-    cache_checkpoints: prompt positions (token counts, 1..len(prompt)) where the
-        prefix cache (`Engine(prefix_cache=...)`) stores a state checkpoint, e.g.
+    save_states_at: prompt positions (token counts, 1..len(prompt)) where the
+        prefix cache (`Engine(prefix_cache=...)`) saves the recurrent state, e.g.
         where a shared system prompt or document ends (default: none).
     The penalties read each position's own context (for a draft position, the
     drafts before it too), identically for target and drafter, so speculative
@@ -87,7 +89,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    cache_checkpoints: tuple[int, ...] = ()
+    save_states_at: tuple[int, ...] = ()
 
     def __post_init__(self):
         checked = dict(
@@ -108,7 +110,7 @@ class SamplingParams:
                                   "(finite); use 0.0 to turn it off"),
             frequency_penalty=real("frequency_penalty", self.frequency_penalty, InvalidRequestError,
                                    "(finite); use 0.0 to turn it off"),
-            cache_checkpoints=_cache_checkpoints(self.cache_checkpoints))
+            save_states_at=_save_states_at(self.save_states_at))
         for name, value in checked.items():
             object.__setattr__(self, name, value)
         if not isinstance(self.ignore_eos, bool):
@@ -181,9 +183,9 @@ def _int_collection(name: str, values, minimum: int, what: str, example: str) ->
     return tuple(token_id(v) for v in items)
 
 
-def _cache_checkpoints(values) -> tuple[int, ...]:
-    """cache_checkpoints as a sorted tuple of positions >= 1."""
-    positions = _int_collection("cache_checkpoints", values, 1, "position",
+def _save_states_at(values) -> tuple[int, ...]:
+    """save_states_at as a sorted tuple of positions >= 1."""
+    positions = _int_collection("save_states_at", values, 1, "position",
                                 "; pass prompt positions (token counts) such as (512,) or ()")
     return tuple(sorted(set(positions)))
 

@@ -59,7 +59,7 @@ class NgramDrafter(StatelessDrafter):
         return Proposal(tokens, None)
 
 
-DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), a draft checkpoint directory, a HybridModel '
+DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), a draft model directory, a HybridModel '
                '(hs.from_hf / hs.load) sharing the target\'s vocabulary, hs.NgramDrafter(...), or a Drafter: '
                'model, cache, prefix, start, backlog, propose, commit, revert, release and check_invariant '
                '(hybridspec.spec.Drafter; a subclass of hs.StatelessDrafter writes propose only)')
@@ -68,8 +68,8 @@ DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), a draft checkpoi
 def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridModel | Drafter | None:
     """What an `Engine(draft=...)` or `LLM(draft=...)` argument names, in one of
     the forms an Engine runs: None, a HybridModel, or a Drafter. "ngram" is
-    `NgramDrafter()`; any other string or path is a draft checkpoint directory,
-    loaded (`hs.load`) in `dtype` on `device` (None: the checkpoint's dtype, the CPU)."""
+    `NgramDrafter()`; any other string or path is a draft model directory,
+    loaded (`hs.load`) in `dtype` on `device` (None: the weights' stored dtype, the CPU)."""
     if draft is None or isinstance(draft, (HybridModel, Drafter)):
         return draft
     if isinstance(draft, str) and draft == "ngram":
@@ -81,7 +81,7 @@ def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridMode
 
 def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
                prefix_cache: PrefixCache | None = None) -> Drafter | None:
-    """The Engine's drafter for its `draft` argument (`as_draft`; a checkpoint
+    """The Engine's drafter for its `draft` argument (`as_draft`; a model
     directory loads in the target's dtype, on its device): None for plain
     decoding, a HybridModel run as a `ModelDrafter` (with its own prefix cache
     when `prefix_cache` is set), or the Drafter itself."""

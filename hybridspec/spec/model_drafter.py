@@ -58,7 +58,7 @@ class ModelDrafter:
         committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
         self.prefix.prefill([r.seq_id for r in requests],
                             [c[:-1] if r.output.token_ids else c for c, r in zip(committed, requests)],
-                            [r.params.cache_checkpoints for r in requests], [False] * len(requests))
+                            [r.params.save_states_at for r in requests], [False] * len(requests))
         self.requests.update((r.seq_id, r) for r in requests)
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:

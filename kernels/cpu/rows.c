@@ -176,7 +176,7 @@ int hs_rows_isa(int choice) {
  * chain stays k = 0, 1, …, K - 1. */
 
 /* -- weight storage ---------------------------------------------------------------------------
- * A weight is float32, or bfloat16 or float16 where every value of it is one (a checkpoint
+ * A weight is float32, or bfloat16 or float16 where every value of it is one (weights
  * stored in bf16 or fp16, loaded as float32: `HybridModel.pack_for_cpu`). Either converts to
  * float32 exactly (a bfloat16 value is the top half of its float32: a shift; float16 by the
  * F16C conversion), so the loops widen each weight as they load it and run the same float32

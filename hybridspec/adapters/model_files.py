@@ -1,8 +1,8 @@
-"""Reading a checkpoint directory strictly: `config.json`, then the weights —
+"""Reading a model directory strictly: `config.json`, then the weights —
 the shards `model.safetensors.index.json` names (each one required, holding
 exactly the tensors the index assigns to it), or without an index every
 `*.safetensors` file (no tensor in two of them), or one `pytorch_model.bin`.
-Every problem is a `CheckpointError` that names the file."""
+Every problem is a `ModelFilesError` that names the file."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hybridspec.errors import CheckpointError
+from hybridspec.errors import ModelFilesError
 
 INDEX = "model.safetensors.index.json"
 BINARY = "pytorch_model.bin"
@@ -21,13 +21,13 @@ SHOWN = 4  # names listed in a message
 
 
 def read_config(path: Path) -> dict:
-    """config.json of the checkpoint directory `path`, as a dict."""
+    """config.json of the model directory `path`, as a dict."""
     if not path.is_dir():
-        raise CheckpointError(f"{path} is not a directory; hs.load expects a checkpoint directory holding "
+        raise ModelFilesError(f"{path} is not a directory; hs.load expects a model directory holding "
                               "config.json and *.safetensors weights")
     config = read_json(path / "config.json", "the model config")
     if not isinstance(config, dict):
-        raise CheckpointError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, not an object; "
+        raise ModelFilesError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, not an object; "
                               "restore the model's config.json")
     return config
 
@@ -35,14 +35,14 @@ def read_config(path: Path) -> dict:
 def read_json(file: Path, what: str):
     """The JSON in `file` (transformers' {"__float__": "Infinity"} read as floats)."""
     if not file.is_file():
-        raise CheckpointError(f"{file} not found: a checkpoint directory needs {file.name} ({what})")
+        raise ModelFilesError(f"{file} not found: a model directory needs {file.name} ({what})")
     try:
         return json.loads(file.read_text(encoding="utf-8"), object_hook=_special_floats)
     except (OSError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{file} cannot be read ({error}); check its permissions or restore it") from None
+        raise ModelFilesError(f"{file} cannot be read ({error}); check its permissions or restore it") from None
     except ValueError as error:
-        raise CheckpointError(f"{file} is not valid JSON ({error}); the file is truncated or was edited by "
-                              "hand: restore it from the original checkpoint") from None
+        raise ModelFilesError(f"{file} is not valid JSON ({error}); the file is truncated or was edited by "
+                              "hand: restore it from the model's original files") from None
 
 
 def _special_floats(obj: dict):
@@ -50,7 +50,7 @@ def _special_floats(obj: dict):
 
 
 def read_weights(path: Path, device, mapped: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors by checkpoint name, checkpoint name -> file name). mapped (CPU
+    """(tensors by stored name, stored name -> file name). mapped (CPU
     safetensors only): each tensor a view of the file mapped copy-on-write, so
     that only the pages a later copy reads are read (a tensor-parallel rank
     copying its slices)."""
@@ -63,7 +63,7 @@ def read_weights(path: Path, device, mapped: bool = False) -> tuple[dict[str, to
     if (path / BINARY).is_file():
         state = _read_binary(path / BINARY, device)
         return state, dict.fromkeys(state, BINARY)
-    raise CheckpointError(f"{path} holds no *.safetensors files and no {BINARY}; a checkpoint directory needs "
+    raise ModelFilesError(f"{path} holds no *.safetensors files and no {BINARY}; a model directory needs "
                           "its weights next to config.json")
 
 
@@ -76,11 +76,11 @@ def _read_indexed(path: Path, device, read) -> tuple[dict[str, torch.Tensor], di
     missing = sorted(f for f in named if not (path / f).is_file())
     if missing:
         tensors = sorted(t for f in missing for t in named[f])
-        raise CheckpointError(f"{path}: shard {_few(missing)} named by {INDEX} not found (it holds "
-                              f"{_few(tensors)}); restore the missing shard(s) from the original checkpoint")
+        raise ModelFilesError(f"{path}: shard {_few(missing)} named by {INDEX} not found (it holds "
+                              f"{_few(tensors)}); restore the missing shard(s) from the model's original files")
     stray = [f.name for f in sorted(path.glob("*.safetensors")) if f.name not in named]
     if stray:
-        raise CheckpointError(f"{path}: {_few(stray)} not named by {INDEX} (a stray shard); remove the stray "
+        raise ModelFilesError(f"{path}: {_few(stray)} not named by {INDEX} (a stray shard); remove the stray "
                               "file(s) or restore the index that lists them")
     state, file_of = {}, {}
     for file, tensors in sorted(named.items()):
@@ -89,8 +89,8 @@ def _read_indexed(path: Path, device, read) -> tuple[dict[str, torch.Tensor], di
         if extra or absent:
             problems = [f"it holds {_few(extra)}, which the index does not assign to it"] if extra else []
             problems += [f"it lacks {_few(absent)}, which the index assigns to it"] if absent else []
-            raise CheckpointError(f"{path / file} disagrees with {INDEX}: " + "; ".join(problems)
-                                  + "; restore the shard or the index from the original checkpoint")
+            raise ModelFilesError(f"{path / file} disagrees with {INDEX}: " + "; ".join(problems)
+                                  + "; restore the shard or the index from the model's original files")
         state.update(shard)
         file_of.update(dict.fromkeys(shard, file))
     return state, file_of
@@ -101,8 +101,8 @@ def _weight_map(index_file: Path) -> dict[str, str]:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not (isinstance(weight_map, dict) and weight_map
             and all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items())):
-        raise CheckpointError(f"{index_file} has no \"weight_map\" from tensor names to shard files; restore it "
-                              "from the original checkpoint, or delete it to load every *.safetensors file")
+        raise ModelFilesError(f"{index_file} has no \"weight_map\" from tensor names to shard files; restore it "
+                              "from the model's original files, or delete it to load every *.safetensors file")
     return weight_map
 
 
@@ -112,8 +112,8 @@ def _read_unindexed(files: list[Path], device, read) -> tuple[dict[str, torch.Te
         shard = read(file, device)
         twice = sorted(set(shard) & set(state))
         if twice:
-            raise CheckpointError(f"{file.parent}: {_few(twice)} in both {file_of[twice[0]]} and {file.name}; "
-                                  "remove the duplicate shard (or add the checkpoint's "
+            raise ModelFilesError(f"{file.parent}: {_few(twice)} in both {file_of[twice[0]]} and {file.name}; "
+                                  "remove the duplicate shard (or add the model's "
                                   f"{INDEX} so it says which files belong to the model)")
         state.update(shard)
         file_of.update(dict.fromkeys(shard, file.name))
@@ -126,8 +126,8 @@ def read_shard(file: Path, device) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(file), device=str(device))
     except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"{file} is not a readable safetensors file ({error}); it is truncated or "
-                              "corrupt: restore it from the original checkpoint") from None
+        raise ModelFilesError(f"{file} is not a readable safetensors file ({error}); it is truncated or "
+                              "corrupt: restore it from the model's original files") from None
 
 
 def _map(file: Path) -> mmap.mmap:
@@ -157,8 +157,8 @@ def _mapped_shard(file: Path, device) -> dict[str, torch.Tensor]:
             header_size = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(header_size))
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{file} is not a readable safetensors file ({error}); it is truncated or "
-                              "corrupt: restore it from the original checkpoint") from None
+        raise ModelFilesError(f"{file} is not a readable safetensors file ({error}); it is truncated or "
+                              "corrupt: restore it from the model's original files") from None
     storage = _map(file)
     out, whole = {}, []
     for name in names:
@@ -181,10 +181,10 @@ def _read_binary(file: Path, device) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(file, map_location=device, weights_only=True)
     except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
-        raise CheckpointError(f"{file} is not a readable PyTorch state dict ({error}); restore it from the "
-                              "original checkpoint") from None
+        raise ModelFilesError(f"{file} is not a readable PyTorch state dict ({error}); restore it from the "
+                              "model's original files") from None
     if not (isinstance(state, dict) and all(isinstance(t, torch.Tensor) for t in state.values())):
-        raise CheckpointError(f"{file} does not hold a state dict of tensors; save the model's state_dict()")
+        raise ModelFilesError(f"{file} does not hold a state dict of tensors; save the model's state_dict()")
     return state
 
 
