@@ -18,7 +18,7 @@ import torch
 from hybridspec.cache.state_pool import SlotState, StatePool, head_half
 from hybridspec.kernels import backend as backends
 from hybridspec.kernels.slot_plan import SlotPlan
-from hybridspec.cache.state_memory import default_state_dtype
+from hybridspec.cache.state_specs import default_state_dtype
 
 from hybridspec.errors import CacheFullError, InvariantError
 from hybridspec.cache.forward_batch import ForwardBatch
