@@ -199,6 +199,10 @@ class HybridShape:
         state dtype (Mamba2: conv inputs, x, B and C; dt)."""
         return log_bytes_per_input([self.state_shape()], self.weight_bytes, self.state_bytes)
 
+    def kv_bytes_per_token_per_layer(self) -> int:
+        """K and V of one cached token in one attention layer, in the model dtype."""
+        return AttentionKVSpec(self.num_kv_heads, self.head_dim).bytes_per_token(self.weight_bytes)
+
     def scan_flops_per_token_per_layer(self) -> int:
         return self.recurrent.scan_flops_per_token()
 
@@ -214,8 +218,7 @@ class HybridShape:
             param_bytes=float(read_params * self.weight_bytes),
             flops_per_token=float(2 * active_params + self.num_mamba_layers * self.scan_flops_per_token_per_layer()),
             attention_flops_per_context_token=float(4 * self.num_attention_layers * self.num_heads * self.head_dim),
-            kv_bytes_per_token=float(self.num_attention_layers
-                                     * AttentionKVSpec(self.num_kv_heads, self.head_dim).bytes_per_token(self.weight_bytes)),
+            kv_bytes_per_token=float(self.num_attention_layers * self.kv_bytes_per_token_per_layer()),
             state_bytes=float(self.num_mamba_layers * self.state_bytes_per_layer()),
             log_bytes_per_token=float(self.num_mamba_layers * self.log_bytes_per_token_per_layer()),
             replay_flops_per_token=float(replay_flops),
