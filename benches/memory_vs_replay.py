@@ -43,7 +43,7 @@ from hybridspec.checkpoints.auto import AutoCheckpointPolicy, expected_round_s
 from hybridspec.cache.hybrid_cache import scratch_cache
 from hybridspec.costs.checkpoint_costs import COST_FIELDS, CheckpointFootprint
 from hybridspec.checkpoints.measure import measure_checkpoint_costs
-from hybridspec.cache.state_memory import default_state_dtype
+from hybridspec.cache.state_specs import default_state_dtype
 from hybridspec.sim import alpha_from_acceptance_rate
 from common import (alternating_samples, bench_parser, describe_machine, print_table, save_png, set_threads,
                     write_json)

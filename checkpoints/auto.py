@@ -11,7 +11,7 @@ Checkpoint bytes, what the budget bounds (and what
 - writes(γ, k) = `hs.sim.snapshot_writes_per_round`: snapshot slots a sequence
   holds after the verify forward (the final state included, the pinned
   round-start head not); `held_bytes` counts the surviving ones, `len(plan.survivors)`;
-- bytes_per_slot, log_bytes_per_input: `hybridspec.cache.state_memory` (the formulas
+- bytes_per_slot, log_bytes_per_input: `hybridspec.cache.state_specs` (the formulas
   `StatePool` and `MambaInputLog` allocate by), in the state and model dtypes.
 A round whose sequences draft fewer than γ tokens holds less. The ring itself
 (`ring_size(γ)` slots per sequence, allocated once with the cache) is the pool

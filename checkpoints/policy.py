@@ -21,7 +21,7 @@ import torch
 
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import backend as backends
-from hybridspec.cache.state_memory import snapshot_inputs
+from hybridspec.cache.state_specs import snapshot_inputs
 
 MAX_DRAFT_TOKENS = 32  # verify forwards and input logs are sized for at most 33 inputs
 
@@ -35,7 +35,7 @@ class CheckpointPolicy:
     ring_slots: slots per sequence and Mamba layer, head included (>= 2);
         default None: enough for k and γ (`slots_needed`), doubled into ring
         halves where the torch recurrence runs (CPU: see `ring_size`). Each
-        slot holds one SSM state and conv window (`hybridspec.cache.state_memory`).
+        slot holds one SSM state and conv window (`hybridspec.cache.state_specs`).
     log_inputs: keep the verify forward's mixer inputs (default True), so a
         boundary without a snapshot is log-replayed instead of token-replayed.
     """

@@ -8,7 +8,7 @@ layer kind (gated DeltaNet) implements it to get snapshots, rollback and
 replay, with no change to checkpoints/, cache/ or spec/:
 - its state: `state_shape` (one ring slot's recurrent state and conv
   window, and its log width: what `StatePool` allocates and
-  `state_memory` counts the bytes of) at `state_layer` in the pool;
+  `state_specs` counts the bytes of) at `state_layer` in the pool;
 - the multi-step update from the head (`forward`): prefill from an empty
   (zeroed) slot, a decode step and a verify are the same call, writing the
   snapshots the plan names and, when asked, its input log;
@@ -23,13 +23,13 @@ import torch
 
 from hybridspec.checkpoints.input_log import LayerInputLog
 from hybridspec.cache.state_pool import StatePool
-from hybridspec.cache.state_memory import RecurrentStateShape
+from hybridspec.cache.state_specs import RecurrentStateSpec
 
 
 @runtime_checkable
 class RecurrentLayer(Protocol):
     state_layer: int  # this layer's storage in the StatePool (its index among the recurrent layers)
-    state_shape: RecurrentStateShape  # one ring slot's SSM state and conv window, and its log width
+    state_shape: RecurrentStateSpec  # one ring slot's SSM state and conv window, and its log width
 
     def forward(self, h: torch.Tensor, batch, cache) -> torch.Tensor:
         """The multi-step update: advance the state in `batch.src_slot` over the

@@ -13,11 +13,12 @@ outputs: the layer is an attention layer (KV pages) and a Mamba layer
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Literal
 
 from hybridspec.deprecated import renamed_attributes
 from hybridspec.errors import ConfigError
-from hybridspec.cache.state_memory import RecurrentStateShape, gdn_state_shape, mamba1_state_shape, mamba2_state_shape
+from hybridspec.cache.state_specs import GdnStateSpec, Mamba1StateSpec, Mamba2StateSpec, RecurrentStateSpec
 
 MixerType = Literal["attention", "mamba1", "mamba2", "gdn", "parallel", "none"]
 FfnType = Literal["mlp", "moe", "none"]
@@ -129,21 +130,21 @@ class Mamba2Config:
         _require(self.in_proj_multipliers is None or len(self.in_proj_multipliers) == 5,
                  f"mamba2 in_proj_multipliers={self.in_proj_multipliers!r} needs 5 numbers (z, x, B, C, dt)")
 
-    @property
+    @cached_property  # read by every forward: the spec is built once
     def d_inner(self) -> int:
-        return self.num_heads * self.head_dim
+        return self.state_shape().d_inner
 
-    @property
+    @cached_property
     def conv_dim(self) -> int:
-        return self.d_inner + 2 * self.n_groups * self.d_state
+        return self.state_shape().conv_window.channels
 
     @property
     def group_size(self) -> int:
         return self.norm_group_size or self.d_inner // self.n_groups
 
-    def state_shape(self) -> RecurrentStateShape:
+    def state_shape(self) -> Mamba2StateSpec:
         """SSM state, conv window and input-log sizes per sequence."""
-        return mamba2_state_shape(self.num_heads, self.head_dim, self.d_state, self.n_groups, self.d_conv)
+        return Mamba2StateSpec(self.num_heads, self.head_dim, self.d_state, self.n_groups, self.d_conv)
 
 
 @dataclass(frozen=True)
@@ -161,9 +162,9 @@ class Mamba1Config:
     def __post_init__(self):
         _check_types(self)
 
-    def state_shape(self) -> RecurrentStateShape:
+    def state_shape(self) -> Mamba1StateSpec:
         """SSM state, conv window and input-log sizes per sequence."""
-        return mamba1_state_shape(self.d_inner, self.d_state, self.d_conv)
+        return Mamba1StateSpec(self.d_inner, self.d_state, self.d_conv)
 
 
 @dataclass(frozen=True)
@@ -187,22 +188,22 @@ class GdnConfig:
                  f"num_key_heads={self.num_key_heads}")
         _require(self.d_conv >= 2, f"gdn d_conv={self.d_conv} must be >= 2 (the conv window keeps d_conv - 1)")
 
-    @property
+    @cached_property  # read by every forward: the spec is built once
     def key_dim(self) -> int:
-        return self.num_key_heads * self.key_head_dim
+        return self.state_shape().key_dim
 
-    @property
+    @cached_property
     def value_dim(self) -> int:
-        return self.num_value_heads * self.value_head_dim
+        return self.state_shape().value_dim
 
-    @property
+    @cached_property
     def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
+        return self.state_shape().conv_window.channels
 
-    def state_shape(self) -> RecurrentStateShape:
+    def state_shape(self) -> GdnStateSpec:
         """State, conv window and input-log sizes per sequence."""
-        return gdn_state_shape(num_v_heads=self.num_value_heads, num_k_heads=self.num_key_heads,
-                               head_k_dim=self.key_head_dim, head_v_dim=self.value_head_dim, d_conv=self.d_conv)
+        return GdnStateSpec(num_v_heads=self.num_value_heads, num_k_heads=self.num_key_heads,
+                            head_k_dim=self.key_head_dim, head_v_dim=self.value_head_dim, d_conv=self.d_conv)
 
 
 @dataclass(frozen=True)
@@ -379,13 +380,13 @@ class HybridConfig:
         shared = set(self.shared_blocks.occurrences) if self.shared_blocks is not None else set()
         return [i for i, t in enumerate(self.layer_types) if t in ("attention", "parallel") or i in shared]
 
-    def state_shape(self, layer: int) -> RecurrentStateShape:
+    def state_shape(self, layer: int) -> RecurrentStateSpec:
         """Recurrent-state sizes of recurrent layer `layer` (an index into layer_types)."""
         kind = self.layer_types[layer]
         sub = self.mamba1 if kind == "mamba1" else self.gdn if kind == "gdn" else self.mamba2
         return sub.state_shape()
 
-    def recurrent_state_shapes(self) -> list[RecurrentStateShape]:
+    def recurrent_state_shapes(self) -> list[RecurrentStateSpec]:
         """One entry per recurrent layer, in `mamba_layers` order (the state pool's layout)."""
         return [self.state_shape(layer) for layer in self.mamba_layers]
 

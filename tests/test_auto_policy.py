@@ -13,7 +13,7 @@ from hybridspec.cache.hybrid_cache import scratch_cache
 from hybridspec.costs.checkpoint_costs import COST_FIELDS, CheckpointCosts, CheckpointFootprint
 from hybridspec.checkpoints.measure import measure_checkpoint_costs
 from hybridspec.errors import CacheFullError, ConfigError
-from hybridspec.cache.state_memory import default_state_dtype
+from hybridspec.cache.state_specs import default_state_dtype
 from hybridspec.sim import round_time, snapshot_writes_per_round
 from oracles import bamba
 

@@ -10,7 +10,7 @@ from hybridspec.kernels.triton.gdn_verify import gdn_verify_ref, per_value_head
 from hybridspec.models.gdn_chunk import gdn_chunk_scan
 from hybridspec.models.gdn_log import GdnInputLog
 from hybridspec.rollback.models import tiny_model
-from hybridspec.cache.state_memory import bytes_per_slot, log_bytes_per_input
+from hybridspec.cache.state_specs import bytes_per_slot, log_bytes_per_input
 
 
 def random_inputs(batch, T, HK, HV, d_k, d_v, seed, dtype=torch.float64):

@@ -78,7 +78,7 @@ def test_no_import_cycles_between_packages():
     assert not cycles, {u: sorted(graph[u]) for u in cycles}
 
 
-STATE_STORAGE = {"hybridspec.cache.state_pool", "hybridspec.cache.state_memory"}
+STATE_STORAGE = {"hybridspec.cache.state_pool", "hybridspec.cache.state_specs"}
 
 
 def test_checkpoints_reach_models_only_through_the_recurrent_layer_protocol():

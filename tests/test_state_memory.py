@@ -6,7 +6,8 @@ import torch
 import hybridspec as hs
 from hybridspec.costs.checkpoint_costs import CheckpointFootprint
 from hybridspec.sim import HybridShape, snapshot_positions
-from hybridspec.cache.state_memory import snapshot_inputs
+from hybridspec.cache.paged_kv import PagedKVCache
+from hybridspec.cache.state_specs import AttentionKVSpec, snapshot_inputs
 from oracles import bamba, jamba
 
 
@@ -62,3 +63,11 @@ def test_snapshot_positions_have_one_definition():
                 snapshot_inputs(gamma + 1, k)
     assert snapshot_inputs(5, 2) == (0, 2, 4) and snapshot_inputs(6, 2) == (0, 2, 4, 5)
     assert snapshot_inputs(5, 0) == (4,) and snapshot_inputs(1, 3) == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_page_bytes_equal_what_the_pages_allocate(dtype):
+    """`PagedKVCache.bytes_per_block` (through `AttentionKVSpec`) is the K and V tensors' bytes per page."""
+    kv = PagedKVCache(num_layers=3, num_blocks=4, block_size=16, num_kv_heads=2, head_dim=8, dtype=dtype)
+    allocated = sum(t[:, 0].numel() * t.element_size() for t in (kv.k_cache, kv.v_cache))
+    assert kv.bytes_per_block == allocated == 3 * 16 * AttentionKVSpec(2, 8).bytes_per_token(dtype.itemsize)

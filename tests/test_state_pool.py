@@ -5,7 +5,7 @@ import hybridspec as hs
 from hybridspec.cache.state_pool import StatePool
 from hybridspec.errors import CacheFullError
 from hybridspec.rollback import perturbed_copy, plain_outputs
-from hybridspec.cache.state_memory import RecurrentStateShape
+from hybridspec.cache.state_specs import RecurrentStateShape
 from oracles import bamba
 
 # One Mamba2 layer (nheads, headdim, d_state) and one Mamba1 layer (d_inner, d_state).

@@ -5,7 +5,10 @@ per sequence, `hybridspec.cache.state_pool`) of the Mamba layers — and
 every layer of a sequence to an accepted boundary at once, `rewind_to` back to
 an earlier length (a round start); which ring slot holds the state
 there is the checkpoints' decision (`Checkpointer`). Every length these take
-is a computed length.
+is a computed length. A forward is a transaction over the cache: planned
+(`plan_forward`, `plan_chain`: K/V pages reserved, ring slots chosen), then
+committed or aborted; a model runs the maths between and never moves a
+length, a page table or a ring head itself.
 """
 from __future__ import annotations
 
@@ -18,11 +21,11 @@ import torch
 from hybridspec.cache.state_pool import SlotState, StatePool, head_half
 from hybridspec.kernels import backend as backends
 from hybridspec.kernels.slot_plan import SlotPlan
-from hybridspec.cache.state_memory import default_state_dtype
+from hybridspec.cache.state_specs import default_state_dtype
 
 from hybridspec.errors import CacheFullError, InvariantError
 from hybridspec.cache.forward_batch import ForwardBatch
-from hybridspec.cache.paged_kv import PagedKVCache
+from hybridspec.cache.paged_kv import KVWriteMeta, PagedKVCache
 
 if TYPE_CHECKING:  # the cache sits below the model configuration's users; it reads a config, never builds one
     from hybridspec.config import HybridConfig
@@ -44,6 +47,26 @@ class ForwardPlan:
         T = max(self.num_new)
         rows = [list(t) + [0] * (T - len(t)) for t in token_lists]
         return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+@dataclass
+class ChainPlan:
+    """Where a chain of forwards one after another reads and writes (a greedy
+    drafter's steps in one native call, `HybridCache.plan_chain`); nothing is
+    committed until `commit_chain`."""
+
+    seq_ids: list[int]
+    start_lens: list[int]  # computed_len of each row before the chain
+    forwards: int
+    num_new: int  # new positions per row over the whole chain
+    chains: list[list[int]] | None  # row b's ring slots from its head, forwards + 1 (None: no recurrent layer)
+    kv: KVWriteMeta | None  # the K/V pages of every new position, reserved at once
+
+    def heads(self) -> list[list[int]]:
+        """The ring head after each forward, per row (-1 without recurrent layers)."""
+        if self.chains is None:
+            return [[-1] * self.forwards for _ in self.seq_ids]
+        return [chain[1:] for chain in self.chains]
 
 
 class HybridCache:
@@ -207,6 +230,42 @@ class HybridCache:
                 self.computed_len[s] = start + n
             else:
                 self.commit(s, start + n, slot)
+
+    def plan_chain(self, seq_ids: list[int], forwards: int, num_new: int) -> ChainPlan | None:
+        """Plan `forwards` forwards one after another over `num_new` new positions
+        per row: row b's state passes along its ring from the head (`chains[b]`,
+        forwards + 1 slots; the head is never written), the K/V of every position
+        reserved at once (all-or-nothing). None, with nothing changed, where a ring
+        is too short for the chain (it would come back to the head) or a row
+        replays over cached K/V (a prefix-cache hit: plain forwards take it)."""
+        starts = [self.computed_len[s] for s in seq_ids]
+        if self.kv is not None and any(self.kv.kv_len(s) != n for s, n in zip(seq_ids, starts)):
+            return None
+        chains = None
+        if self.states is not None:
+            chains = []
+            for s in seq_ids:
+                ring = self.states.ring_slots(s)
+                if len(ring) < forwards + 1:
+                    return None
+                at = ring.index(self.head(s))
+                chains.append([ring[(at + k) % len(ring)] for k in range(forwards + 1)])
+        meta = self.kv.prepare_write(seq_ids, [num_new] * len(seq_ids), starts) if self.kv is not None else None
+        return ChainPlan(list(seq_ids), starts, forwards, num_new, chains, meta)
+
+    def abort_chain(self, plan: ChainPlan) -> None:
+        """Undo `plan_chain`: free the pages it reserved."""
+        if self.kv is not None:
+            for s, n in zip(plan.seq_ids, plan.start_lens):
+                self.kv.truncate(s, n)
+
+    def commit_chain(self, plan: ChainPlan) -> list[list[int]]:
+        """Commit every row of the chain at its last position, the head at the last
+        forward's slot. Returns the ring head after each forward, per row."""
+        heads = plan.heads()
+        for s, start, row in zip(plan.seq_ids, plan.start_lens, heads):
+            self.commit(s, start + plan.num_new, row[-1])
+        return heads
 
     def restore_prefix(self, seq_id: int, pages: list[int], num_cached: int, state_position: int,
                        state: SlotState | None) -> None:

@@ -40,6 +40,7 @@ from hybridspec.kernels import backend as backends
 from hybridspec.kernels.triton.paged_attention import gather_pages
 
 from hybridspec.cache.block_pool import BlockPool, BlockPoolState, consecutive_runs
+from hybridspec.cache.state_specs import AttentionKVSpec
 
 
 class KVWriteMeta:
@@ -223,7 +224,8 @@ class PagedKVCache:
     @property
     def bytes_per_block(self) -> int:
         """K and V bytes of one page over every layer."""
-        return 2 * self.k_cache[:, 0].numel() * self.k_cache.element_size()
+        per_token = AttentionKVSpec(self.num_kv_heads, self.head_dim).bytes_per_token(self.k_cache.element_size())
+        return self.num_layers * self.block_size * per_token
 
     # ---- admission -------------------------------------------------------
 

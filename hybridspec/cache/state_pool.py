@@ -28,12 +28,12 @@ import torch
 
 from hybridspec.errors import CacheFullError
 from hybridspec.kernels import huge_pages
-from hybridspec.cache.state_memory import RecurrentStateShape, bytes_per_slot
+from hybridspec.cache.state_specs import RecurrentStateShape, RecurrentStateSpec, bytes_per_slot
 
 
-def _as_state_shape(spec: RecurrentStateShape | Sequence[Sequence[int]]) -> RecurrentStateShape:
-    """A `RecurrentStateShape`, or a plain `(ssm shape, conv shape)` pair."""
-    if isinstance(spec, RecurrentStateShape):
+def _as_state_spec(spec: RecurrentStateSpec | Sequence[Sequence[int]]) -> RecurrentStateSpec:
+    """A layer kind's `RecurrentStateSpec`, or a plain `(ssm shape, conv shape)` pair."""
+    if isinstance(spec, RecurrentStateSpec):
         return spec
     ssm, conv = spec
     return RecurrentStateShape(tuple(ssm), tuple(conv))
@@ -64,7 +64,7 @@ class StatePoolBookkeeping:
 class StatePool:
     def __init__(
         self,
-        layer_shapes: Sequence[RecurrentStateShape | tuple[tuple[int, ...], tuple[int, ...]]],
+        layer_shapes: Sequence[RecurrentStateSpec | tuple[tuple[int, ...], tuple[int, ...]]],
         max_seqs: int,
         ring_slots: int,
         dtype: torch.dtype = torch.float32,
@@ -74,7 +74,7 @@ class StatePool:
             raise ValueError(f"max_seqs={max_seqs}: the state pool needs room for at least one sequence")
         if ring_slots < 1:
             raise ValueError(f"ring_slots={ring_slots}: a ring needs at least one slot (the head)")
-        self.layer_shapes = tuple(_as_state_shape(spec) for spec in layer_shapes)
+        self.layer_shapes = tuple(_as_state_spec(spec) for spec in layer_shapes)
         self.max_seqs = max_seqs
         self.num_ring_slots = ring_slots
         self.dtype = dtype

@@ -13,7 +13,7 @@ import torch
 from hybridspec.errors import ConfigError
 from hybridspec.costs.checkpoint_terms import snapshot_writes_per_round
 from hybridspec.costs.round_time import StepCosts
-from hybridspec.cache.state_memory import bytes_per_slot, log_bytes_per_input
+from hybridspec.cache.state_specs import bytes_per_slot, log_bytes_per_input
 
 COST_FIELDS = ("snapshot_write_s", "log_write_s", "log_replay_fixed_s", "restore_s", "log_replay_step_s",
                "token_replay_fixed_s", "token_replay_step_s")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from hybridspec.errors import ConfigError
 from hybridspec.costs.closed_form import expected_tokens
 from hybridspec.costs.validation import check_alpha, check_gamma, check_int, check_snapshot_every
-from hybridspec.cache.state_memory import snapshot_inputs
+from hybridspec.cache.state_specs import snapshot_inputs
 
 
 def snapshot_positions(gamma: int, snapshot_every: int) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from hybridspec.checkpoints.auto import resolve_policy
 from hybridspec.checkpoints.policy import ring_halves_by_default
-from hybridspec.cache.state_memory import default_state_dtype
+from hybridspec.cache.state_specs import default_state_dtype
 
 from hybridspec.cache.hybrid_cache import HybridCache, scratch_cache
 from hybridspec.cache.prefix_cache import PrefixStore, as_prefix_settings

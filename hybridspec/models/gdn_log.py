@@ -2,7 +2,7 @@
 needs to rebuild the state and the conv window without the model
 (docs/design.md, "input log"): the conv inputs xs and the rule's k, v, g, β.
 The state does not depend on q, so q is not kept. Its size per input is
-`hybridspec.cache.state_memory.log_bytes_per_input` of `gdn_state_shape`. The
+`GdnStateSpec.log_bytes_per_input` (`hybridspec.cache.state_specs`). The
 checkpoints see it only as a `LayerInputLog` (`nbytes`); the layer's replay
 (`kernels.ops.GdnLogReplay`) reads its fields."""
 from __future__ import annotations

@@ -11,8 +11,8 @@ from hybridspec.models.common import check_finite
 
 
 class GreedyChain:
-    """`decode` and `extend` of one model through its whole-forward kernel `whole`,
-    with the bookkeeping of the cache they run on (ring slots, K/V pages, commits)."""
+    """`decode` and `extend` of one model through its whole-forward kernel `whole`;
+    the cache they run on plans and commits them (ring slots, K/V pages)."""
 
     def __init__(self, model, whole):
         self.model, self.whole = model, whole
@@ -63,34 +63,23 @@ class GreedyChain:
 
     def _chained(self, cache, seq_ids: list[int], forwards: int, num_new: int, call):
         """What `decode` and `extend` share: `forwards` forwards one after another
-        over `num_new` new positions per row, row b's state passing along its
-        ring from the head (`chains[b]`, forwards + 1 slots; the head is never
-        written), the K/V of every position reserved at once. `call(plan)` runs
-        them through the kernel, which calls `plan()` once it takes the call
-        (None: it cannot be planned) and returns (out, logits, finite), or None
-        where it declines. Returns (out, logits, the ring head after each forward
-        [batch][forwards]) with every row committed at its last position; None,
-        with nothing changed, where the kernel declines, a ring is too short for
-        the chain or a row replays over cached K/V (prefix cache: the caller
-        takes the plain calls). A failing call changes nothing either."""
+        over `num_new` new positions per row, a transaction over the cache
+        (`HybridCache.plan_chain`, then `commit_chain` or `abort_chain`).
+        `call(plan)` runs them through the kernel, which calls `plan()` once it
+        takes the call (None: it cannot be planned) and returns (out, logits,
+        finite), or None where it declines. Returns (out, logits, the ring head
+        after each forward [batch][forwards]) with every row committed at its
+        last position; None, with nothing changed, where the kernel declines or
+        the cache cannot plan the chain (the caller takes the plain calls). A
+        failing call changes nothing either."""
         planned = []
 
         def plan():
-            starts = [cache.computed_len[s] for s in seq_ids]
-            if cache.kv is not None and any(cache.kv.kv_len(s) != n for s, n in zip(seq_ids, starts)):
+            chain = cache.plan_chain(seq_ids, forwards, num_new)
+            if chain is None:
                 return None
-            chains = None
-            if cache.states is not None:
-                chains = []
-                for s in seq_ids:
-                    ring = cache.states.ring_slots(s)
-                    if len(ring) < forwards + 1:  # the chain would come back to the head
-                        return None
-                    at = ring.index(cache.head(s))
-                    chains.append([ring[(at + k) % len(ring)] for k in range(forwards + 1)])
-            meta = cache.kv.prepare_write(seq_ids, [num_new] * len(seq_ids), starts) if cache.kv is not None else None
-            planned.append((chains, starts))
-            return chains, meta, starts
+            planned.append(chain)
+            return chain.chains, chain.kv, chain.start_lens
 
         try:
             done = call(plan)
@@ -101,12 +90,7 @@ class GreedyChain:
                 check_finite(logits, None, True)
             self.model.forward_done(forwards)
         except Exception:
-            if cache.kv is not None and planned:
-                for s, n in zip(seq_ids, planned[0][1]):
-                    cache.kv.truncate(s, n)
+            if planned:
+                cache.abort_chain(planned[0])
             raise
-        chains, starts = planned[0]
-        for b, (s, start) in enumerate(zip(seq_ids, starts)):
-            cache.commit(s, start + num_new, chains[b][forwards] if chains else -1)
-        heads = [chain[1:] for chain in chains] if chains else [[-1] * forwards for _ in seq_ids]
-        return out, logits, heads
+        return out, logits, cache.commit_chain(planned[0])

@@ -2,7 +2,7 @@
 inputs of one layer for one verify forward, enough to log-replay the
 recurrence and the conv window to any boundary without the model
 (docs/design.md, "input log"). Its size per input is
-`hybridspec.cache.state_memory.log_bytes_per_input`. The checkpoints see it only as
+`hybridspec.cache.state_specs.log_bytes_per_input`. The checkpoints see it only as
 a `LayerInputLog` (`nbytes`); the layer's own replay reads its fields."""
 from __future__ import annotations
 

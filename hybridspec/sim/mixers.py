@@ -1,6 +1,6 @@
 """The recurrent layers a `HybridShape` holds. Each kind answers the same
 questions: its weights, its per-sequence state and input log
-(`hybridspec.cache.state_memory`, the formulas `Engine` allocates by), and the
+(a `hybridspec.cache.state_specs` spec, the formulas `Engine` allocates by), and the
 FLOPs per token of its recurrence and of its short causal conv.
 
 Mamba2 (Dao & Gu 2024): d_inner = nheads·headdim; B and C shared per group;
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hybridspec.cache.state_memory import RecurrentStateShape, gdn_state_shape, mamba2_state_shape
+from hybridspec.cache.state_specs import GdnStateSpec, Mamba2StateSpec
 
 # FLOPs per state element per token of the Mamba2 scan: decay (1), input (1), add (1), readout C·h (2)
 SCAN_FLOPS_PER_STATE_ELEMENT = 5
@@ -42,14 +42,14 @@ class Mamba2Mixer:
 
     @property
     def conv_dim(self) -> int:
-        return self.d_inner + 2 * self.n_groups * self.d_state
+        return self.state_shape().conv_window.channels
 
     def params(self, d_model: int) -> int:
         in_proj = d_model * (self.d_inner + self.conv_dim + self.num_heads)
         return in_proj + self.conv_dim * self.d_conv + self.d_inner * d_model
 
-    def state_shape(self) -> RecurrentStateShape:
-        return mamba2_state_shape(self.num_heads, self.head_dim, self.d_state, self.n_groups, self.d_conv)
+    def state_shape(self) -> Mamba2StateSpec:
+        return Mamba2StateSpec(self.num_heads, self.head_dim, self.d_state, self.n_groups, self.d_conv)
 
     def scan_flops_per_token(self) -> int:
         return SCAN_FLOPS_PER_STATE_ELEMENT * self.num_heads * self.head_dim * self.d_state
@@ -73,23 +73,23 @@ class GdnMixer:
 
     @property
     def key_dim(self) -> int:
-        return self.num_k_heads * self.head_k_dim
+        return self.state_shape().key_dim
 
     @property
     def value_dim(self) -> int:
-        return self.num_v_heads * self.head_v_dim
+        return self.state_shape().value_dim
 
     @property
     def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
+        return self.state_shape().conv_window.channels
 
     def params(self, d_model: int) -> int:
         qkvz = d_model * (2 * self.key_dim + 2 * self.value_dim)
         ba = d_model * 2 * self.num_v_heads
         return qkvz + ba + self.conv_dim * self.d_conv + self.value_dim * d_model
 
-    def state_shape(self) -> RecurrentStateShape:
-        return gdn_state_shape(self.num_v_heads, self.num_k_heads, self.head_k_dim, self.head_v_dim, self.d_conv)
+    def state_shape(self) -> GdnStateSpec:
+        return GdnStateSpec(self.num_v_heads, self.num_k_heads, self.head_k_dim, self.head_v_dim, self.d_conv)
 
     def scan_flops_per_token(self) -> int:
         return GDN_FLOPS_PER_STATE_ELEMENT * self.num_v_heads * self.head_k_dim * self.head_v_dim

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from hybridspec.errors import ConfigError
 from hybridspec.sim.cost_model import ModelCost
 from hybridspec.sim.mixers import GdnMixer, Mamba2Mixer
-from hybridspec.cache.state_memory import bytes_per_slot, log_bytes_per_input
+from hybridspec.cache.state_specs import AttentionKVSpec, bytes_per_slot, log_bytes_per_input
 
 MAMBA2_FIELDS = ("mamba_d_state", "mamba_headdim", "mamba_ngroups", "mamba_expand", "mamba_d_conv")
 
@@ -186,7 +186,7 @@ class HybridShape:
         return self.block_params() + embeddings * (1 if self.tie_embeddings else 2)
 
     def state_shape(self):
-        """One recurrent layer's `RecurrentStateShape` (`hybridspec.cache.state_memory`)."""
+        """One recurrent layer's spec (a `RecurrentStateSpec`, `hybridspec.cache.state_specs`)."""
         return self.recurrent.state_shape()
 
     def state_bytes_per_layer(self) -> int:
@@ -198,6 +198,10 @@ class HybridShape:
         """Input log of one token: activations in the model dtype, time steps in the
         state dtype (Mamba2: conv inputs, x, B and C; dt)."""
         return log_bytes_per_input([self.state_shape()], self.weight_bytes, self.state_bytes)
+
+    def kv_bytes_per_token_per_layer(self) -> int:
+        """K and V of one cached token in one attention layer, in the model dtype."""
+        return AttentionKVSpec(self.num_kv_heads, self.head_dim).bytes_per_token(self.weight_bytes)
 
     def scan_flops_per_token_per_layer(self) -> int:
         return self.recurrent.scan_flops_per_token()
@@ -214,9 +218,7 @@ class HybridShape:
             param_bytes=float(read_params * self.weight_bytes),
             flops_per_token=float(2 * active_params + self.num_mamba_layers * self.scan_flops_per_token_per_layer()),
             attention_flops_per_context_token=float(4 * self.num_attention_layers * self.num_heads * self.head_dim),
-            kv_bytes_per_token=float(
-                2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * self.weight_bytes
-            ),
+            kv_bytes_per_token=float(self.num_attention_layers * self.kv_bytes_per_token_per_layer()),
             state_bytes=float(self.num_mamba_layers * self.state_bytes_per_layer()),
             log_bytes_per_token=float(self.num_mamba_layers * self.log_bytes_per_token_per_layer()),
             replay_flops_per_token=float(replay_flops),
