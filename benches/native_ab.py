@@ -67,10 +67,10 @@ def build_revision(rev: str, directory: Path, sources: Path | None = None):
     for path in (*cpu_native.SOURCES, *cpu_native.HEADERS):
         if sources is not None and not (sources / path.name).is_file():
             continue  # a file this checkout added: the base's sources do not include it
-        if sources is None and subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:kernels/{path.name}"],
+        if sources is None and subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:kernels/cpu/{path.name}"],
                                               capture_output=True).returncode:
             continue
-        text = (sources / path.name).read_text() if sources else git("show", f"{rev}:kernels/{path.name}")
+        text = (sources / path.name).read_text() if sources else git("show", f"{rev}:kernels/cpu/{path.name}")
         (directory / path.name).write_text(text)
     target = directory / "base.so"
     cpu_native.compile_library(cpu_native.find_compiler(), [directory / p.name for p in cpu_native.SOURCES], target)
