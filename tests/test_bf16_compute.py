@@ -16,9 +16,8 @@ from hybridspec.errors import ConfigError
 from hybridspec.kernels import backend
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu import rows as cpu_rows
+from native_cpu import one_thread, with_threads  # noqa: F401 (one_thread: an autouse fixture)
 from oracles import granite
-from test_cpu_rows import one_thread  # noqa: F401 (an autouse fixture)
-from test_cpu_threads import with_threads
 from test_exact_16bit import forwards, half_valued, stored
 
 has_bf16 = pytest.mark.skipif(not (cpu_native.cpu_supported() and cpu_native.bf16_compute_supported()),

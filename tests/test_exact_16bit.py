@@ -19,8 +19,8 @@ from hybridspec.kernels.cpu.panels import PanelWeight
 from hybridspec.models.ffn import MoE
 from hybridspec.models import packing
 from hybridspec.models.packing import LINEAR_WEIGHTS
+from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, nemotron_h_moe, zamba2
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
 

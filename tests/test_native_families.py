@@ -21,9 +21,9 @@ import torch
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels.cpu import forward as cpu_forward
-from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, nemotron_h_moe, qwen3_5, qwen3_5_moe, qwen3_next, zamba2
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (fixtures)
+from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 from native_switch import native_off, whole_forward_off
+from oracles import bamba, falcon_h1, granite, jamba, nemotron_h, nemotron_h_moe, qwen3_5, qwen3_5_moe, qwen3_next, zamba2
 
 pytestmark = x86_with_compiler
 

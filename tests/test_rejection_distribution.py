@@ -3,7 +3,7 @@
 Runs ``rejection_ref`` over many rows that share p and q but have distinct seeds
 (so each row is an independent trial), with drafts sampled the way the drafter
 samples them: Gumbel-max over q with PURPOSE_DRAFT noise (PURPOSE_SAMPLE in
-coupled mode). ``tests/kernels/test_rejection.py`` ties the Triton kernel to
+coupled mode). ``tests/kernels/triton/test_rejection.py`` ties the Triton kernel to
 ``rejection_ref`` on this kind of input.
 """
 

@@ -245,7 +245,7 @@ CASES = {
     "REJECTION": (rejection_case, [(1, 2, 8), (3, 3, 16)]),
 }
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=0, atol=0)}
-# where the project promises the torch form's bits in float32 too: the rotation (test_cpu_rope), the K/V scatter
+# where the project promises the torch form's bits in float32 too: the rotation (cpu/test_rope.py), the K/V scatter
 EXACT = {"ROTARY", "KV_WRITE"}
 
 

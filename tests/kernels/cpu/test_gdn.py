@@ -18,9 +18,8 @@ from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import gdn as cpu_gdn
 from hybridspec.kernels.triton.gdn_verify import gdn_replay_ref, gdn_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
-from test_cpu_state_kernels import lengths
-from test_cpu_threads import with_threads
+from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from test_state_kernels import lengths
 
 pytestmark = x86_with_compiler
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -74,7 +73,7 @@ def test_same_outputs_and_snapshot_writes_as_the_reference(case, padded):
         assert not got[~plan.is_live].any()  # padding inputs give zeros
 
 
-# tests/kernels/slot_plan.py's plan: row 1 ends in place (snap == src), row 2 stops after 2 inputs (slot 8
+# tests/kernels/triton/slot_plan.py's plan: row 1 ends in place (snap == src), row 2 stops after 2 inputs (slot 8
 # stays untouched), row 3 consumes nothing
 SRC, SNAP, NUM_TOKENS = [0, 5, 9, 12], [[1, 2, 3, 4], [-1, 6, -1, 5], [10, 11, -1, 8], [13, -1, 14, -1]], [4, 4, 2, 0]
 WRITTEN = {1, 2, 3, 4, 5, 6, 10, 11}

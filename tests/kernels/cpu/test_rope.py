@@ -7,7 +7,7 @@ from hybridspec.config import AttentionConfig
 from hybridspec.kernels.cpu import rope as cpu_rope
 from hybridspec.kernels.rotary import NativeRotation, Rotation
 from hybridspec.models.attention import rope_inv_freq
-from test_cpu_rows import x86_with_compiler
+from native_cpu import x86_with_compiler
 
 pytestmark = x86_with_compiler
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridspec.kernels import ops
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
 FUNCTIONS = {"softplus": torch.nn.functional.softplus, "sigmoid": torch.sigmoid}

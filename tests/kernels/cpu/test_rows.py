@@ -6,8 +6,6 @@ read-only cache."""
 from __future__ import annotations
 
 import os
-import platform
-import shutil
 
 import pytest
 import torch
@@ -18,22 +16,10 @@ from hybridspec.kernels import backend as backends
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu import rows as cpu_rows
 from hybridspec.models import common
+from native_cpu import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures; one_thread autouse)
 from oracles import bamba
 
-x86_with_compiler = pytest.mark.skipif(
-    platform.machine().lower() not in ("x86_64", "amd64") or not (shutil.which("cc") or shutil.which("gcc"))
-    or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-    reason="the kernel is AVX2 C code built with the system's compiler")
-
 SHAPES = [(1, 1), (3, 7), (5, 13), (64, 8), (129, 257), (256, 1160), (7, 4101), (2, 9000)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @x86_with_compiler
@@ -67,21 +53,6 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows(K, N):
             out = cpu_rows.rows_matmul(x[start:start + M], w)
             for m in range(M):
                 assert torch.equal(out[m], alone[start + m]), (M, start, m)
-
-
-@pytest.fixture
-def both_vector_paths():
-    """The product kernel's vector paths, each run in turn (skips without AVX-512)."""
-    first = cpu_rows.vector_path()
-    try:
-        cpu_rows.vector_path("avx512")
-    except ValueError:
-        pytest.skip("this CPU has no AVX-512F: one vector path only")
-
-    def each(fn):
-        return [fn() for path in cpu_rows.VECTOR_PATHS if cpu_rows.vector_path(path)]
-    yield each
-    cpu_rows.vector_path(first)
 
 
 @x86_with_compiler

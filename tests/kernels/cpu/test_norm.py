@@ -7,7 +7,7 @@ import torch
 
 from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import norm as cpu_norm
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benches"))
 import kernel_timing  # noqa: E402
 
 

@@ -16,9 +16,9 @@ from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels.cpu import blocks as cpu_blocks
 from hybridspec.kernels.cpu import forward as cpu_forward
 from hybridspec.models.greedy_chain import GreedyChain
+from native_cpu import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 from native_switch import backend_of
 from oracles import bamba
-from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 
 pytestmark = x86_with_compiler
 

@@ -19,8 +19,8 @@ from hybridspec.kernels.triton.mamba1_verify import mamba1_verify_ref
 from hybridspec.kernels.triton.conv_window import conv_window_update_ref
 from hybridspec.kernels.triton.mamba2_verify import mamba2_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
+from native_cpu import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures; one_thread autouse)
 from oracles import bamba, jamba
-from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures; one_thread autouse)
 
 pytestmark = x86_with_compiler
 
@@ -230,7 +230,7 @@ def test_a_float32_model_keeps_the_torch_paths_states(monkeypatch, build):
         return decoded, verified, [s.clone() for s in (*cache.states.ssm_states, *cache.states.conv_states)]
 
     calls = []
-    model.bind_backend("native-ops")  # the modules' C paths (test_cpu_blocks: the blocks)
+    model.bind_backend("native-ops")  # the modules' C paths (test_blocks: the blocks)
     for module, name in ((cpu_mamba2, "mamba2_steps"), (cpu_mamba1, "mamba1_steps"), (cpu_conv, "conv_window_steps")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))

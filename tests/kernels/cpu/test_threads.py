@@ -19,11 +19,11 @@ from hybridspec.kernels.cpu import mamba2 as cpu_mamba2
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu import rows as cpu_rows
 from hybridspec.kernels.slot_plan import SlotPlan
-from oracles import bamba
+from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 from native_switch import backend_of
-from test_cpu_blocks import run
-from test_cpu_rows import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
-from test_cpu_state_kernels import inputs, lengths
+from oracles import bamba
+from test_blocks import run
+from test_state_kernels import inputs, lengths
 
 pytestmark = x86_with_compiler
 
@@ -36,15 +36,6 @@ ROWS = (1, 3, 5, 9, 10, 16, 20, 33, 48)
 def helper_threads() -> int:
     """This process's threads (the products' helpers among them)."""
     return len(os.listdir("/proc/self/task"))
-
-
-def with_threads(count: int, fn):
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("K,N", SHAPES)

@@ -15,8 +15,8 @@ from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu import rows as cpu_rows
 from hybridspec.kernels.cpu import panels
 from hybridspec.kernels.cpu.panels import PanelWeight
+from native_cpu import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 from oracles import bamba
-from test_cpu_rows import both_vector_paths, one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 
 # (out, in): a last panel narrower than 64 columns, an odd K (a bfloat16 pair with one row), one column;
 # panels past STREAM_PANEL_BYTES (cpu/panels.c: in blocks) from 2,049 float32 and 4,097 bfloat16 inputs

@@ -1,0 +1,50 @@
+"""What the tests of the native CPU kernels (`kernels/cpu/`) share, here and in
+tests/kernels/cpu/: the mark that skips where the kernels cannot be built, one
+torch thread per test, each vector path of the products in turn, and a block
+run at a given torch thread count."""
+from __future__ import annotations
+
+import platform
+import shutil
+
+import pytest
+import torch
+
+from hybridspec.kernels.cpu import rows as cpu_rows
+
+x86_with_compiler = pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64") or not (shutil.which("cc") or shutil.which("gcc"))
+    or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+    reason="the kernel is AVX2 C code built with the system's compiler")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def both_vector_paths():
+    """The product kernel's vector paths, each run in turn (skips without AVX-512)."""
+    first = cpu_rows.vector_path()
+    try:
+        cpu_rows.vector_path("avx512")
+    except ValueError:
+        pytest.skip("this CPU has no AVX-512F: one vector path only")
+
+    def each(fn):
+        return [fn() for path in cpu_rows.VECTOR_PATHS if cpu_rows.vector_path(path)]
+    yield each
+    cpu_rows.vector_path(first)
+
+
+def with_threads(count: int, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
