@@ -99,7 +99,7 @@ def mamba2_inputs(g, dtype, batch, T, slots, nheads=2, headdim=4, d_state=8, ngr
             rand(g, nheads, dtype=dtype)]
 
 
-def mamba1_inputs(g, dtype, batch, T, slots, d_inner=6, d_state=4):
+def mamba1_inputs(g, dtype, batch, T, slots, d_inner=6, d_state=8):  # d_state: the C loop takes multiples of 8
     return [rand(g, slots, d_inner, d_state, dtype=dtype), rand(g, batch, T, d_inner, dtype=dtype),
             torch.rand(batch, T, d_inner, generator=g, dtype=torch.float64).to(dtype),
             (-4 * torch.rand(d_inner, d_state, generator=g, dtype=torch.float64)).to(dtype),
