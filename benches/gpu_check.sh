@@ -2,7 +2,9 @@
 # On an NVIDIA GPU machine, in stages (each with its own timeout; the default
 # runs them all, in this order; the first four in under 9.5 minutes at most):
 #   kernels  the kernel tests compiled (not interpreted; every file of
-#            tests/kernels: Mamba-1/2, GDN, conv window, attention, ...) and
+#            tests/kernels/triton: Mamba-1/2, GDN, conv window, attention,
+#            ..., and the seam's tests in tests/kernels; the native CPU
+#            kernels' tests in tests/kernels/cpu need no GPU) and
 #            the CUDA-graph tests (capture, replay against eager)  ≤ 180 s
 #   timing   every kernel (Mamba-2 and GDN verify and replay, conv window,
 #            rejection) against its reference and the bandwidth it should
@@ -42,7 +44,7 @@ for stage in $STAGES; do
   echo "== $stage"
   case $stage in
     kernels)
-      timeout 180 "$PY" -m pytest -q -p no:cacheprovider tests/kernels tests/test_cuda_graphs.py 2>&1 | tail -20
+      timeout 180 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton tests/kernels/test_*.py tests/test_cuda_graphs.py 2>&1 | tail -20
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     check)
       for run in "float32 0" "float32 1" "float64 0"; do  # dtype, HYBRIDSPEC_CUDA_GRAPHS
