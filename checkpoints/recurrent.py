@@ -6,7 +6,7 @@ state pool's slots; they never look inside a model's layer stack, nor at what
 a layer logs. The Mamba-1 and Mamba-2 mixers implement it; a new recurrent
 layer kind (gated DeltaNet) implements it to get snapshots, rollback and
 replay, with no change to checkpoints/, cache/ or spec/:
-- its state: `state_shape` (one ring slot's recurrent state and conv
+- its state: `state_spec` (one ring slot's recurrent state and conv
   window, and its log width: what `StatePool` allocates and
   `state_specs` counts the bytes of) at `state_layer` in the pool;
 - the multi-step update from the head (`forward`): prefill from an empty
@@ -29,7 +29,7 @@ from hybridspec.cache.state_specs import RecurrentStateSpec
 @runtime_checkable
 class RecurrentLayer(Protocol):
     state_layer: int  # this layer's storage in the StatePool (its index among the recurrent layers)
-    state_shape: RecurrentStateSpec  # one ring slot's SSM state and conv window, and its log width
+    state_spec: RecurrentStateSpec  # one ring slot's SSM state and conv window, and its log width
 
     def forward(self, h: torch.Tensor, batch, cache) -> torch.Tensor:
         """The multi-step update: advance the state in `batch.src_slot` over the

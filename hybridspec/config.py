@@ -132,17 +132,17 @@ class Mamba2Config:
 
     @cached_property  # read by every forward: the spec is built once
     def d_inner(self) -> int:
-        return self.state_shape().d_inner
+        return self.state_spec().d_inner
 
     @cached_property
     def conv_dim(self) -> int:
-        return self.state_shape().conv_window.channels
+        return self.state_spec().conv_window.channels
 
     @property
     def group_size(self) -> int:
         return self.norm_group_size or self.d_inner // self.n_groups
 
-    def state_shape(self) -> Mamba2StateSpec:
+    def state_spec(self) -> Mamba2StateSpec:
         """SSM state, conv window and input-log sizes per sequence."""
         return Mamba2StateSpec(self.num_heads, self.head_dim, self.d_state, self.n_groups, self.d_conv)
 
@@ -162,7 +162,7 @@ class Mamba1Config:
     def __post_init__(self):
         _check_types(self)
 
-    def state_shape(self) -> Mamba1StateSpec:
+    def state_spec(self) -> Mamba1StateSpec:
         """SSM state, conv window and input-log sizes per sequence."""
         return Mamba1StateSpec(self.d_inner, self.d_state, self.d_conv)
 
@@ -190,17 +190,17 @@ class GdnConfig:
 
     @cached_property  # read by every forward: the spec is built once
     def key_dim(self) -> int:
-        return self.state_shape().key_dim
+        return self.state_spec().key_dim
 
     @cached_property
     def value_dim(self) -> int:
-        return self.state_shape().value_dim
+        return self.state_spec().value_dim
 
     @cached_property
     def conv_dim(self) -> int:
-        return self.state_shape().conv_window.channels
+        return self.state_spec().conv_window.channels
 
-    def state_shape(self) -> GdnStateSpec:
+    def state_spec(self) -> GdnStateSpec:
         """State, conv window and input-log sizes per sequence."""
         return GdnStateSpec(num_v_heads=self.num_value_heads, num_k_heads=self.num_key_heads,
                             head_k_dim=self.key_head_dim, head_v_dim=self.value_head_dim, d_conv=self.d_conv)
@@ -380,15 +380,15 @@ class HybridConfig:
         shared = set(self.shared_blocks.occurrences) if self.shared_blocks is not None else set()
         return [i for i, t in enumerate(self.layer_types) if t in ("attention", "parallel") or i in shared]
 
-    def state_shape(self, layer: int) -> RecurrentStateSpec:
+    def state_spec(self, layer: int) -> RecurrentStateSpec:
         """Recurrent-state sizes of recurrent layer `layer` (an index into layer_types)."""
         kind = self.layer_types[layer]
         sub = self.mamba1 if kind == "mamba1" else self.gdn if kind == "gdn" else self.mamba2
-        return sub.state_shape()
+        return sub.state_spec()
 
-    def recurrent_state_shapes(self) -> list[RecurrentStateSpec]:
+    def recurrent_state_specs(self) -> list[RecurrentStateSpec]:
         """One entry per recurrent layer, in `mamba_layers` order (the state pool's layout)."""
-        return [self.state_shape(layer) for layer in self.mamba_layers]
+        return [self.state_spec(layer) for layer in self.mamba_layers]
 
 
 # the old name of ParallelMixerConfig, which read as tensor parallelism (`hybridspec.tp`)

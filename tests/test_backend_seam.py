@@ -59,14 +59,8 @@ NEUTRAL = {
     "hybridspec.kernels.slot_plan",  # which ring slots a forward reads and writes
     "hybridspec.kernels.cpu.panels",  # the weights' panel layout, packed and read by torch too
     "hybridspec.kernels.rotary.Rotation",  # the torch rotation (a type the attention names)
-    "hybridspec.kernels.triton.keyed_random.PURPOSE_SAMPLE",  # the keyed noise's streams, one on every backend
-    "hybridspec.kernels.triton.keyed_random.PURPOSE_DRAFT",
-    "hybridspec.kernels.triton.keyed_random.gumbel_argmax",  # the sampler's torch form of the keyed Gumbel-max
-    "hybridspec.kernels.triton.rejection.MODE_GREEDY",  # the verification modes, rows' codes for every backend
-    "hybridspec.kernels.triton.rejection.MODE_REJECTION",
-    "hybridspec.kernels.triton.rejection.MODE_COUPLED",
-    "hybridspec.kernels.triton.rejection.greedy_accept",  # torch: argmax comparison of a greedy round
-    "hybridspec.kernels.triton.paged_attention.gather_pages",  # torch: a sequence's pages as one view
+    "hybridspec.kernels.keyed_random",  # the keyed noise (torch form): one stream per purpose on every backend
+    "hybridspec.kernels.reference",  # torch: verification modes, the all-greedy accept, a sequence's pages
 }
 PREDICATES = {"use_triton", "triton_runs_on", "triton_can_run", "pick", "takes", "takes_forward", "available",
               "enabled", "set_enabled", "applies", "applies_bf16", "native_applies", "takes_greedy", "library",
@@ -193,6 +187,14 @@ def test_every_allow_list_entry_names_a_file_and_is_needed():
     assert not stale, stale
 
 
+def test_every_neutral_entry_is_imported_where_imports_are_checked():
+    """A neutral name nobody outside the allow-list imports any more widens the seam for nothing: drop it."""
+    used = {dotted for path in sources() if "import" not in allowed_rules(path.relative_to(REPO).as_posix())
+            for dotted in imported(ast.parse(path.read_text())).values()}
+    stale = [entry for entry in sorted(NEUTRAL) if not any(d == entry or d.startswith(entry + ".") for d in used)]
+    assert not stale, stale
+
+
 # (probe, the rule it must break)
 BAD_PROBES = [
     ("if device.type == 'cuda':\n    pass", "device"),
@@ -218,7 +220,7 @@ CLEAN_PROBES = [
     "from hybridspec.kernels import backend as backends\nb = backends.select(device, dtype)\ny = b.linear(x, w)",
     "from hybridspec.kernels.descriptors import NormDesc\nimport torch\nx = torch.zeros(3, device=device)\n"
     "same = x.device == y.device\nkind = x.dtype",
-    "from hybridspec.kernels.triton.rejection import MODE_GREEDY\nfrom hybridspec.kernels.cpu.panels import PanelWeight",
+    "from hybridspec.kernels.reference import MODE_GREEDY\nfrom hybridspec.kernels.cpu.panels import PanelWeight",
 ]
 
 

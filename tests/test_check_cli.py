@@ -48,6 +48,25 @@ def test_check_model_and_draft_directories(tmp_path, capsys):
     assert "bamba" in out and all(r.startswith("PASS") for r in table_rows(out))
 
 
+def test_check_takes_the_word_embedded_for_the_embedded_pair(capsys):
+    """--model embedded / --draft embedded load the embedded pair (the suite on it takes a minute: the
+    resolution is tested, not the run); --help names the word."""
+    from hybridspec.adapters.embedded import embedded_paths
+    from hybridspec.cli.check import load_models
+    target_dir, draft_dir = embedded_paths()
+    args = build_parser().parse_args(["check", "--quick", "--model", "embedded", "--draft", "embedded"])
+    target, draft, name = load_models(args)
+    assert name == "draft" and target.dtype == torch.float64
+    for model, directory in ((target, target_dir), (draft, draft_dir)):
+        expected = hs.load(directory, dtype=torch.float64)
+        assert model.config == expected.config
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), expected.state_dict().values()))
+    assert target.config != draft.config
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    assert "'embedded'" in capsys.readouterr().out
+
+
 def test_check_fails_when_a_replay_is_skipped(monkeypatch, capsys):
     """Sabotage: restore to the nearest earlier snapshot without replaying."""
     def skip_replay(plan, n, log_available):

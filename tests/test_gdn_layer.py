@@ -48,12 +48,12 @@ def test_padding_with_no_decay_and_no_write_keeps_the_state():
 
 def test_state_and_log_sizes():
     cfg = GdnConfig(num_key_heads=16, num_value_heads=32, key_head_dim=128, value_head_dim=128)  # Qwen3-Next-80B
-    shape = cfg.state_shape()
-    assert shape.ssm == (32, 128, 128) and shape.conv == (2 * 16 * 128 + 32 * 128, 3)
-    assert bytes_per_slot([shape], 4) == 4 * (32 * 128 * 128 + 8192 * 3)
+    spec = cfg.state_spec()
+    assert spec.ssm == (32, 128, 128) and spec.conv == (2 * 16 * 128 + 32 * 128, 3)
+    assert bytes_per_slot([spec], 4) == 4 * (32 * 128 * 128 + 8192 * 3)
     # xs (conv_dim) + k (HK·d_k) + v (HV·d_v) in the model dtype, g and β per value head in the state dtype
-    assert log_bytes_per_input([shape], 2, 4) == 2 * (8192 + 2048 + 4096) + 4 * 64
-    assert log_bytes_per_input([shape], 2, 4) * 25 < bytes_per_slot([shape], 4)  # a state is large, inputs small
+    assert log_bytes_per_input([spec], 2, 4) == 2 * (8192 + 2048 + 4096) + 4 * 64
+    assert log_bytes_per_input([spec], 2, 4) * 25 < bytes_per_slot([spec], 4)  # a state is large, inputs small
 
 
 def test_input_log_shifts_rows_and_counts_bytes():

@@ -11,8 +11,9 @@ import pytest
 import torch
 from scipy import stats
 
-from hybridspec.kernels.triton.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE, gumbel_argmax
-from hybridspec.kernels.triton.rejection import MODE_COUPLED, MODE_REJECTION, rejection_ref
+from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE, gumbel_argmax
+from hybridspec.kernels.reference import MODE_COUPLED, MODE_REJECTION
+from hybridspec.kernels.triton.rejection import rejection_ref
 
 NUM_ROWS = 20_000
 MASTER_SEED = 20240611

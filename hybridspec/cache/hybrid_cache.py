@@ -93,9 +93,9 @@ class HybridCache:
         attn = config.attention
         self.kv = (PagedKVCache(len(config.attention_layers), num_blocks, block_size, attn.num_kv_heads,
                                 attn.head_dim, dtype, self.device, self.backend) if config.attention_layers else None)
-        shapes = config.recurrent_state_shapes()
+        specs = config.recurrent_state_specs()
         self.state_dtype = state_dtype or default_state_dtype(dtype)
-        self.states = StatePool(shapes, max_seqs, ring_slots, self.state_dtype, self.device) if shapes else None
+        self.states = StatePool(specs, max_seqs, ring_slots, self.state_dtype, self.device) if specs else None
         self.computed_len: dict[int, int] = {}
         self.graphs = None  # ForwardGraphs (hybridspec.models.graphs) when the forwards over this cache are captured
 

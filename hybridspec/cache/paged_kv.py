@@ -37,7 +37,7 @@ import torch
 
 from hybridspec.errors import CacheFullError
 from hybridspec.kernels import backend as backends
-from hybridspec.kernels.triton.paged_attention import gather_pages
+from hybridspec.kernels.reference import gather_pages
 
 from hybridspec.cache.block_pool import BlockPool, BlockPoolState, consecutive_runs
 from hybridspec.cache.state_specs import AttentionKVSpec

@@ -63,6 +63,23 @@ def gamma_arg(text: str) -> int | str:
     return value
 
 
+EMBEDDED = "embedded"  # the word a model flag takes for the embedded pair (`hybridspec.adapters.embedded`)
+
+
+def model_path(flag: str, text: str, draft: bool = False) -> str:
+    """`text`, or for the word `embedded` the directory of the embedded target
+    (`draft`: of the embedded draft), which no user knows the path of. A folder
+    of that name is reached as ./embedded."""
+    if text != EMBEDDED:
+        return text
+    from hybridspec.adapters.embedded import embedded_paths
+    try:
+        target_dir, draft_dir = embedded_paths()
+    except ModelFilesError as error:
+        raise UsageError(f"{flag} {EMBEDDED}: {error}") from None
+    return str(draft_dir if draft else target_dir)
+
+
 def load_model(flag: str, path: str, also: str = "", **kwargs):
     """hs.load(path, **kwargs), its ModelFilesError as a UsageError naming `flag`."""
     import hybridspec as hs

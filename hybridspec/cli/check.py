@@ -2,6 +2,7 @@
 (`hybridspec.rollback`) against a model and print a pass/fail table.
 
     hybridspec check                          # built-in tiny random hybrid model
+    hybridspec check --model embedded --draft embedded --quick
     hybridspec check --model DIR --draft ngram --quick
 
 Each check is reported on stderr as it ends (on a terminal a bar that clears
@@ -23,11 +24,13 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR",
-                        help="model directory hs.load reads (default: a built-in tiny random hybrid model)")
-    parser.add_argument("--draft", default="perturbed", metavar="DIR|ngram|perturbed",
-                        help="drafter: a model directory, prompt lookup (ngram), or a copy of the target with "
-                             "3%% multiplicative weight noise (perturbed, the default)")
+    parser.add_argument("--model", metavar="DIR|embedded",
+                        help="model directory hs.load reads, or 'embedded' for the embedded byte-level target "
+                             "(default: a built-in tiny random hybrid model)")
+    parser.add_argument("--draft", default="perturbed", metavar="DIR|embedded|ngram|perturbed",
+                        help="drafter: a model directory, 'embedded' for the embedded draft, prompt lookup "
+                             "(ngram), or a copy of the target with 3%% multiplicative weight noise (perturbed, "
+                             "the default)")
     parser.add_argument("--quick", action="store_true",
                         help="γ in {1, 4}, fewer drafters, shorter generations")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64",
@@ -42,20 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_models(args: argparse.Namespace):
     """(target, drafter, drafter name) from the arguments."""
     import hybridspec as hs
-    from hybridspec.cli.args import load_model, torch_device
+    from hybridspec.cli.args import load_model, model_path, torch_device
     from hybridspec.rollback import perturbed_copy, tiny_model
 
     dtype, device = DTYPES[args.dtype], torch_device("--device", args.device)
     if args.model:
-        target = load_model("--model", args.model, dtype=dtype, device=device)
+        target = load_model("--model", model_path("--model", args.model), dtype=dtype, device=device)
     else:
         target = tiny_model(args.seed, dtype=dtype, device=device)
     if args.draft == "perturbed":
         return target, perturbed_copy(target, seed=args.seed), "perturbed"
     if args.draft == "ngram":
         return target, hs.NgramDrafter(), "n-gram"
-    draft = load_model("--draft", args.draft, also=" (or pass --draft ngram or --draft perturbed)",
-                            dtype=dtype, device=device)
+    draft = load_model("--draft", model_path("--draft", args.draft, draft=True),
+                       also=" (or pass --draft ngram or --draft perturbed)", dtype=dtype, device=device)
     if draft.vocab_size != target.vocab_size:
         raise ConfigError(f"the drafter in {args.draft} has vocabulary {draft.vocab_size}, the target "
                           f"{target.vocab_size}; pass a drafter that shares the target's tokenizer")

@@ -46,6 +46,9 @@ GENERATED_MARK = "=== generated text ==="  # the line between the echoed prompt 
 SAMPLING_FLAGS = {"max_new_tokens": "-n/--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
                   "top_p": "--top-p", "min_p": "--min-p", "repetition_penalty": "--repetition-penalty",
                   "stop": "--stop", "seed": "--seed"}
+# the fields whose SamplingParams message speaks Python (None, a list of strings, 2**63), in the command line's words
+FLAG_MESSAGES = {"stop": "--stop needs a non-empty string; give each --stop its text, or leave it out",
+                 "seed": "--seed {value} must be an integer >= 0 and below 2^63; leave it out for a random seed"}
 
 POLICY_HELP = ("checkpoint policy: k1 (snapshot every verify input), k2, k4, ... (every k-th), k0 (round start "
                "and final only), auto, or key=value pairs such as snapshot_every=2,ring_slots=4,log_inputs=0")
@@ -129,7 +132,10 @@ def parse_policy(text: str):
                               + ("; log_inputs takes 0 or 1" if key == "log_inputs" else ""))
     if not fields:
         raise ConfigError(f"--policy {text!r} is empty; " + POLICY_HELP)
-    return CheckpointPolicy(**fields)
+    try:
+        return CheckpointPolicy(**fields)
+    except ConfigError as error:  # the policy's own checks; the command line spells Python's None "none"
+        raise ConfigError(f"--policy {text!r}: {str(error).replace('None', 'none')}") from None
 
 
 def load_models(args: argparse.Namespace, dtype, device: str):
@@ -163,14 +169,15 @@ def check_counts(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag}={value} must be >= 1")
 
 
-def build_llm(args: argparse.Namespace):
-    """(LLM, plain Engine or None, prompt text, prompt ids, names) for the arguments."""
+def build_llm(args: argparse.Namespace, policy):
+    """(LLM, plain Engine or None, prompt text, prompt ids, names) for the arguments
+    and the parsed --policy."""
     import hybridspec as hs
     from hybridspec.cli.args import engine_config, torch_device
     from hybridspec.text.codec import TokenizerCodec, load_tokenizer
     from hybridspec.llm import DTYPES, as_codec, load_dtype, model_eos_ids
     from hybridspec.tp.launch import join
-    config = engine_config(args, checkpoint=parse_policy(args.policy))  # checked before any model is loaded
+    config = engine_config(args, checkpoint=policy)  # checked before any model is loaded
     prompt_text = read_prompt(args.prompt)
     device = join(args.tensor_parallel_size, torch_device("--device", args.device))
     target, draft, target_dir, target_name, draft_name = load_models(
@@ -215,11 +222,15 @@ def sampling_params(args: argparse.Namespace, seed: int | None):
 
 
 def flag_message(message: str) -> str:
-    """A SamplingParams error with its field named by its flag: "top_p=1.5 must be ..." -> "--top-p 1.5 must be ..."."""
-    match = re.match(r"(\w+)(=| holds )", message)
+    """A SamplingParams error with its field named by its flag: "top_p=1.5 must be ..." -> "--top-p 1.5 must be
+    ..."; a field of `FLAG_MESSAGES` gets the command line's own words."""
+    match = re.match(r"(\w+)(=| holds )(\S*)", message)
     if match is None or match[1] not in SAMPLING_FLAGS:
         return message
-    return SAMPLING_FLAGS[match[1]] + (" " if match[2] == "=" else match[2]) + message[match.end():]
+    field, _, value = match.groups()
+    if field in FLAG_MESSAGES:
+        return FLAG_MESSAGES[field].format(value=value)
+    return f"{SAMPLING_FLAGS[field]} {value}{message[match.end():]}"
 
 
 def drawn_seed(args: argparse.Namespace) -> int | None:
@@ -232,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
     from hybridspec.tp.launch import is_first_rank
     check_counts(args)
     sampling_params(args, args.seed)  # bad values fail here, before the model loads
-    llm, plain, prompt_text, prompt, names = build_llm(args)
+    policy = parse_policy(args.policy)  # likewise
+    llm, plain, prompt_text, prompt, names = build_llm(args, policy)
     params = sampling_params(args, drawn_seed(args))
     first = "speculative" if llm.engine.speculator is not None else "plain"
     engines = [(first, llm.engine)] + ([("plain", plain)] if plain is not None else [])

@@ -30,9 +30,9 @@ class CheckpointFootprint:
     @classmethod
     def of(cls, config, dtype: torch.dtype, state_dtype: torch.dtype) -> "CheckpointFootprint":
         """From a `HybridConfig`, the model dtype and the state dtype."""
-        shapes = config.recurrent_state_shapes()
-        return cls(bytes_per_slot(shapes, state_dtype.itemsize),
-                   log_bytes_per_input(shapes, dtype.itemsize, state_dtype.itemsize))
+        specs = config.recurrent_state_specs()
+        return cls(bytes_per_slot(specs, state_dtype.itemsize),
+                   log_bytes_per_input(specs, dtype.itemsize, state_dtype.itemsize))
 
     def checkpoint_bytes(self, batch: int, gamma: int, snapshot_every: int, log_inputs: bool) -> int:
         """bytes(k, log, B) of the module docstring."""

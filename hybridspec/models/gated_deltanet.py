@@ -53,7 +53,7 @@ def norm_then_gate(norm, o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
 class GatedDeltaNet(Kernelled, nn.Module):
     def __init__(self, cfg: GdnConfig, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
-        self.state_shape = cfg.state_shape()
+        self.state_spec = cfg.state_spec()
         self.cfg, self.state_layer, self.eps = cfg, state_layer, eps
         self.in_proj = param(weights["in_proj.weight"])
         self.conv_weight = param(weights["conv1d.weight"])  # [conv_dim, 1, d_conv]

@@ -70,7 +70,7 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
 
     def __init__(self, cfg: Mamba2Config, weights: dict[str, torch.Tensor], state_layer: int, eps: float):
         super().__init__()
-        self.state_shape = cfg.state_shape()
+        self.state_spec = cfg.state_spec()
         self.cfg, self.state_layer, self.eps = cfg, state_layer, eps
         self.in_proj = param(weights["in_proj.weight"])
         self.in_bias = param(weights["in_proj.bias"]) if cfg.proj_bias else None

@@ -42,13 +42,13 @@ class Mamba2Mixer:
 
     @property
     def conv_dim(self) -> int:
-        return self.state_shape().conv_window.channels
+        return self.state_spec().conv_window.channels
 
     def params(self, d_model: int) -> int:
         in_proj = d_model * (self.d_inner + self.conv_dim + self.num_heads)
         return in_proj + self.conv_dim * self.d_conv + self.d_inner * d_model
 
-    def state_shape(self) -> Mamba2StateSpec:
+    def state_spec(self) -> Mamba2StateSpec:
         return Mamba2StateSpec(self.num_heads, self.head_dim, self.d_state, self.n_groups, self.d_conv)
 
     def scan_flops_per_token(self) -> int:
@@ -73,22 +73,22 @@ class GdnMixer:
 
     @property
     def key_dim(self) -> int:
-        return self.state_shape().key_dim
+        return self.state_spec().key_dim
 
     @property
     def value_dim(self) -> int:
-        return self.state_shape().value_dim
+        return self.state_spec().value_dim
 
     @property
     def conv_dim(self) -> int:
-        return self.state_shape().conv_window.channels
+        return self.state_spec().conv_window.channels
 
     def params(self, d_model: int) -> int:
         qkvz = d_model * (2 * self.key_dim + 2 * self.value_dim)
         ba = d_model * 2 * self.num_v_heads
         return qkvz + ba + self.conv_dim * self.d_conv + self.value_dim * d_model
 
-    def state_shape(self) -> GdnStateSpec:
+    def state_spec(self) -> GdnStateSpec:
         return GdnStateSpec(self.num_v_heads, self.num_k_heads, self.head_k_dim, self.head_v_dim, self.d_conv)
 
     def scan_flops_per_token(self) -> int:

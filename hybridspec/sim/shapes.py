@@ -185,19 +185,19 @@ class HybridShape:
         embeddings = self.vocab_size * self.d_model
         return self.block_params() + embeddings * (1 if self.tie_embeddings else 2)
 
-    def state_shape(self):
+    def state_spec(self):
         """One recurrent layer's spec (a `RecurrentStateSpec`, `hybridspec.cache.state_specs`)."""
-        return self.recurrent.state_shape()
+        return self.recurrent.state_spec()
 
     def state_bytes_per_layer(self) -> int:
         """SSM state plus conv window, in the state dtype (Mamba2: nheads·headdim·d_state
         and conv_dim·(d_conv − 1))."""
-        return bytes_per_slot([self.state_shape()], self.state_bytes)
+        return bytes_per_slot([self.state_spec()], self.state_bytes)
 
     def log_bytes_per_token_per_layer(self) -> int:
         """Input log of one token: activations in the model dtype, time steps in the
         state dtype (Mamba2: conv inputs, x, B and C; dt)."""
-        return log_bytes_per_input([self.state_shape()], self.weight_bytes, self.state_bytes)
+        return log_bytes_per_input([self.state_spec()], self.weight_bytes, self.state_bytes)
 
     def kv_bytes_per_token_per_layer(self) -> int:
         """K and V of one cached token in one attention layer, in the model dtype."""

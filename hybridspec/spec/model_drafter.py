@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from hybridspec.kernels.triton.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
+from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
 
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.prefix_cache import PrefixCache, PrefixStore

@@ -24,7 +24,7 @@ import torch
 
 from hybridspec.checkpoints.checkpointer import Checkpointer
 from hybridspec.checkpoints.policy import CheckpointPolicy
-from hybridspec.kernels.triton.rejection import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
+from hybridspec.kernels.reference import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
 
 from hybridspec.errors import InvalidRequestError, PeerRankError
 from hybridspec.sampling.logprobs import batch_logprobs

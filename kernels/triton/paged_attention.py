@@ -26,6 +26,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from hybridspec.kernels.reference import gather_pages
 from hybridspec.kernels.triton.triton_import import tl, triton
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # float64 models attend with the reference
@@ -250,26 +251,6 @@ def paged_attention_cpu(
             k, v = row_pages(k_cache, runs, ctx), row_pages(v_cache, runs, ctx)
             out[b, :n] = _attend_row(q[b, :n], k, v, scale)
     return out
-
-
-def gather_pages(
-    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables: torch.Tensor,  # [batch, max_blocks], padded with -1
-    context_lens: torch.Tensor,  # [batch]
-) -> torch.Tensor:  # [batch, max(context_lens), num_kv_heads, head_dim], zeros past context_lens
-    """Copy each row's first context_lens[b] entries out of its pages, in position order."""
-    block_size = cache.shape[1]
-    max_context = int(context_lens.max()) if context_lens.numel() else 0
-    if max_context > block_tables.shape[1] * block_size:
-        raise ValueError(
-            f"context length {max_context} needs more than the {block_tables.shape[1]} pages in block_tables"
-        )
-    pos = torch.arange(max_context, device=cache.device)  # [max_context]
-    pages = block_tables.long()[:, pos // block_size]  # [batch, max_context]
-    is_valid = pos[None, :] < context_lens[:, None]  # [batch, max_context]
-    slots = torch.where(is_valid, pages * block_size + pos % block_size, 0)  # [batch, max_context]
-    flat = cache.reshape(-1, *cache.shape[2:])  # [num_blocks * block_size, num_kv_heads, head_dim]
-    return flat[slots].masked_fill(~is_valid[:, :, None, None], 0)
 
 
 def paged_attention_ref(

@@ -19,7 +19,7 @@ Terms (docs/design.md glossary):
     emitted    accepted + 1 (recovered or bonus): output_tokens[b, :n + 1];
                output_tokens[b, n + 1:] is -1 padding
 
-Modes (``row_mode[b]``), mixed freely in one launch:
+Modes (``row_mode[b]``, the ``MODE_*`` of ``kernels/reference.py``), mixed freely in one launch:
     MODE_GREEDY     accept while d_i == argmax p_i (lowest index on ties); emit
                     argmax p_{n+1} (the mismatch's target, or the bonus).
     MODE_REJECTION  Leviathan et al. 2023, Alg. 1 / Chen et al. 2023, Alg. 2:
@@ -43,22 +43,10 @@ kernel and ``rejection_ref`` agree token for token.
 
 import torch
 
+from hybridspec.kernels.keyed_random import PURPOSE_ACCEPT, PURPOSE_RECOVER, PURPOSE_SAMPLE, keyed_gumbel, keyed_uniform
+from hybridspec.kernels.reference import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION
+from hybridspec.kernels.triton.keyed_random import gumbel_dev, row_key_dev, uniform_dev
 from hybridspec.kernels.triton.triton_import import tl, triton
-
-from hybridspec.kernels.triton.keyed_random import (
-    PURPOSE_ACCEPT,
-    PURPOSE_RECOVER,
-    PURPOSE_SAMPLE,
-    gumbel_dev,
-    keyed_gumbel,
-    keyed_uniform,
-    row_key_dev,
-    uniform_dev,
-)
-
-MODE_GREEDY = 0
-MODE_REJECTION = 1
-MODE_COUPLED = 2
 
 RESIDUAL_EPS = 1e-12  # residual mass below RESIDUAL_EPS · sum(p_i) counts as zero
 _MAX_BLOCK_V = 1024
@@ -310,30 +298,6 @@ def rejection(
         HAS_Q=has_q,
     )
     return output_tokens, num_accepted
-
-
-def greedy_accept(
-    target_probs: torch.Tensor,  # [B, G + 1, V] float32/float64
-    drafts: list[list[int]],  # [B][γ_b] d_1..d_γ_b of each row, γ_b <= G
-) -> tuple[list[list[int]], list[int]]:
-    """MODE_GREEDY for a batch whose every row is greedy, on the host: the
-    output_tokens and num_accepted of ``rejection`` as lists, from one argmax
-    and one readback (the kernels' argument checks and float64 copies are what
-    a greedy round would otherwise pay for). argmax takes the lowest index on
-    ties, in any dtype, as the kernels do."""
-    if target_probs.dim() != 3 or len(drafts) != target_probs.shape[0] \
-            or any(len(d) >= target_probs.shape[1] for d in drafts):
-        raise ValueError(f"greedy_accept: {len(drafts)} rows of up to {max(map(len, drafts), default=0)} drafts "
-                         f"do not fit target_probs of shape {tuple(target_probs.shape)} ([B, G + 1, V])")
-    width = target_probs.shape[1]
-    tokens, accepted = [], []
-    for d, target in zip(drafts, target_probs.argmax(dim=2).tolist()):
-        n = 0
-        while n < len(d) and d[n] == target[n]:
-            n += 1
-        tokens.append(d[:n] + [target[n]] + [-1] * (width - n - 1))
-        accepted.append(n)
-    return tokens, accepted
 
 
 # ----------------------------------------------------------------------------

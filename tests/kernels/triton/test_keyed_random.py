@@ -4,18 +4,16 @@ import pytest
 import torch
 from scipy import stats
 
-from hybridspec.kernels.triton.keyed_random import (
+from hybridspec.kernels.keyed_random import (
     PURPOSE_ACCEPT,
     PURPOSE_DRAFT,
     PURPOSE_RECOVER,
     PURPOSE_SAMPLE,
     gumbel_argmax,
-    gumbel_dev,
     keyed_gumbel,
     keyed_uniform,
-    row_key_dev,
-    uniform_dev,
 )
+from hybridspec.kernels.triton.keyed_random import gumbel_dev, row_key_dev, uniform_dev
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")

@@ -3,15 +3,9 @@
 import pytest
 import torch
 
-from hybridspec.kernels.triton.keyed_random import PURPOSE_DRAFT, PURPOSE_RECOVER, PURPOSE_SAMPLE, gumbel_argmax
-from hybridspec.kernels.triton.rejection import (
-    MODE_COUPLED,
-    MODE_GREEDY,
-    MODE_REJECTION,
-    greedy_accept,
-    rejection,
-    rejection_ref,
-)
+from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_RECOVER, PURPOSE_SAMPLE, gumbel_argmax
+from hybridspec.kernels.reference import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
+from hybridspec.kernels.triton.rejection import rejection, rejection_ref
 
 pytest.importorskip("triton")
 # log(0) = -inf is intended (zero-probability tokens never win); numpy warns about it when interpreted.
