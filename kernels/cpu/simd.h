@@ -6,6 +6,82 @@
 #include <stdint.h>
 #include <string.h>
 
+/* -- the vocabulary -----------------------------------------------------------------------------
+ * The kernels name vectors and their operations only through what follows, so another ISA is
+ * this file alone (as ggml-cpu keeps its intrinsics behind simd-mappings.h). Each operation is
+ * one instruction (the intrinsic named beside it), so the kernels' chains of roundings are
+ * spelled out in their own code: no operation here fuses, splits or reorders arithmetic. */
+#define SIMD_INLINE static inline __attribute__((always_inline))
+/* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
+#define TARGET512 __attribute__((target("avx512f")))
+/* and for AVX512-BF16 (`hs_bf16_supported`) */
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+typedef __m256 v8;       /* 8 float32 lanes (AVX2) */
+typedef __m512 v16;      /* 16 float32 lanes (AVX-512F) */
+typedef __m256i v8i;     /* 8 32-bit integer lanes */
+typedef __m512i v16i;    /* 16 32-bit integer lanes, or 32 16-bit ones */
+typedef __m512bh v16bh;  /* 16 pairs of bfloat16: what dpbf16 takes */
+typedef __mmask16 mask16; /* one bit per lane of a v16 */
+typedef __mmask32 mask32; /* one bit per 16-bit lane of a v16i */
+
+/* cache hints: fetch into L1 / into L2; order streamed stores before what follows */
+SIMD_INLINE void prefetch_l1(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+SIMD_INLINE void prefetch_l2(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
+SIMD_INLINE void stream_fence(void) { _mm_sfence(); }
+
+/* 8 lanes: unaligned load and store, aligned store, streaming store (32-byte aligned) */
+SIMD_INLINE v8 v8_load(const float *p) { return _mm256_loadu_ps(p); }
+SIMD_INLINE void v8_store(float *p, v8 a) { _mm256_storeu_ps(p, a); }
+SIMD_INLINE void v8_store_aligned(float *p, v8 a) { _mm256_store_ps(p, a); }
+SIMD_INLINE void v8_stream(float *p, v8 a) { _mm256_stream_ps(p, a); }
+SIMD_INLINE v8 v8_set1(float f) { return _mm256_set1_ps(f); }
+SIMD_INLINE v8 v8_zero(void) { return _mm256_setzero_ps(); }
+SIMD_INLINE float v8_first(v8 a) { return _mm256_cvtss_f32(a); }  /* lane 0 */
+SIMD_INLINE v8 v8_add(v8 a, v8 b) { return _mm256_add_ps(a, b); }
+SIMD_INLINE v8 v8_sub(v8 a, v8 b) { return _mm256_sub_ps(a, b); }
+SIMD_INLINE v8 v8_mul(v8 a, v8 b) { return _mm256_mul_ps(a, b); }
+SIMD_INLINE v8 v8_div(v8 a, v8 b) { return _mm256_div_ps(a, b); }
+SIMD_INLINE v8 v8_max(v8 a, v8 b) { return _mm256_max_ps(a, b); }
+SIMD_INLINE v8 v8_min(v8 a, v8 b) { return _mm256_min_ps(a, b); }
+SIMD_INLINE v8 v8_fmadd(v8 a, v8 b, v8 c) { return _mm256_fmadd_ps(a, b, c); }   /* a·b + c, one rounding */
+SIMD_INLINE v8 v8_fnmadd(v8 a, v8 b, v8 c) { return _mm256_fnmadd_ps(a, b, c); } /* c − a·b, one rounding */
+
+/* 16 lanes (TARGET512 callers only) */
+TARGET512 SIMD_INLINE v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
+TARGET512 SIMD_INLINE void v16_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
+TARGET512 SIMD_INLINE void v16_stream(float *p, v16 a) { _mm512_stream_ps(p, a); }  /* 64-byte aligned */
+/* the lanes of m (the others: 0 when loaded, untouched when stored) */
+TARGET512 SIMD_INLINE v16 v16_load_masked(mask16 m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }
+TARGET512 SIMD_INLINE void v16_store_masked(float *p, mask16 m, v16 a) { _mm512_mask_storeu_ps(p, m, a); }
+TARGET512 SIMD_INLINE v16 v16_set1(float f) { return _mm512_set1_ps(f); }
+TARGET512 SIMD_INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
+TARGET512 SIMD_INLINE v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+TARGET512 SIMD_INLINE v16 v16_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }  /* a·b + c */
+/* the halves of a v16 (lanes 0-7, 8-15), and v16s made of 8-float rows: [p | p], [a | b] */
+TARGET512 SIMD_INLINE v8 v16_lo(v16 a) { return _mm512_castps512_ps256(a); }
+TARGET512 SIMD_INLINE v8 v16_hi(v16 a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+TARGET512 SIMD_INLINE v16 v16_load_twice(const float *p) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+TARGET512 SIMD_INLINE v16 v16_load_halves(const float *a, const float *b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+/* integer lanes: load, broadcast, and, shift left (each lane by n bits), the bits as float32 lanes */
+SIMD_INLINE v8i v8i_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+SIMD_INLINE v8i v8i_set1(int a) { return _mm256_set1_epi32(a); }
+SIMD_INLINE v8i v8i_and(v8i a, v8i b) { return _mm256_and_si256(a, b); }
+SIMD_INLINE v8i v8i_shl(v8i a, int n) { return _mm256_slli_epi32(a, n); }
+SIMD_INLINE v8 v8i_bits(v8i a) { return _mm256_castsi256_ps(a); }
+TARGET512 SIMD_INLINE v16i v16i_load(const void *p) { return _mm512_loadu_si512(p); }
+TARGET512 SIMD_INLINE v16i v16i_load_aligned(const void *p) { return _mm512_load_si512(p); }  /* 64-byte aligned */
+TARGET512 SIMD_INLINE v16i v16i_set1(int a) { return _mm512_set1_epi32(a); }
+TARGET512 SIMD_INLINE v16i v16i_and(v16i a, v16i b) { return _mm512_and_si512(a, b); }
+TARGET512 SIMD_INLINE v16i v16i_shl(v16i a, unsigned n) { return _mm512_slli_epi32(a, n); }
+TARGET512 SIMD_INLINE v16 v16i_bits(v16i a) { return _mm512_castsi512_ps(a); }
+
 /* float32 -> bfloat16, to nearest, ties to even; a NaN stays a (quiet) NaN */
 static inline uint32_t bf16_bits(float f) {
     uint32_t u;
@@ -18,9 +94,6 @@ static inline uint32_t bf16_bits(float f) {
 static inline uint32_t bf16_pair(const float *x, int64_t j, int64_t K) {
     return bf16_bits(x[2 * j]) | (2 * j + 1 < K ? bf16_bits(x[2 * j + 1]) << 16 : 0);
 }
-
-/* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
-#define TARGET512 __attribute__((target("avx512f")))
 
 /* 16-bit weights widened exactly to float32: one value, or 8 / 16 consecutive ones */
 static inline float bf16_value(uint16_t v) {
@@ -93,5 +166,6 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
 
 #endif
