@@ -22,7 +22,6 @@
  * heads, d_v] contiguous. d_v a multiple of 8, d_k at most GDN_MAX_DK.
  * Every row runs all T inputs.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -48,31 +47,30 @@ typedef struct {
 static inline __attribute__((always_inline)) void block_step(
     const int NV, const float *prev, int64_t ldp, float *out, float *snap, int64_t lds, int stream,
     const float *kv, const float *qv, const float *vv, float decay, float beta, float *ov, int64_t d_k) {
-    __m256 acc[BLOCK_VECS], u[BLOCK_VECS];
-    for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+    v8 acc[BLOCK_VECS], u[BLOCK_VECS];
+    for (int j = 0; j < NV; ++j) acc[j] = v8_zero();
     for (int64_t i = 0; i < d_k; ++i) { /* r = S_{t-1}ᵀ k */
-        const __m256 ki = _mm256_set1_ps(kv[i]);
-        for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(prev + i * ldp + 8 * j), ki, acc[j]);
+        const v8 ki = v8_set1(kv[i]);
+        for (int j = 0; j < NV; ++j) acc[j] = v8_fmadd(v8_load(prev + i * ldp + 8 * j), ki, acc[j]);
     }
-    const __m256 decay8 = _mm256_set1_ps(decay), beta8 = _mm256_set1_ps(beta);
+    const v8 decay8 = v8_set1(decay), beta8 = v8_set1(beta);
     for (int j = 0; j < NV; ++j) { /* u = β (v − exp(g) r) */
-        u[j] = _mm256_mul_ps(beta8, _mm256_fnmadd_ps(decay8, acc[j], _mm256_loadu_ps(vv + 8 * j)));
-        acc[j] = _mm256_setzero_ps();
+        u[j] = v8_mul(beta8, v8_fnmadd(decay8, acc[j], v8_load(vv + 8 * j)));
+        acc[j] = v8_zero();
     }
     for (int64_t i = 0; i < d_k; ++i) { /* S_t = exp(g) S_{t-1} + k ⊗ u;  o = S_tᵀ q */
-        const __m256 ki = _mm256_set1_ps(kv[i]);
-        const __m256 qi = qv ? _mm256_set1_ps(qv[i]) : _mm256_setzero_ps();
+        const v8 ki = v8_set1(kv[i]);
+        const v8 qi = qv ? v8_set1(qv[i]) : v8_zero();
         for (int j = 0; j < NV; ++j) {
-            const __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(prev + i * ldp + 8 * j), decay8,
-                                                _mm256_mul_ps(ki, u[j]));
-            if (out) _mm256_storeu_ps(out + i * BLOCK_COLS + 8 * j, next);
-            if (stream) _mm256_stream_ps(snap + i * lds + 8 * j, next);
-            else if (snap) _mm256_storeu_ps(snap + i * lds + 8 * j, next);
-            if (qv) acc[j] = _mm256_fmadd_ps(next, qi, acc[j]);
+            const v8 next = v8_fmadd(v8_load(prev + i * ldp + 8 * j), decay8, v8_mul(ki, u[j]));
+            if (out) v8_store(out + i * BLOCK_COLS + 8 * j, next);
+            if (stream) v8_stream(snap + i * lds + 8 * j, next);
+            else if (snap) v8_store(snap + i * lds + 8 * j, next);
+            if (qv) acc[j] = v8_fmadd(next, qi, acc[j]);
         }
     }
     if (ov)
-        for (int j = 0; j < NV; ++j) _mm256_storeu_ps(ov + 8 * j, acc[j]);
+        for (int j = 0; j < NV; ++j) v8_store(ov + 8 * j, acc[j]);
 }
 
 /* The T inputs of one block of value columns c0 … c0 + 8·NV - 1 of row b, head h. */
@@ -111,7 +109,7 @@ static void gdn_units(const gdn_job *j, int64_t u0, int64_t u1) {
         default: break;
         }
     }
-    _mm_sfence(); /* this thread's streamed snapshots are visible before its part counts as done */
+    stream_fence(); /* this thread's streamed snapshots are visible before its part counts as done */
 }
 
 /* With more than one thread the (row, value head) units split into
