@@ -21,7 +21,6 @@
  * d_state], each with unit innermost stride (the other strides passed). y:
  * [batch, T, nheads, headdim] contiguous. Every row runs all T inputs.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -44,20 +43,20 @@ static void head_step(const float *prev, float *out, float *snap, int stream, co
                       const float *Bv, const float *Cv, float Dh, float *yv, int64_t p0, int64_t p1,
                       int64_t d_state) {
     const int64_t vec_end = d_state / 8 * 8;
-    const __m256 decay8 = _mm256_set1_ps(decay);
+    const v8 decay8 = v8_set1(decay);
     for (int64_t p = p0; p < p1; ++p) {
         const float xdt = dtv * xv[p];
-        const __m256 xdt8 = _mm256_set1_ps(xdt);
+        const v8 xdt8 = v8_set1(xdt);
         const float *hp = prev + p * d_state;
         float *op = out + p * d_state, *sp = snap ? snap + p * d_state : 0;
-        __m256 acc = _mm256_setzero_ps();
+        v8 acc = v8_zero();
         for (int64_t n = 0; n < vec_end; n += 8) {
-            __m256 inject = _mm256_mul_ps(xdt8, _mm256_loadu_ps(Bv + n));
-            __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(hp + n), decay8, inject);
-            _mm256_storeu_ps(op + n, next);
-            if (stream) _mm256_stream_ps(sp + n, next);
-            else if (sp) _mm256_storeu_ps(sp + n, next);
-            acc = _mm256_fmadd_ps(next, _mm256_loadu_ps(Cv + n), acc);
+            v8 inject = v8_mul(xdt8, v8_load(Bv + n));
+            v8 next = v8_fmadd(v8_load(hp + n), decay8, inject);
+            v8_store(op + n, next);
+            if (stream) v8_stream(sp + n, next);
+            else if (sp) v8_store(sp + n, next);
+            acc = v8_fmadd(next, v8_load(Cv + n), acc);
         }
         float tail = 0.0f;
         for (int64_t n = vec_end; n < d_state; ++n) {
@@ -78,26 +77,26 @@ static void head_step(const float *prev, float *out, float *snap, int stream, co
 TARGET512 static inline __attribute__((always_inline)) void head_rows512(
     const int R, const float *prev, float *out, float *snap, int stream, const float *xv, float dtv, float decay,
     const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim, int64_t d_state) {
-    const __m512 decay16 = _mm512_set1_ps(decay);
+    const v16 decay16 = v16_set1(decay);
     for (int64_t p = 0; p < headdim; p += R) {
-        __m512 xdt[4];
-        __m256 acc[4];
+        v16 xdt[4];
+        v8 acc[4];
         for (int r = 0; r < R; ++r) {
-            xdt[r] = _mm512_set1_ps(dtv * xv[p + r]);
-            acc[r] = _mm256_setzero_ps();
+            xdt[r] = v16_set1(dtv * xv[p + r]);
+            acc[r] = v8_zero();
         }
         for (int64_t n = 0; n < d_state; n += 16) {
-            const __m512 Bn = _mm512_loadu_ps(Bv + n);
-            const __m256 Clo = _mm256_loadu_ps(Cv + n), Chi = _mm256_loadu_ps(Cv + n + 8);
+            const v16 Bn = v16_load(Bv + n);
+            const v8 Clo = v8_load(Cv + n), Chi = v8_load(Cv + n + 8);
             for (int r = 0; r < R; ++r) {
                 const int64_t at = (p + r) * d_state + n;
-                const __m512 next = _mm512_fmadd_ps(_mm512_loadu_ps(prev + at), decay16, _mm512_mul_ps(xdt[r], Bn));
-                _mm512_storeu_ps(out + at, next);
-                if (stream) _mm512_stream_ps(snap + at, next);
-                else if (snap) _mm512_storeu_ps(snap + at, next);
-                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(next), 1));
-                acc[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(next), Clo, acc[r]);
-                acc[r] = _mm256_fmadd_ps(hi, Chi, acc[r]);
+                const v16 next = v16_fmadd(v16_load(prev + at), decay16, v16_mul(xdt[r], Bn));
+                v16_store(out + at, next);
+                if (stream) v16_stream(snap + at, next);
+                else if (snap) v16_store(snap + at, next);
+                const v8 hi = v16_hi(next);
+                acc[r] = v8_fmadd(v16_lo(next), Clo, acc[r]);
+                acc[r] = v8_fmadd(hi, Chi, acc[r]);
             }
         }
         for (int r = 0; r < R; ++r) yv[p + r] = fmaf(Dh, xv[p + r], hsum8(acc[r]));
@@ -141,7 +140,7 @@ static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scr
             prev = scratch;
         }
     }
-    _mm_sfence(); /* this thread's streamed snapshots are visible before its part counts as done */
+    stream_fence(); /* this thread's streamed snapshots are visible before its part counts as done */
 }
 
 /* With more than one thread the (row, head) units split into contiguous
