@@ -168,4 +168,22 @@ static inline float hsum8(__m256 v) {
 }
 
 
+/* the lane sums of eight vectors, [hsum8(a[0]), …, hsum8(a[7])]: the same
+ * additions in the same order as hsum8 for each (lo + hi halves, then lanes
+ * 0 + 2 and 1 + 3, then those two), so a sum's bits do not depend on which
+ * seven others it is computed with */
+static inline __m256 hsum8x8(const __m256 *a) {
+    /* [lo + hi of a[k] | lo + hi of a[k + 4]] */
+    const __m256 s04 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[4], 0x20), _mm256_permute2f128_ps(a[0], a[4], 0x31));
+    const __m256 s15 = _mm256_add_ps(_mm256_permute2f128_ps(a[1], a[5], 0x20), _mm256_permute2f128_ps(a[1], a[5], 0x31));
+    const __m256 s26 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[6], 0x20), _mm256_permute2f128_ps(a[2], a[6], 0x31));
+    const __m256 s37 = _mm256_add_ps(_mm256_permute2f128_ps(a[3], a[7], 0x20), _mm256_permute2f128_ps(a[3], a[7], 0x31));
+    /* lanes 0 + 2 and 1 + 3: [y0_0 y1_0 y0_1 y1_1 | y4_0 y5_0 y4_1 y5_1] and likewise for 2, 3, 6, 7 */
+    const __m256 t01 = _mm256_add_ps(_mm256_unpacklo_ps(s04, s15), _mm256_unpackhi_ps(s04, s15));
+    const __m256 t23 = _mm256_add_ps(_mm256_unpacklo_ps(s26, s37), _mm256_unpackhi_ps(s26, s37));
+    /* y_k0 + y_k1, in key order */
+    return _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
 #endif
