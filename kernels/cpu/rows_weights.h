@@ -102,9 +102,9 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
                 for (int64_t k = k0; k < k1; ++k) {
                     if (ahead) /* the next panel's part of the row, as the tiles would */
                         for (int64_t l = 0; l < panel; l += W_PER_LINE)
-                            _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
+                            prefetch_l1(w + k * N + n0 + panel + l);
                     for (int64_t l = 0; l < panel; l += 8)
-                        _mm256_store_ps(widened + (k - k0) * panel + l, WLOAD8(w + k * N + n0 + l));
+                        v8_store_aligned(widened + (k - k0) * panel + l, WLOAD8(w + k * N + n0 + l));
                 }
 #endif
             for (int64_t group = 0; group < groups; ++group) {

@@ -107,6 +107,12 @@ static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu
 TARGET512 static inline __m512 f16x16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
 
 /* exp: Cody–Waite reduction by ln 2 and a degree-5 minimax polynomial, about
  * 1 ulp; arguments clamped to the float range. The constants, once for exp8
