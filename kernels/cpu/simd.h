@@ -192,4 +192,11 @@ static inline __m256 hsum8x8(const __m256 *a) {
                          _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
+/* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
+
+/* one 32-bit pair of bfloat16 values (bf16_pair) in every lane */
+TARGET_BF16 SIMD_INLINE v16bh v16bh_set1(int pair) { return (v16bh)_mm512_set1_epi32(pair); }
+/* acc + a[2i]·b[2i] + a[2i + 1]·b[2i + 1] in lane i (b: 32 bfloat16 values as a v16i) */
+TARGET_BF16 SIMD_INLINE v16 v16_dot_bf16(v16 acc, v16bh a, v16i b) { return _mm512_dpbf16_ps(acc, a, (v16bh)b); }
+
 #endif
