@@ -199,4 +199,23 @@ TARGET_BF16 SIMD_INLINE v16bh v16bh_set1(int pair) { return (v16bh)_mm512_set1_e
 /* acc + a[2i]·b[2i] + a[2i + 1]·b[2i + 1] in lane i (b: 32 bfloat16 values as a v16i) */
 TARGET_BF16 SIMD_INLINE v16 v16_dot_bf16(v16 acc, v16bh a, v16i b) { return _mm512_dpbf16_ps(acc, a, (v16bh)b); }
 
+/* 64 columns (the first `cols` of them; the rest zero) of bfloat16 weight rows r0 and r1 (r1 NULL:
+ * zeros) interleaved into 4 vectors of 16 pairs, columns in order: what v16_dot_bf16 takes as b */
+TARGET_BF16 static inline void bf16_interleave64(const uint16_t *r0, const uint16_t *r1, int64_t cols, v16i out[4]) {
+    const mask32 lo = cols >= 32 ? ~(mask32)0 : (mask32)((1ull << cols) - 1);
+    const mask32 hi = cols >= 64 ? ~(mask32)0 : cols <= 32 ? 0 : (mask32)((1ull << (cols - 32)) - 1);
+    const v16i zero = _mm512_setzero_si512();
+    const v16i a0 = _mm512_maskz_loadu_epi16(lo, r0), a1 = _mm512_maskz_loadu_epi16(hi, r0 + 32);
+    const v16i b0 = r1 ? _mm512_maskz_loadu_epi16(lo, r1) : zero;
+    const v16i b1 = r1 ? _mm512_maskz_loadu_epi16(hi, r1 + 32) : zero;
+    /* word 2i of the result: a's word base + i; word 2i + 1: b's (index 32 + base + i) */
+    const v16i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const v16i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    out[0] = _mm512_permutex2var_epi16(a0, first, b0);
+    out[1] = _mm512_permutex2var_epi16(a0, second, b0);
+    out[2] = _mm512_permutex2var_epi16(a1, first, b1);
+    out[3] = _mm512_permutex2var_epi16(a1, second, b1);
+}
+
 #endif
