@@ -26,15 +26,25 @@
 
 #define MAX_STATE 64
 
+/* hs_mamba1_steps' arguments, for the loops it hands a row's channels to */
+typedef struct {
+    float *states, *y;
+    const int64_t *src, *dst;
+    const float *x, *dt, *A, *B, *C, *D;
+    int64_t sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt;
+    int64_t T, d_inner, d_state;
+} mamba1_job;
+
 /* Channels c0 and c0 + 1 of row b on AVX-512 (d_state a multiple of 16): the state row in 16-lane
  * vectors, exp16 for exp8, y's sums the AVX2 loop's 8-lane chains (each vector's low then high
  * half), so every value is the AVX2 loop's, bit for bit; two channels at a time, their chains
  * through the inputs interleaved (one channel's exp would otherwise set the pace). */
-TARGET512 static void two_channels512(float *states, const int64_t *src, const int64_t *dst, const float *x,
-                                      int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
-                                      const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C,
-                                      int64_t sCb, int64_t sCt, const float *D, float *y, int64_t b, int64_t c0,
-                                      int64_t T, int64_t d_inner, int64_t d_state) {
+TARGET512 static void two_channels512(const mamba1_job *j, int64_t b, int64_t c0) {
+    float *states = j->states, *y = j->y;
+    const int64_t *src = j->src, *dst = j->dst;
+    const float *x = j->x, *dt = j->dt, *A = j->A, *B = j->B, *C = j->C, *D = j->D;
+    const int64_t sxb = j->sxb, sxt = j->sxt, sdb = j->sdb, sdt = j->sdt, sBb = j->sBb, sBt = j->sBt;
+    const int64_t sCb = j->sCb, sCt = j->sCt, T = j->T, d_inner = j->d_inner, d_state = j->d_state;
     const int64_t nv = d_state / 16, slot_size = d_inner * d_state;
     v16 h[2][MAX_STATE / 16], a[2][MAX_STATE / 16];
     for (int k = 0; k < 2; ++k)
@@ -77,12 +87,13 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
     if (batch < 0 || T < 1 || d_inner < 1 || d_state < 8 || d_state % 8 || d_state > MAX_STATE) return -1;
     const int64_t nv = d_state / 8, slot_size = d_inner * d_state;
     const int wide = d_state % 16 == 0 && hs_rows_isa(-1) == 1;
+    const mamba1_job job = {states, y, src, dst, x, dt, A, B, C, D, sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt,
+                            T, d_inner, d_state};
     for (int64_t b = 0; b < batch; ++b) {
         int64_t c = 0;
         if (wide)
             for (; c + 2 <= d_inner; c += 2)
-                two_channels512(states, src, dst, x, sxb, sxt, dt, sdb, sdt, A, B, sBb, sBt, C, sCb, sCt, D, y, b, c,
-                                T, d_inner, d_state);
+                two_channels512(&job, b, c);
         for (; c < d_inner; ++c) {
             v8 h[MAX_STATE / 8], a[MAX_STATE / 8];
             const float *h0 = states + src[b] * slot_size + c * d_state;
