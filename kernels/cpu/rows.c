@@ -174,6 +174,23 @@ int hs_rows_isa(int choice) {
  * Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
 
+/* One product, y[M, N] = x[M, K] @ w[K, N], and the share of its columns one call computes:
+ * c0 <= n < c1 into y (rows ldy floats apart, y[0] the row's column c0), part `part` of
+ * `parts` (its share of the tiles' prefetch) */
+typedef struct {
+    const float *x;
+    const uint32_t *xp;  /* x as bfloat16 pairs, for HS_BF16_COMPUTE panels (hs_round_pairs) */
+    const void *w;       /* untagged; type: its HS_WEIGHT_TYPE bits; panels: HS_PANELS was set */
+    float *y;
+    int64_t ldx, M, K, N;
+    int type, panels;
+} product_job;
+typedef struct {
+    float *y;
+    int64_t ldy, c0, c1;
+    int part, parts;
+} column_share;
+
 /* -- weight storage ---------------------------------------------------------------------------
  * A weight is float32, or bfloat16 or float16 where every value of it is one (weights
  * stored in bf16 or fp16, loaded as float32: `HybridModel.pack_for_cpu`). Either converts to
@@ -244,27 +261,18 @@ int hs_rows_isa(int choice) {
  * taken back from a helper that claims late (`hs_parallel_long`): a late half still shortens it */
 #define LONG_JOB_MACS (1 << 28)
 
-typedef struct {
-    const float *x;
-    const uint32_t *xp;  /* x as bfloat16 pairs, for HS_BF16_COMPUTE panels (hs_round_pairs) */
-    const void *w;       /* untagged; type: its HS_WEIGHT_TYPE bits; panels: HS_PANELS was set */
-    float *y;
-    int64_t ldx, M, K, N;
-    int type, panels;
-} product_job;
 
-/* columns c0 <= n < c1 of the product into y (rows ldy floats apart), by the weight's type */
-static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
-                            int parts) {
+/* the share s of j's product, by the weight's type */
+static void product_columns(const product_job *j, const column_share *s) {
     if (j->panels)
-        hs_panel_columns(j->x, j->ldx, j->xp, j->w, j->type, j->M, j->K, y, ldy, c0, c1);
+        hs_panel_columns(j->x, j->ldx, j->xp, j->w, j->type, j->M, j->K, s->y, s->ldy, s->c0, s->c1);
     else if (j->type == HS_BF16_COMPUTE)
-        hs_bf16_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1);
+        hs_bf16_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, s->y, s->ldy, s->c0, s->c1);
     else if (j->type == HS_BF16_WEIGHT)
-        product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+        product_columns_bf16(j, s);
     else if (j->type == HS_F16_WEIGHT)
-        product_columns_f16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
-    else product_columns_f32(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+        product_columns_f16(j, s);
+    else product_columns_f32(j, s);
 }
 
 /* Part `part` of the product. Its columns of y share cache lines (and the
@@ -290,10 +298,10 @@ static void product_share(const product_job *j, int part, int parts) {
         else own_floats = (size_t)(j->M * ld);
     }
     if (part == 0 || !own) { /* the first part, or no memory: in place */
-        product_columns(j, j->y + c0, j->N, c0, c1, part, parts);
+        product_columns(j, &(column_share){j->y + c0, j->N, c0, c1, part, parts});
         return;
     }
-    product_columns(j, own, ld, c0, c1, part, parts);
+    product_columns(j, &(column_share){own, ld, c0, c1, part, parts});
     for (int64_t m = 0; m < j->M; ++m) memcpy(j->y + m * j->N + c0, own + m * ld, (size_t)(c1 - c0) * sizeof(float));
 }
 
