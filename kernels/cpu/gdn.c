@@ -41,12 +41,25 @@ typedef struct {
     int64_t batch, T, heads, key_heads, d_k, d_v;
 } gdn_job;
 
-/* One input's step on a block of NV vectors of value columns: S_t from `prev` (row stride ldp)
- * into `out` (row stride BLOCK_COLS; NULL at the last input, which no step reads again) and
- * `snap` (row stride lds; streamed where `stream`), o_t into ov (NULL: no output). */
-static inline __attribute__((always_inline)) void block_step(
-    const int NV, const float *prev, int64_t ldp, float *out, float *snap, int64_t lds, int stream,
-    const float *kv, const float *qv, const float *vv, float decay, float beta, float *ov, int64_t d_k) {
+/* One input's step on a block of value columns: S_t from `prev` (row stride ldp) into `out` (row
+ * stride BLOCK_COLS; NULL at the last input, which no step reads again) and `snap` (row stride
+ * lds; streamed where `stream`), o_t into ov (NULL: no output); k_t, q_t (NULL: no output) and
+ * the block's part of v_t at kv, qv, vv; exp(g_t) and β_t. */
+typedef struct {
+    const float *prev, *kv, *qv, *vv;
+    float *out, *snap, *ov;
+    int64_t ldp, lds, d_k;
+    float decay, beta;
+    int stream;
+} block_input;
+
+/* block_input's step on NV vectors of value columns */
+static inline __attribute__((always_inline)) void block_step(const int NV, const block_input *in) {
+    const float *prev = in->prev, *kv = in->kv, *qv = in->qv, *vv = in->vv;
+    float *out = in->out, *snap = in->snap, *ov = in->ov;
+    const int64_t ldp = in->ldp, lds = in->lds, d_k = in->d_k;
+    const float decay = in->decay, beta = in->beta;
+    const int stream = in->stream;
     v8 acc[BLOCK_VECS], u[BLOCK_VECS];
     for (int j = 0; j < NV; ++j) acc[j] = v8_zero();
     for (int64_t i = 0; i < d_k; ++i) { /* r = S_{t-1}ᵀ k */
@@ -89,7 +102,9 @@ static inline __attribute__((always_inline)) void block_steps(const int NV, cons
         const float *vv = j->v + b * j->svb + t * j->svt + h * j->svh + c0;
         const float decay = expf(j->g[b * j->sgb + t * j->sgt + h]), beta = j->beta[b * j->sbb + t * j->sbt + h];
         float *ov = j->o && j->q ? j->o + ((b * T + t) * j->heads + h) * d_v + c0 : 0;
-        block_step(NV, prev, ldp, t + 1 < T ? scratch : 0, snap, d_v, stream, kv, qv, vv, decay, beta, ov, d_k);
+        const block_input in = {prev, kv, qv, vv, t + 1 < T ? scratch : 0, snap, ov, ldp, d_v, d_k, decay, beta,
+                                stream};
+        block_step(NV, &in);
         prev = scratch;
         ldp = BLOCK_COLS;
     }
