@@ -37,11 +37,23 @@ typedef struct {
     int64_t batch, T, nheads, headdim, d_state, ngroups;
 } mamba2_job;
 
-/* One step of one head, rows p0 <= p < p1 of the state: h_t from `prev` into `out` (and `snap`,
- * streamed where `stream`), y_t into yv. AVX2: 8 columns of d_state per vector. */
-static void head_step(const float *prev, float *out, float *snap, int stream, const float *xv, float dtv, float decay,
-                      const float *Bv, const float *Cv, float Dh, float *yv, int64_t p0, int64_t p1,
-                      int64_t d_state) {
+/* One step of one head: h_t from `prev` into `out` (and `snap`, streamed where `stream`), y_t into
+ * yv; x_t, B_t, C_t at xv, Bv, Cv, Δ_t, exp(Δ_t A_h) and D_h; the state [headdim, d_state]. */
+typedef struct {
+    const float *prev, *xv, *Bv, *Cv;
+    float *out, *snap, *yv;
+    float dtv, decay, Dh;
+    int stream;
+    int64_t headdim, d_state;
+} head_input;
+
+/* head_input's step, rows p0 <= p < p1 of the state. AVX2: 8 columns of d_state per vector. */
+static void head_step(const head_input *in, int64_t p0, int64_t p1) {
+    const float *prev = in->prev, *xv = in->xv, *Bv = in->Bv, *Cv = in->Cv;
+    float *out = in->out, *snap = in->snap, *yv = in->yv;
+    const float dtv = in->dtv, decay = in->decay, Dh = in->Dh;
+    const int stream = in->stream;
+    const int64_t d_state = in->d_state;
     const int64_t vec_end = d_state / 8 * 8;
     const v8 decay8 = v8_set1(decay);
     for (int64_t p = p0; p < p1; ++p) {
@@ -74,9 +86,12 @@ static void head_step(const float *prev, float *out, float *snap, int stream, co
  * low then high half, so every lane adds the columns n, n + 8, n + 16, … in the AVX2 loop's
  * order: the same bits. R rows' chains interleave (one row's 2·d_state/16 dependent
  * multiply-adds would otherwise set the pace). */
-TARGET512 static inline __attribute__((always_inline)) void head_rows512(
-    const int R, const float *prev, float *out, float *snap, int stream, const float *xv, float dtv, float decay,
-    const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim, int64_t d_state) {
+TARGET512 static inline __attribute__((always_inline)) void head_rows512(const int R, const head_input *in) {
+    const float *prev = in->prev, *xv = in->xv, *Bv = in->Bv, *Cv = in->Cv;
+    float *out = in->out, *snap = in->snap, *yv = in->yv;
+    const float dtv = in->dtv, decay = in->decay, Dh = in->Dh;
+    const int stream = in->stream;
+    const int64_t headdim = in->headdim, d_state = in->d_state;
     const v16 decay16 = v16_set1(decay);
     for (int64_t p = 0; p < headdim; p += R) {
         v16 xdt[4];
@@ -107,11 +122,9 @@ TARGET512 static inline __attribute__((always_inline)) void head_rows512(
  * it reads the source state from memory or writes a snapshot, whose memory streams more rows at
  * once would multiply (four rows there make a decode step slower than AVX2; two make both kinds of
  * step faster) */
-TARGET512 static void head_step512(const float *prev, float *out, float *snap, int stream, const float *xv, float dtv,
-                                   float decay, const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim,
-                                   int64_t d_state, int in_cache) {
-    if (in_cache && !snap) head_rows512(4, prev, out, snap, stream, xv, dtv, decay, Bv, Cv, Dh, yv, headdim, d_state);
-    else head_rows512(2, prev, out, snap, stream, xv, dtv, decay, Bv, Cv, Dh, yv, headdim, d_state);
+TARGET512 static void head_step512(const head_input *in, int in_cache) {
+    if (in_cache && !in->snap) head_rows512(4, in);
+    else head_rows512(2, in);
 }
 
 /* the recurrence of (row, head) units u0 <= u < u1 (u = b · nheads + h), h_t in `scratch` (one head) */
@@ -134,9 +147,9 @@ static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scr
             const float *Bv = j->B + b * j->sBb + t * j->sBt + g * j->sBg;
             const float *Cv = j->C + b * j->sCb + t * j->sCt + g * j->sCg;
             float *yv = j->y + ((b * T + t) * nheads + h) * headdim;
-            if (wide) head_step512(prev, scratch, snap, stream, xv, dtv, decay, Bv, Cv, j->D[h], yv, headdim, d_state,
-                                  t > 0);
-            else head_step(prev, scratch, snap, stream, xv, dtv, decay, Bv, Cv, j->D[h], yv, 0, headdim, d_state);
+            const head_input in = {prev, xv, Bv, Cv, scratch, snap, yv, dtv, decay, j->D[h], stream, headdim, d_state};
+            if (wide) head_step512(&in, t > 0);
+            else head_step(&in, 0, headdim);
             prev = scratch;
         }
     }
