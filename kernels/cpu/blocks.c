@@ -253,6 +253,16 @@ static void weigh_values_heads(float *o, int64_t o_step, const float *w, int64_t
             weigh_values(o + j * o_step + wide, w + j * w_step, v + wide, stride, count, head_dim - wide);
 }
 
+/* One row's attention (`attend`, `attend_row`): its queries q and outputs o (rows ld floats
+ * apart), the caches, its page table, and the scores' scratch */
+typedef struct {
+    const float *q, *k_cache, *v_cache;
+    float *o, *scores;
+    const int64_t *table;
+    int64_t ld, block_size, first, queries, nheads, kv_heads, head_dim;
+    float scale;
+} attend_job;
+
 /* Causal attention of one row's queries over its pages: for query i (at
  * position first + i, i < queries) and query head h (KV head h / group),
  *     o[i, h] = Σ_{p <= first + i} softmax_p(scale · q[i, h]·k_p) v_p
@@ -267,9 +277,13 @@ static void weigh_values_heads(float *o, int64_t o_step, const float *w, int64_t
  * pages ahead is left out: it is slower where the context stays in cache
  * between steps, and gains little where the weights push it out.)
  * scores: nheads · queries · (first + queries) floats. */
-static void attend(const float *q, float *o, int64_t ld, const float *k_cache, const float *v_cache,
-                   const int64_t *table, int64_t block_size, int64_t first, int64_t queries, int64_t nheads,
-                   int64_t kv_heads, int64_t head_dim, float scale, float *scores, int64_t g0, int64_t g1) {
+static void attend(const attend_job *j, int64_t g0, int64_t g1) {
+    const float *q = j->q, *k_cache = j->k_cache, *v_cache = j->v_cache;
+    float *o = j->o, *scores = j->scores;
+    const int64_t *table = j->table;
+    const int64_t ld = j->ld, block_size = j->block_size, first = j->first, queries = j->queries;
+    const int64_t nheads = j->nheads, kv_heads = j->kv_heads, head_dim = j->head_dim;
+    const float scale = j->scale;
     const int64_t n = first + queries, group = nheads / kv_heads, kv_dim = kv_heads * head_dim;
     const int64_t pages = (n + block_size - 1) / block_size, page_floats = block_size * kv_dim;
     const int64_t h0 = g0 * group, h1 = g1 * group;  /* the query heads of KV heads g0 … g1 - 1 */
@@ -328,18 +342,10 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
  * and weighted values are the same loops on any thread, so the bits do not
  * change, and each thread streams its heads' share of every K and V row. */
 #define PARALLEL_MIN_KV_FLOATS (1 << 16) /* keys · kv_dim below which one thread attends */
-typedef struct {
-    const float *q, *k_cache, *v_cache;
-    float *o, *scores;
-    const int64_t *table;
-    int64_t ld, block_size, first, queries, nheads, kv_heads, head_dim;
-    float scale;
-} attend_job;
 
 static void attend_part(void *ctx, int part, int parts) {
     const attend_job *j = ctx;
-    attend(j->q, j->o, j->ld, j->k_cache, j->v_cache, j->table, j->block_size, j->first, j->queries, j->nheads,
-           j->kv_heads, j->head_dim, j->scale, j->scores, j->kv_heads * part / parts, j->kv_heads * (part + 1) / parts);
+    attend(j, j->kv_heads * part / parts, j->kv_heads * (part + 1) / parts);
 }
 
 static void attend_row(const attend_job *j) {
