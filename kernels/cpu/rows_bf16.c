@@ -106,9 +106,19 @@ DEFINE_TILE(6)
 /* Few rows (a decode step, a verify, a small batch): the weight streamed in memory order, a pass of
  * pairs j0 <= j < j1 of weight rows across all the columns (2·(j1 - j0) sequential streams),
  * y[0:G, c0:c1] += xp's G rows (BLOCK_PAIRS apart) by that pass */
+typedef struct {
+    const uint32_t *xp;  /* the G rows' rounded pairs, BLOCK_PAIRS apart, xp[0] pair j0 */
+    const uint16_t *w;   /* the weight [K, N] */
+    int64_t K, N, j0, j1, c0, c1;
+    float *y;            /* the G rows' columns c0 … c1 - 1, ldy floats apart */
+    int64_t ldy;
+} stream_pass;
 #define DEFINE_STEP(G)                                                                                       \
-    TARGET_BF16 static void step_##G(const uint32_t *xp, const uint16_t *w, int64_t K, int64_t N, int64_t j0, \
-                                     int64_t j1, int64_t c0, int64_t c1, float *y, int64_t ldy) {            \
+    TARGET_BF16 static void step_##G(const stream_pass *s) {                                                 \
+        const uint32_t *xp = s->xp;                                                                          \
+        const uint16_t *w = s->w;                                                                            \
+        const int64_t K = s->K, N = s->N, j0 = s->j0, j1 = s->j1, c0 = s->c0, c1 = s->c1, ldy = s->ldy;      \
+        float *y = s->y;                                                                                     \
         for (int64_t n0 = c0; n0 < c1; n0 += PANEL) {                                                        \
             const int64_t cols = c1 - n0 < PANEL ? c1 - n0 : PANEL;                                          \
             mask16 mask[4];                                                                                  \
@@ -147,8 +157,7 @@ DEFINE_STEP(2)
 DEFINE_STEP(3)
 DEFINE_STEP(4)
 
-typedef void (*step_fn)(const uint32_t *, const uint16_t *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                        float *, int64_t);
+typedef void (*step_fn)(const stream_pass *);
 static const step_fn STEPS[STEP_MAX_ROWS + 1] = {0, step_1, step_2, step_3, step_4};
 
 typedef void (*tile_fn)(const uint32_t *, int64_t, const v16i *, float *, int64_t, const mask16 *);
@@ -173,8 +182,9 @@ TARGET_BF16 void hs_bf16_columns(const float *x, int64_t ldx, const uint16_t *w,
                 for (int64_t j = j0; j < j1; j += pass)
                     for (int64_t group = 0; group < groups; ++group) {
                         const int64_t g0 = m0 + (m1 - m0) * group / groups, g1 = m0 + (m1 - m0) * (group + 1) / groups;
-                        STEPS[g1 - g0](xp + (g0 - m0) * BLOCK_PAIRS + j - j0, w, K, N, j, j + pass < j1 ? j + pass : j1,
-                                       c0, c1, y + g0 * ldy, ldy);
+                        const stream_pass s = {xp + (g0 - m0) * BLOCK_PAIRS + j - j0, w, K, N, j,
+                                               j + pass < j1 ? j + pass : j1, c0, c1, y + g0 * ldy, ldy};
+                        STEPS[g1 - g0](&s);
                     }
                 continue;
             }
