@@ -218,11 +218,21 @@ TARGET512 static void dot8_two_heads(const float *q0, const float *q1, const flo
     v8_store(s1, v8_mul(hsum8x8(hi), scale8));
 }
 
-/* weigh_values over 64 columns for HEADS query heads sharing their values: o_j[0 … 64) +=
- * Σ_{p < count} w_j[p] v_p, o_j = o + j · o_step, w_j = w + j · w_step */
+/* weigh_values for `heads` (1 to 4) query heads sharing their values: o_j[0 … head_dim) +=
+ * Σ_{p < count} w_j[p] v_p, o_j = o + j · o_step, w_j = w + j · w_step, v_p = v + p · stride */
+typedef struct {
+    float *o;
+    const float *w, *v;
+    int64_t o_step, w_step, stride, count, head_dim;
+    int heads;
+} shared_values;
+
+/* shared_values' sums over the 64 columns from c0 for its HEADS heads */
 #define DEFINE_WEIGH64(HEADS)                                                                           \
-    TARGET512 static void weigh64_##HEADS(float *o, int64_t o_step, const float *w, int64_t w_step,     \
-                                          const float *v, int64_t stride, int64_t count) {              \
+    TARGET512 static void weigh64_##HEADS(const shared_values *sv, int64_t c0) {                        \
+        float *o = sv->o + c0;                                                                          \
+        const float *w = sv->w, *v = sv->v + c0;                                                        \
+        const int64_t o_step = sv->o_step, w_step = sv->w_step, stride = sv->stride, count = sv->count; \
         v16 acc[HEADS][4];                                                                              \
         _Pragma("GCC unroll 4") for (int j = 0; j < HEADS; ++j)                                         \
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[j][u] = v16_load(o + j * o_step + 16 * u); \
@@ -239,18 +249,18 @@ TARGET512 static void dot8_two_heads(const float *q0, const float *q1, const flo
             _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) v16_store(o + j * o_step + 16 * u, acc[j][u]); \
     }
 DEFINE_WEIGH64(1) DEFINE_WEIGH64(2) DEFINE_WEIGH64(3) DEFINE_WEIGH64(4)
-typedef void (*weigh64_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t);
+typedef void (*weigh64_fn)(const shared_values *, int64_t);
 static const weigh64_fn WEIGH64[5] = {0, weigh64_1, weigh64_2, weigh64_3, weigh64_4};
 
-/* weigh_values for 1 to 4 query heads sharing their values: 64 columns at a time on AVX-512,
- * the columns past the last 64 by weigh_values (the same chains) */
-static void weigh_values_heads(float *o, int64_t o_step, const float *w, int64_t w_step, int heads, const float *v,
-                               int64_t stride, int64_t count, int64_t head_dim) {
-    const int64_t wide = head_dim / 64 * 64;
-    for (int64_t c0 = 0; c0 < wide; c0 += 64) WEIGH64[heads](o + c0, o_step, w, w_step, v + c0, stride, count);
-    if (wide < head_dim)
-        for (int j = 0; j < heads; ++j)
-            weigh_values(o + j * o_step + wide, w + j * w_step, v + wide, stride, count, head_dim - wide);
+/* shared_values' sums: 64 columns at a time on AVX-512, the columns past the last 64 by
+ * weigh_values (the same chains) */
+static void weigh_values_heads(const shared_values *sv) {
+    const int64_t wide = sv->head_dim / 64 * 64;
+    for (int64_t c0 = 0; c0 < wide; c0 += 64) WEIGH64[sv->heads](sv, c0);
+    if (wide < sv->head_dim)
+        for (int j = 0; j < sv->heads; ++j)
+            weigh_values(sv->o + j * sv->o_step + wide, sv->w + j * sv->w_step, sv->v + wide, sv->stride, sv->count,
+                         sv->head_dim - wide);
 }
 
 /* One row's attention (`attend`, `attend_row`): its queries q and outputs o (rows ld floats
@@ -324,9 +334,10 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
             if (avx512 && head_dim >= 64) /* each KV head's query heads, up to four at a time */
                 for (int64_t h = h0; h < h1;) {
                     const int64_t left = group - h % group, heads = left < 4 ? left : 4;
-                    weigh_values_heads(o + i * ld + h * head_dim, head_dim, scores + (h * queries + i) * n + p0,
-                                       queries * n, (int)heads, vp + (h / group) * head_dim, kv_dim, end - p0,
-                                       head_dim);
+                    const shared_values sv = {o + i * ld + h * head_dim, scores + (h * queries + i) * n + p0,
+                                              vp + (h / group) * head_dim, head_dim, queries * n, kv_dim, end - p0,
+                                              head_dim, (int)heads};
+                    weigh_values_heads(&sv);
                     h += heads;
                 }
             else
