@@ -94,11 +94,19 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
     return 0;
 }
 
-/* s[u] = scale · q·k_u for the `count` (≤ 8) keys k_u = k + u · stride, over
- * head_dim floats: eight independent sums reduced together by hsum8x8; a
+/* `count` (≤ 8) keys k_u = k + u · stride of head_dim floats, and the scores' scale */
+typedef struct {
+    const float *k;
+    int64_t stride, count, head_dim;
+    float scale;
+} key_run;
+
+/* s[u] = scale · q·k_u for the keys: eight independent sums reduced together by hsum8x8; a
  * key's score has the same bits however many keys come with it */
-static inline void dot8(const float *q, const float *k, int64_t stride, int64_t count, int64_t head_dim,
-                        float scale, float *s) {
+static inline void dot8(const float *q, const key_run *keys, float *s) {
+    const float *k = keys->k;
+    const int64_t stride = keys->stride, count = keys->count, head_dim = keys->head_dim;
+    const float scale = keys->scale;
     const int64_t tail = head_dim / 8 * 8;
     v8 a[8];
     for (int u = 0; u < 8; ++u) a[u] = v8_zero();
@@ -197,10 +205,12 @@ static void weigh_values(float *o, const float *w, const float *v, int64_t strid
  * - values: sixteen columns per vector, each column's sum one chain of fused multiply-adds in
  *   key order, as weigh_values' eight. */
 
-/* dot8 for eight keys (k + u · stride) and two query heads q0, q1 at once (head_dim a multiple
- * of 8): s0[u], s1[u] = scale · q·k_u, the bits of dot8's */
-TARGET512 static void dot8_two_heads(const float *q0, const float *q1, const float *k, int64_t stride,
-                                     int64_t head_dim, float scale, float *s0, float *s1) {
+/* dot8 for eight keys (count 8, head_dim a multiple of 8) and two query heads q0, q1 at once:
+ * s0[u], s1[u] = scale · q·k_u, the bits of dot8's */
+TARGET512 static void dot8_two_heads(const float *q0, const float *q1, const key_run *keys, float *s0, float *s1) {
+    const float *k = keys->k;
+    const int64_t stride = keys->stride, head_dim = keys->head_dim;
+    const float scale = keys->scale;
     v16 a[8];
     _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) a[u] = v16_zero();
     for (int64_t c = 0; c < head_dim; c += 8) {
@@ -306,14 +316,15 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
             for (int64_t p = p0; p < end; p += 8) {  /* eight keys, all heads: 8 · kv_dim floats in a row */
                 const int64_t count = end - p < 8 ? end - p : 8;
                 for (int64_t h = h0; h < h1;) {
-                    const float *kh = kp + (p - p0) * kv_dim + (h / group) * head_dim;
+                    const key_run keys = {kp + (p - p0) * kv_dim + (h / group) * head_dim, kv_dim, count, head_dim,
+                                          scale};
                     float *sh = scores + (h * queries + i) * n + p;
                     if (avx512 && count == 8 && h % group + 1 < group) {  /* h and h + 1 share the keys */
-                        dot8_two_heads(q + i * ld + h * head_dim, q + i * ld + (h + 1) * head_dim, kh, kv_dim,
-                                       head_dim, scale, sh, sh + queries * n);
+                        dot8_two_heads(q + i * ld + h * head_dim, q + i * ld + (h + 1) * head_dim, &keys, sh,
+                                       sh + queries * n);
                         h += 2;
                     } else {
-                        dot8(q + i * ld + h * head_dim, kh, kv_dim, count, head_dim, scale, sh);
+                        dot8(q + i * ld + h * head_dim, &keys, sh);
                         h += 1;
                     }
                 }
