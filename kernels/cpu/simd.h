@@ -1,4 +1,5 @@
-/* Small SIMD helpers shared by the native CPU kernels (`cpu/native.py`). */
+/* The SIMD vocabulary and helpers of the native CPU kernels (`cpu/native.py`): the one file that
+ * names x86 intrinsics (tests/kernels/test_cpu_simd.py). */
 #ifndef HYBRIDSPEC_CPU_SIMD_H
 #define HYBRIDSPEC_CPU_SIMD_H
 
@@ -8,9 +9,11 @@
 
 /* -- the vocabulary -----------------------------------------------------------------------------
  * The kernels name vectors and their operations only through what follows, so another ISA is
- * this file alone (as ggml-cpu keeps its intrinsics behind simd-mappings.h). Each operation is
- * one instruction (the intrinsic named beside it), so the kernels' chains of roundings are
- * spelled out in their own code: no operation here fuses, splits or reorders arithmetic. */
+ * this file alone (as ggml-cpu keeps its intrinsics behind simd-mappings.h). An operation is one
+ * intrinsic (a fixed few for the halves of a v16, the reductions, exp and the bfloat16
+ * interleave below), so the kernels' chains of roundings stay spelled out in their own code: no
+ * operation here fuses, splits or reorders arithmetic, and a second ISA's version must round
+ * lane for lane as these do for the kernels to keep their bits. */
 #define SIMD_INLINE static inline __attribute__((always_inline))
 /* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
 #define TARGET512 __attribute__((target("avx512f")))
@@ -103,14 +106,14 @@ static inline float bf16_value(uint16_t v) {
     return f;
 }
 static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
-static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-TARGET512 static inline __m512 f16x16(const uint16_t *p) {
+static inline v8 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+TARGET512 static inline v16 f16x16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
-static inline __m256 bf16x8(const uint16_t *p) {
+static inline v8 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
-TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
+TARGET512 static inline v16 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
@@ -130,7 +133,7 @@ TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
 #define EXP_P0 5.0000001201e-1f
 
 /* exp of 8 floats */
-static inline __m256 exp8(__m256 v) {
+static inline v8 exp8(v8 v) {
     v = _mm256_max_ps(_mm256_min_ps(v, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -148,7 +151,7 @@ static inline __m256 exp8(__m256 v) {
 }
 
 /* exp of 16 floats: exp8's steps */
-TARGET512 static inline __m512 exp16(__m512 v) {
+TARGET512 static inline v16 exp16(v16 v) {
     v = _mm512_max_ps(_mm512_min_ps(v, _mm512_set1_ps(EXP_HI)), _mm512_set1_ps(EXP_LO));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -166,7 +169,7 @@ TARGET512 static inline __m512 exp16(__m512 v) {
 }
 
 /* the sum of the 8 lanes */
-static inline float hsum8(__m256 v) {
+static inline float hsum8(v8 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -178,7 +181,7 @@ static inline float hsum8(__m256 v) {
  * additions in the same order as hsum8 for each (lo + hi halves, then lanes
  * 0 + 2 and 1 + 3, then those two), so a sum's bits do not depend on which
  * seven others it is computed with */
-static inline __m256 hsum8x8(const __m256 *a) {
+static inline v8 hsum8x8(const v8 *a) {
     /* [lo + hi of a[k] | lo + hi of a[k + 4]] */
     const __m256 s04 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[4], 0x20), _mm256_permute2f128_ps(a[0], a[4], 0x31));
     const __m256 s15 = _mm256_add_ps(_mm256_permute2f128_ps(a[1], a[5], 0x20), _mm256_permute2f128_ps(a[1], a[5], 0x31));
