@@ -12,7 +12,6 @@
  * `work` is scratch memory of the size the Python side computes. Built by
  * `cpu/native.py`, used through `cpu/blocks.py`.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -24,14 +23,14 @@
 static void add_into(float *out, const float *h, int64_t n, float m) {
     int64_t i = 0;
     if (m != 1.0f) {
-        const __m256 m8 = _mm256_set1_ps(m);
+        const v8 m8 = v8_set1(m);
         for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_mul_ps(_mm256_loadu_ps(out + i), m8)));
+            v8_store(out + i, v8_add(v8_load(h + i), v8_mul(v8_load(out + i), m8)));
         for (; i < n; ++i) out[i] = h[i] + out[i] * m;
         return;
     }
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(out + i)));
+        v8_store(out + i, v8_add(v8_load(h + i), v8_load(out + i)));
     for (; i < n; ++i) out[i] = h[i] + out[i];
 }
 
@@ -46,14 +45,14 @@ int hs_mlp_block(const float *h, const float *norm_w, float eps, const float *ga
     const int64_t widths[2] = {inter, inter};
     float *const outs[2] = {g, u};
     if (hs_rows_matmul_many(n, hidden, rows, hidden, 2, gate_up, widths, outs)) return -1;  /* one job */
-    const __m256 one = _mm256_set1_ps(1.0f);
+    const v8 one = v8_set1(1.0f);
     for (int64_t r = 0; r < rows; ++r) {  /* row by row: a value takes the same path in any batch */
         float *gr = g + r * inter, *ur = u + r * inter;
         int64_t i = 0;
         for (; i + 8 <= inter; i += 8) {  /* silu(g) ⊙ u = g ⊙ u / (1 + e^-g) */
-            __m256 gi = _mm256_loadu_ps(gr + i);
-            __m256 s = _mm256_div_ps(gi, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gi))));
-            _mm256_storeu_ps(gr + i, _mm256_mul_ps(s, _mm256_loadu_ps(ur + i)));
+            v8 gi = v8_load(gr + i);
+            v8 s = v8_div(gi, v8_add(one, exp8(v8_sub(v8_zero(), gi))));
+            v8_store(gr + i, v8_mul(s, v8_load(ur + i)));
         }
         for (; i < inter; ++i) gr[i] = (gr[i] / (1.0f + expf(-gr[i]))) * ur[i];
     }
@@ -95,52 +94,42 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
     return 0;
 }
 
-/* the lane sums of eight vectors, [hsum8(a[0]), …, hsum8(a[7])]: the same
- * additions in the same order as hsum8 for each (lo + hi halves, then lanes
- * 0 + 2 and 1 + 3, then those two), so a sum's bits do not depend on which
- * seven others it is computed with */
-static inline __m256 hsum8x8(const __m256 *a) {
-    /* [lo + hi of a[k] | lo + hi of a[k + 4]] */
-    const __m256 s04 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[4], 0x20), _mm256_permute2f128_ps(a[0], a[4], 0x31));
-    const __m256 s15 = _mm256_add_ps(_mm256_permute2f128_ps(a[1], a[5], 0x20), _mm256_permute2f128_ps(a[1], a[5], 0x31));
-    const __m256 s26 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[6], 0x20), _mm256_permute2f128_ps(a[2], a[6], 0x31));
-    const __m256 s37 = _mm256_add_ps(_mm256_permute2f128_ps(a[3], a[7], 0x20), _mm256_permute2f128_ps(a[3], a[7], 0x31));
-    /* lanes 0 + 2 and 1 + 3: [y0_0 y1_0 y0_1 y1_1 | y4_0 y5_0 y4_1 y5_1] and likewise for 2, 3, 6, 7 */
-    const __m256 t01 = _mm256_add_ps(_mm256_unpacklo_ps(s04, s15), _mm256_unpackhi_ps(s04, s15));
-    const __m256 t23 = _mm256_add_ps(_mm256_unpacklo_ps(s26, s37), _mm256_unpackhi_ps(s26, s37));
-    /* y_k0 + y_k1, in key order */
-    return _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
-}
+/* `count` (≤ 8) keys k_u = k + u · stride of head_dim floats, and the scores' scale */
+typedef struct {
+    const float *k;
+    int64_t stride, count, head_dim;
+    float scale;
+} key_run;
 
-/* s[u] = scale · q·k_u for the `count` (≤ 8) keys k_u = k + u · stride, over
- * head_dim floats: eight independent sums reduced together by hsum8x8; a
+/* s[u] = scale · q·k_u for the keys: eight independent sums reduced together by hsum8x8; a
  * key's score has the same bits however many keys come with it */
-static inline void dot8(const float *q, const float *k, int64_t stride, int64_t count, int64_t head_dim,
-                        float scale, float *s) {
+static inline void dot8(const float *q, const key_run *keys, float *s) {
+    const float *k = keys->k;
+    const int64_t stride = keys->stride, count = keys->count, head_dim = keys->head_dim;
+    const float scale = keys->scale;
     const int64_t tail = head_dim / 8 * 8;
-    __m256 a[8];
-    for (int u = 0; u < 8; ++u) a[u] = _mm256_setzero_ps();
+    v8 a[8];
+    for (int u = 0; u < 8; ++u) a[u] = v8_zero();
     if (count == 8) {
         for (int64_t c = 0; c < tail; c += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + c);
-            a[0] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c), a[0]);
-            a[1] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + stride + c), a[1]);
-            a[2] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * stride + c), a[2]);
-            a[3] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * stride + c), a[3]);
-            a[4] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * stride + c), a[4]);
-            a[5] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * stride + c), a[5]);
-            a[6] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * stride + c), a[6]);
-            a[7] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * stride + c), a[7]);
+            const v8 qv = v8_load(q + c);
+            a[0] = v8_fmadd(qv, v8_load(k + c), a[0]);
+            a[1] = v8_fmadd(qv, v8_load(k + stride + c), a[1]);
+            a[2] = v8_fmadd(qv, v8_load(k + 2 * stride + c), a[2]);
+            a[3] = v8_fmadd(qv, v8_load(k + 3 * stride + c), a[3]);
+            a[4] = v8_fmadd(qv, v8_load(k + 4 * stride + c), a[4]);
+            a[5] = v8_fmadd(qv, v8_load(k + 5 * stride + c), a[5]);
+            a[6] = v8_fmadd(qv, v8_load(k + 6 * stride + c), a[6]);
+            a[7] = v8_fmadd(qv, v8_load(k + 7 * stride + c), a[7]);
         }
     } else {
         for (int64_t c = 0; c < tail; c += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + c);
-            for (int64_t u = 0; u < count; ++u) a[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + u * stride + c), a[u]);
+            const v8 qv = v8_load(q + c);
+            for (int64_t u = 0; u < count; ++u) a[u] = v8_fmadd(qv, v8_load(k + u * stride + c), a[u]);
         }
     }
     float d[8];
-    _mm256_storeu_ps(d, hsum8x8(a));
+    v8_store(d, hsum8x8(a));
     for (int64_t u = 0; u < count; ++u) {
         const float *ku = k + u * stride;
         for (int64_t c = tail; c < head_dim; ++c) d[u] += q[c] * ku[c];
@@ -154,23 +143,23 @@ static void softmax_row(float *s, int64_t seen) {
     float top = s[0], total = 0.0f;
     int64_t p = 0;
     if (seen >= 8) {
-        __m256 top8 = _mm256_loadu_ps(s);
-        for (p = 8; p + 8 <= seen; p += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + p));
+        v8 top8 = v8_load(s);
+        for (p = 8; p + 8 <= seen; p += 8) top8 = v8_max(top8, v8_load(s + p));
         float lanes[8];
-        _mm256_storeu_ps(lanes, top8);
+        v8_store(lanes, top8);
         for (int u = 0; u < 8; ++u) top = lanes[u] > top ? lanes[u] : top;
     }
     for (; p < seen; ++p) top = s[p] > top ? s[p] : top;
-    const __m256 top8 = _mm256_set1_ps(top);
+    const v8 top8 = v8_set1(top);
     for (p = 0; p + 8 <= seen; p += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + p), top8));
-        _mm256_storeu_ps(s + p, e);
+        v8 e = exp8(v8_sub(v8_load(s + p), top8));
+        v8_store(s + p, e);
         total += hsum8(e);
     }
     for (; p < seen; ++p) total += (s[p] = expf(s[p] - top));
     const float inv = 1.0f / total;
-    const __m256 inv8 = _mm256_set1_ps(inv);
-    for (p = 0; p + 8 <= seen; p += 8) _mm256_storeu_ps(s + p, _mm256_mul_ps(_mm256_loadu_ps(s + p), inv8));
+    const v8 inv8 = v8_set1(inv);
+    for (p = 0; p + 8 <= seen; p += 8) v8_store(s + p, v8_mul(v8_load(s + p), inv8));
     for (; p < seen; ++p) s[p] *= inv;
 }
 
@@ -181,25 +170,25 @@ static void weigh_values(float *o, const float *w, const float *v, int64_t strid
     const int64_t tail = head_dim / 8 * 8;
     for (int64_t c0 = 0; c0 < tail; c0 += 64) {
         const int64_t width = tail - c0 < 64 ? (tail - c0) / 8 : 8;
-        __m256 acc[8];
-        for (int64_t u = 0; u < width; ++u) acc[u] = _mm256_loadu_ps(o + c0 + 8 * u);
+        v8 acc[8];
+        for (int64_t u = 0; u < width; ++u) acc[u] = v8_load(o + c0 + 8 * u);
         for (int64_t p = 0; p < count; ++p) {
             const float *vp = v + p * stride + c0;
-            const __m256 wp = _mm256_set1_ps(w[p]);
+            const v8 wp = v8_set1(w[p]);
             if (width == 8) {  /* the common case, unrolled */
-                acc[0] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp), acc[0]);
-                acc[1] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8), acc[1]);
-                acc[2] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 16), acc[2]);
-                acc[3] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 24), acc[3]);
-                acc[4] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 32), acc[4]);
-                acc[5] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 40), acc[5]);
-                acc[6] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 48), acc[6]);
-                acc[7] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 56), acc[7]);
+                acc[0] = v8_fmadd(wp, v8_load(vp), acc[0]);
+                acc[1] = v8_fmadd(wp, v8_load(vp + 8), acc[1]);
+                acc[2] = v8_fmadd(wp, v8_load(vp + 16), acc[2]);
+                acc[3] = v8_fmadd(wp, v8_load(vp + 24), acc[3]);
+                acc[4] = v8_fmadd(wp, v8_load(vp + 32), acc[4]);
+                acc[5] = v8_fmadd(wp, v8_load(vp + 40), acc[5]);
+                acc[6] = v8_fmadd(wp, v8_load(vp + 48), acc[6]);
+                acc[7] = v8_fmadd(wp, v8_load(vp + 56), acc[7]);
             } else {
-                for (int64_t u = 0; u < width; ++u) acc[u] = _mm256_fmadd_ps(wp, _mm256_loadu_ps(vp + 8 * u), acc[u]);
+                for (int64_t u = 0; u < width; ++u) acc[u] = v8_fmadd(wp, v8_load(vp + 8 * u), acc[u]);
             }
         }
-        for (int64_t u = 0; u < width; ++u) _mm256_storeu_ps(o + c0 + 8 * u, acc[u]);
+        for (int64_t u = 0; u < width; ++u) v8_store(o + c0 + 8 * u, acc[u]);
     }
     for (int64_t p = 0; p < count && tail < head_dim; ++p)
         for (int64_t c = tail; c < head_dim; ++c) o[c] += w[p] * v[p * stride + c];
@@ -216,72 +205,83 @@ static void weigh_values(float *o, const float *w, const float *v, int64_t strid
  * - values: sixteen columns per vector, each column's sum one chain of fused multiply-adds in
  *   key order, as weigh_values' eight. */
 
-/* an 8-float row in both halves of a zmm (a load, no shuffle) */
-TARGET512 static inline __m512 both_halves(const float *p) {
-    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
-}
-
-/* [a | b], two 8-float rows */
-TARGET512 static inline __m512 halves(const float *a, const float *b) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
-                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
-}
-
-/* dot8 for eight keys (k + u · stride) and two query heads q0, q1 at once (head_dim a multiple
- * of 8): s0[u], s1[u] = scale · q·k_u, the bits of dot8's */
-TARGET512 static void dot8_two_heads(const float *q0, const float *q1, const float *k, int64_t stride,
-                                     int64_t head_dim, float scale, float *s0, float *s1) {
-    __m512 a[8];
-    _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) a[u] = _mm512_setzero_ps();
+/* dot8 for eight keys (count 8, head_dim a multiple of 8) and two query heads q0, q1 at once:
+ * s0[u], s1[u] = scale · q·k_u, the bits of dot8's */
+TARGET512 static void dot8_two_heads(const float *q0, const float *q1, const key_run *keys, float *s0, float *s1) {
+    const float *k = keys->k;
+    const int64_t stride = keys->stride, head_dim = keys->head_dim;
+    const float scale = keys->scale;
+    v16 a[8];
+    _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) a[u] = v16_zero();
     for (int64_t c = 0; c < head_dim; c += 8) {
-        const __m512 qv = halves(q0 + c, q1 + c);
+        const v16 qv = v16_load_halves(q0 + c, q1 + c);
         _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u)
-            a[u] = _mm512_fmadd_ps(qv, both_halves(k + u * stride + c), a[u]);
+            a[u] = v16_fmadd(qv, v16_load_twice(k + u * stride + c), a[u]);
     }
-    __m256 lo[8], hi[8];
+    v8 lo[8], hi[8];
     _Pragma("GCC unroll 8") for (int u = 0; u < 8; ++u) {
-        lo[u] = _mm512_castps512_ps256(a[u]);
-        hi[u] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[u]), 1));
+        lo[u] = v16_lo(a[u]);
+        hi[u] = v16_hi(a[u]);
     }
-    const __m256 scale8 = _mm256_set1_ps(scale);
-    _mm256_storeu_ps(s0, _mm256_mul_ps(hsum8x8(lo), scale8));
-    _mm256_storeu_ps(s1, _mm256_mul_ps(hsum8x8(hi), scale8));
+    const v8 scale8 = v8_set1(scale);
+    v8_store(s0, v8_mul(hsum8x8(lo), scale8));
+    v8_store(s1, v8_mul(hsum8x8(hi), scale8));
 }
 
-/* weigh_values over 64 columns for HEADS query heads sharing their values: o_j[0 … 64) +=
- * Σ_{p < count} w_j[p] v_p, o_j = o + j · o_step, w_j = w + j · w_step */
+/* weigh_values for `heads` (1 to 4) query heads sharing their values: o_j[0 … head_dim) +=
+ * Σ_{p < count} w_j[p] v_p, o_j = o + j · o_step, w_j = w + j · w_step, v_p = v + p · stride */
+typedef struct {
+    float *o;
+    const float *w, *v;
+    int64_t o_step, w_step, stride, count, head_dim;
+    int heads;
+} shared_values;
+
+/* shared_values' sums over the 64 columns from c0 for its HEADS heads */
 #define DEFINE_WEIGH64(HEADS)                                                                           \
-    TARGET512 static void weigh64_##HEADS(float *o, int64_t o_step, const float *w, int64_t w_step,     \
-                                          const float *v, int64_t stride, int64_t count) {              \
-        __m512 acc[HEADS][4];                                                                           \
+    TARGET512 static void weigh64_##HEADS(const shared_values *sv, int64_t c0) {                        \
+        float *o = sv->o + c0;                                                                          \
+        const float *w = sv->w, *v = sv->v + c0;                                                        \
+        const int64_t o_step = sv->o_step, w_step = sv->w_step, stride = sv->stride, count = sv->count; \
+        v16 acc[HEADS][4];                                                                              \
         _Pragma("GCC unroll 4") for (int j = 0; j < HEADS; ++j)                                         \
-            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[j][u] = _mm512_loadu_ps(o + j * o_step + 16 * u); \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[j][u] = v16_load(o + j * o_step + 16 * u); \
         for (int64_t p = 0; p < count; ++p) {                                                           \
             const float *vp = v + p * stride;                                                           \
-            __m512 vv[4];                                                                               \
-            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) vv[u] = _mm512_loadu_ps(vp + 16 * u);  \
+            v16 vv[4];                                                                                  \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) vv[u] = v16_load(vp + 16 * u);          \
             _Pragma("GCC unroll 4") for (int j = 0; j < HEADS; ++j) {                                   \
-                const __m512 wp = _mm512_set1_ps(w[j * w_step + p]);                                    \
-                _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[j][u] = _mm512_fmadd_ps(wp, vv[u], acc[j][u]); \
+                const v16 wp = v16_set1(w[j * w_step + p]);                                             \
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) acc[j][u] = v16_fmadd(wp, vv[u], acc[j][u]); \
             }                                                                                           \
         }                                                                                               \
         _Pragma("GCC unroll 4") for (int j = 0; j < HEADS; ++j)                                         \
-            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) _mm512_storeu_ps(o + j * o_step + 16 * u, acc[j][u]); \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; ++u) v16_store(o + j * o_step + 16 * u, acc[j][u]); \
     }
 DEFINE_WEIGH64(1) DEFINE_WEIGH64(2) DEFINE_WEIGH64(3) DEFINE_WEIGH64(4)
-typedef void (*weigh64_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t);
+typedef void (*weigh64_fn)(const shared_values *, int64_t);
 static const weigh64_fn WEIGH64[5] = {0, weigh64_1, weigh64_2, weigh64_3, weigh64_4};
 
-/* weigh_values for 1 to 4 query heads sharing their values: 64 columns at a time on AVX-512,
- * the columns past the last 64 by weigh_values (the same chains) */
-static void weigh_values_heads(float *o, int64_t o_step, const float *w, int64_t w_step, int heads, const float *v,
-                               int64_t stride, int64_t count, int64_t head_dim) {
-    const int64_t wide = head_dim / 64 * 64;
-    for (int64_t c0 = 0; c0 < wide; c0 += 64) WEIGH64[heads](o + c0, o_step, w, w_step, v + c0, stride, count);
-    if (wide < head_dim)
-        for (int j = 0; j < heads; ++j)
-            weigh_values(o + j * o_step + wide, w + j * w_step, v + wide, stride, count, head_dim - wide);
+/* shared_values' sums: 64 columns at a time on AVX-512, the columns past the last 64 by
+ * weigh_values (the same chains) */
+static void weigh_values_heads(const shared_values *sv) {
+    const int64_t wide = sv->head_dim / 64 * 64;
+    for (int64_t c0 = 0; c0 < wide; c0 += 64) WEIGH64[sv->heads](sv, c0);
+    if (wide < sv->head_dim)
+        for (int j = 0; j < sv->heads; ++j)
+            weigh_values(sv->o + j * sv->o_step + wide, sv->w + j * sv->w_step, sv->v + wide, sv->stride, sv->count,
+                         sv->head_dim - wide);
 }
+
+/* One row's attention (`attend`, `attend_row`): its queries q and outputs o (rows ld floats
+ * apart), the caches, its page table, and the scores' scratch */
+typedef struct {
+    const float *q, *k_cache, *v_cache;
+    float *o, *scores;
+    const int64_t *table;
+    int64_t ld, block_size, first, queries, nheads, kv_heads, head_dim;
+    float scale;
+} attend_job;
 
 /* Causal attention of one row's queries over its pages: for query i (at
  * position first + i, i < queries) and query head h (KV head h / group),
@@ -297,9 +297,13 @@ static void weigh_values_heads(float *o, int64_t o_step, const float *w, int64_t
  * pages ahead is left out: it is slower where the context stays in cache
  * between steps, and gains little where the weights push it out.)
  * scores: nheads · queries · (first + queries) floats. */
-static void attend(const float *q, float *o, int64_t ld, const float *k_cache, const float *v_cache,
-                   const int64_t *table, int64_t block_size, int64_t first, int64_t queries, int64_t nheads,
-                   int64_t kv_heads, int64_t head_dim, float scale, float *scores, int64_t g0, int64_t g1) {
+static void attend(const attend_job *j, int64_t g0, int64_t g1) {
+    const float *q = j->q, *k_cache = j->k_cache, *v_cache = j->v_cache;
+    float *o = j->o, *scores = j->scores;
+    const int64_t *table = j->table;
+    const int64_t ld = j->ld, block_size = j->block_size, first = j->first, queries = j->queries;
+    const int64_t nheads = j->nheads, kv_heads = j->kv_heads, head_dim = j->head_dim;
+    const float scale = j->scale;
     const int64_t n = first + queries, group = nheads / kv_heads, kv_dim = kv_heads * head_dim;
     const int64_t pages = (n + block_size - 1) / block_size, page_floats = block_size * kv_dim;
     const int64_t h0 = g0 * group, h1 = g1 * group;  /* the query heads of KV heads g0 … g1 - 1 */
@@ -312,14 +316,15 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
             for (int64_t p = p0; p < end; p += 8) {  /* eight keys, all heads: 8 · kv_dim floats in a row */
                 const int64_t count = end - p < 8 ? end - p : 8;
                 for (int64_t h = h0; h < h1;) {
-                    const float *kh = kp + (p - p0) * kv_dim + (h / group) * head_dim;
+                    const key_run keys = {kp + (p - p0) * kv_dim + (h / group) * head_dim, kv_dim, count, head_dim,
+                                          scale};
                     float *sh = scores + (h * queries + i) * n + p;
                     if (avx512 && count == 8 && h % group + 1 < group) {  /* h and h + 1 share the keys */
-                        dot8_two_heads(q + i * ld + h * head_dim, q + i * ld + (h + 1) * head_dim, kh, kv_dim,
-                                       head_dim, scale, sh, sh + queries * n);
+                        dot8_two_heads(q + i * ld + h * head_dim, q + i * ld + (h + 1) * head_dim, &keys, sh,
+                                       sh + queries * n);
                         h += 2;
                     } else {
-                        dot8(q + i * ld + h * head_dim, kh, kv_dim, count, head_dim, scale, sh);
+                        dot8(q + i * ld + h * head_dim, &keys, sh);
                         h += 1;
                     }
                 }
@@ -340,9 +345,10 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
             if (avx512 && head_dim >= 64) /* each KV head's query heads, up to four at a time */
                 for (int64_t h = h0; h < h1;) {
                     const int64_t left = group - h % group, heads = left < 4 ? left : 4;
-                    weigh_values_heads(o + i * ld + h * head_dim, head_dim, scores + (h * queries + i) * n + p0,
-                                       queries * n, (int)heads, vp + (h / group) * head_dim, kv_dim, end - p0,
-                                       head_dim);
+                    const shared_values sv = {o + i * ld + h * head_dim, scores + (h * queries + i) * n + p0,
+                                              vp + (h / group) * head_dim, head_dim, queries * n, kv_dim, end - p0,
+                                              head_dim, (int)heads};
+                    weigh_values_heads(&sv);
                     h += heads;
                 }
             else
@@ -358,18 +364,10 @@ static void attend(const float *q, float *o, int64_t ld, const float *k_cache, c
  * and weighted values are the same loops on any thread, so the bits do not
  * change, and each thread streams its heads' share of every K and V row. */
 #define PARALLEL_MIN_KV_FLOATS (1 << 16) /* keys · kv_dim below which one thread attends */
-typedef struct {
-    const float *q, *k_cache, *v_cache;
-    float *o, *scores;
-    const int64_t *table;
-    int64_t ld, block_size, first, queries, nheads, kv_heads, head_dim;
-    float scale;
-} attend_job;
 
 static void attend_part(void *ctx, int part, int parts) {
     const attend_job *j = ctx;
-    attend(j->q, j->o, j->ld, j->k_cache, j->v_cache, j->table, j->block_size, j->first, j->queries, j->nheads,
-           j->kv_heads, j->head_dim, j->scale, j->scores, j->kv_heads * part / parts, j->kv_heads * (part + 1) / parts);
+    attend(j, j->kv_heads * part / parts, j->kv_heads * (part + 1) / parts);
 }
 
 static void attend_row(const attend_job *j) {

@@ -20,7 +20,6 @@
  * a channel past the last multiple of 8 included: an output's bits depend
  * only on its own inputs, whatever T, the batch or the channel count.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,11 +30,11 @@
 #define MAX_CONV 16
 
 /* act(Σ_k w_k e_k + bias) of 8 channels; w: [d_conv] vectors of the taps' weights */
-static inline __m256 conv8(const __m256 *w, const __m256 *e, __m256 bias, int64_t d_conv, int64_t silu) {
-    __m256 s = _mm256_setzero_ps();
-    for (int64_t k = 0; k < d_conv; ++k) s = _mm256_fmadd_ps(w[k], e[k], s);
-    s = _mm256_add_ps(s, bias);
-    if (silu) s = _mm256_div_ps(s, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), s))));
+static inline v8 conv8(const v8 *w, const v8 *e, v8 bias, int64_t d_conv, int64_t silu) {
+    v8 s = v8_zero();
+    for (int64_t k = 0; k < d_conv; ++k) s = v8_fmadd(w[k], e[k], s);
+    s = v8_add(s, bias);
+    if (silu) s = v8_div(s, v8_add(v8_set1(1.0f), exp8(v8_sub(v8_zero(), s))));
     return s;
 }
 
@@ -62,21 +61,20 @@ int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,
                 tap[k] = at < 0 ? win + (at + width) * conv_dim : xb + at * sxt;
             }
             float *o = out + (b * T + t) * conv_dim;
-            __m256 w[MAX_CONV], e[MAX_CONV];
+            v8 w[MAX_CONV], e[MAX_CONV];
             for (int64_t c = 0; c < full; c += 8) {
                 for (int64_t k = 0; k < d_conv; ++k) {
-                    w[k] = _mm256_loadu_ps(wt + k * conv_dim + c);
-                    e[k] = _mm256_loadu_ps(tap[k] + c);
+                    w[k] = v8_load(wt + k * conv_dim + c);
+                    e[k] = v8_load(tap[k] + c);
                 }
-                _mm256_storeu_ps(o + c, conv8(w, e, bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps(), d_conv,
-                                              silu));
+                v8_store(o + c, conv8(w, e, bias ? v8_load(bias + c) : v8_zero(), d_conv, silu));
             }
             for (int64_t c = full; c < conv_dim; ++c) {  /* one channel in lane 0, the same operations */
                 for (int64_t k = 0; k < d_conv; ++k) {
-                    w[k] = _mm256_set1_ps(wt[k * conv_dim + c]);
-                    e[k] = _mm256_set1_ps(tap[k][c]);
+                    w[k] = v8_set1(wt[k * conv_dim + c]);
+                    e[k] = v8_set1(tap[k][c]);
                 }
-                o[c] = _mm256_cvtss_f32(conv8(w, e, _mm256_set1_ps(bias ? bias[c] : 0.0f), d_conv, silu));
+                o[c] = v8_first(conv8(w, e, v8_set1(bias ? bias[c] : 0.0f), d_conv, silu));
             }
             const int64_t slot = dst[b * T + t];
             if (slot >= 0) {  /* the window after input t: inputs t - width + 1 … t */

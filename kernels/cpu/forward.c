@@ -15,7 +15,6 @@
  * block finds wrong, when only the slots and pages the plan reserved for
  * this forward may have been written and the caller aborts it).
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -22,7 +22,6 @@
  * heads, d_v] contiguous. d_v a multiple of 8, d_k at most GDN_MAX_DK.
  * Every row runs all T inputs.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,37 +41,49 @@ typedef struct {
     int64_t batch, T, heads, key_heads, d_k, d_v;
 } gdn_job;
 
-/* One input's step on a block of NV vectors of value columns: S_t from `prev` (row stride ldp)
- * into `out` (row stride BLOCK_COLS; NULL at the last input, which no step reads again) and
- * `snap` (row stride lds; streamed where `stream`), o_t into ov (NULL: no output). */
-static inline __attribute__((always_inline)) void block_step(
-    const int NV, const float *prev, int64_t ldp, float *out, float *snap, int64_t lds, int stream,
-    const float *kv, const float *qv, const float *vv, float decay, float beta, float *ov, int64_t d_k) {
-    __m256 acc[BLOCK_VECS], u[BLOCK_VECS];
-    for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
+/* One input's step on a block of value columns: S_t from `prev` (row stride ldp) into `out` (row
+ * stride BLOCK_COLS; NULL at the last input, which no step reads again) and `snap` (row stride
+ * lds; streamed where `stream`), o_t into ov (NULL: no output); k_t, q_t (NULL: no output) and
+ * the block's part of v_t at kv, qv, vv; exp(g_t) and β_t. */
+typedef struct {
+    const float *prev, *kv, *qv, *vv;
+    float *out, *snap, *ov;
+    int64_t ldp, lds, d_k;
+    float decay, beta;
+    int stream;
+} block_input;
+
+/* block_input's step on NV vectors of value columns */
+static inline __attribute__((always_inline)) void block_step(const int NV, const block_input *in) {
+    const float *prev = in->prev, *kv = in->kv, *qv = in->qv, *vv = in->vv;
+    float *out = in->out, *snap = in->snap, *ov = in->ov;
+    const int64_t ldp = in->ldp, lds = in->lds, d_k = in->d_k;
+    const float decay = in->decay, beta = in->beta;
+    const int stream = in->stream;
+    v8 acc[BLOCK_VECS], u[BLOCK_VECS];
+    for (int j = 0; j < NV; ++j) acc[j] = v8_zero();
     for (int64_t i = 0; i < d_k; ++i) { /* r = S_{t-1}ᵀ k */
-        const __m256 ki = _mm256_set1_ps(kv[i]);
-        for (int j = 0; j < NV; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(prev + i * ldp + 8 * j), ki, acc[j]);
+        const v8 ki = v8_set1(kv[i]);
+        for (int j = 0; j < NV; ++j) acc[j] = v8_fmadd(v8_load(prev + i * ldp + 8 * j), ki, acc[j]);
     }
-    const __m256 decay8 = _mm256_set1_ps(decay), beta8 = _mm256_set1_ps(beta);
+    const v8 decay8 = v8_set1(decay), beta8 = v8_set1(beta);
     for (int j = 0; j < NV; ++j) { /* u = β (v − exp(g) r) */
-        u[j] = _mm256_mul_ps(beta8, _mm256_fnmadd_ps(decay8, acc[j], _mm256_loadu_ps(vv + 8 * j)));
-        acc[j] = _mm256_setzero_ps();
+        u[j] = v8_mul(beta8, v8_fnmadd(decay8, acc[j], v8_load(vv + 8 * j)));
+        acc[j] = v8_zero();
     }
     for (int64_t i = 0; i < d_k; ++i) { /* S_t = exp(g) S_{t-1} + k ⊗ u;  o = S_tᵀ q */
-        const __m256 ki = _mm256_set1_ps(kv[i]);
-        const __m256 qi = qv ? _mm256_set1_ps(qv[i]) : _mm256_setzero_ps();
+        const v8 ki = v8_set1(kv[i]);
+        const v8 qi = qv ? v8_set1(qv[i]) : v8_zero();
         for (int j = 0; j < NV; ++j) {
-            const __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(prev + i * ldp + 8 * j), decay8,
-                                                _mm256_mul_ps(ki, u[j]));
-            if (out) _mm256_storeu_ps(out + i * BLOCK_COLS + 8 * j, next);
-            if (stream) _mm256_stream_ps(snap + i * lds + 8 * j, next);
-            else if (snap) _mm256_storeu_ps(snap + i * lds + 8 * j, next);
-            if (qv) acc[j] = _mm256_fmadd_ps(next, qi, acc[j]);
+            const v8 next = v8_fmadd(v8_load(prev + i * ldp + 8 * j), decay8, v8_mul(ki, u[j]));
+            if (out) v8_store(out + i * BLOCK_COLS + 8 * j, next);
+            if (stream) v8_stream(snap + i * lds + 8 * j, next);
+            else if (snap) v8_store(snap + i * lds + 8 * j, next);
+            if (qv) acc[j] = v8_fmadd(next, qi, acc[j]);
         }
     }
     if (ov)
-        for (int j = 0; j < NV; ++j) _mm256_storeu_ps(ov + 8 * j, acc[j]);
+        for (int j = 0; j < NV; ++j) v8_store(ov + 8 * j, acc[j]);
 }
 
 /* The T inputs of one block of value columns c0 … c0 + 8·NV - 1 of row b, head h. */
@@ -91,7 +102,9 @@ static inline __attribute__((always_inline)) void block_steps(const int NV, cons
         const float *vv = j->v + b * j->svb + t * j->svt + h * j->svh + c0;
         const float decay = expf(j->g[b * j->sgb + t * j->sgt + h]), beta = j->beta[b * j->sbb + t * j->sbt + h];
         float *ov = j->o && j->q ? j->o + ((b * T + t) * j->heads + h) * d_v + c0 : 0;
-        block_step(NV, prev, ldp, t + 1 < T ? scratch : 0, snap, d_v, stream, kv, qv, vv, decay, beta, ov, d_k);
+        const block_input in = {prev, kv, qv, vv, t + 1 < T ? scratch : 0, snap, ov, ldp, d_v, d_k, decay, beta,
+                                stream};
+        block_step(NV, &in);
         prev = scratch;
         ldp = BLOCK_COLS;
     }
@@ -111,7 +124,7 @@ static void gdn_units(const gdn_job *j, int64_t u0, int64_t u1) {
         default: break;
         }
     }
-    _mm_sfence(); /* this thread's streamed snapshots are visible before its part counts as done */
+    stream_fence(); /* this thread's streamed snapshots are visible before its part counts as done */
 }
 
 /* With more than one thread the (row, value head) units split into

@@ -18,32 +18,39 @@
  * stride; D: [d_inner]; y: [batch, T, d_inner] contiguous. Every row runs
  * all T inputs. Built by `cpu/native.py`, used through `cpu/mamba1.py`.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-
-#include "kernels.h"
 
 #include "kernels.h"
 #include "simd.h"
 
 #define MAX_STATE 64
 
+/* hs_mamba1_steps' arguments, for the loops it hands a row's channels to */
+typedef struct {
+    float *states, *y;
+    const int64_t *src, *dst;
+    const float *x, *dt, *A, *B, *C, *D;
+    int64_t sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt;
+    int64_t T, d_inner, d_state;
+} mamba1_job;
+
 /* Channels c0 and c0 + 1 of row b on AVX-512 (d_state a multiple of 16): the state row in 16-lane
  * vectors, exp16 for exp8, y's sums the AVX2 loop's 8-lane chains (each vector's low then high
  * half), so every value is the AVX2 loop's, bit for bit; two channels at a time, their chains
  * through the inputs interleaved (one channel's exp would otherwise set the pace). */
-TARGET512 static void two_channels512(float *states, const int64_t *src, const int64_t *dst, const float *x,
-                                      int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
-                                      const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C,
-                                      int64_t sCb, int64_t sCt, const float *D, float *y, int64_t b, int64_t c0,
-                                      int64_t T, int64_t d_inner, int64_t d_state) {
+TARGET512 static void two_channels512(const mamba1_job *j, int64_t b, int64_t c0) {
+    float *states = j->states, *y = j->y;
+    const int64_t *src = j->src, *dst = j->dst;
+    const float *x = j->x, *dt = j->dt, *A = j->A, *B = j->B, *C = j->C, *D = j->D;
+    const int64_t sxb = j->sxb, sxt = j->sxt, sdb = j->sdb, sdt = j->sdt, sBb = j->sBb, sBt = j->sBt;
+    const int64_t sCb = j->sCb, sCt = j->sCt, T = j->T, d_inner = j->d_inner, d_state = j->d_state;
     const int64_t nv = d_state / 16, slot_size = d_inner * d_state;
-    __m512 h[2][MAX_STATE / 16], a[2][MAX_STATE / 16];
+    v16 h[2][MAX_STATE / 16], a[2][MAX_STATE / 16];
     for (int k = 0; k < 2; ++k)
         for (int64_t v = 0; v < nv; ++v) {
-            h[k][v] = _mm512_loadu_ps(states + src[b] * slot_size + (c0 + k) * d_state + 16 * v);
-            a[k][v] = _mm512_loadu_ps(A + (c0 + k) * d_state + 16 * v);
+            h[k][v] = v16_load(states + src[b] * slot_size + (c0 + k) * d_state + 16 * v);
+            a[k][v] = v16_load(A + (c0 + k) * d_state + 16 * v);
         }
     for (int64_t t = 0; t < T; ++t) {
         const float *Bt = B + b * sBb + t * sBt, *Ct = C + b * sCb + t * sCt;
@@ -51,22 +58,22 @@ TARGET512 static void two_channels512(float *states, const int64_t *src, const i
         for (int k = 0; k < 2; ++k) {
             const int64_t c = c0 + k;
             const float dtv = dt[b * sdb + t * sdt + c], xv = x[b * sxb + t * sxt + c];
-            const __m512 dt16 = _mm512_set1_ps(dtv), dtx16 = _mm512_set1_ps(dtv * xv);
-            __m256 acc = _mm256_setzero_ps();
+            const v16 dt16 = v16_set1(dtv), dtx16 = v16_set1(dtv * xv);
+            v8 acc = v8_zero();
             for (int64_t v = 0; v < nv; ++v) {
-                const __m512 inject = _mm512_mul_ps(dtx16, _mm512_loadu_ps(Bt + 16 * v));
-                h[k][v] = _mm512_fmadd_ps(exp16(_mm512_mul_ps(dt16, a[k][v])), h[k][v], inject);
-                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h[k][v]), 1));
-                acc = _mm256_fmadd_ps(_mm512_castps512_ps256(h[k][v]), _mm256_loadu_ps(Ct + 16 * v), acc);
-                acc = _mm256_fmadd_ps(hi, _mm256_loadu_ps(Ct + 16 * v + 8), acc);
+                const v16 inject = v16_mul(dtx16, v16_load(Bt + 16 * v));
+                h[k][v] = v16_fmadd(exp16(v16_mul(dt16, a[k][v])), h[k][v], inject);
+                const v8 hi = v16_hi(h[k][v]);
+                acc = v8_fmadd(v16_lo(h[k][v]), v8_load(Ct + 16 * v), acc);
+                acc = v8_fmadd(hi, v8_load(Ct + 16 * v + 8), acc);
             }
             y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, hsum8(acc));
             if (slot >= 0) {
                 float *snap = states + slot * slot_size + c * d_state;
                 if (((uintptr_t)snap & 63) == 0)  /* streaming stores: the slot's lines are not read first */
-                    for (int64_t v = 0; v < nv; ++v) _mm512_stream_ps(snap + 16 * v, h[k][v]);
+                    for (int64_t v = 0; v < nv; ++v) v16_stream(snap + 16 * v, h[k][v]);
                 else
-                    for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(snap + 16 * v, h[k][v]);
+                    for (int64_t v = 0; v < nv; ++v) v16_store(snap + 16 * v, h[k][v]);
             }
         }
     }
@@ -80,41 +87,42 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
     if (batch < 0 || T < 1 || d_inner < 1 || d_state < 8 || d_state % 8 || d_state > MAX_STATE) return -1;
     const int64_t nv = d_state / 8, slot_size = d_inner * d_state;
     const int wide = d_state % 16 == 0 && hs_rows_isa(-1) == 1;
+    const mamba1_job job = {states, y, src, dst, x, dt, A, B, C, D, sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt,
+                            T, d_inner, d_state};
     for (int64_t b = 0; b < batch; ++b) {
         int64_t c = 0;
         if (wide)
             for (; c + 2 <= d_inner; c += 2)
-                two_channels512(states, src, dst, x, sxb, sxt, dt, sdb, sdt, A, B, sBb, sBt, C, sCb, sCt, D, y, b, c,
-                                T, d_inner, d_state);
+                two_channels512(&job, b, c);
         for (; c < d_inner; ++c) {
-            __m256 h[MAX_STATE / 8], a[MAX_STATE / 8];
+            v8 h[MAX_STATE / 8], a[MAX_STATE / 8];
             const float *h0 = states + src[b] * slot_size + c * d_state;
             for (int64_t v = 0; v < nv; ++v) {
-                h[v] = _mm256_loadu_ps(h0 + 8 * v);
-                a[v] = _mm256_loadu_ps(A + c * d_state + 8 * v);
+                h[v] = v8_load(h0 + 8 * v);
+                a[v] = v8_load(A + c * d_state + 8 * v);
             }
             for (int64_t t = 0; t < T; ++t) {
                 const float dtv = dt[b * sdb + t * sdt + c], xv = x[b * sxb + t * sxt + c];
-                const __m256 dt8 = _mm256_set1_ps(dtv), dtx8 = _mm256_set1_ps(dtv * xv);
+                const v8 dt8 = v8_set1(dtv), dtx8 = v8_set1(dtv * xv);
                 const float *Bt = B + b * sBb + t * sBt, *Ct = C + b * sCb + t * sCt;
-                __m256 acc = _mm256_setzero_ps();
+                v8 acc = v8_zero();
                 for (int64_t v = 0; v < nv; ++v) {
-                    __m256 inject = _mm256_mul_ps(dtx8, _mm256_loadu_ps(Bt + 8 * v));
-                    h[v] = _mm256_fmadd_ps(exp8(_mm256_mul_ps(dt8, a[v])), h[v], inject);
-                    acc = _mm256_fmadd_ps(h[v], _mm256_loadu_ps(Ct + 8 * v), acc);
+                    v8 inject = v8_mul(dtx8, v8_load(Bt + 8 * v));
+                    h[v] = v8_fmadd(exp8(v8_mul(dt8, a[v])), h[v], inject);
+                    acc = v8_fmadd(h[v], v8_load(Ct + 8 * v), acc);
                 }
                 y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, hsum8(acc));
                 const int64_t slot = dst[b * T + t];
                 if (slot >= 0) {
                     float *snap = states + slot * slot_size + c * d_state;
                     if (((uintptr_t)snap & 31) == 0)  /* streaming stores: the slot's lines are not read first */
-                        for (int64_t v = 0; v < nv; ++v) _mm256_stream_ps(snap + 8 * v, h[v]);
+                        for (int64_t v = 0; v < nv; ++v) v8_stream(snap + 8 * v, h[v]);
                     else
-                        for (int64_t v = 0; v < nv; ++v) _mm256_storeu_ps(snap + 8 * v, h[v]);
+                        for (int64_t v = 0; v < nv; ++v) v8_store(snap + 8 * v, h[v]);
                 }
             }
         }
     }
-    _mm_sfence(); /* the streamed snapshots are visible before the call returns */
+    stream_fence(); /* the streamed snapshots are visible before the call returns */
     return 0;
 }

@@ -21,7 +21,6 @@
  * d_state], each with unit innermost stride (the other strides passed). y:
  * [batch, T, nheads, headdim] contiguous. Every row runs all T inputs.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,26 +37,38 @@ typedef struct {
     int64_t batch, T, nheads, headdim, d_state, ngroups;
 } mamba2_job;
 
-/* One step of one head, rows p0 <= p < p1 of the state: h_t from `prev` into `out` (and `snap`,
- * streamed where `stream`), y_t into yv. AVX2: 8 columns of d_state per vector. */
-static void head_step(const float *prev, float *out, float *snap, int stream, const float *xv, float dtv, float decay,
-                      const float *Bv, const float *Cv, float Dh, float *yv, int64_t p0, int64_t p1,
-                      int64_t d_state) {
+/* One step of one head: h_t from `prev` into `out` (and `snap`, streamed where `stream`), y_t into
+ * yv; x_t, B_t, C_t at xv, Bv, Cv, Δ_t, exp(Δ_t A_h) and D_h; the state [headdim, d_state]. */
+typedef struct {
+    const float *prev, *xv, *Bv, *Cv;
+    float *out, *snap, *yv;
+    float dtv, decay, Dh;
+    int stream;
+    int64_t headdim, d_state;
+} head_input;
+
+/* head_input's step, rows p0 <= p < p1 of the state. AVX2: 8 columns of d_state per vector. */
+static void head_step(const head_input *in, int64_t p0, int64_t p1) {
+    const float *prev = in->prev, *xv = in->xv, *Bv = in->Bv, *Cv = in->Cv;
+    float *out = in->out, *snap = in->snap, *yv = in->yv;
+    const float dtv = in->dtv, decay = in->decay, Dh = in->Dh;
+    const int stream = in->stream;
+    const int64_t d_state = in->d_state;
     const int64_t vec_end = d_state / 8 * 8;
-    const __m256 decay8 = _mm256_set1_ps(decay);
+    const v8 decay8 = v8_set1(decay);
     for (int64_t p = p0; p < p1; ++p) {
         const float xdt = dtv * xv[p];
-        const __m256 xdt8 = _mm256_set1_ps(xdt);
+        const v8 xdt8 = v8_set1(xdt);
         const float *hp = prev + p * d_state;
         float *op = out + p * d_state, *sp = snap ? snap + p * d_state : 0;
-        __m256 acc = _mm256_setzero_ps();
+        v8 acc = v8_zero();
         for (int64_t n = 0; n < vec_end; n += 8) {
-            __m256 inject = _mm256_mul_ps(xdt8, _mm256_loadu_ps(Bv + n));
-            __m256 next = _mm256_fmadd_ps(_mm256_loadu_ps(hp + n), decay8, inject);
-            _mm256_storeu_ps(op + n, next);
-            if (stream) _mm256_stream_ps(sp + n, next);
-            else if (sp) _mm256_storeu_ps(sp + n, next);
-            acc = _mm256_fmadd_ps(next, _mm256_loadu_ps(Cv + n), acc);
+            v8 inject = v8_mul(xdt8, v8_load(Bv + n));
+            v8 next = v8_fmadd(v8_load(hp + n), decay8, inject);
+            v8_store(op + n, next);
+            if (stream) v8_stream(sp + n, next);
+            else if (sp) v8_store(sp + n, next);
+            acc = v8_fmadd(next, v8_load(Cv + n), acc);
         }
         float tail = 0.0f;
         for (int64_t n = vec_end; n < d_state; ++n) {
@@ -75,29 +86,32 @@ static void head_step(const float *prev, float *out, float *snap, int stream, co
  * low then high half, so every lane adds the columns n, n + 8, n + 16, … in the AVX2 loop's
  * order: the same bits. R rows' chains interleave (one row's 2·d_state/16 dependent
  * multiply-adds would otherwise set the pace). */
-TARGET512 static inline __attribute__((always_inline)) void head_rows512(
-    const int R, const float *prev, float *out, float *snap, int stream, const float *xv, float dtv, float decay,
-    const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim, int64_t d_state) {
-    const __m512 decay16 = _mm512_set1_ps(decay);
+TARGET512 static inline __attribute__((always_inline)) void head_rows512(const int R, const head_input *in) {
+    const float *prev = in->prev, *xv = in->xv, *Bv = in->Bv, *Cv = in->Cv;
+    float *out = in->out, *snap = in->snap, *yv = in->yv;
+    const float dtv = in->dtv, decay = in->decay, Dh = in->Dh;
+    const int stream = in->stream;
+    const int64_t headdim = in->headdim, d_state = in->d_state;
+    const v16 decay16 = v16_set1(decay);
     for (int64_t p = 0; p < headdim; p += R) {
-        __m512 xdt[4];
-        __m256 acc[4];
+        v16 xdt[4];
+        v8 acc[4];
         for (int r = 0; r < R; ++r) {
-            xdt[r] = _mm512_set1_ps(dtv * xv[p + r]);
-            acc[r] = _mm256_setzero_ps();
+            xdt[r] = v16_set1(dtv * xv[p + r]);
+            acc[r] = v8_zero();
         }
         for (int64_t n = 0; n < d_state; n += 16) {
-            const __m512 Bn = _mm512_loadu_ps(Bv + n);
-            const __m256 Clo = _mm256_loadu_ps(Cv + n), Chi = _mm256_loadu_ps(Cv + n + 8);
+            const v16 Bn = v16_load(Bv + n);
+            const v8 Clo = v8_load(Cv + n), Chi = v8_load(Cv + n + 8);
             for (int r = 0; r < R; ++r) {
                 const int64_t at = (p + r) * d_state + n;
-                const __m512 next = _mm512_fmadd_ps(_mm512_loadu_ps(prev + at), decay16, _mm512_mul_ps(xdt[r], Bn));
-                _mm512_storeu_ps(out + at, next);
-                if (stream) _mm512_stream_ps(snap + at, next);
-                else if (snap) _mm512_storeu_ps(snap + at, next);
-                const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(next), 1));
-                acc[r] = _mm256_fmadd_ps(_mm512_castps512_ps256(next), Clo, acc[r]);
-                acc[r] = _mm256_fmadd_ps(hi, Chi, acc[r]);
+                const v16 next = v16_fmadd(v16_load(prev + at), decay16, v16_mul(xdt[r], Bn));
+                v16_store(out + at, next);
+                if (stream) v16_stream(snap + at, next);
+                else if (snap) v16_store(snap + at, next);
+                const v8 hi = v16_hi(next);
+                acc[r] = v8_fmadd(v16_lo(next), Clo, acc[r]);
+                acc[r] = v8_fmadd(hi, Chi, acc[r]);
             }
         }
         for (int r = 0; r < R; ++r) yv[p + r] = fmaf(Dh, xv[p + r], hsum8(acc[r]));
@@ -108,11 +122,9 @@ TARGET512 static inline __attribute__((always_inline)) void head_rows512(
  * it reads the source state from memory or writes a snapshot, whose memory streams more rows at
  * once would multiply (four rows there make a decode step slower than AVX2; two make both kinds of
  * step faster) */
-TARGET512 static void head_step512(const float *prev, float *out, float *snap, int stream, const float *xv, float dtv,
-                                   float decay, const float *Bv, const float *Cv, float Dh, float *yv, int64_t headdim,
-                                   int64_t d_state, int in_cache) {
-    if (in_cache && !snap) head_rows512(4, prev, out, snap, stream, xv, dtv, decay, Bv, Cv, Dh, yv, headdim, d_state);
-    else head_rows512(2, prev, out, snap, stream, xv, dtv, decay, Bv, Cv, Dh, yv, headdim, d_state);
+TARGET512 static void head_step512(const head_input *in, int in_cache) {
+    if (in_cache && !in->snap) head_rows512(4, in);
+    else head_rows512(2, in);
 }
 
 /* the recurrence of (row, head) units u0 <= u < u1 (u = b · nheads + h), h_t in `scratch` (one head) */
@@ -135,13 +147,13 @@ static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scr
             const float *Bv = j->B + b * j->sBb + t * j->sBt + g * j->sBg;
             const float *Cv = j->C + b * j->sCb + t * j->sCt + g * j->sCg;
             float *yv = j->y + ((b * T + t) * nheads + h) * headdim;
-            if (wide) head_step512(prev, scratch, snap, stream, xv, dtv, decay, Bv, Cv, j->D[h], yv, headdim, d_state,
-                                  t > 0);
-            else head_step(prev, scratch, snap, stream, xv, dtv, decay, Bv, Cv, j->D[h], yv, 0, headdim, d_state);
+            const head_input in = {prev, xv, Bv, Cv, scratch, snap, yv, dtv, decay, j->D[h], stream, headdim, d_state};
+            if (wide) head_step512(&in, t > 0);
+            else head_step(&in, 0, headdim);
             prev = scratch;
         }
     }
-    _mm_sfence(); /* this thread's streamed snapshots are visible before its part counts as done */
+    stream_fence(); /* this thread's streamed snapshots are visible before its part counts as done */
 }
 
 /* With more than one thread the (row, head) units split into contiguous

@@ -29,7 +29,6 @@
  * next; the sums are then loaded from y and stored back once per block, so each chain still runs
  * over k in order.
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,15 +40,14 @@
 #define CHUNK_ROWS 96    /* rows per chunk: a last, narrower panel is computed into 24 KiB of stack */
 #define PREFETCH_ROWS 16 /* how far ahead a single group fetches its stream: 4 KiB */
 #define STREAM_PANEL_BYTES (512 << 10) /* panels up to this size are streamed whole (they stay in L2) */
-#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* prefetch the `bytes` (a panel row) at `p` */
 #define PREFETCH_ROW(p, bytes)                                                                          \
     _Pragma("GCC unroll 4") for (int line = 0; line < (bytes); line += 64)                              \
-        _mm_prefetch((const char *)(p) + line, _MM_HINT_T0)
+        prefetch_l1((const char *)(p) + line)
 
-#define AVX2_VEC __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_setzero_ps
-#define AVX512_VEC __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_setzero_ps
+#define AVX2_VEC v8, 8, v8_load, v8_store, v8_fmadd, v8_set1, v8_zero
+#define AVX512_VEC v16, 16, v16_load, v16_store, v16_fmadd, v16_set1, v16_zero
 #define EXPAND(MACRO, ...) MACRO(__VA_ARGS__)
 
 /* The tiles: y[0:G, 0:4·W] (first: =, else +=) x[0:G, k0:k1] @ the panel's rows k0 … k1 - 1, for
@@ -111,19 +109,17 @@
             _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v) STORE(y + g * ldy + W * v, acc[g][v]);      \
     }
 
-static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-TARGET512 static inline __m512i load512(const void *p) { return _mm512_loadu_si512(p); }
-#define BF16_512 __m512i, load512, _mm512_slli_epi32, _mm512_and_si512, _mm512_set1_epi32, _mm512_castsi512_ps
-#define BF16_256 __m256i, load256, _mm256_slli_epi32, _mm256_and_si256, _mm256_set1_epi32, _mm256_castsi256_ps
+#define BF16_512 v16i, v16i_load, v16i_shl, v16i_and, v16i_set1, v16i_bits
+#define BF16_256 v8i, v8i_load, v8i_shl, v8i_and, v8i_set1, v8i_bits
 
 #define TILES1(NAME, WT, WLOAD, TARGET, OPS, G) EXPAND(DEFINE_TILE1, NAME, WT, WLOAD, TARGET, OPS, G)
 #define TILES2(NAME, INT, TARGET, OPS, G) EXPAND(DEFINE_TILE2, NAME, INT, TARGET, OPS, G)
 #define TILES512(G)                                                                                      \
-    TILES1(f32_512, float, _mm512_loadu_ps, TARGET512, AVX512_VEC, G)                                    \
+    TILES1(f32_512, float, v16_load, TARGET512, AVX512_VEC, G)                                           \
     TILES1(f16_512, uint16_t, f16x16, TARGET512, AVX512_VEC, G)                                          \
     TILES2(bf16_512, BF16_512, TARGET512, AVX512_VEC, G)
 #define TILES256(G)                                                                                      \
-    TILES1(f32_256, float, _mm256_loadu_ps, , AVX2_VEC, G)                                               \
+    TILES1(f32_256, float, v8_load, , AVX2_VEC, G)                                                       \
     TILES1(f16_256, uint16_t, f16x8, , AVX2_VEC, G)                                                      \
     TILES2(bf16_256, BF16_256, , AVX2_VEC, G)
 TILES512(1) TILES512(2) TILES512(3) TILES512(4) TILES512(5) TILES512(6)
@@ -148,23 +144,23 @@ static const tile_set TILES[3][2] = {{SET256(f32), SET512(f32)}, {SET256(bf16), 
 #define DEFINE_DOT_TILE(G)                                                                                 \
     TARGET_BF16 static void dot_##G(const uint32_t *xp, int64_t ldp, const uint16_t *wp, int64_t j0,      \
                                     int64_t j1, float *y, int64_t ldy, int first, int64_t ahead) {        \
-        __m512 acc[G][4];                                                                                 \
+        v16 acc[G][4];                                                                                    \
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                               \
             _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v)                                           \
-                acc[g][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + g * ldy + 16 * v);          \
+                acc[g][v] = first ? v16_zero() : v16_load(y + g * ldy + 16 * v);                          \
         for (int64_t j = j0; j < j1; ++j) {                                                               \
             const uint16_t *row = wp + 2 * j * PANEL;                                                     \
             if (ahead) PREFETCH_ROW(row + 2 * ahead * PANEL, 2 * PANEL * (int)sizeof(uint16_t));          \
-            __m512i b[4];                                                                                 \
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v) b[v] = _mm512_loadu_si512(row + 32 * v); \
+            v16i b[4];                                                                                    \
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v) b[v] = v16i_load(row + 32 * v);           \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                         \
-                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[g * ldp + j]);                     \
+                const v16bh a = v16bh_set1((int)xp[g * ldp + j]);                                         \
                 _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v)                                       \
-                    acc[g][v] = _mm512_dpbf16_ps(acc[g][v], a, (__m512bh)b[v]);                           \
+                    acc[g][v] = v16_dot_bf16(acc[g][v], a, b[v]);                                         \
             }                                                                                             \
         }                                                                                                 \
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                               \
-            _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v) _mm512_storeu_ps(y + g * ldy + 16 * v, acc[g][v]); \
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v) v16_store(y + g * ldy + 16 * v, acc[g][v]); \
     }
 DEFINE_DOT_TILE(1)
 DEFINE_DOT_TILE(2)

@@ -10,10 +10,10 @@
  * contiguous; out may be x (every value is read before it is written). Built
  * by `cpu/native.py`, used through `cpu/rope.py` and `cpu/blocks.c`.
  */
-#include <immintrin.h>
 #include <stdint.h>
 
 #include "kernels.h"
+#include "simd.h"
 
 int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
             int64_t heads, int64_t head_dim, int64_t half) {
@@ -25,12 +25,12 @@ int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, flo
             float *o1 = out + (r * heads + h) * head_dim, *o2 = o1 + half;
             int64_t i = 0;
             for (; i + 8 <= half; i += 8) {
-                __m256 a = _mm256_loadu_ps(x1 + i), b = _mm256_loadu_ps(x2 + i);
-                __m256 ci = _mm256_loadu_ps(c + i), si = _mm256_loadu_ps(s + i);
-                __m256 ac = _mm256_mul_ps(a, ci), bs = _mm256_mul_ps(b, si);
-                __m256 bc = _mm256_mul_ps(b, ci), as = _mm256_mul_ps(a, si);
-                _mm256_storeu_ps(o1 + i, _mm256_sub_ps(ac, bs));
-                _mm256_storeu_ps(o2 + i, _mm256_add_ps(bc, as));
+                v8 a = v8_load(x1 + i), b = v8_load(x2 + i);
+                v8 ci = v8_load(c + i), si = v8_load(s + i);
+                v8 ac = v8_mul(a, ci), bs = v8_mul(b, si);
+                v8 bc = v8_mul(b, ci), as = v8_mul(a, si);
+                v8_store(o1 + i, v8_sub(ac, bs));
+                v8_store(o2 + i, v8_add(bc, as));
             }
             for (; i < half; ++i) {
                 float ac = x1[i] * c[i], bs = x2[i] * s[i], bc = x2[i] * c[i], as = x1[i] * s[i];

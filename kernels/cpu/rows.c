@@ -36,7 +36,6 @@
  * columns split over them (see "threads" below), each column still one
  * thread's chain.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -62,7 +61,7 @@
         for (int64_t n = 0; n < n1; n += W) {                                                           \
             if ((n & (PER_LINE - 1)) == 0) /* one prefetch per cache line of each row */                \
                 _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q)                                    \
-                    _mm_prefetch((const char *)(wk + (PREFETCH_ROWS + q) * N + n), _MM_HINT_T0);        \
+                    prefetch_l1(wk + (PREFETCH_ROWS + q) * N + n);                                      \
             VEC a[Q];                                                                                   \
             _Pragma("GCC unroll 12") for (int q = 0; q < Q; ++q) a[q] = WLOAD(wk + q * N + n);           \
             _Pragma("GCC unroll 12") for (int g = 0; g < G; ++g) {                                      \
@@ -74,8 +73,8 @@
         }                                                                                               \
     }
 
-#define AVX2_OPS __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_fmadd_ps, _mm256_set1_ps
-#define AVX512_OPS __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_fmadd_ps, _mm512_set1_ps
+#define AVX2_OPS v8, 8, v8_load, v8_store, v8_fmadd, v8_set1
+#define AVX512_OPS v16, 16, v16_load, v16_store, v16_fmadd, v16_set1
 #define EXPAND(MACRO, ...) MACRO(__VA_ARGS__)  /* the _OPS lists expanded into arguments first */
 static int isa512 = -1; /* the vectors in use: 1 AVX-512, 0 AVX2, -1 not chosen yet (hs_rows_isa) */
 
@@ -145,11 +144,11 @@ int hs_rows_isa(int choice) {
         for (int64_t k = k0; k < k1; ++k) {                                                             \
             const WT *wk = w + k * N;                                                                   \
             for (int64_t l = (k - k0) * pf_per_row; l < (k - k0 + 1) * pf_per_row && l < pf_lines; ++l) \
-                _mm_prefetch((const char *)(pf + PER_LINE * l), _MM_HINT_T1);                           \
+                prefetch_l2(pf + PER_LINE * l);                                                         \
             VEC b[V];                                                                                   \
             if (ahead)                                                                                  \
                 _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) if (W * v % PER_LINE == 0)          \
-                    _mm_prefetch((const char *)(wk + W * V + W * v), _MM_HINT_T0);                      \
+                    prefetch_l1(wk + W * V + W * v);                                                    \
             _Pragma("GCC unroll 8") for (int v = 0; v < V; ++v) b[v] = WLOAD(wk + W * v);              \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                       \
                 const VEC a = SET1(x[g * ldx + k]);                                                     \
@@ -175,6 +174,23 @@ int hs_rows_isa(int choice) {
  * Every sum is loaded from y and stored back once per block, so its
  * chain stays k = 0, 1, …, K - 1. */
 
+/* One product, y[M, N] = x[M, K] @ w[K, N], and the share of its columns one call computes:
+ * c0 <= n < c1 into y (rows ldy floats apart, y[0] the row's column c0), part `part` of
+ * `parts` (its share of the tiles' prefetch) */
+typedef struct {
+    const float *x;
+    const uint32_t *xp;  /* x as bfloat16 pairs, for HS_BF16_COMPUTE panels (hs_round_pairs) */
+    const void *w;       /* untagged; type: its HS_WEIGHT_TYPE bits; panels: HS_PANELS was set */
+    float *y;
+    int64_t ldx, M, K, N;
+    int type, panels;
+} product_job;
+typedef struct {
+    float *y;
+    int64_t ldy, c0, c1;
+    int part, parts;
+} column_share;
+
 /* -- weight storage ---------------------------------------------------------------------------
  * A weight is float32, or bfloat16 or float16 where every value of it is one (weights
  * stored in bf16 or fp16, loaded as float32: `HybridModel.pack_for_cpu`). Either converts to
@@ -184,13 +200,7 @@ int hs_rows_isa(int choice) {
  * streaming its weights from memory is bound by. The pointer names the type (HS_WEIGHT_TYPE,
  * cpu/kernels.h: bit 0 bfloat16, bit 1 float16); every loop is compiled once per type from
  * cpu/rows_weights.h. */
-static inline __m256 bf16x8(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-/* (the float16 loads and both types' scalars: cpu/simd.h) */
+/* (the loads that widen and both types' scalars: cpu/simd.h) */
 #define WS_PASTE(name, type) name##_##type
 #define WS_NAME(name, type) WS_PASTE(name, type)
 #define WS(name) WS_NAME(name, W_TYPE_NAME)
@@ -200,8 +210,8 @@ TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
 
 #define WT float
 #define W_TYPE_NAME f32
-#define WLOAD8 _mm256_loadu_ps
-#define WLOAD16 _mm512_loadu_ps
+#define WLOAD8 v8_load
+#define WLOAD16 v16_load
 #define WSCALAR(v) (v)
 #define W_PER_LINE 16
 #include "rows_weights.h"
@@ -251,27 +261,18 @@ TARGET512 static inline __m512 bf16x16(const uint16_t *p) {
  * taken back from a helper that claims late (`hs_parallel_long`): a late half still shortens it */
 #define LONG_JOB_MACS (1 << 28)
 
-typedef struct {
-    const float *x;
-    const uint32_t *xp;  /* x as bfloat16 pairs, for HS_BF16_COMPUTE panels (hs_round_pairs) */
-    const void *w;       /* untagged; type: its HS_WEIGHT_TYPE bits; panels: HS_PANELS was set */
-    float *y;
-    int64_t ldx, M, K, N;
-    int type, panels;
-} product_job;
 
-/* columns c0 <= n < c1 of the product into y (rows ldy floats apart), by the weight's type */
-static void product_columns(const product_job *j, float *y, int64_t ldy, int64_t c0, int64_t c1, int part,
-                            int parts) {
+/* the share s of j's product, by the weight's type */
+static void product_columns(const product_job *j, const column_share *s) {
     if (j->panels)
-        hs_panel_columns(j->x, j->ldx, j->xp, j->w, j->type, j->M, j->K, y, ldy, c0, c1);
+        hs_panel_columns(j->x, j->ldx, j->xp, j->w, j->type, j->M, j->K, s->y, s->ldy, s->c0, s->c1);
     else if (j->type == HS_BF16_COMPUTE)
-        hs_bf16_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1);
+        hs_bf16_columns(j->x, j->ldx, j->w, j->M, j->K, j->N, s->y, s->ldy, s->c0, s->c1);
     else if (j->type == HS_BF16_WEIGHT)
-        product_columns_bf16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+        product_columns_bf16(j, s);
     else if (j->type == HS_F16_WEIGHT)
-        product_columns_f16(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
-    else product_columns_f32(j->x, j->ldx, j->w, j->M, j->K, j->N, y, ldy, c0, c1, part, parts);
+        product_columns_f16(j, s);
+    else product_columns_f32(j, s);
 }
 
 /* Part `part` of the product. Its columns of y share cache lines (and the
@@ -297,10 +298,10 @@ static void product_share(const product_job *j, int part, int parts) {
         else own_floats = (size_t)(j->M * ld);
     }
     if (part == 0 || !own) { /* the first part, or no memory: in place */
-        product_columns(j, j->y + c0, j->N, c0, c1, part, parts);
+        product_columns(j, &(column_share){j->y + c0, j->N, c0, c1, part, parts});
         return;
     }
-    product_columns(j, own, ld, c0, c1, part, parts);
+    product_columns(j, &(column_share){own, ld, c0, c1, part, parts});
     for (int64_t m = 0; m < j->M; ++m) memcpy(j->y + m * j->N + c0, own + m * ld, (size_t)(c1 - c0) * sizeof(float));
 }
 

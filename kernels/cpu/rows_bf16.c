@@ -5,7 +5,7 @@
  * (input-major: a MoE's experts; `cpu/panels.c` takes `pack_for_cpu`'s panels with the same
  * bits), y is [M, N] float32. Each activation is
  * rounded to bfloat16 (to nearest, ties to even: torch's `x.bfloat16()`, llama.cpp's
- * GGML_FP32_TO_BF16), then `_mm512_dpbf16_ps` multiplies pairs of them by pairs of weights
+ * GGML_FP32_TO_BF16), then dpbf16 (`v16_dot_bf16`, cpu/simd.h) multiplies pairs of them by pairs of weights
  * (k = 2j, 2j + 1) and adds both products to a float32 sum: half the instructions of the exact
  * path's widened multiply-adds and no widening, which is what bounds a verify's or a batch's rows
  * once the weights are in cache (a decode step streams the same bytes as the exact path's
@@ -28,14 +28,12 @@
  * the block. Either loads each sum from y and stores it back between passes, so each chain still
  * runs over j in order.
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels.h"
 #include "simd.h"
 
-#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define BLOCK_PAIRS 32  /* pairs of weight rows per block: a panel's interleaved block is 8 KiB (L1) */
 #define PANEL 64        /* columns per panel: 4 vectors of 16 sums; the threads split at multiples of 64 */
 #define TILE_ROWS 6     /* 6 rows × 4 vectors of sums + 4 weight vectors + a broadcast: 29 of 32 zmm */
@@ -66,56 +64,37 @@ static void round_pairs(const float *x, int64_t ldx, int64_t m0, int64_t m1, int
     }
 }
 
-/* 64 columns (the first `cols` of them; the rest zero) of weight rows r0 and r1 (r1 NULL: zeros)
- * interleaved into 4 vectors of 16 pairs, columns in order */
-TARGET_BF16 static inline void interleave(const uint16_t *r0, const uint16_t *r1, int64_t cols, __m512i out[4]) {
-    const __mmask32 lo = cols >= 32 ? ~(__mmask32)0 : (__mmask32)((1ull << cols) - 1);
-    const __mmask32 hi = cols >= 64 ? ~(__mmask32)0 : cols <= 32 ? 0 : (__mmask32)((1ull << (cols - 32)) - 1);
-    const __m512i zero = _mm512_setzero_si512();
-    const __m512i a0 = _mm512_maskz_loadu_epi16(lo, r0), a1 = _mm512_maskz_loadu_epi16(hi, r0 + 32);
-    const __m512i b0 = r1 ? _mm512_maskz_loadu_epi16(lo, r1) : zero;
-    const __m512i b1 = r1 ? _mm512_maskz_loadu_epi16(hi, r1 + 32) : zero;
-    /* word 2i of the result: a's word base + i; word 2i + 1: b's (index 32 + base + i) */
-    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                           39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
-    out[0] = _mm512_permutex2var_epi16(a0, first, b0);
-    out[1] = _mm512_permutex2var_epi16(a0, second, b0);
-    out[2] = _mm512_permutex2var_epi16(a1, first, b1);
-    out[3] = _mm512_permutex2var_epi16(a1, second, b1);
-}
-
 /* the lanes of a panel's 4 vectors that hold its first `cols` columns */
-static inline void panel_masks(int64_t cols, __mmask16 mask[4]) {
+static inline void panel_masks(int64_t cols, mask16 mask[4]) {
     for (int v = 0; v < 4; ++v) {
         const int64_t left = cols - 16 * v;
-        mask[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+        mask[v] = left >= 16 ? (mask16)0xffff : left <= 0 ? 0 : (mask16)((1u << left) - 1);
     }
 }
 
 /* y[0:G, 0:64 (masked)] += xp's G rows (BLOCK_PAIRS apart) by the interleaved block, `pairs` pairs */
 #define DEFINE_TILE(G)                                                                                       \
     TARGET_BF16 static void tile_##G(const uint32_t *xp, int64_t pairs,                                     \
-                                     const __m512i *packed, float *y, int64_t ldy, const __mmask16 mask[4]) { \
-        __m512 acc[G][4];                                                                                    \
+                                     const v16i *packed, float *y, int64_t ldy, const mask16 mask[4]) {     \
+        v16 acc[G][4];                                                                                       \
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                                  \
             _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v)                                              \
-                acc[g][v] = _mm512_maskz_loadu_ps(mask[v], y + g * ldy + 16 * v);                            \
+                acc[g][v] = v16_load_masked(mask[v], y + g * ldy + 16 * v);                                  \
         for (int64_t j = 0; j < pairs; ++j) {                                                                \
-            const __m512i *p = packed + 4 * j;                                                               \
-            const __m512i w0 = _mm512_load_si512(p), w1 = _mm512_load_si512(p + 1);                          \
-            const __m512i w2 = _mm512_load_si512(p + 2), w3 = _mm512_load_si512(p + 3);                      \
+            const v16i *p = packed + 4 * j;                                                                  \
+            const v16i w0 = v16i_load_aligned(p), w1 = v16i_load_aligned(p + 1);                             \
+            const v16i w2 = v16i_load_aligned(p + 2), w3 = v16i_load_aligned(p + 3);                         \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                            \
-                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[g * BLOCK_PAIRS + j]);                         \
-                acc[g][0] = _mm512_dpbf16_ps(acc[g][0], a, (__m512bh)w0);                                    \
-                acc[g][1] = _mm512_dpbf16_ps(acc[g][1], a, (__m512bh)w1);                                    \
-                acc[g][2] = _mm512_dpbf16_ps(acc[g][2], a, (__m512bh)w2);                                    \
-                acc[g][3] = _mm512_dpbf16_ps(acc[g][3], a, (__m512bh)w3);                                    \
+                const v16bh a = v16bh_set1((int)xp[g * BLOCK_PAIRS + j]);                                    \
+                acc[g][0] = v16_dot_bf16(acc[g][0], a, w0);                                                  \
+                acc[g][1] = v16_dot_bf16(acc[g][1], a, w1);                                                  \
+                acc[g][2] = v16_dot_bf16(acc[g][2], a, w2);                                                  \
+                acc[g][3] = v16_dot_bf16(acc[g][3], a, w3);                                                  \
             }                                                                                                \
         }                                                                                                    \
         _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                                  \
             _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v)                                              \
-                _mm512_mask_storeu_ps(y + g * ldy + 16 * v, mask[v], acc[g][v]);                             \
+                v16_store_masked(y + g * ldy + 16 * v, mask[v], acc[g][v]);                                  \
     }
 DEFINE_TILE(1)
 DEFINE_TILE(2)
@@ -127,40 +106,50 @@ DEFINE_TILE(6)
 /* Few rows (a decode step, a verify, a small batch): the weight streamed in memory order, a pass of
  * pairs j0 <= j < j1 of weight rows across all the columns (2·(j1 - j0) sequential streams),
  * y[0:G, c0:c1] += xp's G rows (BLOCK_PAIRS apart) by that pass */
+typedef struct {
+    const uint32_t *xp;  /* the G rows' rounded pairs, BLOCK_PAIRS apart, xp[0] pair j0 */
+    const uint16_t *w;   /* the weight [K, N] */
+    int64_t K, N, j0, j1, c0, c1;
+    float *y;            /* the G rows' columns c0 … c1 - 1, ldy floats apart */
+    int64_t ldy;
+} stream_pass;
 #define DEFINE_STEP(G)                                                                                       \
-    TARGET_BF16 static void step_##G(const uint32_t *xp, const uint16_t *w, int64_t K, int64_t N, int64_t j0, \
-                                     int64_t j1, int64_t c0, int64_t c1, float *y, int64_t ldy) {            \
+    TARGET_BF16 static void step_##G(const stream_pass *s) {                                                 \
+        const uint32_t *xp = s->xp;                                                                          \
+        const uint16_t *w = s->w;                                                                            \
+        const int64_t K = s->K, N = s->N, j0 = s->j0, j1 = s->j1, c0 = s->c0, c1 = s->c1, ldy = s->ldy;      \
+        float *y = s->y;                                                                                     \
         for (int64_t n0 = c0; n0 < c1; n0 += PANEL) {                                                        \
             const int64_t cols = c1 - n0 < PANEL ? c1 - n0 : PANEL;                                          \
-            __mmask16 mask[4];                                                                               \
+            mask16 mask[4];                                                                                  \
             panel_masks(cols, mask);                                                                         \
-            __m512 acc[G][4];                                                                                \
+            v16 acc[G][4];                                                                                   \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                              \
                 _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v)                                          \
-                    acc[g][v] = _mm512_maskz_loadu_ps(mask[v], y + g * ldy + (n0 - c0) + 16 * v);            \
+                    acc[g][v] = v16_load_masked(mask[v], y + g * ldy + (n0 - c0) + 16 * v);                  \
             for (int64_t j = j0; j < j1; ++j) {                                                              \
                 const uint16_t *r0 = w + 2 * j * N + n0, *r1 = 2 * j + 1 < K ? r0 + N : 0;                   \
                 /* the next pass's rows, into L2 (a pass of a wide weight outgrows L1) */                  \
                 const uint16_t *ahead = r0 + 2 * (j1 - j0) * N;                                              \
                 if (2 * (j + j1 - j0) < K) {                                                                 \
-                    _mm_prefetch((const char *)ahead, _MM_HINT_T1);                                          \
-                    _mm_prefetch((const char *)(ahead + 32), _MM_HINT_T1);                                   \
+                    prefetch_l2(ahead);                                                                      \
+                    prefetch_l2(ahead + 32);                                                                 \
                 }                                                                                            \
                 if (2 * (j + j1 - j0) + 1 < K) {                                                             \
-                    _mm_prefetch((const char *)(ahead + N), _MM_HINT_T1);                                    \
-                    _mm_prefetch((const char *)(ahead + N + 32), _MM_HINT_T1);                               \
+                    prefetch_l2(ahead + N);                                                                  \
+                    prefetch_l2(ahead + N + 32);                                                             \
                 }                                                                                            \
-                __m512i p[4];                                                                                \
-                interleave(r0, r1, cols, p);                                                                 \
+                v16i p[4];                                                                                   \
+                bf16_interleave64(r0, r1, cols, p);                                                          \
                 _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g) {                                        \
-                    const __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[g * BLOCK_PAIRS + j - j0]);       \
+                    const v16bh a = v16bh_set1((int)xp[g * BLOCK_PAIRS + j - j0]);                           \
                     _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v)                                      \
-                        acc[g][v] = _mm512_dpbf16_ps(acc[g][v], a, (__m512bh)p[v]);                          \
+                        acc[g][v] = v16_dot_bf16(acc[g][v], a, p[v]);                                        \
                 }                                                                                            \
             }                                                                                                \
             _Pragma("GCC unroll 8") for (int g = 0; g < G; ++g)                                              \
                 _Pragma("GCC unroll 4") for (int v = 0; v < 4; ++v)                                          \
-                    _mm512_mask_storeu_ps(y + g * ldy + (n0 - c0) + 16 * v, mask[v], acc[g][v]);             \
+                    v16_store_masked(y + g * ldy + (n0 - c0) + 16 * v, mask[v], acc[g][v]);                  \
         }                                                                                                    \
     }
 DEFINE_STEP(1)
@@ -168,11 +157,10 @@ DEFINE_STEP(2)
 DEFINE_STEP(3)
 DEFINE_STEP(4)
 
-typedef void (*step_fn)(const uint32_t *, const uint16_t *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                        float *, int64_t);
+typedef void (*step_fn)(const stream_pass *);
 static const step_fn STEPS[STEP_MAX_ROWS + 1] = {0, step_1, step_2, step_3, step_4};
 
-typedef void (*tile_fn)(const uint32_t *, int64_t, const __m512i *, float *, int64_t, const __mmask16 *);
+typedef void (*tile_fn)(const uint32_t *, int64_t, const v16i *, float *, int64_t, const mask16 *);
 static const tile_fn TILES[TILE_ROWS + 1] = {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
 
 /* columns c0 <= n < c1 of bf16(x) @ w into y (rows ldy floats apart, y[0] the row's column c0), in
@@ -181,7 +169,7 @@ TARGET_BF16 void hs_bf16_columns(const float *x, int64_t ldx, const uint16_t *w,
                                  float *y, int64_t ldy, int64_t c0, int64_t c1) {
     const int64_t K2 = (K + 1) / 2;
     uint32_t xp[CHUNK_ROWS * BLOCK_PAIRS] __attribute__((aligned(64)));
-    __m512i packed[BLOCK_PAIRS * 4];
+    v16i packed[BLOCK_PAIRS * 4];
     for (int64_t m = 0; m < M; ++m) memset(y + m * ldy, 0, (size_t)(c1 - c0) * sizeof(float));
     for (int64_t m0 = 0; m0 < M; m0 += CHUNK_ROWS) {
         const int64_t m1 = m0 + CHUNK_ROWS < M ? m0 + CHUNK_ROWS : M;
@@ -194,8 +182,9 @@ TARGET_BF16 void hs_bf16_columns(const float *x, int64_t ldx, const uint16_t *w,
                 for (int64_t j = j0; j < j1; j += pass)
                     for (int64_t group = 0; group < groups; ++group) {
                         const int64_t g0 = m0 + (m1 - m0) * group / groups, g1 = m0 + (m1 - m0) * (group + 1) / groups;
-                        STEPS[g1 - g0](xp + (g0 - m0) * BLOCK_PAIRS + j - j0, w, K, N, j, j + pass < j1 ? j + pass : j1,
-                                       c0, c1, y + g0 * ldy, ldy);
+                        const stream_pass s = {xp + (g0 - m0) * BLOCK_PAIRS + j - j0, w, K, N, j,
+                                               j + pass < j1 ? j + pass : j1, c0, c1, y + g0 * ldy, ldy};
+                        STEPS[g1 - g0](&s);
                     }
                 continue;
             }
@@ -204,14 +193,14 @@ TARGET_BF16 void hs_bf16_columns(const float *x, int64_t ldx, const uint16_t *w,
                 for (int64_t j = j0; j < j1; ++j) {
                     const uint16_t *r0 = w + 2 * j * N + n0, *r1 = 2 * j + 1 < K ? r0 + N : 0;
                     if (n0 + PANEL < c1) { /* the next panel's part of these rows, while this one computes */
-                        _mm_prefetch((const char *)(r0 + PANEL), _MM_HINT_T0);
-                        _mm_prefetch((const char *)(r0 + PANEL + 32), _MM_HINT_T0);
-                        if (r1) _mm_prefetch((const char *)(r1 + PANEL), _MM_HINT_T0);
-                        if (r1) _mm_prefetch((const char *)(r1 + PANEL + 32), _MM_HINT_T0);
+                        prefetch_l1(r0 + PANEL);
+                        prefetch_l1(r0 + PANEL + 32);
+                        if (r1) prefetch_l1(r1 + PANEL);
+                        if (r1) prefetch_l1(r1 + PANEL + 32);
                     }
-                    interleave(r0, r1, cols, packed + 4 * (j - j0));
+                    bf16_interleave64(r0, r1, cols, packed + 4 * (j - j0));
                 }
-                __mmask16 mask[4];
+                mask16 mask[4];
                 panel_masks(cols, mask);
                 for (int64_t m = m0; m < m1; m += TILE_ROWS) {
                     const int G = m1 - m < TILE_ROWS ? (int)(m1 - m) : TILE_ROWS;

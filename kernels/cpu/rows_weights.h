@@ -74,9 +74,13 @@ static inline int WS(widens)(const WS(tile_set) *t, int64_t M) {
 #endif
 }
 
-static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, const float *x, int64_t ldx,
-                             const WT *w, int64_t M, int64_t K, int64_t N, float *y, int64_t ldy, int64_t c0,
-                             int64_t c1, int part, int parts) {
+static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, const product_job *j,
+                             const column_share *s) {
+    const float *x = j->x;
+    const WT *w = j->w;
+    const int64_t ldx = j->ldx, M = j->M, K = j->K, N = j->N, ldy = s->ldy, c0 = s->c0, c1 = s->c1;
+    const int part = s->part, parts = s->parts;
+    float *y = s->y;
     const int64_t groups = (M + t->rows - 1) / t->rows, panel = (int64_t)t->width * t->vectors;
     const int64_t wide = c0 + (c1 - c0) / panel * panel, vec_end = c0 + (c1 - c0) / t->width * t->width;
     const int64_t vec8 = c0 + (c1 - c0) / 8 * 8;
@@ -102,9 +106,9 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
                 for (int64_t k = k0; k < k1; ++k) {
                     if (ahead) /* the next panel's part of the row, as the tiles would */
                         for (int64_t l = 0; l < panel; l += W_PER_LINE)
-                            _mm_prefetch((const char *)(w + k * N + n0 + panel + l), _MM_HINT_T0);
+                            prefetch_l1(w + k * N + n0 + panel + l);
                     for (int64_t l = 0; l < panel; l += 8)
-                        _mm256_store_ps(widened + (k - k0) * panel + l, WLOAD8(w + k * N + n0 + l));
+                        v8_store_aligned(widened + (k - k0) * panel + l, WLOAD8(w + k * N + n0 + l));
                 }
 #endif
             for (int64_t group = 0; group < groups; ++group) {
@@ -137,11 +141,13 @@ static void WS(tiled_matmul)(const WS(tile_set) *t, int64_t tile_k, int ahead, c
     if (vec8 < c1) WS(tail_columns)((int)M, x, ldx, w + c0, N, 0, K, vec8 - c0, c1 - c0, y, ldy);
 }
 
-/* columns c0 <= n < c1 of x @ w into y (rows ldy floats apart, y[0] the row's
- * column c0): the tiles, or the row groups streaming the weight (part of
- * parts: this range's share of the tiles' prefetch) */
-static void WS(product_columns)(const float *x, int64_t ldx, const WT *w, int64_t M, int64_t K, int64_t N,
-                                float *y, int64_t ldy, int64_t c0, int64_t c1, int part, int parts) {
+/* the share s of j's product (cpu/rows.c: column_share): the tiles, or the row groups streaming
+ * the weight */
+static void WS(product_columns)(const product_job *j, const column_share *s) {
+    const float *x = j->x;
+    const WT *w = j->w;
+    const int64_t ldx = j->ldx, M = j->M, K = j->K, N = j->N, ldy = s->ldy, c0 = s->c0, c1 = s->c1;
+    float *y = s->y;
     for (int64_t m = 0; m < M; ++m) memset(y + m * ldy, 0, (size_t)(c1 - c0) * sizeof(float));
     const int cached = K * N * (int64_t)sizeof(WT) <= CACHED_WEIGHT_BYTES;
     if (M >= (cached ? TILE_MIN_ROWS_CACHED : TILE_MIN_ROWS)) {
@@ -150,8 +156,7 @@ static void WS(product_columns)(const float *x, int64_t ldx, const WT *w, int64_
         /* streamed from memory below TILE_K_LONG_ROWS rows: shorter blocks, each tile fetching its rows'
          * next panel; widened, TILE_K_WIDENED rows and the next block (cpu/rows.c) */
         const int64_t tile_k = cached || M >= TILE_K_LONG_ROWS ? TILE_K : widen ? TILE_K_WIDENED : TILE_K_STREAMED;
-        WS(tiled_matmul)(t, tile_k, !cached && M < AHEAD_MAX_ROWS && !widen, x, ldx, w, M, K, N, y, ldy,
-                         c0, c1, part, parts);
+        WS(tiled_matmul)(t, tile_k, !cached && M < AHEAD_MAX_ROWS && !widen, j, s);
         return;
     }
     const WS(step_set) *set = isa512 ? &WS(AVX512_STEPS) : &WS(AVX2_STEPS);

@@ -1,10 +1,89 @@
-/* Small SIMD helpers shared by the native CPU kernels (`cpu/native.py`). */
+/* The SIMD vocabulary and helpers of the native CPU kernels (`cpu/native.py`): the one file that
+ * names x86 intrinsics (tests/kernels/test_cpu_simd.py). */
 #ifndef HYBRIDSPEC_CPU_SIMD_H
 #define HYBRIDSPEC_CPU_SIMD_H
 
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+
+/* -- the vocabulary -----------------------------------------------------------------------------
+ * The kernels name vectors and their operations only through what follows, so another ISA is
+ * this file alone (as ggml-cpu keeps its intrinsics behind simd-mappings.h). An operation is one
+ * intrinsic (a fixed few for the halves of a v16, the reductions, exp and the bfloat16
+ * interleave below), so the kernels' chains of roundings stay spelled out in their own code: no
+ * operation here fuses, splits or reorders arithmetic, and a second ISA's version must round
+ * lane for lane as these do for the kernels to keep their bits. */
+#define SIMD_INLINE static inline __attribute__((always_inline))
+/* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
+#define TARGET512 __attribute__((target("avx512f")))
+/* and for AVX512-BF16 (`hs_bf16_supported`) */
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+typedef __m256 v8;       /* 8 float32 lanes (AVX2) */
+typedef __m512 v16;      /* 16 float32 lanes (AVX-512F) */
+typedef __m256i v8i;     /* 8 32-bit integer lanes */
+typedef __m512i v16i;    /* 16 32-bit integer lanes, or 32 16-bit ones */
+typedef __m512bh v16bh;  /* 16 pairs of bfloat16: what dpbf16 takes */
+typedef __mmask16 mask16; /* one bit per lane of a v16 */
+typedef __mmask32 mask32; /* one bit per 16-bit lane of a v16i */
+
+/* cache hints: fetch into L1 / into L2; order streamed stores before what follows */
+SIMD_INLINE void prefetch_l1(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+SIMD_INLINE void prefetch_l2(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
+SIMD_INLINE void stream_fence(void) { _mm_sfence(); }
+
+/* 8 lanes: unaligned load and store, aligned store, streaming store (32-byte aligned) */
+SIMD_INLINE v8 v8_load(const float *p) { return _mm256_loadu_ps(p); }
+SIMD_INLINE void v8_store(float *p, v8 a) { _mm256_storeu_ps(p, a); }
+SIMD_INLINE void v8_store_aligned(float *p, v8 a) { _mm256_store_ps(p, a); }
+SIMD_INLINE void v8_stream(float *p, v8 a) { _mm256_stream_ps(p, a); }
+SIMD_INLINE v8 v8_set1(float f) { return _mm256_set1_ps(f); }
+SIMD_INLINE v8 v8_zero(void) { return _mm256_setzero_ps(); }
+SIMD_INLINE float v8_first(v8 a) { return _mm256_cvtss_f32(a); }  /* lane 0 */
+SIMD_INLINE v8 v8_add(v8 a, v8 b) { return _mm256_add_ps(a, b); }
+SIMD_INLINE v8 v8_sub(v8 a, v8 b) { return _mm256_sub_ps(a, b); }
+SIMD_INLINE v8 v8_mul(v8 a, v8 b) { return _mm256_mul_ps(a, b); }
+SIMD_INLINE v8 v8_div(v8 a, v8 b) { return _mm256_div_ps(a, b); }
+SIMD_INLINE v8 v8_max(v8 a, v8 b) { return _mm256_max_ps(a, b); }
+SIMD_INLINE v8 v8_min(v8 a, v8 b) { return _mm256_min_ps(a, b); }
+SIMD_INLINE v8 v8_fmadd(v8 a, v8 b, v8 c) { return _mm256_fmadd_ps(a, b, c); }   /* a·b + c, one rounding */
+SIMD_INLINE v8 v8_fnmadd(v8 a, v8 b, v8 c) { return _mm256_fnmadd_ps(a, b, c); } /* c − a·b, one rounding */
+
+/* 16 lanes (TARGET512 callers only) */
+TARGET512 SIMD_INLINE v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
+TARGET512 SIMD_INLINE void v16_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
+TARGET512 SIMD_INLINE void v16_stream(float *p, v16 a) { _mm512_stream_ps(p, a); }  /* 64-byte aligned */
+/* the lanes of m (the others: 0 when loaded, untouched when stored) */
+TARGET512 SIMD_INLINE v16 v16_load_masked(mask16 m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }
+TARGET512 SIMD_INLINE void v16_store_masked(float *p, mask16 m, v16 a) { _mm512_mask_storeu_ps(p, m, a); }
+TARGET512 SIMD_INLINE v16 v16_set1(float f) { return _mm512_set1_ps(f); }
+TARGET512 SIMD_INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
+TARGET512 SIMD_INLINE v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+TARGET512 SIMD_INLINE v16 v16_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }  /* a·b + c */
+/* the halves of a v16 (lanes 0-7, 8-15), and v16s made of 8-float rows: [p | p], [a | b] */
+TARGET512 SIMD_INLINE v8 v16_lo(v16 a) { return _mm512_castps512_ps256(a); }
+TARGET512 SIMD_INLINE v8 v16_hi(v16 a) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+TARGET512 SIMD_INLINE v16 v16_load_twice(const float *p) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+TARGET512 SIMD_INLINE v16 v16_load_halves(const float *a, const float *b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+/* integer lanes: load, broadcast, and, shift left (each lane by n bits), the bits as float32 lanes */
+SIMD_INLINE v8i v8i_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+SIMD_INLINE v8i v8i_set1(int a) { return _mm256_set1_epi32(a); }
+SIMD_INLINE v8i v8i_and(v8i a, v8i b) { return _mm256_and_si256(a, b); }
+SIMD_INLINE v8i v8i_shl(v8i a, int n) { return _mm256_slli_epi32(a, n); }
+SIMD_INLINE v8 v8i_bits(v8i a) { return _mm256_castsi256_ps(a); }
+TARGET512 SIMD_INLINE v16i v16i_load(const void *p) { return _mm512_loadu_si512(p); }
+TARGET512 SIMD_INLINE v16i v16i_load_aligned(const void *p) { return _mm512_load_si512(p); }  /* 64-byte aligned */
+TARGET512 SIMD_INLINE v16i v16i_set1(int a) { return _mm512_set1_epi32(a); }
+TARGET512 SIMD_INLINE v16i v16i_and(v16i a, v16i b) { return _mm512_and_si512(a, b); }
+TARGET512 SIMD_INLINE v16i v16i_shl(v16i a, unsigned n) { return _mm512_slli_epi32(a, n); }
+TARGET512 SIMD_INLINE v16 v16i_bits(v16i a) { return _mm512_castsi512_ps(a); }
 
 /* float32 -> bfloat16, to nearest, ties to even; a NaN stays a (quiet) NaN */
 static inline uint32_t bf16_bits(float f) {
@@ -19,9 +98,6 @@ static inline uint32_t bf16_pair(const float *x, int64_t j, int64_t K) {
     return bf16_bits(x[2 * j]) | (2 * j + 1 < K ? bf16_bits(x[2 * j + 1]) << 16 : 0);
 }
 
-/* a function compiled for AVX-512F, called only where the CPU has it (`hs_rows_isa`) */
-#define TARGET512 __attribute__((target("avx512f")))
-
 /* 16-bit weights widened exactly to float32: one value, or 8 / 16 consecutive ones */
 static inline float bf16_value(uint16_t v) {
     const uint32_t bits = (uint32_t)v << 16;
@@ -30,9 +106,15 @@ static inline float bf16_value(uint16_t v) {
     return f;
 }
 static inline float f16_value(uint16_t v) { return _cvtsh_ss(v); }
-static inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-TARGET512 static inline __m512 f16x16(const uint16_t *p) {
+static inline v8 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+TARGET512 static inline v16 f16x16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline v8 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+TARGET512 static inline v16 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
 /* exp: Cody–Waite reduction by ln 2 and a degree-5 minimax polynomial, about
@@ -51,7 +133,7 @@ TARGET512 static inline __m512 f16x16(const uint16_t *p) {
 #define EXP_P0 5.0000001201e-1f
 
 /* exp of 8 floats */
-static inline __m256 exp8(__m256 v) {
+static inline v8 exp8(v8 v) {
     v = _mm256_max_ps(_mm256_min_ps(v, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -69,7 +151,7 @@ static inline __m256 exp8(__m256 v) {
 }
 
 /* exp of 16 floats: exp8's steps */
-TARGET512 static inline __m512 exp16(__m512 v) {
+TARGET512 static inline v16 exp16(v16 v) {
     v = _mm512_max_ps(_mm512_min_ps(v, _mm512_set1_ps(EXP_HI)), _mm512_set1_ps(EXP_LO));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -87,11 +169,56 @@ TARGET512 static inline __m512 exp16(__m512 v) {
 }
 
 /* the sum of the 8 lanes */
-static inline float hsum8(__m256 v) {
+static inline float hsum8(v8 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+
+/* the lane sums of eight vectors, [hsum8(a[0]), …, hsum8(a[7])]: the same
+ * additions in the same order as hsum8 for each (lo + hi halves, then lanes
+ * 0 + 2 and 1 + 3, then those two), so a sum's bits do not depend on which
+ * seven others it is computed with */
+static inline v8 hsum8x8(const v8 *a) {
+    /* [lo + hi of a[k] | lo + hi of a[k + 4]] */
+    const __m256 s04 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[4], 0x20), _mm256_permute2f128_ps(a[0], a[4], 0x31));
+    const __m256 s15 = _mm256_add_ps(_mm256_permute2f128_ps(a[1], a[5], 0x20), _mm256_permute2f128_ps(a[1], a[5], 0x31));
+    const __m256 s26 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[6], 0x20), _mm256_permute2f128_ps(a[2], a[6], 0x31));
+    const __m256 s37 = _mm256_add_ps(_mm256_permute2f128_ps(a[3], a[7], 0x20), _mm256_permute2f128_ps(a[3], a[7], 0x31));
+    /* lanes 0 + 2 and 1 + 3: [y0_0 y1_0 y0_1 y1_1 | y4_0 y5_0 y4_1 y5_1] and likewise for 2, 3, 6, 7 */
+    const __m256 t01 = _mm256_add_ps(_mm256_unpacklo_ps(s04, s15), _mm256_unpackhi_ps(s04, s15));
+    const __m256 t23 = _mm256_add_ps(_mm256_unpacklo_ps(s26, s37), _mm256_unpackhi_ps(s26, s37));
+    /* y_k0 + y_k1, in key order */
+    return _mm256_add_ps(_mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
+
+/* one 32-bit pair of bfloat16 values (bf16_pair) in every lane */
+TARGET_BF16 SIMD_INLINE v16bh v16bh_set1(int pair) { return (v16bh)_mm512_set1_epi32(pair); }
+/* acc + a[2i]·b[2i] + a[2i + 1]·b[2i + 1] in lane i (b: 32 bfloat16 values as a v16i) */
+TARGET_BF16 SIMD_INLINE v16 v16_dot_bf16(v16 acc, v16bh a, v16i b) { return _mm512_dpbf16_ps(acc, a, (v16bh)b); }
+
+/* 64 columns (the first `cols` of them; the rest zero) of bfloat16 weight rows r0 and r1 (r1 NULL:
+ * zeros) interleaved into 4 vectors of 16 pairs, columns in order: what v16_dot_bf16 takes as b */
+TARGET_BF16 static inline void bf16_interleave64(const uint16_t *r0, const uint16_t *r1, int64_t cols, v16i out[4]) {
+    const mask32 lo = cols >= 32 ? ~(mask32)0 : (mask32)((1ull << cols) - 1);
+    const mask32 hi = cols >= 64 ? ~(mask32)0 : cols <= 32 ? 0 : (mask32)((1ull << (cols - 32)) - 1);
+    const v16i zero = _mm512_setzero_si512();
+    const v16i a0 = _mm512_maskz_loadu_epi16(lo, r0), a1 = _mm512_maskz_loadu_epi16(hi, r0 + 32);
+    const v16i b0 = r1 ? _mm512_maskz_loadu_epi16(lo, r1) : zero;
+    const v16i b1 = r1 ? _mm512_maskz_loadu_epi16(hi, r1 + 32) : zero;
+    /* word 2i of the result: a's word base + i; word 2i + 1: b's (index 32 + base + i) */
+    const v16i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const v16i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    out[0] = _mm512_permutex2var_epi16(a0, first, b0);
+    out[1] = _mm512_permutex2var_epi16(a0, second, b0);
+    out[2] = _mm512_permutex2var_epi16(a1, first, b1);
+    out[3] = _mm512_permutex2var_epi16(a1, second, b1);
 }
 
 #endif
