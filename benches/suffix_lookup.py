@@ -52,7 +52,8 @@ def lookup_costs(context: int, rounds: int, seed: int = 0) -> dict:
             start = common.clock()
             drafters[name].propose([request], [GAMMA], None, False)
             samples[name].append(common.clock() - start)
-    row = {"context": context, "rounds": rounds, "suffix_build_ms": build * 1e3}
+    row = {"context": context, "rounds": rounds, "suffix_build_ms": build * 1e3,
+           "trie_nodes": suffix.sequences[0].trie.num_nodes}
     for name, seconds in samples.items():
         ms = [s * 1e3 for s in seconds]
         row[f"{name}_ms"], row[f"{name}_min_ms"], row[f"{name}_max_ms"] = statistics.median(ms), min(ms), max(ms)
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     cost = [lookup_costs(c, rounds) for c in contexts]
     print_table(cost, ["context", ("ngram_ms", "ngram ms"), ("ngram_min_ms", "min"), ("ngram_max_ms", "max"),
                        ("suffix_ms", "suffix ms"), ("suffix_min_ms", "min"), ("suffix_max_ms", "max"),
-                       ("ngram_over_suffix", "ngram/suffix"), ("suffix_build_ms", "suffix build ms")],
+                       ("ngram_over_suffix", "ngram/suffix"), ("suffix_build_ms", "suffix build ms"),
+                       ("trie_nodes", "trie nodes")],
                 title=f"per-round propose cost, γ={GAMMA}, median of {rounds} rounds ({describe_machine()})")
     accept = acceptance_rows(16 if args.quick else 96, 2 if args.quick else 4)
     print_table(accept, ["drafter", "acceptance", ("drafted_per_round", "drafted/round"),

@@ -340,4 +340,7 @@ def test_the_engine_llm_and_cli_take_the_name(capsys):
     assert main(["generate", "abcabcabcabc", "--draft", "suffix", "-n", "12", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["draft"] == "suffix (suffix decoding)" and report["same_as_plain"]
+    # the rollback suite with it: parity under every policy, faults injected at every phase of a round
+    assert main(["check", "--draft", "suffix", "--quick"]) == 0
+    assert "checks passed" in capsys.readouterr().out
 
