@@ -32,6 +32,7 @@ _HOMES = {
     "Proposal": "hybridspec.spec.drafters",
     "SamplingParams": "hybridspec.sampling.sampler",
     "StatelessDrafter": "hybridspec.spec.drafters",
+    "SuffixDrafter": "hybridspec.spec.drafters",
     "TokenLogprob": "hybridspec.sampling.logprobs",
     "derived_seed": "hybridspec.sampling.sampler",
     "embedded_paths": "hybridspec.adapters.embedded",

@@ -64,7 +64,8 @@ class LLM:
     model: a model directory (`hs.load`), a loaded `HybridModel`, or None
         (default: the embedded byte-level target).
     draft: a draft model directory, "ngram" (prompt lookup,
-        `hs.NgramDrafter`), None (plain decoding), a HybridModel or a `Drafter`
+        `hs.NgramDrafter`), "suffix" (suffix decoding, `hs.SuffixDrafter`),
+        None (plain decoding), a HybridModel or a `Drafter`
         (what `Engine(draft=...)` takes: `hybridspec.spec.drafters.as_draft`);
         default: the embedded draft with the embedded target, "ngram" otherwise.
     tokenizer: a local HF tokenizer directory or a loaded tokenizer; default

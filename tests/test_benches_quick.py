@@ -372,3 +372,19 @@ def test_targets_read_the_vllm_rows(benches, monkeypatch):
     assert targets.vllm_run() == ()
     monkeypatch.setenv("VLLM_PYTHON", "/some/python")
     assert targets.vllm_run()[0].args == ("--vllm-python", "/some/python")
+
+
+def test_suffix_lookup_quick(benches, tmp_path):
+    """Both drafters timed at every context, the suffix drafter's trie built once; acceptance rows for both,
+    the same tokens from each (greedy: plain decoding's), the second suffix pass drafting from the first's."""
+    out = tmp_path / "suffix.json"
+    assert bench_main("suffix_lookup")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [r["context"] for r in payload["cost"]] == [256, 1024]
+    assert all(0 < r["ngram_min_ms"] <= r["ngram_ms"] <= r["ngram_max_ms"] and
+               0 < r["suffix_min_ms"] <= r["suffix_ms"] <= r["suffix_max_ms"] and r["suffix_build_ms"] > 0
+               for r in payload["cost"])
+    rows = {r["drafter"]: r for r in payload["acceptance"]}
+    assert list(rows) == ["ngram", "suffix", "suffix (2nd pass, global trie)"]
+    assert all(r["same_tokens"] and r["tokens_per_round"] >= 1 for r in rows.values())
+    assert rows["suffix (2nd pass, global trie)"]["acceptance"] > rows["suffix"]["acceptance"]

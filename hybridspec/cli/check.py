@@ -27,9 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR|embedded",
                         help="model directory hs.load reads, or 'embedded' for the embedded byte-level target "
                              "(default: a built-in tiny random hybrid model)")
-    parser.add_argument("--draft", default="perturbed", metavar="DIR|embedded|ngram|perturbed",
+    parser.add_argument("--draft", default="perturbed", metavar="DIR|embedded|ngram|suffix|perturbed",
                         help="drafter: a model directory, 'embedded' for the embedded draft, prompt lookup "
-                             "(ngram), or a copy of the target with 3%% multiplicative weight noise (perturbed, "
+                             "(ngram), suffix decoding (suffix), or a copy of the target with 3%% multiplicative weight noise (perturbed, "
                              "the default)")
     parser.add_argument("--quick", action="store_true",
                         help="γ in {1, 4}, fewer drafters, shorter generations")
@@ -57,8 +57,11 @@ def load_models(args: argparse.Namespace):
         return target, perturbed_copy(target, seed=args.seed), "perturbed"
     if args.draft == "ngram":
         return target, hs.NgramDrafter(), "n-gram"
+    if args.draft == "suffix":
+        return target, hs.SuffixDrafter(), "suffix"
     draft = load_model("--draft", model_path("--draft", args.draft, draft=True),
-                       also=" (or pass --draft ngram or --draft perturbed)", dtype=dtype, device=device)
+                       also=" (or pass --draft ngram, --draft suffix or --draft perturbed)", dtype=dtype,
+                       device=device)
     if draft.vocab_size != target.vocab_size:
         raise ConfigError(f"the drafter in {args.draft} has vocabulary {draft.vocab_size}, the target "
                           f"{target.vocab_size}; pass a drafter that shares the target's tokenizer")

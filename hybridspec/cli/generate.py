@@ -157,8 +157,11 @@ def load_models(args: argparse.Namespace, dtype, device: str):
         return target, None, target_dir, target_name, "none"
     if draft_spec == "ngram":
         return target, hs.NgramDrafter(), target_dir, target_name, "ngram (prompt lookup)"
+    if draft_spec == "suffix":
+        return target, hs.SuffixDrafter(), target_dir, target_name, "suffix (suffix decoding)"
     name = "embedded draft" if args.model is None and args.draft is None else draft_spec
-    draft = load_model("--draft", draft_spec, also=" (or pass --draft ngram or --draft none)", **kwargs)
+    draft = load_model("--draft", draft_spec, also=" (or pass --draft ngram, --draft suffix or --draft none)",
+                       **kwargs)
     return target, draft, target_dir, target_name, name
 
 

@@ -168,7 +168,8 @@ class Engine:
     draft: None (default: plain decoding, the baseline), a HybridModel sharing
         the target's vocabulary, a draft model directory (loaded in the
         target's dtype, on its device), "ngram" or `hs.NgramDrafter(...)`
-        (prompt lookup), or any `hybridspec.spec.Drafter` (`as_draft`: what
+        (prompt lookup), "suffix" or `hs.SuffixDrafter(...)` (suffix
+        decoding), or any `hybridspec.spec.Drafter` (`as_draft`: what
         `hs.LLM(draft=...)` takes).
     config: an `hs.EngineConfig` holding the settings below; or the settings
         as keyword arguments (`hs.Engine(target, max_batch_size=32)`). Both:

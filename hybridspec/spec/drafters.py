@@ -6,6 +6,10 @@ ever asks which kind it holds.
 - `NgramDrafter` (prompt lookup): continue the most recent earlier match of
   the longest suffix n-gram of the committed tokens; no probabilities (q is
   one-hot: `Proposal.probs` is None and the rejection kernel takes it so).
+- `SuffixDrafter` (`spec.suffix_drafter`, suffix decoding): the most
+  frequent continuation of the longest suffix seen before, in the sequence or
+  in earlier requests' outputs, from incrementally kept n-gram counts; q is
+  one-hot too.
 - `ModelDrafter` (`spec.model_drafter`): any HybridModel with its own cache.
 
 `as_draft` normalises what `Engine(draft=...)` and `LLM(draft=...)` accept,
@@ -24,8 +28,10 @@ from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.sampler import RowParams
 from hybridspec.spec.model_drafter import ModelDrafter
 from hybridspec.spec.protocol import Drafter, Proposal, StatelessDrafter
+from hybridspec.spec.suffix_drafter import SuffixDrafter
 
-__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter", "as_draft", "as_drafter"]
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter", "SuffixDrafter", "as_draft",
+           "as_drafter"]
 
 
 class NgramDrafter(StatelessDrafter):
@@ -59,8 +65,11 @@ class NgramDrafter(StatelessDrafter):
         return Proposal(tokens, None)
 
 
-DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), a draft model directory, a HybridModel '
-               '(hs.from_hf / hs.load) sharing the target\'s vocabulary, hs.NgramDrafter(...), or a Drafter: '
+MODEL_FREE = {"ngram": NgramDrafter, "suffix": SuffixDrafter}  # the names that make a model-free drafter
+
+DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix decoding), a draft model '
+               'directory, a HybridModel (hs.from_hf / hs.load) sharing the target\'s vocabulary, '
+               'hs.NgramDrafter(...), hs.SuffixDrafter(...), or a Drafter: '
                'model, cache, prefix, start, backlog, propose, commit, revert, release and check_invariant '
                '(hybridspec.spec.Drafter; a subclass of hs.StatelessDrafter writes propose only)')
 
@@ -68,12 +77,12 @@ DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), a draft model di
 def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridModel | Drafter | None:
     """What an `Engine(draft=...)` or `LLM(draft=...)` argument names, in one of
     the forms an Engine runs: None, a HybridModel, or a Drafter. "ngram" is
-    `NgramDrafter()`; any other string or path is a draft model directory,
+    `NgramDrafter()`, "suffix" `SuffixDrafter()`; any other string or path is a draft model directory,
     loaded (`hs.load`) in `dtype` on `device` (None: the weights' stored dtype, the CPU)."""
     if draft is None or isinstance(draft, (HybridModel, Drafter)):
         return draft
-    if isinstance(draft, str) and draft == "ngram":
-        return NgramDrafter()
+    if isinstance(draft, str) and draft in MODEL_FREE:
+        return MODEL_FREE[draft]()
     if isinstance(draft, (str, Path)):
         return load(draft, dtype=dtype, device="cpu" if device is None else device)
     raise ConfigError(f"draft={_short(draft)} ({type(draft).__name__}) is not a drafter; pass {DRAFT_FORMS}")
