@@ -34,7 +34,7 @@ from hybridspec.checkpoints.policy import MAX_DRAFT_TOKENS, CheckpointPolicy
 from hybridspec.rollback.forcing import force_rejections
 from hybridspec.rollback.models import (OutOfVocabDrafter, params_fingerprint, perturbed_copy, plain_outputs, sampled_params,
                      tiny_model, workload)
-from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, witness_bookkeeping
+from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, restore_path, witness_bookkeeping
 
 
 POLICIES = {
@@ -87,8 +87,10 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
     with `check_states`, every layer's state against a from-scratch prefill.
     `force` (needs `expected`): the acceptance lengths to force on greedy rows,
     round after round (`ForcedRejections`); every round must accept exactly
-    what the forcing predicts, and some round must reject a draft of a row it
-    then restores."""
+    what the forcing predicts, some round must reject a draft of a row it then
+    restores, and (under a CheckpointPolicy) the path the policy takes after a
+    rejection of d_1 of γ drafts (its site: a hit, a log or a token replay)
+    must have been counted."""
     if force is not None and expected is None:
         raise ValueError("force needs `expected`, the plain outputs the forcing learns the target's tokens from")
 
@@ -128,6 +130,10 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
             _require(not forcing.broken, "a forced rejection missed: " + "; ".join(forcing.broken[:3]))
             restored = sorted({r.accepted for r in forcing.rejections if r.live})
             _require(restored, f"no round rejected a draft of a row it then restored ({detail})")
+            if isinstance(policy, CheckpointPolicy) and engine.cache.states is not None:
+                site, _ = restore_path(policy, gamma, gamma + 1, 0)
+                _require(counted[("hit", "log", "token").index(site)] > 0,
+                         f"no restore took the policy's path after a rejection of d_1 ({site}): {detail}")
             figures["rejections"] = len(forcing.rejections)
             if forcing.own_acceptance is not None:
                 figures["drafter_acceptance"] = forcing.own_acceptance

@@ -11,8 +11,8 @@ token other than the target's greedy token there: the verifier must reject
 it and emits the target's own token instead, so the output stays exact. A
 model drafter absorbed d_1..d_n itself and they are the target's tokens, so
 its state at the boundary is what it would be anyway. A stateless drafter
-keeps nothing, so for it the wrapper proposes the target's d_1..d_n itself:
-every n of the schedule is reached exactly.
+keeps nothing, so for it the wrapper proposes the target's d_1..d_γ itself
+before forcing: every n of the schedule is reached exactly.
 
 As a round hook it compares every greedy row's accepted count with the one it
 predicted (`broken`) and records each rejection (`rejections`), which a check
@@ -78,7 +78,7 @@ class ForcedRejections:
             self.own_drafted += len(tokens[b])
             self.own_agreed += _agreement(tokens[b], truth)
             if want < g and self.inner.model is None:  # nothing absorbed: the target's own drafts are free
-                tokens[b] = truth[:want + 1]  # d_{want+1} is replaced below
+                tokens[b] = truth[:g]  # all γ of them, so that n = want is the boundary it is for a model
             agree = _agreement(tokens[b], truth)
             if want < min(agree, len(tokens[b])):
                 tokens[b][want] = (truth[want] + 1) % self.vocab_size  # not the target's greedy token at d_{want+1}
