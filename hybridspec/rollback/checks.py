@@ -284,8 +284,12 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
               seed: int = 0, progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Every check above against `target`, with `draft` over every (γ, policy)
     and, under every policy, the target itself, prompt lookup and (unless
-    `quick`) an unrelated pure-Mamba and pure-attention drafter. `progress`,
-    when given, is called with each result as soon as its check ends."""
+    `quick`) an unrelated pure-Mamba and pure-attention drafter. The greedy
+    cases force rejections after n = 0, 1, …, γ - 1 accepted drafts and none,
+    round after round, and the failed rounds a rejection of d_1 every round
+    (`forcing`): every restore path and fault site is reached whatever the
+    drafters' acceptance. `progress`, when given, is called with each result
+    as soon as its check ends."""
     dtype, device, vocab = target.dtype, target.device, target.vocab_size
     prompts, params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))
     expected = plain_outputs(target, prompts, params)

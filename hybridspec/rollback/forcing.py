@@ -31,8 +31,6 @@ from hybridspec.spec.protocol import Drafter, Proposal
 class Rejection:
     """A row whose verifier rejected a draft, as predicted."""
 
-    seq_id: int
-    num_inputs: int  # verify inputs of the row: 1 + drafts
     accepted: int  # n: the boundary is m + n
     live: bool  # the round did not finish the row: it was restored to its boundary
 
@@ -135,7 +133,7 @@ class ForcedRejections:
                 self.broken.append(f"sequence {s}: drafts {drafts}, predicted {self.predicted[s]} accepted, the "
                                    f"verifier accepted {accepted}")
             elif accepted < len(drafts):
-                self.rejections.append(Rejection(s, len(drafts) + 1, accepted, b in round.live))
+                self.rejections.append(Rejection(accepted, b in round.live))
 
 
 def _agreement(drafts: list[int], truth: list[int]) -> int:
