@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     print(format_table(results))
-    own = [r.stats["acceptance_rate"] for r in results
+    # the drafter's own agreement, not the acceptance the suite's forced rejections leave
+    own = [r.stats.get("drafter_acceptance", r.stats.get("acceptance_rate")) for r in results
            if r.name.startswith(f"greedy parity · {draft_name} ·") and "acceptance_rate" in r.stats]
     if own:
         print(f"acceptance of the {draft_name} drafter (greedy, mean over γ and policies): {sum(own) / len(own):.2f}")

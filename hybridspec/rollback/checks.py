@@ -7,6 +7,9 @@ Each check takes a target `HybridModel` (and a drafter) and returns a
   (greedy, or sampled with `verify="coupled"`), and the restores counted in
   `engine.stats` are exactly those the checkpoint policy implies for the
   acceptance lengths the rounds saw (snapshot hit / log replay / token replay);
+  with `force`, rejections are forced (`forcing`) so that the rounds reach
+  the restore paths whatever the drafter's acceptance, and a case whose
+  rounds rejected nothing fails;
 - state parity (`check_states=True`): after every round, every layer's head
   state (SSM state, conv window) and K/V up to `computed_len` equal a
   from-scratch prefill of the committed tokens minus the pending one; a model
@@ -28,9 +31,10 @@ from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.spec.drafters import NgramDrafter
 from hybridspec.checkpoints.policy import MAX_DRAFT_TOKENS, CheckpointPolicy
+from hybridspec.rollback.forcing import force_rejections
 from hybridspec.rollback.models import (OutOfVocabDrafter, params_fingerprint, perturbed_copy, plain_outputs, sampled_params,
                      tiny_model, workload)
-from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, witness_bookkeeping
+from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, restore_path, witness_bookkeeping
 
 
 POLICIES = {
@@ -76,15 +80,26 @@ def _run_check(name: str, body) -> CheckResult:
 
 def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy, prompts, params, expected=None,
                        *, verify: str = "rejection", check_states: bool = False, all_accepted: bool = False,
-                       block_size: int = 4) -> CheckResult:
+                       block_size: int = 4, force: tuple[int, ...] | None = None) -> CheckResult:
     """Generate speculatively and compare with `expected` (plain outputs; None:
     no output comparison, e.g. sampled rejection). Always checks the restore
     counts against the policy and the boundary invariant after every round;
-    with `check_states`, every layer's state against a from-scratch prefill."""
+    with `check_states`, every layer's state against a from-scratch prefill.
+    `force` (needs `expected`): the acceptance lengths to force on greedy rows,
+    round after round (`ForcedRejections`); every round must accept exactly
+    what the forcing predicts, some round must reject a draft of a row it then
+    restores, and (under a CheckpointPolicy) the path the policy takes after a
+    rejection of d_1 of γ drafts (its site: a hit, a log or a token replay)
+    must have been counted."""
+    if force is not None and expected is None:
+        raise ValueError("force needs `expected`, the plain outputs the forcing learns the target's tokens from")
+
     def body():
         engine = Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=policy, verify=verify,
                         block_size=block_size)
         observer = RoundObserver(engine, check_states=check_states)
+        forcing = None if force is None else force_rejections(engine, prompts, [o.token_ids for o in expected],
+                                                              force)
         try:
             with observer:
                 outputs = engine.generate(prompts, params)
@@ -109,8 +124,21 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
         figures = dict(acceptance_rate=stats.acceptance_rate, rounds=stats.rounds, snapshot_hits=counted[0],
                        log_replayed_tokens=counted[1], token_replayed_tokens=counted[2],
                        peak_checkpoint_bytes=stats.peak_checkpoint_bytes)
-        return (f"acceptance {stats.acceptance_rate:.2f}, {stats.rounds} rounds, hits {counted[0]}, "
-                f"log {counted[1]}, token {counted[2]}, peak {stats.peak_checkpoint_bytes} B"), figures
+        detail = (f"acceptance {stats.acceptance_rate:.2f}, {stats.rounds} rounds, hits {counted[0]}, "
+                  f"log {counted[1]}, token {counted[2]}, peak {stats.peak_checkpoint_bytes} B")
+        if forcing is not None:
+            _require(not forcing.broken, "a forced rejection missed: " + "; ".join(forcing.broken[:3]))
+            restored = sorted({r.accepted for r in forcing.rejections if r.live})
+            _require(restored, f"no round rejected a draft of a row it then restored ({detail})")
+            if isinstance(policy, CheckpointPolicy) and engine.cache.states is not None:
+                site, _ = restore_path(policy, gamma, gamma + 1, 0)
+                _require(counted[("hit", "log", "token").index(site)] > 0,
+                         f"no restore took the policy's path after a rejection of d_1 ({site}): {detail}")
+            figures["rejections"] = len(forcing.rejections)
+            if forcing.own_acceptance is not None:
+                figures["drafter_acceptance"] = forcing.own_acceptance
+            detail += f", rejected after n ∈ {{{', '.join(map(str, restored))}}}"
+        return detail, figures
     return _run_check(name, body)
 
 
@@ -220,20 +248,31 @@ def _out_of_vocab_round(target, prompts, params):
 
 
 def failed_round(name: str, target: HybridModel, draft, gamma: int, policy, prompts, params, site: str,
-                 fire_round: int = 2) -> CheckResult:
+                 fire_round: int = 2, expected=None) -> CheckResult:
     """Make the round `fire_round` (or the first later one where `site` runs)
     raise at `site` (see FAULT_SITES) and compare every sequence, target and
     drafter, with its state before that round: bookkeeping, head states and
-    K/V must be exactly equal."""
+    K/V must be exactly equal. Every greedy row's d_1 is rejected (forced,
+    `ForcedRejections`; `expected`: the plain outputs, computed when None), so
+    every round restores a boundary short of its last input and every row
+    lives one token a round: the replay and drafter-commit sites are reached
+    whatever the drafter's acceptance."""
     def body():
+        known = [o.token_ids for o in (expected or plain_outputs(target, prompts, params))]
         engine = Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=policy, block_size=4)
         observer = RoundObserver(engine, capture=True)
         with observer, install_fault(engine, observer, site, fire_round):
+            forcing = force_rejections(engine, prompts, known, (0,))  # after the fault's hooks: they see the drafter
             try:
                 engine.generate(prompts, params)
             except InjectedFault:
                 pass
-        _require(observer.reverted is not None, f"no round reached the {site!r} fault site")
+        stats = engine.stats
+        _require(observer.reverted is not None,
+                 f"no round reached the {site!r} fault site: {observer.rounds} rounds, "
+                 f"{len(forcing.rejections)} forced rejections, restores (hits, log-replayed, token-replayed) = "
+                 f"({stats.snapshot_hits}, {stats.log_replayed_tokens}, {stats.token_replayed_tokens})"
+                 + ("; " + "; ".join(forcing.broken[:2]) if forcing.broken else ""))
         _require(not observer.reverted, f"round {observer.rounds} changed: " + "; ".join(observer.reverted[:3]))
         return f"round {observer.rounds} raised at {site!r}; every sequence unchanged", {}
     return _run_check(name, body)
@@ -245,8 +284,12 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
               seed: int = 0, progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Every check above against `target`, with `draft` over every (γ, policy)
     and, under every policy, the target itself, prompt lookup and (unless
-    `quick`) an unrelated pure-Mamba and pure-attention drafter. `progress`,
-    when given, is called with each result as soon as its check ends."""
+    `quick`) an unrelated pure-Mamba and pure-attention drafter. The greedy
+    cases force rejections after n = 0, 1, …, γ - 1 accepted drafts and none,
+    round after round, and the failed rounds a rejection of d_1 every round
+    (`forcing`): every restore path and fault site is reached whatever the
+    drafters' acceptance. `progress`, when given, is called with each result
+    as soon as its check ends."""
     dtype, device, vocab = target.dtype, target.device, target.vocab_size
     prompts, params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))
     expected = plain_outputs(target, prompts, params)
@@ -270,13 +313,14 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
     for gamma in gammas:
         for pname, policy in POLICIES.items():
             add(speculative_parity(f"greedy parity · {draft_name} · γ={gamma} · {pname}", target, draft,
-                                   gamma, policy, prompts, params, expected, check_states=True))
+                                   gamma, policy, prompts, params, expected, check_states=True,
+                                   force=tuple(range(gamma + 1))))
     for i, (dname, other) in enumerate(others.items()):
         for j, (pname, policy) in enumerate(POLICIES.items()):
             gamma = gammas[(i + j) % len(gammas)]
             add(speculative_parity(f"greedy parity · {dname} · γ={gamma} · {pname}", target, other,
                                    gamma, policy, prompts, params, expected, check_states=True,
-                                   all_accepted=other is target))
+                                   force=tuple(range(gamma + 1))))
     for gamma, pname in ((2, "k=0"), (4, "log off"))[:1 if quick else 2]:
         add(stop_inside_accepted_run(f"stop inside accepted run · γ={gamma} · {pname}", target, gamma,
                                      POLICIES[pname], prompts, params, expected))
@@ -293,6 +337,6 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
     for site, pname in (("draft", "k=1"), ("verify", "k=2"), ("replay", "k=0"), ("replay", "log off"),
                         ("drafter commit", "k=1")):
         add(failed_round(f"failed round · {site} · {pname}", target, model_draft, 4, POLICIES[pname],
-                         prompts, params, site))
+                         prompts, params, site, expected=expected))
     return results
 

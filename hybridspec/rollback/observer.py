@@ -157,27 +157,33 @@ class RoundObserver:
 
     def expected_restores(self, policy: CheckpointPolicy) -> tuple[int, int, int]:
         """(snapshot hits, log-replayed tokens, token-replayed tokens) that
-        docs/design.md's policy semantics imply for the rounds seen: snapshots after
-        inputs 0, k, 2k, … and the last (k = 0: the last only); the ring keeps the
-        latest `ring_slots - 1` of them (the head is pinned); any other boundary n
-        is replayed from the nearest earlier one (or the head) in n - j steps."""
+        `restore_path` implies for the rounds seen."""
         if self.engine.cache.states is None:
             return 0, 0, 0
-
-        def snapshots(num_inputs):
-            every = range(0, num_inputs, policy.snapshot_every) if policy.snapshot_every else ()
-            return sorted({num_inputs - 1, *every})
-
-        keep = (policy.ring_slots or len(snapshots(self.spec.gamma + 1)) + 1) - 1
         hits = log = token = 0
         for num_inputs, n in chain.from_iterable(self.commits):
-            kept = snapshots(num_inputs)[-keep:]
-            if n in kept:
-                hits += 1
-                continue
-            steps = n - max((j for j in kept if j <= n), default=-1)
-            log, token = (log + steps, token) if policy.log_inputs else (log, token + steps)
+            path, steps = restore_path(policy, self.spec.gamma, num_inputs, n)
+            hits, log, token = hits + (path == "hit"), log + steps * (path == "log"), token + steps * (path == "token")
         return hits, log, token
+
+
+def restore_path(policy: CheckpointPolicy, gamma: int, num_inputs: int, n: int) -> tuple[str, int]:
+    """How docs/design.md's policy semantics restore a row of `num_inputs`
+    verify inputs (γ = `gamma` sizes the ring) to boundary n: ("hit", 0), or
+    ("log" | "token", steps replayed). Snapshots follow inputs 0, k, 2k, … and
+    the last (k = 0: the last only); the ring keeps the latest `ring_slots - 1`
+    of them (the head is pinned); any other boundary n is replayed from the
+    nearest earlier one j (or the head) in n - j steps."""
+    def snapshots(inputs):
+        every = range(0, inputs, policy.snapshot_every) if policy.snapshot_every else ()
+        return sorted({inputs - 1, *every})
+
+    keep = (policy.ring_slots or len(snapshots(gamma + 1)) + 1) - 1
+    kept = snapshots(num_inputs)[-keep:]
+    if n in kept:
+        return "hit", 0
+    steps = n - max((j for j in kept if j <= n), default=-1)
+    return ("log" if policy.log_inputs else "token"), steps
 
 
 class InjectedFault(RuntimeError):
