@@ -19,7 +19,8 @@ from typing import Literal
 import torch
 
 from hybridspec.adapters import load
-from hybridspec.text.codec import ByteCodec, TokenizerCodec, byte_codec, has_tokenizer, load_tokenizer
+from hybridspec.text.codec import (ByteCodec, TokenizerCodec, byte_codec, byte_tokenizer_codec, has_tokenizer,
+                                   load_tokenizer)
 from hybridspec.adapters.embedded import embedded_paths
 from hybridspec.engine.config import EngineConfig, engine_config
 from hybridspec.engine.engine import Engine, Output
@@ -122,7 +123,7 @@ class LLM:
                                config.tensor_parallel_size or 1, compute)
         if draft == DEFAULT_DRAFT:
             draft = embedded_draft if model is None else "ngram"
-        self.codec = as_codec(tokenizer, model, self.target.vocab_size)
+        self.codec = as_codec(tokenizer, embedded_target if model is None else model, self.target.vocab_size)
         self.threads = use_threads(threads, self.target)
         if config.eos_token_ids is None:
             config = config.replace(eos_token_ids=sorted(set(self.codec.eos_token_ids)
@@ -208,15 +209,18 @@ def as_model(model, dtype, device, tensor_parallel_size: int = 1, compute: torch
 
 def as_codec(tokenizer, model, vocab_size: int) -> ByteCodec | TokenizerCodec:
     """The codec of `tokenizer` (a directory or a loaded tokenizer), else the model
-    directory's tokenizer, else bytes for a byte-level model."""
+    directory's tokenizer, else bytes for a byte-level model. A directory holding
+    the byte codec's HF form (the embedded pair's) gives a ByteCodec with its
+    chat template: the same tokens, without transformers."""
     if isinstance(tokenizer, (ByteCodec, TokenizerCodec)):
         return tokenizer
     if isinstance(tokenizer, (str, Path)):
-        return TokenizerCodec(load_tokenizer(tokenizer, "tokenizer="), str(tokenizer))
+        return byte_tokenizer_codec(tokenizer) or TokenizerCodec(load_tokenizer(tokenizer, "tokenizer="),
+                                                                 str(tokenizer))
     if tokenizer is not None:
         return TokenizerCodec(tokenizer, type(tokenizer).__name__)
     if isinstance(model, (str, Path)) and has_tokenizer(model):
-        return TokenizerCodec(load_tokenizer(model, "tokenizer in"), str(model))
+        return byte_tokenizer_codec(model) or TokenizerCodec(load_tokenizer(model, "tokenizer in"), str(model))
     return byte_codec(vocab_size)
 
 

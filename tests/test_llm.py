@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hybridspec as hs
+from hybridspec.text.codec import ByteCodec
 from hybridspec.errors import ConfigError, InvalidRequestError
 
 SIZES = dict(max_batch_size=4, max_model_len=256)
@@ -70,7 +71,7 @@ def test_bad_text_requests(llms):
     with pytest.raises(InvalidRequestError, match="list of strings"):
         spec.generate([[1, 2, 3]])
     with pytest.raises(ConfigError, match="no chat template"):
-        spec.chat([{"role": "user", "content": "hi"}])
+        hs.LLM(spec.target, draft=None, tokenizer=ByteCodec()).chat([{"role": "user", "content": "hi"}])
     with pytest.raises(ConfigError, match="dtype='fp8'"):
         hs.LLM(dtype="fp8")
     with pytest.raises(ConfigError, match="threads=0"):

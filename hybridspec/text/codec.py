@@ -2,6 +2,7 @@
 a local HF tokenizer for every other model."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hybridspec.errors import ConfigError
@@ -10,10 +11,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 class ByteCodec:
-    """UTF-8 bytes as token ids 0..255 (no special tokens, no EOS)."""
+    """UTF-8 bytes as token ids 0..255 (no special tokens, no EOS).
+    chat_template: a Jinja chat template (HF's variables), or None: no chat."""
 
     name = "bytes"
     eos_token_ids: tuple[int, ...] = ()
+
+    def __init__(self, chat_template: str | None = None):
+        self.chat_template = chat_template
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
@@ -23,8 +28,19 @@ class ByteCodec:
         return bytes(ids).decode("utf-8", errors="replace")
 
     def chat_prompt(self, messages: list[dict]) -> str:
-        raise ConfigError("this byte-level model has no chat template; use generate() with plain text, or a model "
-                          "whose tokenizer directory defines a chat template")
+        if self.chat_template is None:
+            raise ConfigError("this byte-level model has no chat template; use generate() with plain text, or a "
+                              "model whose tokenizer directory defines a chat template")
+        return render_chat_template(self.chat_template, messages)
+
+
+def render_chat_template(template: str, messages: list[dict]) -> str:
+    """`template` applied to `messages` as transformers' `apply_chat_template` does
+    (its Jinja settings, a generation prompt, no special tokens), without transformers."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # (torch's dependency: in the lean install)
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return environment.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                    bos_token="", eos_token="")
 
 
 class TokenizerCodec:
@@ -57,6 +73,35 @@ def byte_codec(vocab_size: int) -> ByteCodec:
         raise ConfigError(f"the model's vocabulary has {vocab_size} tokens, not the 256 bytes of a byte-level "
                           "model; pass the directory of its HF tokenizer (--tokenizer DIR, or tokenizer= in hs.LLM)")
     return ByteCodec()
+
+
+def byte_tokenizer_codec(directory: str | Path) -> ByteCodec | None:
+    """A ByteCodec (with the directory's chat template) where `directory` holds
+    the HF form of the byte codec (`tools/embedded_tokenizer.py`: 256 tokens,
+    token id = byte value, no merges, no special tokens), else None. Read as
+    JSON: the embedded pair needs no transformers, and its tokens are the same."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    spec = json.loads(path.read_text())
+    model = spec.get("model") or {}
+    if (model.get("type"), model.get("vocab"), model.get("merges")) != ("BPE", byte_vocab(), []) \
+            or spec.get("added_tokens") or spec.get("normalizer") or spec.get("post_processor") \
+            or spec.get("pre_tokenizer") != BYTE_PRE_TOKENIZER or (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        return None
+    config_path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    return ByteCodec(config.get("chat_template"))
+
+
+BYTE_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+
+
+def byte_vocab() -> dict[str, int]:
+    """The ByteLevel alphabet's character of each byte value -> that value (GPT-2's byte-to-unicode map)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
 
 
 def has_tokenizer(directory: str | Path) -> bool:
