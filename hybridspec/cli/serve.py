@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hybridspec.cli.args import DTYPE_NAMES, add_model_arguments, gamma_arg
 from hybridspec.errors import UsageError
+from hybridspec.serve import DEFAULT_MAX_N
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache", action="store_true", help="reuse cached prompt prefixes across requests")
     parser.add_argument("--max-queue", type=int, default=256,
                         help="most requests waiting for their first token; more get 503 (default 256)")
+    parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N,
+                        help=f"most choices per prompt a request may ask for (n); more get 400 "
+                             f"(default {DEFAULT_MAX_N})")
     parser.add_argument("--chat-template", metavar="FILE|TEXT", default=None,
                         help="Jinja chat template (a file or the template itself) used instead of the tokenizer's")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -45,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     import fastapi, uvicorn  # noqa: F401,E401  (a missing [serve] extra ends the command here, before the model loads)
     if args.max_queue < 1:
         raise UsageError(f"--max-queue {args.max_queue} must be >= 1")
+    if args.max_n < 1:
+        raise UsageError(f"--max-n {args.max_n} must be >= 1")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from hybridspec.tp.launch import is_first_rank, join
     device = join(args.tensor_parallel_size, args.device)
@@ -54,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         follow(llm.engine)
         return 0
     serve(llm, host=args.host, port=args.port, log_level=args.log_level, served_model_name=served_name(args),
-          api_key=args.api_key, max_queue=args.max_queue, chat_template=chat_template(args.chat_template))
+          api_key=args.api_key, max_queue=args.max_queue, chat_template=chat_template(args.chat_template),
+          max_n=args.max_n)
     return 0
 
 

@@ -3,6 +3,8 @@
 Needs the `[serve]` extra: FastAPI, uvicorn, pydantic, prometheus-client."""
 from __future__ import annotations
 
+DEFAULT_MAX_N = 16  # most choices per prompt a request may ask for (`create_app(max_n=)`, --max-n)
+
 
 def create_app(llm, **kwargs):
     """The FastAPI app serving `llm` (`hybridspec.serve.app.create_app`)."""

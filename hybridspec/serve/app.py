@@ -1,9 +1,12 @@
 """`create_app(llm)`: the OpenAI-compatible FastAPI app over an `hs.LLM`.
 
 POST /v1/completions and /v1/chat/completions (JSON, or server-sent events
-with `"stream": true`), GET /v1/models, /health and /metrics. One
-`EngineLoop` thread drives the LLM's engine; every handler submits its
-prompts there and reads its sequences' outputs back from an asyncio queue.
+with `"stream": true`), GET /v1/models and /v1/models/{id}; vLLM's POST
+/tokenize and /detokenize, GET /version, /health and /metrics. Every error,
+unknown routes' and methods' included, is OpenAI's error body; GET routes
+answer HEAD too. One `EngineLoop` thread drives the LLM's engine; every
+handler submits its prompts there and reads its sequences' outputs back from
+an asyncio queue.
 """
 from __future__ import annotations
 
@@ -19,13 +22,17 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
+import hybridspec
 from hybridspec.errors import HybridSpecError, InvalidRequestError
 from hybridspec.sampling.logprobs import TokenLogprob
 from hybridspec.sampling.sampler import SamplingParams
+from hybridspec.serve.logprobs import CompletionLogprobs, LogprobStream, chat_logprobs
 from hybridspec.serve.loop import EngineFailure, EngineLoop
 from hybridspec.serve.metrics import Metrics
-from hybridspec.serve.protocol import ApiError, ChatRequest, CompletionRequest, finish_reason, sampling_params
+from hybridspec.serve.protocol import (DEFAULT_MAX_N, ApiError, ChatMessage, ChatRequest, CompletionRequest,
+                                       DetokenizeRequest, TokenizeRequest, finish_reason, sampling_params)
 from hybridspec.text.stream import TextStream
 
 log = logging.getLogger("hybridspec.serve")
@@ -35,21 +42,24 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler looks for a client
 
 @dataclass
 class Event:
-    """What one sequence (choice) gained: text, tokens, logprobs, and its end."""
+    """What one sequence (choice) gained: text, tokens, the logprobs of its
+    text, and its end (with the stop string or stop token id that ended it)."""
 
     index: int
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None
+    stop_reason: int | str | None = None
 
 
 class Server:
     """What the routes share: the LLM, its engine loop, metrics and names."""
 
-    def __init__(self, llm, served_model_name: str, api_key: str | None, max_queue: int, chat_template: str | None):
+    def __init__(self, llm, served_model_name: str, api_key: str | None, max_queue: int, chat_template: str | None,
+                 max_n: int):
         self.llm, self.codec, self.name, self.api_key = llm, llm.codec, served_model_name, api_key
-        self.chat_template = chat_template
+        self.chat_template, self.max_n = chat_template, max_n
         self.metrics = Metrics()
         self.loop = EngineLoop(llm.engine, max_queue, self.metrics)
         self.created = int(time.time())
@@ -59,8 +69,12 @@ class Server:
             raise ApiError(404, f"the model '{model}' does not exist; this server serves '{self.name}'",
                            param="model", type="not_found_error")
 
-    def chat_prompt(self, body: ChatRequest) -> list[int]:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    def model_card(self) -> dict:
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "hybridspec",
+                "max_model_len": self.llm.engine.max_model_len}
+
+    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        messages = [{"role": m.role, "content": m.text()} for m in messages]
         if self.chat_template is not None:
             text = render_template(self.chat_template, messages, self.codec)
         else:
@@ -76,35 +90,47 @@ class Server:
     def encode(self, prompt: str | list[int]) -> list[int]:
         return self.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> AsyncIterator[Event]:
-        """Events of every sequence of `prompts` (choice index: prompt * n + sample) until all end;
-        leaving early (a client that left) aborts what still runs."""
+    async def generate(self, prompts: list[list[int]], params: SamplingParams, copies: int = 1,
+                       field: str = "prompt") -> AsyncIterator[Event]:
+        """Events of every sequence of `prompts` until all end, each sequence's
+        `copies` times (greedy n > 1: n identical choices of one sequence; choice
+        index: (prompt * params.n + sample) * copies + copy); leaving early (a
+        client that left) aborts what still runs. field: the request's field of
+        the prompts, named by a 400 (too long, say)."""
         out: asyncio.Queue = asyncio.Queue()
         ids: list[int] = []
         try:
             for prompt in prompts:
-                ids.append(await self._submit(prompt, params, out))
-            texts = {(rid, s): TextStream(self.codec.decode, params.stop) for rid in ids for s in range(params.n)}
+                ids.append(await self._submit(prompt, params, out, field))
+            keys = [(rid, s) for rid in ids for s in range(params.n)]
+            texts = {key: TextStream(self.codec.decode, params.stop) for key in keys}
+            sent = dict.fromkeys(keys, "")
+            logprobs = {key: LogprobStream(self.codec.decode) for key in keys} if params.logprobs is not None else {}
             left = len(texts)
             while left:
                 request_id, item = await out.get()
                 if isinstance(item, EngineFailure):
                     raise ApiError(500, item.message)
-                index = ids.index(request_id) * params.n + item.sample_index
-                text = texts[request_id, item.sample_index].push(item.token_ids, item.finished, item.stop_reason)
+                key = (request_id, item.sample_index)
+                text = texts[key].push(item.token_ids, item.finished, item.stop_reason)
+                sent[key] += text
+                entries = logprobs[key].push(item.token_ids, item.logprobs, sent[key], item.finished,
+                                             item.stop_reason) if logprobs else None
                 left -= item.finished
-                yield Event(index, text, item.token_ids, item.logprobs,
-                            finish_reason(item.finish_reason) if item.finished else None)
+                index = (ids.index(request_id) * params.n + item.sample_index) * copies
+                for copy in range(copies):
+                    yield Event(index + copy, text, item.token_ids, entries,
+                                finish_reason(item.finish_reason) if item.finished else None,
+                                item.stop_reason if item.finished else None)
         finally:
             for request_id in ids:
                 self.loop.abort(request_id)
 
-    async def _submit(self, prompt: list[int], params: SamplingParams, out: asyncio.Queue) -> int:
+    async def _submit(self, prompt: list[int], params: SamplingParams, out: asyncio.Queue, field: str) -> int:
         try:
             return await self.loop.submit(prompt, params, out)
-        except InvalidRequestError as error:
-            status = 413 if "max_model_len" in str(error) or "KV pages" in str(error) else 400
-            raise ApiError(status, str(error), param="prompt") from None
+        except InvalidRequestError as error:  # too long for the model or the KV pool: 400, as OpenAI and vLLM
+            raise ApiError(400, str(error), param=field) from None
 
 
 def render_template(template: str, messages: list[dict], codec) -> str:
@@ -119,12 +145,12 @@ def render_template(template: str, messages: list[dict], codec) -> str:
 
 
 def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | None = None, max_queue: int = 256,
-               chat_template: str | None = None) -> FastAPI:
+               chat_template: str | None = None, max_n: int = DEFAULT_MAX_N) -> FastAPI:
     """The ASGI app serving `llm` (an `hs.LLM`); its engine loop runs while the app does.
     api_key: require `Authorization: Bearer <api_key>` on /v1 routes; max_queue: most
     requests waiting for their first token (more: 503); chat_template: a Jinja chat
-    template used instead of the tokenizer's (a byte-level model has none)."""
-    server = Server(llm, served_model_name, api_key, max_queue, chat_template)
+    template used instead of the tokenizer's; max_n: most choices per prompt (`n`)."""
+    server = Server(llm, served_model_name, api_key, max_queue, chat_template, max_n)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -139,7 +165,13 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):  # an unknown route or method
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        return JSONResponse(ApiError(error.status_code, message).body(), status_code=error.status_code,
+                            headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, error: RequestValidationError):
@@ -155,36 +187,68 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
 
     v1 = [Depends(authorized)]
 
-    @app.get("/health")
+    get = ["GET", "HEAD"]  # (HEAD: the GET's status and headers, no body)
+
+    @app.api_route("/health", methods=get)
     async def health():
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.api_route("/version", methods=get)
+    async def version():
+        return {"version": hybridspec.__version__}
+
+    @app.api_route("/metrics", methods=get)
     async def metrics():
         return Response(server.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models", dependencies=v1)
+    @app.api_route("/v1/models", methods=get, dependencies=v1)
     async def models():
-        return {"object": "list", "data": [{"id": server.name, "object": "model", "created": server.created,
-                                            "owned_by": "hybridspec", "max_model_len": llm.engine.max_model_len}]}
+        return {"object": "list", "data": [server.model_card()]}
+
+    @app.api_route("/v1/models/{model:path}", methods=get, dependencies=v1)
+    async def model(model: str):
+        server.check_model(model)
+        return server.model_card()
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(body: CompletionRequest, request: Request):
         server.check_model(body.model)
-        params = sampling_params(body)
+        params = sampling_params(body, max_n=server.max_n)
         prompts = [server.encode(p) for p in body.prompts()]
-        response = CompletionResponse(server.name, prompts, params, server.codec, chat=False,
-                                      include_usage=body.include_usage)
-        return await respond(server, request, body.stream, response, server.generate(prompts, params))
+        response = CompletionResponse(server.name, len(prompts) * body.n, params, server.codec, chat=False,
+                                      include_usage=body.include_usage, prompt_tokens=sum(map(len, prompts)))
+        events = server.generate(prompts, params, copies=body.n // params.n)
+        return await respond(server, request, body.stream, response, events)
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(body: ChatRequest, request: Request):
         server.check_model(body.model)
-        prompts = [server.chat_prompt(body)]
-        params = sampling_params(body, default_max_tokens=max(1, llm.engine.max_model_len - len(prompts[0])))
-        response = CompletionResponse(server.name, prompts, params, server.codec, chat=True,
-                                      include_usage=body.include_usage)
-        return await respond(server, request, body.stream, response, server.generate(prompts, params))
+        prompts = [server.chat_prompt(body.messages)]
+        params = sampling_params(body, default_max_tokens=max(1, llm.engine.max_model_len - len(prompts[0])),
+                                 max_n=server.max_n)
+        response = CompletionResponse(server.name, body.n, params, server.codec, chat=True,
+                                      include_usage=body.include_usage, prompt_tokens=len(prompts[0]))
+        events = server.generate(prompts, params, copies=body.n // params.n, field="messages")
+        return await respond(server, request, body.stream, response, events)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        server.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "send either 'prompt' (text) or 'messages' (a chat, through its template)",
+                           param="prompt")
+        tokens = server.chat_prompt(body.messages) if body.messages is not None \
+            else server.codec.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.engine.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        server.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < llm.target.vocab_size]
+        if bad:
+            raise ApiError(400, f"tokens holds {bad[0]}, not a token id of this model (0 to "
+                                f"{llm.target.vocab_size - 1})", param="tokens")
+        return {"prompt": server.codec.decode(body.tokens)}
 
     return app
 
@@ -207,14 +271,14 @@ async def respond(server: Server, request: Request, stream: bool, response: "Com
 class CompletionResponse:
     """The OpenAI bodies of one request: the JSON of completions or chat, or its SSE chunks."""
 
-    def __init__(self, model: str, prompts: list[list[int]], params: SamplingParams, codec, chat: bool,
-                 include_usage: bool):
+    def __init__(self, model: str, num_choices: int, params: SamplingParams, codec, chat: bool, include_usage: bool,
+                 prompt_tokens: int):
         self.model, self.params, self.codec, self.chat, self.include_usage = model, params, codec, chat, include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.prompt_tokens = sum(map(len, prompts))
-        self.completion_tokens = 0
-        self.num_choices = len(prompts) * params.n
+        self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
+        self.num_choices = num_choices
+        self.logprobs = [CompletionLogprobs(codec.decode) for _ in range(num_choices)]  # (completions' offsets)
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -227,14 +291,16 @@ class CompletionResponse:
     async def collect(self, events: AsyncIterator[Event]) -> dict:
         texts, tokens, logprobs = [""] * self.num_choices, [[] for _ in range(self.num_choices)], \
             [[] for _ in range(self.num_choices)]
-        reasons = [None] * self.num_choices
+        reasons, stop_reasons = [None] * self.num_choices, [None] * self.num_choices
         async for e in events:
             texts[e.index] += e.text
             tokens[e.index] += e.token_ids
             logprobs[e.index] += e.logprobs or []
             reasons[e.index] = e.finish_reason or reasons[e.index]
+            stop_reasons[e.index] = e.stop_reason if e.finish_reason else stop_reasons[e.index]
             self.completion_tokens += len(e.token_ids)
-        choices = [self._choice(i, texts[i], logprobs[i], reasons[i], chunk=False) for i in range(self.num_choices)]
+        choices = [self._choice(i, texts[i], logprobs[i], reasons[i], stop_reasons[i], chunk=False)
+                   for i in range(self.num_choices)]
         return {**self._head(chunk=False), "choices": choices, "usage": self.usage()}
 
     async def sse(self, first: Event, events: AsyncIterator[Event]) -> AsyncIterator[str]:
@@ -256,44 +322,22 @@ class CompletionResponse:
     def _chunk(self, e: Event) -> str:
         self.completion_tokens += len(e.token_ids)
         body = {**self._head(chunk=True), "choices": [self._choice(e.index, e.text, e.logprobs or [],
-                                                                   e.finish_reason, chunk=True)]}
+                                                                   e.finish_reason, e.stop_reason, chunk=True)]}
         if self.include_usage:
             body["usage"] = None
         return _sse(body)
 
-    def _choice(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None, chunk: bool) -> dict:
+    def _choice(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None,
+                stop_reason: int | str | None, chunk: bool) -> dict:
         wants = self.params.logprobs is not None
         if self.chat:
             content = {"content": text} if chunk else {"role": "assistant", "content": text}
             return {"index": index, "delta" if chunk else "message": content,
-                    "logprobs": self._chat_logprobs(logprobs) if wants else None, "finish_reason": reason}
-        return {"index": index, "text": text, "logprobs": self._completion_logprobs(logprobs) if wants else None,
-                "finish_reason": reason}
-
-    def _token(self, token_id: int) -> str:
-        return self.codec.decode([token_id])
-
-    def _chat_logprobs(self, logprobs: list[TokenLogprob]) -> dict:
-        def entry(token_id, logprob):
-            text = self._token(token_id)
-            return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
-        return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-                            for lp in logprobs]}
-
-    def _completion_logprobs(self, logprobs: list[TokenLogprob]) -> dict:
-        tokens = [self._token(lp.token_id) for lp in logprobs]
-        offsets, at = [], 0
-        for t in tokens:
-            offsets.append(at)
-            at += len(t)
-        return {"tokens": tokens, "token_logprobs": [_finite(lp.logprob) for lp in logprobs],
-                "top_logprobs": [{self._token(t): _finite(v) for t, v in lp.top} for lp in logprobs],
-                "text_offset": offsets}
-
-
-def _finite(value: float) -> float:
-    """JSON has no -inf: a token the filters removed reads as the most negative float."""
-    return value if value > -float("inf") else -9999.0
+                    "logprobs": chat_logprobs(logprobs, self.codec.decode) if wants else None,
+                    "finish_reason": reason, "stop_reason": stop_reason}
+        return {"index": index, "text": text,
+                "logprobs": self.logprobs[index].body(logprobs) if wants else None,
+                "finish_reason": reason, "stop_reason": stop_reason}
 
 
 def _sse(body: dict) -> str:

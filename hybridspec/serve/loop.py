@@ -163,6 +163,9 @@ class EngineLoop:
         sink = self._sinks.pop(request_id, None)
         if sink is not None and sink.last_token_at is None:
             self._stop_waiting(1)
+        if abort and sink is not None:  # its unfinished samples end here: /metrics counts them as aborted
+            for _ in range(sink.samples_left):
+                self.metrics.finished("abort")
         if abort:
             self.engine.abort(request_id)
             self.mirror.record("abort", request_id)

@@ -4,20 +4,25 @@ Fields the runtime honours map onto SamplingParams; the common vLLM
 extensions (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`) are
 accepted at the top level. Unknown fields are ignored with a logged warning
 (clients send vendor extensions); a known OpenAI field the runtime cannot
-honour (`logit_bias`, tools, ...) is refused with a 400 naming it.
+honour (`logit_bias`, tools, ...) is refused with a 400 naming it. Every
+error is OpenAI's body, and a 400 names the field the client sent (never
+the runtime's name for it).
 """
 from __future__ import annotations
 
 import logging
+import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridspec.errors import InvalidRequestError
 from hybridspec.sampling.sampler import SamplingParams
+from hybridspec.serve import DEFAULT_MAX_N
 
 log = logging.getLogger("hybridspec.serve")
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+RETRY_AFTER_S = 1  # what a 503 tells a client to wait before it retries
 
 # OpenAI fields the runtime cannot honour: refused (never silently dropped) unless they hold a value
 # that asks for nothing (what clients send by default)
@@ -29,13 +34,15 @@ UNSUPPORTED = {"logit_bias": (None, {}), "tools": (None, []), "tool_choice": (No
 
 
 class ApiError(Exception):
-    """An OpenAI-style error: HTTP status, message, type, the offending param."""
+    """An OpenAI-style error: HTTP status, message, type, the offending param
+    (and the headers of its response: a 503's Retry-After)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
         self.type = type or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                             413: "invalid_request_error", 503: "server_overloaded"}.get(status, "server_error")
+                             405: "invalid_request_error", 503: "server_overloaded"}.get(status, "server_error")
+        self.headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
@@ -124,12 +131,34 @@ class ChatRequest(_Common):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
-def sampling_params(body: CompletionRequest | ChatRequest, default_max_tokens: int = DEFAULT_MAX_TOKENS) \
-        -> SamplingParams:
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt's text, or a chat through the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+def sampling_params(body: CompletionRequest | ChatRequest, default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                    max_n: int = DEFAULT_MAX_N) -> SamplingParams:
     """The SamplingParams of an OpenAI body; ApiError(400) naming the bad field.
     default_max_tokens: where the body sets no max_tokens (OpenAI: 16 for
-    completions; chat: what is left of the model's length)."""
+    completions; chat: what is left of the model's length); max_n: the most
+    choices per prompt. Greedy with n > 1 (OpenAI: n identical completions)
+    gives n=1: the server copies the one sequence into the body's n choices."""
     body.checked_extras()
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "'stream_options' is only allowed with 'stream': true; remove it or set 'stream'",
+                       param="stream_options")
+    if body.n > max_n:
+        raise ApiError(400, f"n={body.n} is more than this server's most choices per request, {max_n} "
+                            "(--max-n); ask for fewer", param="n")
     max_tokens = body.max_tokens
     if isinstance(body, ChatRequest):
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else max_tokens
@@ -139,28 +168,40 @@ def sampling_params(body: CompletionRequest | ChatRequest, default_max_tokens: i
     else:
         logprobs = body.logprobs
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    n = 1 if body.n > 1 and body.temperature == 0 else body.n
     fields = dict(max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
-                  temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, n=body.n,
+                  temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, n=n,
                   seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
                   repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
                   frequency_penalty=body.frequency_penalty)
     try:
         return SamplingParams(**fields)
     except InvalidRequestError as error:
-        raise ApiError(400, str(error), param=_named_field(str(error), body)) from None
+        raise request_error(str(error), body) from None
 
 
-OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
+def request_error(message: str, body: CompletionRequest | ChatRequest) -> ApiError:
+    """ApiError(400) of an InvalidRequestError message (it starts with the
+    SamplingParams field: `name=value ...`): that field named, in the message
+    too, as the request spelled it."""
+    name = re.match(r"\w*", message).group()
+    if name not in SamplingParams.__dataclass_fields__:
+        return ApiError(400, message)
+    field = request_field(name, body)
+    return ApiError(400, re.sub(rf"\b{name}\b", field, message), param=field)
 
 
-def _named_field(message: str, body) -> str | None:
-    """The request field an InvalidRequestError message starts with (`name=value ...`)."""
-    name = message.split("=", 1)[0].strip()
-    if name == "max_new_tokens" and isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
-        return "max_completion_tokens"
-    return OPENAI_NAMES.get(name, name) if name.isidentifier() else None
+def request_field(name: str, body: CompletionRequest | ChatRequest) -> str:
+    """The request's field that sets SamplingParams' `name`."""
+    chat = isinstance(body, ChatRequest)
+    if name == "max_new_tokens":
+        return "max_completion_tokens" if chat and body.max_completion_tokens is not None else "max_tokens"
+    if name == "logprobs" and chat:
+        return "top_logprobs"
+    return name
 
 
 def finish_reason(reason: str | None) -> str | None:
-    """OpenAI's spelling: "stop" or "length" (an aborted request never reaches a client)."""
+    """OpenAI's spelling: "stop" or "length" (an aborted request never reaches a client;
+    `/metrics` counts it under "abort")."""
     return None if reason is None else "length" if reason == "length" else "stop"

@@ -87,7 +87,8 @@ def byte_tokenizer_codec(directory: str | Path) -> ByteCodec | None:
     model = spec.get("model") or {}
     if (model.get("type"), model.get("vocab"), model.get("merges")) != ("BPE", byte_vocab(), []) \
             or spec.get("added_tokens") or spec.get("normalizer") or spec.get("post_processor") \
-            or spec.get("pre_tokenizer") != BYTE_PRE_TOKENIZER or (spec.get("decoder") or {}).get("type") != "ByteLevel":
+            or spec.get("pre_tokenizer") != BYTE_PRE_TOKENIZER \
+            or (spec.get("decoder") or {}).get("type") != "ByteLevel":
         return None
     config_path = Path(directory) / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
