@@ -37,7 +37,7 @@ class ByteCodec:
 def render_chat_template(template: str, messages: list[dict]) -> str:
     """`template` applied to `messages` as transformers' `apply_chat_template` does
     (its Jinja settings, a generation prompt, no special tokens), without transformers."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment  # (torch's dependency: in the lean install)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return environment.from_string(template).render(messages=messages, add_generation_prompt=True,
                                                     bos_token="", eos_token="")
