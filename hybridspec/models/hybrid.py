@@ -358,8 +358,52 @@ class HybridModel(Kernelled, nn.Module):
         becomes the head on success (a failed forward leaves every state as it
         was). With `snap_slot` ([batch, T], a tensor or lists) the caller owns the snapshot plan and
         the commit (speculative verification); `input_log`, when given, receives
-        each Mamba layer's inputs."""
-        plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
+        each Mamba layer's inputs.
+
+        A sequence's logits do not depend on the others of the call: where the
+        native blocks run, a call mixing sequences of more inputs than they take
+        (`Backend.block_inputs`) with sequences of at most that many runs as two
+        forwards, each sequence on the path it takes alone (committed together)."""
+        parts = self._parts(token_lists) if snap_slot is None else None
+        if parts is None:
+            plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
+            logits = self._run(cache, plan, token_lists, last_only, input_log)
+            if snap_slot is None:
+                cache.commit_forward(plan)
+            return logits
+        plans, outs = [], []
+        try:
+            for rows in parts:
+                tokens = [token_lists[b] for b in rows]
+                plans.append(cache.plan_forward([seq_ids[b] for b in rows], [len(t) for t in tokens], None))
+                outs.append(self._run(cache, plans[-1], tokens, last_only, None))
+        except Exception:
+            for plan in plans[:len(outs)]:  # the failed part's own plan is aborted by `_run` or never made
+                cache.abort_forward(plan)
+            raise
+        for plan in plans:
+            cache.commit_forward(plan)
+        T = 1 if last_only else max(map(len, token_lists))
+        logits = outs[0].new_zeros(len(seq_ids), T, outs[0].shape[-1])  # [batch, T | 1, vocab]
+        for rows, out in zip(parts, outs):
+            logits[rows, :out.shape[1]] = out
+        return logits
+
+    def _parts(self, token_lists: list[list[int]]) -> list[list[int]] | None:
+        """The rows of the sequences the native blocks take and of the longer ones,
+        where a call holds both; None where it runs as one forward."""
+        limit = self.backend.block_inputs
+        if limit is None:
+            return None
+        short = [b for b, tokens in enumerate(token_lists) if len(tokens) <= limit]
+        if not short or len(short) == len(token_lists):
+            return None
+        return [short, [b for b, tokens in enumerate(token_lists) if len(tokens) > limit]]
+
+    def _run(self, cache, plan, token_lists: list[list[int]], last_only: bool,
+             input_log: InputLog | None) -> torch.Tensor:
+        """The forward of `plan` (made by `cache.plan_forward`), uncommitted: a
+        captured graph, one native call, or layer by layer; aborts the plan if it raises."""
         batch = plan.batch
         batch.input_log = input_log
         graphs = cache.graphs  # captured CUDA graphs of the few-input forwards (`models.graphs`), or None
@@ -379,8 +423,6 @@ class HybridModel(Kernelled, nn.Module):
         except Exception:
             cache.abort_forward(plan)
             raise
-        if snap_slot is None:
-            cache.commit_forward(plan)
         return logits
 
     def forward_done(self, forwards: int = 1) -> None:
