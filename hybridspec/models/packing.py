@@ -26,12 +26,12 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)  # what pack_for_cpu may keep weig
 
 def storable_16bit(name: str) -> bool:
     """Whether a canonical weight name is one `pack_for_cpu` may keep in bfloat16
-    or float16 under float32 compute (a linear weight, a MoE's expert stack, the
-    embedding), so that `load` need not widen it first; pack_for_cpu widens
+    or float16 under float32 compute (a linear weight, a MoE's router or expert stack,
+    the embedding), so that `load` need not widen it first; pack_for_cpu widens
     whatever else a float32 model holds in 16 bits."""
     parts = name.split(".")
     return (name == "embed_tokens.weight" or name.endswith(("experts.gate_up_proj", "experts.up_proj",
-                                                             "experts.down_proj"))
+                                                             "experts.down_proj", "router.weight"))
             or (len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEAR_WEIGHTS))
 
 
@@ -77,7 +77,9 @@ def pack(model, exact_16bit: bool = True) -> None:
         """The dtype of the weight whose key is k and values [out, in] `weight`: bfloat16, else
         float16, where that is exact and allowed (a product weight: bfloat16 under bfloat16
         compute); a 16-bit weight of a float32 model (`load`'s) else widened; any other as it is."""
-        if rounded and product and k not in elsewhere and k not in routers:
+        if rounded and k in routers:  # a 16-bit router would multiply rounded activations
+            return torch.float32
+        if rounded and product and k not in elsewhere:
             return torch.bfloat16
         if exact_16bit and k not in elsewhere:
             for half in HALF_DTYPES:
