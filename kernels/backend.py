@@ -49,7 +49,7 @@ import torch
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import native as cpu_native
-from hybridspec.kernels.cpu.blocks import BLOCK_ROWS, NO_BLOCKS, LayerBlocks
+from hybridspec.kernels.cpu.blocks import BLOCK_ROWS, CALL_ROWS, NO_BLOCKS, LayerBlocks
 from hybridspec.kernels.cpu.forward import NO_WHOLE_FORWARD, WholeForward
 from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
 
@@ -167,6 +167,12 @@ class Backend:
         sequences take the modules, whose bits differ in the last places, so a
         forward mixing both kinds runs as two (`HybridModel.extend`)."""
         return BLOCK_ROWS if self.native_blocks else None
+
+    @property
+    def block_call_rows(self) -> int:
+        """The most rows (batch · inputs) a plain forward gives one native call
+        (`cpu_blocks.CALL_ROWS`; `HybridModel.extend` splits larger batches by sequences)."""
+        return CALL_ROWS
 
     def layer_by_layer(self):
         """The context a layer-by-layer forward runs in: on the native backend torch's

@@ -122,11 +122,13 @@ def new_cache(model, n):
 
 
 def test_prefill_rows_do_not_depend_on_the_batch(pair):
-    """More rows than a block takes (8 prompts of 20-27 tokens), and prompts longer and shorter than
-    it takes in one call: each sequence's logits, and the decode step after, are the ones it gets alone."""
+    """More rows than a block takes (8 prompts of 20-27 tokens), more than one native call takes (split by
+    sequences), and prompts longer and shorter than a block takes in one call: each sequence's logits,
+    and the decode step after, are the ones it gets alone."""
     target, _ = pair
     limit = cpu_blocks.BLOCK_ROWS
-    for lengths in ([20 + b for b in range(8)], [20, limit + 34, 33, limit + 1, 5, limit]):
+    many = [limit - b % 7 for b in range(cpu_blocks.CALL_ROWS // limit + 3)]
+    for lengths in ([20 + b for b in range(8)], many, [20, limit + 34, 33, limit + 1, 5, limit]):
         prompts = [prompt(target.vocab_size, b, n) for b, n in enumerate(lengths)]
         assert len(prompts) * max(lengths) > limit
         alone, steps = [], []
@@ -156,3 +158,33 @@ def test_moe_rows_do_not_depend_on_the_batch(moe):
         moe.prefill(cache, list(range(n)), [prompt(moe.vocab_size, b, 6 + b) for b in range(n)], last_only=True)
         steps.append(moe.decode(cache, list(range(n)), [5 + b for b in range(n)])[0])
     assert all(torch.equal(s, steps[0]) for s in steps[1:])
+
+
+def test_a_split_forward_fails_whole(pair, monkeypatch):
+    """A forward run as several (shorter and longer sequences) that fails in a later part leaves every
+    sequence where it was; run again, each sequence gets the logits it gets alone."""
+    target, _ = pair
+    lengths = [10, cpu_blocks.BLOCK_ROWS + 5, 7]
+    starts = [prompt(target.vocab_size, 50 + b, 4) for b in range(len(lengths))]
+    more = [prompt(target.vocab_size, 60 + b, n) for b, n in enumerate(lengths)]
+    cache = new_cache(target, len(lengths))
+    ids = list(range(len(lengths)))
+    target.prefill(cache, ids, starts, last_only=True)
+    before = [cache.computed_len[s] for s in ids]
+    calls = []
+
+    def fail_second(forwards=1):
+        calls.append(forwards)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+
+    monkeypatch.setattr(target, "forward_done", fail_second)
+    with pytest.raises(RuntimeError, match="injected"):
+        target.extend(cache, ids, more)
+    monkeypatch.undo()
+    assert [cache.computed_len[s] for s in ids] == before
+    together = target.extend(cache, ids, more)
+    for b in ids:
+        alone = new_cache(target, 1)
+        target.prefill(alone, [0], [starts[b]], last_only=True)
+        assert torch.equal(together[b, :lengths[b]], target.extend(alone, [0], [more[b]])[0])

@@ -362,8 +362,10 @@ class HybridModel(Kernelled, nn.Module):
 
         A sequence's logits do not depend on the others of the call: where the
         native blocks run, a call mixing sequences of more inputs than they take
-        (`Backend.block_inputs`) with sequences of at most that many runs as two
-        forwards, each sequence on the path it takes alone (committed together)."""
+        (`Backend.block_inputs`) with sequences of at most that many runs as
+        several forwards, each sequence on the path it takes alone, the shorter
+        ones in groups of at most `Backend.block_call_rows` padded rows, all
+        committed together."""
         parts = self._parts(token_lists) if snap_slot is None else None
         if parts is None:
             plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
@@ -390,15 +392,25 @@ class HybridModel(Kernelled, nn.Module):
         return logits
 
     def _parts(self, token_lists: list[list[int]]) -> list[list[int]] | None:
-        """The rows of the sequences the native blocks take and of the longer ones,
-        where a call holds both; None where it runs as one forward."""
+        """The batch rows of each forward of a plain call (`extend`): groups of the
+        sequences the native blocks take, then the longer ones; None where the
+        call runs as one forward."""
         limit = self.backend.block_inputs
         if limit is None:
             return None
-        short = [b for b, tokens in enumerate(token_lists) if len(tokens) <= limit]
-        if not short or len(short) == len(token_lists):
-            return None
-        return [short, [b for b, tokens in enumerate(token_lists) if len(tokens) > limit]]
+        parts, group, longest = [], [], 0
+        for b, tokens in enumerate(token_lists):
+            if len(tokens) > limit:
+                continue
+            if group and (len(group) + 1) * max(longest, len(tokens)) > self.backend.block_call_rows:
+                parts.append(group)
+                group, longest = [], 0
+            group.append(b)
+            longest = max(longest, len(tokens))
+        parts += [group] if group else []
+        longer = [b for b, tokens in enumerate(token_lists) if len(tokens) > limit]
+        parts += [longer] if longer else []
+        return parts if len(parts) > 1 else None
 
     def _run(self, cache, plan, token_lists: list[list[int]], last_only: bool,
              input_log: InputLog | None) -> torch.Tensor:

@@ -151,6 +151,11 @@ def _weight(weight: torch.Tensor, compute: torch.dtype) -> int:
 # speculative round and a prefill of 64-96 tokens on the small targets gain from
 BLOCK_ROWS = MAX_ROWS
 
+# rows (batch · inputs) of a plain forward's one native call at most (`HybridModel.extend` splits a
+# larger batch by sequences): the calls' scratch grows with their rows and stays allocated, and past
+# these rows the products gain nothing more from sharing a weight's pass
+CALL_ROWS = 16 * BLOCK_ROWS
+
 
 def _takes_rows(h: torch.Tensor) -> bool:
     """The per-call conditions every block shares."""
