@@ -61,7 +61,8 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
-def _chain(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.Tensor, init: int, salt: int) -> torch.Tensor:
+def _chain(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.Tensor, init: int,
+           salt: int) -> torch.Tensor:
     """One 32-bit chain folding seed_lo, seed_hi, position_lo, position_hi, purpose."""
     h = _mix(((seeds & _MASK32) + init) & _MASK32)
     h = _mix(h ^ (((seeds >> 32) & _MASK32) ^ salt))
@@ -70,7 +71,8 @@ def _chain(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.Te
     return _mix(h ^ (purpose ^ salt))
 
 
-def _row_key(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_key(seeds: torch.Tensor, positions: torch.Tensor,
+             purpose: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row key (key_a, key_b): two independent chains; shapes broadcast."""
     key_a = _chain(seeds, positions, purpose, _INIT_A, 0)
     key_b = _chain(seeds, positions, purpose, _INIT_B, _SALT_B)

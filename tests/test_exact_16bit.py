@@ -42,7 +42,8 @@ def storable(model):
     the embedding."""
     for module_name, module in model.named_modules():
         for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
-            if name in LINEAR_WEIGHTS or name == "embed" or (isinstance(module, MoE) and name in ("up", "down", "router")):
+            if name in LINEAR_WEIGHTS or name == "embed" or (isinstance(module, MoE)
+                                                             and name in ("up", "down", "router")):
                 yield f"{module_name}.{name}".lstrip("."), p
 
 

@@ -79,7 +79,8 @@ class MoE(Kernelled, nn.Module):
             weights, ids = sigmoid_group_topk(self.ops.linear(as_dtype(x, cd), self.router), self.score_bias.to(cd),
                                               self.cfg, self.ops.pointwise.sigmoid)
         elif self.cfg.router == "softmax_topk":
-            weights, ids = torch.topk(torch.softmax(self.ops.linear(x, self.router).to(cd), dim=-1), self.cfg.top_k, dim=-1)
+            probs = torch.softmax(self.ops.linear(x, self.router).to(cd), dim=-1)
+            weights, ids = torch.topk(probs, self.cfg.top_k, dim=-1)
             if self.cfg.norm_topk_prob:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
         else:
