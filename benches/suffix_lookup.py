@@ -50,7 +50,7 @@ def lookup_costs(context: int, rounds: int, seed: int = 0) -> dict:
         request.output.token_ids += [rng.randrange(256) for _ in range(COMMITTED_PER_ROUND)]
         for name in (("ngram", "suffix") if i % 2 == 0 else ("suffix", "ngram")):
             start = common.clock()
-            drafters[name].propose([request], [GAMMA], None, False)
+            drafters[name].propose([request], [GAMMA], None, [False])
             samples[name].append(common.clock() - start)
     row = {"context": context, "rounds": rounds, "suffix_build_ms": build * 1e3,
            "trie_nodes": suffix.sequences[0].trie.num_nodes}

@@ -49,7 +49,7 @@ import torch
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import native as cpu_native
-from hybridspec.kernels.cpu.blocks import NO_BLOCKS, LayerBlocks
+from hybridspec.kernels.cpu.blocks import BLOCK_ROWS, CALL_ROWS, NO_BLOCKS, LayerBlocks
 from hybridspec.kernels.cpu.forward import NO_WHOLE_FORWARD, WholeForward
 from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
 
@@ -159,6 +159,20 @@ class Backend:
     def reads_panels(self) -> bool:
         """Whether the products read float32 models' weights fastest in panels (`pack_for_cpu`, `panels`)."""
         return self.linear.reads_panels
+
+    @property
+    def block_inputs(self) -> int | None:
+        """The most inputs per sequence the native blocks and the whole forward take
+        (at any batch; `cpu_blocks.BLOCK_ROWS`), None where no block runs. Longer
+        sequences take the modules, whose bits differ in the last places, so a
+        forward mixing both kinds runs as two (`HybridModel.extend`)."""
+        return BLOCK_ROWS if self.native_blocks else None
+
+    @property
+    def block_call_rows(self) -> int:
+        """The most rows (batch · inputs) a plain forward gives one native call
+        (`cpu_blocks.CALL_ROWS`; `HybridModel.extend` splits larger batches by sequences)."""
+        return CALL_ROWS
 
     def layer_by_layer(self):
         """The context a layer-by-layer forward runs in: on the native backend torch's

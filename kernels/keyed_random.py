@@ -61,7 +61,8 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
-def _chain(seeds: torch.Tensor, positions: torch.Tensor, purpose: int, init: int, salt: int) -> torch.Tensor:
+def _chain(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.Tensor, init: int,
+           salt: int) -> torch.Tensor:
     """One 32-bit chain folding seed_lo, seed_hi, position_lo, position_hi, purpose."""
     h = _mix(((seeds & _MASK32) + init) & _MASK32)
     h = _mix(h ^ (((seeds >> 32) & _MASK32) ^ salt))
@@ -70,7 +71,8 @@ def _chain(seeds: torch.Tensor, positions: torch.Tensor, purpose: int, init: int
     return _mix(h ^ (purpose ^ salt))
 
 
-def _row_key(seeds: torch.Tensor, positions: torch.Tensor, purpose: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_key(seeds: torch.Tensor, positions: torch.Tensor,
+             purpose: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row key (key_a, key_b): two independent chains; shapes broadcast."""
     key_a = _chain(seeds, positions, purpose, _INIT_A, 0)
     key_b = _chain(seeds, positions, purpose, _INIT_B, _SALT_B)
@@ -115,10 +117,12 @@ def keyed_uniform(
     return _uniform(key_a, key_b, index)
 
 
-def keyed_gumbel(seeds: torch.Tensor, positions: torch.Tensor, purpose: int, vocab_size: int) -> torch.Tensor:
+def keyed_gumbel(seeds: torch.Tensor, positions: torch.Tensor, purpose: int | torch.Tensor,
+                 vocab_size: int) -> torch.Tensor:
     """Standard Gumbel noise g = -log(-log u), float64.
 
     seeds, positions: int64 [N]
+    purpose:          one of the PURPOSE_* ints, or int64 [N] (one per row)
     returns:          float64 [N, vocab_size]; entry [n, v] uses index v
     """
     _check_int64("seeds", seeds)
@@ -133,7 +137,8 @@ def keyed_gumbel(seeds: torch.Tensor, positions: torch.Tensor, purpose: int, voc
     return -torch.log(-torch.log(u))
 
 
-def gumbel_argmax(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
+def gumbel_argmax(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                  purpose: int | torch.Tensor) -> torch.Tensor:
     """Sample one token per row from ``probs`` by Gumbel-max with keyed noise.
 
     token[n] = argmax_v log(probs[n, v]) + g[n, v]  (float64; tokens with
@@ -142,6 +147,7 @@ def gumbel_argmax(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Ten
 
     probs:            float [N, V]
     seeds, positions: int64 [N]
+    purpose:          one of the PURPOSE_* ints, or int64 [N] (one per row)
     returns:          int64 [N]
     """
     if probs.dim() != 2 or probs.shape[0] != seeds.shape[0]:

@@ -38,10 +38,12 @@ HALVES = [torch.bfloat16, torch.float16]
 
 
 def storable(model):
-    """(name, tensor) of what pack_for_cpu may keep in bfloat16: linear weights, MoE experts, the embedding."""
+    """(name, tensor) of what pack_for_cpu may keep in bfloat16: linear weights, MoE routers and experts,
+    the embedding."""
     for module_name, module in model.named_modules():
         for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
-            if name in LINEAR_WEIGHTS or name == "embed" or (isinstance(module, MoE) and name in ("up", "down")):
+            if name in LINEAR_WEIGHTS or name == "embed" or (isinstance(module, MoE)
+                                                             and name in ("up", "down", "router")):
                 yield f"{module_name}.{name}".lstrip("."), p
 
 

@@ -100,10 +100,12 @@ def test_coupled_sampling_matches_plain_and_repeats(capsys, pair):
     assert first["token_ids"] == second["token_ids"] and first["sampling"]["seed"] == 7
 
 
-def test_rejection_sampling_draws_a_seed(capsys, pair):
+def test_sampling_draws_a_seed_and_so_repeats_plain_decoding(capsys, pair):
+    """Without --seed a sampled run draws one (printed); a seeded request is verified coupled under the
+    default --verify rejection, so the speculative tokens are plain decoding's."""
     target, draft = pair
     report, _ = run_json(capsys, ["x", "--model", target, "--draft", draft, "-n", "4", "--temperature", "1.0"])
-    assert isinstance(report["sampling"]["seed"], int) and report["same_as_plain"] is None
+    assert isinstance(report["sampling"]["seed"], int) and report["same_as_plain"] is True
 
 
 def test_policy_strings():

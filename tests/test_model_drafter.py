@@ -33,7 +33,7 @@ def propose(model, params, gammas, rows_of=None):
     drafter = ModelDrafter(model, 3, CACHE)
     drafter.start(reqs)
     rows = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], model.device)
-    proposal = drafter.propose(reqs, gammas, rows, coupled=False)
+    proposal = drafter.propose(reqs, gammas, rows, coupled=[False] * len(reqs))
     return proposal, [drafter.cache.computed_len[r.seq_id] for r in reqs]
 
 
@@ -90,7 +90,7 @@ def test_greedy_chain_probabilities_beside_a_sampled_row():
         drafter = ModelDrafter(model, 3, CACHE)
         drafter.start(reqs)
         rows = RowParams.of([r.params for r in reqs], [r.seed for r in reqs], model.device)
-        return drafter.propose(reqs, gammas, rows, coupled=False)
+        return drafter.propose(reqs, gammas, rows, coupled=[False] * len(reqs))
     together = run(range(len(PROMPTS)), GAMMAS)
     assert together.probs is not None
     for b, g in enumerate(GAMMAS):

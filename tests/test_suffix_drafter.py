@@ -122,7 +122,7 @@ def fake_request(seq_id, prompt, output=(), finish_reason=None):
 
 
 def propose(drafter, requests, gamma):
-    return drafter.propose(requests, [gamma] * len(requests), None, False).tokens
+    return drafter.propose(requests, [gamma] * len(requests), None, [False] * len(requests)).tokens
 
 
 @pytest.mark.parametrize("depth,min_prob", [(4, 0.1), (8, 0.3), (12, 0.0)])

@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="sampling seed (default: a random one, printed so the run can be repeated)")
     parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
-                        help="'coupled' makes sampled output identical to plain decoding with the same seed")
+                        help="'coupled' makes sampled output identical to plain decoding with the same seed (a seeded "
+                             "request, as every sampled run here, is verified so under 'rejection' too)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N or mps (default cpu)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay decode and verify forwards as captured CUDA graphs (a CUDA --device; "
@@ -323,7 +324,7 @@ def build_report(args, runs: dict, names: dict, llm, prompt_text: str, prompt: l
     from hybridspec.sampling.stopping import cut_text
     output = (runs.get("speculative") or runs["plain"])[0][0]
     speculative, plain = run_summary(runs.get("speculative")), run_summary(runs.get("plain"))
-    exact = args.temperature == 0 or args.verify == "coupled"
+    exact = args.temperature == 0 or args.verify == "coupled" or seed is not None  # seeded rows verify coupled
     both = speculative is not None and plain is not None
     pairs = [s / p for s, p in zip(speculative["tokens_per_s_runs"], plain["tokens_per_s_runs"])] if both else []
     return {
@@ -342,7 +343,7 @@ def build_report(args, runs: dict, names: dict, llm, prompt_text: str, prompt: l
         "speedup_range": [min(pairs), max(pairs)] if pairs else None,
         "speedup_method": f"median tok/s of {len(pairs)} interleaved plain and speculative runs each" if both
         else None,
-        # greedy and coupled outputs must equal plain decoding; rejection sampling draws differently
+        # greedy, coupled and seeded outputs must equal plain decoding; rejection sampling draws differently
         "same_as_plain": runs["speculative"][0][0].token_ids == runs["plain"][0][0].token_ids
         if both and exact else None,
     }

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="γ, drafts per sequence per round, or 'auto' (adaptive; default)")
     parser.add_argument("--max-draft-tokens", type=int, default=None, help="γ_max of 'auto' (default 8)")
     parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
-                        help="verification (default rejection: lossless rejection sampling)")
+                        help="verification (default rejection: lossless rejection sampling for requests without a "
+                             "seed, coupled for seeded ones; coupled: every sampled request)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="most sequences running at once (default 16)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="most tokens per sequence (default: the model's limit, at most 4096)")

@@ -185,8 +185,12 @@ class Engine:
     checkpoint: how the target's recurrent state is snapshotted during
         verification: a `CheckpointPolicy`, "auto" (`AutoCheckpointPolicy`),
         or None (default: a snapshot after every verify input).
-    verify: "rejection" (default: lossless rejection sampling) or "coupled"
-        (output token-identical to plain decoding with the same seed).
+    verify: "rejection" (default) or "coupled". "coupled": every sampled
+        request's output is token-identical to plain decoding with its seed.
+        "rejection": requests without a seed are verified by lossless
+        rejection sampling (it accepts the most drafts), and requests given a
+        seed coupled, so that a seed gives the same tokens alone or beside any
+        others, at any γ (`Speculator.coupled_rows`). Both are lossless.
     max_batch_size: most sequences running at once, samples counted (default
         16); more requests wait in the scheduler's queue.
     max_model_len: most tokens (prompt + generated) per sequence (default: the

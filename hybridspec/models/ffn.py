@@ -3,13 +3,12 @@ and mixture-of-experts with top-k routing (Shazeer et al. 2017)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hybridspec.kernels.descriptors import MLPDesc, MoEDesc
 
 from hybridspec.config import MLPConfig, MoEConfig
-from hybridspec.models.common import Kernelled, activation, compute_dtype, param, take
+from hybridspec.models.common import Kernelled, activation, as_dtype, compute_dtype, param, take
 
 
 class MLP(Kernelled, nn.Module):
@@ -72,17 +71,20 @@ class MoE(Kernelled, nn.Module):
                        shared=None if self.shared is None else self.shared.describe())
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [tokens, k], expert ids [tokens, k])."""
+        """(weights [tokens, k], expert ids [tokens, k]). The router's product is the
+        backend's `linear` like every other (packed like them, `pack_for_cpu`), so that
+        a token's routing does not depend on how many tokens the call holds."""
         cd = compute_dtype(x.dtype)
         if self.cfg.router == "sigmoid_group_topk":
-            weights, ids = sigmoid_group_topk(F.linear(x.to(cd), self.router.to(cd)), self.score_bias.to(cd), self.cfg,
-                                              self.ops.pointwise.sigmoid)
+            weights, ids = sigmoid_group_topk(self.ops.linear(as_dtype(x, cd), self.router), self.score_bias.to(cd),
+                                              self.cfg, self.ops.pointwise.sigmoid)
         elif self.cfg.router == "softmax_topk":
-            weights, ids = torch.topk(torch.softmax(F.linear(x, self.router).to(cd), dim=-1), self.cfg.top_k, dim=-1)
+            probs = torch.softmax(self.ops.linear(x, self.router).to(cd), dim=-1)
+            weights, ids = torch.topk(probs, self.cfg.top_k, dim=-1)
             if self.cfg.norm_topk_prob:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
         else:
-            top_logits, ids = torch.topk(F.linear(x, self.router), self.cfg.top_k, dim=-1)
+            top_logits, ids = torch.topk(self.ops.linear(x, self.router), self.cfg.top_k, dim=-1)
             weights = torch.softmax(top_logits.to(cd), dim=-1)
         return weights.to(x.dtype), ids
 

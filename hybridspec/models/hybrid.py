@@ -358,8 +358,64 @@ class HybridModel(Kernelled, nn.Module):
         becomes the head on success (a failed forward leaves every state as it
         was). With `snap_slot` ([batch, T], a tensor or lists) the caller owns the snapshot plan and
         the commit (speculative verification); `input_log`, when given, receives
-        each Mamba layer's inputs."""
-        plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
+        each Mamba layer's inputs.
+
+        A sequence's logits do not depend on the others of the call: where the
+        native blocks run, a call mixing sequences of more inputs than they take
+        (`Backend.block_inputs`) with sequences of at most that many runs as
+        several forwards, each sequence on the path it takes alone, the shorter
+        ones in groups of at most `Backend.block_call_rows` padded rows, all
+        committed together."""
+        parts = self._parts(token_lists) if snap_slot is None else None
+        if parts is None:
+            plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
+            logits = self._run(cache, plan, token_lists, last_only, input_log)
+            if snap_slot is None:
+                cache.commit_forward(plan)
+            return logits
+        plans, outs = [], []
+        try:
+            for rows in parts:
+                tokens = [token_lists[b] for b in rows]
+                plans.append(cache.plan_forward([seq_ids[b] for b in rows], [len(t) for t in tokens], None))
+                outs.append(self._run(cache, plans[-1], tokens, last_only, None))
+        except Exception:
+            for plan in plans[:len(outs)]:  # the failed part's own plan is aborted by `_run` or never made
+                cache.abort_forward(plan)
+            raise
+        for plan in plans:
+            cache.commit_forward(plan)
+        T = 1 if last_only else max(map(len, token_lists))
+        logits = outs[0].new_zeros(len(seq_ids), T, outs[0].shape[-1])  # [batch, T | 1, vocab]
+        for rows, out in zip(parts, outs):
+            logits[rows, :out.shape[1]] = out
+        return logits
+
+    def _parts(self, token_lists: list[list[int]]) -> list[list[int]] | None:
+        """The batch rows of each forward of a plain call (`extend`): groups of the
+        sequences the native blocks take, then the longer ones; None where the
+        call runs as one forward."""
+        limit = self.backend.block_inputs
+        if limit is None:
+            return None
+        parts, group, longest = [], [], 0
+        for b, tokens in enumerate(token_lists):
+            if len(tokens) > limit:
+                continue
+            if group and (len(group) + 1) * max(longest, len(tokens)) > self.backend.block_call_rows:
+                parts.append(group)
+                group, longest = [], 0
+            group.append(b)
+            longest = max(longest, len(tokens))
+        parts += [group] if group else []
+        longer = [b for b, tokens in enumerate(token_lists) if len(tokens) > limit]
+        parts += [longer] if longer else []
+        return parts if len(parts) > 1 else None
+
+    def _run(self, cache, plan, token_lists: list[list[int]], last_only: bool,
+             input_log: InputLog | None) -> torch.Tensor:
+        """The forward of `plan` (made by `cache.plan_forward`), uncommitted: a
+        captured graph, one native call, or layer by layer; aborts the plan if it raises."""
         batch = plan.batch
         batch.input_log = input_log
         graphs = cache.graphs  # captured CUDA graphs of the few-input forwards (`models.graphs`), or None
@@ -379,8 +435,6 @@ class HybridModel(Kernelled, nn.Module):
         except Exception:
             cache.abort_forward(plan)
             raise
-        if snap_slot is None:
-            cache.commit_forward(plan)
         return logits
 
     def forward_done(self, forwards: int = 1) -> None:

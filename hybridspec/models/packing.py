@@ -26,12 +26,12 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)  # what pack_for_cpu may keep weig
 
 def storable_16bit(name: str) -> bool:
     """Whether a canonical weight name is one `pack_for_cpu` may keep in bfloat16
-    or float16 under float32 compute (a linear weight, a MoE's expert stack, the
-    embedding), so that `load` need not widen it first; pack_for_cpu widens
+    or float16 under float32 compute (a linear weight, a MoE's router or expert stack,
+    the embedding), so that `load` need not widen it first; pack_for_cpu widens
     whatever else a float32 model holds in 16 bits."""
     parts = name.split(".")
     return (name == "embed_tokens.weight" or name.endswith(("experts.gate_up_proj", "experts.up_proj",
-                                                             "experts.down_proj"))
+                                                             "experts.down_proj", "router.weight"))
             or (len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in LINEAR_WEIGHTS))
 
 
@@ -50,13 +50,20 @@ def pack(model, exact_16bit: bool = True) -> None:
     def key(weight):  # one tensor's memory, a view of another included
         return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
-    def products(module, name: str, weight) -> bool:  # a linear weight, or a MoE's stack of experts'
+    def products(module, name: str, weight) -> bool:  # a linear weight, a MoE's router or stack of experts'
         return ((name in LINEAR_WEIGHTS and (weight.dim() == 2 or isinstance(weight, PanelWeight)))
-                or (isinstance(module, MoE) and name in ("up", "down") and weight.dim() == 3))
+                or (isinstance(module, MoE) and name in ("up", "down") and weight.dim() == 3)
+                or routes(module, name, weight))
+
+    def routes(module, name: str, weight) -> bool:  # a MoE's router: laid out like the others, never rounded
+        return isinstance(module, MoE) and name == "router" and (weight.dim() == 2 or isinstance(weight, PanelWeight))
 
     elsewhere = {key(weight) for module in model.modules()  # weights some other parameter also is
                  for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                  if not products(module, name, weight) and name != "embed"}
+    routers = {key(weight) for module in model.modules()  # bfloat16 compute keeps their products exact
+               for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
+               if routes(module, name, weight)}
     float32 = model.dtype is torch.float32
     panels_here = float32 and model.backend.reads_panels
 
@@ -70,6 +77,8 @@ def pack(model, exact_16bit: bool = True) -> None:
         """The dtype of the weight whose key is k and values [out, in] `weight`: bfloat16, else
         float16, where that is exact and allowed (a product weight: bfloat16 under bfloat16
         compute); a 16-bit weight of a float32 model (`load`'s) else widened; any other as it is."""
+        if rounded and k in routers:  # a 16-bit router would multiply rounded activations
+            return torch.float32
         if rounded and product and k not in elsewhere:
             return torch.bfloat16
         if exact_16bit and k not in elsewhere:

@@ -62,7 +62,7 @@ class ForcedRejections:
     def backlog(self, requests) -> list[int]:
         return self.inner.backlog(requests)
 
-    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         proposal = self.inner.propose(requests, gammas, rows, coupled)
         tokens = [list(d) for d in proposal.tokens]
         self.predicted = {}

@@ -47,8 +47,11 @@ class SamplingParams:
     min_p: drop tokens below min_p times the most likely token's probability,
         in [0, 1] (0.0, the default: off).
     seed: the request's sampling seed, an integer in [0, 2**63); None (default)
-        draws a fresh one. Sample i of n uses `hs.derived_seed(seed, i)`: the
-        same request with n=1 and that seed gives sample i's tokens.
+        draws a fresh one. A seeded request gives the same tokens alone or
+        beside any others, plain or speculative at any γ (its rows are
+        verified coupled; `Engine`'s `verify`). Sample i of n uses
+        `hs.derived_seed(seed, i)`: the same request with n=1 and that seed
+        gives sample i's tokens.
     n: samples per prompt (default 1); n > 1 needs temperature > 0.
     stop: strings that end the request; the output text is cut just before the
         first one (it may span tokens). Needs a detokenizer (`hs.LLM`, or
@@ -150,8 +153,8 @@ def derived_seed(seed: int, sample: int) -> int:
     samples: `seed` itself for sample 0 (so n=1 is unchanged), a hash of both
     for the others, in [0, 2**63). Noise is keyed by (seed, position), so the
     request with n=1 and `seed=hs.derived_seed(seed, i)` reproduces sample i's
-    tokens exactly (same engine settings: plain, or speculative with
-    verify="coupled")."""
+    tokens exactly (plain or speculative: a seeded request is verified
+    coupled)."""
     if sample == 0:
         return seed
     digest = hashlib.blake2b(f"{seed}/{sample}".encode(), digest_size=8).digest()
@@ -319,9 +322,11 @@ def process_logits(logits: torch.Tensor, rows: RowParams, context: PenaltyContex
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def sample(probs: torch.Tensor, rows: RowParams, positions: torch.Tensor, purpose: int = PURPOSE_SAMPLE) -> torch.Tensor:
+def sample(probs: torch.Tensor, rows: RowParams, positions: torch.Tensor,
+           purpose: int | torch.Tensor = PURPOSE_SAMPLE) -> torch.Tensor:
     """One token per row: argmax for greedy rows, keyed Gumbel-max otherwise.
-    probs [N, vocab], positions [N] (absolute position of the sampled token) -> [N]."""
+    probs [N, vocab], positions [N] (absolute position of the sampled token),
+    purpose (a PURPOSE_* int, or int64 [N]: one per row) -> [N]."""
     greedy = probs.argmax(dim=-1)
     if rows.flags.all_greedy or bool(rows.is_greedy.all()):
         return greedy

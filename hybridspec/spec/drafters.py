@@ -59,7 +59,7 @@ class NgramDrafter(StatelessDrafter):
                         return proposal
         return []
 
-    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         tokens = [self.lookup(r.output.prompt_token_ids + r.output.token_ids, g) if g > 0 else []
                   for r, g in zip(requests, gammas)]
         return Proposal(tokens, None)

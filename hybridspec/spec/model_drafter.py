@@ -61,9 +61,10 @@ class ModelDrafter:
                             [r.params.save_states_at for r in requests], [False] * len(requests))
         self.requests.update((r.seq_id, r) for r in requests)
 
-    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         """Drafts for the rows with gammas[b] > 0 only (the others cost nothing
-        and get none), row b drafting gammas[b] and stepping no further (its
+        and get none), row b drafting gammas[b] (with the target's keyed noise
+        where coupled[b], its own elsewhere) and stepping no further (its
         cache holds no position the scheduler did not reserve,
         `scheduler.round_positions`); q is [batch, G, vocab], zero where a row
         drafted nothing. The proposal carries what absorbing backlogs took
@@ -91,7 +92,8 @@ class ModelDrafter:
             return self._greedy_proposal(ids, active, drafts, logits, backlog)
         logits = self.model.extend(self.cache, ids_active, catch_up, last_only=True)[:, 0]  # [active, vocab]
         self._record(ids_active)
-        purpose = PURPOSE_SAMPLE if coupled else PURPOSE_DRAFT
+        purpose = torch.tensor([PURPOSE_SAMPLE if coupled[b] else PURPOSE_DRAFT for b in active],
+                               device=logits.device)  # [active]
         context = penalty_context(drafting, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
         drafts = [[] for _ in active]
         probs = None  # [active, G, vocab]
@@ -111,7 +113,7 @@ class ModelDrafter:
             keep = [k for k, j in enumerate(live) if limits[j] > i + 1]
             if len(keep) < len(live):  # rows at their γ_b step no further
                 picked = torch.tensor(keep, device=q.device)
-                live, d, rows = [live[k] for k in keep], d[picked], rows.select(picked)
+                live, d, rows, purpose = [live[k] for k in keep], d[picked], rows.select(picked), purpose[picked]
                 context = None if context is None else context.select(picked)
             live_ids = [ids_active[j] for j in live]
             logits = self.model.decode(self.cache, live_ids, d.tolist())

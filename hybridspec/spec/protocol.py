@@ -53,10 +53,11 @@ class Drafter(Protocol):
         """Per request, the committed tokens the next round that drafts for it
         absorbs before its catch-up (adaptive γ charges them); 0 for none."""
 
-    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         """Up to gammas[b] drafts per row (gammas may all be 0: the round then
-        drafts nothing); `coupled`: sample with the target's own keyed noise
-        (verify="coupled") instead of the drafter's."""
+        drafts nothing); `coupled[b]`: row b is verified coupled
+        (`Speculator.coupled_rows`), so a sampling drafter samples it with the
+        target's own keyed noise instead of the drafter's."""
 
     def commit(self, seq_ids: list[int], boundaries: list[int]) -> None:
         """Move each sequence to its accepted boundary (a computed length)."""
@@ -84,7 +85,7 @@ class StatelessDrafter:
     def backlog(self, requests) -> list[int]:
         return [0] * len(requests)
 
-    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         raise NotImplementedError
 
     def commit(self, seq_ids: list[int], boundaries: list[int]) -> None:

@@ -55,7 +55,15 @@ class Speculator:
     """Runs speculative rounds of `target` against `drafter` with γ = `gamma`
     drafts per sequence, snapshots placed by `policy`, the target's caches in
     `cache`. `coupled`: verify="coupled"; `check_invariants`: assert the
-    boundary invariant after every commit."""
+    boundary invariant after every commit.
+
+    Which rule verifies a row (`coupled_rows`): greedy rows the greedy rule;
+    sampled rows coupled under verify="coupled"; under verify="rejection"
+    (the default) a sampled row whose request carries a seed is verified
+    coupled too (its tokens are then plain seeded sampling's, whatever the
+    batch, γ or drafter: a seed reproduces under any load), and a row without
+    one by rejection sampling (it accepts the most drafts). Both rules are
+    lossless: coupled output is plain sampling from the target's distribution."""
 
     def __init__(self, target: HybridModel, drafter: Drafter, gamma: int, policy: CheckpointPolicy, cache,
                  coupled: bool = False, check_invariants: bool = False):
@@ -108,7 +116,7 @@ class Speculator:
             gammas = [max(0, min(g, r.params.max_new_tokens - len(r.output.token_ids) - 1))
                       for g, r in zip(asked, round.requests)]
             round.gammas = gammas
-            proposal: Proposal = self.drafter.propose(round.requests, gammas, rows, self.coupled)
+            proposal: Proposal = self.drafter.propose(round.requests, gammas, rows, self.coupled_rows(round.requests))
             vocab = self.target.vocab_size
             for d, g in zip(proposal.tokens, gammas):
                 bad = [t for t in d if not (isinstance(t, int) and 0 <= t < vocab)]
@@ -177,12 +185,20 @@ class Speculator:
             return torch.tensor(values, dtype=torch.long, device=p.device)
         draft_tokens = tensor([list(d) + [0] * (G - len(d)) for d in round.drafts]).view(B, G)  # [batch, G]
         num_draft = tensor([len(d) for d in round.drafts])  # [batch]
-        sampled_mode = MODE_COUPLED if self.coupled else MODE_REJECTION
-        mode = tensor([MODE_GREEDY if r.params.is_greedy else sampled_mode for r in round.requests])  # [batch]
+        mode = tensor([MODE_GREEDY if r.params.is_greedy else MODE_COUPLED if coupled else MODE_REJECTION
+                       for r, coupled in zip(round.requests, self.coupled_rows(round.requests))])  # [batch]
         positions = tensor([m + 1 for m in round.start_lens])  # [batch]: position m of d_1
         verify = self.target.backend.rejection  # the target's backend's (Triton or torch)
         out, n = verify(p, q, draft_tokens, num_draft, mode, rows.seeds, positions)
         return out.tolist(), n.tolist()
+
+    def coupled_rows(self, requests) -> list[bool]:
+        """Per row, whether a sampled row is verified coupled (and drafted with
+        the target's own keyed noise): every row under verify="coupled", else
+        the rows whose request was given a seed (`SamplingParams.seed`; the
+        samples of a seeded request with n > 1 too), so that a seeded request
+        gives the same tokens alone or beside any others, at any γ."""
+        return [self.coupled or r.params.seed is not None for r in requests]
 
     def commit(self, round: RoundBatch, stats: EngineStats) -> None:
         """Cut each row's tokens at its stops (`round.results`), then move the

@@ -79,7 +79,7 @@ class SuffixDrafter(StatelessDrafter):
         for r in requests:
             self.sequences[r.seq_id] = self._build(r)
 
-    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: bool) -> Proposal:
+    def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         tokens = []
         for r, g in zip(requests, gammas):
             seq = self._catch_up(r)

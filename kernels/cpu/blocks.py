@@ -28,7 +28,7 @@ forward.
 `DecoderLayer` calls its blocks first (`mixer_block`, `mlp_block`); they return None
 (and the modules run) unless every condition holds: the native kernels'
 (`cpu_native.takes`; for the Mamba block every row runs all its inputs), at
-most `BLOCK_ROWS` rows (batch · inputs), weights in panels or input-major
+most `BLOCK_ROWS` inputs per sequence (any batch), weights in panels or input-major
 (`pack_for_cpu`), and the plain form of the block: a gated SiLU MLP without
 biases or multipliers; a Mamba-2 mixer with RMSNorm(y ⊙ silu(z)), no
 projection biases or multipliers and the default Δ limits (its inputs go to
@@ -142,18 +142,24 @@ def _weight(weight: torch.Tensor, compute: torch.dtype) -> int:
     return cpu_native.product_address(weight, compute)
 
 
-# rows (batch · inputs) up to which a block runs: the rows `linear` gives the product kernel (the
-# whole forward's LM head takes the same kernel), so that a verify of γ + 1 = 5 inputs runs whole up
-# to batch 19 (the products in the kernel's streaming steps, from 10-16 rows its register tiles). One call
-# saves the modules' host work, which a batch-16 speculative round and a prefill of 64-96 tokens on the
-# small targets gain from; a larger model's prefill of that size runs a little slower, MKL's products
-# being ahead there
+# inputs per sequence up to which a block runs, whatever the batch: a sequence's bits then depend on
+# its own inputs only, since the forward takes the blocks for it alone and in any batch (a forward
+# mixing longer and shorter sequences runs as two, `HybridModel.extend`). The products take the
+# kernel at any row count (weights in panels; the blocks call it directly for input-major ones).
+# Longer sequences (a long prompt) take the modules: the attention's scores grow with inputs² and
+# torch's attention is ahead there. One call saves the modules' host work, which a batch-16
+# speculative round and a prefill of 64-96 tokens on the small targets gain from
 BLOCK_ROWS = MAX_ROWS
+
+# rows (batch · inputs) of a plain forward's one native call at most (`HybridModel.extend` splits a
+# larger batch by sequences): the calls' scratch grows with their rows and stays allocated, and past
+# these rows the products gain nothing more from sharing a weight's pass
+CALL_ROWS = 16 * BLOCK_ROWS
 
 
 def _takes_rows(h: torch.Tensor) -> bool:
     """The per-call conditions every block shares."""
-    return (h.dim() == 3 and 0 < h.shape[0] * h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
+    return (h.dim() == 3 and h.shape[0] > 0 and 0 < h.shape[1] <= BLOCK_ROWS and h.dtype is torch.float32 and h.is_cpu
             and h.is_contiguous() and not torch.is_grad_enabled() and cpu_native.available())
 
 

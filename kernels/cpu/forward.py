@@ -17,13 +17,13 @@ and a row's bits still do not depend on the batch.
 forward, `kernels.backend`); it returns None (and the layers run one by one,
 the blocks where they apply) unless every layer runs whole (a block for the
 kind of each part its descriptor names, and the blocks' own conditions:
-`cpu_blocks`), the rows (padded
-to the longest) fit `cpu_blocks.BLOCK_ROWS` and the cache's tensors are
+`cpu_blocks`), each row's inputs (padded to the longest) fit
+`cpu_blocks.BLOCK_ROWS`, at any batch, and the cache's tensors are
 float32 and contiguous. A row of fewer inputs runs padded with token 0: its
 padding writes no state and no K/V (slot -1 in both plans), attends to
 nothing and its logits are not read, and the recurrence and conv window are causal, so
 its real inputs get the bits they get alone. The LM head runs in C too, with
-the kernel `linear` gives it (`cpu_blocks.BLOCK_ROWS` is `cpu_rows.MAX_ROWS`).
+the kernel `linear` gives it at any row count (the head's weight in panels).
 """
 from __future__ import annotations
 
@@ -245,8 +245,7 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
         return None
     bsz, lengths = len(token_lists), [len(tokens) for tokens in token_lists]
     T = max(lengths, default=0)
-    rows = bsz * T
-    if not 0 < rows <= cpu_blocks.BLOCK_ROWS or min(lengths) < 1:
+    if not (bsz > 0 and 0 < T <= cpu_blocks.BLOCK_ROWS) or min(lengths) < 1:
         return None
     if min(lengths) < T:  # rows of fewer inputs (a verify of rows with fewer drafts) padded with token 0
         token_lists = [tokens + [0] * (T - len(tokens)) for tokens in token_lists]

@@ -35,8 +35,8 @@ import torch
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu.panels import PanelWeight
 
-# rows up to which `linear` takes the kernel: the whole blocks' rows (`cpu_blocks.BLOCK_ROWS`), so
-# that a row's bits do not depend on the batch for any verify or decode the whole forward runs.
+# rows up to which `linear` takes the kernel for an input-major weight (a MoE's experts; weights in
+# panels take it at any count); also the inputs per sequence the blocks take (`cpu_blocks.BLOCK_ROWS`).
 # With the weights out of cache the kernel is faster than MKL up to about 20 rows and about as fast
 # beyond, sometimes slower (`benches/cpu_kernels.py`)
 MAX_ROWS = 96
