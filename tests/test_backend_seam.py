@@ -42,6 +42,8 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "hybridspec/adapters/model_files.py": (frozenset({"device"}), "a file mapped copy-on-write is CPU memory"),
     "hybridspec/cli/args.py": (frozenset({"device", "cuda"}), "--device: refuses a CUDA device the machine lacks"),
     "hybridspec/engine/engine.py": (frozenset({"environ"}), "HYBRIDSPEC_CHECK: the engine's own invariant checks"),
+    "hybridspec/engine/cost_cache.py": (frozenset({"device", "cuda", "environ"}),
+                                        "a costs file's key names the GPU timed; its folder and switch are variables"),
     "hybridspec/engine/threads.py": (frozenset({"device"}), "torch's intra-op threads are set for a CPU model only"),
     "hybridspec/models/graphs.py": (frozenset({"cuda", "environ", "import"}),
                                     "CUDA graph capture itself; HYBRIDSPEC_CUDA_GRAPHS, its own switch; refuses the "
