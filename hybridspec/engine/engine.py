@@ -178,8 +178,10 @@ class Engine:
     num_draft_tokens: γ, drafts per sequence per round (default 4; >= 1), or
         "auto": γ per sequence per round in 0 … max_draft_tokens, chosen for
         the most expected tokens per second from acceptance estimates and
-        costs measured on this engine (`hybridspec.spec.gamma`; measured when
-        the Engine is built).
+        costs measured on this engine (`hybridspec.spec.gamma`; timed when
+        the Engine is built, at a few batch sizes, and kept on disk for the
+        next start of the same engine on this machine:
+        `hybridspec.engine.cost_cache`).
     max_draft_tokens: γ_max of "auto" (default 8).
     checkpoint: how the target's recurrent state is snapshotted during
         verification: a `CheckpointPolicy`, "auto" (`AutoCheckpointPolicy`),
