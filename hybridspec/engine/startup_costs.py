@@ -77,9 +77,9 @@ def startup_round_costs(target, drafter, policy, gamma_max: int, max_batch_size:
         began = time.perf_counter()
         log.info("timing rounds for num_draft_tokens='auto' at batch sizes %s (kept for later starts in %s)",
                  ", ".join(map(str, anchors)), cost_cache.cache_dir())
-        progress = functools.partial(tqdm, desc="timing rounds (batch sizes)", unit="batch", disable=None, leave=False)
-        costs = measure_round_costs(target, drafter.model, policy, gamma_max, anchors, new_cache, new_request,
-                                    progress=progress)
+        with tqdm(desc="timing rounds", unit="batch", disable=None, leave=False) as bar:  # a bar on a terminal only
+            costs = measure_round_costs(target, drafter.model, policy, gamma_max, anchors, new_cache, new_request,
+                                        progress=bar)
         log.info("rounds timed in %.1f s", time.perf_counter() - began)
         own = costs.replay is not None and not isinstance(policy, AutoCheckpointPolicy)  # an auto policy has its own
         cost_cache.store(key, costs, costs.replay.costs if own else None)
@@ -99,7 +99,7 @@ def scratch_len(gamma_max: int, repeats: int = REPEATS) -> int:
 
 
 def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, new_cache, new_request,
-                        repeats: int = REPEATS, clock=time.perf_counter, progress=iter) -> RoundCosts:
+                        repeats: int = REPEATS, clock=time.perf_counter, progress=None) -> RoundCosts:
     """`RoundCosts` of G = T − 1 drafts per row for T in the token grid (1, 2, 3,
     ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in seconds of `clock`
     (wall, as the engine's phase timers; `time.process_time` on a CPU other
@@ -112,16 +112,23 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     host work learned online); `policy`: the engine's checkpoint policy;
     `new_request(seq_id, params, prompt, first_token)`: an engine request
     that has emitted its first token (`hybridspec.engine.engine.scratch_request`);
-    `progress`: wraps the batch sizes as they are timed (a progress bar)."""
+    `progress`: None, or a tqdm bar each timed set of rows advances (its total set here)."""
     batches, tokens = sorted(set(batches)), token_grid(gamma_max)
     corners = sorted({batches[0], batches[-1]})  # the least and most batch
     replay = ReplayPrice.of(policy, target, gamma_max, batches, new_cache, clock)  # None: the policy never replays
     scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max, new_cache=new_cache,
                                 new_request=new_request, max_len=scratch_len(gamma_max, repeats), replay=replay)
-    greedy = [_measure_batch(scratch(b), tokens, repeats, clock) for b in progress(batches)]
+    if progress is not None:
+        progress.reset(total=len(batches) + len(corners))
+    advance = progress.update if progress is not None else lambda: None
+    greedy = []
+    for b in batches:
+        greedy.append(_measure_batch(scratch(b), tokens, repeats, clock))
+        advance()
     extra = {}  # rows that sample, at the corners of the batch and token grid
     for b in corners:
         measured = _measure_batch(scratch(b, temperature=1.0), sorted({1, tokens[-1]}), repeats, clock)
+        advance()
         extra[b] = _extra_of_sampling(greedy[batches.index(b)], measured)
     sampled = [_sampled_terms(row, b, extra, tokens) for b, row in zip(batches, greedy)]
     table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row in greedy) for name in TERMS}
