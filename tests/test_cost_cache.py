@@ -8,6 +8,7 @@ import json
 import pytest
 
 import hybridspec as hs
+from hybridspec.kernels.cpu.native import CACHE_ENV  # the root the costs share with the kernels' builds
 from hybridspec.costs.checkpoint_costs import COST_FIELDS, CheckpointCosts
 from hybridspec.costs.round_costs import RoundCosts, anchor_batches, measured_batches
 from hybridspec.engine import cost_cache, startup_costs
@@ -31,7 +32,7 @@ def linear_costs(batches=(1, 8, 32)) -> RoundCosts:
 @pytest.fixture
 def cache_on(tmp_path, monkeypatch):
     monkeypatch.setenv(cost_cache.SWITCH_ENV, "1")
-    monkeypatch.setenv(cost_cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     return tmp_path
 
 
@@ -101,10 +102,10 @@ def test_a_file_of_bad_costs_or_another_key_is_passed_over(cache_on):
 def test_an_unwritable_folder_or_the_switch_off_keeps_nothing(cache_on, monkeypatch):
     blocked = cache_on / "a-file"
     blocked.write_text("")
-    monkeypatch.setenv(cost_cache.CACHE_ENV, str(blocked))  # the folder would lie under a file
+    monkeypatch.setenv(CACHE_ENV, str(blocked))  # the folder would lie under a file
     cost_cache.store(key(), linear_costs(), None)  # passed over
     assert cost_cache.load(key(), 1) is None
-    monkeypatch.setenv(cost_cache.CACHE_ENV, str(cache_on))
+    monkeypatch.setenv(CACHE_ENV, str(cache_on))
     monkeypatch.setenv(cost_cache.SWITCH_ENV, "0")
     cost_cache.store(key(), linear_costs(), None)
     assert not cost_cache.cache_dir().exists() and cost_cache.load(key(), 1) is None

@@ -31,8 +31,8 @@ import torch
 
 from hybridspec.costs.checkpoint_costs import CheckpointCosts
 from hybridspec.costs.round_costs import RoundCosts
+from hybridspec.kernels import backend as backends
 
-CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"  # the root the native kernels' builds share
 SWITCH_ENV = "HYBRIDSPEC_COST_CACHE"  # "0": neither read nor write costs files
 FORMAT = 1  # the files' layout; a file of another is passed over
 MEASURING_CODE = ("startup_costs.py", "../costs/round_costs.py", "../costs/round_terms.py")  # what a file's numbers mean
@@ -46,19 +46,18 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hybridspec") / "costs"
+    return backends.cache_root() / "costs"
 
 
 def cost_key(target, draft_model, drafter, policy, gamma_max: int, state_dtype) -> dict:
     """Everything the measured costs depend on but the batch sizes, as JSON-able values."""
-    device = target.device
     return {
         "format": FORMAT,
         "code": _code_digest(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": [platform.machine(), _cpu_name(), os.cpu_count()],
-        "device": [device.type, torch.cuda.get_device_name(device) if device.type == "cuda" else None],
+        "device": backends.device_name(target.device),
         "target": model_fingerprint(target),
         "draft": None if draft_model is None else model_fingerprint(draft_model),
         "drafter": type(drafter).__qualname__,
