@@ -196,6 +196,17 @@ def default_dtype(device: torch.device | str) -> torch.dtype | None:
     return torch.float32 if torch.device(device).type == "cpu" else None
 
 
+def device_name(device: torch.device | str) -> str:
+    """What a measurement on `device` depends on: its type, and a GPU's model."""
+    device = torch.device(device)
+    return f"cuda:{torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
+
+
+def cache_root():
+    """The per-user folder for what hybridspec builds or measures (`HYBRIDSPEC_CACHE_DIR`)."""
+    return cpu_native.cache_root()
+
+
 def packs_for_cpu(device: torch.device | str) -> bool:
     """Whether a model loaded onto `device` has its weights packed for the CPU kernels by default."""
     return torch.device(device).type == "cpu"

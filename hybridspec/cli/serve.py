@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from pathlib import Path
 
 from hybridspec.cli.args import DTYPE_NAMES, add_model_arguments, gamma_arg
 from hybridspec.errors import UsageError
 from hybridspec.serve import DEFAULT_MAX_N
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from hybridspec.tp.launch import is_first_rank, join
     device = join(args.tensor_parallel_size, args.device)
+    began = time.perf_counter()
+    log.info("loading %s", args.model or "the embedded model pair")  # said before the wait, not after
     llm = build_llm(args, device)
+    log.info("loaded in %.1f s", time.perf_counter() - began)
     if not is_first_rank():  # tensor parallel: rank 0 serves and tells this rank what to run
         from hybridspec.serve.loop import follow
         follow(llm.engine)

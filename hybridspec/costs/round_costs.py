@@ -1,10 +1,12 @@
 """`RoundCosts`: the terms of a round measured at an engine's start-up
 (`hybridspec.engine.startup_costs`), per measured batch size and token count, and
-read between them (linear); the batch sizes start-up measures
-(`measured_batches`). Adaptive γ (`spec/gamma.py`) prices its rounds from
-them."""
+read between them (linear); the batch sizes an engine's table holds
+(`measured_batches`) and the fewer start-up times (`anchor_batches`), the
+rest read between and past them (`RoundCosts.resampled`). Adaptive γ
+(`spec/gamma.py`) prices its rounds from them."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -102,6 +104,28 @@ class RoundCosts:
                           commit_s=0.0 if G == 0 else self._at(self.commit_s, batch, T),
                           host_s=self._at(self.host_s, batch, T))
 
+    def resampled(self, batches) -> "RoundCosts":
+        """These costs at `batches` (ascending): each term read at every batch
+        as `terms` reads it (linear between the measured batches, extended
+        linearly past them, clamped at 0), so a table timed at a few batches
+        keeps one bucket of online corrections per batch of `batches`."""
+        batches = tuple(batches)
+
+        def table(values: Table | None) -> Table | None:
+            if values is None:
+                return None
+            columns = list(zip(*values))  # [tokens][batch]
+            return tuple(tuple(interpolate(self.batches, column, b) for column in columns) for b in batches)
+
+        def per_batch(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+            return None if values is None else tuple(interpolate(self.batches, values, b) for b in batches)
+
+        return dataclasses.replace(
+            self, batches=batches, forward_s=table(self.forward_s), draft_step_s=per_batch(self.draft_step_s),
+            row_draft_s=per_batch(self.row_draft_s), draft_s=table(self.draft_s), sampling_s=table(self.sampling_s),
+            commit_s=table(self.commit_s), host_s=table(self.host_s), absorb_s=per_batch(self.absorb_s),
+            sampled_sampling_s=table(self.sampled_sampling_s), sampled_draft_s=table(self.sampled_draft_s))
+
     def bucket(self, batch: int) -> int:
         """Index of the measured batch nearest to `batch` (where online corrections are kept)."""
         return min(range(len(self.batches)), key=lambda i: abs(self.batches[i] - batch))
@@ -114,3 +138,15 @@ def measured_batches(max_batch_size: int) -> list[int]:
         batches.append(b)
         b *= 2
     return batches + [max_batch_size]
+
+
+ANCHORS = (1, 8, 32)  # batch sizes start-up times: the rest of a table is read between and past them
+
+
+def anchor_batches(max_batch_size: int) -> list[int]:
+    """Batch sizes start-up times for an engine of `max_batch_size` rows: the
+    `ANCHORS` below it and the limit, at most the largest anchor (a round's
+    terms grow about linearly in the batch, and what a larger batch costs
+    beyond the line the online corrections learn, per batch size)."""
+    top = min(max_batch_size, ANCHORS[-1])
+    return sorted({b for b in ANCHORS if b < top} | {top})

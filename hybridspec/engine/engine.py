@@ -39,10 +39,9 @@ from hybridspec.engine.scheduler import Scheduler
 from hybridspec.sampling.sampler import RowParams, SamplingParams, derived_seed
 from hybridspec.spec.drafters import Drafter, as_draft, as_drafter
 from hybridspec.spec.gamma import GammaController
-from hybridspec.costs.round_costs import measured_batches
 from hybridspec.spec.round import RowResult
 from hybridspec.spec.speculator import Speculator
-from hybridspec.engine.startup_costs import measure_round_costs
+from hybridspec.engine.startup_costs import startup_round_costs
 from hybridspec.engine.stats import EngineStats
 from hybridspec.sampling.stopping import Cut, StopRule
 
@@ -179,8 +178,10 @@ class Engine:
     num_draft_tokens: γ, drafts per sequence per round (default 4; >= 1), or
         "auto": γ per sequence per round in 0 … max_draft_tokens, chosen for
         the most expected tokens per second from acceptance estimates and
-        costs measured on this engine (`hybridspec.spec.gamma`; measured when
-        the Engine is built).
+        costs measured on this engine (`hybridspec.spec.gamma`; timed when
+        the Engine is built, at a few batch sizes, and kept on disk for the
+        next start of the same engine on this machine:
+        `hybridspec.engine.cost_cache`).
     max_draft_tokens: γ_max of "auto" (default 8).
     checkpoint: how the target's recurrent state is snapshotted during
         verification: a `CheckpointPolicy`, "auto" (`AutoCheckpointPolicy`),
@@ -288,10 +289,11 @@ class Engine:
         self._next_request_id = 0
 
     def _gamma_controller(self, drafter: Drafter, gamma_max: int) -> GammaController:
-        """γ per round from costs measured now on scratch caches of this engine's models."""
+        """γ per round from costs timed on scratch caches of this engine's models (now, or
+        at an earlier start of the same engine on this machine: `hybridspec.engine.cost_cache`)."""
         new_cache = functools.partial(scratch_cache, self.target, state_dtype=self.state_dtype)
-        costs = measure_round_costs(self.target, drafter.model, self.speculator.policy, gamma_max,
-                                    measured_batches(self.max_batch_size), new_cache, scratch_request)
+        costs = startup_round_costs(self.target, drafter, self.speculator.policy, gamma_max, self.max_batch_size,
+                                    self.state_dtype, new_cache, scratch_request)
         return GammaController(gamma_max, costs)
 
     def _new_cache(self, ring_slots: int) -> HybridCache:

@@ -18,14 +18,22 @@ corners of the batch and token grid for the sampling and draft terms that
 sampling changes (the rejection kernel, the drafter's q). What start-up
 cannot see (filters and penalties, a loaded machine) the controller learns
 online (`spec/gamma.py`).
+
+An engine times a few batch sizes (`anchor_batches`) and reads the rest of
+its table between and past them (`startup_round_costs`); the costs it timed
+are kept on disk for its next start (`hybridspec.engine.cost_cache`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import statistics
 import time
 
-from hybridspec.checkpoints.auto import ReplayPrice
+from tqdm.auto import tqdm
+
+from hybridspec.checkpoints.auto import AutoCheckpointPolicy, ReplayPrice
 from hybridspec.costs.checkpoint_costs import interpolate
 from hybridspec.checkpoints.measure import ScratchForwards, device_sync, fastest
 from hybridspec.checkpoints.policy import ring_halves_by_default
@@ -34,7 +42,8 @@ from hybridspec.costs.round_terms import TERMS, RoundTerms
 from hybridspec.cache.hybrid_cache import scratch_cache
 from hybridspec.sampling.next_token import sample_next
 from hybridspec.sampling.sampler import RowParams, SamplingParams
-from hybridspec.costs.round_costs import RoundCosts
+from hybridspec.costs.round_costs import RoundCosts, anchor_batches, measured_batches
+from hybridspec.engine import cost_cache
 from hybridspec.spec.model_drafter import ModelDrafter
 from hybridspec.spec.round import RowResult
 from hybridspec.spec.speculator import Speculator
@@ -44,6 +53,37 @@ PROMPT_LEN = 64  # tokens each scratch row holds before the measured rounds: att
 REPEATS = 3  # runs of each kind of call per batch (`_measure_batch`)
 WARM_CALLS = {False: 1, True: 4}  # untimed calls before a timed round (False) or plain step (True)
 ABSORB_LEN = 16  # tokens per row of the measured absorption (a drafter's backlog forward)
+
+log = logging.getLogger(__name__)
+
+
+def startup_round_costs(target, drafter, policy, gamma_max: int, max_batch_size: int, state_dtype, new_cache,
+                        new_request) -> RoundCosts:
+    """The `RoundCosts` of an engine of `max_batch_size` rows, at
+    `measured_batches(max_batch_size)`: the costs kept for this engine's key
+    (`cost_cache`), else timed now at `anchor_batches` (said in a log line,
+    with a progress bar on a terminal) and kept; read between and past the
+    timed batches (`RoundCosts.resampled`). Arguments as `measure_round_costs`'s;
+    `drafter`: the engine's, `state_dtype`: its states'."""
+    anchors = anchor_batches(max_batch_size)
+    key = cost_cache.cost_key(target, drafter.model, drafter, policy, gamma_max, state_dtype)
+    kept = cost_cache.load(key, anchors[-1])
+    if kept is not None:
+        costs, checkpoint_costs = kept
+        replay = ReplayPrice(policy, checkpoint_costs) if checkpoint_costs is not None else \
+            ReplayPrice.of(policy, target, gamma_max, anchors, new_cache)
+        costs = dataclasses.replace(costs, replay=replay)
+    else:
+        began = time.perf_counter()
+        log.info("timing rounds for num_draft_tokens='auto' at batch sizes %s (kept for later starts in %s)",
+                 ", ".join(map(str, anchors)), cost_cache.cache_dir())
+        with tqdm(desc="timing rounds", unit="batch", disable=None, leave=False) as bar:  # a bar on a terminal only
+            costs = measure_round_costs(target, drafter.model, policy, gamma_max, anchors, new_cache, new_request,
+                                        progress=bar)
+        log.info("rounds timed in %.1f s", time.perf_counter() - began)
+        own = costs.replay is not None and not isinstance(policy, AutoCheckpointPolicy)  # an auto policy has its own
+        cost_cache.store(key, costs, costs.replay.costs if own else None)
+    return costs.resampled(measured_batches(max_batch_size))
 
 
 def token_grid(gamma_max: int) -> list[int]:
@@ -59,7 +99,7 @@ def scratch_len(gamma_max: int, repeats: int = REPEATS) -> int:
 
 
 def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, new_cache, new_request,
-                        repeats: int = REPEATS, clock=time.perf_counter) -> RoundCosts:
+                        repeats: int = REPEATS, clock=time.perf_counter, progress=None) -> RoundCosts:
     """`RoundCosts` of G = T − 1 drafts per row for T in the token grid (1, 2, 3,
     ⌈(γ_max + 1)/2⌉, γ_max + 1) at each batch size, in seconds of `clock`
     (wall, as the engine's phase timers; `time.process_time` on a CPU other
@@ -71,16 +111,24 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     the drafter's model (None: a drafter without one, whose proposals are
     host work learned online); `policy`: the engine's checkpoint policy;
     `new_request(seq_id, params, prompt, first_token)`: an engine request
-    that has emitted its first token (`hybridspec.engine.engine.scratch_request`)."""
+    that has emitted its first token (`hybridspec.engine.engine.scratch_request`);
+    `progress`: None, or a tqdm bar each timed set of rows advances (its total set here)."""
     batches, tokens = sorted(set(batches)), token_grid(gamma_max)
     corners = sorted({batches[0], batches[-1]})  # the least and most batch
     replay = ReplayPrice.of(policy, target, gamma_max, batches, new_cache, clock)  # None: the policy never replays
     scratch = functools.partial(ScratchRounds, target, draft_model, policy, gamma_max, new_cache=new_cache,
                                 new_request=new_request, max_len=scratch_len(gamma_max, repeats), replay=replay)
-    greedy = [_measure_batch(scratch(b), tokens, repeats, clock) for b in batches]
+    if progress is not None:
+        progress.reset(total=len(batches) + len(corners))
+    advance = progress.update if progress is not None else lambda: None
+    greedy = []
+    for b in batches:
+        greedy.append(_measure_batch(scratch(b), tokens, repeats, clock))
+        advance()
     extra = {}  # rows that sample, at the corners of the batch and token grid
     for b in corners:
         measured = _measure_batch(scratch(b, temperature=1.0), sorted({1, tokens[-1]}), repeats, clock)
+        advance()
         extra[b] = _extra_of_sampling(greedy[batches.index(b)], measured)
     sampled = [_sampled_terms(row, b, extra, tokens) for b, row in zip(batches, greedy)]
     table = {name: tuple(tuple(row[T].as_dict()[name] for T in tokens) for row in greedy) for name in TERMS}

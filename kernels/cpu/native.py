@@ -135,8 +135,13 @@ def cpu_supported() -> bool:
             and torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")))
 
 
+def cache_root() -> Path:
+    """The per-user folder hybridspec keeps what it builds or measures in (`HYBRIDSPEC_CACHE_DIR`)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hybridspec")
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hybridspec") / "kernels"
+    return cache_root() / "kernels"
 
 
 def build(directory: Path | None = None) -> Path:
