@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -258,13 +259,25 @@ def test_gpu_launches_quick(benches, tmp_path, monkeypatch):
     assert rows[0]["launches"] == rows[1]["launches"]
 
 
-def test_targets_quick(benches, tmp_path):
-    """Every bench the targets table reads runs (in its own process) and its JSON
-    still has what the table takes: a figure and a verdict in every row."""
-    out = tmp_path / "targets.json"
-    assert bench_main("targets")(["--quick", "--out", str(out)]) == 0
-    payload = json.loads(out.read_text())
+def test_targets_quick(benches, tmp_path, monkeypatch):
+    """Every bench the targets table reads runs and its JSON still has what the
+    table takes: a figure and a verdict in every row. The benches run in this
+    process from the command lines `run_bench` makes (each bench's own quick test runs
+    it too; a process each would only add interpreter and torch start-ups)."""
+    bench_main("targets")
     targets = sys.modules["targets"]
+    commands = []
+
+    def in_process(command, check, cwd):
+        commands.append(command)
+        assert check and Path(cwd) == BENCHES and command[0] == sys.executable
+        assert bench_main(Path(command[1]).stem)(command[2:]) in (0, None)
+
+    monkeypatch.setattr(targets, "subprocess", SimpleNamespace(run=in_process))  # targets' calls only
+    out = tmp_path / "targets.json"
+    assert targets.main(["--quick", "--out", str(out)]) == 0
+    assert [Path(c[1]).name for c in commands] == [f"{run.bench}.py" for run in targets.RUNS]
+    payload = json.loads(out.read_text())
     assert set(payload["runs"]) == {run.bench for run in targets.RUNS}
     assert {r["bench"] for r in payload["rows"]} == set(payload["runs"])
     for row in payload["rows"]:
