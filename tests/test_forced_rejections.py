@@ -10,6 +10,7 @@ import torch
 import hybridspec as hs
 from hybridspec.rollback import (POLICIES, failed_round, force_rejections, perturbed_copy, plain_outputs, run_suite,
                                  speculative_parity, tiny_model, workload)
+from hybridspec.spec.speculator import RoundHook  # its other calls do nothing
 from oracles import QWEN_GDN, bamba
 
 
@@ -29,20 +30,11 @@ FAMILIES = {"tiny hybrid": lambda: tiny_model(0), "bamba": lambda: hs.from_hf(ba
             "qwen3_5_moe": hf_init_qwen3_5_moe}
 
 
-class AcceptedCounts:
+class AcceptedCounts(RoundHook):
     """A round hook keeping every round's (seq_id, drafts, accepted) of the rows asked for drafts."""
 
     def __init__(self):
         self.rows = []
-
-    def round_started(self, round):
-        pass
-
-    def phase_started(self, phase):
-        pass
-
-    def committed(self, round):
-        pass
 
     def round_ended(self, round, error):
         self.rows += [(s, d, n) for s, g, d, n in zip(round.seq_ids, round.gammas, round.drafts, round.accepted) if g]
