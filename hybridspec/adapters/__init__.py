@@ -125,6 +125,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     model = _build(config, weights, tensor_parallel_size, report,
                    lambda w: _owned(_cast(w, dtype, pack)) if mapped else _cast(w, dtype, pack))
     del weights
+    model.source_dir = path
     if pack:
         model.pack_for_cpu()
     if compute is not torch.float32:

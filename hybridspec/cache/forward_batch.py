@@ -12,6 +12,7 @@ from hybridspec.kernels.slot_plan import SlotPlan
 
 if TYPE_CHECKING:  # a forward carries the checkpoints' log; the cache never builds one
     from hybridspec.checkpoints.input_log import InputLog
+    from hybridspec.cache.hidden_states import HiddenCapture
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ForwardBatch:
     start_lens: list[int]  # computed length of each row before the forward: input t sits at start + t
     kv: object | None  # KVWriteMeta from PagedKVCache.prepare_write; None without attention layers
     input_log: InputLog | None = field(default=None)  # Mamba layer -> its log, filled when not None
+    hidden: HiddenCapture | None = None  # the hidden states a drafter reads (`cache.hidden_states`), when not None
     final_state_only: bool = False  # only the state after each row's last input is wanted (prefill, plain extend)
     shared: dict = field(default_factory=dict)  # per-forward values every layer of a kind reuses (rotary angles)
 

@@ -25,6 +25,7 @@ from hybridspec.cache.state_specs import default_state_dtype
 
 from hybridspec.errors import CacheFullError, InvariantError
 from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.cache.hidden_states import HiddenStates
 from hybridspec.cache.paged_kv import KVWriteMeta, PagedKVCache
 
 if TYPE_CHECKING:  # the cache sits below the model configuration's users; it reads a config, never builds one
@@ -98,6 +99,7 @@ class HybridCache:
         self.states = StatePool(specs, max_seqs, ring_slots, self.state_dtype, self.device) if specs else None
         self.computed_len: dict[int, int] = {}
         self.graphs = None  # ForwardGraphs (hybridspec.models.graphs) when the forwards over this cache are captured
+        self.hidden: HiddenStates | None = None  # a drafter's record of the hidden states its forwards compute
 
     # -- sequences ----------------------------------------------------------------------------
 
@@ -134,6 +136,8 @@ class HybridCache:
             if self.states is not None:
                 self.states.free_sequence(s)
             del self.computed_len[s]
+        if self.hidden is not None:
+            self.hidden.drop(seq_ids)
 
     def head(self, seq_id: int) -> int:
         return self.states.head(seq_id) if self.states is not None else -1
@@ -210,7 +214,8 @@ class HybridCache:
         slots = SlotPlan.of_lists([self.head(s) for s in seq_ids], snap, num_new, self.device)
         kv_meta = self.kv.prepare_write(seq_ids, num_new, start) if self.kv is not None else None
         kv_start = [self.kv.kv_len(s) for s in seq_ids] if self.kv is not None else list(start)
-        batch = ForwardBatch(slots=slots, start_lens=start, kv=kv_meta, final_state_only=final_state_only)
+        batch = ForwardBatch(slots=slots, start_lens=start, kv=kv_meta, final_state_only=final_state_only,
+                             hidden=None if self.hidden is None else self.hidden.capture())
         return ForwardPlan(seq_ids, start, kv_start, list(num_new), final, batch)
 
     def abort_forward(self, plan: ForwardPlan) -> None:
@@ -218,6 +223,15 @@ class HybridCache:
         if self.kv is not None:
             for s, n in zip(plan.seq_ids, plan.kv_start_lens):
                 self.kv.truncate(s, n)
+        if self.hidden is not None:
+            for s, start in zip(plan.seq_ids, plan.start_lens):
+                self.hidden.rewind(s, start)
+
+    def record_hidden(self, plan: ForwardPlan) -> None:
+        """Hand the hidden states `plan`'s forward captured to `hidden`, pending
+        until a commit keeps the accepted ones (`HiddenStates`)."""
+        if self.hidden is not None and plan.batch.hidden is not None and plan.batch.hidden.values is not None:
+            self.hidden.put(plan.seq_ids, plan.start_lens, plan.num_new, plan.batch.hidden.values)
 
     def commit_forward(self, plan: ForwardPlan) -> None:
         """Advance every row by all its new tokens (plain prefill/extend/decode). A row
@@ -228,6 +242,8 @@ class HybridCache:
                 if self.states is not None:
                     self.states.set_head(s, slot, start + n)
                 self.computed_len[s] = start + n
+                if self.hidden is not None:
+                    self.hidden.commit(s, start + n)
             else:
                 self.commit(s, start + n, slot)
 
@@ -292,6 +308,8 @@ class HybridCache:
         length, at most what the last forward absorbed): the KV length (pages
         wholly past it freed) and the ring head, which must hold the state there."""
         self._move_to(seq_id, boundary, head_slot)
+        if self.hidden is not None:
+            self.hidden.commit(seq_id, boundary)
 
     def rewind_to(self, seq_id: int, computed_len: int, head_slot: int) -> None:
         """Move every layer of `seq_id` back to an earlier `computed_len` whose
@@ -301,6 +319,8 @@ class HybridCache:
             raise ValueError(f"rewind_to(seq {seq_id}, computed_len={computed_len}) is past its computed length "
                              f"{self.computed_len[seq_id]}; a forward's `commit` moves a sequence forward")
         self._move_to(seq_id, computed_len, head_slot)
+        if self.hidden is not None:
+            self.hidden.rewind(seq_id, computed_len)
 
     def _move_to(self, seq_id: int, computed_len: int, head_slot: int) -> None:
         if self.kv is not None:

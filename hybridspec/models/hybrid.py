@@ -144,6 +144,7 @@ class HybridModel(Kernelled, nn.Module):
         self.tensor_parallel = None  # the TensorParallel group this model is a shard over (`shard_over`)
         self.vocab_shard: tuple[int, int] | None = None  # (first id, rows) of a vocab-parallel shard's tables
         self.load_report = None  # hybridspec.adapters.LoadReport after hs.from_hf / hs.load: tensors left unused
+        self.source_dir = None  # the directory hs.load read (where draft="mtp" finds the MTP weights), else None
         self.bind_backend()
 
     def shard_over(self, tp) -> "HybridModel":
@@ -298,8 +299,14 @@ class HybridModel(Kernelled, nn.Module):
         if self.config.embedding_multiplier != 1.0:
             h = h * self.config.embedding_multiplier
         embeddings = h
-        for layer in self.layers:
+        capture = batch.hidden
+        kept = [] if capture is not None else None  # [batch, T, hidden] at each captured point
+        for i, layer in enumerate(self.layers):
+            if capture is not None and i in capture.points:
+                kept.append(h)
             h = layer(h, batch, cache, embeddings)
+        if capture is not None:
+            capture.values = torch.stack(kept + [h] * (len(self.layers) in capture.points), 2)  # [batch, T, k, hidden]
         if last_only and T > 1:
             h = h.view(bsz * T, -1).index_select(0, batch.slots.last_index).view(bsz, 1, -1)
         return self.head(h)
@@ -420,7 +427,7 @@ class HybridModel(Kernelled, nn.Module):
         batch.input_log = input_log
         graphs = cache.graphs  # captured CUDA graphs of the few-input forwards (`models.graphs`), or None
         try:
-            if graphs is not None and graphs.takes(plan) and (
+            if graphs is not None and batch.hidden is None and graphs.takes(plan) and (
                     graphed := graphs.run(plan, token_lists, last_only, input_log)) is not None:
                 logits, finite = graphed, False
             elif (whole := self.whole(token_lists, batch, cache, last_only)) is not None:
@@ -431,6 +438,7 @@ class HybridModel(Kernelled, nn.Module):
                 finite = False
             if not finite:
                 check_finite(logits, batch.num_tokens, last_only)
+            cache.record_hidden(plan)
             self.forward_done()
         except Exception:
             cache.abort_forward(plan)

@@ -11,6 +11,8 @@ ever asks which kind it holds.
   in earlier requests' outputs, from incrementally kept n-gram counts; q is
   one-hot too.
 - `ModelDrafter` (`spec.model_drafter`): any HybridModel with its own cache.
+- `MTPDrafter` (`spec.mtp_drafter`): the target checkpoint's MTP layer, reading
+  the target's hidden states.
 
 `as_draft` normalises what `Engine(draft=...)` and `LLM(draft=...)` accept,
 `as_drafter` makes the Engine's drafter of it.
@@ -22,11 +24,13 @@ from pathlib import Path
 import torch
 
 from hybridspec.adapters import load
+from hybridspec.adapters.mtp import load_mtp
 from hybridspec.cache.prefix_cache import PrefixCache
 from hybridspec.errors import ConfigError
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.sampler import RowParams
 from hybridspec.spec.model_drafter import ModelDrafter
+from hybridspec.spec.mtp_drafter import MTPDrafter
 from hybridspec.spec.protocol import Drafter, Proposal, StatelessDrafter
 from hybridspec.spec.suffix_drafter import SuffixDrafter
 
@@ -67,7 +71,8 @@ class NgramDrafter(StatelessDrafter):
 
 MODEL_FREE = {"ngram": NgramDrafter, "suffix": SuffixDrafter}  # the names that make a model-free drafter
 
-DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix decoding), a draft model '
+DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix decoding), "mtp" (the target '
+               'checkpoint\'s multi-token-prediction layer; "mtp:DIR": one trained beside it), a draft model '
                'directory, a HybridModel (hs.from_hf / hs.load) sharing the target\'s vocabulary, '
                'hs.NgramDrafter(...), hs.SuffixDrafter(...), or a Drafter: '
                'model, cache, prefix, start, backlog, propose, commit, revert, release and check_invariant '
@@ -83,6 +88,8 @@ def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridMode
         return draft
     if isinstance(draft, str) and draft in MODEL_FREE:
         return MODEL_FREE[draft]()
+    if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
+        return draft  # read from the target's checkpoint by `as_drafter`
     if isinstance(draft, (str, Path)):
         return load(draft, dtype=dtype, device="cpu" if device is None else device)
     raise ConfigError(f"draft={_short(draft)} ({type(draft).__name__}) is not a drafter; pass {DRAFT_FORMS}")
@@ -94,6 +101,8 @@ def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
     directory loads in the target's dtype, on its device): None for plain
     decoding, a HybridModel run as a `ModelDrafter` (with its own prefix cache
     when `prefix_cache` is set), or the Drafter itself."""
+    if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
+        return MTPDrafter(load_mtp(target, draft[4:] or None), cache_kwargs)
     draft = as_draft(draft, target.dtype, target.device)
     if not isinstance(draft, HybridModel):
         return draft

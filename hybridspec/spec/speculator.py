@@ -70,6 +70,9 @@ class Speculator:
         self.target, self.drafter, self.gamma, self.policy = target, drafter, gamma, policy
         self.cache, self.coupled, self.check = cache, coupled, check_invariants
         self.checkpointer = Checkpointer(target, cache)
+        hidden = getattr(drafter, "hidden", None)  # a drafter reading the target's hidden states (MTP, EAGLE-3)
+        if hidden is not None:
+            cache.hidden = hidden  # every forward of the target over `cache` records them
         self.acceptance_history: list[float] = []  # accepted / drafted of every round so far
         self.hooks: list[RoundHook] = []
 

@@ -52,9 +52,18 @@ static inline float embed_value(const hs_forward_args *a, const void *w, uintptr
            : type == HS_BF16_WEIGHT ? bf16_value(((const uint16_t *)w)[at]) : ((const float *)w)[at];
 }
 
+/* point i of the layer stack (h: [batch · T, hidden]) into its slot of a->hidden_out, where kept */
+static void keep_hidden(const hs_forward_args *a, int64_t point, const float *h) {
+    if (!a->hidden_out || a->hidden_points[point] < 0) return;
+    const int64_t rows = a->batch * a->T, hidden = a->hidden, k = a->hidden_points[point];
+    for (int64_t r = 0; r < rows; ++r)
+        memcpy(a->hidden_out + (r * a->num_points + k) * hidden, h + r * hidden, sizeof(float) * (size_t)hidden);
+}
+
 int hs_forward(const hs_forward_args *a) {
     const int64_t rows = a->batch * a->T, hidden = a->hidden;
-    if (rows < 1 || hidden < 1 || a->num_layers < 0) return -1;
+    if (rows < 1 || hidden < 1 || a->num_layers < 0 || (a->hidden_out && (!a->hidden_points || a->num_points < 1)))
+        return -1;
     const int64_t kept = a->last_index ? a->batch : rows;
     int64_t max_context = 0;
     for (int64_t b = 0; a->context_lens && b < a->batch; ++b) max_context = max64(max_context, a->context_lens[b]);
@@ -84,6 +93,7 @@ int hs_forward(const hs_forward_args *a) {
     for (int64_t i = 0; i < a->num_layers; ++i) {
         const hs_layer *l = a->layers + i;
         float *t;
+        keep_hidden(a, i, h);
         if (l->mixer == HS_MAMBA2) {
             if (hs_mamba2_block(h, l->mixer_norm, l->mixer_eps, l->in_t, l->conv_states, l->ssm_states, a->src,
                                 a->snap, l->conv_w, l->conv_b, l->dt_bias, l->A, l->D, l->gate_norm_w, l->group,
@@ -104,6 +114,7 @@ int hs_forward(const hs_forward_args *a) {
             t = h, h = next, next = t;
         }
     }
+    keep_hidden(a, a->num_layers, h);
     if (a->last_index)  /* each row's kept input */
         for (int64_t b = 0; b < a->batch; ++b) {
             if (a->last_index[b] < 0 || a->last_index[b] >= rows) return -1;
@@ -139,7 +150,7 @@ static void argmax_rows(const float *logits, int64_t batch, int64_t vocab, int64
  * and receives each step's argmax; `logits` [steps, batch, vocab]. Returns
  * what `hs_forward` returns for the first step that is not 0, else 0. */
 int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan, int64_t *tokens, float *logits) {
-    if (a->T != 1 || !a->lm_head_t || a->logged || a->last_index || steps < 1) return -1;
+    if (a->T != 1 || !a->lm_head_t || a->logged || a->last_index || a->hidden_out || steps < 1) return -1;
     const int64_t batch = a->batch, vocab = a->vocab;
     for (int64_t s = 0; s < steps; ++s) {
         hs_forward_args step = *a;
@@ -163,7 +174,7 @@ int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan
  * returns, else 0. */
 int hs_extend_greedy(const hs_forward_args *first, const hs_forward_args *a, int64_t steps, const int64_t *plan,
                      int64_t *tokens, float *logits) {
-    if (!first->lm_head_t || first->logged || first->batch != a->batch || first->vocab != a->vocab
+    if (!first->lm_head_t || first->logged || first->hidden_out || first->batch != a->batch || first->vocab != a->vocab
         || (first->T > 1 && !first->last_index) || steps < 0) return -1;
     const int64_t batch = a->batch, vocab = a->vocab;
     hs_forward_args f = *first;

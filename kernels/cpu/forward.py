@@ -66,7 +66,8 @@ class ForwardArgs(ctypes.Structure):
                 ("vocab", _i64), ("src", _p), ("snap", _p), ("slot_mapping", _p), ("block_tables", _p),
                 ("context_lens", _p), ("query_lens", _p), ("max_blocks", _i64), ("logged", _p),
                 ("last_index", _p), ("final_norm", _p), ("final_eps", _f32), ("lm_head_t", _p), ("work", _p),
-                ("work_size", _i64), ("out", _p), ("embed_scale", _f32), ("logits_scale", _f32)]
+                ("work_size", _i64), ("out", _p), ("embed_scale", _f32), ("logits_scale", _f32),
+                ("hidden_points", _p), ("num_points", _i64), ("hidden_out", _p)]
 
 
 class _Table:
@@ -263,6 +264,8 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
     kv = (meta.slot_rows, meta.context_list, meta.query_list, meta.table_rows) if table.has_attention else None
     call = _Call(whole.desc, table, token_lists, plan.src_list if table.has_mamba else None,
                  plan.live_snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
+    if batch.hidden is not None:
+        _keep_hidden(call, batch.hidden, len(table.layers), bsz, T, table.hidden)
     _give_work(call)
     status = cpu_native.library().hs_forward(ctypes.byref(call.args))
     if status == -2:
@@ -270,6 +273,18 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
     if status < 0:
         raise ValueError(f"cpu_forward: arguments not taken: {bsz} rows of {T} inputs, last_only {last_only}")
     return Whole(call.out, status == 0)
+
+
+def _keep_hidden(call: "_Call", capture, num_layers: int, bsz: int, T: int, hidden: int) -> None:
+    """Point `call` at a new `capture.values` [batch, T, k, hidden] that the C
+    forward fills at the capture's points (`cache.hidden_states`)."""
+    slots = [-1] * (num_layers + 1)
+    for k, point in enumerate(capture.points):
+        slots[point] = k
+    call.points = (ctypes.c_int64 * len(slots))(*slots)
+    capture.values = torch.empty(bsz, T, len(capture.points), hidden, dtype=torch.float32)
+    call.args.hidden_points = ctypes.addressof(call.points)
+    call.args.num_points, call.args.hidden_out = len(capture.points), capture.values.data_ptr()
 
 
 def _args(desc: ModelDesc, table: _Table, bsz: int, T: int) -> ForwardArgs:

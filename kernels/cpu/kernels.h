@@ -136,6 +136,10 @@ typedef struct {
     float *out;
     float embed_scale;                  /* the embeddings times it (1: none) */
     float logits_scale;                 /* the logits divided by it (1: none) */
+    const int64_t *hidden_points;       /* [num_layers + 1]: point i (the stream entering layer i; num_layers:
+                                           the last layer's output) goes to hidden_out's slot k, -1: not kept */
+    int64_t num_points;                 /* slots per input of hidden_out */
+    float *hidden_out;                  /* [batch, T, num_points, hidden], or NULL: no hidden state kept */
 } hs_forward_args;
 
 int hs_forward(const hs_forward_args *a);

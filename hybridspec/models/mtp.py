@@ -1,0 +1,119 @@
+"""`MTPLayer`: a checkpoint's multi-token-prediction (MTP) layer, the drafter
+Qwen3-Next and Qwen3.5 ship (`mtp.*`; DeepSeek-V3's MTP, one module).
+
+At position i it reads the target's hidden state h_i (the last layer's
+output, before the final norm) and the embedding of the next token t_{i+1},
+and predicts t_{i+2}:
+
+    x_i   = fc([norm_e(embed(t_{i+1})) ; norm_h(h_i)])     fc: [hidden, 2·hidden]
+    y_i   = decoder_layer(x_i)                              attention (own K/V) + MLP or MoE
+    o_i   = norm(y_i);  logits_i = lm_head(o_i)
+
+The embedding and LM head are the target's own (shared, never copied). For
+more than one draft the layer runs again on its own output, o_i standing in
+for the target's h (as the anchors apply it). Its attention keeps paged K/V in
+a `HybridCache` of one attention layer (`config`), rolled back by length.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from hybridspec.cache.hybrid_cache import HybridCache
+from hybridspec.config import HybridConfig
+from hybridspec.errors import ConfigError
+from hybridspec.kernels import backend as backends
+from hybridspec.models.attention import rope_inv_freq
+from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
+from hybridspec.models.hybrid import DecoderLayer, HybridModel
+
+
+def mtp_config(target: HybridConfig) -> HybridConfig:
+    """One decoder layer of the target's attention and its last layer's feed-forward."""
+    if target.attention is None:
+        raise ConfigError(f"a {target.family} target has no attention layers; an MTP layer is an attention "
+                          "layer of the target's kind, so this target cannot carry one")
+    ffn = target.ffn_types[-1]
+    if ffn == "none":
+        raise ConfigError(f"the {target.family} target's last layer has no feed-forward, so the MTP layer's "
+                          "cannot be inferred; hybridspec reads MTP layers of Qwen3-Next and Qwen3.5 layout")
+    return dataclasses.replace(target, layer_types=("attention",), ffn_types=(ffn,), mamba2=None, mamba1=None,
+                               gdn=None, parallel=None, shared_blocks=None,
+                               mlp=target.mlp if ffn == "mlp" else None, moe=target.moe if ffn == "moe" else None,
+                               family=f"{target.family}_mtp")
+
+
+class MTPLayer(Kernelled, nn.Module):
+    """The MTP layer over `target` (its embedding and LM head) from canonical
+    `weights`: fc.weight, pre_fc_norm_embedding.weight, pre_fc_norm_hidden.weight,
+    norm.weight and layers.0.* (a decoder layer in the target family's canonical names)."""
+
+    def __init__(self, target: HybridModel, weights: dict[str, torch.Tensor]):
+        super().__init__()
+        self.config = config = mtp_config(target.config)
+        eps, zero = config.rms_norm_eps, config.zero_centred_norms
+        self.target = [target]  # a list: the target is not one of this module's submodules
+        self.fc = param(weights["fc.weight"])  # [hidden, 2·hidden]
+        self.norm_embedding = RMSNorm(weights["pre_fc_norm_embedding.weight"], eps, zero)
+        self.norm_hidden = RMSNorm(weights["pre_fc_norm_hidden.weight"], eps, zero)
+        inv_freq = rope_inv_freq(config.attention) if config.attention.use_rope else None
+        self.layer = DecoderLayer(config, 0, take(weights, "layers.0"), inv_freq)
+        self.norm = RMSNorm(weights["norm.weight"], eps, zero)
+        self.bind_backend()
+
+    def bind_backend(self) -> None:
+        """Compute through the target's backend's ops (the modules one by one: no whole forward)."""
+        backend = backends.select(self.device, self.dtype, self.target[0].backend_name)
+        for module in self.modules():
+            if isinstance(module, Kernelled):
+                module.ops = backend
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    def new_cache(self, **cache_kwargs) -> HybridCache:
+        """A cache of this layer's K/V (`cache_kwargs`: HybridCache's sizes)."""
+        return HybridCache(self.config, ring_slots=1, **dict(cache_kwargs, dtype=self.dtype, device=self.device))
+
+    @torch.inference_mode()
+    def extend(self, cache: HybridCache, seq_ids: list[int], token_lists: list[list[int]],
+               hidden_lists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Absorb `token_lists[b]` (t_{i+1}) beside `hidden_lists[b]` ([n_b, hidden]: h_i)
+        at each sequence's next positions; returns each row's last input's
+        (logits [batch, vocab], o [batch, hidden])."""
+        lengths = [len(t) for t in token_lists]
+        plan = cache.plan_forward(seq_ids, lengths, None)
+        try:
+            logits, out = self._forward(plan, token_lists, hidden_lists, cache)
+            check_finite(logits.unsqueeze(1), plan.batch.num_tokens, True)
+        except Exception:
+            cache.abort_forward(plan)
+            raise
+        cache.commit_forward(plan)
+        return logits, out
+
+    def _forward(self, plan, token_lists, hidden_lists, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        target = self.target[0]
+        bsz, T = len(token_lists), max(map(len, token_lists))
+        ids = plan.pad_tokens(token_lists, self.device)  # [batch, T]
+        h = torch.zeros(bsz, T, self.fc.shape[0], dtype=self.dtype, device=self.device)  # [batch, T, hidden]
+        for b, rows in enumerate(hidden_lists):
+            h[b, :len(rows)] = rows.to(self.dtype)
+        e = target.embed_tokens(ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
+        if target.config.embedding_multiplier != 1.0:
+            e = e * target.config.embedding_multiplier
+        x = self.ops.linear(torch.cat([self.norm_embedding(e), self.norm_hidden(h)], -1), self.fc)
+        y = self.layer(x, plan.batch, cache, e)
+        last = y.view(bsz * T, -1).index_select(0, plan.batch.slots.last_index)  # [batch, hidden]
+        out = self.norm(last)
+        logits = self.ops.linear(out, target.lm_head)
+        if target.config.logits_scaling != 1.0:
+            logits = logits / target.config.logits_scaling
+        return logits, out
