@@ -15,7 +15,7 @@ from hybridspec.kernels import backend as backends
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.models.packing import HALF_DTYPES, storable_16bit
 from hybridspec.adapters.model_files import describe_files, read_config, read_weights
-from hybridspec.adapters.common import LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
+from hybridspec.adapters.common import MTP_UNUSED, LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
 from hybridspec.adapters.validate import check_weights
 
 # HF architecture name -> adapter module (config_from_dict, weights_from_state)
@@ -66,7 +66,7 @@ def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
     config = _config(adapter.config_from_dict, cfg, f"{source} config")
     state = dict(model.named_parameters())
     state.update(model.named_buffers())
-    state, report = set_aside(state, getattr(adapter, "UNUSED", []), source)
+    state, report = set_aside(state, getattr(adapter, "UNUSED", []) + MTP_UNUSED, source)
     weights = _checked(config, _to_canonical(adapter, cfg), state, adapter.RULES, source, {})
     return _build(config, weights, tensor_parallel_size, report)
 
@@ -116,7 +116,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     mapped = tensor_parallel_size > 1  # a rank reads only its slices' pages of the files
     state, file_of = read_weights(path, device, mapped=mapped)
     source = describe_files(path, sorted(set(file_of.values())))
-    state, report = set_aside(state, unused_patterns, source)
+    state, report = set_aside(state, unused_patterns + MTP_UNUSED, source)
     weights = _checked(config, to_canonical, state, rules, source, file_of)
     if pack is None:
         pack = backends.packs_for_cpu(device)

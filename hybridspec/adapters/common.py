@@ -65,6 +65,10 @@ class LoadReport:
         return f"{self.source}: {len(self.unused)} tensors present and unused ({'; '.join(reasons)})"
 
 
+# a checkpoint's multi-token-prediction layer, in any family: not the target's, read by draft="mtp" (adapters/mtp.py)
+MTP_UNUSED = [(r"^mtp\.", "multi-token-prediction (MTP) layer: not part of the target; draft='mtp' reads it")]
+
+
 def set_aside(state: dict[str, torch.Tensor], patterns: list[tuple[str, str]],
               source: str) -> tuple[dict[str, torch.Tensor], LoadReport]:
     """`state` without the tensors `patterns` (regex, reason) name, and the report naming them."""

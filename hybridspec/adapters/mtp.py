@@ -6,8 +6,9 @@ Stored names (Qwen3-Next, Qwen3.5): `mtp.fc.weight`,
 `mtp.norm.weight` and `mtp.layers.0.*`, a decoder layer stored as the target
 family stores its layers (`model.layers.N.*`), so the family's own renaming
 rules map it. They lie in the target's own weight files, or, for a layer
-trained beside a checkpoint that has none (the embedded pair's), in a
-directory of their own holding a `model.safetensors` of those names.
+trained beside a checkpoint that has none (the embedded target's:
+`assets/embedded/mtp`), in a directory of their own holding a
+`model.safetensors` of those names (`draft="mtp:DIR"`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from hybridspec.adapters import MODEL_TYPES, _adapter, _to_canonical
+from hybridspec.adapters.embedded import EMBEDDED_DIR
 from hybridspec.adapters.model_files import describe_files, read_config, read_weights
 from hybridspec.adapters.validate import check_weights
 from hybridspec.errors import ConfigError, ModelFilesError
@@ -30,7 +32,7 @@ def load_mtp(target: HybridModel, directory: str | Path | None = None) -> MTPLay
     the directory `target` was loaded from (`hs.load`). A ConfigError names what
     is missing where no MTP weights are found; a ModelFilesError where they do
     not fit the target."""
-    source = directory if directory is not None else target.source_dir
+    source = directory if directory is not None else _beside(target.source_dir)
     if source is None:
         raise ConfigError("draft='mtp' reads the MTP weights (mtp.*) of the target's checkpoint, but this target "
                           "was not loaded from a directory; load it with hs.load(DIR), or pass draft='mtp:DIR' "
@@ -66,6 +68,14 @@ def load_mtp(target: HybridModel, directory: str | Path | None = None) -> MTPLay
                                   f"for a target of hidden size {config.hidden_size}")
     layer = MTPLayer(target, {k: v.to(target.dtype) for k, v in weights.items()})
     return layer.to(target.device)
+
+
+def _beside(source_dir: Path | None) -> Path | None:
+    """Where a target's MTP weights lie: its own directory; for the embedded target, the layer
+    trained beside it (`assets/embedded/mtp`, tools/train_mtp.py)."""
+    if source_dir is not None and Path(source_dir).resolve() == (EMBEDDED_DIR / "target").resolve():
+        return EMBEDDED_DIR / "mtp"
+    return source_dir
 
 
 def _canonical(target: HybridModel, stored: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:

@@ -19,8 +19,8 @@ shares every other tensor with the HF model):
   q, k, and its group's v and z (resp. b and a): they are regrouped into one
   `in_proj` [q | k | v | z | b | a] (`gated_deltanet.py`);
 - per-expert Hub weights are stacked as for Jamba.
-The released models carry multi-token-prediction weights (`mtp.*`): present and unused
-(`UNUSED`, named in the model's `load_report`).
+The released models carry multi-token-prediction weights (`mtp.*`): not part of the
+target (named in the model's `load_report`), read by `draft="mtp"` (`adapters/mtp.py`).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ RULES = [
 ]
 
 # stored tensors present and deliberately unused: name pattern -> why (the model's `load_report`)
-UNUSED = [(r"^mtp\.", "multi-token-prediction (MTP) head: hybridspec drafts with its own drafters")]
+UNUSED = []  # the MTP layer (`mtp.*`) is every family's to set aside: `common.MTP_UNUSED`
 
 
 def qwen_config(cfg: dict, ffn_types: tuple[str, ...], moe: MoEConfig | None, family: str) -> HybridConfig:
