@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR|embedded",
                         help="model directory hs.load reads, or 'embedded' for the embedded byte-level target "
                              "(default: a built-in tiny random hybrid model)")
-    parser.add_argument("--draft", default="perturbed", metavar="DIR|embedded|ngram|suffix|perturbed",
+    parser.add_argument("--draft", default="perturbed", metavar="DIR|embedded|ngram|suffix|mtp|perturbed",
                         help="drafter: a model directory, 'embedded' for the embedded draft, prompt lookup "
                              "(ngram), suffix decoding (suffix), or a copy of the target with 3%% multiplicative weight noise (perturbed, "
                              "the default)")
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_models(args: argparse.Namespace):
     """(target, drafter, drafter name) from the arguments."""
     import hybridspec as hs
-    from hybridspec.cli.args import load_model, model_path, torch_device
+    from hybridspec.cli.args import load_model, model_path, reads_target, torch_device
     from hybridspec.rollback import perturbed_copy, tiny_model
 
     dtype, device = DTYPES[args.dtype], torch_device("--device", args.device)
@@ -59,6 +59,8 @@ def load_models(args: argparse.Namespace):
         return target, hs.NgramDrafter(), "n-gram"
     if args.draft == "suffix":
         return target, hs.SuffixDrafter(), "suffix"
+    if reads_target(args.draft):  # the Engine reads it from the target's checkpoint (or DIR)
+        return target, args.draft, args.draft
     draft = load_model("--draft", model_path("--draft", args.draft, draft=True),
                        also=" (or pass --draft ngram, --draft suffix or --draft perturbed)", dtype=dtype,
                        device=device)

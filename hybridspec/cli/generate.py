@@ -142,7 +142,7 @@ def parse_policy(text: str):
 def load_models(args: argparse.Namespace, dtype, device: str):
     """(target, draft or None, target directory, target name, draft name) from --model / --draft."""
     import hybridspec as hs
-    from hybridspec.cli.args import load_model
+    from hybridspec.cli.args import load_model, reads_target
     from hybridspec.adapters.embedded import embedded_paths
     kwargs = dict(dtype=dtype, device=device)
     shards = dict(kwargs, tensor_parallel_size=args.tensor_parallel_size, compute=args.compute)  # the target's
@@ -160,6 +160,8 @@ def load_models(args: argparse.Namespace, dtype, device: str):
         return target, hs.NgramDrafter(), target_dir, target_name, "ngram (prompt lookup)"
     if draft_spec == "suffix":
         return target, hs.SuffixDrafter(), target_dir, target_name, "suffix (suffix decoding)"
+    if reads_target(draft_spec):  # the Engine reads it beside the target
+        return target, draft_spec, target_dir, target_name, f"{draft_spec} (reads the target's hidden states)"
     name = "embedded draft" if args.model is None and args.draft is None else draft_spec
     draft = load_model("--draft", draft_spec, also=" (or pass --draft ngram, --draft suffix or --draft none)",
                        **kwargs)
