@@ -413,3 +413,5 @@ def test_serve_command_line_refuses_a_bad_flag_before_loading(capsys):
     from hybridspec.cli.main import main
     assert main(["serve", "--max-queue", "0"]) == 2
     assert "--max-queue 0 must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--max-body-bytes", "0"]) == 2
+    assert "--max-body-bytes 0 must be >= 1" in capsys.readouterr().err

@@ -34,10 +34,10 @@ from hybridspec.sampling.sampler import SamplingParams
 from hybridspec.serve.logprobs import CompletionLogprobs, LogprobStream, chat_logprobs
 from hybridspec.serve.loop import EngineFailure, EngineLoop
 from hybridspec.serve.metrics import Metrics
-from hybridspec.serve import prepare
-from hybridspec.serve.limits import BodyLimit, default_max_body_bytes
-from hybridspec.serve.protocol import (DEFAULT_MAX_N, ApiError, ChatRequest, CompletionRequest, DetokenizeRequest,
-                                       TokenizeRequest, finish_reason)
+from hybridspec.serve import DEFAULT_MAX_N, default_max_body_bytes, prepare
+from hybridspec.serve.limits import BodyLimit
+from hybridspec.serve.protocol import (ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                                       finish_reason)
 from hybridspec.text.stream import TextStream
 
 log = logging.getLogger("hybridspec.serve")
@@ -130,7 +130,7 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
     requests waiting for their first token (more: 503); chat_template: a Jinja chat
     template used instead of the tokenizer's; max_n: most choices per prompt (`n`);
     max_body_bytes: the largest request body (more: 413), default sized to the
-    model's context (`hybridspec.serve.limits.default_max_body_bytes`)."""
+    model's context (`hybridspec.serve.default_max_body_bytes`)."""
     if max_body_bytes is not None and max_body_bytes < 1:
         raise ConfigError(f"max_body_bytes={max_body_bytes} must be >= 1, or None for the default sized to the "
                           "model's context")

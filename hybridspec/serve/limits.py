@@ -12,22 +12,10 @@ import json
 
 from hybridspec.serve.protocol import ApiError
 
-# Default limit: BYTES_PER_TOKEN bytes for each token of the context, plus ENVELOPE_BYTES. A token of the
-# usual tokenizers covers about 4 bytes of English and rarely more than 16 (runs of spaces, long words);
-# JSON may spell a byte as 6 ("\u00e9"), and a token id as up to 8 (" 151935,"). 64 bytes per token covers
-# a prompt of the whole context in any of these spellings; the envelope (1 MiB) holds the other fields,
-# chat messages' framing and a batch of a few dozen prompts of the usual length.
-BYTES_PER_TOKEN = 64
-ENVELOPE_BYTES = 1 << 20
 # A client that sent no `Expect: 100-continue` is already sending the body: the refusal reads (and drops)
 # up to this much of it first, so that the client, still writing, gets the 413 instead of a reset
 # connection; past it, the connection is closed with the answer.
 DRAIN_BYTES = 64 << 20
-
-
-def default_max_body_bytes(max_model_len: int) -> int:
-    """The default body limit of a server whose sequences hold at most `max_model_len` tokens."""
-    return BYTES_PER_TOKEN * max_model_len + ENVELOPE_BYTES
 
 
 class BodyLimit:

@@ -12,6 +12,7 @@ after taking it in.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
@@ -33,17 +34,37 @@ class Prepared:
     field: str
 
 
-def parse(raw: bytes, model: type[BaseModel]) -> BaseModel:
-    """The body as `model`; a bad one raises what FastAPI's own parsing would (a 400 naming the field)."""
+def parse(raw: bytes, model: type[BaseModel], context: int | None = None) -> BaseModel:
+    """The body as `model`; a bad one raises what FastAPI's own parsing would (a 400 naming the field).
+    context: refuse a token-id prompt longer than this before validating its ids (`refuse_long_ids`)."""
     try:
-        return model.model_validate_json(raw or b"null")
+        data = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ApiError(400, f"the request body is not valid JSON ({error}); send a JSON object") from None
+    if context is not None:
+        refuse_long_ids(data, context)
+    try:
+        return model.model_validate(data)
     except ValidationError as error:
         raise RequestValidationError(error.errors(include_url=False, include_input=False)) from None
 
 
+def refuse_long_ids(data, context: int) -> None:
+    """ApiError(400) where a body's prompt is a list of token ids (or of such lists) longer than `context`:
+    validating millions of ids holds the interpreter lock for a second or more, the length alone refuses it."""
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if not isinstance(prompt, list) or not prompt:
+        return
+    prompts = [prompt] if isinstance(prompt[0], int) else prompt
+    for i, ids in enumerate(prompts):
+        if isinstance(ids, list) and len(ids) > context:
+            raise ApiError(400, f"prompt {i} holds {len(ids)} token ids, more than this model's context, "
+                                f"max_model_len={context} tokens; shorten the prompt", param="prompt")
+
+
 def completion(server, raw: bytes) -> Prepared:
     """A /v1/completions body: each prompt's tokens, every one within the context."""
-    body = parse(raw, CompletionRequest)
+    body = parse(raw, CompletionRequest, context=server.max_model_len)
     server.check_model(body.model)
     params = sampling_params(body, max_n=server.max_n)
     prompts = [within_context(server, p, f"prompt {i}", body, params) if isinstance(p, str)
