@@ -6,6 +6,7 @@ thread, and while 10 MB bodies are in flight another stream never goes silent
 for more than 0.5 s."""
 import json
 import random
+import socket
 import threading
 import time
 from pathlib import Path
@@ -51,7 +52,17 @@ def test_a_body_over_the_limit_answers_413_from_its_length_or_its_chunks(llm):
         assert chunked.request.headers.get("transfer-encoding") == "chunked"
         assert chunked.status_code == 413 and "max_body_bytes" in chunked.json()["error"]["message"]
         assert post(server.url, (padded(900)[i:i + 100] for i in range(0, 900, 100))).status_code == 200
+        assert expecting_continue(server.url, 5000).startswith(b"HTTP/1.1 413")  # the body is never sent
         assert httpx.get(server.url + "/health").status_code == 200
+
+
+def expecting_continue(url: str, length: int) -> bytes:
+    """The first bytes answered to headers that declare `length` bytes and wait for `100 Continue`."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n".encode())
+        return sock.recv(4096)
 
 
 def test_the_default_limit_follows_the_context(llm):
