@@ -10,7 +10,7 @@ of about the same size under the limit but longer than the context (400), and
 none (the stream alone).
 
     python benches/serve_hol.py            # 10 MB bodies, a 16 MiB limit for the allowed ones
-    python benches/serve_hol.py --quick    # 1 MB bodies: a smoke run
+    python benches/serve_hol.py --quick    # 2 MB bodies (still over the default limit): a smoke run
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def big_bodies(size: int) -> dict[str, bytes | None]:
     return {"none": None, "text prompt over the context": text, "token-id prompt over the context": ids}
 
 
-def measure(url: str, name: str, body: bytes | None) -> dict:
+def measure(url: str, name: str, body: bytes | None, alone_s: float) -> dict:
+    """One row: `body` sent while a stream runs (None: the stream alone for `alone_s`)."""
     import httpx
     stream = Stream(url)
     stream.thread.start()
@@ -88,7 +89,7 @@ def measure(url: str, name: str, body: bytes | None) -> dict:
     began = time.perf_counter()
     status = None
     if body is None:
-        time.sleep(2.0)
+        time.sleep(alone_s)
     else:
         status = httpx.post(url + "/v1/completions", content=body, timeout=120,
                             headers={"content-type": "application/json"}).status_code
@@ -114,18 +115,18 @@ def run_server(limit: int | None):
 
 def main(argv=None) -> int:
     parser = bench_parser(__doc__)
-    parser.add_argument("--size", type=int, default=None, help="bytes of each big body (default 10 MB; --quick 1 MB)")
+    parser.add_argument("--size", type=int, default=None, help="bytes of each big body (default 10 MB; --quick 2 MB)")
     parser.add_argument("--limit", type=int, default=16 << 20,
                         help="the server's --max-body-bytes for the allowed bodies (default 16 MiB); 0: the "
                              "server's own default")
     args = parser.parse_args(argv)
-    size = args.size or (1_000_000 if args.quick else 10_000_000)
+    size = args.size or (2_000_000 if args.quick else 10_000_000)
     rows = []
     for limit, bodies in ((args.limit or None, big_bodies(size)),
                           (None, {"body over the default limit": big_bodies(size)["text prompt over the context"]})):
         process, url = run_server(limit)
         try:
-            rows += [measure(url, name, body) for name, body in bodies.items()]
+            rows += [measure(url, name, body, 0.2 if args.quick else 2.0) for name, body in bodies.items()]
         finally:
             process.kill()
     print_table(rows, ["request", "body_mb", "status", "answer_s", "longest_gap_s"])
