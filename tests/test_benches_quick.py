@@ -74,6 +74,15 @@ def test_serve_quick(benches, tmp_path):
     assert all(t["figure"] > 0 for t in payload["targets"])
 
 
+def test_serve_hol_quick(benches, tmp_path):
+    """Big bodies against a streaming server: the allowed ones over the context 400, the one over the limit 413."""
+    out = tmp_path / "serve_hol.json"
+    assert bench_main("serve_hol")(["--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["status"] for r in rows] == [None, 400, 400, 413]
+    assert all(r["longest_gap_s"] > 0 for r in rows)
+
+
 def test_plain_decode_quick(benches, tmp_path):
     out = tmp_path / "plain.json"
     assert bench_main("plain_decode")(["--quick", "--out", str(out)]) == 0

@@ -7,6 +7,7 @@ the requests of its batch (500) while the waiting ones complete and the
 server goes on, and a small load of concurrent clients (some leaving early,
 some sending bad bodies) completes with /health answering throughout."""
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -148,13 +149,13 @@ def save_tiny_model_and_tokenizer(directory):
 
 
 def test_chat_through_the_tokenizers_template_and_a_400_without_one(tmp_path):
-    from hybridspec.serve.protocol import ChatRequest
+    from hybridspec.serve import prepare
     tokenizer = save_tiny_model_and_tokenizer(tmp_path)
     llm = hs.LLM(str(tmp_path), max_batch_size=2, max_model_len=64)
     messages = [{"role": "system", "content": "x y"}, {"role": "user", "content": "def add ( x y )"}]
     [want] = llm.chat(messages, hs.SamplingParams(max_new_tokens=8))  # before the server drives the engine
     with LiveServer(llm, chat_template=None) as server:
-        prompt = server.app.state.server.chat_prompt(ChatRequest(messages=messages).messages)
+        [prompt] = prepare.chat(server.app.state.server, json.dumps({"messages": messages}).encode()).prompts
         assert prompt == tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
         assert prompt[0] == WORDS.index("<system>") and prompt[-1] == WORDS.index("<assistant>")
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -412,3 +413,5 @@ def test_serve_command_line_refuses_a_bad_flag_before_loading(capsys):
     from hybridspec.cli.main import main
     assert main(["serve", "--max-queue", "0"]) == 2
     assert "--max-queue 0 must be >= 1" in capsys.readouterr().err
+    assert main(["serve", "--max-body-bytes", "0"]) == 2
+    assert "--max-body-bytes 0 must be >= 1" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hybridspec.cli.args import DTYPE_NAMES, add_model_arguments, gamma_arg
 from hybridspec.errors import UsageError
-from hybridspec.serve import DEFAULT_MAX_N
+from hybridspec.serve import BYTES_PER_TOKEN, DEFAULT_MAX_N, ENVELOPE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N,
                         help=f"most choices per prompt a request may ask for (n); more get 400 "
                              f"(default {DEFAULT_MAX_N})")
+    parser.add_argument("--max-body-bytes", type=int, default=None,
+                        help=f"largest request body in bytes; larger ones get 413 before they are read (default: "
+                             f"{BYTES_PER_TOKEN} bytes per token of --max-model-len plus {ENVELOPE_BYTES >> 20} MiB)")
     parser.add_argument("--chat-template", metavar="FILE|TEXT", default=None,
                         help="Jinja chat template (a file or the template itself) used instead of the tokenizer's")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -55,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-queue {args.max_queue} must be >= 1")
     if args.max_n < 1:
         raise UsageError(f"--max-n {args.max_n} must be >= 1")
+    if args.max_body_bytes is not None and args.max_body_bytes < 1:
+        raise UsageError(f"--max-body-bytes {args.max_body_bytes} must be >= 1 (leave it out for the default sized "
+                         "to the context)")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from hybridspec.tp.launch import is_first_rank, join
     device = join(args.tensor_parallel_size, args.device)
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     serve(llm, host=args.host, port=args.port, log_level=args.log_level, served_model_name=served_name(args),
           api_key=args.api_key, max_queue=args.max_queue, chat_template=chat_template(args.chat_template),
-          max_n=args.max_n)
+          max_n=args.max_n, max_body_bytes=args.max_body_bytes)
     return 0
 
 

@@ -5,6 +5,20 @@ from __future__ import annotations
 
 DEFAULT_MAX_N = 16  # most choices per prompt a request may ask for (`create_app(max_n=)`, --max-n)
 
+# The default body limit (--max-body-bytes): BYTES_PER_TOKEN bytes for each token of the context, plus
+# ENVELOPE_BYTES. A token of the usual tokenizers covers about 4 bytes of English and rarely more than 16
+# (runs of spaces, long words); JSON may spell a byte as 6 ("\u00e9"), and a token id as up to 8
+# (" 151935,"). 64 bytes per token covers a prompt of the whole context in any of these spellings; the
+# envelope (1 MiB) holds the other fields, chat messages' framing and a batch of a few dozen prompts of the
+# usual length.
+BYTES_PER_TOKEN = 64
+ENVELOPE_BYTES = 1 << 20
+
+
+def default_max_body_bytes(max_model_len: int) -> int:
+    """The default body limit of a server whose sequences hold at most `max_model_len` tokens."""
+    return BYTES_PER_TOKEN * max_model_len + ENVELOPE_BYTES
+
 
 def create_app(llm, **kwargs):
     """The FastAPI app serving `llm` (`hybridspec.serve.app.create_app`)."""

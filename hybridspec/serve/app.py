@@ -4,9 +4,11 @@ POST /v1/completions and /v1/chat/completions (JSON, or server-sent events
 with `"stream": true`), GET /v1/models and /v1/models/{id}; vLLM's POST
 /tokenize and /detokenize, GET /version, /health and /metrics. Every error,
 unknown routes' and methods' included, is OpenAI's error body; GET routes
-answer HEAD too. One `EngineLoop` thread drives the LLM's engine; every
-handler submits its prompts there and reads its sequences' outputs back from
-an asyncio queue.
+answer HEAD too. A body over the size limit is refused (413) before it is read
+(`limits`); a generation body is parsed, checked and tokenized on a worker
+thread (`prepare`), never on the event loop or the engine's thread. One
+`EngineLoop` thread drives the LLM's engine; every handler submits its
+prompts there and reads its sequences' outputs back from an asyncio queue.
 """
 from __future__ import annotations
 
@@ -22,17 +24,20 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 import hybridspec
-from hybridspec.errors import HybridSpecError, InvalidRequestError
+from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.sampling.logprobs import TokenLogprob
 from hybridspec.sampling.sampler import SamplingParams
 from hybridspec.serve.logprobs import CompletionLogprobs, LogprobStream, chat_logprobs
 from hybridspec.serve.loop import EngineFailure, EngineLoop
 from hybridspec.serve.metrics import Metrics
-from hybridspec.serve.protocol import (DEFAULT_MAX_N, ApiError, ChatMessage, ChatRequest, CompletionRequest,
-                                       DetokenizeRequest, TokenizeRequest, finish_reason, sampling_params)
+from hybridspec.serve import DEFAULT_MAX_N, default_max_body_bytes, prepare
+from hybridspec.serve.limits import BodyLimit
+from hybridspec.serve.protocol import (ApiError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                                       finish_reason)
 from hybridspec.text.stream import TextStream
 
 log = logging.getLogger("hybridspec.serve")
@@ -60,6 +65,7 @@ class Server:
                  max_n: int):
         self.llm, self.codec, self.name, self.api_key = llm, llm.codec, served_model_name, api_key
         self.chat_template, self.max_n = chat_template, max_n
+        self.max_model_len = llm.engine.max_model_len
         self.metrics = Metrics()
         self.loop = EngineLoop(llm.engine, max_queue, self.metrics)
         self.created = int(time.time())
@@ -72,23 +78,6 @@ class Server:
     def model_card(self) -> dict:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "hybridspec",
                 "max_model_len": self.llm.engine.max_model_len}
-
-    def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        messages = [{"role": m.role, "content": m.text()} for m in messages]
-        if self.chat_template is not None:
-            text = render_template(self.chat_template, messages, self.codec)
-        else:
-            try:
-                text = self.codec.chat_prompt(messages)
-            except HybridSpecError:  # (its message names offline fixes; a client needs the server's)
-                raise ApiError(400, f"the model '{self.name}' has no chat template (neither its tokenizer nor the "
-                                    "server defines one): start the server with --chat-template FILE|TEXT (a Jinja "
-                                    "template; chat_template= in create_app), or send the prompt text to "
-                                    "/v1/completions", param="messages") from None
-        return self.codec.encode(text, add_special_tokens=False)
-
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        return self.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams, copies: int = 1,
                        field: str = "prompt") -> AsyncIterator[Event]:
@@ -133,24 +122,20 @@ class Server:
             raise ApiError(400, str(error), param=field) from None
 
 
-def render_template(template: str, messages: list[dict], codec) -> str:
-    """A Jinja chat template (HF's variables: messages, add_generation_prompt, bos/eos tokens)."""
-    tokenizer = getattr(codec, "tokenizer", None)
-    if tokenizer is not None:
-        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                             add_generation_prompt=True)
-    import jinja2
-    return jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                             bos_token="", eos_token="")
-
-
 def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | None = None, max_queue: int = 256,
-               chat_template: str | None = None, max_n: int = DEFAULT_MAX_N) -> FastAPI:
+               chat_template: str | None = None, max_n: int = DEFAULT_MAX_N,
+               max_body_bytes: int | None = None) -> FastAPI:
     """The ASGI app serving `llm` (an `hs.LLM`); its engine loop runs while the app does.
     api_key: require `Authorization: Bearer <api_key>` on /v1 routes; max_queue: most
     requests waiting for their first token (more: 503); chat_template: a Jinja chat
-    template used instead of the tokenizer's; max_n: most choices per prompt (`n`)."""
+    template used instead of the tokenizer's; max_n: most choices per prompt (`n`);
+    max_body_bytes: the largest request body (more: 413), default sized to the
+    model's context (`hybridspec.serve.default_max_body_bytes`)."""
+    if max_body_bytes is not None and max_body_bytes < 1:
+        raise ConfigError(f"max_body_bytes={max_body_bytes} must be >= 1, or None for the default sized to the "
+                          "model's context")
     server = Server(llm, served_model_name, api_key, max_queue, chat_template, max_n)
+    body_limit = max_body_bytes or default_max_body_bytes(server.max_model_len)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -162,6 +147,7 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
 
     app = FastAPI(title="hybridspec", lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=body_limit)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
@@ -210,36 +196,29 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
         server.check_model(model)
         return server.model_card()
 
-    @app.post("/v1/completions", dependencies=v1)
-    async def completions(body: CompletionRequest, request: Request):
-        server.check_model(body.model)
-        params = sampling_params(body, max_n=server.max_n)
-        prompts = [server.encode(p) for p in body.prompts()]
-        response = CompletionResponse(server.name, len(prompts) * body.n, params, server.codec, chat=False,
-                                      include_usage=body.include_usage, prompt_tokens=sum(map(len, prompts)))
-        events = server.generate(prompts, params, copies=body.n // params.n)
+    # The generation routes read the body's bytes here and parse, check and tokenize them on a worker thread
+    # (`prepare`): the event loop goes on streaming other requests meanwhile.
+    @app.post("/v1/completions", dependencies=v1, openapi_extra=schema_of(CompletionRequest))
+    async def completions(request: Request):
+        job = await run_in_threadpool(prepare.completion, server, await request.body())
+        return await start(request, job, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=v1, openapi_extra=schema_of(ChatRequest))
+    async def chat_completions(request: Request):
+        job = await run_in_threadpool(prepare.chat, server, await request.body())
+        return await start(request, job, chat=True)
+
+    async def start(request: Request, job: prepare.Prepared, chat: bool):
+        body, params = job.body, job.params
+        response = CompletionResponse(server.name, len(job.prompts) * body.n, params, server.codec, chat=chat,
+                                      include_usage=body.include_usage, prompt_tokens=sum(map(len, job.prompts)))
+        events = server.generate(job.prompts, params, copies=body.n // params.n, field=job.field)
         return await respond(server, request, body.stream, response, events)
 
-    @app.post("/v1/chat/completions", dependencies=v1)
-    async def chat_completions(body: ChatRequest, request: Request):
-        server.check_model(body.model)
-        prompts = [server.chat_prompt(body.messages)]
-        params = sampling_params(body, default_max_tokens=max(1, llm.engine.max_model_len - len(prompts[0])),
-                                 max_n=server.max_n)
-        response = CompletionResponse(server.name, body.n, params, server.codec, chat=True,
-                                      include_usage=body.include_usage, prompt_tokens=len(prompts[0]))
-        events = server.generate(prompts, params, copies=body.n // params.n, field="messages")
-        return await respond(server, request, body.stream, response, events)
-
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
-        server.check_model(body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "send either 'prompt' (text) or 'messages' (a chat, through its template)",
-                           param="prompt")
-        tokens = server.chat_prompt(body.messages) if body.messages is not None \
-            else server.codec.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.engine.max_model_len}
+    @app.post("/tokenize", openapi_extra=schema_of(TokenizeRequest))
+    async def tokenize(request: Request):
+        tokens = await run_in_threadpool(prepare.tokenize, server, await request.body())
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
@@ -338,6 +317,11 @@ class CompletionResponse:
         return {"index": index, "text": text,
                 "logprobs": self.logprobs[index].body(logprobs) if wants else None,
                 "finish_reason": reason, "stop_reason": stop_reason}
+
+
+def schema_of(model) -> dict:
+    """The OpenAPI entry of a JSON body the route parses itself (`prepare`)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
 def _sse(body: dict) -> str:

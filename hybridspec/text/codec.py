@@ -2,6 +2,7 @@
 a local HF tokenizer for every other model."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -22,6 +23,10 @@ class ByteCodec:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def min_tokens(self, text: str) -> int:
+        """The fewest tokens `text` can encode to, without encoding it: one token per UTF-8 byte, exactly."""
+        return utf8_length(text)
 
     def decode(self, ids: list[int]) -> str:
         """Text of the bytes; an incomplete trailing character reads U+FFFD."""
@@ -54,6 +59,30 @@ class TokenizerCodec:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of `text`, without encoding it; 0 where
+        no bound is sound. A general tokenizer gives none: a normalizer may
+        shrink the text (NFC composes, NFKC folds), WordPiece maps a whole
+        unknown word to one token, a BPE model with fuse_unk merges a run of
+        unknown characters into one. Byte-level BPE without a normalizer has
+        one: every token covers at most `_max_token_bytes` bytes of the text."""
+        longest = self._max_token_bytes
+        return 0 if longest is None else -(-utf8_length(text) // longest)
+
+    @functools.cached_property
+    def _max_token_bytes(self) -> int | None:
+        """The most text bytes one token covers, where the tokenizer is byte-level BPE without a normalizer
+        (each character of a vocabulary entry stands for one byte; an added token matches its content), else None."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        spec = json.loads(backend.to_str())
+        if spec.get("normalizer") is not None or (spec.get("model") or {}).get("type") != "BPE" \
+                or not _is_byte_level(spec.get("pre_tokenizer")):
+            return None
+        added = [len(t["content"].encode("utf-8")) for t in spec.get("added_tokens") or []]
+        return max([len(entry) for entry in spec["model"]["vocab"]] + added)
+
     def decode(self, ids: list[int]) -> str:
         """Text of the ids, special tokens (EOS, padding) left out."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -65,6 +94,22 @@ class TokenizerCodec:
             raise ConfigError(f"the tokenizer in {self.name} has no chat template; use generate() with the prompt "
                               "text, or a tokenizer directory whose tokenizer_config.json has a chat_template")
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _is_byte_level(pre_tokenizer: dict | None) -> bool:
+    """Whether a pre-tokenizer ends in ByteLevel (every byte of the text one alphabet character)."""
+    if pre_tokenizer is None:
+        return False
+    steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer]) if pre_tokenizer.get("type") == "Sequence" \
+        else [pre_tokenizer]
+    return any(step.get("type") == "ByteLevel" for step in steps)
+
+
+def utf8_length(text: str) -> int:
+    """Bytes of `text` in UTF-8, counted without building them."""
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-8", errors="surrogatepass"))
 
 
 def byte_codec(vocab_size: int) -> ByteCodec:
