@@ -69,7 +69,7 @@ class TrainableMTP(nn.Module):
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(e), self.pre_fc_norm_hidden(hidden)], -1))
         T = tokens.shape[1]
         positions = torch.arange(T).unsqueeze(0).expand(tokens.shape[0], -1)
-        causal = torch.full((T, T), float("-inf")).triu(1).view(1, 1, T, T)  # whichever attention HF picks
+        causal = torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1).view(1, 1, T, T)  # whichever attention HF picks
         y, _ = self.layers[0](x, attention_mask=causal, position_ids=positions,
                               position_embeddings=self.rotary(x, positions))
         o = self.norm(y)
