@@ -1,7 +1,8 @@
 """`create_app(llm)`: the OpenAI-compatible FastAPI app over an `hs.LLM`.
 
 POST /v1/completions and /v1/chat/completions (JSON, or server-sent events
-with `"stream": true`), GET /v1/models and /v1/models/{id}; vLLM's POST
+with `"stream": true`; completions score prompts with `echo`, `max_tokens=0`
+and vLLM's `prompt_logprobs`), GET /v1/models and /v1/models/{id}; vLLM's POST
 /tokenize and /detokenize, GET /version, /health and /metrics. Every error,
 unknown routes' and methods' included, is OpenAI's error body; GET routes
 answer HEAD too. One `EngineLoop` thread drives the LLM's engine; every
