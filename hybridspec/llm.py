@@ -48,6 +48,8 @@ class Completion:
     finish_reason: "stop" (EOS, stop token or stop string) or "length".
     stop_reason: the stop string or stop token id; None for EOS or length.
     prompt_index, sample_index: which prompt, and which of its n samples.
+    prompt_logprobs: with `SamplingParams(prompt_logprobs=k)`, one entry per
+        prompt token (None for the first: `Output.prompt_logprobs`); else None.
     """
 
     text: str
@@ -57,6 +59,7 @@ class Completion:
     stop_reason: int | str | None
     prompt_index: int = 0
     sample_index: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class LLM:
@@ -166,7 +169,7 @@ class LLM:
         """The Completion of one Engine Output."""
         return Completion(cut_text(self.codec.decode(output.token_ids), output.stop_reason), output.token_ids,
                           output.logprobs, output.finish_reason, output.stop_reason, prompt_index,
-                          output.sample_index)
+                          output.sample_index, output.prompt_logprobs)
 
 
 def _prompt_indices(outputs: list[Output]) -> list[int]:

@@ -83,6 +83,18 @@ def test_serve_hol_quick(benches, tmp_path):
     assert all(r["longest_gap_s"] > 0 for r in rows)
 
 
+def test_prompt_logprobs_quick(benches, tmp_path):
+    """A row per variant; a request asking for prompt log-probs takes no prefix hit, and its log-probs with
+    the cache on equal those with it off."""
+    out = tmp_path / "prompt_logprobs.json"
+    assert bench_main("prompt_logprobs")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in payload["rows"]}
+    assert list(rows) == ["off", "off + logprobs", "on", "on + logprobs"] and payload["cache_on_equals_off"]
+    assert rows["on"]["hit_tokens"] > 0 and rows["on + logprobs"]["hit_tokens"] == 0
+    assert rows["on + logprobs"]["computed"] == rows["off"]["computed"] >= rows["on"]["computed"]
+
+
 def test_plain_decode_quick(benches, tmp_path):
     out = tmp_path / "plain.json"
     assert bench_main("plain_decode")(["--quick", "--out", str(out)]) == 0

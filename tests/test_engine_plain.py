@@ -38,7 +38,7 @@ def test_bad_requests_raise_before_any_state_changes(engine, prompts, params, er
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(temperature=math.nan), dict(top_p=0.0),
-                                    dict(top_p=1.5), dict(top_k=-1), dict(min_p=2.0), dict(max_new_tokens=0),
+                                    dict(top_p=1.5), dict(top_k=-1), dict(min_p=2.0), dict(max_new_tokens=-1),
                                     dict(seed=-3)])
 def test_bad_sampling_params(kwargs):
     with pytest.raises(InvalidRequestError):

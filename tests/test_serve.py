@@ -179,8 +179,8 @@ def test_chat_through_the_tokenizers_template_and_a_400_without_one(tmp_path):
 
 def test_errors_follow_openai(live, client):
     with pytest.raises(openai.BadRequestError) as bad:
-        client.completions.create(model=NAME, prompt="x", max_tokens=0)
-    assert bad.value.body["param"] == "max_tokens" and "max_tokens=0" in bad.value.body["message"]
+        client.completions.create(model=NAME, prompt="x", max_tokens=-1)
+    assert bad.value.body["param"] == "max_tokens" and "max_tokens=-1" in bad.value.body["message"]
     assert "max_new_tokens" not in bad.value.body["message"]
     with pytest.raises(openai.BadRequestError) as unsupported:
         client.completions.create(model=NAME, prompt="x", logit_bias={"1": 2})

@@ -37,6 +37,14 @@ not worth it is its length: with `max_replay_tokens` set, a tail longer than
 that stops the hit at C (`plan_hit`); `max_replay_tokens=0` makes hits land
 only on saved states, which with `save_every=N` and no end states
 (and `at_hit=False`) is the block-grid scheme of vLLM.
+
+Prompt log-probs (`SamplingParams.prompt_logprobs`) need the logits of every
+prompt position, which cached K/V and saved states do not give back: such a
+prompt takes no hit and runs whole (`prefill_scoring`), as vLLM v1 skips the
+prefix cache for it; its pages and states are indexed as any prompt's, for
+the requests after it. Storing each cached position's log-probs instead would
+tie a top-k to the cache and cost memory per token for the rare request that
+asks (cost of the recompute: benches/prompt_logprobs.py).
 """
 from __future__ import annotations
 
@@ -189,18 +197,31 @@ class PrefixStore:
         token of each row that wants them (default: every row) [rows wanting logits, vocab].
         A row that wants none (a preempted sequence resuming) may be restored whole, with
         no forward. A row that raises leaves no trace of itself."""
+        return self.prefill_scoring(seq_ids, token_lists, marks, wants_logits)[0]
+
+    def prefill_scoring(self, seq_ids: list[int], token_lists: list[list[int]], marks=None,
+                        wants_logits: list[bool] | None = None,
+                        every_position: list[bool] | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """`prefill`, and for each row marked in `every_position` (prompt log-probs) the logits
+        at every prompt position [len(prompt), vocab] (None for the others). Such a row takes
+        no prefix hit: its prompt runs whole, as from an empty cache (a cached prefix holds
+        K/V and saved states, not the logits of its positions), and is indexed as any other
+        for the requests after it."""
         marks = marks or [()] * len(seq_ids)
         wants_logits = [True] * len(seq_ids) if wants_logits is None else wants_logits
+        every_position = every_position or [False] * len(seq_ids)
         logits = [torch.empty(0, self.model.vocab_size, dtype=self.model.dtype, device=self.model.device)]
-        for s, tokens, m, wants in zip(seq_ids, token_lists, marks, wants_logits):
-            row = self._prefill_one(s, list(tokens), tuple(m), wants)
+        every = []
+        for s, tokens, m, wants, whole in zip(seq_ids, token_lists, marks, wants_logits, every_position):
+            rows = self._prefill_one(s, list(tokens), tuple(m), wants, whole)  # [1 or len(tokens), vocab]
             if wants:
-                logits.append(row)
-        return torch.cat(logits, 0)
+                logits.append(rows[-1:])
+            every.append(rows if whole else None)
+        return torch.cat(logits, 0), every
 
     def _prefill_one(self, seq_id: int, tokens: list[int], marks: tuple[int, ...],
-                     wants_logits: bool) -> torch.Tensor | None:
-        hit = self.lookup(tokens, wants_logits)
+                     wants_logits: bool, every_position: bool) -> torch.Tensor | None:
+        hit = PrefixHit(0, 0, [], None) if every_position else self.lookup(tokens, wants_logits)
         self.cache.add_sequences([seq_id])
         locked = hit.nodes[-1:] + ([hit.saved_state.node] if hit.saved_state is not None else [])
         self.index.lock(locked, hit.saved_state)  # in use until the prompt is absorbed and indexed
@@ -210,7 +231,7 @@ class PrefixStore:
                 state = None if hit.saved_state is None else hit.saved_state.state
                 self.cache.restore_prefix(seq_id, [n.page for n in hit.nodes], hit.num_cached,
                                           hit.state_position, state)
-                logits, states = self._forward_from(seq_id, tokens, hit, marks)
+                logits, states = self._forward_from(seq_id, tokens, hit, marks, every_position)
             except Exception:
                 self.cache.free_sequences([seq_id])
                 raise
@@ -220,21 +241,25 @@ class PrefixStore:
             self.index.lock(locked, hit.saved_state, -1)
         return logits
 
-    def _forward_from(self, seq_id: int, tokens: list[int], hit: PrefixHit,
-                      marks) -> tuple[torch.Tensor | None, list]:
+    def _forward_from(self, seq_id: int, tokens: list[int], hit: PrefixHit, marks,
+                      every_position: bool = False) -> tuple[torch.Tensor | None, list]:
         """The model over the prompt from the hit's state position, in chunks ending at each
-        position that saves the state; returns the last logits [1, vocab] (None: nothing to run) and
-        the (position, state) pairs saved."""
+        position that saves the state; returns the last logits [1, vocab] (with
+        `every_position`: the logits of every position run [len(tokens) - start, vocab]; None:
+        nothing to run) and the (position, state) pairs saved."""
         start = hit.state_position
         stops = save_positions(len(tokens), start, self.settings, marks, hit.num_cached)
         ends = sorted(set(stops) | {len(tokens)}) if start < len(tokens) else []
-        taken, logits = [], None
+        taken, chunks = [], []
         for end in ends:
-            logits = self.model.extend(self.cache, [seq_id], [tokens[start:end]], last_only=True)[:, 0]
+            chunks.append(self.model.extend(self.cache, [seq_id], [tokens[start:end]],
+                                            last_only=not every_position)[0])  # [1 or end - start, vocab]
             if end in stops and self.cache.states is not None:
                 taken.append((end, self.cache.states.read_slot(self.cache.head(seq_id))))
             start = end
-        return logits, taken
+        if not chunks:
+            return None, taken
+        return (torch.cat(chunks, 0) if every_position else chunks[-1]), taken
 
     def move_counts(self, stats) -> None:
         """Add the counts to `stats` (an EngineStats) and start them again from zero."""

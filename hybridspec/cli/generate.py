@@ -219,6 +219,8 @@ def sampling_params(args: argparse.Namespace, seed: int | None):
     """The SamplingParams of the arguments; SamplingParams' own checks, their errors naming the flags."""
     import hybridspec as hs
     from hybridspec.errors import InvalidRequestError, UsageError
+    if args.max_new_tokens < 1:  # (SamplingParams takes 0, to score a prompt: a generate run has nothing to show)
+        raise UsageError(f"{SAMPLING_FLAGS['max_new_tokens']} {args.max_new_tokens} must be an integer >= 1")
     try:
         return hs.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  top_p=args.top_p, min_p=args.min_p, seed=seed, stop=tuple(args.stop),

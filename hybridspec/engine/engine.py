@@ -28,12 +28,13 @@ from hybridspec.cache.state_specs import default_state_dtype
 from hybridspec.cache.hybrid_cache import HybridCache, scratch_cache
 from hybridspec.cache.prefix_cache import PrefixStore, as_prefix_settings
 from hybridspec.errors import ConfigError, InvalidRequestError, PeerRankError
-from hybridspec.sampling.logprobs import TokenLogprob
+from hybridspec.sampling.logprobs import TokenLogprob, prompt_logprobs
 from hybridspec.cache.memory import EngineMemory, cache_memory
 from hybridspec.models.graphs import ForwardGraphs, graphed
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.next_token import sample_next
 from hybridspec.engine.config import EngineConfig, engine_config
+from hybridspec.engine.prompt_logits import prefill_logits
 from hybridspec.engine.requests import normalize_requests
 from hybridspec.engine.scheduler import Scheduler
 from hybridspec.sampling.sampler import RowParams, SamplingParams, derived_seed
@@ -59,6 +60,10 @@ class Output:
     logprobs: with `SamplingParams(logprobs=k)`, one `TokenLogprob` per
         generated token; None otherwise.
     sample_index: which of the prompt's n samples this is (0 for n=1).
+    prompt_logprobs: with `SamplingParams(prompt_logprobs=k)`, one entry per
+        prompt token: None for the first, then a `TokenLogprob` (its rank
+        set) under the target's raw distribution after the tokens before it
+        (`hybridspec.sampling.logprobs`); None otherwise.
     """
 
     prompt_token_ids: list[int]
@@ -67,6 +72,7 @@ class Output:
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprob] | None = None
     sample_index: int = 0
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -84,6 +90,7 @@ class StepOutput:
     finish_reason: Literal["stop", "length", "abort"] | None = None  # with `finished`: why it ended
     stop_reason: int | str | None = None  # with `finished`: as `Output.stop_reason`
     logprobs: list[TokenLogprob] | None = None  # with `SamplingParams(logprobs=k)`: one per token of token_ids
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with `prompt_logprobs=k`: in the first report only
 
 
 @dataclass
@@ -154,10 +161,12 @@ def check_tensor_parallel(target: HybridModel, size: int | None):
 
 
 def step_output(request: Request, start: int) -> StepOutput:
-    """What `request` gained since its output had `start` tokens."""
+    """What `request` gained since its output had `start` tokens (its prompt
+    log-probs in its first report: the one from no tokens)."""
     out = request.output
     return StepOutput(request.request_id, out.token_ids[start:], request.finished, out.sample_index,
-                      out.finish_reason, out.stop_reason, None if out.logprobs is None else out.logprobs[start:])
+                      out.finish_reason, out.stop_reason, None if out.logprobs is None else out.logprobs[start:],
+                      out.prompt_logprobs if start == 0 else None)
 
 class Engine:
     """Plain or speculative generation of token ids over a `HybridModel`
@@ -541,27 +550,44 @@ class Engine:
         return self._rows_cache[1]
 
     def _prefill(self, requests: list[Request], stats: EngineStats) -> None:
-        """Absorb the prompts of newly admitted requests and emit each first
-        token from the last prompt logits; a preempted request resumes: its
-        committed tokens but the pending last one are absorbed again (nothing
-        is sampled)."""
+        """Absorb the prompts of newly admitted requests, record the prompt
+        log-probs of those asking (once: a request resuming has them) and emit
+        each first token from the last prompt logits; a preempted request
+        resumes: its committed tokens but the pending last one are absorbed
+        again (nothing is sampled)."""
         ids = [r.seq_id for r in requests]
         committed = [r.output.prompt_token_ids + r.output.token_ids for r in requests]
         absorbed = [c[:r.committed_len - (1 if r.output.token_ids else 0)] for c, r in zip(committed, requests)]
         fresh = [b for b, r in enumerate(requests) if not r.output.token_ids]
+        scored = [r.params.prompt_logprobs is not None and r.output.prompt_logprobs is None for r in requests]
         if self.prefix is None:
-            logits = self.target.prefill(self.cache, ids, absorbed, last_only=True)[:, 0]  # [batch, vocab]
+            logits, every = prefill_logits(self.target, self.cache, ids, absorbed, scored)  # [batch, vocab]
             logits = logits[torch.tensor(fresh, dtype=torch.long, device=logits.device)]  # [fresh, vocab]
             stats.prefill_computed_tokens += sum(map(len, absorbed))
         else:  # a resumed sequence may be restored whole from its own cached tokens
-            logits = self.prefix.prefill(ids, absorbed, [r.params.save_states_at for r in requests],
-                                         [not r.output.token_ids for r in requests])  # [fresh, vocab]
+            logits, every = self.prefix.prefill_scoring(ids, absorbed, [r.params.save_states_at for r in requests],
+                                                        [not r.output.token_ids for r in requests], scored)
+        for r, rows in zip(requests, every):
+            if rows is not None:  # rows [len(prompt), vocab]
+                r.output.prompt_logprobs = prompt_logprobs(rows, r.output.prompt_token_ids, r.params.prompt_logprobs)
         if self.speculator is not None:
             self.speculator.drafter.start(requests)
         stats.sequences += len(fresh)
         if fresh:
-            fresh_requests = [requests[b] for b in fresh]
-            self._apply(fresh_requests, self._sample(fresh_requests, logits, self._rows(fresh_requests), stats))
+            self._emit_first([requests[b] for b in fresh], logits, stats)
+
+    def _emit_first(self, requests: list[Request], logits: torch.Tensor, stats: EngineStats) -> None:
+        """Each new request's first token, sampled from its last prompt logits
+        [batch, vocab]; a request asking for none (max_new_tokens=0) ends here
+        without one."""
+        done = [r for r in requests if r.params.max_new_tokens == 0]
+        self._apply(done, [RowResult.of(r, [], None if r.params.logprobs is None else []) for r in done])
+        if done:
+            keep = [b for b, r in enumerate(requests) if r.params.max_new_tokens > 0]
+            requests = [requests[b] for b in keep]
+            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]  # [kept, vocab]
+        if requests:
+            self._apply(requests, self._sample(requests, logits, self._rows(requests), stats))
 
     def _sample(self, requests: list[Request], logits: torch.Tensor, rows: RowParams,
                 stats: EngineStats) -> list[RowResult]:

@@ -39,7 +39,10 @@ class SamplingParams:
     """How to sample one request. Every field is checked on construction
     (`InvalidRequestError` names the bad value and the fix).
 
-    max_new_tokens: most tokens to generate (default 64; `max_tokens` in vLLM).
+    max_new_tokens: most tokens to generate (default 64; `max_tokens` in vLLM);
+        0 ends the request right after its prefill with no token (finish
+        reason "length"): scoring a prompt (`prompt_logprobs`), or warming the
+        prefix cache.
     temperature: 0 (default) is greedy; > 0 samples softmax(logits / temperature).
     top_k: keep the k most likely tokens (0, the default: off).
     top_p: keep the smallest set of most likely tokens whose mass reaches top_p,
@@ -63,6 +66,12 @@ class SamplingParams:
     logprobs: None (default) records none; k >= 0 records, for every generated
         token, its log-probability under the target's processed distribution
         (after penalties, temperature and filters) and the k most likely tokens'.
+    prompt_logprobs: None (default) records none; k >= 0 records, for every
+        prompt token but the first, its log-probability under the target's raw
+        distribution after the tokens before it (log_softmax of the model's
+        logits in at least float32: no penalties, temperature or filters, as
+        vLLM's prompt log-probs), its rank and the k most likely tokens'
+        (`Output.prompt_logprobs`; `hybridspec.sampling.logprobs`).
     repetition_penalty: > 0, 1.0 (default) is off. Every token of the prompt or
         the output has its logit divided by it when positive, multiplied when
         negative (Keskar et al. 2019; HF's `repetition_penalty`).
@@ -89,6 +98,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -96,7 +106,7 @@ class SamplingParams:
 
     def __post_init__(self):
         checked = dict(
-            max_new_tokens=integer("max_new_tokens", self.max_new_tokens, 1, InvalidRequestError),
+            max_new_tokens=integer("max_new_tokens", self.max_new_tokens, 0, InvalidRequestError),
             temperature=real("temperature", self.temperature, InvalidRequestError, ">= 0 (0 is greedy)"),
             top_k=integer("top_k", self.top_k, 0, InvalidRequestError, "; use 0 to turn it off"),
             top_p=real("top_p", self.top_p, InvalidRequestError, "in (0, 1]; use 1.0 to turn it off"),
@@ -107,6 +117,8 @@ class SamplingParams:
             stop_token_ids=_stop_token_ids(self.stop_token_ids),
             logprobs=None if self.logprobs is None else integer(
                 "logprobs", self.logprobs, 0, InvalidRequestError, " (top tokens to record) or None"),
+            prompt_logprobs=None if self.prompt_logprobs is None else integer(
+                "prompt_logprobs", self.prompt_logprobs, 0, InvalidRequestError, " (top tokens to record) or None"),
             repetition_penalty=real("repetition_penalty", self.repetition_penalty, InvalidRequestError,
                                     "> 0; use 1.0 to turn it off"),
             presence_penalty=real("presence_penalty", self.presence_penalty, InvalidRequestError,

@@ -1,7 +1,8 @@
 """`create_app(llm)`: the OpenAI-compatible FastAPI app over an `hs.LLM`.
 
 POST /v1/completions and /v1/chat/completions (JSON, or server-sent events
-with `"stream": true`), GET /v1/models and /v1/models/{id}; vLLM's POST
+with `"stream": true`; completions score prompts with `echo`, `max_tokens=0`
+and vLLM's `prompt_logprobs`), GET /v1/models and /v1/models/{id}; vLLM's POST
 /tokenize and /detokenize, GET /version, /health and /metrics. Every error,
 unknown routes' and methods' included, is OpenAI's error body; GET routes
 answer HEAD too. A body over the size limit is refused (413) before it is read
@@ -31,7 +32,7 @@ import hybridspec
 from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.sampling.logprobs import TokenLogprob
 from hybridspec.sampling.sampler import SamplingParams
-from hybridspec.serve.logprobs import CompletionLogprobs, LogprobStream, chat_logprobs
+from hybridspec.serve.logprobs import CompletionLogprobs, LogprobStream, chat_logprobs, joined, prompt_logprobs_body
 from hybridspec.serve.loop import EngineFailure, EngineLoop
 from hybridspec.serve.metrics import Metrics
 from hybridspec.serve import DEFAULT_MAX_N, default_max_body_bytes, prepare
@@ -48,7 +49,8 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler looks for a client
 @dataclass
 class Event:
     """What one sequence (choice) gained: text, tokens, the logprobs of its
-    text, and its end (with the stop string or stop token id that ended it)."""
+    text, and its end (with the stop string or stop token id that ended it);
+    its first event holds its prompt log-probs when they were asked for."""
 
     index: int
     text: str
@@ -56,6 +58,19 @@ class Event:
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+@dataclass
+class Scoring:
+    """What a completions request asks of its prompts: `echo` (each prompt's
+    text before its choices' texts, its tokens' log-probs before theirs) and
+    vLLM's `prompt_logprobs` (top tokens per entry; None: not asked)."""
+
+    token_ids: list[list[int]]  # [prompts] each prompt's tokens
+    texts: list[str] | None  # [prompts] with echo, the text each prompt's choices start with; None: no echo
+    prompt_logprobs: int | None
+    choices_per_prompt: int
 
 
 class Server:
@@ -110,7 +125,7 @@ class Server:
                 for copy in range(copies):
                     yield Event(index + copy, text, item.token_ids, entries,
                                 finish_reason(item.finish_reason) if item.finished else None,
-                                item.stop_reason if item.finished else None)
+                                item.stop_reason if item.finished else None, item.prompt_logprobs)
         finally:
             for request_id in ids:
                 self.loop.abort(request_id)
@@ -210,8 +225,14 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
 
     async def start(request: Request, job: prepare.Prepared, chat: bool):
         body, params = job.body, job.params
+        scoring = None
+        if not chat:  # completions score their prompts: echo, prompt log-probs
+            texts = ([p if isinstance(p, str) else server.codec.decode(p) for p in body.prompts()] if body.echo
+                     else None)
+            scoring = Scoring(job.prompts, texts, body.prompt_logprobs, body.n)
         response = CompletionResponse(server.name, len(job.prompts) * body.n, params, server.codec, chat=chat,
-                                      include_usage=body.include_usage, prompt_tokens=sum(map(len, job.prompts)))
+                                      include_usage=body.include_usage, prompt_tokens=sum(map(len, job.prompts)),
+                                      scoring=scoring)
         events = server.generate(job.prompts, params, copies=body.n // params.n, field=job.field)
         return await respond(server, request, body.stream, response, events)
 
@@ -251,8 +272,10 @@ class CompletionResponse:
     """The OpenAI bodies of one request: the JSON of completions or chat, or its SSE chunks."""
 
     def __init__(self, model: str, num_choices: int, params: SamplingParams, codec, chat: bool, include_usage: bool,
-                 prompt_tokens: int):
+                 prompt_tokens: int, scoring: Scoring | None = None):
         self.model, self.params, self.codec, self.chat, self.include_usage = model, params, codec, chat, include_usage
+        self.scoring = scoring  # completions: echo and prompt log-probs, in each choice's first body
+        self.scored = [False] * num_choices  # whether choice i's first body went out
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.prompt_tokens, self.completion_tokens = prompt_tokens, 0
@@ -271,15 +294,17 @@ class CompletionResponse:
         texts, tokens, logprobs = [""] * self.num_choices, [[] for _ in range(self.num_choices)], \
             [[] for _ in range(self.num_choices)]
         reasons, stop_reasons = [None] * self.num_choices, [None] * self.num_choices
+        prompt_logprobs = [None] * self.num_choices
         async for e in events:
             texts[e.index] += e.text
             tokens[e.index] += e.token_ids
             logprobs[e.index] += e.logprobs or []
             reasons[e.index] = e.finish_reason or reasons[e.index]
             stop_reasons[e.index] = e.stop_reason if e.finish_reason else stop_reasons[e.index]
+            prompt_logprobs[e.index] = e.prompt_logprobs or prompt_logprobs[e.index]
             self.completion_tokens += len(e.token_ids)
-        choices = [self._choice(i, texts[i], logprobs[i], reasons[i], stop_reasons[i], chunk=False)
-                   for i in range(self.num_choices)]
+        choices = [self._choice(i, texts[i], logprobs[i], reasons[i], stop_reasons[i], chunk=False,
+                                prompt_logprobs=prompt_logprobs[i]) for i in range(self.num_choices)]
         return {**self._head(chunk=False), "choices": choices, "usage": self.usage()}
 
     async def sse(self, first: Event, events: AsyncIterator[Event]) -> AsyncIterator[str]:
@@ -300,23 +325,46 @@ class CompletionResponse:
 
     def _chunk(self, e: Event) -> str:
         self.completion_tokens += len(e.token_ids)
-        body = {**self._head(chunk=True), "choices": [self._choice(e.index, e.text, e.logprobs or [],
-                                                                   e.finish_reason, e.stop_reason, chunk=True)]}
+        body = {**self._head(chunk=True), "choices": [self._choice(e.index, e.text, e.logprobs or [], e.finish_reason,
+                                                                   e.stop_reason, chunk=True,
+                                                                   prompt_logprobs=e.prompt_logprobs)]}
         if self.include_usage:
             body["usage"] = None
         return _sse(body)
 
     def _choice(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None,
-                stop_reason: int | str | None, chunk: bool) -> dict:
+                stop_reason: int | str | None, chunk: bool,
+                prompt_logprobs: list[TokenLogprob | None] | None = None) -> dict:
         wants = self.params.logprobs is not None
         if self.chat:
             content = {"content": text} if chunk else {"role": "assistant", "content": text}
             return {"index": index, "delta" if chunk else "message": content,
                     "logprobs": chat_logprobs(logprobs, self.codec.decode) if wants else None,
                     "finish_reason": reason, "stop_reason": stop_reason}
-        return {"index": index, "text": text,
-                "logprobs": self.logprobs[index].body(logprobs) if wants else None,
-                "finish_reason": reason, "stop_reason": stop_reason}
+        echo, echo_logprobs, scored = self._scoring(index, prompt_logprobs)  # (before the body: text offsets)
+        choice = {"index": index, "text": echo + text,
+                  "logprobs": joined(echo_logprobs, self.logprobs[index].body(logprobs)) if wants else None,
+                  "finish_reason": reason, "stop_reason": stop_reason}
+        if self.scoring.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = scored
+        return choice
+
+    def _scoring(self, index: int, entries: list[TokenLogprob | None] | None) -> tuple[str, dict | None, list | None]:
+        """Choice `index`'s echoed prompt text, the echoed tokens' `logprobs` part and its
+        vLLM `prompt_logprobs`, in its first body only ("", None, None after it)."""
+        scoring = self.scoring
+        if self.scored[index]:
+            return "", None, None
+        self.scored[index] = True
+        prompt = index // scoring.choices_per_prompt
+        echo, echo_logprobs, scored = "", None, None
+        if scoring.texts is not None:
+            echo = scoring.texts[prompt]
+            if self.params.logprobs is not None:
+                echo_logprobs = self.logprobs[index].prompt(scoring.token_ids[prompt], entries, self.params.logprobs)
+        if scoring.prompt_logprobs is not None:
+            scored = prompt_logprobs_body(entries, scoring.prompt_logprobs, self.codec.decode)
+        return echo, echo_logprobs, scored
 
 
 def schema_of(model) -> dict:

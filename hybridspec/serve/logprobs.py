@@ -5,6 +5,11 @@ do: none for the tokens of a stop string the text was cut before (the token
 that holds the last returned characters stays). While streaming, a token's
 entry goes out with the text that holds it: not before (its text may be a
 stop string's start, or half a character), not after.
+
+Scoring (`echo`, vLLM's `prompt_logprobs`): an echoed prompt's tokens come
+first in a choice's log-probs, the first one's `null` (nothing precedes it),
+`text_offset` counting from the prompt's start on into the generated text, as
+OpenAI's legacy completions and vLLM give them.
 """
 from __future__ import annotations
 
@@ -64,18 +69,54 @@ class CompletionLogprobs:
 
     def body(self, entries: list[TokenLogprob]) -> dict:
         tokens = [self.decode([e.token_id]) for e in entries]
+        return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries],
+                "top_logprobs": [self._top(e) for e in entries], "text_offset": self._offsets(tokens)}
+
+    def prompt(self, token_ids: list[int], entries: list[TokenLogprob | None], k: int) -> dict:
+        """The echoed prompt's part (before any generated token's): each prompt token, its
+        log-prob and its k most likely tokens (`null` for the first token)."""
+        tokens = [self.decode([t]) for t in token_ids]
+        return {"tokens": tokens, "token_logprobs": [None if e is None else finite(e.logprob) for e in entries],
+                "top_logprobs": [None if e is None else self._top(e, k) for e in entries],
+                "text_offset": self._offsets(tokens)}
+
+    def _offsets(self, tokens: list[str]) -> list[int]:
         offsets = []
         for token in tokens:
             offsets.append(self.offset)
             self.offset += len(token)
-        return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries],
-                "top_logprobs": [self._top(e) for e in entries], "text_offset": offsets}
+        return offsets
 
-    def _top(self, entry: TokenLogprob) -> dict:
+    def _top(self, entry: TokenLogprob, k: int | None = None) -> dict:
+        """{token text: log p} of the entry's token and its k (None: all recorded) most likely."""
         top = {self.decode([entry.token_id]): finite(entry.logprob)}
-        for token_id, logprob in entry.top:
+        for token_id, logprob in entry.top[:k]:
             top.setdefault(self.decode([token_id]), finite(logprob))
         return top
+
+
+def joined(first: dict | None, second: dict | None) -> dict | None:
+    """Two parts of one choice's completions `logprobs`, one after the other."""
+    if first is None or second is None:
+        return first or second
+    return {key: first[key] + second[key] for key in first}
+
+
+def prompt_logprobs_body(entries: list[TokenLogprob | None], k: int, decode: Decode) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` of a choice: None for the first prompt token, then per token
+    {token id: {logprob, rank, decoded_token}} of the token and the k most likely (ranks 1..k)."""
+    def entry(token_id: int, logprob: float, rank: int) -> dict:
+        return {"logprob": finite(logprob), "rank": rank, "decoded_token": decode([token_id])}
+    out: list[dict | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        ranked = {e.token_id: entry(e.token_id, e.logprob, e.rank)}
+        for rank, (token_id, logprob) in enumerate(e.top[:k], start=1):
+            ranked.setdefault(token_id, entry(token_id, logprob, rank))
+        out.append(ranked)
+    return out
 
 
 def chat_logprobs(entries: list[TokenLogprob], decode: Decode) -> dict:

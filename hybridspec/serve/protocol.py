@@ -1,8 +1,10 @@
 """OpenAI request bodies (pydantic) and their mapping onto `SamplingParams`.
 
 Fields the runtime honours map onto SamplingParams; the common vLLM
-extensions (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`) are
-accepted at the top level. Unknown fields are ignored with a logged warning
+extensions (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, and
+`prompt_logprobs` on completions) are accepted at the top level. Scoring as
+legacy completions do it: `echo` with `logprobs` asks for the prompt tokens'
+log-probs too, and `max_tokens=0` for no generated token. Unknown fields are ignored with a logged warning
 (clients send vendor extensions); a known OpenAI field the runtime cannot
 honour (`logit_bias`, tools, ...) is refused with a 400 naming it. Every
 error is OpenAI's body, and a 400 names the field the client sent (never
@@ -28,7 +30,7 @@ RETRY_AFTER_S = 1  # what a 503 tells a client to wait before it retries
 # that asks for nothing (what clients send by default)
 UNSUPPORTED = {"logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
                "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "suffix": (None, ""),
-               "best_of": (None, 1), "echo": (None, False), "parallel_tool_calls": (None, True, False),
+               "best_of": (None, 1), "parallel_tool_calls": (None, True, False),
                "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
                "web_search_options": (None,)}
 
@@ -92,6 +94,15 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False  # the prompt before each choice's text (and its tokens' log-probs before the choice's)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's: each choice's prompt_logprobs
+
+    @property
+    def prompt_top(self) -> int | None:
+        """Top tokens to record per prompt token: what `prompt_logprobs` and an
+        echo's `logprobs` ask for, the larger (None: neither asks)."""
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(asked) if asked else None
 
     def prompts(self) -> list[str | list[int]]:
         """Each prompt: text, or token ids."""
@@ -165,13 +176,18 @@ def sampling_params(body: CompletionRequest | ChatRequest, default_max_tokens: i
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        if max_tokens is not None and max_tokens < 1:  # (completions score a prompt with 0)
+            raise request_error(f"max_new_tokens={max_tokens} must be an integer >= 1 for a chat reply; send "
+                                "the prompt to /v1/completions with 'echo' to score it", body)
+        prompt_top = None
     else:
-        logprobs = body.logprobs
+        logprobs, prompt_top = body.logprobs, body.prompt_top
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     n = 1 if body.n > 1 and body.temperature == 0 else body.n
     fields = dict(max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
                   temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, n=n,
                   seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
+                  prompt_logprobs=prompt_top,
                   repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
                   frequency_penalty=body.frequency_penalty)
     try:
