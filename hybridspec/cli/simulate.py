@@ -3,7 +3,9 @@
 With no arguments it prints the α × γ table of expected tokens per round
 (closed form and simulated) and speedup in the memory-bound and compute-bound
 regimes, the crossover batch of each preset for several checkpoint policies,
-and one line per assumption.
+and one line per assumption. `--drafter model,mtp,eagle3` pairs each preset
+with those drafters side by side (named '<preset>+mtp', '<preset>+eagle3'):
+every preset is reported in one run, so the drafter is a list, as --alphas is.
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="drafts per round for the preset crossover batches (default %(default)s)")
     parser.add_argument("--max-batch", type=int, default=defaults.max_batch,
                         help="largest batch searched for a crossover (default %(default)s)")
+    parser.add_argument("--drafter", type=_list_of(str.strip), default=defaults.drafters, metavar="KINDS",
+                        help="comma-separated drafters to pair each preset with: model (a separate 0.43B hybrid "
+                             "draft model), mtp (the target's MTP layer), eagle3 (an EAGLE-3 head); "
+                             "default model")
     parser.add_argument("--measured", metavar="FILE.json",
                         help="round costs measured by the engine (schema hybridspec.round_cost/v1, "
                              "see docs/simulator.md); adds a section labelled measured")
@@ -65,6 +71,7 @@ def _settings(args: argparse.Namespace) -> SimulateSettings:
         context_len=args.context_len,
         crossover_gamma=args.gamma,
         max_batch=args.max_batch,
+        drafters=tuple(args.drafter),
     )
 
 

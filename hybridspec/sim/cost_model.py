@@ -9,8 +9,11 @@ and flops = B·tokens·(flops_per_token + attention over the context).
 Under tensor parallelism (`AllReduceLink`) the hardware is the ranks taken as
 one device, and every target layer adds two all-reduces of hidden·B·tokens
 activations (its mixer's and its feed-forward's partial outputs), which do
-not overlap the layer's own work; the drafter runs whole on every rank, at
-one rank's bandwidth and FLOPs.
+not overlap the layer's own work; a separate draft model runs whole on every
+rank, at one rank's bandwidth and FLOPs, while a drafter sharded with the
+target (`draft_sharded`: an MTP layer over the target's vocabulary-parallel LM
+head, an EAGLE-3 head at the target's tensor-parallel size) runs on all ranks
+and pays its own layers' all-reduces.
 The checkpoint traffic a policy adds on top (extra snapshot writes, the input
 log, replay) is charged as separate memory time: it is done by the Mamba scan
 and replay kernels, which are memory-bound on their own and do not hide under
@@ -151,6 +154,7 @@ class CostModel:
     draft: Optional[ModelCost]
     context_len: int = 4096
     all_reduce: Optional[AllReduceLink] = None  # tensor parallel over `hardware` (its ranks as one device)
+    draft_sharded: bool = False  # the drafter tensor-parallel like the target, not whole on one rank
 
     def __post_init__(self) -> None:
         check_int(self.context_len, "context_len", minimum=0)
@@ -164,10 +168,18 @@ class CostModel:
         return model.num_layers * 2 * self.all_reduce.time(nbytes)
 
     def forward_time(self, model: ModelCost, batch: Batch, tokens: int) -> Union[float, np.ndarray]:
-        """Roofline time of one forward of `tokens` tokens per sequence, the
-        target's all-reduces added under tensor parallelism."""
-        time = self._roofline(model, batch, tokens, 1)
-        return time + self.all_reduce_time(model, batch, tokens) if model is self.target else time
+        """Roofline time of one forward of `tokens` tokens per sequence on the
+        whole hardware, its all-reduces added under tensor parallelism."""
+        return self._roofline(model, batch, tokens, 1) + self.all_reduce_time(model, batch, tokens)
+
+    def draft_step_time(self, batch: Batch) -> Union[float, np.ndarray]:
+        """One draft step (0 for a drafter that costs nothing): sharded like the
+        target, or whole on one rank of a tensor-parallel target."""
+        if self.draft is None:
+            return 0.0
+        if self.draft_sharded or self.all_reduce is None:
+            return self.forward_time(self.draft, batch, 1)
+        return self._roofline(self.draft, batch, 1, self.all_reduce.ranks)
 
     def _roofline(self, model: ModelCost, batch: Batch, tokens: int, share: int) -> Union[float, np.ndarray]:
         """Roofline time on 1/share of the hardware."""
@@ -187,13 +199,11 @@ class CostModel:
         gamma = check_gamma(gamma)
         bandwidth, peak = self.hardware.memory_bandwidth, self.hardware.peak_flops
         target = self.target
-        ranks = 1 if self.all_reduce is None else self.all_reduce.ranks  # the drafter: whole, on one rank
-        draft_step_s = 0.0 if self.draft is None else self._roofline(self.draft, batch, 1, ranks)
         attention_flops = self.context_len * target.attention_flops_per_context_token
         return StepCosts(
             batch=batch,
             plain_step_s=self.forward_time(target, batch, 1),
-            draft_step_s=draft_step_s,
+            draft_step_s=self.draft_step_time(batch),
             verify_s=self.forward_time(target, batch, gamma + 1),
             snapshot_write_s=batch * target.state_bytes / bandwidth,
             log_write_s=batch * target.log_bytes_per_token / bandwidth,
@@ -252,3 +262,26 @@ def crossover_batch(
     gains = model.speedup(batches, gamma, alpha, snapshot_every, log_inputs)  # [max_batch]
     losing = np.flatnonzero(gains <= 1.0)
     return int(batches[losing[0]]) if losing.size else None
+
+
+def break_even_alpha(
+    model: CostModel,
+    batch: int,
+    gamma: int,
+    snapshot_every: int = 1,
+    log_inputs: bool = True,
+    tolerance: float = 1e-4,
+) -> Optional[float]:
+    """The smallest α (within `tolerance`) at which speculation pays at `batch`,
+    `model.speedup > 1`; None when it does not pay even at α = 1. Bisection:
+    the speedup grows with α (more tokens per round, fewer replays)."""
+    def pays(alpha: float) -> bool:
+        return bool(model.speedup(batch, gamma, alpha, snapshot_every, log_inputs) > 1.0)
+
+    if not pays(1.0):
+        return None
+    low, high = 0.0, 1.0  # pays(high), and low = 0 never pays: a round then yields one token for more work
+    while high - low > tolerance:
+        mid = 0.5 * (low + high)
+        low, high = (low, mid) if pays(mid) else (mid, high)
+    return high

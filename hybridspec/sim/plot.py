@@ -1,5 +1,6 @@
 """`hybridspec simulate --plot out.png`: speedup against batch size per preset,
-one colour per α, crossovers marked. matplotlib is imported only here, lazily."""
+one row of panels per drafter, one colour per α, crossovers marked; the
+legend names each curve's drafter. matplotlib is imported only here, lazily."""
 from __future__ import annotations
 
 import textwrap
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridspec.sim.presets import PRESETS
-from hybridspec.sim.report import SimulateSettings
+from hybridspec.sim.report import SimulateSettings, selected_presets
 
 # (label, snapshot_every, log_inputs, line style) of the curves drawn per α
 _CURVES = (("k=1", 1, False, "-"), ("k=0+log", 0, True, "--"))
@@ -32,7 +33,7 @@ def _draw_preset(axes, preset, settings: SimulateSettings, colors) -> None:
     for alpha, color in zip(settings.alphas, colors):
         for label, k, log, style in _CURVES:
             gains = model.speedup(batches, gamma, alpha, k, log)  # [num_points]
-            axes.plot(batches, gains, style, color=color, label=f"alpha={alpha:g} {label}")
+            axes.plot(batches, gains, style, color=color, label=f"{preset.drafter} alpha={alpha:g} {label}")
             losing = np.flatnonzero(gains <= 1.0)
             if losing.size:
                 axes.plot(batches[losing[0]], gains[losing[0]], "o", color=color, markersize=5)
@@ -44,7 +45,10 @@ def _draw_preset(axes, preset, settings: SimulateSettings, colors) -> None:
     axes.set_xscale("log")
     axes.set_xlabel("batch size (sequences)")
     axes.set_ylabel("speedup over plain decoding")
-    axes.set_title(f"{preset.name} on {preset.hardware.name}, gamma={gamma} (assumed)", fontsize=9)
+    costs = model.step_costs(1, gamma)
+    c = float(costs.draft_step_s / costs.plain_step_s)
+    axes.set_title(f"{preset.name} on {preset.hardware.name}\ndrafter {preset.drafter}, c={c:.3f} at batch 1, "
+                   f"gamma={gamma} (assumed)", fontsize=9)
     axes.grid(True, which="both", alpha=0.3)
 
 
@@ -65,19 +69,26 @@ def _draw_measured(axes, measured: dict) -> None:
 
 def plot_speedup(report: dict, settings: SimulateSettings, path: str | Path) -> Path:
     """Draw speedup against batch size (solid: k=1, dashed: k=0 with log
-    replay; dots: crossovers) for each preset, plus the measured points when
-    the report has them, and save a PNG at `path`."""
+    replay; dots: crossovers) for each preset, a row per drafter, plus the
+    measured points when the report has them, and save a PNG at `path`."""
     figure_class = _figure_class()
-    panels = len(PRESETS) + (report["measured"] is not None)
-    figure = figure_class(figsize=(5.5 * panels, 4.5), layout="constrained")
-    axes_list = figure.subplots(1, panels, squeeze=False)[0]
+    rows, columns = len(settings.drafters), len(PRESETS) + (report["measured"] is not None)
+    figure = figure_class(figsize=(5.5 * columns, 4.5 * rows), layout="constrained")
+    axes_grid = figure.subplots(rows, columns, squeeze=False)  # [drafter, preset]
     colors = [f"C{index}" for index in range(len(settings.alphas))]
-    for axes, preset in zip(axes_list, PRESETS.values()):
-        _draw_preset(axes, preset, settings, colors)
-    figure.legend(*axes_list[0].get_legend_handles_labels(), loc="outside right upper", fontsize=7)
+    presets = selected_presets(settings)  # each preset's drafters side by side
+    for index, preset in enumerate(presets):
+        _draw_preset(axes_grid[index % rows][index // rows], preset, settings, colors)
+    handles, labels = [], []
+    for row in axes_grid:  # one legend entry per drafter, alpha and policy
+        row_handles, row_labels = row[0].get_legend_handles_labels()
+        handles, labels = handles + row_handles, labels + row_labels
+    figure.legend(handles, labels, loc="outside right upper", fontsize=7)
     if report["measured"] is not None:
-        _draw_measured(axes_list[-1], report["measured"])
-        axes_list[-1].legend(fontsize=7)
+        _draw_measured(axes_grid[0][-1], report["measured"])
+        axes_grid[0][-1].legend(fontsize=7)
+        for row in axes_grid[1:]:
+            row[-1].set_axis_off()
     path = Path(path)
     figure.savefig(path, dpi=120)
     return path

@@ -2,10 +2,13 @@
 peaks and published config dimensions, not measurements on this machine."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 from hybridspec.sim.cost_model import AllReduceLink, CostModel, Hardware
+from hybridspec.sim.drafters import (AcceptancePrior, check_drafter_kind, eagle3_draft, mtp_draft, prior_from_length,
+                                     prior_from_rate)
 from hybridspec.sim.mixers import GdnMixer
 from hybridspec.sim.shapes import HybridShape
 
@@ -241,15 +244,37 @@ def small_hybrid_draft(target: HybridShape) -> HybridShape:
     )
 
 
+# Acceptance priors (per-draft alpha of the i.i.d. model), from published figures where there are any.
+# MTP: llama.cpp's Qwen3.6-35B-A3B MTP runtime card (fraQtl/Qwen3.6-35B-A3B-Hi-Fi-MTP-runtime, May 2026): 76.0%
+# draft acceptance at n_max = 4, greedy, 50 chat prompts on an A100 -- a Qwen3.x MTP layer of the Qwen3-Next
+# lineage; Qwen3-Next's own model card gives no acceptance figure. ik_llama.cpp PR 2369 reports 91-92% on code
+# and 47% on stories at n_max = 3 for a Qwen MTP layer: the prior is a middle, task-dependent figure.
+QWEN_MTP_PRIOR = prior_from_rate(0.76, 4, "published: 76.0% draft acceptance at 4 drafts, Qwen3.6-35B-A3B MTP in "
+                                          "llama.cpp (greedy, chat prompts); a Qwen3.x MTP layer, not Qwen3-Next's")
+# The Mamba2 families publish no MTP layer: a layer trained as tools/train_mtp.py trains one is assumed to reach
+# the Qwen figure.
+ASSUMED_MTP_PRIOR = dataclasses.replace(QWEN_MTP_PRIOR, source="assumed: no published MTP layer for this family; "
+                                                                "the Qwen3.x MTP figure carried over")
+# EAGLE-3: the paper's acceptance lengths (tau ~6.5 for LLaMA-3.1-8B, temperature 0) are for tree drafts of up to
+# 8 levels, not a chain of gamma drafts. The chain figure here is vLLM's "Mean acceptance length: 2.67" at 5
+# speculative tokens for Qwen3-8B with a published EAGLE-3 head (vllm-ascend issue 13665, one card).
+EAGLE3_PRIOR = prior_from_length(2.67, 5, "published: mean acceptance length 2.67 at 5 drafts, Qwen3-8B with an "
+                                          "EAGLE-3 head in vLLM (chain); carried over to this target: assumed")
+
+
 @dataclass(frozen=True)
 class Preset:
-    """A target, its drafter and the accelerator they run on."""
+    """A target, its drafter and the accelerator they run on. `drafter` names
+    the drafter's kind (`hybridspec.sim.drafters.DRAFTER_KINDS`); `prior` is
+    the acceptance it is expected to reach, None where nothing is published."""
 
     name: str
     target: HybridShape
     draft: HybridShape
     hardware: Hardware
     all_reduce: Optional[AllReduceLink] = None  # the target tensor-parallel over `hardware`'s ranks
+    drafter: str = "model"
+    prior: Optional[AcceptancePrior] = None
 
     def cost_model(self, context_len: int = 4096) -> CostModel:
         return CostModel(
@@ -258,7 +283,23 @@ class Preset:
             draft=self.draft.model_cost(),
             context_len=context_len,
             all_reduce=self.all_reduce,
+            # MTP and EAGLE-3 run at the target's tensor-parallel size (MTP shares its sharded LM head)
+            draft_sharded=self.drafter != "model",
         )
+
+
+def drafted(preset: Preset, kind: str) -> Preset:
+    """`preset` with a drafter of `kind`, named '<preset>+<kind>'; 'model' gives
+    `preset` itself (its separate draft model)."""
+    if check_drafter_kind(kind) == "model":
+        return preset
+    target = preset.target
+    if kind == "mtp":
+        draft = mtp_draft(target)
+        prior = QWEN_MTP_PRIOR if target.gdn is not None else ASSUMED_MTP_PRIOR
+    else:
+        draft, prior = eagle3_draft(target), EAGLE3_PRIOR
+    return dataclasses.replace(preset, name=f"{preset.name}+{kind}", draft=draft, drafter=kind, prior=prior)
 
 
 PRESETS = {

@@ -2,7 +2,7 @@
 figures are assumed or measured; measured tables tag every column."""
 from __future__ import annotations
 
-from hybridspec.sim.report import POLICIES
+from hybridspec.sim.report import POLICIES, REPORT_BATCHES
 
 _TAG = {"measured": "(m)", "assumed": "(a)"}
 
@@ -50,10 +50,29 @@ def render_table(report: dict) -> list[str]:
     return lines
 
 
+def _draft_line(preset: dict) -> str:
+    draft, drafter = preset["draft"], preset["drafter"]
+    c = ", ".join(f"{value:.3f} at batch {batch}" for batch, value in preset["c_at_batch"].items())
+    sharded = ", tensor-parallel like the target" if drafter["sharded"] else ""
+    return f"  drafter {drafter['kind']}: {draft['name']}, {draft['params'] / 1e9:.2f}B{sharded}; c = {c}"
+
+
+def _policy_rows(preset: dict, key: str, value: str, fmt) -> list[str]:
+    """One row per reported batch of `preset[key]` entries, one column per policy."""
+    labels = [label for label, _, _ in POLICIES]
+    rows = []
+    for batch in REPORT_BATCHES:
+        cells = {entry["policy"]: entry[value] for entry in preset[key] if entry["batch"] == batch}
+        title = f"batch {batch}"
+        rows.append(f"  {title:>9} " + " ".join(f"{fmt(cells[label]):>10}" for label in labels))
+    return rows
+
+
 def render_presets(report: dict) -> list[str]:
     settings = report["settings"]
     max_batch = settings["max_batch"]
     labels = [label for label, _, _ in POLICIES]
+    header = " ".join(f"{label:>10}" for label in labels)
     lines = [
         f"Crossover batch: smallest batch where speedup <= 1 (gamma = {settings['crossover_gamma']}, "
         f"context {settings['context_len']} tokens; all figures assumed)",
@@ -61,7 +80,7 @@ def render_presets(report: dict) -> list[str]:
         "k=0+log round start and final + log replay; k=0 token: same, token replay",
     ]
     for preset in report["presets"]:
-        target, draft = preset["target"], preset["draft"]
+        target = preset["target"]
         cost = target["cost"]
         lines += [
             "",
@@ -69,9 +88,9 @@ def render_presets(report: dict) -> list[str]:
             f"({target['mamba_layers']} {target['recurrent_kind']} + {target['attention_layers']} attention), "
             f"{target['params'] / 1e9:.2f}B params; state {cost['state_bytes'] / 2**20:.1f} MiB/seq, "
             f"input log {cost['log_bytes_per_token'] / 1024:.0f} KiB/verify input, "
-            f"KV {cost['kv_bytes_per_token'] / 1024:.0f} KiB/token; draft {draft['name']} "
-            f"{draft['params'] / 1e9:.2f}B, c = {preset['c_at_batch_1']:.3f} at batch 1",
-            f"  {'alpha':>7} " + " ".join(f"{label:>10}" for label in labels),
+            f"KV {cost['kv_bytes_per_token'] / 1024:.0f} KiB/token",
+            _draft_line(preset),
+            f"  {'alpha':>9} " + header,
         ]
         by_alpha: dict[float, dict[str, object]] = {}
         for entry in preset["crossover"]:
@@ -79,12 +98,18 @@ def render_presets(report: dict) -> list[str]:
         fits = preset["fits"]
         for alpha, batches in by_alpha.items():
             cells = " ".join(f"{_format_crossover(batches[label], max_batch, fits[label]):>10}" for label in labels)
-            lines.append(f"  {alpha:>7.2f} {cells}")
-        lines.append(f"  {'fits':>7} " + " ".join(f"{fits[label]:>10}" for label in labels))
+            lines.append(f"  {alpha:>9.2f} {cells}")
+        lines.append(f"  {'fits':>9} " + " ".join(f"{fits[label]:>10}" for label in labels))
+        lines.append("  pays from alpha (speedup > 1)")
+        lines += _policy_rows(preset, "break_even_alpha", "alpha", lambda a: "never" if a is None else f"{a:.3f}")
+        prior = preset["drafter"]["prior"]
+        if prior is not None:
+            lines.append(f"  speedup at the drafter's prior alpha = {prior['alpha']:.3f} ({prior['source']})")
+            lines += _policy_rows(preset, "at_prior", "speedup", lambda s: f"{s:.2f}x")
     lines += [
         "",
         "  1 = no gain even at batch 1; * = beyond the batch that fits in HBM "
-        "(speculation pays at every batch that fits)",
+        "(speculation pays at every batch that fits); never = no gain even at alpha = 1",
     ]
     return lines
 

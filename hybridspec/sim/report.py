@@ -7,10 +7,11 @@ from typing import Optional
 
 from hybridspec.errors import ConfigError
 from hybridspec.costs.closed_form import expected_tokens, optimal_gamma, speedup
-from hybridspec.sim.cost_model import crossover_batch
+from hybridspec.sim.cost_model import CostModel, break_even_alpha, crossover_batch
+from hybridspec.sim.drafters import check_drafter_kind
 from hybridspec.sim.measured import ASSUMED, MeasuredRun, measured_crossover, measured_rows
 from hybridspec.sim.montecarlo import simulate_with_stderr
-from hybridspec.sim.presets import PRESETS, Preset
+from hybridspec.sim.presets import PRESETS, Preset, drafted
 from hybridspec.sim.shapes import HybridShape
 from hybridspec.costs.validation import check_alpha, check_cost, check_gamma, check_int
 
@@ -18,6 +19,8 @@ REPORT_SCHEMA = "hybridspec.simulate/v1"
 
 # (label, snapshot_every, log_inputs): the checkpoint policies compared per preset
 POLICIES = (("k=1", 1, False), ("k=2+log", 2, True), ("k=0+log", 0, True), ("k=0 token", 0, False))
+# the batches at which each preset reports c, the α where speculation starts to pay, and the speedup at its prior
+REPORT_BATCHES = (1, 8, 32)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class SimulateSettings:
     context_len: int = 4096
     crossover_gamma: int = 4
     max_batch: int = 4096
+    drafters: tuple[str, ...] = ("model",)
 
     def __post_init__(self) -> None:
         if not self.alphas or not self.gammas:
@@ -46,6 +50,15 @@ class SimulateSettings:
         check_int(self.context_len, "context_len", minimum=0)
         check_gamma(self.crossover_gamma)
         check_int(self.max_batch, "max_batch", minimum=1)
+        if not self.drafters or len(set(self.drafters)) != len(self.drafters):
+            raise ConfigError(f"drafters={self.drafters}: name each drafter once, e.g. --drafter model,mtp,eagle3")
+        for kind in self.drafters:
+            check_drafter_kind(kind)
+
+
+def selected_presets(settings: SimulateSettings) -> list[Preset]:
+    """Every preset with each drafter of `settings.drafters`, a preset's drafters side by side."""
+    return [drafted(preset, kind) for preset in PRESETS.values() for kind in settings.drafters]
 
 
 def assumptions(settings: SimulateSettings) -> list[str]:
@@ -61,8 +74,10 @@ def assumptions(settings: SimulateSettings) -> list[str]:
         f"{settings.context_len} tokens already cached per sequence; crossover and fit at gamma = {settings.crossover_gamma}",
         "fits = sequences whose KV, states, snapshot slots and log fit in HBM beside both models' weights",
     ]
-    sources = {preset.hardware.source for preset in PRESETS.values()}
-    sources |= {shape.source for preset in PRESETS.values() for shape in (preset.target, preset.draft)}
+    presets = selected_presets(settings)
+    sources = {preset.hardware.source for preset in presets}
+    sources |= {shape.source for preset in presets for shape in (preset.target, preset.draft)}
+    sources |= {preset.prior.source for preset in presets if preset.prior is not None}
     return lines + sorted(source.removeprefix("assumed: ") for source in sources)
 
 
@@ -110,19 +125,45 @@ def _shape_summary(shape: HybridShape) -> dict:
     }
 
 
+def _drafter_summary(preset: Preset, model: CostModel) -> dict:
+    prior = preset.prior
+    return {
+        "kind": preset.drafter,
+        "prior": None if prior is None else {"alpha": prior.alpha, "source": prior.source},
+        "sharded": model.draft_sharded and model.all_reduce is not None,  # tensor-parallel like the target
+    }
+
+
+def _at_prior(preset: Preset, model: CostModel, gamma: int) -> Optional[list[dict]]:
+    """Speedup at the drafter's prior α, per reported batch and policy (None without a prior)."""
+    if preset.prior is None:
+        return None
+    return [
+        {"batch": batch, "policy": label,
+         "speedup": float(model.speedup(batch, gamma, preset.prior.alpha, k, log))}
+        for batch in REPORT_BATCHES for label, k, log in POLICIES
+    ]
+
+
 def preset_summary(preset: Preset, settings: SimulateSettings) -> dict:
-    """Shapes, c at batch 1, the batch that fits and the crossover batch for
-    each α and checkpoint policy."""
+    """Shapes, the drafter and its c, the batch that fits, the crossover batch
+    for each α and checkpoint policy, the α from which speculation pays and the
+    speedup at the drafter's prior α."""
     model = preset.cost_model(settings.context_len)
     gamma = settings.crossover_gamma
-    batch_1 = model.step_costs(1, gamma)
+    c_at = {}
+    for batch in REPORT_BATCHES:
+        costs = model.step_costs(batch, gamma)
+        c_at[str(batch)] = float(costs.draft_step_s / costs.plain_step_s)
     return {
         "name": preset.name,
         "hardware": asdict(preset.hardware),
         "target": _shape_summary(preset.target),
         "draft": _shape_summary(preset.draft),
+        "drafter": _drafter_summary(preset, model),
         "gamma": gamma,
-        "c_at_batch_1": float(batch_1.draft_step_s / batch_1.plain_step_s),
+        "c_at_batch_1": c_at["1"],
+        "c_at_batch": c_at,
         "fits": {label: model.max_batch(gamma, k, log) for label, k, log in POLICIES},
         "crossover": [
             {
@@ -135,6 +176,11 @@ def preset_summary(preset: Preset, settings: SimulateSettings) -> dict:
             for alpha in settings.alphas
             for label, k, log in POLICIES
         ],
+        "break_even_alpha": [
+            {"batch": batch, "policy": label, "alpha": break_even_alpha(model, batch, gamma, k, log)}
+            for batch in REPORT_BATCHES for label, k, log in POLICIES
+        ],
+        "at_prior": _at_prior(preset, model, gamma),
         "source": ASSUMED,
     }
 
@@ -164,6 +210,6 @@ def build_report(settings: SimulateSettings, measured: Optional[tuple[MeasuredRu
         "assumptions": assumptions(settings),
         "table": gain_table(settings),
         "optimal_gamma": optimal_gammas(settings),
-        "presets": [preset_summary(preset, settings) for preset in PRESETS.values()],
+        "presets": [preset_summary(preset, settings) for preset in selected_presets(settings)],
         "measured": None if measured is None else measured_summary(*measured),
     }

@@ -49,6 +49,9 @@ class HybridShape:
     give it (Zamba2's shared blocks run inside Mamba layers).
     attention_output_gate: q_proj also produces a per-channel output gate, as
     wide as the queries (Qwen3-Next's gated attention).
+    lm_head_shared: the embedding and LM head are another model's (an MTP
+    layer runs the target's): a forward still reads the LM head whole, but
+    neither is held or counted among this model's parameters.
     """
 
     name: str
@@ -87,6 +90,7 @@ class HybridShape:
     extra_params: int = 0
     stack_layers: int | None = None
     attention_output_gate: bool = False
+    lm_head_shared: bool = False
 
     def __post_init__(self) -> None:
         self._check_recurrent_kind()
@@ -182,7 +186,8 @@ class HybridShape:
         return self.dense_params() + self.num_moe_blocks * self.moe_top_k * self.expert_params()
 
     def total_params(self) -> int:
-        embeddings = self.vocab_size * self.d_model
+        """Every weight held, embeddings included unless they are another model's."""
+        embeddings = 0 if self.lm_head_shared else self.vocab_size * self.d_model
         return self.block_params() + embeddings * (1 if self.tie_embeddings else 2)
 
     def state_spec(self):
@@ -224,7 +229,8 @@ class HybridShape:
             replay_flops_per_token=float(replay_flops),
             source=self.source,
             expert_bytes=float(self.num_moe_blocks * self.expert_params() * self.weight_bytes),
-            resident_param_bytes=float((self.dense_params(per_occurrence=False) + self.vocab_size * self.d_model)
+            resident_param_bytes=float((self.dense_params(per_occurrence=False)
+                                        + (0 if self.lm_head_shared else self.vocab_size * self.d_model))
                                        * self.weight_bytes),
             num_experts=self.moe_num_experts if self.num_moe_blocks else 0,
             experts_per_token=self.moe_top_k if self.num_moe_blocks else 0,
