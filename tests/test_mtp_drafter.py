@@ -231,7 +231,7 @@ def test_the_shipped_layer_computes_what_it_was_trained_as():
     cache.add_sequences([0])
     logits = torch.stack([layer.extend(cache, [0], [[t]], [hidden[0, i:i + 1]])[0][0]
                           for i, t in enumerate(window[1:])])
-    assert (logits - ref[0]).abs().max().item() <= 1e-9
+    assert (logits - ref[0]).abs().max().item() <= 1e-5  # the rotary angles of both come from float32 inverse frequencies
 
 
 @pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no trained MTP layer shipped")
