@@ -25,9 +25,12 @@ from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.config import HybridConfig
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import backend as backends
+from hybridspec.kernels.cpu import panels
+from hybridspec.kernels.cpu.panels import PanelWeight
 from hybridspec.models.attention import rope_inv_freq
 from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
 from hybridspec.models.hybrid import DecoderLayer, HybridModel
+from hybridspec.models.packing import LINEAR_WEIGHTS
 
 
 def mtp_config(target: HybridConfig) -> HybridConfig:
@@ -64,11 +67,25 @@ class MTPLayer(Kernelled, nn.Module):
         self.bind_backend()
 
     def bind_backend(self) -> None:
-        """Compute through the target's backend's ops (the modules one by one: no whole forward)."""
+        """Compute through the target's backend's ops: the decoder layer's native blocks where they run
+        (a float32 CPU: its product weights and fc laid out in panels first), else the modules one by one."""
         backend = backends.select(self.device, self.dtype, self.target[0].backend_name)
+        if self.dtype is torch.float32 and backend.reads_panels:
+            self._pack_panels()
         for module in self.modules():
             if isinstance(module, Kernelled):
                 module.ops = backend
+        self.layer.blocks = backend.blocks_of(self.layer.describe())
+
+    def _pack_panels(self) -> None:
+        """Each 2-d product weight (the fc, the layer's projections) in panels, the layout the native
+        few-row products stream (`kernels.cpu.panels`); values unchanged."""
+        for module in self.modules():
+            for name, weight in list(module.named_parameters(recurse=False)):
+                if (name in LINEAR_WEIGHTS or module is self and name == "fc") and weight.dim() == 2 \
+                        and not isinstance(weight, PanelWeight):
+                    stored = torch.zeros(panels.panel_shape(*weight.shape, torch.float32), device=self.device)
+                    setattr(module, name, panels.pack(weight.detach(), stored))
 
     @property
     def device(self) -> torch.device:
@@ -103,7 +120,7 @@ class MTPLayer(Kernelled, nn.Module):
         target = self.target[0]
         bsz, T = len(token_lists), max(map(len, token_lists))
         ids = plan.pad_tokens(token_lists, self.device)  # [batch, T]
-        h = torch.zeros(bsz, T, self.fc.shape[0], dtype=self.dtype, device=self.device)  # [batch, T, hidden]
+        h = torch.zeros(bsz, T, target.config.hidden_size, dtype=self.dtype, device=self.device)  # [batch, T, hidden]
         for b, rows in enumerate(hidden_lists):
             h[b, :len(rows)] = rows.to(self.dtype)
         e = target.embed_tokens(ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
