@@ -245,3 +245,26 @@ def test_the_embedded_default_drafts_with_its_mtp_layer():
     assert [o.text for o in llm.generate(prompts, params)] == [o.text for o in plain.generate(prompts, params)]
     stats = llm.engine.stats
     assert stats.accepted_tokens > 0.3 * stats.drafted_tokens
+
+
+@pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no trained MTP layer shipped")
+def test_the_mtp_step_in_one_c_call_is_the_module_path_bit_for_bit():
+    """On a float32 CPU target the input stage, the layer, the norm and the LM head run as one whole forward
+    (`MTPInput`); the logits and the normed output o are the module-by-module path's bits."""
+    from hybridspec.adapters.mtp import load_mtp
+    from hybridspec.kernels.cpu.forward import NO_WHOLE_FORWARD
+    target = hs.load(hs.embedded_paths()[0])
+    window = list(b"def total(items):\n    return sum(items)\n")
+    hidden = torch.randn(len(window) - 1, 256, generator=torch.Generator().manual_seed(0))
+    runs = []
+    for whole in (True, False):
+        layer = load_mtp(target)
+        if not whole:
+            layer.whole = NO_WHOLE_FORWARD
+        cache = layer.new_cache(max_seqs=2, block_size=16, num_blocks=8)
+        cache.add_sequences([0, 1])
+        out = [layer.extend(cache, [0, 1], [window[1:6], window[1:4]], [hidden[:5], hidden[:3]])]
+        out += [layer.extend(cache, [0, 1], [[t], [t]], [hidden[i:i + 1]] * 2) for i, t in enumerate(window[6:14])]
+        runs.append(out)
+    for (logits_a, o_a), (logits_b, o_b) in zip(*runs):
+        assert torch.equal(logits_a, logits_b) and torch.equal(o_a, o_b)

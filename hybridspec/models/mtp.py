@@ -26,7 +26,9 @@ from hybridspec.config import HybridConfig
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import backend as backends
 from hybridspec.kernels.cpu import panels
+from hybridspec.kernels.cpu.forward import MTPInput
 from hybridspec.kernels.cpu.panels import PanelWeight
+from hybridspec.kernels.descriptors import ModelDesc
 from hybridspec.models.attention import rope_inv_freq
 from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
 from hybridspec.models.hybrid import DecoderLayer, HybridModel
@@ -76,6 +78,11 @@ class MTPLayer(Kernelled, nn.Module):
             if isinstance(module, Kernelled):
                 module.ops = backend
         self.layer.blocks = backend.blocks_of(self.layer.describe())
+        target = self.target[0]
+        desc = ModelDesc(embed=target.embed, layers=(self.layer.describe(),), final_norm=self.norm.describe(),
+                         lm_head=target.lm_head, embedding_multiplier=target.config.embedding_multiplier,
+                         logits_scaling=target.config.logits_scaling, dtype=self.dtype)
+        self.whole = backend.whole_forward_of(desc, [self.layer.blocks])  # a step in one C call, where it runs
 
     def _pack_panels(self) -> None:
         """Each 2-d product weight (the fc, the layer's projections) in panels, the layout the native
@@ -119,10 +126,16 @@ class MTPLayer(Kernelled, nn.Module):
     def _forward(self, plan, token_lists, hidden_lists, cache) -> tuple[torch.Tensor, torch.Tensor]:
         target = self.target[0]
         bsz, T = len(token_lists), max(map(len, token_lists))
-        ids = plan.pad_tokens(token_lists, self.device)  # [batch, T]
         h = torch.zeros(bsz, T, target.config.hidden_size, dtype=self.dtype, device=self.device)  # [batch, T, hidden]
         for b, rows in enumerate(hidden_lists):
             h[b, :len(rows)] = rows.to(self.dtype)
+        out = torch.empty(bsz, target.config.hidden_size, dtype=self.dtype, device=self.device)  # [batch, hidden]
+        whole = self.whole(token_lists, plan.batch, cache, True,
+                           MTPInput(self.fc, self.norm_embedding.weight, self.norm_hidden.weight,
+                                    self.config.rms_norm_eps, h, out))
+        if whole is not None:  # one C call: the input stage, the layer, the norm and the LM head
+            return whole.values[:, 0], out
+        ids = plan.pad_tokens(token_lists, self.device)  # [batch, T]
         e = target.embed_tokens(ids.view(-1)).view(bsz, T, -1)  # [batch, T, hidden]
         if target.config.embedding_multiplier != 1.0:
             e = e * target.config.embedding_multiplier

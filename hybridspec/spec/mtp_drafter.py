@@ -81,6 +81,7 @@ class MTPDrafter:
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         """Catch-up of each drafting row, then its drafts; rows without hidden states to read draft nothing."""
         ids = [r.seq_id for r in requests]
+        every_row_greedy = rows.flags.all_greedy  # of the whole batch, before the drafting rows are picked
         for s in ids:
             self._take(s)
         self.absorbed = {}
@@ -93,8 +94,13 @@ class MTPDrafter:
             rows = rows.select(torch.tensor(active, device=self.layer.device))
         drafting = [requests[b] for b in active]
         logits, out = self._catch_up(drafting)
+        greedy = (rows.flags.all_greedy and not rows.flags.any_filter
+                  and not any(r.params.has_penalties for r in drafting))
+        one_hot = greedy and every_row_greedy  # the greedy accept reads no q: drafts are one-hot
         probs = self._draft(drafting, [gammas[b] for b in active], rows, [coupled[b] for b in active], logits, out,
-                            tokens, active)
+                            tokens, active, greedy, keep_q=not one_hot)
+        if probs is None:
+            return Proposal(tokens, None)
         full = probs.new_zeros(len(ids), *probs.shape[1:])  # [batch, G, vocab]
         full[torch.tensor(active, device=probs.device)] = probs
         return Proposal(tokens, full)
@@ -116,8 +122,11 @@ class MTPDrafter:
         return logits, out
 
     def _draft(self, drafting, limits: list[int], rows: RowParams, coupled: list[bool], logits: torch.Tensor,
-               out: torch.Tensor, tokens: list[list[int]], active: list[int]) -> torch.Tensor:
-        """d_1..d_{limits[j]} of each drafting row into `tokens`; returns q [rows, G, vocab]."""
+               out: torch.Tensor, tokens: list[list[int]], active: list[int], greedy: bool,
+               keep_q: bool = True) -> torch.Tensor | None:
+        """d_1..d_{limits[j]} of each drafting row into `tokens` (`greedy`: each the argmax, as a greedy
+        row's processed distribution gives it); returns q [rows, G, vocab] (for greedy rows the float64
+        softmax of the logits, what `process_logits` gives them), None without `keep_q`."""
         G, device = max(limits), logits.device
         purpose = torch.tensor([PURPOSE_SAMPLE if c else PURPOSE_DRAFT for c in coupled], device=device)
         context = penalty_context(drafting, logits.shape[-1], device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
@@ -125,11 +134,16 @@ class MTPDrafter:
         probs = None  # [rows, G, vocab]
         live = list(range(len(drafting)))
         for i in range(G):
-            q = process_logits(logits, rows, context)  # [live, vocab]
-            d = sample(q, rows, torch.tensor([committed[j] + i for j in live], device=device), purpose)
-            if probs is None:
-                probs = q.new_zeros(len(drafting), G, q.shape[-1])
-            probs[live, i] = q
+            if greedy:
+                d = logits.argmax(dim=-1)
+                q = torch.softmax(logits.to(torch.float64), dim=-1) if keep_q else None
+            else:
+                q = process_logits(logits, rows, context)  # [live, vocab]
+                d = sample(q, rows, torch.tensor([committed[j] + i for j in live], device=device), purpose)
+            if q is not None:
+                if probs is None:
+                    probs = q.new_zeros(len(drafting), G, q.shape[-1])
+                probs[live, i] = q
             for j, token in zip(live, d.tolist()):
                 tokens[active[j]].append(token)
             keep = [k for k, j in enumerate(live) if limits[j] > i + 1]

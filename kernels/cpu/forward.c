@@ -74,6 +74,7 @@ int hs_forward(const hs_forward_args *a) {
         if (l->mixer == HS_MAMBA2 && !a->src) return -1;
         need = max64(need, layer_work(l, a, max_context));
     }
+    if (a->mtp_fc) need = max64(need, 4 * rows * hidden);  /* the MTP input: its two norms' rows, side by side */
     float *h = a->work, *next = h + rows * hidden, *normed = next + rows * hidden, *blocks = normed + kept * hidden;
     if (3 * rows * hidden + need > a->work_size) return -1;
     for (int64_t r = 0; r < rows; ++r)
@@ -90,6 +91,18 @@ int hs_forward(const hs_forward_args *a) {
     }
     if (a->embed_scale != 1.0f)  /* the embedding multiplier: each value times it, as torch's h * m */
         for (int64_t i = 0; i < rows * hidden; ++i) h[i] *= a->embed_scale;
+    if (a->mtp_fc) {  /* an MTP layer's input, in the blocks' scratch before any block runs */
+        if (!a->hidden_in || !a->mtp_norm_e || !a->mtp_norm_h) return -1;
+        float *e = blocks + 2 * rows * hidden, *hn = e + rows * hidden;  /* each norm's rows, then side by side */
+        if (hs_rms_norm(h, hidden, 0, 0, a->mtp_norm_e, e, rows, hidden, hidden, a->mtp_eps)
+            || hs_rms_norm(a->hidden_in, hidden, 0, 0, a->mtp_norm_h, hn, rows, hidden, hidden, a->mtp_eps))
+            return -1;
+        for (int64_t r = 0; r < rows; ++r) {
+            memcpy(blocks + r * 2 * hidden, e + r * hidden, sizeof(float) * (size_t)hidden);
+            memcpy(blocks + r * 2 * hidden + hidden, hn + r * hidden, sizeof(float) * (size_t)hidden);
+        }
+        if (hs_rows_matmul(blocks, 2 * hidden, a->mtp_fc, rows, 2 * hidden, hidden, h)) return -1;
+    }
     for (int64_t i = 0; i < a->num_layers; ++i) {
         const hs_layer *l = a->layers + i;
         float *t;
@@ -122,6 +135,7 @@ int hs_forward(const hs_forward_args *a) {
         }
     const float *last = a->last_index ? next : h;
     if (hs_rms_norm(last, hidden, 0, 0, a->final_norm, normed, kept, hidden, hidden, a->final_eps)) return -1;
+    if (a->normed_out) memcpy(a->normed_out, normed, sizeof(float) * (size_t)(kept * hidden));
     if (hs_rows_matmul(normed, hidden, a->lm_head_t, kept, hidden, a->vocab, a->out)) return -1;
     if (a->logits_scale != 1.0f)  /* the logits scaling: each logit divided by it, as torch's logits / s */
         for (int64_t i = 0; i < kept * a->vocab; ++i) a->out[i] /= a->logits_scale;

@@ -67,7 +67,9 @@ class ForwardArgs(ctypes.Structure):
                 ("context_lens", _p), ("query_lens", _p), ("max_blocks", _i64), ("logged", _p),
                 ("last_index", _p), ("final_norm", _p), ("final_eps", _f32), ("lm_head_t", _p), ("work", _p),
                 ("work_size", _i64), ("out", _p), ("embed_scale", _f32), ("logits_scale", _f32),
-                ("hidden_points", _p), ("num_points", _i64), ("hidden_out", _p)]
+                ("hidden_points", _p), ("num_points", _i64), ("hidden_out", _p),
+                ("mtp_fc", _p), ("mtp_norm_e", _p), ("mtp_norm_h", _p), ("mtp_eps", _f32), ("hidden_in", _p),
+                ("normed_out", _p)]
 
 
 class _Table:
@@ -201,9 +203,10 @@ class WholeForward:
             table = self._tables[cache] = _Table(self, cache)
         return table
 
-    def __call__(self, token_lists: list[list[int]], batch, cache, last_only: bool) -> "Whole | None":
+    def __call__(self, token_lists: list[list[int]], batch, cache, last_only: bool,
+                 mtp: "MTPInput | None" = None) -> "Whole | None":
         """The forward in one C call, or None where it does not apply (`forward`)."""
-        return forward(self, token_lists, batch, cache, last_only)
+        return forward(self, token_lists, batch, cache, last_only, mtp)
 
     def greedy_steps(self, cache, tokens: list[int], steps: int, plan):
         """`greedy_steps` where it runs for these rows: `plan()` then gives
@@ -223,8 +226,20 @@ class WholeForward:
 class NoWholeForward:
     """A backend without the whole forward: every call declines."""
 
-    def __call__(self, token_lists, batch, cache, last_only) -> None:
+    def __call__(self, token_lists, batch, cache, last_only, mtp=None) -> None:
         return None
+
+
+class MTPInput(NamedTuple):
+    """An MTP layer's input stage (`models/mtp.py`) before the layers of a whole forward:
+    fc([norm_e(embedding) ; norm_h(hidden)]). `hidden` [batch, T, hidden] float32 contiguous
+    beside the inputs; `normed_out` [batch, hidden] receives the final-normed rows (o)."""
+    fc: torch.Tensor  # a PanelWeight [hidden, 2 · hidden]
+    norm_e: torch.Tensor  # [hidden]
+    norm_h: torch.Tensor  # [hidden]
+    eps: float
+    hidden: torch.Tensor
+    normed_out: torch.Tensor
 
 
 NO_WHOLE_FORWARD = NoWholeForward()
@@ -237,7 +252,8 @@ class Whole(NamedTuple):
     finite: bool
 
 
-def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, last_only: bool) -> Whole | None:
+def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, last_only: bool,
+            mtp: MTPInput | None = None) -> Whole | None:
     """`HybridModel.forward` over `token_lists` (every row T tokens) in one C
     call; None where it does not apply (see the module docstring). The token ids and
     the forward's slot and K/V plans go to C as one int64 array made from the
@@ -266,6 +282,16 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
                  plan.live_snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
     if batch.hidden is not None:
         _keep_hidden(call, batch.hidden, len(table.layers), bsz, T, table.hidden)
+    if mtp is not None:
+        if not (isinstance(mtp.fc, PanelWeight) and mtp.hidden.is_contiguous() and mtp.hidden.shape[:2] == (bsz, T)
+                and last_only and mtp.normed_out.shape == (bsz, table.hidden)):
+            return None
+        args = call.args
+        args.mtp_fc, args.mtp_eps = cpu_native.weight_address(mtp.fc), mtp.eps
+        args.mtp_norm_e, args.mtp_norm_h = mtp.norm_e.data_ptr(), mtp.norm_h.data_ptr()
+        args.hidden_in, args.normed_out = mtp.hidden.data_ptr(), mtp.normed_out.data_ptr()
+        call.work += 4 * bsz * T * table.hidden
+        args.work_size = call.work
     _give_work(call)
     status = cpu_native.library().hs_forward(ctypes.byref(call.args))
     if status == -2:

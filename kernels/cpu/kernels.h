@@ -140,6 +140,13 @@ typedef struct {
                                            the last layer's output) goes to hidden_out's slot k, -1: not kept */
     int64_t num_points;                 /* slots per input of hidden_out */
     float *hidden_out;                  /* [batch, T, num_points, hidden], or NULL: no hidden state kept */
+    /* an MTP layer's input (models/mtp.py), or NULL: the stream starts at fc([norm_e(embedding);
+       norm_h(hidden_in)]) instead of the embedding */
+    const float *mtp_fc;                /* [2 · hidden -> hidden] product weight (HS_WEIGHT_TYPE bits) */
+    const float *mtp_norm_e, *mtp_norm_h;
+    float mtp_eps;
+    const float *hidden_in;             /* [batch, T, hidden] the hidden state beside each input */
+    float *normed_out;                  /* [kept rows, hidden] the final-normed rows the LM head reads, or NULL */
 } hs_forward_args;
 
 int hs_forward(const hs_forward_args *a);
