@@ -102,7 +102,7 @@ def test_a_head_that_does_not_fit_is_refused(tiny_bamba, tmp_path, break_it, err
 
 
 def test_the_draft_names(tiny_bamba, tmp_path):
-    with pytest.raises(ConfigError, match="names no head"):
+    with pytest.raises(ConfigError, match="shipped for the embedded target"):
         hs.Engine(tiny_bamba, draft="eagle3")
     head = save(tmp_path / "head", *random_head(tiny_bamba, draft_vocab=8, points=None))
     drafter = hs.Engine(tiny_bamba, draft=f"eagle3:{head}").speculator.drafter

@@ -16,6 +16,7 @@ model.safetensors: fc, midlayer.*, norm, lm_head, d2t, t2d) for
 
     python tools/train_eagle3.py                  # the settings of the shipped head
     python tools/train_eagle3.py --steps 5 --out /tmp/head
+    python tools/train_eagle3.py --evaluate-only     # held-out acceptance of the head in --out
 """
 
 import argparse
@@ -32,7 +33,7 @@ from torch import nn
 from transformers import BambaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_embedded import DEFAULT_OUT, load_corpus, sample_windows  # noqa: E402
+from train_embedded import DEFAULT_OUT, HOLDOUT_EVERY, load_corpus, sample_windows, stdlib_files  # noqa: E402
 
 HEADS, HEAD_DIM, INTERMEDIATE, EPS, THETA = 4, 64, 384, 1e-5, 10000.0
 
@@ -163,6 +164,32 @@ def save_head(head: Head, out: Path, points: list[int], draft_ids: torch.Tensor,
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def heldout_prompts(count: int = 8, length: int = 64) -> list[list[int]]:
+    """`length` bytes of each of the first `count` held-out files, from the first
+    line starting past the file's middle."""
+    prompts = []
+    for path in [f for i, f in enumerate(stdlib_files()) if i % HOLDOUT_EVERY == 0][:count]:
+        data = path.read_bytes()
+        start = data.find(b"\n", len(data) // 2) + 1
+        prompts.append(list(data[start:start + length]))
+    return prompts
+
+
+def held_out_acceptance(head: Path, new_tokens: int = 128) -> None:
+    """Greedy acceptance of `hs.LLM(draft="eagle3:HEAD")` on the embedded target at
+    γ = 1..4 over the held-out prompts; printed as a Markdown table."""
+    import hybridspec as hs
+    prompts = heldout_prompts()
+    params = [hs.SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)] * len(prompts)
+    print("| γ | acceptance | accepted per round | tokens per round |\n| --- | --- | --- | --- |")
+    for gamma in range(1, 5):
+        llm = hs.LLM(draft=f"eagle3:{head}", num_draft_tokens=gamma, threads=1)
+        llm.engine.generate(prompts, params)
+        stats = llm.engine.stats
+        print(f"| {gamma} | {stats.acceptance_rate:.3f} | {stats.accepted_tokens / stats.sequence_rounds:.2f} | "
+              f"{stats.tokens_per_round:.2f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=400)
@@ -176,7 +203,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT / "eagle3")
+    ap.add_argument("--evaluate-only", action="store_true", help="only measure the head in --out")
     args = ap.parse_args()
+    if args.evaluate_only:
+        held_out_acceptance(args.out)
+        return
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     target = BambaForCausalLM.from_pretrained(DEFAULT_OUT / "target", dtype=torch.float32).eval()
@@ -210,6 +241,7 @@ def main() -> None:
           f"{' '.join(f'{a:.3f}' for a in accs)}")
     save_head(head, args.out, args.points, draft_ids, target.config.to_dict())
     print(f"wrote {args.out}")
+    held_out_acceptance(args.out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from hybridspec.adapters.embedded import EMBEDDED_DIR
 from hybridspec.adapters.model_files import describe_files, read_config, read_weights
 from hybridspec.config import AttentionConfig, HybridConfig, MLPConfig
 from hybridspec.errors import ConfigError, ModelFilesError
@@ -35,14 +36,15 @@ LAYER = {"input_layernorm.weight": "input_norm.weight", "hidden_norm.weight": "h
          **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")}}
 
 
-def load_eagle3(target: HybridModel, directory: str | Path) -> Eagle3Head:
-    """The EAGLE-3 head in `directory`, over `target`. A ConfigError names what
+def load_eagle3(target: HybridModel, directory: str | Path | None = None) -> Eagle3Head:
+    """The EAGLE-3 head in `directory`, over `target`; None: the head shipped
+    beside the embedded target (for that target only). A ConfigError names what
     does not fit the target (hidden size, vocabulary, capture layers); a
     ModelFilesError a tensor missing, unexpected or of the wrong shape."""
     if target.tensor_parallel is not None:
         raise ConfigError("draft='eagle3:DIR' does not run under tensor parallelism yet; use "
                           "tensor_parallel_size=1, or another drafter (a draft model, 'ngram', 'suffix')")
-    source = Path(directory)
+    source = Path(directory) if directory is not None else _shipped_head(target)
     cfg = read_config(source)
     config, points, norm_before_residual = head_config(cfg, target, source)
     state, file_of = read_weights(source, "cpu")
@@ -54,6 +56,15 @@ def load_eagle3(target: HybridModel, directory: str | Path) -> Eagle3Head:
     head = Eagle3Head(target, config, {k: v if k == "d2t" else v.to(target.dtype) for k, v in weights.items()},
                       points, norm_before_residual)
     return head.to(target.device)
+
+
+def _shipped_head(target: HybridModel) -> Path:
+    """The head trained for the embedded target (`tools/train_eagle3.py`)."""
+    embedded = EMBEDDED_DIR / "target"
+    if target.source_dir is None or Path(target.source_dir).resolve() != embedded.resolve():
+        raise ConfigError("draft='eagle3' names the head shipped for the embedded target, and this target is "
+                          "another model; pass draft='eagle3:DIR', DIR an EAGLE-3 head trained for it")
+    return EMBEDDED_DIR / "eagle3"
 
 
 def head_config(cfg: dict, target: HybridModel, source: Path) -> tuple[HybridConfig, tuple[int, ...], bool]:

@@ -17,8 +17,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --draft and --tokenizer, as `generate` and `serve` take them."""
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="target model directory, anything hs.load reads (default: the embedded target)")
-    parser.add_argument("--draft", metavar="DIR|ngram|suffix|none", default=None,
-                        help="draft model directory, 'ngram' for prompt lookup, 'suffix' for suffix decoding, or "
+    parser.add_argument("--draft", metavar="DIR|ngram|suffix|eagle3[:DIR]|none", default=None,
+                        help="draft model directory, 'ngram' for prompt lookup, 'suffix' for suffix decoding, "
+                             "'eagle3:DIR' for an EAGLE-3 head ('eagle3': the embedded target's), or "
                              "'none' for plain decoding only (default: the embedded draft with the embedded "
                              "target, else ngram)")
     parser.add_argument("--tokenizer", metavar="DIR", default=None,

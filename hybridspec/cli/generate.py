@@ -160,6 +160,8 @@ def load_models(args: argparse.Namespace, dtype, device: str):
         return target, hs.NgramDrafter(), target_dir, target_name, "ngram (prompt lookup)"
     if draft_spec == "suffix":
         return target, hs.SuffixDrafter(), target_dir, target_name, "suffix (suffix decoding)"
+    if draft_spec == "eagle3" or draft_spec.startswith("eagle3:"):  # read over the target by the Engine
+        return target, draft_spec, target_dir, target_name, f"{draft_spec} (EAGLE-3 head)"
     name = "embedded draft" if args.model is None and args.draft is None else draft_spec
     draft = load_model("--draft", draft_spec, also=" (or pass --draft ngram, --draft suffix or --draft none)",
                        **kwargs)

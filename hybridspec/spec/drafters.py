@@ -77,7 +77,8 @@ MODEL_FREE = {"ngram": NgramDrafter, "suffix": SuffixDrafter}  # the names that 
 
 DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix decoding), "mtp" (the target '
                'checkpoint\'s multi-token-prediction layer; "mtp:DIR": one trained beside it), "eagle3:DIR" '
-               '(an EAGLE-3 head trained for the target, in the published format), a draft model '
+               '(an EAGLE-3 head trained for the target, in the published format; "eagle3": the embedded '
+               'target\'s), a draft model '
                'directory, a HybridModel (hs.from_hf / hs.load) sharing the target\'s vocabulary, '
                'hs.NgramDrafter(...), hs.SuffixDrafter(...), or a Drafter: '
                'model, cache, prefix, start, backlog, propose, commit, revert, release and check_invariant '
@@ -87,8 +88,8 @@ DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix
 def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridModel | Drafter | None:
     """What an `Engine(draft=...)` or `LLM(draft=...)` argument names, in one of
     the forms an Engine runs: None, a HybridModel, or a Drafter. "ngram" is
-    `NgramDrafter()`, "suffix" `SuffixDrafter()`; "mtp", "mtp:DIR" and "eagle3:DIR" stay
-    strings, read over the target by `as_drafter`; any other string or path is a draft model directory,
+    `NgramDrafter()`, "suffix" `SuffixDrafter()`; "mtp", "mtp:DIR", "eagle3" and "eagle3:DIR"
+    stay strings, read over the target by `as_drafter`; any other string or path is a draft model directory,
     loaded (`hs.load`) in `dtype` on `device` (None: the weights' stored dtype, the CPU)."""
     if draft is None or isinstance(draft, (HybridModel, Drafter)):
         return draft
@@ -97,9 +98,6 @@ def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridMode
     if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
         return draft  # read from the target's checkpoint by `as_drafter`
     if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
-        if not draft[len("eagle3:"):]:
-            raise ConfigError(f"draft={draft!r} names no head; pass 'eagle3:DIR', DIR an EAGLE-3 head's directory "
-                              "(config.json and model.safetensors)")
         return draft  # read over the target by `as_drafter`
     if isinstance(draft, (str, Path)):
         return load(draft, dtype=dtype, device="cpu" if device is None else device)
@@ -114,8 +112,8 @@ def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
     when `prefix_cache` is set), or the Drafter itself."""
     if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
         return MTPDrafter(load_mtp(target, draft[4:] or None), cache_kwargs)
-    if isinstance(draft, str) and draft.startswith("eagle3:") and len(draft) > len("eagle3:"):
-        return Eagle3Drafter(load_eagle3(target, draft[len("eagle3:"):]), cache_kwargs)
+    if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
+        return Eagle3Drafter(load_eagle3(target, draft[len("eagle3:"):] or None), cache_kwargs)
     draft = as_draft(draft, target.dtype, target.device)
     if not isinstance(draft, HybridModel):
         return draft
