@@ -127,7 +127,7 @@ def rope(x, positions):
     return x * cos + torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1) * sin
 
 
-def reference(t, embed, g, tokens, vocab):
+def reference(t, embed, g, tokens, vocab, norm_before_residual=False):
     """The EAGLE-3 layer over positions 0..n-1 from inputs g [n, H] beside tokens [n]:
     (logits [n, vocab] with -inf off the draft vocabulary, pre-norm y [n, H])."""
     n = len(tokens)
@@ -141,7 +141,8 @@ def reference(t, embed, g, tokens, vocab):
     scores = torch.einsum("qhd,khd->hqk", q, k) / HEAD_DIM ** 0.5
     scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     attended = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, -1)
-    r = g + attended @ t["midlayer.self_attn.o_proj.weight"].T
+    residual = rms(g, t["midlayer.hidden_norm.weight"]) if norm_before_residual else g
+    r = residual + attended @ t["midlayer.self_attn.o_proj.weight"].T
     m = rms(r, t["midlayer.post_attention_layernorm.weight"])
     y = r + (F.silu(m @ t["midlayer.mlp.gate_proj.weight"].T) * (m @ t["midlayer.mlp.up_proj.weight"].T)) \
         @ t["midlayer.mlp.down_proj.weight"].T
@@ -151,10 +152,17 @@ def reference(t, embed, g, tokens, vocab):
     return logits, y
 
 
-def test_the_forward_is_the_published_formula(tiny_bamba, tmp_path):
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+@pytest.mark.parametrize("own_embedding", [False, True])
+def test_the_forward_is_the_published_formula(tiny_bamba, tmp_path, norm_before_residual, own_embedding):
     """A catch-up in two chunks, then a step on the head's own output: each
-    returned row equals the reference's at that position."""
+    returned row equals the reference's at that position (the head's residual
+    before or after its hidden norm; the target's embedding or its own)."""
     config, tensors = random_head(tiny_bamba, draft_vocab=7, points=(0, 1, 3))
+    config["norm_before_residual"] = norm_before_residual
+    if own_embedding:
+        tensors["embed_tokens.weight"] = torch.randn(tiny_bamba.vocab_size, tiny_bamba.config.hidden_size,
+                                                     dtype=torch.float64)
     head = load_eagle3(tiny_bamba, save(tmp_path / "head", config, tensors))
     g = torch.Generator().manual_seed(5)
     n, H = 11, tiny_bamba.config.hidden_size
@@ -168,7 +176,8 @@ def test_the_forward_is_the_published_formula(tiny_bamba, tmp_path):
            head.extend(cache, [0], [tokens[4:n].tolist()], [fused[4:]])]
     got.append(head.extend(cache, [0], [[int(tokens[n])]], [got[-1][1][0][None]]))
     inputs = torch.cat([fused, got[1][1]])  # position n reads the head's own y at n-1
-    want_logits, want_y = reference(tensors, tiny_bamba.embed, inputs, tokens, tiny_bamba.vocab_size)
+    embed = tensors["embed_tokens.weight"] if own_embedding else tiny_bamba.embed
+    want_logits, want_y = reference(tensors, embed, inputs, tokens, tiny_bamba.vocab_size, norm_before_residual)
     for (logits, y), row in zip(got, (3, n - 1, n)):
         torch.testing.assert_close(logits[0], want_logits[row], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(y[0], want_y[row], rtol=1e-12, atol=1e-12)
@@ -249,3 +258,10 @@ def test_preemption_changes_no_token(tiny_bamba, tmp_path, verify):
     outs = outputs(engine, prompts, params)
     assert engine.stats.preemptions > 0 and engine.stats.drafted_tokens > 0
     assert outs == [outputs(hs.Engine(target, block_size=4), [p], [q])[0] for p, q in zip(prompts, params)]
+
+
+def test_generate_runs_the_shipped_head_on_the_embedded_default(capsys):
+    from hybridspec.cli.main import main
+    assert main(["generate", "def ", "--draft", "eagle3", "-n", "24", "--gamma", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "eagle3 (EAGLE-3 head)" in err and "same tokens as plain: yes" in err
