@@ -92,8 +92,9 @@ def _duplicate_d2t(c, t):
     (lambda c, t: c.update(eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 9]}), ConfigError,
      "eagle_aux_hidden_state_layer_ids"),
     (lambda c, t: c.update(num_hidden_layers=2), ConfigError, "num_hidden_layers=2"),
+    (lambda c, t: c.pop("intermediate_size"), ConfigError, "lacks intermediate_size"),
 ], ids=["hidden", "vocab", "draft-vocab", "missing", "missing-d2t", "shape", "unknown", "d2t", "t2d", "points",
-        "layers"])
+        "layers", "config"])
 def test_a_head_that_does_not_fit_is_refused(tiny_bamba, tmp_path, break_it, error, match):
     config, tensors = random_head(tiny_bamba, draft_vocab=8)
     break_it(config, tensors)

@@ -70,8 +70,12 @@ def _shipped_head(target: HybridModel) -> Path:
 def head_config(cfg: dict, target: HybridModel, source: Path) -> tuple[HybridConfig, tuple[int, ...], bool]:
     """(the head's layer as a one-attention-layer HybridConfig, its three capture
     points, norm_before_residual) from `config.json`, refused where it does not fit `target`."""
-    hidden, vocab = int(cfg.get("hidden_size", 0)), int(cfg.get("vocab_size", 0))
     where = source / "config.json"
+    missing = [k for k in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size") if k not in cfg]
+    if missing:
+        raise ConfigError(f"{where} lacks {', '.join(missing)}, which an EAGLE-3 head's config carries; restore "
+                          "the head's original config.json")
+    hidden, vocab = int(cfg["hidden_size"]), int(cfg["vocab_size"])
     if int(cfg.get("num_hidden_layers", 1)) != 1:
         raise ConfigError(f"{where}: num_hidden_layers={cfg['num_hidden_layers']}; hybridspec runs EAGLE-3 heads "
                           "of one decoder layer")
