@@ -17,9 +17,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --draft and --tokenizer, as `generate` and `serve` take them."""
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="target model directory, anything hs.load reads (default: the embedded target)")
-    parser.add_argument("--draft", metavar="DIR|ngram|suffix|mtp|none", default=None,
+    parser.add_argument("--draft", metavar="DIR|ngram|suffix|mtp|eagle3[:DIR]|none", default=None,
                         help="draft model directory, 'ngram' for prompt lookup, 'suffix' for suffix decoding, "
-                             "'mtp' for the target checkpoint's MTP layer ('mtp:DIR': one trained beside it), or "
+                             "'mtp' for the target checkpoint's MTP layer ('mtp:DIR': one trained beside it), "
+                             "'eagle3:DIR' for an EAGLE-3 head ('eagle3': the embedded target's), or "
                              "'none' for plain decoding only (default: the embedded draft with the embedded "
                              "target, else ngram)")
     parser.add_argument("--tokenizer", metavar="DIR", default=None,
@@ -70,8 +71,8 @@ EMBEDDED = "embedded"  # the word a model flag takes for the embedded pair (`hyb
 
 def reads_target(spec: str) -> bool:
     """Whether a --draft value names a drafter that reads the target's hidden states
-    ("mtp", "mtp:DIR"), which the Engine builds from the target itself."""
-    return spec == "mtp" or spec.startswith("mtp:")
+    ("mtp", "mtp:DIR", "eagle3", "eagle3:DIR"), which the Engine builds over the target itself."""
+    return spec in ("mtp", "eagle3") or spec.startswith(("mtp:", "eagle3:"))
 
 
 def model_path(flag: str, text: str, draft: bool = False) -> str:

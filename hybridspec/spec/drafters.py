@@ -13,6 +13,8 @@ ever asks which kind it holds.
 - `ModelDrafter` (`spec.model_drafter`): any HybridModel with its own cache.
 - `MTPDrafter` (`spec.mtp_drafter`): the target checkpoint's MTP layer, reading
   the target's hidden states.
+- `Eagle3Drafter` (`spec.eagle3_drafter`): an EAGLE-3 head from its own
+  directory, reading the target's hidden states at three layers.
 
 `as_draft` normalises what `Engine(draft=...)` and `LLM(draft=...)` accept,
 `as_drafter` makes the Engine's drafter of it.
@@ -24,18 +26,20 @@ from pathlib import Path
 import torch
 
 from hybridspec.adapters import load
+from hybridspec.adapters.eagle3 import load_eagle3
 from hybridspec.adapters.mtp import load_mtp
 from hybridspec.cache.prefix_cache import PrefixCache
 from hybridspec.errors import ConfigError
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.sampler import RowParams
+from hybridspec.spec.eagle3_drafter import Eagle3Drafter
 from hybridspec.spec.model_drafter import ModelDrafter
 from hybridspec.spec.mtp_drafter import MTPDrafter
 from hybridspec.spec.protocol import Drafter, Proposal, StatelessDrafter
 from hybridspec.spec.suffix_drafter import SuffixDrafter
 
-__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter", "SuffixDrafter", "as_draft",
-           "as_drafter"]
+__all__ = ["Drafter", "Eagle3Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter",
+           "SuffixDrafter", "as_draft", "as_drafter"]
 
 
 class NgramDrafter(StatelessDrafter):
@@ -72,7 +76,9 @@ class NgramDrafter(StatelessDrafter):
 MODEL_FREE = {"ngram": NgramDrafter, "suffix": SuffixDrafter}  # the names that make a model-free drafter
 
 DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix decoding), "mtp" (the target '
-               'checkpoint\'s multi-token-prediction layer; "mtp:DIR": one trained beside it), a draft model '
+               'checkpoint\'s multi-token-prediction layer; "mtp:DIR": one trained beside it), "eagle3:DIR" '
+               '(an EAGLE-3 head trained for the target, in the published format; "eagle3": the embedded '
+               'target\'s), a draft model '
                'directory, a HybridModel (hs.from_hf / hs.load) sharing the target\'s vocabulary, '
                'hs.NgramDrafter(...), hs.SuffixDrafter(...), or a Drafter: '
                'model, cache, prefix, start, backlog, propose, commit, revert, release and check_invariant '
@@ -82,7 +88,8 @@ DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix
 def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridModel | Drafter | None:
     """What an `Engine(draft=...)` or `LLM(draft=...)` argument names, in one of
     the forms an Engine runs: None, a HybridModel, or a Drafter. "ngram" is
-    `NgramDrafter()`, "suffix" `SuffixDrafter()`; any other string or path is a draft model directory,
+    `NgramDrafter()`, "suffix" `SuffixDrafter()`; "mtp", "mtp:DIR", "eagle3" and "eagle3:DIR"
+    stay strings, read over the target by `as_drafter`; any other string or path is a draft model directory,
     loaded (`hs.load`) in `dtype` on `device` (None: the weights' stored dtype, the CPU)."""
     if draft is None or isinstance(draft, (HybridModel, Drafter)):
         return draft
@@ -90,6 +97,8 @@ def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridMode
         return MODEL_FREE[draft]()
     if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
         return draft  # read from the target's checkpoint by `as_drafter`
+    if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
+        return draft  # read over the target by `as_drafter`
     if isinstance(draft, (str, Path)):
         return load(draft, dtype=dtype, device="cpu" if device is None else device)
     raise ConfigError(f"draft={_short(draft)} ({type(draft).__name__}) is not a drafter; pass {DRAFT_FORMS}")
@@ -103,6 +112,8 @@ def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
     when `prefix_cache` is set), or the Drafter itself."""
     if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
         return MTPDrafter(load_mtp(target, draft[4:] or None), cache_kwargs)
+    if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
+        return Eagle3Drafter(load_eagle3(target, draft[len("eagle3:"):] or None), cache_kwargs)
     draft = as_draft(draft, target.dtype, target.device)
     if not isinstance(draft, HybridModel):
         return draft

@@ -68,7 +68,7 @@ class MTPDrafter:
         first, rows = self.hidden.take(seq_id)
         if rows is None:
             return
-        rows = rows[:, 0]  # [n, hidden]
+        rows = self.features(rows)  # [n, hidden]
         if seq_id not in self.offset:
             self.offset[seq_id] = first
         elif first != self._position(seq_id):  # a gap (the row restarted from a prefix hit): start again there
@@ -77,6 +77,11 @@ class MTPDrafter:
             self.offset[seq_id], self.pending[seq_id] = first, rows[:0]
         held = self.pending.get(seq_id)
         self.pending[seq_id] = rows if held is None or not len(held) else torch.cat([held, rows])
+
+    def features(self, rows: torch.Tensor) -> torch.Tensor:
+        """What the layer reads beside each token, from the target's rows [n, k, hidden]:
+        h_p itself (point L, the only one), [n, hidden]."""
+        return rows[:, 0]
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         """Catch-up of each drafting row, then its drafts; rows without hidden states to read draft nothing."""
@@ -192,5 +197,5 @@ class MTPDrafter:
         self.cache.check_invariant(seq_id, computed)
         position = self.offset.get(seq_id, 0) + computed
         if position > boundary:
-            raise InvariantError(f"MTP drafter of sequence {seq_id} absorbed up to position {position}, past the "
-                                 f"boundary {boundary}")
+            raise InvariantError(f"{type(self).__name__} of sequence {seq_id} absorbed up to position {position}, "
+                                 f"past the boundary {boundary}")
