@@ -47,6 +47,7 @@ class ForcedRejections:
             raise ValueError(f"schedule={schedule!r} must be a non-empty tuple of acceptance lengths >= 0")
         self.inner, self.schedule, self.vocab_size = inner, tuple(schedule), vocab_size
         self.model, self.cache, self.prefix = inner.model, inner.cache, inner.prefix
+        self.hidden = getattr(inner, "hidden", None)  # the target's hidden states it reads (MTP, EAGLE-3)
         self.known = [(list(p), list(o)) for p, o in zip(prompts, outputs)]
         self.rounds_of: dict[int, int] = {}  # seq -> rounds it was drafted for
         self.predicted: dict[int, int] = {}  # seq -> accepted count predicted for the current round

@@ -148,7 +148,9 @@ class RoundObserver:
         except InvariantError as error:
             return [str(error)]
         problems = []
-        if self.check_states and drafter.cache is not None:
+        if self.check_states and drafter.model is not None and drafter.cache is not None:
+            # a model drafter's state against its prefill (an MTP layer or EAGLE-3 head holds K/V only, whose
+            # length `check_invariant` checked)
             problems += _state_problems(drafter.model, drafter.cache, s, committed[:drafter.cache.computed_len[s]],
                                         f"drafter of sequence {s}")
         if self.check_states:
