@@ -2,12 +2,15 @@
 AVX-512 vectors where the CPU has them, chosen at run time with the same
 bits, `cpu_rows.vector_path`) built on first use and called through ctypes.
 
-Eight kernels, each used by its own module where it applies, and whole blocks
+Nine kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:
 - `cpu/rows.c` (`cpu/rows.py`): few-row float32 matrix products, for `linear`
   (weights float32 or their exact bfloat16 / float16 copies, `cpu/rows_weights.h`);
   `cpu/rows_bf16.c`: the same products in bfloat16 compute (AVX512-BF16), the
   opt-in fast path (`compute="bfloat16"`, not the float32 bits);
+- `cpu/quant.c` (`cpu/quant.py`): products of GGUF-block weights (Q8_0, Q4_0, Q4_K;
+  `quant.QuantWeight`) with activations rounded to int8 blocks, integer dot products (AVX2, or
+  AVX512-VNNI where present, `cpu_quant.vector_path`: the same bits), for any row count;
 - `cpu/mamba2.c` (`cpu/mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu/mamba1.c` (`cpu/mamba1.py`): the same for the Mamba-1 mixer;
@@ -63,10 +66,10 @@ from hybridspec.kernels.cpu.panels import PanelWeight
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 PIN_ENV = "HYBRIDSPEC_PIN_THREADS"  # "1": each helper thread bound to a CPU of its own (`pin_threads`)
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "mamba2.c", "mamba1.c", "gdn.c", "conv.c",
+                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "quant.c", "mamba2.c", "mamba1.c", "gdn.c", "conv.c",
                              "norm.c", "pointwise.c", "rope.c", "blocks.c", "forward.c", "calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
-                for name in ("simd.h", "kernels.h", "rows_weights.h"))
+                for name in ("simd.h", "kernels.h", "rows_weights.h", "quant_tiles.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu/rope.c) keep it under any compiler's default
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")
@@ -112,6 +115,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {  # function: argument types (all return int: 0, or -1 for arguments it does not take)
     "hs_rows_matmul": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr],
     "hs_rows_isa": [ctypes.c_int],
+    "hs_quant_matmul": [_ptr, _i64, _ptr, ctypes.c_int, _i64, _i64, _i64, _ptr],
+    "hs_quant_isa": [ctypes.c_int],
     "hs_bf16_supported": [],
     "hs_set_threads": [ctypes.c_int],
     "hs_set_pinning": [ctypes.c_int],

@@ -189,16 +189,16 @@ def q4_k_error_bound(x: torch.Tensor) -> torch.Tensor:
 ACT_BLOCK = 32
 
 
-def quantize_rows_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activations x [M, K] (K whole blocks of 32) as the products round them: per block of 32,
-    d = max|x| / 127 (float32, not float16 as ggml's Q8_0 keeps it) and q = roundf(x · (1 / d)).
-    Returns q int8 [M, K] and d float32 [M, K / 32]."""
-    blocks = x.detach().to(torch.float32).reshape(x.shape[0], -1, ACT_BLOCK)
+def quantize_rows_q8(x: torch.Tensor, block: int = ACT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations x [M, K] (K whole blocks) as the products round them: per `block` values (32,
+    or 256 for Q4_K weights as ggml's Q8_K), d = max|x| / 127 (float32, not float16 as ggml's Q8_0
+    keeps it) and q = roundf(x · (1 / d)). Returns q int8 [M, K] and d float32 [M, K / block]."""
+    blocks = x.detach().to(torch.float32).reshape(x.shape[0], -1, block)
     d = blocks.abs().amax(dim=2, keepdim=True) / 127
     q = roundf(blocks * _reciprocal(d)).to(torch.int8)
     return q.reshape(x.shape), d.squeeze(2)
 
 
-def dequantize_rows_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """`quantize_rows_q8`'s values back: [M, K] float32 (d · q, exact in float64 too)."""
-    return (q.to(torch.float32).reshape(q.shape[0], -1, ACT_BLOCK) * d.unsqueeze(2)).reshape(q.shape)
+def dequantize_rows_q8(q: torch.Tensor, d: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`quantize_rows_q8`'s values back: [M, K] in `dtype` (d · q; d [M, K / block]; exact in float64)."""
+    return (q.to(dtype).reshape(q.shape[0], d.shape[1], -1) * d.to(dtype).unsqueeze(2)).reshape(q.shape)

@@ -1,0 +1,116 @@
+/* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
+ * QS(name) (the ISA's name for a function), QTARGET (its target attribute) and QDOT_S8 (its int8 dot
+ * product, cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns n0 … n0 + C − 1 over all K,
+ * each output its own chain (cpu/quant.c says which), so R and C change no bits. */
+
+/* a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: per block of 32, the 8 lanes' exact integer sums scaled
+ * by dw · dx into the output's 8 float lanes */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quant_job *j, int64_t m0, int R,
+                                                                     int64_t n0, int C, int q4) {
+    const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
+    v8 acc[TILE_ROWS][TILE_COLS];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
+    for (int64_t b = 0; b < nb; ++b) {
+        v8i wq[TILE_COLS];
+        float dw[TILE_COLS];
+        for (int c = 0; c < C; ++c) {
+            const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
+            prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
+            dw[c] = f16_value(half_at(blk));
+            wq[c] = q4 ? i8x32_sub(u8x32_nibbles16(blk + 2), 8) : v8i_load(blk + 2);
+        }
+        for (int r = 0; r < R; ++r) {
+            const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32);
+            const float dx = j->xd[(m0 + r) * nb + b];
+            for (int c = 0; c < C; ++c)
+                acc[r][c] = v8_fmadd(v8_set1(dw[c] * dx), v8i_to_float(QDOT_S8(wq[c], xv)), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]);
+}
+
+/* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
+ * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
+ * float chain of its own, subtracted at the end */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
+                                                                    int64_t n0, int C) {
+    const int64_t nb = j->K / 256;
+    v8 acc[TILE_ROWS][TILE_COLS];
+    float mins[TILE_ROWS][TILE_COLS];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero(), mins[r][c] = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+        v8i wq[TILE_COLS][8];
+        int sc[TILE_COLS][8], mn[TILE_COLS][8];
+        float d[TILE_COLS], dmin[TILE_COLS];
+        for (int c = 0; c < C; ++c) {
+            const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 144;
+            prefetch_l1(blk + 144);
+            prefetch_l1(blk + 208);
+            d[c] = f16_value(half_at(blk));
+            dmin[c] = f16_value(half_at(blk + 2));
+            k_scales(blk + 4, sc[c], mn[c]);
+            for (int chunk = 0; chunk < 4; ++chunk) {
+                const v8i raw = v8i_load(blk + 16 + 32 * chunk);
+                wq[c][2 * chunk] = u8x32_low_nibbles(raw);
+                wq[c][2 * chunk + 1] = u8x32_high_nibbles(raw);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
+            const int32_t *xs = j->xs + (m0 + r) * (j->K / 32) + b * 8;
+            const float dx = j->xd[(m0 + r) * nb + b];
+            for (int c = 0; c < C; ++c) {
+                v8i isum = v8i_zero();
+                int32_t msum = 0;
+                for (int s = 0; s < 8; ++s) {
+                    isum = v8i_add(isum, dot_u4_scaled_lanes(wq[c][s], v8i_load(xb + 32 * s), sc[c][s]));
+                    msum += mn[c][s] * xs[s];
+                }
+                acc[r][c] = v8_fmadd(v8_set1(d[c] * dx), v8i_to_float(isum), acc[r][c]);
+                mins[r][c] = fmaf(dmin[c] * dx, (float)msum, mins[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - mins[r][c];
+}
+
+/* one tile of the format, R and C constants where it is inlined */
+QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_job *j, int64_t m0, int R,
+                                                                  int64_t n0, int C) {
+    if (j->fmt == HS_Q4_K) QS(tile_k)(j, m0, R, n0, C);
+    else QS(tile_32)(j, m0, R, n0, C, j->fmt == HS_Q4_0);
+}
+
+/* columns c0 … c1 − 1 of the product: few rows one column at a time (the weight streamed once, each
+ * block decoded once for all rows); many rows in tiles of TILE_ROWS × TILE_COLS over chunks of
+ * ROW_CHUNK rows (the chunk's activations stay in cache while the columns pass) */
+QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
+    const int64_t M = j->M;
+    if (M <= FEW_ROWS) {
+        for (int64_t n = c0; n < c1; ++n) switch (M) {
+                case 1: QS(tile)(j, 0, 1, n, 1); break;
+                case 2: QS(tile)(j, 0, 2, n, 1); break;
+                case 3: QS(tile)(j, 0, 3, n, 1); break;
+                default: QS(tile)(j, 0, 4, n, 1); break;
+            }
+        return;
+    }
+    for (int64_t r0 = 0; r0 < M; r0 += ROW_CHUNK) {
+        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M;
+        int64_t n = c0;
+        for (; n + TILE_COLS <= c1; n += TILE_COLS) {
+            int64_t m = r0;
+            for (; m + TILE_ROWS <= r1; m += TILE_ROWS) QS(tile)(j, m, TILE_ROWS, n, TILE_COLS);
+            for (; m < r1; ++m) QS(tile)(j, m, 1, n, TILE_COLS);
+        }
+        for (; n < c1; ++n) {
+            int64_t m = r0;
+            for (; m + TILE_ROWS <= r1; m += TILE_ROWS) QS(tile)(j, m, TILE_ROWS, n, 1);
+            for (; m < r1; ++m) QS(tile)(j, m, 1, n, 1);
+        }
+    }
+}
