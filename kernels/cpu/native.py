@@ -62,6 +62,7 @@ import torch
 
 from hybridspec.errors import ConfigError
 from hybridspec.kernels.cpu.panels import PanelWeight
+from hybridspec.kernels.quant.weight import QuantWeight
 
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 PIN_ENV = "HYBRIDSPEC_PIN_THREADS"  # "1": each helper thread bound to a CPU of its own (`pin_threads`)
@@ -327,12 +328,16 @@ WEIGHT_TYPE_BITS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 def weight_dtype_ok(weight: torch.Tensor) -> bool:
     """Whether the products take this weight's storage: float32, or bfloat16 or
     float16 (an exact copy of a float32 weight, `HybridModel.pack_for_cpu`),
-    on the CPU, 8-byte aligned so that its address can carry the tags."""
+    on the CPU, 8-byte aligned so that its address can carry the tags; or a
+    `QuantWeight` on the CPU (its header's address carries HS_QUANT)."""
+    if isinstance(weight, QuantWeight):
+        return weight.is_cpu
     return weight.dtype in WEIGHT_TYPE_BITS and weight.is_cpu and weight.data_ptr() % 8 == 0
 
 
 BF16_COMPUTE_BITS = 3  # HS_BF16_COMPUTE: bfloat16 data multiplied in bfloat16 compute (cpu/rows_bf16.c)
 PANELS_BIT = 4  # HS_PANELS: the data lies in panels (`panels.PanelWeight`, cpu/panels.c)
+QUANT_BIT = 8  # HS_QUANT: the address of a quantized weight's header (`quant_header`, cpu/kernels.h)
 POINTWISE_FUNCTIONS = {"softplus": 0, "sigmoid": 1}  # HS_SOFTPLUS, HS_SIGMOID: hs_pointwise's (cpu/pointwise.c)
 
 
@@ -341,15 +346,32 @@ def weight_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -
     its type's bit (cpu/rows.c, "weight storage"); a bfloat16 weight under
     `compute` bfloat16 both bits (the opt-in fast products, cpu/rows_bf16.c);
     a `PanelWeight` the panels' bit too. `weight`: a PanelWeight, or the
-    input-major [in, out] view of any other."""
+    input-major [in, out] view of any other; a `QuantWeight` its header's
+    address with HS_QUANT (`quant_header`), whatever `compute`."""
+    if isinstance(weight, QuantWeight):
+        return quant_header(weight).data_ptr() | QUANT_BIT
     tags = BF16_COMPUTE_BITS if compute is torch.bfloat16 and weight.dtype is torch.bfloat16 else \
         WEIGHT_TYPE_BITS[weight.dtype]
     return weight.data_ptr() | tags | (PANELS_BIT if isinstance(weight, PanelWeight) else 0)
 
 
 def product_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -> int:
-    """`weight_address` of a product weight [out, in] as a layer holds it (panels, or input-major)."""
-    return weight_address(weight if isinstance(weight, PanelWeight) else weight.t(), compute)
+    """`weight_address` of a product weight [out, in] as a layer holds it (panels, blocks, or input-major)."""
+    return weight_address(weight if isinstance(weight, (PanelWeight, QuantWeight)) else weight.t(), compute)
+
+
+def quant_header(weight: QuantWeight) -> torch.Tensor:
+    """The header the C products read a quantized weight through: int64 [format code, the
+    blocks' address], made once per weight and remade if its storage moves (kept on the weight,
+    so it lives as long as the address a block or the whole forward holds)."""
+    header = getattr(weight, "_hs_header", None)
+    if header is None or int(header[1]) != weight.data_ptr():
+        header = torch.tensor([weight.fmt.code, weight.data_ptr()], dtype=torch.int64)
+        if header.data_ptr() % 16:  # torch's CPU allocations are 64-byte aligned; the tag needs 16
+            raise CpuKernelsUnavailable(f"a quantized weight's header at {header.data_ptr():#x} is not 16-byte "
+                                        "aligned")
+        weight._hs_header = header
+    return header
 
 
 def bf16_compute_supported() -> bool:
