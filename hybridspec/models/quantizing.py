@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from hybridspec.errors import ConfigError
+from hybridspec.kernels import backend as backends
 from hybridspec.kernels.cpu import panels
 from hybridspec.kernels.cpu.panels import PanelWeight
 from hybridspec.kernels.quant import formats
@@ -33,7 +34,7 @@ def check(fmt: str, device, dtype: torch.dtype | None, tensor_parallel_size: int
     fix: a known format, a CPU model, float32 (the quantized products' activations), one process,
     float32 compute."""
     block_format = formats.format_named(fmt)
-    if torch.device(device).type != "cpu":
+    if not backends.multiplies_quantized(device):
         raise ConfigError(f"quantize={fmt!r} runs on CPU only; load onto device='cpu' or drop quantize=")
     if dtype is not None and dtype is not torch.float32:
         raise ConfigError(f"quantize={fmt!r} needs a float32 model (its products take float32 activations); "
