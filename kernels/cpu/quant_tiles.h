@@ -85,32 +85,32 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_j
     else QS(tile_32)(j, m0, R, n0, C, j->fmt == HS_Q4_0);
 }
 
-/* columns c0 … c1 − 1 of the product: few rows one column at a time (the weight streamed once, each
- * block decoded once for all rows); many rows in tiles of TILE_ROWS × TILE_COLS over chunks of
- * ROW_CHUNK rows (the chunk's activations stay in cache while the columns pass) */
+/* one tile of R <= TILE_ROWS rows by C <= TILE_COLS columns, R and C made constants */
+QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
+#define QCASE(r, c) case (r) * 8 + (c): QS(tile)(j, m0, r, n0, c); break;
+    switch (R * 8 + C) {
+        QCASE(1, 1) QCASE(2, 1) QCASE(3, 1) QCASE(4, 1) QCASE(1, 2) QCASE(2, 2) QCASE(3, 2) QCASE(4, 2)
+        default: break;
+    }
+#undef QCASE
+}
+
+/* columns c0 … c1 − 1 of the product: up to FEW_ROWS rows one column at a time (the weight streamed
+ * once, each block decoded once for all rows); more rows in tiles of TILE_COLS columns by balanced
+ * groups of at most TILE_ROWS rows, over chunks of ROW_CHUNK rows (the chunk's activations stay in
+ * cache while the columns pass) */
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
     const int64_t M = j->M;
-    if (M <= FEW_ROWS) {
-        for (int64_t n = c0; n < c1; ++n) switch (M) {
-                case 1: QS(tile)(j, 0, 1, n, 1); break;
-                case 2: QS(tile)(j, 0, 2, n, 1); break;
-                case 3: QS(tile)(j, 0, 3, n, 1); break;
-                default: QS(tile)(j, 0, 4, n, 1); break;
-            }
-        return;
-    }
+    const int cols = M <= FEW_ROWS ? 1 : TILE_COLS;
     for (int64_t r0 = 0; r0 < M; r0 += ROW_CHUNK) {
-        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M;
-        int64_t n = c0;
-        for (; n + TILE_COLS <= c1; n += TILE_COLS) {
-            int64_t m = r0;
-            for (; m + TILE_ROWS <= r1; m += TILE_ROWS) QS(tile)(j, m, TILE_ROWS, n, TILE_COLS);
-            for (; m < r1; ++m) QS(tile)(j, m, 1, n, TILE_COLS);
-        }
-        for (; n < c1; ++n) {
-            int64_t m = r0;
-            for (; m + TILE_ROWS <= r1; m += TILE_ROWS) QS(tile)(j, m, TILE_ROWS, n, 1);
-            for (; m < r1; ++m) QS(tile)(j, m, 1, n, 1);
+        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M, groups = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
+        for (int64_t n = c0; n < c1;) {
+            const int C = n + cols <= c1 ? cols : 1;
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+                QS(tile_sized)(j, m0, (int)(m1 - m0), n, C);
+            }
+            n += C;
         }
     }
 }
