@@ -104,7 +104,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     if compute is torch.bfloat16 and dtype is None:
         dtype = torch.float32
     if quantize is not None:
-        quantizing.check(quantize, device, dtype, tensor_parallel_size, compute)
+        quantizing.check(quantize, device, dtype, tensor_parallel_size != 1, compute)
         dtype = torch.float32
     path = Path(path)
     cfg = read_config(path)

@@ -275,10 +275,10 @@ class HybridModel(Kernelled, nn.Module):
     def quantize(self, fmt: str) -> "HybridModel":
         """Quantize the decoder layers' linear weights (and the LM head, in Q8_0) into the GGUF block
         format `fmt` ("q8_0", "q4_0", "q4_k"; `models.quantizing` says which weights and why): the
-        native backend's products then multiply them as int8 blocks (`kernels/cpu/quant.c`), layer by
-        layer (the native blocks and whole forward decline quantized weights). A ConfigError before
-        anything changes for an unknown format, a non-CPU or non-float32 model, or a shard. Not
-        undone. Returns self."""
+        native backend's products then multiply them with activations rounded to int8 blocks
+        (`kernels/cpu/quant.c`) in the native blocks, the whole forward and layer by layer alike;
+        torch's on the same values elsewhere. A ConfigError before anything changes for an unknown
+        format, a non-CPU or non-float32 model, or a shard. Not undone. Returns self."""
         quantizing.quantize(self, formats.format_named(fmt))
         return self
 

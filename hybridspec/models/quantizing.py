@@ -28,7 +28,7 @@ QUANTIZED = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_
 HEAD_FORMAT = formats.Q8_0
 
 
-def check(fmt: str, device, dtype: torch.dtype | None, tensor_parallel_size: int = 1,
+def check(fmt: str, device, dtype: torch.dtype | None, sharded: bool = False,
           compute: torch.dtype = torch.float32) -> BlockFormat:
     """The format `fmt` names, after the checks `quantize` needs, each a ConfigError naming the
     fix: a known format, a CPU model, float32 (the quantized products' activations), one process,
@@ -39,7 +39,7 @@ def check(fmt: str, device, dtype: torch.dtype | None, tensor_parallel_size: int
     if dtype is not None and dtype is not torch.float32:
         raise ConfigError(f"quantize={fmt!r} needs a float32 model (its products take float32 activations); "
                           f"got dtype={dtype}: pass dtype=torch.float32 or leave it out")
-    if tensor_parallel_size != 1:
+    if sharded:
         raise ConfigError(f"quantize={fmt!r} does not shard over tensor parallel ranks; use tensor_parallel_size=1")
     if compute is not torch.float32:
         raise ConfigError(f"quantize={fmt!r} multiplies quantized weights, not bfloat16 ones; drop compute=")
@@ -63,7 +63,7 @@ def quantized(weight: torch.Tensor, fmt: BlockFormat) -> QuantWeight:
 
 def quantize(model, fmt: BlockFormat) -> None:
     """`HybridModel.quantize`'s work on `model` (see the module); checks first, then replaces."""
-    check(fmt.name, model.device, model.dtype, 1 if model.tensor_parallel is None else 2, model.compute)
+    check(fmt.name, model.device, model.dtype, model.tensor_parallel is not None, model.compute)
     done: dict[int, QuantWeight] = {}  # a Parameter several modules hold (a shared block) stays one
     layers = [*model.layers, *(model.shared_blocks or [])]
     for module in (m for layer in layers for m in layer.modules()):

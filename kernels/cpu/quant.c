@@ -9,8 +9,9 @@
  * exact. Per output (row m, column n) the float work is one fixed chain: per weight block b in
  * order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3 of the block) converted exactly to
  * float and fused-multiply-added, times dw_b · dx_b rounded to float32, into 8 float32 lanes
- * starting at zero; then the lanes summed as `hsum8` sums them (Q4_K: minus a float chain of the
- * mins' part). Nothing in the chain depends on the other rows of the call, the thread count or the
+ * starting at zero (Q8_0 and Q4_0: two sets of lanes, the even blocks' and the odd blocks', added
+ * lane by lane at the end); then the lanes summed as `hsum8` sums them (Q4_K: minus a float chain
+ * of the mins' part). Nothing in the chain depends on the other rows of the call, the thread count or the
  * tile that computed it (few rows one column at a time; many rows in tiles of several rows and
  * columns), nor on the ISA (the integer sums are exact on both paths), so a row's bits are the
  * same in any batch, at any thread count, on either path: tests/kernels/quant/test_products.py. */
@@ -26,8 +27,10 @@
 #define HS_Q4_0 1
 #define HS_Q4_K 2
 #define FEW_ROWS 4     /* up to this many rows, one column at a time; more: tiles */
-#define TILE_ROWS 4    /* a tile: rows by columns, each block of the weight decoded once per tile */
-#define TILE_COLS 2
+#define TILE_ROWS 4    /* a tile: rows by columns, each block of the weight decoded once per tile and */
+#define TILE_COLS 2    /* each block of activations loaded once per tile */
+#define ACC_ROWS 4     /* the most rows and columns of any tile (few rows: up to FEW_ROWS by 1) */
+#define ACC_COLS 2
 #define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */
 #define PREFETCH_BLOCKS 8 /* how far ahead along a weight row the few-row stream prefetches */
 #define PARALLEL_MIN_BLOCKS (1 << 12) /* block products below which a call runs on its caller alone */
@@ -37,6 +40,7 @@ typedef struct {
     const int8_t *xq;   /* [M, K], the rounded activations */
     const float *xd;    /* [M, K / act_block], their scales */
     const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (the Q4_K mins' part) */
+    const int32_t *xo;  /* [M, K / 32, 8]: −offset times the sums of xq's lanes (Q8_0: 128, Q4_0: 8) */
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
@@ -58,16 +62,26 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
     }
 }
 
+/* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
+ * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
 #define QTARGET
-#define QDOT_S8 dot_s8_lanes
+#define QPREP_Q8(w) (w)
+#define QDOT_Q8(w, x, xo) dot_s8_lanes(w, x)
+#define QDOT_Q4(w, x, xo) v8i_add(dot_u4_scaled_lanes(w, x, 1), xo)
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
-#undef QDOT_S8
+#undef QPREP_Q8
+#undef QDOT_Q8
+#undef QDOT_Q4
+/* AVX512-VNNI: dpbusd from −offset · x's lane sums, of Q8_0's values 128 higher (unsigned) or Q4_0's
+ * nibbles, by x: one instruction per block and row */
 #define QS(name) name##_vnni
 #define QTARGET TARGET_VNNI
-#define QDOT_S8 dot_s8_lanes_vnni
+#define QPREP_Q8(w) i8x32_offset(w)
+#define QDOT_Q8(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
+#define QDOT_Q4(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
 #include "quant_tiles.h"
 
 static int vnni = -1; /* the dot product in use: 1 AVX512-VNNI, 0 AVX2, -1 not chosen yet */
@@ -85,9 +99,10 @@ int hs_quant_isa(int choice) {
 }
 
 /* x [M, K] (rows ldx apart) -> q [M, K], d [M, K / block] (d = max|x| / 127, q = roundf(x · (1 / d)):
- * `formats.quantize_rows_q8`) and s [M, K / 32], the sums of each 32 of q */
-static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t block, int8_t *q, float *d,
-                          int32_t *s) {
+ * `formats.quantize_rows_q8`), s [M, K / 32], the sums of each 32 of q, and o [M, K / 32, 8],
+ * −offset times the sums of each 4 of q */
+static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t block, int offset, int8_t *q,
+                          float *d, int32_t *s, int32_t *o) {
     for (int64_t m = 0; m < M; ++m)
         for (int64_t b = 0; b < K / block; ++b) {
             const float *xb = x + m * ldx + b * block;
@@ -102,6 +117,10 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int
             int32_t sum = 0;
             for (int i = 0; i < 32; ++i) sum += q[m * K + b * 32 + i];
             s[m * (K / 32) + b] = sum;
+            for (int lane = 0; lane < 8; ++lane) {
+                const int8_t *four = q + m * K + b * 32 + 4 * lane;
+                o[(m * (K / 32) + b) * 8 + lane] = -offset * (four[0] + four[1] + four[2] + four[3]);
+            }
         }
 }
 
@@ -127,17 +146,18 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     int8_t *q = malloc((size_t)(M * K) + 64);
     float *d = malloc((size_t)(M * (K / block)) * sizeof *d + 1);
     int32_t *s = malloc((size_t)(M * (K / 32)) * sizeof *s + 1);
-    if (!q || !d || !s) {
-        free(q), free(d), free(s);
+    int32_t *o = malloc((size_t)(M * (K / 32) * 8) * sizeof *o + 1);
+    if (!q || !d || !s || !o) {
+        free(q), free(d), free(s), free(o);
         return -1;
     }
-    quantize_rows(x, ldx, M, K, block, q, d, s);
-    quant_job job = {w, q, d, s, y, M, K, N, K / block * bytes, fmt};
+    quantize_rows(x, ldx, M, K, block, fmt == HS_Q4_0 ? 8 : 128, q, d, s, o);
+    quant_job job = {w, q, d, s, o, y, M, K, N, K / block * bytes, fmt};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);
     const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;
     if (!(parts > 1 && (work >= (1 << 22) ? hs_parallel_long : hs_parallel)(quant_part, &job, parts)))
         quant_part(&job, 0, 1);
-    free(q), free(d), free(s);
+    free(q), free(d), free(s), free(o);
     return 0;
 }

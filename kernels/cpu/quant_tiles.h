@@ -1,34 +1,52 @@
 /* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
- * QS(name) (the ISA's name for a function), QTARGET (its target attribute) and QDOT_S8 (its int8 dot
- * product, cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns n0 … n0 + C − 1 over all K,
+ * QS(name) (the ISA's name for a function), QTARGET (its target attribute), QPREP_Q8 (a Q8_0 block's
+ * 32 int8 as its dot product takes them), QDOT_Q8 and QDOT_Q4 (the 8 lane sums of a Q8_0 / Q4_0
+ * block's values times 32 int8 activations, given the activations' lane sums times −128 / −8: the
+ * exact integers on every ISA; cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns n0 … n0 + C − 1 over all K,
  * each output its own chain (cpu/quant.c says which), so R and C change no bits. */
 
-/* a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: per block of 32, the 8 lanes' exact integer sums scaled
- * by dw · dx into the output's 8 float lanes */
-QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quant_job *j, int64_t m0, int R,
-                                                                     int64_t n0, int C, int q4) {
+/* block b of a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: its 8 lanes' exact integer sums, scaled by
+ * dw · dx, into the accumulators of b's parity */
+QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const quant_job *j, int64_t m0, int R,
+                                                                      int64_t n0, int C, int q4, int64_t b,
+                                                                      v8 acc[ACC_ROWS][ACC_COLS][2], int parity) {
     const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
-    v8 acc[TILE_ROWS][TILE_COLS];
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
-    for (int64_t b = 0; b < nb; ++b) {
-        v8i wq[TILE_COLS];
-        float dw[TILE_COLS];
+    v8i wq[TILE_COLS];
+    v8 dw[TILE_COLS];
+    for (int c = 0; c < C; ++c) {
+        const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
+        prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
+        dw[c] = v8_set1(f16_value(half_at(blk)));
+        wq[c] = q4 ? u8x32_nibbles16(blk + 2) : QPREP_Q8(v8i_load(blk + 2));
+    }
+    for (int r = 0; r < R; ++r) {
+        const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32);
+        const v8i xo = v8i_load(j->xo + ((m0 + r) * nb + b) * 8);
+        const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
         for (int c = 0; c < C; ++c) {
-            const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
-            prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
-            dw[c] = f16_value(half_at(blk));
-            wq[c] = q4 ? i8x32_sub(u8x32_nibbles16(blk + 2), 8) : v8i_load(blk + 2);
-        }
-        for (int r = 0; r < R; ++r) {
-            const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32);
-            const float dx = j->xd[(m0 + r) * nb + b];
-            for (int c = 0; c < C; ++c)
-                acc[r][c] = v8_fmadd(v8_set1(dw[c] * dx), v8i_to_float(QDOT_S8(wq[c], xv)), acc[r][c]);
+            const v8i lanes = q4 ? QDOT_Q4(wq[c], xv, xo) : QDOT_Q8(wq[c], xv, xo);
+            acc[r][c][parity] = v8_fmadd(v8_mul(dw[c], dx), v8i_to_float(lanes), acc[r][c][parity]);
         }
     }
+}
+
+/* a Q8_0 or Q4_0 tile: two float chains of 8 lanes per output, the even blocks' and the odd
+ * blocks' (two multiply-adds in flight: one row's chain is otherwise bound by their latency),
+ * added lane by lane at the end and summed as hsum8 sums */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quant_job *j, int64_t m0, int R,
+                                                                     int64_t n0, int C, int q4) {
+    const int64_t nb = j->K / 32;
+    v8 acc[ACC_ROWS][ACC_COLS][2];
     for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]);
+        for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = v8_zero();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
+        QS(block_32)(j, m0, R, n0, C, q4, b + 1, acc, 1);
+    }
+    if (b < nb) QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(acc[r][c][0], acc[r][c][1]));
 }
 
 /* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
@@ -37,8 +55,8 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quan
 QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
                                                                     int64_t n0, int C) {
     const int64_t nb = j->K / 256;
-    v8 acc[TILE_ROWS][TILE_COLS];
-    float mins[TILE_ROWS][TILE_COLS];
+    v8 acc[ACC_ROWS][ACC_COLS];
+    float mins[ACC_ROWS][ACC_COLS];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = v8_zero(), mins[r][c] = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
@@ -85,7 +103,8 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_j
     else QS(tile_32)(j, m0, R, n0, C, j->fmt == HS_Q4_0);
 }
 
-/* one tile of R <= TILE_ROWS rows by C <= TILE_COLS columns, R and C made constants */
+/* one tile of R rows by C columns, R and C made constants: the few-row path's (R <= FEW_ROWS, C = 1)
+ * and the tiles' (R <= TILE_ROWS, C <= TILE_COLS) */
 QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
 #define QCASE(r, c) case (r) * 8 + (c): QS(tile)(j, m0, r, n0, c); break;
     switch (R * 8 + C) {

@@ -220,9 +220,10 @@ SIMD_INLINE v8i dot_s8_lanes(v8i a, v8i b) {
     const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
-TARGET_VNNI SIMD_INLINE v8i dot_s8_lanes_vnni(v8i a, v8i b) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-}
+/* init + Σ u·s per lane, u uint8, s int8 (no saturation: dpbusd sums in 32 bits) */
+TARGET_VNNI SIMD_INLINE v8i dot_u8_lanes_vnni(v8i init, v8i u, v8i s) { return _mm256_dpbusd_epi32(init, u, s); }
+/* int8 values as uint8 ones 128 higher (x ^ 0x80) */
+SIMD_INLINE v8i i8x32_offset(v8i a) { return _mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)); }
 /* scale · Σ u·s per lane, u in 0..15, s int8, 0 <= scale < 64 (pairs fit int16; scale applied in madd) */
 SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));

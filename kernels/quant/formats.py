@@ -175,8 +175,9 @@ def _dq4_k(blocks: torch.Tensor) -> torch.Tensor:  # [n, 144] -> [n, 256]
 
 def q4_k_error_bound(x: torch.Tensor) -> torch.Tensor:
     """A bound on |x − dequantize(quantize(x, Q4_K))| per value: half a step d · sc of its
-    sub-block plus the super-block's dmin (where the rounded-up offset overshoots) plus d (where
-    a float16 d rounds below the largest scale and clamps it), from the bytes' own d, dmin, sc."""
+    sub-block plus the super-block's dmin (where the rounded-up offset overshoots) plus 15·d (where
+    a float16 d rounds below the largest scale, which then clamps at 63), from the bytes' own d,
+    dmin and sc."""
     data = quantize(x, Q4_K).reshape(-1, 144)
     d, dmin = _f16_values(data[:, :2]), _f16_values(data[:, 2:4])
     sc, _ = unpack_scales(data[:, 4:16])
