@@ -1,7 +1,7 @@
 """Decode speed of quantized weights: float32 against Q8_0, Q4_0 and Q4_K (`hs.load(dir, quantize=...)`).
 
 Models: the embedded target (a 4M-parameter Bamba, byte vocabulary: per-token overheads weigh) and,
-unless --quick, a random 150M-parameter Mamba-2 / attention hybrid built in code (hidden 1024, 12
+unless --quick, a random 241M-parameter Mamba-2 / attention hybrid built in code (hidden 1024, 12
 layers, attention in layers 3 and 9, MLP 2816, vocabulary 32000; nothing downloaded), where a
 decode step reads its weights from memory. For each, plain greedy decoding of one prompt under
 each format, alternating call by call (`common.alternating_samples`): decode tok/s is
@@ -26,7 +26,7 @@ FORMATS = ("float32", "q8_0", "q4_0", "q4_k")
 
 
 def mid_model():
-    """The random 150M-parameter hybrid (see the module), float32, packed as `hs.load` packs on CPU."""
+    """The random 241M-parameter hybrid (see the module), float32, packed as `hs.load` packs on CPU."""
     from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig
     from hybridspec.rollback.models import random_model
     layers = tuple("attention" if i in (3, 9) else "mamba2" for i in range(12))

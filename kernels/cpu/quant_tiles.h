@@ -2,8 +2,9 @@
  * QS(name) (the ISA's name for a function), QTARGET (its target attribute), QPREP_Q8 (a Q8_0 block's
  * 32 int8 as its dot product takes them), QDOT_Q8 and QDOT_Q4 (the 8 lane sums of a Q8_0 / Q4_0
  * block's values times 32 int8 activations, given the activations' lane sums times −128 / −8: the
- * exact integers on every ISA; cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns n0 … n0 + C − 1 over all K,
- * each output its own chain (cpu/quant.c says which), so R and C change no bits. */
+ * exact integers on every ISA; cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns
+ * n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and C change
+ * no bits. */
 
 /* block b of a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: its 8 lanes' exact integer sums, scaled by
  * dw · dx, into the accumulators of b's parity */
