@@ -13,7 +13,8 @@ from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPCo
 from hybridspec.errors import ConfigError
 from hybridspec.kernels.quant.weight import QuantWeight
 from hybridspec.models.quantizing import QUANTIZED
-from hybridspec.rollback import POLICIES, batch_invariance, perturbed_copy, plain_outputs, speculative_parity, workload
+from hybridspec.rollback import (POLICIES, batch_invariance, perturbed_copy, plain_outputs, run_suite,
+                                 speculative_parity, workload)
 from hybridspec.rollback.models import random_model
 from native_cpu import x86_with_compiler
 
@@ -117,3 +118,13 @@ def test_the_embedded_pair_quantized_decodes_speculatively_as_plainly(fmt):
         assert [o.text for o in hs.LLM(target, draft=drafter).generate(prompts, params)] == plain
     alone = [hs.LLM(target, draft=draft).generate([p], params)[0].text for p in prompts]
     assert alone == plain
+
+
+@x86_with_compiler
+def test_the_rollback_suite_passes_on_a_quantized_target():
+    """Every restore path, forced rejection, failed round and bad input of `rollback.run_suite` (quick)
+    on a Q4_K target with a Q4_K draft model."""
+    target = quantizable_model().quantize("q4_k")
+    draft = perturbed_copy(quantizable_model(), scale=0.03, seed=1).quantize("q4_k")
+    failed = [f"{r.name}: {r.detail}" for r in run_suite(target, draft, quick=True) if not r.passed]
+    assert not failed, failed
