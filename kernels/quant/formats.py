@@ -41,6 +41,7 @@ Q8_0 = BlockFormat("q8_0", 32, 34, 0, 8)
 Q4_0 = BlockFormat("q4_0", 32, 18, 1, 2)
 Q4_K = BlockFormat("q4_k", 256, 144, 2, 12)
 FORMATS = {f.name: f for f in (Q8_0, Q4_0, Q4_K)}
+BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}  # a GGUF tensor's type id -> its format
 
 
 def format_named(name: str) -> BlockFormat:

@@ -91,6 +91,13 @@ def test_activation_rounding_round_trips_within_half_a_step():
     assert ((back - x).abs().reshape(5, -1, 32) <= d.unsqueeze(2) * 0.5 * (1 + 1e-6)).all()
 
 
+def test_the_formats_carry_ggmls_type_ids_and_sizes():
+    for name, ggml_type in GGML.items():
+        fmt = formats.FORMATS[name]
+        assert formats.BY_GGML_TYPE[int(ggml_type)] is fmt
+        assert gguf_quants.GGML_QUANT_SIZES[ggml_type] == (fmt.block, fmt.nbytes)
+
+
 def test_a_format_is_named_or_refused():
     assert formats.format_named("Q4_K") is formats.Q4_K
     with pytest.raises(ConfigError, match="q5_k"):
