@@ -212,6 +212,12 @@ def packs_for_cpu(device: torch.device | str) -> bool:
     return torch.device(device).type == "cpu"
 
 
+def multiplies_quantized(device: torch.device | str) -> bool:
+    """Whether a model on `device` can hold quantized weights (`HybridModel.quantize`): their products
+    run on a CPU (the native kernels, else torch on the same values)."""
+    return torch.device(device).type == "cpu"
+
+
 def select(device: torch.device | str, dtype: torch.dtype, name: str | None = None, sharded: bool = False,
            compute: torch.dtype = torch.float32) -> Backend:
     """The backend for a model or cache on `device` computing in `dtype` under

@@ -28,6 +28,9 @@ from hybridspec.kernels.triton.mamba1_verify import mamba1_verify, mamba1_verify
 from hybridspec.kernels.triton.mamba2_verify import mamba2_verify, mamba2_verify_ref
 from hybridspec.kernels.cpu.replay import replay_native
 from hybridspec.kernels.cpu.panels import PanelWeight
+from hybridspec.kernels.cpu import quant as cpu_quant
+from hybridspec.kernels.quant import weight as quant_weight
+from hybridspec.kernels.quant.weight import QuantWeight
 from hybridspec.kernels.triton.paged_attention import SUPPORTED_DTYPES, paged_attention, paged_attention_cpu
 from hybridspec.kernels.triton.rejection import rejection, rejection_ref
 from hybridspec.kernels.rotary import NativeRotation, Rotation
@@ -60,18 +63,21 @@ def constant(value: float, dtype: torch.dtype, device) -> torch.Tensor:
 
 def torch_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """rows [M, in] @ weight [out, in]ᵀ by torch: on the cached transposed view (a weight stored in
-    16 bits, `pack_for_cpu`, widened exactly for it), or panel by panel (`panels.matmul`)."""
+    16 bits, `pack_for_cpu`, widened exactly for it), or panel by panel (`panels.matmul`); a
+    `QuantWeight` on the activations rounded as the quantized products round them (`quant_weight.matmul`)."""
     if isinstance(weight, PanelWeight):
         return panels.matmul(rows, weight)
+    if isinstance(weight, QuantWeight):
+        return quant_weight.matmul(rows, weight)
     weight_t = transposed(weight)
     return torch.mm(rows, weight_t if weight_t.dtype == rows.dtype else weight_t.to(rows.dtype))
 
 
 def transposed(weight: torch.Tensor) -> torch.Tensor:
     """weight.t(), a view made once per parameter and remade if its storage
-    changes (`model.to(device)` swaps it); a `PanelWeight` is its own [in, out]
-    operand (the products read its panels)."""
-    if isinstance(weight, PanelWeight):
+    changes (`model.to(device)` swaps it); a `PanelWeight` or `QuantWeight` is its own
+    operand (the products read its panels or blocks)."""
+    if isinstance(weight, (PanelWeight, QuantWeight)):
         return weight
     view = getattr(weight, "_hs_transposed", None)
     if view is None or view.data_ptr() != weight.data_ptr() or view.device != weight.device:
@@ -97,7 +103,8 @@ class Linear:
 
 
 class NativeLinear(Linear):
-    """The few-row C kernel (`cpu_rows`) where it takes the operands. The body
+    """The few-row C kernel (`cpu_rows`) where it takes the operands; a `QuantWeight`'s products
+    (`cpu_quant`) for one in GGUF blocks. The body
     repeats `Linear`'s rather than calling it: a linear runs about fifty times
     per layer-by-layer forward, and a second Python call each is host work on
     the decode path."""
@@ -107,7 +114,10 @@ class NativeLinear(Linear):
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x if x.dim() == 2 else (x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1]))
         weight_t = transposed(weight)
-        if cpu_rows.applies(rows, weight_t):
+        if isinstance(weight, QuantWeight):
+            out = cpu_quant.quant_matmul(rows, weight) if cpu_quant.applies(rows, weight) else \
+                quant_weight.matmul(rows, weight)
+        elif cpu_rows.applies(rows, weight_t):
             out = cpu_rows.rows_matmul(rows, weight_t)
         else:
             with cpu_native.torch_threads():  # MKL splits it well (a MoE's prefill)

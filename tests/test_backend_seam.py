@@ -60,6 +60,7 @@ NEUTRAL = {
     "hybridspec.kernels.huge_pages",  # state and K/V buffers on huge pages, any backend
     "hybridspec.kernels.slot_plan",  # which ring slots a forward reads and writes
     "hybridspec.kernels.cpu.panels",  # the weights' panel layout, packed and read by torch too
+    "hybridspec.kernels.quant",  # GGUF's block formats and the quantized weight type, with their torch forms
     "hybridspec.kernels.rotary.Rotation",  # the torch rotation (a type the attention names)
     "hybridspec.kernels.keyed_random",  # the keyed noise (torch form): one stream per purpose on every backend
     "hybridspec.kernels.reference",  # torch: verification modes, the all-greedy accept, a sequence's pages

@@ -106,6 +106,16 @@ def test_plain_decode_quick(benches, tmp_path):
         assert row["ratio"] == pytest.approx(row["engine_tok_s"] / row["hf_tok_s"])
 
 
+def test_quant_quick(benches, tmp_path):
+    """Every format decodes the embedded target; speculative equals plain on each."""
+    out = tmp_path / "quant.json"
+    assert bench_main("quant")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [r["format"] for r in payload["rows"]] == ["float32", "q8_0", "q4_0", "q4_k"]
+    assert payload["rows"][1]["weight_mb"] < payload["rows"][0]["weight_mb"] / 3
+    assert all(r["equal"] for r in payload["speculative"])
+
+
 def test_gdn_speed_quick(benches, tmp_path):
     """Plain decode against HF, the snapshot and log overheads, speculative with both GDN drafters."""
     out = tmp_path / "gdn.json"

@@ -13,6 +13,7 @@ from hybridspec.config import HybridConfig
 from hybridspec.errors import ConfigError, ModelFilesError, UnsupportedModelError
 from hybridspec.kernels import backend as backends
 from hybridspec.models.hybrid import HybridModel
+from hybridspec.models import quantizing
 from hybridspec.models.packing import HALF_DTYPES, storable_16bit
 from hybridspec.adapters.model_files import describe_files, read_config, read_weights
 from hybridspec.adapters.common import MTP_UNUSED, LoadReport, set_aside, unmatched  # noqa: F401 (LoadReport: HybridModel.load_report's type)
@@ -72,7 +73,8 @@ def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack: bool | None = None,
-         tensor_parallel_size: int = 1, compute: str | torch.dtype | None = None) -> HybridModel:
+         tensor_parallel_size: int = 1, compute: str | torch.dtype | None = None,
+         quantize: str | None = None) -> HybridModel:
     """Load a model directory: config.json + safetensors shards (with
     model.safetensors.index.json when sharded) or pytorch_model.bin, in HF
     layout or mamba_ssm's layout, from local files only.
@@ -89,7 +91,10 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     "bfloat16", the opt-in fast path on CPUs with AVX512-BF16 (a float32 model
     whose products round their activations to bfloat16: close to float32, not
     its bits; dtype None then means float32); a ConfigError before anything is
-    read where it cannot run.
+    read where it cannot run. quantize: "q8_0", "q4_0" or "q4_k" quantizes the
+    decoder layers' linear weights into that GGUF block format and the LM head into
+    Q8_0 (`HybridModel.quantize`; float32 on CPU, dtype None then means float32); a
+    ConfigError before anything is read for another value or a model it cannot take.
     Loading is strict: a missing or unreadable file, or weights that differ
     from what config.json implies, raise ModelFilesError (see
     `model_files`, `validate`); tensors the adapter knows to be present
@@ -97,6 +102,9 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     the model's `load_report`."""
     compute = HybridModel.compute_for(compute, device, dtype)
     if compute is torch.bfloat16 and dtype is None:
+        dtype = torch.float32
+    if quantize is not None:
+        quantizing.check(quantize, device, dtype, tensor_parallel_size != 1, compute)
         dtype = torch.float32
     path = Path(path)
     cfg = read_config(path)
@@ -126,6 +134,8 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
                    lambda w: _owned(_cast(w, dtype, pack)) if mapped else _cast(w, dtype, pack))
     del weights
     model.source_dir = path
+    if quantize is not None:  # before packing: the quantized weights are not packed again
+        model.quantize(quantize)
     if pack:
         model.pack_for_cpu()
     if compute is not torch.float32:

@@ -21,13 +21,15 @@ from hybridspec.kernels.cpu import panels
 
 from hybridspec.kernels.descriptors import LayerDesc, ModelDesc
 from hybridspec.kernels.cpu.panels import PanelWeight
+from hybridspec.kernels.quant import formats
+from hybridspec.kernels.quant.weight import QuantWeight
 
 from hybridspec.config import HybridConfig
 from hybridspec.errors import ConfigError
 
 from hybridspec.models.attention import Attention, rope_inv_freq
 from hybridspec.cache.forward_batch import ForwardBatch
-from hybridspec.models import packing
+from hybridspec.models import packing, quantizing
 from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
 from hybridspec.models.ffn import MLP, MoE
 from hybridspec.models.greedy_chain import GreedyChain
@@ -271,6 +273,16 @@ class HybridModel(Kernelled, nn.Module):
         packing.pack(self, exact_16bit)
         return self
 
+    def quantize(self, fmt: str) -> "HybridModel":
+        """Quantize the decoder layers' linear weights (and the LM head, in Q8_0) into the GGUF block
+        format `fmt` ("q8_0", "q4_0", "q4_k"; `models.quantizing` says which weights and why): the
+        native backend's products then multiply them with activations rounded to int8 blocks
+        (`kernels/cpu/quant.c`) in the native blocks, the whole forward and layer by layer alike;
+        torch's on the same values elsewhere. A ConfigError before anything changes for an unknown
+        format, a non-CPU or non-float32 model, or a shard. Not undone. Returns self."""
+        quantizing.quantize(self, formats.format_named(fmt))
+        return self
+
     def _apply(self, fn, recurse=True):
         """`nn.Module.to` and kin, then the backend of the new device and dtype: weights in panels
         are unpacked first (`fn` sees plain [out, in] tensors) and packed again where the new backend's
@@ -288,7 +300,7 @@ class HybridModel(Kernelled, nn.Module):
 
     def num_parameters(self) -> int:
         # by storage: a shared block's weights back one Parameter per occurrence
-        return sum(p.out_features * p.in_features if isinstance(p, PanelWeight) else p.numel()
+        return sum(p.out_features * p.in_features if isinstance(p, (PanelWeight, QuantWeight)) else p.numel()
                    for p in {(p.data_ptr(), p.shape): p for p in self.parameters()}.values())
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache, last_only: bool = False) -> torch.Tensor:

@@ -11,6 +11,7 @@ from torch import nn
 from hybridspec.kernels import huge_pages
 from hybridspec.kernels.cpu import panels
 from hybridspec.kernels.cpu.panels import PanelWeight
+from hybridspec.kernels.quant.weight import QuantWeight
 
 from hybridspec.models.common import param
 from hybridspec.models.ffn import MoE
@@ -51,6 +52,8 @@ def pack(model, exact_16bit: bool = True) -> None:
         return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
     def products(module, name: str, weight) -> bool:  # a linear weight, a MoE's router or stack of experts'
+        if isinstance(weight, QuantWeight):  # GGUF blocks: the quantized products read them as they lie
+            return False
         return ((name in LINEAR_WEIGHTS and (weight.dim() == 2 or isinstance(weight, PanelWeight)))
                 or (isinstance(module, MoE) and name in ("up", "down") and weight.dim() == 3)
                 or routes(module, name, weight))
@@ -60,7 +63,7 @@ def pack(model, exact_16bit: bool = True) -> None:
 
     elsewhere = {key(weight) for module in model.modules()  # weights some other parameter also is
                  for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
-                 if not products(module, name, weight) and name != "embed"}
+                 if not products(module, name, weight) and name != "embed" and not isinstance(weight, QuantWeight)}
     routers = {key(weight) for module in model.modules()  # bfloat16 compute keeps their products exact
                for name, weight in module.named_parameters(recurse=False, remove_duplicate=False)
                if routes(module, name, weight)}

@@ -47,6 +47,7 @@ from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.descriptors import AttentionDesc, LayerDesc, Mamba2Desc, MLPDesc
 from hybridspec.kernels.cpu.rows import MAX_ROWS
 from hybridspec.kernels.cpu.panels import PanelWeight, out_features
+from hybridspec.kernels.quant.weight import QuantWeight
 
 _LOCAL = threading.local()  # per thread: the C calls release the GIL, so threads must not share scratch
 
@@ -124,8 +125,9 @@ NO_BLOCKS = LayerBlocks(None, None)
 
 
 def _input_major(weight: torch.Tensor) -> bool:
-    """Whether weight [out, in] is a layout the products read: panels, or its contiguous [in, out] transpose."""
-    return isinstance(weight, PanelWeight) or weight.t().is_contiguous()
+    """Whether weight [out, in] is a layout the products read: panels, GGUF blocks, or its contiguous
+    [in, out] transpose."""
+    return isinstance(weight, (PanelWeight, QuantWeight)) or weight.t().is_contiguous()
 
 
 def _float32_cpu(*tensors: torch.Tensor) -> bool:
@@ -133,7 +135,7 @@ def _float32_cpu(*tensors: torch.Tensor) -> bool:
 
 
 def _products_take(*weights: torch.Tensor) -> bool:
-    """The blocks' product weights: input-major, float32 or its exact 16-bit copy, on the CPU."""
+    """The blocks' product weights: input-major, float32 or its exact 16-bit copy, or GGUF blocks, on the CPU."""
     return all(cpu_native.weight_dtype_ok(w) and _input_major(w) for w in weights)
 
 

@@ -30,7 +30,12 @@ int hs_set_pinning(int on); /* bind each helper to one CPU (1) or not (0, the de
 /* the weight lies in panels (cpu/panels.c, what `pack_for_cpu` stores), not input-major: with the type's bits */
 #define HS_PANELS 4
 #define PANEL 64 /* columns per panel (`panels.PANEL`) */
-#define HS_WEIGHT_TAGS 7 /* every bit an address carries */
+#define HS_WEIGHT_TAGS 7 /* every bit an address carries, but HS_QUANT's */
+/* a quantized weight (GGUF blocks, cpu/quant.c): the address of its header, int64 {format, the
+ * blocks' address}, 16-byte aligned; no other tag with it */
+#define HS_QUANT 8
+int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
+                    float *y);
 int hs_bf16_supported(void);
 void hs_round_pairs(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_t *xp);
 void hs_panel_columns(const float *x, int64_t ldx, const uint32_t *xp, const void *w, int type, int64_t M,

@@ -2,12 +2,15 @@
 AVX-512 vectors where the CPU has them, chosen at run time with the same
 bits, `cpu_rows.vector_path`) built on first use and called through ctypes.
 
-Eight kernels, each used by its own module where it applies, and whole blocks
+Nine kernels, each used by its own module where it applies, and whole blocks
 and a whole forward chaining them:
 - `cpu/rows.c` (`cpu/rows.py`): few-row float32 matrix products, for `linear`
   (weights float32 or their exact bfloat16 / float16 copies, `cpu/rows_weights.h`);
   `cpu/rows_bf16.c`: the same products in bfloat16 compute (AVX512-BF16), the
   opt-in fast path (`compute="bfloat16"`, not the float32 bits);
+- `cpu/quant.c` (`cpu/quant.py`): products of GGUF-block weights (Q8_0, Q4_0, Q4_K;
+  `quant.QuantWeight`) with activations rounded to int8 blocks, integer dot products (AVX2, or
+  AVX512-VNNI where present, `cpu_quant.vector_path`: the same bits), for any row count;
 - `cpu/mamba2.c` (`cpu/mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
 - `cpu/mamba1.c` (`cpu/mamba1.py`): the same for the Mamba-1 mixer;
@@ -59,14 +62,15 @@ import torch
 
 from hybridspec.errors import ConfigError
 from hybridspec.kernels.cpu.panels import PanelWeight
+from hybridspec.kernels.quant.weight import QuantWeight
 
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 PIN_ENV = "HYBRIDSPEC_PIN_THREADS"  # "1": each helper thread bound to a CPU of its own (`pin_threads`)
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "mamba2.c", "mamba1.c", "gdn.c", "conv.c",
-                             "norm.c", "pointwise.c", "rope.c", "blocks.c", "forward.c", "calls.c"))
+                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "quant.c", "mamba2.c", "mamba1.c", "gdn.c",
+                             "conv.c", "norm.c", "pointwise.c", "rope.c", "blocks.c", "forward.c", "calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
-                for name in ("simd.h", "kernels.h", "rows_weights.h"))
+                for name in ("simd.h", "kernels.h", "rows_weights.h", "quant_tiles.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu/rope.c) keep it under any compiler's default
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")
@@ -112,6 +116,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 SIGNATURES = {  # function: argument types (all return int: 0, or -1 for arguments it does not take)
     "hs_rows_matmul": [_ptr, _i64, _ptr, _i64, _i64, _i64, _ptr],
     "hs_rows_isa": [ctypes.c_int],
+    "hs_quant_matmul": [_ptr, _i64, _ptr, ctypes.c_int, _i64, _i64, _i64, _ptr],
+    "hs_quant_isa": [ctypes.c_int],
     "hs_bf16_supported": [],
     "hs_set_threads": [ctypes.c_int],
     "hs_set_pinning": [ctypes.c_int],
@@ -322,12 +328,16 @@ WEIGHT_TYPE_BITS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 def weight_dtype_ok(weight: torch.Tensor) -> bool:
     """Whether the products take this weight's storage: float32, or bfloat16 or
     float16 (an exact copy of a float32 weight, `HybridModel.pack_for_cpu`),
-    on the CPU, 8-byte aligned so that its address can carry the tags."""
+    on the CPU, 8-byte aligned so that its address can carry the tags; or a
+    `QuantWeight` on the CPU (its header's address carries HS_QUANT)."""
+    if isinstance(weight, QuantWeight):
+        return weight.is_cpu
     return weight.dtype in WEIGHT_TYPE_BITS and weight.is_cpu and weight.data_ptr() % 8 == 0
 
 
 BF16_COMPUTE_BITS = 3  # HS_BF16_COMPUTE: bfloat16 data multiplied in bfloat16 compute (cpu/rows_bf16.c)
 PANELS_BIT = 4  # HS_PANELS: the data lies in panels (`panels.PanelWeight`, cpu/panels.c)
+QUANT_BIT = 8  # HS_QUANT: the address of a quantized weight's header (`quant_header`, cpu/kernels.h)
 POINTWISE_FUNCTIONS = {"softplus": 0, "sigmoid": 1}  # HS_SOFTPLUS, HS_SIGMOID: hs_pointwise's (cpu/pointwise.c)
 
 
@@ -336,15 +346,32 @@ def weight_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -
     its type's bit (cpu/rows.c, "weight storage"); a bfloat16 weight under
     `compute` bfloat16 both bits (the opt-in fast products, cpu/rows_bf16.c);
     a `PanelWeight` the panels' bit too. `weight`: a PanelWeight, or the
-    input-major [in, out] view of any other."""
+    input-major [in, out] view of any other; a `QuantWeight` its header's
+    address with HS_QUANT (`quant_header`), whatever `compute`."""
+    if isinstance(weight, QuantWeight):
+        return quant_header(weight).data_ptr() | QUANT_BIT
     tags = BF16_COMPUTE_BITS if compute is torch.bfloat16 and weight.dtype is torch.bfloat16 else \
         WEIGHT_TYPE_BITS[weight.dtype]
     return weight.data_ptr() | tags | (PANELS_BIT if isinstance(weight, PanelWeight) else 0)
 
 
 def product_address(weight: torch.Tensor, compute: torch.dtype = torch.float32) -> int:
-    """`weight_address` of a product weight [out, in] as a layer holds it (panels, or input-major)."""
-    return weight_address(weight if isinstance(weight, PanelWeight) else weight.t(), compute)
+    """`weight_address` of a product weight [out, in] as a layer holds it (panels, blocks, or input-major)."""
+    return weight_address(weight if isinstance(weight, (PanelWeight, QuantWeight)) else weight.t(), compute)
+
+
+def quant_header(weight: QuantWeight) -> torch.Tensor:
+    """The header the C products read a quantized weight through: int64 [format code, the
+    blocks' address], made once per weight and remade if its storage moves (kept on the weight,
+    so it lives as long as the address a block or the whole forward holds)."""
+    header = getattr(weight, "_hs_header", None)
+    if header is None or int(header[1]) != weight.data_ptr():
+        header = torch.tensor([weight.fmt.code, weight.data_ptr()], dtype=torch.int64)
+        if header.data_ptr() % 16:  # torch's CPU allocations are 64-byte aligned; the tag needs 16
+            raise CpuKernelsUnavailable(f"a quantized weight's header at {header.data_ptr():#x} is not 16-byte "
+                                        "aligned")
+        weight._hs_header = header
+    return header
 
 
 def bf16_compute_supported() -> bool:

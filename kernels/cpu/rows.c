@@ -325,12 +325,29 @@ static int parts_for(int64_t widest, int64_t macs) {
     return macs >= PARALLEL_MIN_MACS ? parts : 1;
 }
 
+/* the products of `hs_rows_matmul_many` when one weight or more is quantized (HS_QUANT): one at a
+ * time, a quantized one by `hs_quant_matmul` (its header: cpu/kernels.h) */
+static int products_one_by_one(const float *x, int64_t ldx, int64_t M, int64_t K, int count,
+                               const float *const *w, const int64_t *N, float *const *y) {
+    for (int i = 0; i < count; ++i) {
+        const uintptr_t address = (uintptr_t)w[i];
+        const int64_t *header = (const int64_t *)(address & ~(uintptr_t)(HS_QUANT | HS_WEIGHT_TAGS));
+        const int status = address & HS_QUANT
+            ? hs_quant_matmul(x, ldx, (const uint8_t *)(uintptr_t)header[1], (int)header[0], M, K, N[i], y[i])
+            : hs_rows_matmul_many(x, ldx, M, K, 1, w + i, N + i, y + i);
+        if (status) return status;
+    }
+    return 0;
+}
+
 /* y_i[M, N_i] = x[M, K] @ w_i[K, N_i] for i < count (at most MAX_PRODUCTS), in one job over the
  * threads: each y_i has the bits `hs_rows_matmul` gives it. Returns 0, or -1 for sizes or
  * weights it does not take (checked before anything is computed). */
 int hs_rows_matmul_many(const float *x, int64_t ldx, int64_t M, int64_t K, int count, const float *const *w,
                         const int64_t *N, float *const *y) {
     if (count < 1 || count > MAX_PRODUCTS || M < 0 || K < 0 || (M > 1 && ldx < K)) return -1;
+    for (int i = 0; i < count; ++i)
+        if ((uintptr_t)w[i] & HS_QUANT) return products_one_by_one(x, ldx, M, K, count, w, N, y);
     if (isa512 < 0) hs_rows_isa(-1);
     products_job job = {count, {{0}}};
     int64_t widest = 0, macs = 0;

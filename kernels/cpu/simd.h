@@ -195,6 +195,40 @@ static inline v8 hsum8x8(const v8 *a) {
                          _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
+/* -- int8 dot products (the quantized products, cpu/quant.c) -----------------------------------
+ * 32 int8 or uint8 values in a v8i. A dot product leaves lane i the exact integer sum over bytes
+ * 4i … 4i + 3 whichever instructions compute it (AVX2's maddubs and madd, AVX512-VNNI's dpbusd
+ * on the same 8 lanes), so the float work that follows sees the same integers on every path. */
+#define TARGET_VNNI __attribute__((target("avx512f,avx512vl,avx512vnni")))
+
+/* 16 bytes of nibbles -> 32 values 0..15: the low nibbles (values 0-15), then the high ones (16-31) */
+SIMD_INLINE v8i u8x32_nibbles16(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+/* the low / high nibble of each of 32 bytes */
+SIMD_INLINE v8i u8x32_low_nibbles(v8i b) { return _mm256_and_si256(b, _mm256_set1_epi8(0x0F)); }
+SIMD_INLINE v8i u8x32_high_nibbles(v8i b) {
+    return _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0F));
+}
+SIMD_INLINE v8i i8x32_sub(v8i a, int8_t b) { return _mm256_sub_epi8(a, _mm256_set1_epi8(b)); }
+SIMD_INLINE v8i v8i_add(v8i a, v8i b) { return _mm256_add_epi32(a, b); }
+SIMD_INLINE v8i v8i_zero(void) { return _mm256_setzero_si256(); }
+SIMD_INLINE v8 v8i_to_float(v8i a) { return _mm256_cvtepi32_ps(a); }  /* exact below 2^24 */
+/* Σ a·b per lane, a and b int8 in [-127, 127] (a's sign moved onto b: maddubs takes unsigned × signed) */
+SIMD_INLINE v8i dot_s8_lanes(v8i a, v8i b) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+/* init + Σ u·s per lane, u uint8, s int8 (no saturation: dpbusd sums in 32 bits) */
+TARGET_VNNI SIMD_INLINE v8i dot_u8_lanes_vnni(v8i init, v8i u, v8i s) { return _mm256_dpbusd_epi32(init, u, s); }
+/* int8 values as uint8 ones 128 higher (x ^ 0x80) */
+SIMD_INLINE v8i i8x32_offset(v8i a) { return _mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)); }
+/* scale · Σ u·s per lane, u in 0..15, s int8, 0 <= scale < 64 (pairs fit int16; scale applied in madd) */
+SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
+}
+
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
 
 /* one 32-bit pair of bfloat16 values (bf16_pair) in every lane */

@@ -1,0 +1,127 @@
+"""Decode speed of quantized weights: float32 against Q8_0, Q4_0 and Q4_K (`hs.load(dir, quantize=...)`).
+
+Models: the embedded target (a 4M-parameter Bamba, byte vocabulary: per-token overheads weigh) and,
+unless --quick, a random 241M-parameter Mamba-2 / attention hybrid built in code (hidden 1024, 12
+layers, attention in layers 3 and 9, MLP 2816, vocabulary 32000; nothing downloaded), where a
+decode step reads its weights from memory. For each, plain greedy decoding of one prompt under
+each format, alternating call by call (`common.alternating_samples`): decode tok/s is
+(new tokens − 1) / (seconds of a call generating them − seconds of a call generating one), the
+prompt's prefill cancelling out; median and min–max over `--repeats` pairs. The embedded target
+also decodes speculatively with the embedded draft quantized alike (γ = 4), whose output the table
+checks equals plain decoding. One torch thread by default.
+
+    python benches/quant.py            # the measurement (minutes)
+    python benches/quant.py --quick    # the embedded target, a few tokens
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+
+from common import alternating_samples, bench_parser, describe_machine, print_table, set_threads, write_json
+
+FORMATS = ("float32", "q8_0", "q4_0", "q4_k")
+
+
+def mid_model():
+    """The random 241M-parameter hybrid (see the module), float32, packed as `hs.load` packs on CPU."""
+    from hybridspec.config import AttentionConfig, HybridConfig, Mamba2Config, MLPConfig
+    from hybridspec.rollback.models import random_model
+    layers = tuple("attention" if i in (3, 9) else "mamba2" for i in range(12))
+    config = HybridConfig(
+        vocab_size=32000, hidden_size=1024, layer_types=layers, ffn_types=("mlp",) * len(layers),
+        attention=AttentionConfig(num_heads=16, num_kv_heads=4, head_dim=64),
+        mamba2=Mamba2Config(num_heads=32, head_dim=64, d_state=128, chunk_size=64), mlp=MLPConfig(2816),
+        max_position_embeddings=4096, family="bench")
+    return random_model(config, 0, torch.float32)
+
+
+def models(quick: bool) -> dict:
+    """name -> {format: loader}: the embedded target, and the mid-size model unless quick."""
+    import hybridspec as hs
+    target, _ = hs.embedded_paths()
+    out = {"embedded": {f: (lambda f=f: hs.load(target, quantize=None if f == "float32" else f)) for f in FORMATS}}
+    if not quick:
+        def mid(fmt):
+            model = mid_model()
+            if fmt != "float32":
+                model.quantize(fmt)
+            return model.pack_for_cpu()
+        out["mid"] = {f: (lambda f=f: mid(f)) for f in FORMATS}
+    return out
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the model's parameters as stored (quantized blocks count their bytes)."""
+    return sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in model.parameters()}.values())
+
+
+def decode_rows(name: str, loaders: dict, prompt: list[int], new_tokens: int, repeats: int) -> list[dict]:
+    import hybridspec as hs
+    engines = {f: hs.Engine(load(), max_batch_size=1) for f, load in loaders.items()}
+    params = {n: hs.SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True) for n in (1, new_tokens)}
+    calls = {f"{f} {n}": (lambda e=e, n=n: e.generate([prompt], params[n])) for f, e in engines.items() for n in params}
+    samples = alternating_samples(calls, repeats)
+    rows = []
+    for fmt, engine in engines.items():
+        rates = [(new_tokens - 1) / (long - short)
+                 for long, short in zip(samples[f"{fmt} {new_tokens}"], samples[f"{fmt} 1"])]
+        rows.append(dict(model=name, format=fmt, weight_mb=weight_bytes(engine.target) / 2**20,
+                         decode_tok_s=statistics.median(rates), min_tok_s=min(rates), max_tok_s=max(rates)))
+    base = rows[0]["decode_tok_s"]
+    for row in rows:
+        row["vs_float32"] = row["decode_tok_s"] / base
+    return rows
+
+
+def speculative_rows(prompt: list[int], new_tokens: int, repeats: int) -> list[dict]:
+    """The embedded pair quantized alike: speculative (γ = 4) and plain decoding, tok/s and equality."""
+    import hybridspec as hs
+    target_dir, draft_dir = hs.embedded_paths()
+    params = hs.SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    rows = []
+    for fmt in FORMATS:
+        quantize = None if fmt == "float32" else fmt
+        target, draft = hs.load(target_dir, quantize=quantize), hs.load(draft_dir, quantize=quantize)
+        plain, spec = hs.Engine(target), hs.Engine(target, draft=draft, num_draft_tokens=4)
+        outputs = {}
+        samples = alternating_samples({k: (lambda k=k, e=e: outputs.__setitem__(k, e.generate([prompt], params)))
+                                       for k, e in (("plain", plain), ("spec", spec))}, repeats)
+        tok_s = {k: new_tokens / statistics.median(v) for k, v in samples.items()}
+        rows.append(dict(format=fmt, plain_tok_s=tok_s["plain"], spec_tok_s=tok_s["spec"],
+                         speedup=tok_s["spec"] / tok_s["plain"],
+                         acceptance=spec.stats.acceptance_rate,
+                         equal=outputs["plain"][0].token_ids == outputs["spec"][0].token_ids))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens per timed call (default 64)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed pairs per format (default 5)")
+    args = parser.parse_args(argv)
+    threads = set_threads(args.threads)
+    new_tokens = args.new_tokens or (4 if args.quick else 64)
+    repeats = args.repeats or (1 if args.quick else 5)
+    print(describe_machine(), flush=True)
+    prompt = list(b"The quick brown fox jumps over the lazy dog. def main():\n    return")
+    rows = []
+    for name, loaders in models(args.quick).items():
+        rows += decode_rows(name, loaders, prompt, new_tokens, repeats)
+    print_table(rows, [("model", "model"), ("format", "format"), ("weight_mb", "weights MiB"),
+                       ("decode_tok_s", "decode tok/s"), ("min_tok_s", "min"), ("max_tok_s", "max"),
+                       ("vs_float32", "vs float32")],
+                title=f"plain greedy decode, {new_tokens} new tokens, {threads} thread(s), median of {repeats}")
+    spec = speculative_rows(prompt, new_tokens, repeats)
+    print_table(spec, [("format", "format"), ("plain_tok_s", "plain tok/s"), ("spec_tok_s", "spec tok/s"),
+                       ("speedup", "spec/plain"), ("acceptance", "acceptance"), ("equal", "spec == plain")],
+                title="the embedded pair quantized alike, speculative (γ = 4) against plain")
+    write_json(args.out or "quant.json", dict(bench="quant", quick=args.quick, new_tokens=new_tokens,
+                                              repeats=repeats, threads=threads, rows=rows, speculative=spec))
+    return 0 if all(r["equal"] for r in spec) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

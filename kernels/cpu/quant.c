@@ -1,0 +1,163 @@
+/* Quantized matrix products on x86 CPUs (AVX2 + FMA; AVX512-VNNI's dot product where present):
+ * y[M, N] = x[M, K] @ Wᵀ, W [N, K] in GGUF's Q8_0, Q4_0 or Q4_K blocks (`kernels/quant/formats.py`),
+ * each row of W its blocks back to back, as a GGUF tensor lies. Built by `cpu/native.py`, used
+ * through `cpu/quant.py`.
+ *
+ * Activations, as llama.cpp multiplies them: each row of x is quantized once per call to int8 blocks
+ * with a float32 scale (`quantize_rows`; Q8_0 / Q4_0 weights: blocks of 32, Q4_K: blocks of 256 as
+ * ggml's Q8_K), and each block of the weight meets its block of x in an integer dot product,
+ * exact. Per output (row m, column n) the float work is one fixed chain: per weight block b in
+ * order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3 of the block) converted exactly to
+ * float and fused-multiply-added, times dw_b · dx_b rounded to float32, into 8 float32 lanes
+ * starting at zero (Q8_0 and Q4_0: two sets of lanes, the even blocks' and the odd blocks', added
+ * lane by lane at the end); then the lanes summed as `hsum8` sums them (Q4_K: minus a float chain
+ * of the mins' part). Nothing in the chain depends on the other rows of the call, the thread count or the
+ * tile that computed it (few rows one column at a time; many rows in tiles of several rows and
+ * columns), nor on the ISA (the integer sums are exact on both paths), so a row's bits are the
+ * same in any batch, at any thread count, on either path: tests/kernels/quant/test_products.py. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#define HS_Q8_0 0 /* the formats' codes (`formats.BlockFormat.code`) */
+#define HS_Q4_0 1
+#define HS_Q4_K 2
+#define FEW_ROWS 4     /* up to this many rows, one column at a time; more: tiles */
+#define TILE_ROWS 4    /* a tile: rows by columns, each block of the weight decoded once per tile and */
+#define TILE_COLS 2    /* each block of activations loaded once per tile */
+#define ACC_ROWS 4     /* the most rows and columns of any tile (few rows: up to FEW_ROWS by 1) */
+#define ACC_COLS 2
+#define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */
+#define PREFETCH_BLOCKS 8 /* how far ahead along a weight row the few-row stream prefetches */
+#define PARALLEL_MIN_BLOCKS (1 << 12) /* block products below which a call runs on its caller alone */
+
+typedef struct {
+    const uint8_t *w;   /* [N, row_bytes] */
+    const int8_t *xq;   /* [M, K], the rounded activations */
+    const float *xd;    /* [M, K / act_block], their scales */
+    const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (the Q4_K mins' part) */
+    const int32_t *xo;  /* [M, K / 32, 8]: −offset times the sums of xq's lanes (Q8_0: 128, Q4_0: 8) */
+    float *y;           /* [M, N] */
+    int64_t M, K, N, row_bytes;
+    int fmt;
+} quant_job;
+
+static inline uint16_t half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+/* Q4_K's 12 bytes -> the 8 scales and 8 mins (ggml's get_scale_min_k4) */
+static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
+    for (int i = 0; i < 4; ++i) {
+        sc[i] = q[i] & 63;
+        mn[i] = q[i + 4] & 63;
+        sc[i + 4] = (q[i + 8] & 0x0F) | ((q[i] >> 6) << 4);
+        mn[i + 4] = (q[i + 8] >> 4) | ((q[i + 4] >> 6) << 4);
+    }
+}
+
+/* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
+ * nibbles 0..15 by x, plus −8 · x's lane sums */
+#define QS(name) name##_avx2
+#define QTARGET
+#define QPREP_Q8(w) (w)
+#define QDOT_Q8(w, x, xo) dot_s8_lanes(w, x)
+#define QDOT_Q4(w, x, xo) v8i_add(dot_u4_scaled_lanes(w, x, 1), xo)
+#include "quant_tiles.h"
+#undef QS
+#undef QTARGET
+#undef QPREP_Q8
+#undef QDOT_Q8
+#undef QDOT_Q4
+/* AVX512-VNNI: dpbusd from −offset · x's lane sums, of Q8_0's values 128 higher (unsigned) or Q4_0's
+ * nibbles, by x: one instruction per block and row */
+#define QS(name) name##_vnni
+#define QTARGET TARGET_VNNI
+#define QPREP_Q8(w) i8x32_offset(w)
+#define QDOT_Q8(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
+#define QDOT_Q4(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
+#include "quant_tiles.h"
+
+static int vnni = -1; /* the dot product in use: 1 AVX512-VNNI, 0 AVX2, -1 not chosen yet */
+
+/* choice -1: report; 0: AVX2's dot product; 1: AVX512-VNNI's (where the CPU has it). Returns the
+ * path in use after the call (0 or 1), or -1 for a choice this CPU cannot take. The first use
+ * picks VNNI where there is one. */
+int hs_quant_isa(int choice) {
+    const int has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    if (choice == 0) vnni = 0;
+    else if (choice == 1 && has) vnni = 1;
+    else if (choice == 1) return -1;
+    else if (vnni < 0) vnni = has;
+    return vnni;
+}
+
+/* x [M, K] (rows ldx apart) -> q [M, K], d [M, K / block] (d = max|x| / 127, q = roundf(x · (1 / d)):
+ * `formats.quantize_rows_q8`), s [M, K / 32], the sums of each 32 of q, and o [M, K / 32, 8],
+ * −offset times the sums of each 4 of q */
+static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t block, int offset, int8_t *q,
+                          float *d, int32_t *s, int32_t *o) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < K / block; ++b) {
+            const float *xb = x + m * ldx + b * block;
+            float amax = 0.0f;
+            for (int64_t i = 0; i < block; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+            const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+            d[m * (K / block) + b] = db;
+            for (int64_t i = 0; i < block; ++i) q[m * K + b * block + i] = (int8_t)roundf(xb[i] * id);
+        }
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < K / 32; ++b) {
+            int32_t sum = 0;
+            for (int i = 0; i < 32; ++i) sum += q[m * K + b * 32 + i];
+            s[m * (K / 32) + b] = sum;
+            for (int lane = 0; lane < 8; ++lane) {
+                const int8_t *four = q + m * K + b * 32 + 4 * lane;
+                o[(m * (K / 32) + b) * 8 + lane] = -offset * (four[0] + four[1] + four[2] + four[3]);
+            }
+        }
+}
+
+/* part `part` of `parts`: its share of the columns, in chunks of 16 */
+static void quant_part(void *ctx, int part, int parts) {
+    const quant_job *j = ctx;
+    const int64_t chunks = (j->N + 15) / 16;
+    const int64_t c0 = chunks * part / parts * 16, c1 = part + 1 == parts ? j->N : chunks * (part + 1) / parts * 16;
+    if (c0 >= c1) return;
+    if (vnni == 1) columns_vnni(j, c0, c1);
+    else columns_avx2(j, c0, c1);
+}
+
+/* y[M, N] = x[M, K] @ w[N, K]ᵀ, w in format `fmt` (HS_Q8_0, HS_Q4_0, HS_Q4_K); K a multiple of the
+ * format's block. Returns 0, or -1 for arguments it does not take (checked before anything is
+ * computed) or no memory for the rounded activations. */
+int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
+                    float *y) {
+    const int64_t block = fmt == HS_Q4_K ? 256 : 32, bytes = fmt == HS_Q4_K ? 144 : fmt == HS_Q4_0 ? 18 : 34;
+    if (fmt < HS_Q8_0 || fmt > HS_Q4_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
+    if (M == 0 || N == 0) return 0;
+    if (vnni < 0) hs_quant_isa(-1);
+    int8_t *q = malloc((size_t)(M * K) + 64);
+    float *d = malloc((size_t)(M * (K / block)) * sizeof *d + 1);
+    int32_t *s = malloc((size_t)(M * (K / 32)) * sizeof *s + 1);
+    int32_t *o = malloc((size_t)(M * (K / 32) * 8) * sizeof *o + 1);
+    if (!q || !d || !s || !o) {
+        free(q), free(d), free(s), free(o);
+        return -1;
+    }
+    quantize_rows(x, ldx, M, K, block, fmt == HS_Q4_0 ? 8 : 128, q, d, s, o);
+    quant_job job = {w, q, d, s, o, y, M, K, N, K / block * bytes, fmt};
+    const int64_t work = M * N * (K / 32);
+    const int threads = hs_threads(), widest = (int)((N + 15) / 16);
+    const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;
+    if (!(parts > 1 && (work >= (1 << 22) ? hs_parallel_long : hs_parallel)(quant_part, &job, parts)))
+        quant_part(&job, 0, 1);
+    free(q), free(d), free(s), free(o);
+    return 0;
+}

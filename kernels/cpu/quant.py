@@ -1,0 +1,65 @@
+"""Quantized matrix products on CPU (`cpu/quant.c`): x [M, K] @ a `QuantWeight`'s transpose, for
+any row count (decode, verify, drafting and prefill), in C with the other native kernels.
+
+Activations are rounded per row to int8 blocks with a float32 scale (blocks of 32 for Q8_0 and
+Q4_0 weights, 256 for Q4_K: `formats.quantize_rows_q8`), as llama.cpp rounds them, and each block
+pair meets in an exact integer dot product; each output's float chain is fixed (cpu/quant.c), so a
+row's bits do not depend on the other rows, the thread count, the few-row or many-row path, or
+the ISA (AVX2 or AVX512-VNNI, `vector_path`). Against a float64 product of the same rounded
+activations and dequantized weights, an output is off by at most `error_bound` (float32 lanes
+summed over the blocks). `weight.matmul` is the torch form of the same values.
+
+Used by the native backend's `linear` (`ops.NativeLinear`) for a `QuantWeight` when the operands
+are float32 CPU tensors, x rows contiguous, no autograd and the kernels built.
+"""
+from __future__ import annotations
+
+import torch
+
+from hybridspec.kernels.cpu import native as cpu_native
+from hybridspec.kernels.quant.weight import QuantWeight
+
+VECTOR_PATHS = ("avx2", "avx512vnni")
+
+
+def vector_path(choice: str | None = None) -> str:
+    """The integer dot product in use: "avx512vnni" where the CPU has it (chosen on first use),
+    else "avx2"; `choice` sets it for the process (the same bits either way). ValueError for a
+    choice this CPU cannot take."""
+    if choice is not None and choice not in VECTOR_PATHS:
+        raise ValueError(f"vector_path({choice!r}): pick one of {VECTOR_PATHS}")
+    lib = cpu_native.library()
+    if not lib:
+        raise cpu_native.CpuKernelsUnavailable("the native CPU kernels cannot run here")
+    got = lib.hs_quant_isa(-1 if choice is None else VECTOR_PATHS.index(choice))
+    if got < 0:
+        raise ValueError(f"vector_path({choice!r}): this CPU has no AVX512-VNNI; {VECTOR_PATHS[0]!r} runs")
+    return VECTOR_PATHS[got]
+
+
+def applies(x: torch.Tensor, weight: QuantWeight) -> bool:
+    """Whether `quant_matmul(x, weight)` runs: x [M, K] float32 on the CPU (at least one row, rows
+    contiguous along K), no autograd, the kernels built."""
+    return (x.dim() == 2 and x.shape[0] > 0 and x.shape[1] == weight.in_features and x.stride(1) == 1
+            and (x.shape[0] == 1 or x.stride(0) >= x.shape[1])
+            and not (torch.is_grad_enabled() and x.requires_grad) and cpu_native.takes(x))
+
+
+def quant_matmul(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]ᵀ -> [M, N] float32 with the C kernel; the caller checked `applies`."""
+    M, K = x.shape
+    out = torch.empty(M, weight.out_features, dtype=torch.float32)
+    row_stride = x.stride(0) if M > 1 else K
+    if cpu_native.library().hs_quant_matmul(x.data_ptr(), row_stride, weight.data_ptr(), weight.fmt.code, M, K,
+                                            weight.out_features, out.data_ptr()) != 0:
+        raise ValueError(f"quant_matmul: not taken: x {tuple(x.shape)} stride {x.stride()}, {weight!r}")
+    return out
+
+
+def error_bound(x_rounded: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """A bound [M, N] on |kernel − float64 product| for rounded activations x_rounded [M, K] and
+    dequantized weights values [N, K]: the scale products dw · dx and the lane sums rounded to
+    float32 at most about K / 32 + 16 times per output, each within 2⁻²⁴ of Σ|terms|."""
+    K = x_rounded.shape[1]
+    magnitude = x_rounded.abs().double() @ values.abs().double().t()
+    return magnitude * (K / 32 + 16) * 2.0 ** -23

@@ -1,0 +1,136 @@
+/* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
+ * QS(name) (the ISA's name for a function), QTARGET (its target attribute), QPREP_Q8 (a Q8_0 block's
+ * 32 int8 as its dot product takes them), QDOT_Q8 and QDOT_Q4 (the 8 lane sums of a Q8_0 / Q4_0
+ * block's values times 32 int8 activations, given the activations' lane sums times −128 / −8: the
+ * exact integers on every ISA; cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns
+ * n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and C change
+ * no bits. */
+
+/* block b of a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: its 8 lanes' exact integer sums, scaled by
+ * dw · dx, into the accumulators of b's parity */
+QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const quant_job *j, int64_t m0, int R,
+                                                                      int64_t n0, int C, int q4, int64_t b,
+                                                                      v8 acc[ACC_ROWS][ACC_COLS][2], int parity) {
+    const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
+    v8i wq[TILE_COLS];
+    v8 dw[TILE_COLS];
+    for (int c = 0; c < C; ++c) {
+        const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
+        prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
+        dw[c] = v8_set1(f16_value(half_at(blk)));
+        wq[c] = q4 ? u8x32_nibbles16(blk + 2) : QPREP_Q8(v8i_load(blk + 2));
+    }
+    for (int r = 0; r < R; ++r) {
+        const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32);
+        const v8i xo = v8i_load(j->xo + ((m0 + r) * nb + b) * 8);
+        const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
+        for (int c = 0; c < C; ++c) {
+            const v8i lanes = q4 ? QDOT_Q4(wq[c], xv, xo) : QDOT_Q8(wq[c], xv, xo);
+            acc[r][c][parity] = v8_fmadd(v8_mul(dw[c], dx), v8i_to_float(lanes), acc[r][c][parity]);
+        }
+    }
+}
+
+/* a Q8_0 or Q4_0 tile: two float chains of 8 lanes per output, the even blocks' and the odd
+ * blocks' (two multiply-adds in flight: one row's chain is otherwise bound by their latency),
+ * added lane by lane at the end and summed as hsum8 sums */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quant_job *j, int64_t m0, int R,
+                                                                     int64_t n0, int C, int q4) {
+    const int64_t nb = j->K / 32;
+    v8 acc[ACC_ROWS][ACC_COLS][2];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = v8_zero();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
+        QS(block_32)(j, m0, R, n0, C, q4, b + 1, acc, 1);
+    }
+    if (b < nb) QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(acc[r][c][0], acc[r][c][1]));
+}
+
+/* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
+ * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
+ * float chain of its own, subtracted at the end */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
+                                                                    int64_t n0, int C) {
+    const int64_t nb = j->K / 256;
+    v8 acc[ACC_ROWS][ACC_COLS];
+    float mins[ACC_ROWS][ACC_COLS];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero(), mins[r][c] = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+        v8i wq[TILE_COLS][8];
+        int sc[TILE_COLS][8], mn[TILE_COLS][8];
+        float d[TILE_COLS], dmin[TILE_COLS];
+        for (int c = 0; c < C; ++c) {
+            const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 144;
+            prefetch_l1(blk + 144);
+            prefetch_l1(blk + 208);
+            d[c] = f16_value(half_at(blk));
+            dmin[c] = f16_value(half_at(blk + 2));
+            k_scales(blk + 4, sc[c], mn[c]);
+            for (int chunk = 0; chunk < 4; ++chunk) {
+                const v8i raw = v8i_load(blk + 16 + 32 * chunk);
+                wq[c][2 * chunk] = u8x32_low_nibbles(raw);
+                wq[c][2 * chunk + 1] = u8x32_high_nibbles(raw);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
+            const int32_t *xs = j->xs + (m0 + r) * (j->K / 32) + b * 8;
+            const float dx = j->xd[(m0 + r) * nb + b];
+            for (int c = 0; c < C; ++c) {
+                v8i isum = v8i_zero();
+                int32_t msum = 0;
+                for (int s = 0; s < 8; ++s) {
+                    isum = v8i_add(isum, dot_u4_scaled_lanes(wq[c][s], v8i_load(xb + 32 * s), sc[c][s]));
+                    msum += mn[c][s] * xs[s];
+                }
+                acc[r][c] = v8_fmadd(v8_set1(d[c] * dx), v8i_to_float(isum), acc[r][c]);
+                mins[r][c] = fmaf(dmin[c] * dx, (float)msum, mins[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - mins[r][c];
+}
+
+/* one tile of the format, R and C constants where it is inlined */
+QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_job *j, int64_t m0, int R,
+                                                                  int64_t n0, int C) {
+    if (j->fmt == HS_Q4_K) QS(tile_k)(j, m0, R, n0, C);
+    else QS(tile_32)(j, m0, R, n0, C, j->fmt == HS_Q4_0);
+}
+
+/* one tile of R rows by C columns, R and C made constants: the few-row path's (R <= FEW_ROWS, C = 1)
+ * and the tiles' (R <= TILE_ROWS, C <= TILE_COLS) */
+QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
+#define QCASE(r, c) case (r) * 8 + (c): QS(tile)(j, m0, r, n0, c); break;
+    switch (R * 8 + C) {
+        QCASE(1, 1) QCASE(2, 1) QCASE(3, 1) QCASE(4, 1) QCASE(1, 2) QCASE(2, 2) QCASE(3, 2) QCASE(4, 2)
+        default: break;
+    }
+#undef QCASE
+}
+
+/* columns c0 … c1 − 1 of the product: up to FEW_ROWS rows one column at a time (the weight streamed
+ * once, each block decoded once for all rows); more rows in tiles of TILE_COLS columns by balanced
+ * groups of at most TILE_ROWS rows, over chunks of ROW_CHUNK rows (the chunk's activations stay in
+ * cache while the columns pass) */
+QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
+    const int64_t M = j->M;
+    const int cols = M <= FEW_ROWS ? 1 : TILE_COLS;
+    for (int64_t r0 = 0; r0 < M; r0 += ROW_CHUNK) {
+        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M, groups = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
+        for (int64_t n = c0; n < c1;) {
+            const int C = n + cols <= c1 ? cols : 1;
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+                QS(tile_sized)(j, m0, (int)(m1 - m0), n, C);
+            }
+            n += C;
+        }
+    }
+}

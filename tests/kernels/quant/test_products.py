@@ -1,0 +1,86 @@
+"""The quantized products (`kernels/cpu/quant.c`) against a float64 product of the same rounded
+activations and dequantized weights, within `cpu_quant.error_bound`; and their promise: a row's
+bits do not depend on the batch, the few-row or many-row path, the thread count, the ISA, or x's
+row stride."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridspec.kernels.cpu import quant as cpu_quant
+from hybridspec.kernels.quant import weight as quant_weight
+from hybridspec.kernels.quant.weight import QuantWeight
+from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+
+pytestmark = x86_with_compiler
+FORMATS = ("q8_0", "q4_0", "q4_k")
+# few rows (1-4: one column at a time), tiles (5 and up), more than a chunk of 64 rows
+ROWS = (1, 2, 4, 5, 7, 13, 70)
+
+
+def operands(fmt: str, N: int = 37, K: int = 512, M: int = max(ROWS), seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = QuantWeight.quantize(torch.randn(N, K, generator=g) * 0.05, fmt)
+    x = torch.randn(M, K, generator=g)
+    x[0, :32] = 0  # a block of zeros: scale 0
+    return x, w
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_products_are_the_float64_product_of_the_same_values_within_the_bound(fmt):
+    x, w = operands(fmt)
+    for M in ROWS:
+        got = cpu_quant.quant_matmul(x[:M], w).double()
+        rounded = quant_weight.rounded_activations(x[:M], w.fmt, torch.float64)
+        want = rounded @ w.dequantize().double().t()
+        assert ((got - want).abs() <= cpu_quant.error_bound(rounded, w.dequantize())).all(), M
+    # and the torch form (`weight.matmul`) multiplies the same values
+    assert torch.allclose(quant_weight.matmul(x, w), cpu_quant.quant_matmul(x, w), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rows_bits_do_not_depend_on_the_batch_or_the_path(fmt):
+    x, w = operands(fmt, N=41, seed=1)
+    alone = torch.cat([cpu_quant.quant_matmul(x[m:m + 1], w) for m in range(x.shape[0])])
+    for M in ROWS:
+        assert torch.equal(cpu_quant.quant_matmul(x[:M], w), alone[:M]), M
+    assert torch.equal(cpu_quant.quant_matmul(x[3:9], w), alone[3:9])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rows_bits_do_not_depend_on_the_thread_count(fmt):
+    x, w = operands(fmt, N=300, K=1024, seed=2)
+    one = {M: cpu_quant.quant_matmul(x[:M], w) for M in ROWS}
+    for count in (2, 3):
+        for M in ROWS:
+            assert torch.equal(with_threads(count, lambda: cpu_quant.quant_matmul(x[:M], w)), one[M]), (count, M)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_both_dot_products_give_the_same_bits(fmt):
+    first = cpu_quant.vector_path()
+    try:
+        cpu_quant.vector_path("avx512vnni")
+    except ValueError:
+        pytest.skip("this CPU has no AVX512-VNNI: one path only")
+    x, w = operands(fmt, seed=3)
+    try:
+        got = {path: cpu_quant.quant_matmul(x, w) for path in cpu_quant.VECTOR_PATHS if cpu_quant.vector_path(path)}
+    finally:
+        cpu_quant.vector_path(first)
+    assert torch.equal(got["avx2"], got["avx512vnni"])
+
+
+def test_rows_of_a_wider_tensor_are_taken_where_they_lie():
+    x, w = operands("q8_0", seed=4)
+    wide = torch.zeros(x.shape[0], x.shape[1] + 64)
+    wide[:, 16:16 + x.shape[1]] = x
+    view = wide[:, 16:16 + x.shape[1]]
+    assert cpu_quant.applies(view, w)
+    assert torch.equal(cpu_quant.quant_matmul(view, w), cpu_quant.quant_matmul(x, w))
+
+
+def test_raw_blocks_wrap_as_a_weight_without_requantizing():
+    _, w = operands("q4_k", seed=5)
+    again = QuantWeight.from_blocks(w.detach().reshape(-1), "q4_k", w.out_features, w.in_features)
+    assert torch.equal(again.detach(), w.detach()) and torch.equal(again.dequantize(), w.dequantize())
