@@ -12,7 +12,7 @@ itself again (`HybridModel.bind_backend`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -178,3 +178,15 @@ class ModelDesc:
     def mamba2_layers(self) -> list[tuple[int, Mamba2Desc]]:
         """(layer index, mixer) of each Mamba-2 mixer, in layer order."""
         return [(i, layer.mixer) for i, layer in enumerate(self.layers) if isinstance(layer.mixer, Mamba2Desc)]
+
+
+class MTPInput(NamedTuple):
+    """An MTP layer's input stage (`models/mtp.py`) before the layers of a whole forward:
+    fc([norm_e(embedding) ; norm_h(hidden)]). `hidden` [batch, T, hidden] float32 contiguous
+    beside the inputs; `normed_out` [batch, hidden] receives the final-normed rows (o)."""
+    fc: torch.Tensor  # a PanelWeight [hidden, 2 · hidden]
+    norm_e: torch.Tensor  # [hidden]
+    norm_h: torch.Tensor  # [hidden]
+    eps: float
+    hidden: torch.Tensor
+    normed_out: torch.Tensor

@@ -26,9 +26,8 @@ from hybridspec.config import HybridConfig
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import backend as backends
 from hybridspec.kernels.cpu import panels
-from hybridspec.kernels.cpu.forward import MTPInput
 from hybridspec.kernels.cpu.panels import PanelWeight
-from hybridspec.kernels.descriptors import ModelDesc
+from hybridspec.kernels.descriptors import ModelDesc, MTPInput
 from hybridspec.models.attention import rope_inv_freq
 from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
 from hybridspec.models.hybrid import DecoderLayer, HybridModel

@@ -36,7 +36,7 @@ import torch
 
 from hybridspec.kernels.cpu import blocks as cpu_blocks
 from hybridspec.kernels.cpu import native as cpu_native
-from hybridspec.kernels.descriptors import ModelDesc
+from hybridspec.kernels.descriptors import ModelDesc, MTPInput
 from hybridspec.kernels.cpu.panels import PanelWeight, out_features
 
 _f32_p, _i64_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
@@ -228,18 +228,6 @@ class NoWholeForward:
 
     def __call__(self, token_lists, batch, cache, last_only, mtp=None) -> None:
         return None
-
-
-class MTPInput(NamedTuple):
-    """An MTP layer's input stage (`models/mtp.py`) before the layers of a whole forward:
-    fc([norm_e(embedding) ; norm_h(hidden)]). `hidden` [batch, T, hidden] float32 contiguous
-    beside the inputs; `normed_out` [batch, hidden] receives the final-normed rows (o)."""
-    fc: torch.Tensor  # a PanelWeight [hidden, 2 · hidden]
-    norm_e: torch.Tensor  # [hidden]
-    norm_h: torch.Tensor  # [hidden]
-    eps: float
-    hidden: torch.Tensor
-    normed_out: torch.Tensor
 
 
 NO_WHOLE_FORWARD = NoWholeForward()
