@@ -178,8 +178,13 @@ def json_escape(char: str) -> str:
     return json.dumps(char)[1:-1]
 
 
+def grammar_of(request) -> GrammarState | None:
+    """A request's matcher; None without one (or for a request-like object that carries none)."""
+    return getattr(request, "grammar", None)
+
+
 def has_grammar(requests) -> bool:
-    return any(getattr(r, "grammar", None) is not None for r in requests)
+    return any(grammar_of(r) is not None for r in requests)
 
 
 def mask_logits(logits: torch.Tensor, requests) -> torch.Tensor:
@@ -189,7 +194,7 @@ def mask_logits(logits: torch.Tensor, requests) -> torch.Tensor:
         return logits
     allowed = torch.ones(logits.shape, dtype=torch.bool)  # [batch, vocab]
     for b, r in enumerate(requests):
-        if r.grammar is not None and (row := r.grammar.allowed()) is not None:
+        if grammar_of(r) is not None and (row := r.grammar.allowed()) is not None:
             allowed[b] = row
     return logits.masked_fill(~allowed.to(logits.device), -math.inf)
 
@@ -202,10 +207,10 @@ def verify_masks(requests, drafts: list[list[int]], num_inputs: int) -> torch.Te
     no request has a grammar. Every matcher ends as it began."""
     if not has_grammar(requests):
         return None
-    vocab = next(r.grammar.vocab_size for r in requests if r.grammar is not None)
+    vocab = next(grammar_of(r).vocab_size for r in requests if grammar_of(r) is not None)
     allowed = torch.ones(len(requests), num_inputs, vocab, dtype=torch.bool)  # [batch, T, vocab]
     for b, (r, d) in enumerate(zip(requests, drafts)):
-        if r.grammar is None:
+        if grammar_of(r) is None:
             continue
         taken = 0
         try:
@@ -228,7 +233,7 @@ class DraftWalk:
     is. `close` rolls every matcher back to the committed tokens."""
 
     def __init__(self, requests):
-        self.grammars = [r.grammar for r in requests]  # [live] the rows still drafting
+        self.grammars = [grammar_of(r) for r in requests]  # [live] the rows still drafting
         self.taken = {id(g): 0 for g in self.grammars if g is not None}
         self.off = set()  # ids of matchers past a refused token or the grammar's end: masks no more
         self.active = bool(self.taken)
@@ -264,5 +269,5 @@ class DraftWalk:
 
     def close(self, requests) -> None:
         for r in requests:
-            if r.grammar is not None and id(r.grammar) in self.taken:
+            if grammar_of(r) is not None and id(r.grammar) in self.taken:
                 r.grammar.rollback(self.taken.pop(id(r.grammar)))
