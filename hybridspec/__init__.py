@@ -32,6 +32,7 @@ _HOMES = {
     "Proposal": "hybridspec.spec.drafters",
     "SamplingParams": "hybridspec.sampling.sampler",
     "StatelessDrafter": "hybridspec.spec.drafters",
+    "StructuredOutput": "hybridspec.sampling.structured",
     "SuffixDrafter": "hybridspec.spec.drafters",
     "TokenLogprob": "hybridspec.sampling.logprobs",
     "derived_seed": "hybridspec.sampling.sampler",

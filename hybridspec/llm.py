@@ -133,6 +133,8 @@ class LLM:
                                                          | set(model_eos_ids(model, self.target))))
         if config.decode is None:
             config = config.replace(decode=self.codec.decode)
+        if config.tokenizer is None and getattr(self.codec, "tokenizer", None) is not None:
+            config = config.replace(tokenizer=self.codec.tokenizer)  # structured output's token bytes
         self.engine = Engine(self.target, draft=as_draft(draft, dtype, device), config=config)
 
     @property

@@ -10,7 +10,8 @@ EXTRAS = {  # top-level module -> the extra that installs it ([dev] holds every 
     "transformers": "hf", "tokenizers": "hf",
     "matplotlib": "plot",
     "fastapi": "serve", "uvicorn": "serve", "pydantic": "serve", "prometheus_client": "serve", "starlette": "serve",
-    "scipy": "dev", "hypothesis": "dev", "openai": "dev", "httpx": "dev",
+    "gguf": "gguf", "xgrammar": "structured",
+    "scipy": "dev", "hypothesis": "dev", "openai": "dev", "httpx": "dev", "jsonschema": "dev",
 }
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout an editable install runs from

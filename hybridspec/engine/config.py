@@ -64,6 +64,7 @@ class EngineConfig:
     state_dtype: torch.dtype | None = None
     eos_token_ids: Iterable[int] | None = None
     decode: Decode | None = None
+    tokenizer: object | None = None
     prefix_cache: bool | PrefixCache | None = None
     cuda_graphs: bool | None = None
     tensor_parallel_size: int | None = None

@@ -32,6 +32,7 @@ from hybridspec.sampling.logprobs import TokenLogprob, prompt_logprobs
 from hybridspec.cache.memory import EngineMemory, cache_memory
 from hybridspec.models.graphs import ForwardGraphs, graphed
 from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.grammar import GrammarCompiler, GrammarState
 from hybridspec.sampling.next_token import sample_next
 from hybridspec.engine.config import EngineConfig, engine_config
 from hybridspec.engine.prompt_logits import prefill_logits
@@ -104,6 +105,7 @@ class Request:
     stops: StopRule
     on_emit: Callable[[list[int]], None] | None = None  # called with the tokens each emit keeps
     request_id: int = -1  # the `add_request` id; the n samples of one prompt share it
+    grammar: GrammarState | None = None  # with `params.structured`: its matcher, holding the output tokens
 
     @property
     def committed_len(self) -> int:
@@ -116,8 +118,12 @@ class Request:
     def cut(self, tokens: list[int]) -> Cut:
         """What emitting `tokens` (Python ints) would do: how many it keeps (up to and including
         the token that ends the request: stop token, EOS, stop string,
-        max_new_tokens) and whether, and why, the request ends."""
-        return self.stops.cut(self.output.token_ids, tokens)
+        max_new_tokens, the grammar's end) and whether, and why, the request ends."""
+        cut = self.stops.cut(self.output.token_ids, tokens)
+        if self.grammar is None:
+            return cut
+        end = self.grammar.end_in(tokens[:cut.kept])
+        return cut if end is None or (end == cut.kept and cut.finished) else Cut(end, "stop")
 
     def emit(self, result: RowResult) -> None:
         """Append what a round or a plain step gave this request (its tokens
@@ -126,6 +132,8 @@ class Request:
         if self.finished:
             return
         tokens = result.tokens
+        if self.grammar is not None and not result.cut.finished:
+            self.grammar.advance(tokens)
         self.output.token_ids.extend(tokens)
         if result.logprobs is not None:
             self.output.logprobs = (self.output.logprobs or []) + result.logprobs
@@ -213,6 +221,10 @@ class Engine:
         (default None: the target config's `eos_token_id`, if any).
     decode: token ids -> text, needed by requests with `stop` strings (default
         None; `hs.LLM` passes its tokenizer's).
+    tokenizer: the target's HF tokenizer, which structured output
+        (`SamplingParams(structured=...)`) reads to map token ids to bytes
+        (default None: token id = byte value, for a 256-token byte-level
+        model; `hs.LLM` passes its tokenizer).
     prefix_cache: reuse cached prefixes across requests and `generate` calls
         (attention K/V pages shared, recurrent state from the nearest saved
         state, the tail replayed; `hybridspec.cache.prefix_cache`): True
@@ -502,6 +514,9 @@ class Engine:
                                       "with decode=tokenizer.decode (or pass stop_token_ids instead)")
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             self.scheduler.check_fits(len(prompt), p.max_new_tokens, f"prompt {i}")
+        for p in params:
+            if p.structured is not None:
+                self.grammars.compile(p.structured)
         ids, requests, output_index = [], [], 0
         for prompt, p in zip(prompts, params):
             request_id = self._next_request_id
@@ -514,14 +529,21 @@ class Engine:
                 on_emit = None if stream is None else (lambda tokens, i=output_index: stream(i, tokens))
                 output_index += 1
                 output = Output(list(prompt), logprobs=None if p.logprobs is None else [], sample_index=sample_index)
+                grammar = None if p.structured is None else self.grammars.state(p.structured)
                 request = Request(self._next_seq_id, p, derived_seed(seed, sample_index), output, stops, on_emit,
-                                  request_id=request_id)
+                                  request_id=request_id, grammar=grammar)
                 self._next_seq_id += 1
                 requests.append(request)
         for r in requests:
             self._requests[r.seq_id] = r
         self.scheduler.add(requests)
         return ids
+
+    @functools.cached_property
+    def grammars(self) -> GrammarCompiler:
+        """The compiler of structured requests' grammars over the target's
+        vocabulary (built at the first one: ConfigError without the grammar engine)."""
+        return GrammarCompiler(self.target.vocab_size, self.config.tokenizer, tuple(sorted(self.eos_token_ids)))
 
     def _round_tokens(self, request: Request) -> int:
         """Positions the next round of `request` writes at most (verify inputs: γ_max + 1)."""

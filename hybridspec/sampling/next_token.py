@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridspec.sampling.grammar import mask_logits
 from hybridspec.sampling.logprobs import TokenLogprob, batch_logprobs
 from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, argmax_suffices, process_logits, sample
@@ -18,7 +19,9 @@ def sample_next(logits: torch.Tensor, rows: RowParams, requests) -> tuple[list[i
     length) -> (one token per row, per row its `TokenLogprob` list or None where
     the request asks for none). The argmax alone where it suffices
     (`argmax_suffices`); else the processed distribution, penalties from each
-    request's committed tokens, sampled with the request's keyed noise."""
+    request's committed tokens, sampled with the request's keyed noise.
+    Grammar rows' logits are masked first (`hybridspec.sampling.grammar`)."""
+    logits = mask_logits(logits, requests)
     if argmax_suffices(rows, requests):
         return logits.argmax(dim=-1).tolist(), [None] * len(requests)
     positions = torch.tensor([r.committed_len for r in requests], device=logits.device)  # [batch]

@@ -25,6 +25,7 @@ from hybridspec.kernels.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
 
 from hybridspec.deprecated import renamed_fields
 from hybridspec.errors import InvalidRequestError
+from hybridspec.sampling.structured import StructuredOutput
 from hybridspec.validation import integer, real, token_id
 
 if TYPE_CHECKING:
@@ -79,6 +80,12 @@ class SamplingParams:
         (default 0.0; vLLM's and OpenAI's `presence_penalty`).
     frequency_penalty: subtracted from a token's logit once per time it was
         generated so far (default 0.0).
+    structured: a `StructuredOutput` the output must match (a JSON object or
+        schema, a regex, one of a list of strings, an EBNF grammar), or None
+        (default). Needs the grammar engine (`pip install 'hybridspec[structured]'`).
+        The grammar masks the target's logits (−inf outside the allowed tokens)
+        before the penalties, temperature and filters, and the drafter's alike;
+        the request ends where the grammar ends (`hybridspec.sampling.grammar`).
     save_states_at: prompt positions (token counts, 1..len(prompt)) where the
         prefix cache (`Engine(prefix_cache=...)`) saves the recurrent state, e.g.
         where a shared system prompt or document ends (default: none).
@@ -103,6 +110,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     save_states_at: tuple[int, ...] = ()
+    structured: StructuredOutput | None = None
 
     def __post_init__(self):
         checked = dict(
@@ -128,6 +136,10 @@ class SamplingParams:
             save_states_at=_save_states_at(self.save_states_at))
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise InvalidRequestError(f"structured={self.structured!r} is not a StructuredOutput; build one with "
+                                      "hs.StructuredOutput.json_schema(schema) (or .json_object(), .regex(pattern), "
+                                      ".choice(strings), .grammar(ebnf)) or pass None")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos={self.ignore_eos!r} must be True or False")
         if not math.isfinite(self.temperature) or self.temperature < 0:

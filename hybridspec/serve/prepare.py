@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from hybridspec.errors import HybridSpecError
 from hybridspec.sampling.sampler import SamplingParams
+from hybridspec.serve.structured import structured_output
 from hybridspec.serve.protocol import (ApiError, ChatMessage, ChatRequest, CompletionRequest, TokenizeRequest,
                                        request_field, sampling_params)
 
@@ -77,7 +78,7 @@ def completion(server, raw: bytes) -> Prepared:
     """A /v1/completions body: each prompt's tokens, every one within the context."""
     body = parse(raw, CompletionRequest, context=server.max_model_len)
     server.check_model(body.model)
-    params = sampling_params(body, max_n=server.max_n)
+    params = constrained(server, body, sampling_params(body, max_n=server.max_n))
     prompts = [within_context(server, p, f"prompt {i}", body, params) if isinstance(p, str)
                else checked(server, list(p), f"prompt {i}", body, params, "prompt")
                for i, p in enumerate(body.prompts())]
@@ -92,11 +93,18 @@ def chat(server, raw: bytes) -> Prepared:
     text = chat_text(server, body.messages)
     floor = server.codec.min_tokens(text)
     params = sampling_params(body, default_max_tokens=max(1, server.max_model_len - floor), max_n=server.max_n)
+    params = constrained(server, body, params)
     check_length(server, floor, "the messages", body, params, "messages", at_least=True)
     prompt = server.codec.encode(text, add_special_tokens=False)
     if not sets_max_tokens(body):
         params = dataclasses.replace(params, max_new_tokens=max(1, server.max_model_len - len(prompt)))
     return Prepared(body, [checked(server, prompt, "the messages", body, params, "messages")], params, "messages")
+
+
+def constrained(server, body, params: SamplingParams) -> SamplingParams:
+    """`params` with the body's structured output, checked to compile (`hybridspec.serve.structured`)."""
+    structured = structured_output(body, lambda s: server.llm.engine.grammars.compile(s))
+    return params if structured is None else dataclasses.replace(params, structured=structured)
 
 
 def tokenize(server, raw: bytes) -> list[int]:

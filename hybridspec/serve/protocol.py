@@ -29,7 +29,7 @@ RETRY_AFTER_S = 1  # what a 503 tells a client to wait before it retries
 # OpenAI fields the runtime cannot honour: refused (never silently dropped) unless they hold a value
 # that asks for nothing (what clients send by default)
 UNSUPPORTED = {"logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-               "function_call": (None, "none"), "response_format": (None, {"type": "text"}), "suffix": (None, ""),
+               "function_call": (None, "none"), "suffix": (None, ""),
                "best_of": (None, 1), "parallel_tool_calls": (None, True, False),
                "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
                "web_search_options": (None,)}
@@ -76,6 +76,12 @@ class _Common(BaseModel):
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
+    # structured output (`hybridspec.serve.structured`): OpenAI's, then vLLM's extensions
+    response_format: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def checked_extras(self) -> None:
         """ApiError for a field the runtime cannot honour; a warning for unknown ones."""

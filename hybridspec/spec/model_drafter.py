@@ -19,6 +19,7 @@ from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.prefix_cache import PrefixCache, PrefixStore
 from hybridspec.errors import InvariantError
 from hybridspec.models.hybrid import HybridModel
+from hybridspec.sampling.grammar import DraftWalk, has_grammar
 from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, process_logits, sample
 from hybridspec.spec.protocol import Proposal
@@ -86,7 +87,8 @@ class ModelDrafter:
         backlog = self._absorb_backlog(ids_active, committed)  # (seconds, tokens) for the Proposal
         catch_up = [c[self.cache.computed_len[s]:] for s, c in zip(ids_active, committed)]
         greedy = (rows.flags.all_greedy and not rows.flags.any_filter and G > 1
-                  and not any(r.params.has_penalties for r in drafting) and self.model.greedy_chain is not None)
+                  and not any(r.params.has_penalties for r in drafting) and not has_grammar(drafting)
+                  and self.model.greedy_chain is not None)
         if greedy:  # argmax drafts, in few native calls where the chain runs
             drafts, logits = self._greedy_drafts(ids_active, catch_up, limits, keep_logits=not every_row_greedy)
             return self._greedy_proposal(ids, active, drafts, logits, backlog)
@@ -94,34 +96,48 @@ class ModelDrafter:
         self._record(ids_active)
         purpose = torch.tensor([PURPOSE_SAMPLE if coupled[b] else PURPOSE_DRAFT for b in active],
                                device=logits.device)  # [active]
+        walk = DraftWalk(drafting)  # q_{i+1} masked by the grammar after d_1..d_i, as p_{i+1}
+        try:
+            drafts, probs = self._sampled_drafts(ids_active, committed, limits, logits, rows, purpose, drafting, walk)
+        finally:
+            walk.close(drafting)
+        tokens = [[] for _ in ids]
+        for b, row in zip(active, drafts):
+            tokens[b] = row
+        return Proposal(tokens, _scatter_rows(probs, active, len(requests)), *backlog)
+
+    def _sampled_drafts(self, ids_active, committed, limits, logits, rows, purpose, drafting,
+                        walk: DraftWalk) -> tuple[list[list[int]], torch.Tensor]:
+        """Drafts sampled step by step from q (post-processed like p: the
+        grammar's mask, penalties, filters) and q itself [active, G, vocab]."""
+        G = max(limits)
         context = penalty_context(drafting, logits.shape[-1], logits.device)  # q_{i+1} sees d_1..d_i, as p_{i+1}
-        drafts = [[] for _ in active]
+        drafts = [[] for _ in ids_active]
         probs = None  # [active, G, vocab]
-        live = list(range(len(active)))  # the rows still drafting, as indices into `active`
+        live = list(range(len(ids_active)))  # the rows still drafting, as indices into `active`
         for i in range(G):
-            q = process_logits(logits, rows, context)  # [live, vocab]
+            q = process_logits(walk.mask(logits), rows, context)  # [live, vocab]
             positions = torch.tensor([len(committed[j]) + i for j in live], device=q.device)
             d = sample(q, rows, positions, purpose)
             if probs is None:
-                probs = q.new_zeros(len(active), G, q.shape[-1])
+                probs = q.new_zeros(len(ids_active), G, q.shape[-1])
             probs[live, i] = q
             for j, token in zip(live, d.tolist()):
                 drafts[j].append(token)
             if i == G - 1:
                 break
             context = None if context is None else context.append(d)
+            walk.advance(d.tolist())
             keep = [k for k, j in enumerate(live) if limits[j] > i + 1]
             if len(keep) < len(live):  # rows at their γ_b step no further
                 picked = torch.tensor(keep, device=q.device)
                 live, d, rows, purpose = [live[k] for k in keep], d[picked], rows.select(picked), purpose[picked]
                 context = None if context is None else context.select(picked)
+                walk.select(keep)
             live_ids = [ids_active[j] for j in live]
             logits = self.model.decode(self.cache, live_ids, d.tolist())
             self._record(live_ids)
-        tokens = [[] for _ in ids]
-        for b, row in zip(active, drafts):
-            tokens[b] = row
-        return Proposal(tokens, _scatter_rows(probs, active, len(requests)), *backlog)
+        return drafts, probs
 
     def _greedy_drafts(self, ids_active: list[int], catch_up: list[list[int]], limits: list[int],
                        keep_logits: bool) -> tuple[list[list[int]], torch.Tensor | None]:

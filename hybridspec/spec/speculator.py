@@ -18,6 +18,7 @@ the Engine applies its `results` to the requests (emits the tokens).
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -27,6 +28,7 @@ from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.kernels.reference import MODE_COUPLED, MODE_GREEDY, MODE_REJECTION, greedy_accept
 
 from hybridspec.errors import InvalidRequestError, PeerRankError
+from hybridspec.sampling.grammar import verify_masks
 from hybridspec.sampling.logprobs import batch_logprobs
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.next_token import sample_next
@@ -161,6 +163,9 @@ class Speculator:
         if T == 1:  # no row drafted: a plain step's sampling (the same keyed noise at the same position)
             tokens, round.logprobs = sample_next(logits[:, 0], rows, round.requests)
             return [[t] for t in tokens], [0] * B
+        allowed = verify_masks(round.requests, round.drafts, T)  # [batch, G + 1, vocab]: input j after d_1..d_j
+        if allowed is not None:  # −inf outside the grammar, before every other processing (as plain sampling)
+            logits = logits.masked_fill(~allowed.to(logits.device), -math.inf)
         if argmax_suffices(rows, round.requests):  # greedy_accept on p's argmax, the logits'
             round.logprobs = [None] * B
             return greedy_accept(logits, round.drafts)
