@@ -1,4 +1,4 @@
-"""Decode speed of quantized weights: float32 against Q8_0, Q4_0 and Q4_K (`hs.load(dir, quantize=...)`).
+"""Decode speed of quantized weights: float32 against Q8_0, Q4_0 and Q4_K (`hs.load(quantize=)`).
 
 Models: the embedded target (a 4M-parameter Bamba, byte vocabulary: per-token overheads weigh) and,
 unless --quick, a random 241M-parameter Mamba-2 / attention hybrid built in code (hidden 1024, 12
