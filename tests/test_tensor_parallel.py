@@ -21,6 +21,8 @@ def test_every_family_sharded_over_two_ranks_gives_one_process_logits():
         mine, other = ranks[0][name], ranks[1][name]
         assert torch.equal(mine["sharded"], other["sharded"]), name  # every rank the same bits
         torch.testing.assert_close(mine["sharded"], mine["single"], rtol=0, atol=1e-12, msg=name)
+        assert torch.equal(mine["hidden_sharded"], other["hidden_sharded"]), name
+        torch.testing.assert_close(mine["hidden_sharded"], mine["hidden_single"], rtol=0, atol=1e-12, msg=name)
         assert mine["tokens"][0] == mine["tokens"][1], name
 
 

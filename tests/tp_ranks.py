@@ -57,23 +57,29 @@ PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 3, 4, 9]]
 
 def family_logits(rank: int) -> dict:
     """Per family: the sharded model's prefill, extend and decode logits beside
-    one process's (float64), and greedy tokens of both."""
+    one process's (float64), the hidden states a drafter reads (a middle point and
+    the last layer's output), and greedy tokens of both."""
     import hybridspec as hs
     import oracles
+    from hybridspec.cache.hidden_states import HiddenStates
     out = {}
     for name in FAMILIES:
         hf = getattr(oracles, name)(seed=0)
-        logits, tokens = [], []
+        logits, tokens, hidden = [], [], []
         for model in (hs.from_hf(hf), hs.from_hf(hf, tensor_parallel_size=dist.get_world_size())):
             cache = hs.Engine(model, max_batch_size=3).cache
+            L = model.config.num_layers
+            cache.hidden = HiddenStates((L // 2, L), L)
             ids = [0, 1, 2]
             logits.append(torch.cat([model.prefill(cache, ids, PROMPTS, last_only=True)[:, 0],
                                      model.extend(cache, ids, [[3, 4], [5, 6], [7, 8]], last_only=True)[:, 0],
                                      model.decode(cache, ids, [9, 10, 11])]))
+            hidden.append(torch.cat([cache.hidden.take(s)[1] for s in ids]))
             engine = hs.Engine(model, max_batch_size=3)
             tokens.append([o.token_ids for o in engine.generate(PROMPTS, hs.SamplingParams(max_new_tokens=8,
                                                                                             ignore_eos=True))])
-        out[name] = dict(single=logits[0], sharded=logits[1], tokens=tokens)
+        out[name] = dict(single=logits[0], sharded=logits[1], tokens=tokens, hidden_single=hidden[0],
+                         hidden_sharded=hidden[1])
     return out
 
 

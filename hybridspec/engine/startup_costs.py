@@ -78,7 +78,8 @@ def startup_round_costs(target, drafter, policy, gamma_max: int, max_batch_size:
         log.info("timing rounds for num_draft_tokens='auto' at batch sizes %s (kept for later starts in %s)",
                  ", ".join(map(str, anchors)), cost_cache.cache_dir())
         with tqdm(desc="timing rounds", unit="batch", disable=None, leave=False) as bar:  # a bar on a terminal only
-            costs = measure_round_costs(target, drafter.model, policy, gamma_max, anchors, new_cache, new_request,
+            draft = drafter.model if drafter.model is not None else drafter if hasattr(drafter, "scratch") else None
+            costs = measure_round_costs(target, draft, policy, gamma_max, anchors, new_cache, new_request,
                                         progress=bar)
         log.info("rounds timed in %.1f s", time.perf_counter() - began)
         own = costs.replay is not None and not isinstance(policy, AutoCheckpointPolicy)  # an auto policy has its own
@@ -108,8 +109,9 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     others of its batch; rows that sample, at the corners of the batch and
     token grid (`_sampled_terms`). `new_cache(max_seqs, ring_slots, max_len=64)`:
     a scratch cache of the target holding `max_len` tokens per row; `draft_model`:
-    the drafter's model (None: a drafter without one, whose proposals are
-    host work learned online); `policy`: the engine's checkpoint policy;
+    the drafter's model, or a drafter that makes scratch copies of itself
+    (`scratch(cache_kwargs)`: an MTP layer, an EAGLE-3 head), or None (a
+    drafter whose proposals are host work learned online); `policy`: the engine's checkpoint policy;
     `new_request(seq_id, params, prompt, first_token)`: an engine request
     that has emitted its first token (`hybridspec.engine.engine.scratch_request`);
     `progress`: None, or a tqdm bar each timed set of rows advances (its total set here)."""
@@ -138,7 +140,8 @@ def measure_round_costs(target, draft_model, policy, gamma_max: int, batches, ne
     row_draft_at = {b: _row_draft_s(target, b, tokens[-1], new_cache, repeats, clock)  # per row: linear in between
                     for b in corners}
     row_draft = tuple(interpolate(list(row_draft_at), list(row_draft_at.values()), b) for b in batches)
-    absorb = None if draft_model is None else tuple(_absorb_s(draft_model, b, repeats, clock) for b in batches)
+    absorb = (None if draft_model is None or hasattr(draft_model, "scratch")  # a drafter's backlog: learned online
+              else tuple(_absorb_s(draft_model, b, repeats, clock) for b in batches))
     return RoundCosts(tuple(batches), tuple(tokens), table["forward_s"], draft_step, row_draft,
                       draft_s=table["draft_s"], sampling_s=table["sampling_s"], commit_s=table["commit_s"],
                       host_s=table["host_s"], absorb_s=absorb, sampled_sampling_s=of_sampled["sampling_s"],
@@ -233,19 +236,21 @@ class ScratchRounds:
         self.cache = new_cache(batch, policy.ring_size(gamma_max, halves=halves), max_len=max_len)
         self.new_cache, self.gamma_max, self.replay = new_cache, gamma_max, replay
         pages = -(-max_len // 16)
-        self.drafter = None if draft_model is None else ModelDrafter(
-            draft_model, gamma_max, dict(max_seqs=batch, num_blocks=batch * pages, block_size=16))
+        sizes = dict(max_seqs=batch, num_blocks=batch * pages, block_size=16)
+        self.drafter = (None if draft_model is None else draft_model.scratch(sizes) if hasattr(draft_model, "scratch")
+                        else ModelDrafter(draft_model, gamma_max, sizes))
         vocab = target.vocab_size
         params = SamplingParams(max_new_tokens=1 << 20, temperature=temperature, ignore_eos=True)
         prompts = [[(7 * b + i) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
         self.requests = [new_request(b, params, prompt, (5 * b) % vocab) for b, prompt in enumerate(prompts)]
         self.ids = [r.seq_id for r in self.requests]
         self.rows = RowParams.of([params] * batch, [r.seed for r in self.requests], target.device)
+        self.speculator = None  # made before the prefill: a drafter reading hidden states records the prompts'
+        if self.drafter is not None:
+            self.speculator = Speculator(target, self.drafter, gamma_max, policy, self.cache)
         target.prefill(self.cache, self.ids, [r.output.prompt_token_ids for r in self.requests], last_only=True)
-        self.speculator = None
         if self.drafter is not None:
             self.drafter.start(self.requests)
-            self.speculator = Speculator(target, self.drafter, gamma_max, policy, self.cache)
             warm_up = self.speculator.round(self.requests, self.rows, EngineStats(), [gamma_max] * batch)
             for request, result in zip(self.requests, warm_up.results):  # the drafter has absorbed the prompts
                 request.emit(result)

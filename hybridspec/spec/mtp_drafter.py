@@ -51,6 +51,11 @@ class MTPDrafter:
         self.absorbed: dict[int, tuple[int, torch.Tensor]] = {}  # seq -> (layer length before, rows) of this round
         self.true_len: dict[int, int] = {}  # seq -> the layer's length after this round's catch-up
 
+    def scratch(self, cache_kwargs: dict) -> "MTPDrafter":
+        """A drafter of the same layer over a cache of its own (`cache_kwargs`): what start-up times
+        rounds with (`engine.startup_costs`), leaving this one's sequences alone."""
+        return type(self)(self.layer, cache_kwargs)
+
     def start(self, requests) -> None:
         self.cache.add_sequences([r.seq_id for r in requests])
 
