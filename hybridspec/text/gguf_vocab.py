@@ -77,22 +77,23 @@ def _regex(pattern: str):
 
 
 def vocab_metadata(directory: Path, config) -> dict:
-    """The tokenizer.ggml.* keys of the byte-level BPE tokenizer.json in `directory` ({} where there is
-    none or it is another kind), padded with unused tokens to the model's vocabulary."""
+    """The tokenizer.ggml.* keys of the byte-level BPE tokenizer.json in `directory`, padded with unused
+    tokens to the model's vocabulary (only the config's eos id where there is none or another kind)."""
     file = directory / "tokenizer.json"
+    eos = {} if config.eos_token_id is None else {"tokenizer.ggml.eos_token_id": int(config.eos_token_id)}
     if not file.is_file():
-        return {}
+        return eos
     spec = json.loads(file.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     if model.get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
-        return {}
+        return eos
     tokens = {i: t for t, i in model["vocab"].items()}
     types = dict.fromkeys(tokens, NORMAL)
     for added in spec.get("added_tokens") or []:
         tokens[added["id"]] = added["content"]
         types[added["id"]] = CONTROL if added.get("special") else USER_DEFINED
     size = max(config.vocab_size, max(tokens) + 1)
-    out = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+    out = eos | {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
            "tokenizer.ggml.tokens": [tokens.get(i, f"[PAD{i}]") for i in range(size)],
            "tokenizer.ggml.token_type": [types.get(i, UNUSED) for i in range(size)],
            "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]}
@@ -104,8 +105,6 @@ def vocab_metadata(directory: Path, config) -> dict:
         token = token.get("content") if isinstance(token, dict) else token
         if token in by_content:
             out[f"tokenizer.ggml.{role}_token_id"] = by_content[token]
-    if config.eos_token_id is not None and "tokenizer.ggml.eos_token_id" not in out:
-        out["tokenizer.ggml.eos_token_id"] = int(config.eos_token_id)
     if settings.get("chat_template"):
         out["tokenizer.chat_template"] = settings["chat_template"]
     return out

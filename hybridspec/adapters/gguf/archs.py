@@ -84,6 +84,9 @@ def _granite_config(meta: dict, arch: str, tensors: Tensors) -> dict:
             "embedding_multiplier": float(_get(meta, arch, "embedding_scale", 1.0)),
             "residual_multiplier": float(_get(meta, arch, "residual_scale", 1.0)),
             "logits_scaling": float(_get(meta, arch, "logit_scale", 1.0))}
+    rotary = _get(meta, arch, "rope.dimension_count", None)
+    if rotary is not None:
+        cfg["partial_rotary_factor"] = int(rotary) / cfg["head_dim"]
     return _ssm_extras(cfg, ssm, "mamba_chunk_size", "time_step_limit")
 
 

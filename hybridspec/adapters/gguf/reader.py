@@ -3,6 +3,7 @@ the metadata implies before any tensor is read, then the canonical weights, Q8_0
 weights kept as their blocks (`QuantWeight.from_blocks`) and the rest as float32."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,11 @@ def config_of(reader, meta: dict, source: str) -> tuple[Arch, HybridConfig]:
     cfg = arch.config_dict(meta, arch.name, Tensors(set(stored)))
     if cfg["vocab_size"] is None:
         cfg["vocab_size"] = stored.get("token_embd.weight", ((len(meta.get("tokenizer.ggml.tokens", [])),),))[0][0]
-    return arch, _config(_adapter_module(arch.adapter).config_from_dict, cfg, f"{source} metadata")
+    config = _config(_adapter_module(arch.adapter).config_from_dict, cfg, f"{source} metadata")
+    if "partial_rotary_factor" in cfg and config.attention is not None:  # Granite's adapter reads no such field
+        config = dataclasses.replace(config, attention=dataclasses.replace(
+            config.attention, partial_rotary_factor=cfg["partial_rotary_factor"]))
+    return arch, config
 
 
 def check_tensors(reader, arch: Arch, config: HybridConfig, source: str) -> dict[str, tuple[str, ...]]:

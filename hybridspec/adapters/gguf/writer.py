@@ -65,37 +65,40 @@ def stored_tensors(config, weights: dict[str, torch.Tensor], fmt: str | None) ->
 def write_gguf(directory: str | Path, out: str | Path, fmt: str | None = None) -> Path:
     """Write the model directory `directory` as the GGUF file `out` (see the module); fmt None:
     every tensor float32."""
-    from gguf import GGMLQuantizationType, GGUFWriter
     from hybridspec.text.gguf_vocab import vocab_metadata
     directory, out = Path(directory), Path(out)
     if fmt is not None:
         formats.format_named(fmt)
     config, weights = canonical_weights(directory)
     arch = arch_of(config)
-    tensors = stored_tensors(config, weights, fmt)
-    writer = GGUFWriter(str(out), arch.name)
-    writer.add_name(directory.name)
-    writer.add_file_type(_file_type(fmt))
-    for key, value in arch.metadata(config).items():
-        _add(writer, f"{arch.name}.{key}", value)
-    for key, value in vocab_metadata(directory, config).items():
+    metadata = {f"{arch.name}.{key}": value for key, value in arch.metadata(config).items()}
+    metadata |= vocab_metadata(directory, config) | {"general.name": directory.name,
+                                                     "general.file_type": _file_type(fmt)}
+    write_file(out, arch.name, metadata, stored_tensors(config, weights, fmt))
+    return out
+
+
+def write_file(out: Path, architecture: str, metadata: dict, tensors: dict[str, np.ndarray | tuple]) -> None:
+    """A GGUF file of `metadata` (full key -> value) and `tensors` (as `stored_tensors` gives them)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    writer = GGUFWriter(str(out), architecture)
+    for key, value in metadata.items():
         _add(writer, key, value)
     for name, value in tensors.items():
         if isinstance(value, tuple):
             writer.add_tensor(name, value[0], raw_dtype=GGMLQuantizationType(value[1]))
         else:
-            writer.add_tensor(name, value, raw_dtype=GGMLQuantizationType.F32)
+            writer.add_tensor(name, value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return out
 
 
 def _file_type(fmt: str | None) -> int:
     from gguf import LlamaFileType
-    return {None: LlamaFileType.ALL_F32, "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_0": LlamaFileType.MOSTLY_Q4_0,
-            "q4_k": LlamaFileType.MOSTLY_Q4_K_M}[fmt]
+    return int({None: LlamaFileType.ALL_F32, "q8_0": LlamaFileType.MOSTLY_Q8_0,
+                "q4_0": LlamaFileType.MOSTLY_Q4_0, "q4_k": LlamaFileType.MOSTLY_Q4_K_M}[fmt])
 
 
 def _add(writer, key: str, value) -> None:
