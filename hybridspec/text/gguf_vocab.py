@@ -1,5 +1,5 @@
-"""A GGUF file's tokenizer (its `tokenizer.ggml.*` metadata) as a codec, and a model directory's
-byte-level BPE tokenizer as that metadata (`hybridspec quantize` writes it).
+"""A GGUF file's tokenizer (its `tokenizer.ggml.*` metadata, which `adapters.gguf.vocab` writes) as
+a codec.
 
 Read: "gpt2" (byte-level BPE: tokens, merges, token types; the pre-tokenizer `tokenizer.ggml.pre`
 names) becomes an HF `tokenizers` BPE tokenizer with ByteLevel pre-tokenizer and decoder; control
@@ -9,13 +9,11 @@ model's HF tokenizer directory as tokenizer= instead.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hybridspec.errors import UnsupportedModelError
 from hybridspec.text.codec import TokenizerCodec
-
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+from hybridspec.adapters.gguf.vocab import CONTROL, NORMAL, USER_DEFINED
 GPT2_SPLIT = None  # the ByteLevel pre-tokenizer's own (GPT-2) regex
 # tokenizer.ggml.pre -> the split regex llama.cpp applies before byte-level BPE (llama-vocab.cpp)
 PRE_SPLITS = {
@@ -74,37 +72,3 @@ def tokenizer_of(meta: dict, source: str):
 def _regex(pattern: str):
     from tokenizers import Regex
     return Regex(pattern)
-
-
-def vocab_metadata(directory: Path, config) -> dict:
-    """The tokenizer.ggml.* keys of the byte-level BPE tokenizer.json in `directory`, padded with unused
-    tokens to the model's vocabulary (only the config's eos id where there is none or another kind)."""
-    file = directory / "tokenizer.json"
-    eos = {} if config.eos_token_id is None else {"tokenizer.ggml.eos_token_id": int(config.eos_token_id)}
-    if not file.is_file():
-        return eos
-    spec = json.loads(file.read_text(encoding="utf-8"))
-    model = spec.get("model") or {}
-    if model.get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
-        return eos
-    tokens = {i: t for t, i in model["vocab"].items()}
-    types = dict.fromkeys(tokens, NORMAL)
-    for added in spec.get("added_tokens") or []:
-        tokens[added["id"]] = added["content"]
-        types[added["id"]] = CONTROL if added.get("special") else USER_DEFINED
-    size = max(config.vocab_size, max(tokens) + 1)
-    out = eos | {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
-           "tokenizer.ggml.tokens": [tokens.get(i, f"[PAD{i}]") for i in range(size)],
-           "tokenizer.ggml.token_type": [types.get(i, UNUSED) for i in range(size)],
-           "tokenizer.ggml.merges": [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]}
-    config_file = directory / "tokenizer_config.json"
-    settings = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-    by_content = {t: i for i, t in tokens.items()}
-    for role in ("bos", "eos"):
-        token = settings.get(f"{role}_token")
-        token = token.get("content") if isinstance(token, dict) else token
-        if token in by_content:
-            out[f"tokenizer.ggml.{role}_token_id"] = by_content[token]
-    if settings.get("chat_template"):
-        out["tokenizer.chat_template"] = settings["chat_template"]
-    return out

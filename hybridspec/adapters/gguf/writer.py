@@ -5,7 +5,7 @@ Quantized, it holds what `hs.load(directory, quantize=fmt)` multiplies, bit for 
 layers' linear weights in `fmt` (Q8_0 where the input size is not whole blocks of it, float where
 not whole blocks of 32 either), the LM head in Q8_0 (written as output.weight even where the
 embedding is tied, since the lookup keeps a float table), everything else float32. The tokenizer
-goes in too where the directory holds a byte-level BPE tokenizer.json (`text.gguf_vocab`)."""
+goes in too where the directory holds a byte-level BPE tokenizer.json (`vocab`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -65,7 +65,7 @@ def stored_tensors(config, weights: dict[str, torch.Tensor], fmt: str | None) ->
 def write_gguf(directory: str | Path, out: str | Path, fmt: str | None = None) -> Path:
     """Write the model directory `directory` as the GGUF file `out` (see the module); fmt None:
     every tensor float32."""
-    from hybridspec.text.gguf_vocab import vocab_metadata
+    from hybridspec.adapters.gguf.vocab import vocab_metadata
     directory, out = Path(directory), Path(out)
     if fmt is not None:
         formats.format_named(fmt)
