@@ -27,7 +27,36 @@ FAMILIES = {
                                              dtype=torch.float32),
     "bamba": lambda: oracles.bamba(dtype=torch.float32),
     "nemotron-h": lambda: oracles.nemotron_h(dtype=torch.float32),
+    "mamba2": lambda: pure_mamba2(),
 }
+
+
+class MambaSsmDirectory:
+    """A pure Mamba-2 in mamba_ssm's layout (llama.cpp's `mamba2` architecture), tied, with a Δ clamp."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def save_pretrained(self, path):
+        import json
+        path.mkdir(parents=True)
+        state = {k.replace("backbone.embeddings.", "backbone.embedding."): v
+                 for k, v in self.model.state_dict().items() if k != "lm_head.weight"}
+        ssm_cfg = {"layer": "Mamba2", "d_state": 8, "d_conv": 4, "expand": 2, "headdim": 16, "ngroups": 2,
+                   "chunk_size": 8, "dt_limit": [0.05, 2.0]}
+        (path / "config.json").write_text(json.dumps(
+            {"d_model": 32, "n_layer": 2, "d_intermediate": 0, "vocab_size": 100, "ssm_cfg": ssm_cfg,
+             "rms_norm": True, "pad_vocab_size_multiple": 8, "tie_embeddings": True}))
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+
+
+def pure_mamba2():
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+    cfg = Mamba2Config(vocab_size=104, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
+                       state_size=8, n_groups=2, chunk_size=8, tie_word_embeddings=True)
+    torch.manual_seed(8)
+    return MambaSsmDirectory(oracles.randomize_(Mamba2ForCausalLM(cfg), 8).float().eval())
 
 
 def logits(model) -> torch.Tensor:
@@ -73,8 +102,9 @@ def test_hybridspec_quantize_writes_what_load_quantize_multiplies_bit_for_bit(fm
 
 
 @x86_with_compiler
-def test_a_quantized_nemotron_h_round_trips_bit_for_bit(tmp_path):
-    directory = saved(FAMILIES["nemotron-h"](), tmp_path / "hf")
+@pytest.mark.parametrize("family", ("nemotron-h", "mamba2"))
+def test_a_quantized_model_of_another_family_round_trips_bit_for_bit(family, tmp_path):
+    directory = saved(FAMILIES[family](), tmp_path / "hf")
     write_gguf(directory, tmp_path / "model.gguf", "q4_0")
     model = hs.load(tmp_path / "model.gguf")
     assert isinstance(model.layers[0].mixer.in_proj, QuantWeight)

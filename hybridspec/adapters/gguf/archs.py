@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from hybridspec.config import HybridConfig
 from hybridspec.errors import ModelFilesError, UnsupportedModelError
 
@@ -103,6 +105,21 @@ def _nemotron_config(meta: dict, arch: str, tensors: Tensors) -> dict:
     return _ssm_extras(cfg, ssm, "chunk_size", "time_step_limit")
 
 
+def _mamba2_config(meta: dict, arch: str, tensors: Tensors) -> dict:
+    from hybridspec.adapters.mamba_ssm import NORM_EPS
+    cfg, ssm, eps = _common(meta, arch, tensors)
+    if float(np.float32(eps)) != float(np.float32(NORM_EPS)):
+        raise UnsupportedModelError(f"{arch}.attention.layer_norm_rms_epsilon={eps}: hybridspec's Mamba-2 models "
+                                    f"(mamba_ssm's) normalise with eps={NORM_EPS} only")
+    ssm_cfg = {"layer": "Mamba2", "d_state": ssm["state"], "d_conv": ssm["conv"], "expand": ssm["expand"],
+               "headdim": ssm["head_dim"], "ngroups": ssm["groups"], "conv_bias": ssm["conv_bias"],
+               "bias": ssm["proj_bias"]}
+    ssm_cfg |= _ssm_extras({}, ssm, "chunk_size", "dt_limit")
+    return {"d_model": cfg["hidden_size"], "n_layer": cfg["num_hidden_layers"], "vocab_size": cfg["vocab_size"],
+            "pad_vocab_size_multiple": 1, "ssm_cfg": ssm_cfg, "tie_embeddings": cfg["tie_word_embeddings"],
+            "max_position_embeddings": cfg["max_position_embeddings"]}
+
+
 def _ssm_extras(cfg: dict, ssm: dict, chunk_key: str, limit_key: str) -> dict:
     if ssm["chunk"] is not None:
         cfg[chunk_key] = int(ssm["chunk"])
@@ -113,7 +130,7 @@ def _ssm_extras(cfg: dict, ssm: dict, chunk_key: str, limit_key: str) -> dict:
 
 def _common_metadata(config: HybridConfig) -> dict:
     a, m = config.attention, config.mamba2
-    kv = [a.num_kv_heads if t == "attention" else 0 for t in config.layer_types]
+    kv = [a.num_kv_heads if a and t == "attention" else 0 for t in config.layer_types]
     out = {"block_count": config.num_layers, "embedding_length": config.hidden_size,
            "context_length": config.max_position_embeddings, "vocab_size": config.vocab_size,
            "attention.head_count": a.num_heads if a else 0, "attention.head_count_kv": kv,
@@ -152,6 +169,13 @@ def _nemotron_metadata(config: HybridConfig) -> dict:
     return _common_metadata(config) | {"feed_forward_length": ff, "attention.layer_norm_type": "rms"}
 
 
+def _mamba2_metadata(config: HybridConfig) -> dict:
+    if set(config.layer_types) != {"mamba2"} or set(config.ffn_types) != {"none"}:
+        raise UnsupportedModelError("llama.cpp's mamba2 architecture holds Mamba-2 layers only; this mamba_ssm "
+                                    f"model has {sorted(set(config.layer_types) | set(config.ffn_types))}")
+    return _common_metadata(config) | {"feed_forward_length": 0}
+
+
 @dataclass(frozen=True)
 class Arch:
     """One llama.cpp architecture hybridspec reads and writes."""
@@ -169,8 +193,9 @@ ARCHS = {
                           ("granitemoehybrid", "bamba"), "ffn_norm"),
     "nemotron_h": Arch("nemotron_h", "nemotron_h", _nemotron_config, _nemotron_metadata, ("nemotron_h",),
                        "attn_norm"),
+    "mamba2": Arch("mamba2", "mamba_ssm", _mamba2_config, _mamba2_metadata, ("mamba_ssm",), "ffn_norm"),
 }
-UNSUPPORTED = ("qwen3next", "qwen35", "qwen35moe", "falcon-h1", "jamba", "mamba2", "mamba", "nemotron_h_moe")
+UNSUPPORTED = ("qwen3next", "qwen35", "qwen35moe", "falcon-h1", "jamba", "mamba", "nemotron_h_moe")
 
 
 def arch_named(name: str) -> Arch:

@@ -23,18 +23,23 @@ from hybridspec.adapters.gguf.archs import arch_of
 
 def canonical_weights(directory: Path):
     """(HybridConfig, canonical float weights) of a model directory, checked as `hs.load` checks it."""
-    from hybridspec.adapters import MODEL_TYPES, _adapter, _checked, _config, _to_canonical
+    from hybridspec.adapters import MODEL_TYPES, _adapter, _adapter_module, _checked, _config, _to_canonical
     from hybridspec.adapters.model_files import describe_files, read_config, read_weights
     from hybridspec.adapters.common import MTP_UNUSED, set_aside
     cfg = read_config(directory)
-    model_type = str(cfg.get("model_type", "<missing>"))
-    architectures = cfg.get("architectures") or [MODEL_TYPES.get(model_type, model_type)]
-    adapter = _adapter(str(architectures[0] if isinstance(architectures, list) else architectures))
+    if "d_model" in cfg and "n_layer" in cfg:  # mamba_ssm's layout
+        adapter = _adapter_module("mamba_ssm")
+        to_canonical = lambda state: adapter.weights_from_state(state, cfg)  # noqa: E731
+    else:
+        model_type = str(cfg.get("model_type", "<missing>"))
+        architectures = cfg.get("architectures") or [MODEL_TYPES.get(model_type, model_type)]
+        adapter = _adapter(str(architectures[0] if isinstance(architectures, list) else architectures))
+        to_canonical = _to_canonical(adapter, cfg)
     config = _config(adapter.config_from_dict, cfg, str(directory / "config.json"))
     state, file_of = read_weights(directory, "cpu")
     source = describe_files(directory, sorted(set(file_of.values())))
     state, _ = set_aside(state, getattr(adapter, "UNUSED", []) + MTP_UNUSED, source)
-    return config, _checked(config, _to_canonical(adapter, cfg), state, adapter.RULES, source, file_of)
+    return config, _checked(config, to_canonical, state, adapter.RULES, source, file_of)
 
 
 def stored_tensors(config, weights: dict[str, torch.Tensor], fmt: str | None) -> dict[str, np.ndarray | tuple]:
