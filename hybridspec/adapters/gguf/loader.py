@@ -8,6 +8,7 @@ import torch
 
 from hybridspec.errors import ConfigError
 from hybridspec.kernels import backend as backends
+from hybridspec.kernels.quant import formats
 from hybridspec.kernels.quant.weight import QuantWeight
 from hybridspec.models import quantizing
 from hybridspec.models.hybrid import HybridModel
@@ -28,7 +29,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device="cpu", 
     meta = gguf_reader.metadata(opened)
     arch, config = gguf_reader.config_of(opened, meta, source)
     plan = gguf_reader.check_tensors(opened, arch, config, source)
-    stored_quantized = any(int(t.tensor_type) in gguf_reader.formats.BY_GGML_TYPE for t in opened.tensors)
+    stored_quantized = any(int(t.tensor_type) in formats.BY_GGML_TYPE for t in opened.tensors)
     if stored_quantized or quantize is not None:
         quantizing.check(quantize or "q8_0", device, dtype, tensor_parallel_size != 1, compute)
     elif tensor_parallel_size != 1:
@@ -61,6 +62,4 @@ def install(model: HybridModel, placeholders: dict[str, torch.Tensor], quantized
             found = by_storage.get(weight.untyped_storage().data_ptr())
             if found is not None:
                 setattr(module, name, found)
-    if model.embed is model.lm_head and isinstance(model.lm_head, QuantWeight):
-        raise ConfigError("a tied embedding stored quantized cannot be looked up; store token_embd as float")
     model.bind_backend(model.backend_name)

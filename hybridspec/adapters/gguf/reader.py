@@ -53,8 +53,9 @@ def config_of(reader, meta: dict, source: str) -> tuple[Arch, HybridConfig]:
     arch = arch_named(str(meta.get("general.architecture", "<missing>")))
     stored = shapes(reader)
     cfg = arch.config_dict(meta, arch.name, Tensors(set(stored)))
-    if cfg["vocab_size"] is None:
-        cfg["vocab_size"] = stored.get("token_embd.weight", ((len(meta.get("tokenizer.ggml.tokens", [])),),))[0][0]
+    if cfg["vocab_size"] is None:  # llama.cpp's converters write no vocab_size key: the embedding's rows
+        embedding = stored.get("token_embd.weight")
+        cfg["vocab_size"] = embedding[0][0] if embedding else len(meta.get("tokenizer.ggml.tokens", []))
     config = _config(_adapter_module(arch.adapter).config_from_dict, cfg, f"{source} metadata")
     if "partial_rotary_factor" in cfg and config.attention is not None:  # Granite's adapter reads no such field
         config = dataclasses.replace(config, attention=dataclasses.replace(
