@@ -22,6 +22,8 @@ from hybridspec.adapters import load
 from hybridspec.text.codec import (ByteCodec, TokenizerCodec, byte_codec, byte_tokenizer_codec, has_tokenizer,
                                    load_tokenizer)
 from hybridspec.adapters.embedded import embedded_paths
+from hybridspec.adapters.gguf import is_gguf
+from hybridspec.text.gguf_vocab import gguf_codec
 from hybridspec.engine.config import EngineConfig, engine_config
 from hybridspec.engine.engine import Engine, Output
 from hybridspec.errors import ConfigError, InvalidRequestError
@@ -214,7 +216,7 @@ def as_model(model, dtype, device, tensor_parallel_size: int = 1, compute: torch
 
 def as_codec(tokenizer, model, vocab_size: int) -> ByteCodec | TokenizerCodec:
     """The codec of `tokenizer` (a directory or a loaded tokenizer), else the model
-    directory's tokenizer, else bytes for a byte-level model. A directory holding
+    directory's tokenizer (a GGUF file's from its metadata), else bytes for a byte-level model. A directory holding
     the byte codec's HF form (the embedded pair's) gives a ByteCodec with its
     chat template: the same tokens, without transformers."""
     if isinstance(tokenizer, (ByteCodec, TokenizerCodec)):
@@ -224,6 +226,8 @@ def as_codec(tokenizer, model, vocab_size: int) -> ByteCodec | TokenizerCodec:
                                                                  str(tokenizer))
     if tokenizer is not None:
         return TokenizerCodec(tokenizer, type(tokenizer).__name__)
+    if isinstance(model, (str, Path)) and is_gguf(model):
+        return gguf_codec(model)
     if isinstance(model, (str, Path)) and has_tokenizer(model):
         return byte_tokenizer_codec(model) or TokenizerCodec(load_tokenizer(model, "tokenizer in"), str(model))
     return byte_codec(vocab_size)

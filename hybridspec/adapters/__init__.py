@@ -45,7 +45,11 @@ def _adapter(architecture: str):
     if architecture not in HF_ADAPTERS:
         raise UnsupportedModelError(f"architecture {architecture!r} is not supported; supported: "
                                     + ", ".join(SUPPORTED))
-    return importlib.import_module(f"{__name__}.{HF_ADAPTERS[architecture]}")
+    return _adapter_module(HF_ADAPTERS[architecture])
+
+
+def _adapter_module(name: str):
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def from_hf(model, tensor_parallel_size: int = 1) -> HybridModel:
@@ -99,8 +103,14 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     from what config.json implies, raise ModelFilesError (see
     `model_files`, `validate`); tensors the adapter knows to be present
     and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
-    the model's `load_report`."""
+    the model's `load_report`.
+    A GGUF file (a path ending in .gguf, or a file with GGUF's magic) loads through
+    `adapters.gguf` (llama.cpp's layout; its Q8_0 / Q4_0 / Q4_K weights stay quantized)."""
     compute = HybridModel.compute_for(compute, device, dtype)
+    from hybridspec.adapters.gguf import is_gguf
+    if is_gguf(path):
+        from hybridspec.adapters.gguf.loader import load_gguf
+        return load_gguf(path, dtype, device, pack, tensor_parallel_size, compute, quantize)
     if compute is torch.bfloat16 and dtype is None:
         dtype = torch.float32
     if quantize is not None:

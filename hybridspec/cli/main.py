@@ -1,4 +1,4 @@
-"""`hybridspec` command line: generate | simulate | check | bench | serve.
+"""`hybridspec` command line: generate | simulate | check | bench | serve | quantize.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and
 `run(args) -> int`; this file only wires them together. Only the module of
@@ -27,6 +27,8 @@ SUBCOMMANDS = {
     "bench": ("hybridspec.cli.bench", "run a benchmark from benches/ (e.g. plain_decode --quick)"),
     "serve": ("hybridspec.cli.serve", "an OpenAI-compatible HTTP server (embedded pair by default; needs the "
                                       "[serve] extra)"),
+    "quantize": ("hybridspec.cli.quantize", "write a model directory as a GGUF file, its linear weights quantized "
+                                            "(needs the [gguf] extra)"),
 }
 
 

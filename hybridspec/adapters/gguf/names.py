@@ -1,0 +1,114 @@
+"""Tensor names and layouts: hybridspec's canonical names (`adapters.validate.expected_tensors`)
+<-> the names and shapes llama.cpp's converter writes (`gguf.constants.TENSOR_NAMES`).
+
+Layouts llama.cpp changes (shapes in torch order, the reverse of GGUF's ne):
+    Mamba-2 A_log [n]          -> ssm_a = -exp(A_log) [n, 1]
+    D [n]                      -> ssm_d [n, 1]
+    conv1d.weight [C, 1, k]    -> ssm_conv1d [C, k]
+    norm.weight [n·p]          -> ssm_norm [g, n·p / g] (the gated norm's groups)
+    experts.gate_up_proj [E, 2·I, H] -> ffn_gate_exps [E, I, H] and ffn_up_exps [E, I, H]
+Reading A back, A_log is the float32 whose -exp is A exactly (as the model computes it), found
+among the neighbours of log(-A): a file hybridspec wrote gives back a model with the same decay.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from hybridspec.config import HybridConfig
+
+GLOBAL = {"embed_tokens.weight": "token_embd.weight", "final_norm.weight": "output_norm.weight",
+          "lm_head.weight": "output.weight"}
+# canonical name under layers.{i}. -> GGUF name under blk.{i}.
+LAYER = {
+    "input_norm.weight": "attn_norm.weight",
+    **{f"mixer.{p}_proj.{kind}": f"attn_{g}.{kind}" for p, g in (("q", "q"), ("k", "k"), ("v", "v"),
+                                                                   ("o", "output")) for kind in ("weight", "bias")},
+    "mixer.q_norm.weight": "attn_q_norm.weight", "mixer.k_norm.weight": "attn_k_norm.weight",
+    "mixer.in_proj.weight": "ssm_in.weight", "mixer.in_proj.bias": "ssm_in.bias",
+    "mixer.conv1d.weight": "ssm_conv1d.weight", "mixer.conv1d.bias": "ssm_conv1d.bias",
+    "mixer.dt_bias": "ssm_dt.bias", "mixer.A_log": "ssm_a", "mixer.D": "ssm_d",
+    "mixer.norm.weight": "ssm_norm.weight",
+    "mixer.out_proj.weight": "ssm_out.weight", "mixer.out_proj.bias": "ssm_out.bias",
+    **{f"ffn.{p}_proj.{kind}": f"ffn_{p}.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")},
+    **{f"ffn.shared.{p}_proj.weight": f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")},
+    "ffn.router.weight": "ffn_gate_inp.weight",
+    "ffn.experts.up_proj": "ffn_up_exps.weight", "ffn.experts.down_proj": "ffn_down_exps.weight",
+}
+GATE_UP = "ffn.experts.gate_up_proj"  # two GGUF tensors: ffn_gate_exps, ffn_up_exps
+_LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+def gguf_names(name: str, norm_of_ffn: str) -> tuple[str, ...]:
+    """The GGUF tensor(s) holding the canonical tensor `name` (two for experts' gate_up_proj); ()
+    where llama.cpp has no name for it. `norm_of_ffn`: the GGUF norm of a feed-forward sublayer."""
+    if name in GLOBAL:
+        return (GLOBAL[name],)
+    match = _LAYER_NAME.match(name)
+    if match is None:
+        return ()
+    layer, rest = match.groups()
+    if rest == GATE_UP:
+        return (f"blk.{layer}.ffn_gate_exps.weight", f"blk.{layer}.ffn_up_exps.weight")
+    if rest == "ffn_norm.weight":
+        return (f"blk.{layer}.{norm_of_ffn}.weight",)
+    return (f"blk.{layer}.{LAYER[rest]}",) if rest in LAYER else ()
+
+
+def stored_shapes(name: str, shape: tuple[int, ...], config: HybridConfig) -> tuple[tuple[int, ...], ...]:
+    """The torch-order shape(s) of `gguf_names(name)` for a canonical tensor of `shape`."""
+    if name.endswith(("mixer.A_log", "mixer.D")) and config.mamba2 is not None:
+        return ((shape[0], 1),)
+    if name.endswith("mixer.conv1d.weight"):
+        return ((shape[0], shape[2]),)
+    if name.endswith("mixer.norm.weight") and config.mamba2 is not None:
+        groups = config.mamba2.n_groups
+        return ((groups, shape[0] // groups),)
+    if name.endswith(GATE_UP):
+        half = (shape[0], shape[1] // 2, shape[2])
+        return (half, half)
+    return (shape,)
+
+
+def to_stored(name: str, tensor: torch.Tensor, config: HybridConfig) -> tuple[torch.Tensor, ...]:
+    """The canonical tensor as llama.cpp stores it (see the module)."""
+    if name.endswith(GATE_UP):
+        return tuple(tensor.chunk(2, dim=1))
+    shapes = stored_shapes(name, tuple(tensor.shape), config)
+    if name.endswith("mixer.A_log") and config.mamba2 is not None:
+        tensor = -torch.exp(tensor.float())
+    return (tensor.reshape(shapes[0]),)
+
+
+def from_stored(name: str, parts: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+    """to_stored's inverse: the canonical tensor of `shape` from its stored part(s)."""
+    if name.endswith(GATE_UP):
+        return torch.cat(parts, dim=1)
+    tensor = parts[0]
+    if name.endswith("mixer.A_log") and tensor.dim() == 2:
+        tensor = a_log_of(tensor.reshape(-1))
+    return tensor.reshape(shape)
+
+
+def a_log_of(a: torch.Tensor) -> torch.Tensor:
+    """The float32 A_log [n] whose -exp is `a` [n] exactly where a neighbour of log(-a) has it, else log(-a)."""
+    a = a.float()
+    guess = torch.log(-a.double()).float()
+    best = guess.clone()
+    for step in (0, 1, -1, 2, -2):
+        candidate = guess
+        for _ in range(abs(step)):
+            candidate = torch.nextafter(candidate, torch.full_like(candidate, step * float("inf")))
+        hit = (-torch.exp(candidate) == a) & (-torch.exp(best) != a)
+        best = torch.where(hit, candidate, best)
+    return best
+
+
+_QUANTIZABLE = re.compile(r"^layers\.\d+\.(?:mixer|ffn|ffn\.shared)\.(?:q|k|v|o|gate|up|down|in|out)_proj\.weight$")
+
+
+def quantizable(name: str) -> bool:
+    """Whether the canonical tensor `name` is a product weight `HybridModel.quantize` quantizes (the
+    decoder layers' linear weights, `models.quantizing.QUANTIZED`) or the LM head."""
+    return name == "lm_head.weight" or _QUANTIZABLE.match(name) is not None
