@@ -1,4 +1,4 @@
-"""Every drafter on the embedded target: acceptance, tokens per round, tokens/s and speedup over plain by batch.
+"""Every drafter on the embedded target by batch: acceptance, tokens per round, speedup over plain.
 
 Target: the embedded default (`hs.embedded_paths()`, a byte-level 6-layer
 Bamba trained on Python's standard library). Drafters: none (plain), the
