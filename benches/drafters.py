@@ -48,6 +48,7 @@ variant's tokens are checked equal to plain's.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import io
 import statistics
@@ -73,9 +74,10 @@ def trainer():
     return module
 
 
-def heldout_files() -> list[Path]:
+@functools.cache  # the trainer's walk scans site-packages too: seconds on a loaded machine
+def heldout_files() -> tuple[Path, ...]:
     t = trainer()
-    return [path for i, path in enumerate(t.stdlib_files()) if i % t.HOLDOUT_EVERY == 0]
+    return tuple(path for i, path in enumerate(t.stdlib_files()) if i % t.HOLDOUT_EVERY == 0)
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = {w: workload_prompts(w, needed, target, args.new_tokens) for w in workloads}
     rows = []
     for batch in args.batches:
-        rows += run_batch(target, draft_args, {w: pool for w, pool in pools.items()}, batch, args)
+        rows += run_batch(target, draft_args, pools, batch, args)
         print_table([r for r in rows if r["batch"] == batch], COLUMNS,
                     title=f"batch {batch}: greedy, {args.new_tokens} new tokens, median of {args.repeats} passes "
                           f"({describe_machine()})")
