@@ -432,3 +432,33 @@ def test_suffix_lookup_quick(benches, tmp_path):
     assert list(rows) == ["ngram", "suffix", "suffix (2nd pass, global trie)"]
     assert all(r["same_tokens"] and r["tokens_per_round"] >= 1 for r in rows.values())
     assert rows["suffix (2nd pass, global trie)"]["acceptance"] > rows["suffix"]["acceptance"]
+
+
+def test_drafters_quick(benches, tmp_path):
+    """Plain and two drafters at a fixed γ and auto on one agentic prompt: every variant's tokens are
+    plain's, each row's figures are in range, and the agentic prompt repeats the target's own output."""
+    out = tmp_path / "drafters.json"
+    assert bench_main("drafters")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = payload["rows"]
+    assert [r["variant"] for r in rows] == ["plain", "ngram, γ=3", "ngram, γ=auto", "suffix, γ=3", "suffix, γ=auto"]
+    assert all(r["workload"] == "agentic" and r["batch"] == 1 and r["same_tokens"] for r in rows)
+    assert rows[0]["speedup"] == 1.0 and rows[0]["acceptance"] is None and rows[0]["tokens_per_round"] == 1.0
+    for r in rows[1:]:
+        assert 0.0 <= r["acceptance"] <= 1.0 and r["tokens_per_round"] >= 1.0
+        assert r["tokens_per_round"] <= 4.0 or r["gamma"] == "auto"  # γ = 3: at most 3 drafts and a bonus token
+        assert r["tok_s_min"] <= r["tok_s"] <= r["tok_s_max"] and r["speedup"] > 0 and r["draft_ms_per_round"] >= 0
+
+
+def test_drafters_workloads_come_from_held_out_files(benches, monkeypatch):
+    """Code and prose prompts are full-length cuts of the files tools/train_embedded.py holds out
+    (its own split, imported); prose prompts hold docstring and comment text, not code."""
+    monkeypatch.syspath_prepend(str(BENCHES))
+    import drafters
+    held_text = [f.read_bytes() for f in drafters.heldout_files()]
+    for prompt in drafters.workload_prompts("code", 40, None, 8):
+        assert len(prompt) == drafters.PROMPT_LEN and any(bytes(prompt) in t for t in held_text)
+    prose = [drafters.prose_text(t) for t in held_text]
+    for prompt in drafters.workload_prompts("prose", 40, None, 8):
+        assert len(prompt) == drafters.PROMPT_LEN and any(bytes(prompt) in p for p in prose)
+        assert b"\ndef " not in bytes(prompt)
