@@ -163,10 +163,10 @@ def train(args) -> TrainableMTP:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--pool", type=int, default=512, help="training windows whose hidden states are kept")
+    parser.add_argument("--pool", type=int, default=1024, help="training windows whose hidden states are kept")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--second-step-weight", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
