@@ -68,8 +68,8 @@ class HiddenStates:
         if start > end:  # positions the cache restored without a forward (a prefix hit): start again after them
             first, kept, end = start, [], start
         rows = rows[end - start:max(end - start, length - start)]  # rows already kept (a replay) come once
-        if len(rows):
-            kept = kept + [rows.clone()]
+        if len(rows):  # a view of its forward's capture, which nothing writes again
+            kept = kept + [rows]
         self._ready[seq_id] = (first, kept)
 
     def rewind(self, seq_id: int, length: int) -> None:
