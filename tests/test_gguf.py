@@ -21,6 +21,7 @@ from native_cpu import x86_with_compiler
 pytest.importorskip("gguf")
 TOKENS = [[5, 7, 9, 11, 3, 2, 40, 50, 60, 61, 62, 17]]
 EXACT_MULTIPLIERS = (3.0, 0.625, 0.25, 2.5)  # float32 values: GGUF stores the multipliers in float32
+GDN_EVERY_2 = ("linear_attention", "full_attention") * 2  # llama.cpp's full_attention_interval 2
 FAMILIES = {
     "granite-moe": lambda: oracles.granite(multipliers=EXACT_MULTIPLIERS, dtype=torch.float32),
     "granite-dense": lambda: oracles.granite(num_experts=0, rope=False, multipliers=EXACT_MULTIPLIERS,
@@ -28,6 +29,9 @@ FAMILIES = {
     "bamba": lambda: oracles.bamba(dtype=torch.float32),
     "nemotron-h": lambda: oracles.nemotron_h(dtype=torch.float32),
     "mamba2": lambda: pure_mamba2(),
+    "qwen3-next": lambda: oracles.qwen3_next(layer_types=GDN_EVERY_2, dtype=torch.float32),
+    "qwen3.5": lambda: oracles.qwen3_5(layer_types=GDN_EVERY_2, dtype=torch.float32),
+    "qwen3.5-moe": lambda: oracles.qwen3_5_moe(layer_types=GDN_EVERY_2, dtype=torch.float32),
 }
 
 
@@ -109,6 +113,46 @@ def test_a_quantized_model_of_another_family_round_trips_bit_for_bit(family, tmp
     model = hs.load(tmp_path / "model.gguf")
     assert isinstance(model.layers[0].mixer.in_proj, QuantWeight)
     assert torch.equal(logits(model), logits(hs.load(directory, quantize="q4_0")))
+
+
+@x86_with_compiler
+def test_a_quantized_qwen3_next_round_trips_bit_for_bit_through_its_split_projections(tmp_path):
+    directory = saved(FAMILIES["qwen3-next"](), tmp_path / "hf")
+    write_gguf(directory, tmp_path / "model.gguf", "q8_0")
+    from hybridspec.adapters.gguf.reader import open_file
+    assert {"blk.0.attn_qkv.weight", "blk.0.attn_gate.weight", "blk.0.ssm_ba.weight"} <= \
+        {t.name for t in open_file(tmp_path / "model.gguf").tensors}
+    model = hs.load(tmp_path / "model.gguf")
+    assert isinstance(model.layers[0].mixer.in_proj, QuantWeight)
+    assert torch.equal(logits(model), logits(hs.load(directory, quantize="q8_0")))
+
+
+@x86_with_compiler
+def test_a_quantized_qwen3_5_keeps_its_reordered_value_heads(tmp_path):
+    """Qwen3.5's value heads are tiled in the file: in_proj's rows reassemble into our blocks (quantized,
+    bit for bit), out_proj's columns do not (read as float: here, one block a row, the values of ours)."""
+    directory = saved(FAMILIES["qwen3.5-moe"](), tmp_path / "hf")
+    write_gguf(directory, tmp_path / "model.gguf", "q8_0")
+    model, expected = hs.load(tmp_path / "model.gguf", pack=False), hs.load(directory, quantize="q8_0")
+    gdn = model.layers[0].mixer
+    assert isinstance(gdn.in_proj, QuantWeight) and not isinstance(gdn.out_proj, QuantWeight)
+    assert torch.equal(gdn.in_proj.data, expected.layers[0].mixer.in_proj.data)
+    assert torch.equal(gdn.out_proj, expected.layers[0].mixer.out_proj.dequantize())
+
+
+def test_qwen_norms_are_stored_as_one_plus_w_and_the_value_heads_tiled(tmp_path):
+    """As llama.cpp's converter writes them: every norm but the GDN's gated one as 1 + w; Qwen3.5's
+    A (= -exp(A_log)) in tiled value-head order (position i·HK + h holds head h·r + i)."""
+    model = FAMILIES["qwen3.5"]()
+    directory = saved(model, tmp_path / "hf")
+    write_gguf(directory, tmp_path / "model.gguf")
+    from hybridspec.adapters.gguf.reader import as_float, open_file
+    stored = {t.name: as_float(t) for t in open_file(tmp_path / "model.gguf").tensors}
+    hf = model.model.layers[0]
+    assert torch.equal(stored["blk.0.attn_norm.weight"], 1 + hf.input_layernorm.weight)
+    assert torch.equal(stored["blk.0.ssm_norm.weight"], hf.linear_attn.norm.weight)
+    a = -torch.exp(hf.linear_attn.A_log.detach())  # [HV] = [HK·r], grouped
+    assert torch.equal(stored["blk.0.ssm_a"], a.reshape(2, 2).t().reshape(-1))
 
 
 def rewritten(tmp_path, change) -> str:

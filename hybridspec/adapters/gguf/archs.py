@@ -17,76 +17,49 @@ from typing import Callable
 import numpy as np
 
 from hybridspec.config import HybridConfig
-from hybridspec.errors import ModelFilesError, UnsupportedModelError
-
-
-class Tensors:
-    """Which optional tensors a file holds (by GGUF name), for the config fields they imply."""
-
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def any(self, suffix: str) -> bool:
-        return any(name.endswith(suffix) for name in self.names)
-
-
-def _get(meta: dict, arch: str, key: str, default=KeyError):
-    full = f"{arch}.{key}"
-    if full in meta:
-        return meta[full]
-    if default is KeyError:
-        raise ModelFilesError(f"metadata key {full!r} is missing; llama.cpp's converter writes it for {arch}")
-    return default
-
-
-def _per_layer(meta: dict, arch: str, key: str, layers: int) -> list[int]:
-    """A per-layer array key (a scalar stands for every layer)."""
-    value = _get(meta, arch, key)
-    values = list(value) if isinstance(value, (list, tuple)) else [value] * layers
-    if len(values) != layers:
-        raise ModelFilesError(f"metadata {arch}.{key} has {len(values)} entries for {layers} layers "
-                              f"({arch}.block_count); the file is inconsistent")
-    return [int(v) for v in values]
+from hybridspec.errors import UnsupportedModelError
+from hybridspec.adapters.gguf import qwen_meta
+from hybridspec.adapters.gguf.keys import Tensors, get, per_layer
 
 
 def _common(meta: dict, arch: str, tensors: Tensors) -> dict:
-    hidden, inner = int(_get(meta, arch, "embedding_length")), int(_get(meta, arch, "ssm.inner_size"))
-    heads = int(_get(meta, arch, "attention.head_count"))
-    ssm_heads = int(_get(meta, arch, "ssm.time_step_rank"))
-    cfg = {"vocab_size": int(_get(meta, arch, "vocab_size", 0)) or None, "hidden_size": hidden,
-           "num_hidden_layers": int(_get(meta, arch, "block_count")), "num_attention_heads": heads,
-           "head_dim": int(_get(meta, arch, "attention.key_length", hidden // max(heads, 1))),
-           "max_position_embeddings": int(_get(meta, arch, "context_length", 4096)),
+    hidden, inner = int(get(meta, arch, "embedding_length")), int(get(meta, arch, "ssm.inner_size"))
+    heads = int(get(meta, arch, "attention.head_count"))
+    ssm_heads = int(get(meta, arch, "ssm.time_step_rank"))
+    cfg = {"vocab_size": int(get(meta, arch, "vocab_size", 0)) or None, "hidden_size": hidden,
+           "num_hidden_layers": int(get(meta, arch, "block_count")), "num_attention_heads": heads,
+           "head_dim": int(get(meta, arch, "attention.key_length", hidden // max(heads, 1))),
+           "max_position_embeddings": int(get(meta, arch, "context_length", 4096)),
            "tie_word_embeddings": "output.weight" not in tensors.names,
            "attention_bias": tensors.any(".attn_q.bias"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id")}
-    ssm = {"heads": ssm_heads, "head_dim": inner // ssm_heads, "state": int(_get(meta, arch, "ssm.state_size")),
-           "groups": int(_get(meta, arch, "ssm.group_count")), "conv": int(_get(meta, arch, "ssm.conv_kernel")),
+    ssm = {"heads": ssm_heads, "head_dim": inner // ssm_heads, "state": int(get(meta, arch, "ssm.state_size")),
+           "groups": int(get(meta, arch, "ssm.group_count")), "conv": int(get(meta, arch, "ssm.conv_kernel")),
            "expand": inner // hidden, "conv_bias": tensors.any(".ssm_conv1d.bias"),
-           "proj_bias": tensors.any(".ssm_in.bias"), "chunk": _get(meta, arch, "ssm.chunk_size", None),
-           "dt_limit": _get(meta, arch, "ssm.dt_limit", None)}
-    return cfg, ssm, float(_get(meta, arch, "attention.layer_norm_rms_epsilon"))
+           "proj_bias": tensors.any(".ssm_in.bias"), "chunk": get(meta, arch, "ssm.chunk_size", None),
+           "dt_limit": get(meta, arch, "ssm.dt_limit", None)}
+    return cfg, ssm, float(get(meta, arch, "attention.layer_norm_rms_epsilon"))
 
 
 def _granite_config(meta: dict, arch: str, tensors: Tensors) -> dict:
     cfg, ssm, eps = _common(meta, arch, tensors)
     layers = cfg["num_hidden_layers"]
-    kv = _per_layer(meta, arch, "attention.head_count_kv", layers)
-    experts = int(_get(meta, arch, "expert_count", 0))
-    ff = int(_get(meta, arch, "feed_forward_length"))
+    kv = per_layer(meta, arch, "attention.head_count_kv", layers)
+    experts = int(get(meta, arch, "expert_count", 0))
+    ff = int(get(meta, arch, "feed_forward_length"))
     cfg |= {"layer_types": ["attention" if n else "mamba" for n in kv], "num_key_value_heads": max(kv) or None,
-            "position_embedding_type": "rope" if _get(meta, arch, "rope.scaling.finetuned", False) else None,
-            "rope_theta": float(_get(meta, arch, "rope.freq_base", 10000.0)), "rms_norm_eps": eps,
+            "position_embedding_type": "rope" if get(meta, arch, "rope.scaling.finetuned", False) else None,
+            "rope_theta": float(get(meta, arch, "rope.freq_base", 10000.0)), "rms_norm_eps": eps,
             "mamba_n_heads": ssm["heads"], "mamba_d_head": ssm["head_dim"], "mamba_d_state": ssm["state"],
             "mamba_n_groups": ssm["groups"], "mamba_d_conv": ssm["conv"], "mamba_expand": ssm["expand"],
             "mamba_conv_bias": ssm["conv_bias"], "mamba_proj_bias": ssm["proj_bias"],
-            "num_local_experts": experts, "num_experts_per_tok": int(_get(meta, arch, "expert_used_count", 0)),
+            "num_local_experts": experts, "num_experts_per_tok": int(get(meta, arch, "expert_used_count", 0)),
             "intermediate_size": ff,
-            "shared_intermediate_size": int(_get(meta, arch, "expert_shared_feed_forward_length", ff)),
-            "attention_multiplier": float(_get(meta, arch, "attention.scale", cfg["head_dim"] ** -0.5)),
-            "embedding_multiplier": float(_get(meta, arch, "embedding_scale", 1.0)),
-            "residual_multiplier": float(_get(meta, arch, "residual_scale", 1.0)),
-            "logits_scaling": float(_get(meta, arch, "logit_scale", 1.0))}
-    rotary = _get(meta, arch, "rope.dimension_count", None)
+            "shared_intermediate_size": int(get(meta, arch, "expert_shared_feed_forward_length", ff)),
+            "attention_multiplier": float(get(meta, arch, "attention.scale", cfg["head_dim"] ** -0.5)),
+            "embedding_multiplier": float(get(meta, arch, "embedding_scale", 1.0)),
+            "residual_multiplier": float(get(meta, arch, "residual_scale", 1.0)),
+            "logits_scaling": float(get(meta, arch, "logit_scale", 1.0))}
+    rotary = get(meta, arch, "rope.dimension_count", None)
     if rotary is not None:
         cfg["partial_rotary_factor"] = int(rotary) / cfg["head_dim"]
     return _ssm_extras(cfg, ssm, "mamba_chunk_size", "time_step_limit")
@@ -95,8 +68,8 @@ def _granite_config(meta: dict, arch: str, tensors: Tensors) -> dict:
 def _nemotron_config(meta: dict, arch: str, tensors: Tensors) -> dict:
     cfg, ssm, eps = _common(meta, arch, tensors)
     layers = cfg["num_hidden_layers"]
-    kv = _per_layer(meta, arch, "attention.head_count_kv", layers)
-    ff = _per_layer(meta, arch, "feed_forward_length", layers)
+    kv = per_layer(meta, arch, "attention.head_count_kv", layers)
+    ff = per_layer(meta, arch, "feed_forward_length", layers)
     cfg |= {"hybrid_override_pattern": "".join("*" if k else "-" if f else "M" for k, f in zip(kv, ff)),
             "num_key_value_heads": max(kv) or None, "layer_norm_epsilon": eps, "intermediate_size": max(ff) or 1,
             "mamba_num_heads": ssm["heads"], "mamba_head_dim": ssm["head_dim"], "ssm_state_size": ssm["state"],
@@ -194,8 +167,14 @@ ARCHS = {
     "nemotron_h": Arch("nemotron_h", "nemotron_h", _nemotron_config, _nemotron_metadata, ("nemotron_h",),
                        "attn_norm"),
     "mamba2": Arch("mamba2", "mamba_ssm", _mamba2_config, _mamba2_metadata, ("mamba_ssm",), "ffn_norm"),
+    "qwen3next": Arch("qwen3next", "qwen3_next", qwen_meta.config_dict, qwen_meta.metadata, ("qwen3_next",),
+                      "post_attention_norm"),
+    "qwen35": Arch("qwen35", "qwen3_5", qwen_meta.config_dict, qwen_meta.metadata, ("qwen3_5",),
+                   "post_attention_norm"),
+    "qwen35moe": Arch("qwen35moe", "qwen3_5", qwen_meta.config_dict, qwen_meta.metadata, ("qwen3_5_moe",),
+                      "post_attention_norm"),
 }
-UNSUPPORTED = ("qwen3next", "qwen35", "qwen35moe", "falcon-h1", "jamba", "mamba", "nemotron_h_moe")
+UNSUPPORTED = ("falcon-h1", "jamba", "mamba", "nemotron_h_moe")
 
 
 def arch_named(name: str) -> Arch:

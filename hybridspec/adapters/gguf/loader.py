@@ -35,7 +35,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device="cpu", 
     elif tensor_parallel_size != 1:
         raise ConfigError("a GGUF file loads into one process; use tensor_parallel_size=1")
     dtype = dtype or torch.float32
-    weights, quantized = gguf_reader.read_tensors(opened, plan, config)
+    weights, quantized = gguf_reader.read_tensors(opened, plan, config, arch)
     if pack is None:
         pack = backends.packs_for_cpu(device)
     weights = {k: (v.to(device) if k not in quantized else v) for k, v in weights.items()}

@@ -7,6 +7,9 @@ Layouts llama.cpp changes (shapes in torch order, the reverse of GGUF's ne):
     conv1d.weight [C, 1, k]    -> ssm_conv1d [C, k]
     norm.weight [n·p]          -> ssm_norm [g, n·p / g] (the gated norm's groups)
     experts.gate_up_proj [E, 2·I, H] -> ffn_gate_exps [E, I, H] and ffn_up_exps [E, I, H]
+    A_log (every SSM)          -> ssm_a = -exp(A_log)
+    Qwen's zero-centred norms w -> 1 + w (the reader keeps it and multiplies by it as it is)
+    a gated DeltaNet's in_proj  -> its parts, value heads reordered (`gdn`)
 Reading A back, A_log is the float32 whose -exp is A exactly (as the model computes it), found
 among the neighbours of log(-A): a file hybridspec wrote gives back a model with the same decay.
 """
@@ -17,6 +20,7 @@ import re
 import torch
 
 from hybridspec.config import HybridConfig
+from hybridspec.adapters.gguf import gdn
 
 GLOBAL = {"embed_tokens.weight": "token_embd.weight", "final_norm.weight": "output_norm.weight",
           "lm_head.weight": "output.weight"}
@@ -33,16 +37,16 @@ LAYER = {
     "mixer.out_proj.weight": "ssm_out.weight", "mixer.out_proj.bias": "ssm_out.bias",
     **{f"ffn.{p}_proj.{kind}": f"ffn_{p}.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")},
     **{f"ffn.shared.{p}_proj.weight": f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")},
-    "ffn.router.weight": "ffn_gate_inp.weight",
+    "ffn.router.weight": "ffn_gate_inp.weight", "ffn.shared_gate.weight": "ffn_gate_inp_shexp.weight",
     "ffn.experts.up_proj": "ffn_up_exps.weight", "ffn.experts.down_proj": "ffn_down_exps.weight",
 }
 GATE_UP = "ffn.experts.gate_up_proj"  # two GGUF tensors: ffn_gate_exps, ffn_up_exps
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
-def gguf_names(name: str, norm_of_ffn: str) -> tuple[str, ...]:
-    """The GGUF tensor(s) holding the canonical tensor `name` (two for experts' gate_up_proj); ()
-    where llama.cpp has no name for it. `norm_of_ffn`: the GGUF norm of a feed-forward sublayer."""
+def gguf_names(name: str, arch, config: HybridConfig) -> tuple[str, ...]:
+    """The GGUF tensor(s) holding the canonical tensor `name` in `arch`'s layout (several for experts'
+    gate_up_proj and a gated DeltaNet's in_proj); () where llama.cpp has no name for it."""
     if name in GLOBAL:
         return (GLOBAL[name],)
     match = _LAYER_NAME.match(name)
@@ -52,43 +56,99 @@ def gguf_names(name: str, norm_of_ffn: str) -> tuple[str, ...]:
     if rest == GATE_UP:
         return (f"blk.{layer}.ffn_gate_exps.weight", f"blk.{layer}.ffn_up_exps.weight")
     if rest == "ffn_norm.weight":
-        return (f"blk.{layer}.{norm_of_ffn}.weight",)
+        return (f"blk.{layer}.{arch.norm_of_ffn}.weight",)
+    if rest == "mixer.in_proj.weight" and config.gdn is not None:
+        return tuple(f"blk.{layer}.{part}" for part in gdn.in_proj_parts(config, arch.name))
     return (f"blk.{layer}.{LAYER[rest]}",) if rest in LAYER else ()
 
 
-def stored_shapes(name: str, shape: tuple[int, ...], config: HybridConfig) -> tuple[tuple[int, ...], ...]:
+def _rest(name: str) -> str:
+    match = _LAYER_NAME.match(name)
+    return match.group(2) if match else name
+
+
+def stored_shapes(name: str, shape: tuple[int, ...], config: HybridConfig, arch) -> tuple[tuple[int, ...], ...]:
     """The torch-order shape(s) of `gguf_names(name)` for a canonical tensor of `shape`."""
-    if name.endswith(("mixer.A_log", "mixer.D")) and config.mamba2 is not None:
+    rest = _rest(name)
+    if rest in ("mixer.A_log", "mixer.D") and config.mamba2 is not None:
         return ((shape[0], 1),)
-    if name.endswith("mixer.conv1d.weight"):
+    if rest == "mixer.conv1d.weight":
         return ((shape[0], shape[2]),)
-    if name.endswith("mixer.norm.weight") and config.mamba2 is not None:
+    if rest == "mixer.norm.weight" and config.mamba2 is not None:
         groups = config.mamba2.n_groups
         return ((groups, shape[0] // groups),)
-    if name.endswith(GATE_UP):
+    if rest == GATE_UP:
         half = (shape[0], shape[1] // 2, shape[2])
         return (half, half)
+    if rest == "mixer.in_proj.weight" and config.gdn is not None:
+        return tuple((len(rows), shape[1]) for rows in gdn.in_proj_parts(config, arch.name).values())
     return (shape,)
 
 
-def to_stored(name: str, tensor: torch.Tensor, config: HybridConfig) -> tuple[torch.Tensor, ...]:
+def zero_centred(name: str, config: HybridConfig) -> bool:
+    """Whether `name` is a norm llama.cpp stores as 1 + w (Qwen's zero-centred norms; not the GDN's gated
+    norm): its converter adds the 1, so a file holds the weight the model multiplies by."""
+    return config.zero_centred_norms and _rest(name) in ZERO_CENTRED
+
+
+ZERO_CENTRED = ("final_norm.weight", "input_norm.weight", "ffn_norm.weight", "mixer.q_norm.weight",
+                "mixer.k_norm.weight")
+
+
+def to_stored(name: str, tensor: torch.Tensor, config: HybridConfig, arch) -> tuple[torch.Tensor, ...]:
     """The canonical tensor as llama.cpp stores it (see the module)."""
-    if name.endswith(GATE_UP):
+    from hybridspec.models.common import norm_weight
+    rest = _rest(name)
+    if rest == GATE_UP:
         return tuple(tensor.chunk(2, dim=1))
-    shapes = stored_shapes(name, tuple(tensor.shape), config)
-    if name.endswith("mixer.A_log") and config.mamba2 is not None:
+    if rest == "mixer.in_proj.weight" and config.gdn is not None:
+        return tuple(tensor[rows] for rows in gdn.in_proj_parts(config, arch.name).values())
+    shapes = stored_shapes(name, tuple(tensor.shape), config, arch)
+    if rest == "mixer.A_log":
         tensor = -torch.exp(tensor.float())
+    if zero_centred(name, config):
+        tensor = norm_weight(tensor, True)
+    rows, columns = gdn.row_map(rest, config, arch.name), gdn.column_map(rest, config, arch.name)
+    if rows is not None:
+        tensor = tensor[rows]
+    if columns is not None:
+        tensor = tensor[:, columns]
     return (tensor.reshape(shapes[0]),)
 
 
-def from_stored(name: str, parts: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
-    """to_stored's inverse: the canonical tensor of `shape` from its stored part(s)."""
-    if name.endswith(GATE_UP):
+def from_stored(name: str, parts: list[torch.Tensor], shape: tuple[int, ...], config: HybridConfig,
+                arch) -> torch.Tensor:
+    """to_stored's inverse: the canonical tensor of `shape` from its stored part(s) (a zero-centred norm
+    stays 1 + w: the reader's config multiplies by it as it is)."""
+    rest = _rest(name)
+    if rest == GATE_UP:
         return torch.cat(parts, dim=1)
+    if rest == "mixer.in_proj.weight" and config.gdn is not None:
+        order = torch.cat(list(gdn.in_proj_parts(config, arch.name).values()))
+        return torch.cat(parts)[gdn.inverse(order)]
     tensor = parts[0]
-    if name.endswith("mixer.A_log") and tensor.dim() == 2:
+    if rest == "mixer.A_log":
         tensor = a_log_of(tensor.reshape(-1))
-    return tensor.reshape(shape)
+    rows, columns = gdn.row_map(rest, config, arch.name), gdn.column_map(rest, config, arch.name)
+    tensor = tensor.reshape(shape) if rows is None else tensor.reshape(shape[0], -1)[gdn.inverse(rows)]
+    if columns is not None:
+        tensor = tensor[:, gdn.inverse(columns)]
+    return tensor.reshape(shape).contiguous()
+
+
+def columns_moved(name: str, config: HybridConfig, arch) -> bool:
+    """Whether llama.cpp stores the product weight `name` with its input columns reordered: its
+    quantized blocks are not the canonical tensor's, so it is read as float."""
+    return gdn.column_map(_rest(name), config, arch.name) is not None
+
+
+def block_rows(name: str, config: HybridConfig, arch) -> torch.Tensor | None:
+    """The canonical rows of a product weight stored in several GGUF tensors, in stored order (their
+    quantized blocks concatenate and reorder into the canonical blocks); None for one stored whole."""
+    rest = _rest(name)
+    if rest == "mixer.in_proj.weight" and config.gdn is not None:
+        return torch.cat(list(gdn.in_proj_parts(config, arch.name).values()))
+    return None
 
 
 def a_log_of(a: torch.Tensor) -> torch.Tensor:

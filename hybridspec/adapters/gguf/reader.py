@@ -4,6 +4,7 @@ weights kept as their blocks (`QuantWeight.from_blocks`) and the rest as float32
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from hybridspec.config import HybridConfig
 from hybridspec.errors import ModelFilesError
 from hybridspec.kernels.quant import formats
 from hybridspec.kernels.quant.weight import QuantWeight
-from hybridspec.adapters.gguf import names
+from hybridspec.adapters.gguf import gdn, names
 from hybridspec.adapters.gguf.archs import Arch, Tensors, arch_named
 from hybridspec.adapters.validate import expected_tensors
 
@@ -57,6 +58,8 @@ def config_of(reader, meta: dict, source: str) -> tuple[Arch, HybridConfig]:
         embedding = stored.get("token_embd.weight")
         cfg["vocab_size"] = embedding[0][0] if embedding else len(meta.get("tokenizer.ggml.tokens", []))
     config = _config(_adapter_module(arch.adapter).config_from_dict, cfg, f"{source} metadata")
+    if config.zero_centred_norms:  # llama.cpp's converters store such a norm as 1 + w (`names`)
+        config = dataclasses.replace(config, zero_centred_norms=False)
     if "partial_rotary_factor" in cfg and config.attention is not None:  # Granite's adapter reads no such field
         config = dataclasses.replace(config, attention=dataclasses.replace(
             config.attention, partial_rotary_factor=cfg["partial_rotary_factor"]))
@@ -69,11 +72,11 @@ def check_tensors(reader, arch: Arch, config: HybridConfig, source: str) -> dict
     stored = shapes(reader)
     plan, missing, wrong, bad_type = {}, [], [], []
     for name, expected in expected_tensors(config).items():
-        parts = names.gguf_names(name, arch.norm_of_ffn)
+        parts = names.gguf_names(name, arch, config)
         if not parts:
             missing.append(f"{name} (no llama.cpp name for it in {arch.name})")
             continue
-        for part, shape in zip(parts, names.stored_shapes(name, expected.shape, config)):
+        for part, shape in zip(parts, names.stored_shapes(name, expected.shape, config, arch)):
             if part not in stored:
                 missing.append(part)
             elif stored[part][0] != shape:
@@ -82,7 +85,7 @@ def check_tensors(reader, arch: Arch, config: HybridConfig, source: str) -> dict
                 bad_type.append(f"{part} ({stored[part][1].name})")
         plan[name] = parts
     used = {part for parts in plan.values() for part in parts}
-    unused = sorted(set(stored) - used)
+    unused = sorted(name for name in set(stored) - used if not _spare_block(name, config))
     problems = [f"{kind} {len(items)}: " + ", ".join(items[:SHOWN]) + (" ..." if len(items) > SHOWN else "")
                 for kind, items in (("missing", missing), ("wrong shape", wrong),
                                     ("unsupported type", bad_type), ("not used by the model", unused)) if items]
@@ -94,14 +97,21 @@ def check_tensors(reader, arch: Arch, config: HybridConfig, source: str) -> dict
     return plan
 
 
+def _spare_block(name: str, config: HybridConfig) -> bool:
+    """A tensor of a block past the model's layers: the multi-token-prediction blocks a converter
+    appends (block_count counts them, the config does not), set aside as `mtp.*` weights are."""
+    match = re.match(r"^blk\.(\d+)\.", name)
+    return match is not None and int(match.group(1)) >= config.num_layers
+
+
 def readable(qtype) -> bool:
     from gguf import GGMLQuantizationType as T
     from gguf.quants import _type_traits
     return qtype in (T.F32, T.F16, T.BF16) or qtype in _type_traits
 
 
-def read_tensors(reader, plan: dict[str, tuple[str, ...]],
-                 config: HybridConfig) -> tuple[dict[str, torch.Tensor], dict[str, QuantWeight]]:
+def read_tensors(reader, plan: dict[str, tuple[str, ...]], config: HybridConfig,
+                 arch: Arch) -> tuple[dict[str, torch.Tensor], dict[str, QuantWeight]]:
     """(canonical weights, the quantized ones): a product weight stored in a block format hybridspec
     multiplies is a QuantWeight (a float placeholder of its shape stands in `weights` until the
     model holds it); every other tensor float32."""
@@ -109,17 +119,31 @@ def read_tensors(reader, plan: dict[str, tuple[str, ...]],
     expected = expected_tensors(config)
     weights, quantized = {}, {}
     for name, parts in plan.items():
-        tensor = by_name[parts[0]]
-        fmt = formats.BY_GGML_TYPE.get(int(tensor.tensor_type))
-        if fmt is not None and len(parts) == 1 and names.quantizable(name):
+        blocks = _blocks(name, [by_name[part] for part in parts], config, arch)
+        if blocks is not None:
             out_features, in_features = expected[name].shape
-            blocks = torch.from_numpy(np.array(tensor.data, copy=True)).view(torch.uint8)
-            quantized[name] = QuantWeight.from_blocks(blocks, fmt, out_features, in_features)
+            quantized[name] = QuantWeight.from_blocks(blocks[1], blocks[0], out_features, in_features)
             weights[name] = torch.zeros(1).expand(out_features, in_features)
         else:
             stored = [as_float(by_name[part]) for part in parts]
-            weights[name] = names.from_stored(name, stored, expected[name].shape)
+            weights[name] = names.from_stored(name, stored, expected[name].shape, config, arch)
     return weights, quantized
+
+
+def _blocks(name: str, tensors: list, config: HybridConfig, arch: Arch):
+    """(format, canonical uint8 blocks [rows, bytes]) of a product weight stored in one block format
+    hybridspec multiplies, as one tensor or as row parts (`names.block_rows`); else None (read as float)."""
+    fmts = {formats.BY_GGML_TYPE.get(int(t.tensor_type)) for t in tensors}
+    fmt = fmts.pop() if len(fmts) == 1 else None
+    if fmt is None or not names.quantizable(name):
+        return None
+    rows = names.block_rows(name, config, arch)
+    if rows is None and (len(tensors) != 1 or names.columns_moved(name, config, arch)):
+        return None
+    blocks = [torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8) for t in tensors]
+    if rows is None:
+        return fmt, blocks[0]
+    return fmt, torch.cat([b.reshape(b.shape[0], -1) for b in blocks])[gdn.inverse(rows)].contiguous()
 
 
 def as_float(tensor) -> torch.Tensor:

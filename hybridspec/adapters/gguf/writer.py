@@ -50,7 +50,7 @@ def stored_tensors(config, weights: dict[str, torch.Tensor], fmt: str | None) ->
         weights = {**weights, "lm_head.weight": weights["embed_tokens.weight"]}
     out = {}
     for name, tensor in weights.items():
-        targets = names.gguf_names(name, arch.norm_of_ffn)
+        targets = names.gguf_names(name, arch, config)
         if not targets:
             raise ModelFilesError(f"{name} has no name in llama.cpp's {arch.name} layout; this model cannot be "
                                   "written as GGUF")
@@ -58,12 +58,12 @@ def stored_tensors(config, weights: dict[str, torch.Tensor], fmt: str | None) ->
         if block_format is not None and names.quantizable(name) and tensor.dim() == 2:
             chosen = quantizing.weight_format(tensor, quantizing.HEAD_FORMAT if name == "lm_head.weight"
                                               else block_format)
-        if chosen is not None:
-            blocks = QuantWeight.quantize(tensor.detach().float(), chosen).detach()
-            out[targets[0]] = (blocks.numpy(), chosen.ggml_type)
-            continue
-        for target, part in zip(targets, names.to_stored(name, tensor.detach(), config)):
-            out[target] = part.float().contiguous().numpy()
+        for target, part in zip(targets, names.to_stored(name, tensor.detach(), config, arch)):
+            if chosen is not None:  # quantized by rows: a tensor split by rows keeps the whole one's blocks
+                blocks = QuantWeight.quantize(part.float().contiguous(), chosen).detach()
+                out[target] = (blocks.numpy(), chosen.ggml_type)
+            else:
+                out[target] = part.float().contiguous().numpy()
     return out
 
 
