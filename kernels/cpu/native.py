@@ -191,14 +191,26 @@ def find_compiler() -> str:
 
 def compile_library(compiler: str, sources, target: Path) -> None:
     """Compile `sources` (paths; their headers beside them) with FLAGS into the shared library
-    `target`; raises CpuKernelsUnavailable with the compiler's reason when it cannot."""
+    `target`: each source to an object file in its own compiler process, all at once (a first
+    use waits for the slowest source, not for their sum), then one link; raises
+    CpuKernelsUnavailable with the compiler's reason when it cannot."""
+    compile_flags = [f for f in FLAGS if f != "-shared"]
+    objects = [target.with_name(f"{target.stem}-{Path(s).stem}.o") for s in sources]
+    steps = [[compiler, *compile_flags, "-c", "-o", str(o), str(s)] for s, o in zip(sources, objects)]
     try:
-        result = subprocess.run([compiler, *FLAGS, "-o", str(target), *map(str, sources), "-lm"],
-                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        running = [subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for step in steps]
+        failures = [err for p in running for _, err in [p.communicate(timeout=BUILD_TIMEOUT_S)] if p.returncode]
+        if not failures:
+            link = subprocess.run([compiler, *FLAGS, "-o", str(target), *map(str, objects), "-lm"],
+                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            failures = [link.stderr] if link.returncode else []
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CpuKernelsUnavailable(f"the C compiler {compiler!r} cannot run: {exc}") from exc
-    if result.returncode != 0:
-        raise CpuKernelsUnavailable(f"{compiler} failed on the CPU kernels: {result.stderr.strip()[:2000]}")
+    finally:
+        for o in objects:
+            o.unlink(missing_ok=True)
+    if failures:
+        raise CpuKernelsUnavailable(f"{compiler} failed on the CPU kernels: {failures[0].strip()[:2000]}")
 
 
 def load(path: Path):
