@@ -274,7 +274,7 @@ class Engine:
         self.speculator: Speculator | None = None
         self.gamma_controller: GammaController | None = None
         num_draft_tokens = config.gamma_max
-        drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
+        drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings, config.tree)
         graphed_models = graphed(config.cuda_graphs, [target] + _drafter_models(drafter))
         if drafter is None:
             self.cache = self._new_cache(ring_slots=2)

@@ -1,0 +1,70 @@
+"""`TreeBatch`: what a forward over a tree of inputs carries through the
+layer stack (`ForwardBatch.tree`) and hands back to the round: the tree's
+indices (`kernels.tree_plan.TreePlan`) and, per recurrent layer, the state
+after every input, kept until the commit copies the accepted input's into a
+ring slot (`write_input`).
+
+The mixers call its `conv_window`, `mamba2`, `mamba1`, `gdn` and
+`attention` in place of their backend ops when a forward runs over a tree:
+the torch forms of `kernels.tree_steps` run them (the native blocks, the
+whole C forward, CUDA graphs and the Triton kernels take chains only). A tree
+forward writes no ring slot; K/V go where a chain's would (input t at
+position start + t) and are moved onto the accepted path at the commit.
+"""
+from __future__ import annotations
+
+import torch
+
+from hybridspec.kernels import tree_steps
+from hybridspec.kernels.slot_plan import SlotPlan
+from hybridspec.kernels.tree_plan import TreePlan
+
+
+class TreeBatch:
+    """parents [batch][n_b]: each verify input's parent input, -1 for input 0 (the
+    pending token); `slots`: the forward's SlotPlan (set by `HybridCache.plan_forward`)."""
+
+    def __init__(self, parents: list[list[int]], device):
+        self.plan = TreePlan(parents, device)
+        self.slots: SlotPlan | None = None
+        self.ssm: dict[int, torch.Tensor] = {}  # state_layer -> [batch, T, ...] the state after each input
+        self.conv: dict[int, torch.Tensor] = {}  # state_layer -> [batch, T, conv_dim, d_conv - 1]
+
+    def positions(self, start_lens: list[int]) -> torch.Tensor:  # [batch, T] start + depth
+        return self.plan.positions(start_lens)
+
+    # -- what the mixers call --------------------------------------------------------------
+
+    def conv_window(self, layer: int, conv_states, xs, weight, bias, activation) -> torch.Tensor:
+        out, self.conv[layer] = tree_steps.conv_window_tree(conv_states, self.slots, self.plan, xs, weight, bias,
+                                                            activation)
+        return out
+
+    def mamba2(self, layer: int, ssm_states, x, dt, A, B, C, D) -> torch.Tensor:
+        y, self.ssm[layer] = tree_steps.mamba2_tree(ssm_states, self.slots, self.plan, x, dt, A, B, C, D)
+        return y
+
+    def mamba1(self, layer: int, ssm_states, x, dt, A, B, C, D) -> torch.Tensor:
+        y, self.ssm[layer] = tree_steps.mamba1_tree(ssm_states, self.slots, self.plan, x, dt, A, B, C, D)
+        return y
+
+    def gdn(self, layer: int, states, q, k, v, g, beta) -> torch.Tensor:
+        o, self.ssm[layer] = tree_steps.gdn_tree(states, self.slots, self.plan, q, k, v, g, beta)
+        return o
+
+    def attention(self, q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
+        return tree_steps.tree_attention(q, k_cache, v_cache, meta, self.plan, scale)
+
+    # -- what the commit reads -------------------------------------------------------------
+
+    def write_input(self, ssm_states: list[torch.Tensor], conv_states: list[torch.Tensor], b: int, t: int,
+                    slot: int) -> None:
+        """Every recurrent layer's state after row b's input t into pool slot `slot`."""
+        for layer, states in self.ssm.items():
+            ssm_states[layer][slot].copy_(states[b, t])
+        for layer, windows in self.conv.items():
+            conv_states[layer][slot].copy_(windows[b, t])
+
+    def nbytes(self) -> int:
+        """The bytes of every input's kept states (what a tree round holds beside the ring)."""
+        return sum(t.numel() * t.element_size() for t in (*self.ssm.values(), *self.conv.values()))
