@@ -27,7 +27,8 @@ from hybridspec.kernels.triton.mamba1_verify import mamba1_step_ref
 from hybridspec.kernels.triton.mamba2_verify import accumulate_dtype, as_dtype, mamba2_step_ref
 from hybridspec.kernels.triton.paged_attention import row_pages
 
-Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (parent states [n, ...], inputs [n, ...]...) -> (states, outs)
+# (parent states [n, ...], each input [n, ...]) -> (states [n, ...], outputs [n, ...])
+Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def tree_scan(init: torch.Tensor, tree: TreePlan, step: Step,
@@ -78,10 +79,13 @@ def mamba2_tree(ssm_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, x, dt
     heads_per_group = x.shape[2] // B.shape[2]
     A, D = as_dtype(A, acc), as_dtype(D, acc)
 
-    def step(state, x, dt, B, C):  # state [n, nheads, headdim, d_state]
-        B, C = (t.repeat_interleave(heads_per_group, dim=1) for t in (B, C))  # [n, nheads, d_state]
-        state = mamba2_step_ref(state, x, dt, A, B)
-        return state, (state * C[:, :, None, :]).sum(-1) + D[:, None] * x
+    def step(state, x, dt, B, C):  # state [n, nheads, headdim, d_state]; B, C [n, ngroups, d_state]
+        n, ngroups, d_state = B.shape
+        state = mamba2_step_ref(state, x, dt, A, B.repeat_interleave(heads_per_group, dim=1))
+        # y = C h in the chain's row-vector form, per group, then + D x
+        y = torch.bmm(C.reshape(n * ngroups, 1, d_state),
+                      state.reshape(n * ngroups, heads_per_group * x.shape[2], d_state).transpose(1, 2))
+        return state, torch.addcmul(y.view_as(x), x, D.view(-1, 1))
 
     states, y = tree_scan(as_dtype(slots.read(ssm_states), acc), tree, step,
                           *(as_dtype(t, acc) for t in (x, dt, B, C)))
@@ -91,13 +95,15 @@ def mamba2_tree(ssm_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, x, dt
 def mamba1_tree(ssm_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, x, dt, A, B, C,
                 D) -> tuple[torch.Tensor, torch.Tensor]:
     """h = exp(Δ ⊗ A) ⊙ h_parent + (Δ x) ⊗ B, y = h C + D x per input. ssm_states [slots, d_inner, d_state];
-    x, dt [batch, T, d_inner]; B, C [batch, T, d_state] -> (y [batch, T, d_inner], states [batch, T, d_inner, d_state])."""
+    x, dt [batch, T, d_inner]; B, C [batch, T, d_state]
+    -> (y [batch, T, d_inner], states [batch, T, d_inner, d_state])."""
     acc = accumulate_dtype(ssm_states, x, dt, A, B, C, D)
     A, D = as_dtype(A, acc), as_dtype(D, acc)
 
     def step(state, x, dt, B, C):  # state [n, d_inner, d_state]
         state = mamba1_step_ref(state, x, dt, A, B)
-        return state, (state * C[:, None, :]).sum(-1) + D * x
+        y = torch.bmm(C[:, None, :], state.transpose(1, 2))[:, 0]  # y = h C in the chain's row-vector form
+        return state, y.addcmul_(D, x)
 
     states, y = tree_scan(as_dtype(slots.read(ssm_states), acc), tree, step,
                           *(as_dtype(t, acc) for t in (x, dt, B, C)))

@@ -4,7 +4,7 @@ indices (`kernels.tree_plan.TreePlan`) and, per recurrent layer, the state
 after every input, kept until the commit copies the accepted input's into a
 ring slot (`write_input`).
 
-The mixers call its `conv_window`, `mamba2`, `mamba1`, `gdn` and
+The mixers call its `conv_window`, `recurrence` (with their kind's form) and
 `attention` in place of their backend ops when a forward runs over a tree:
 the torch forms of `kernels.tree_steps` run them (the native blocks, the
 whole C forward, CUDA graphs and the Triton kernels take chains only). A tree
@@ -40,17 +40,11 @@ class TreeBatch:
                                                             activation)
         return out
 
-    def mamba2(self, layer: int, ssm_states, x, dt, A, B, C, D) -> torch.Tensor:
-        y, self.ssm[layer] = tree_steps.mamba2_tree(ssm_states, self.slots, self.plan, x, dt, A, B, C, D)
-        return y
-
-    def mamba1(self, layer: int, ssm_states, x, dt, A, B, C, D) -> torch.Tensor:
-        y, self.ssm[layer] = tree_steps.mamba1_tree(ssm_states, self.slots, self.plan, x, dt, A, B, C, D)
-        return y
-
-    def gdn(self, layer: int, states, q, k, v, g, beta) -> torch.Tensor:
-        o, self.ssm[layer] = tree_steps.gdn_tree(states, self.slots, self.plan, q, k, v, g, beta)
-        return o
+    def recurrence(self, layer: int, tree_form, states, *inputs) -> torch.Tensor:
+        """A recurrent layer's rule over the tree: `tree_form(states, slots, plan, *inputs)`,
+        its kind's form in `kernels.tree_steps`, gives (outputs, every input's state)."""
+        out, self.ssm[layer] = tree_form(states, self.slots, self.plan, *inputs)
+        return out
 
     def attention(self, q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
         return tree_steps.tree_attention(q, k_cache, v_cache, meta, self.plan, scale)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridspec.cache.state_pool import StatePool
+from hybridspec.kernels import tree_steps
 from hybridspec.kernels.descriptors import GdnDesc
 
 from hybridspec.config import GdnConfig
@@ -79,7 +80,8 @@ class GatedDeltaNet(Kernelled, nn.Module):
         v = v.reshape(bsz, T, HV, cfg.value_head_dim).contiguous()
         g, beta = self.gates(a, b, states.dtype)  # [batch, T, HV]
         o = (ops.gdn_steps(states, batch, q, k, v, g, beta, self.chunked_scan) if tree is None
-             else tree.gdn(self.state_layer, states, q, k, v, g, beta))  # [batch, T, HV, d_v]
+             else tree.recurrence(self.state_layer, tree_steps.gdn_tree, states, q, k, v, g, beta))
+        # o: [batch, T, HV, d_v]
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = GdnInputLog(xs=xs, k=k, v=v, g=g, beta=beta)
         return ops.linear(norm_then_gate(ops.norm, o, z, self.norm_weight, self.eps), self.out_proj)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels import tree_steps
 from hybridspec.kernels.descriptors import Mamba1Desc
 
 from hybridspec.config import Mamba1Config
@@ -90,7 +91,7 @@ class Mamba1Mixer(LogReplay, Kernelled, nn.Module):
         dt, B, C = self.ssm_params(x)  # [batch, T, d_inner], [batch, T, d_state] x 2
         A = -torch.exp(self.A_log.to(cd))  # [d_inner, d_state]
         y = (ops.mamba1_steps(ssm_states, batch, x, dt, A, B, C, self.D) if tree is None
-             else tree.mamba1(self.state_layer, ssm_states, x, dt, A, B, C, self.D))
+             else tree.recurrence(self.state_layer, tree_steps.mamba1_tree, ssm_states, x, dt, A, B, C, self.D))
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
         y = y * F.silu(gate)  # [batch, T, d_inner]

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridspec.kernels import tree_steps
 from hybridspec.kernels.descriptors import Mamba2Desc
 from hybridspec.kernels.ops import SSD_MIN_TOKENS  # noqa: F401 (where the chunked scan takes over)
 from hybridspec.kernels.ops import Norm
@@ -110,7 +111,7 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
             dt = dt.clamp(low, high)
         A = self.decay_rate(cd)  # [nheads]
         y = (ops.mamba2_steps(ssm_states, batch, x, dt, A, B, C, self.D, self.chunked_scan) if tree is None
-             else tree.mamba2(self.state_layer, ssm_states, x, dt, A, B, C, self.D))
+             else tree.recurrence(self.state_layer, tree_steps.mamba2_tree, ssm_states, x, dt, A, B, C, self.D))
         self.log_inputs(batch, xs, x, dt, B, C)
         y = gate_and_norm(ops.norm, y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps, self.reduce)
         return ops.linear(y, self.out_proj, self.out_bias)

@@ -69,5 +69,6 @@ def as_chains(logits: torch.Tensor, round: RoundBatch, paths: list[list[int]]) -
     drafts = [[round.drafts[b][i - 1] for i in path[1:]] for b, path in enumerate(paths)]
     q = round.draft_probs
     if q is not None and width > 1:
-        q = q.gather(1, (index[:, 1:] - 1).clamp(min=0)[..., None].expand(B, width - 1, q.shape[2]))  # [batch, L, vocab]
+        nodes = (index[:, 1:] - 1).clamp(min=0)  # [batch, L]: the path's nodes (padding: any)
+        q = q.gather(1, nodes[..., None].expand(B, width - 1, q.shape[2]))  # [batch, L, vocab]
     return chain_logits, replace(round, drafts=drafts, draft_probs=q)
