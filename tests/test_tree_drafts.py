@@ -2,7 +2,8 @@
 forward over that node's path (logits and every recurrent state); greedy and
 coupled tree rounds give plain decoding's tokens on Mamba-2, Mamba-1 and GDN
 hybrids, with the target's states after every commit equal to a fresh prefill
-of the committed tokens; chains are unchanged; the tree helpers' rules."""
+of the committed tokens; unseeded sampled rows run multi-draft acceptance;
+chains are unchanged; the tree helpers' rules."""
 import pytest
 import torch
 
@@ -111,17 +112,18 @@ def test_tree_rounds_equal_plain_output_with_state_parity(pair, verify, temperat
     assert parity.tree_rounds > 0 and parity.checked > 0
 
 
-def test_unseeded_rejection_rows_verify_the_spine(pair):
-    """Sampled rows without a seed verify the drafter's spine as a chain: the round runs,
-    commits and keeps the invariant and state parity."""
+def test_unseeded_rejection_rows_take_multi_draft_acceptance(pair):
+    """Sampled rows without a seed are verified by recursive rejection over each node's
+    children (`spec.tree_sampling`): rounds accept alternatives too, commit, and keep the
+    invariant, state parity and the emitted tokens' log-probabilities."""
     target, draft = pair
     engine = Engine(target, draft=draft, num_draft_tokens=4, block_size=4, tree=TreeShape((2, 2)))
     engine.speculator.check = True
     parity = StateParity(engine)
     engine.speculator.hooks.append(parity)
-    outputs = engine.generate(PROMPTS, [hs.SamplingParams(max_new_tokens=9, temperature=0.8)] * 3)
-    assert all(len(o.token_ids) == 9 for o in outputs)
-    assert parity.tree_rounds > 0
+    outputs = engine.generate(PROMPTS, [hs.SamplingParams(max_new_tokens=9, temperature=0.8, logprobs=2)] * 3)
+    assert all(len(o.token_ids) == 9 and [lp.token_id for lp in o.logprobs] == o.token_ids for o in outputs)
+    assert parity.tree_rounds > 0 and engine.stats.accepted_tokens > 0
 
 
 def test_a_width_one_tree_is_the_chain(pair):

@@ -29,7 +29,7 @@ from hybridspec.kernels.reference import MODE_COUPLED, MODE_GREEDY, MODE_REJECTI
 
 from hybridspec.errors import InvalidRequestError, PeerRankError
 from hybridspec.sampling.grammar import verify_masks
-from hybridspec.sampling.logprobs import batch_logprobs
+from hybridspec.sampling.logprobs import batch_logprobs, token_logprobs
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.next_token import sample_next
 from hybridspec.sampling.penalties import penalty_context
@@ -38,7 +38,7 @@ from hybridspec.spec.drafters import Drafter, Proposal
 from hybridspec.spec.round import RoundBatch, RowResult
 from hybridspec.spec.tree import check_parents, input_parents
 from hybridspec.cache.tree_batch import TreeBatch
-from hybridspec.spec.tree_accept import as_chains, tree_paths
+from hybridspec.spec.tree_accept import as_chains, multi_draft, tree_paths
 
 if TYPE_CHECKING:  # the engine passes its counters in; spec sits below the engine
     from hybridspec.engine.stats import EngineStats
@@ -177,6 +177,10 @@ class Speculator:
             round.tokens, round.accepted = self.accept(chain_logits, chains, rows)
             round.logprobs = chains.logprobs
             round.paths = [path[:n + 1] for path, n in zip(round.paths, round.accepted)]
+            for b, (path, tokens, p) in multi_draft(logits, round, rows, self.coupled_rows(round.requests)).items():
+                round.paths[b], round.tokens[b], round.accepted[b] = path, tokens, len(path) - 1
+                k = round.requests[b].params.logprobs
+                round.logprobs[b] = None if k is None else token_logprobs(p, tokens, k)
 
     def accept(self, logits: torch.Tensor, round: RoundBatch, rows: RowParams) -> tuple[list[list[int]], list[int]]:
         """Rejection sampling over post-processed p and q: (emitted tokens per row, accepted counts);

@@ -14,18 +14,19 @@ alternatives it had computed, the next most likely tokens at a depth). After
 the commit the drafter moves to the end of the accepted path's prefix that
 lies on the spine (`spine_boundary`); the next round's catch-up feeds the rest.
 
-Acceptance picks one root-to-node path per row, then verifies that path as
-the chain it is (`Speculator.accept`), so every rule keeps its chain
-guarantee:
+Acceptance (`spec.tree_accept`) picks one root-to-node path per row, then
+verifies that path as the chain it is (`Speculator.accept`), so every rule
+keeps its chain guarantee:
 - greedy: at each node, the child equal to the target's argmax there
   (`walk`): the path's tokens are then plain greedy decoding's;
 - coupled: the child equal to the target's own keyed sample at the node's
   position (seed, absolute position, purpose: the chain's noise), so the
   output is plain seeded sampling's whatever the tree;
-- rejection (sampled rows without a seed) and rows whose distributions
-  depend on the drafts (penalties, grammars): the spine, verified as the
-  chain the drafter proposed; its other nodes go unused (lossless, no gain).
-  Multi-draft rejection over siblings is not implemented.
+- rows whose distributions depend on the drafts (penalties, grammars): the
+  spine, verified as the chain the drafter proposed; its other nodes go
+  unused (lossless, no gain).
+Sampled rows verified by rejection (no seed) take recursive rejection over
+each node's children instead (`spec.tree_sampling`, with its proof sketch).
 """
 from __future__ import annotations
 

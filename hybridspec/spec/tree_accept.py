@@ -20,6 +20,7 @@ from hybridspec.sampling.grammar import has_grammar
 from hybridspec.sampling.sampler import RowParams, argmax_suffices, process_logits
 from hybridspec.spec.round import RoundBatch
 from hybridspec.spec.tree import input_parents, spine_inputs, walk
+from hybridspec.spec.tree_sampling import multi_draft_accept
 
 
 def tree_paths(logits: torch.Tensor, round: RoundBatch, rows: RowParams, coupled: list[bool]) -> list[list[int]]:
@@ -38,8 +39,37 @@ def tree_paths(logits: torch.Tensor, round: RoundBatch, rows: RowParams, coupled
 def _walks(request, coupled: bool) -> bool:
     """Whether a row's path follows the target (greedy and coupled rows whose p does not
     depend on the drafts before it); else it is the drafter's spine."""
-    params = request.params
-    return (params.is_greedy or coupled) and not params.has_penalties and not has_grammar([request])
+    return (request.params.is_greedy or coupled) and _context_free(request)
+
+
+def _context_free(request) -> bool:
+    """Whether the row's p at a node does not depend on the drafts above it."""
+    return not request.params.has_penalties and not has_grammar([request])
+
+
+def multi_draft(logits: torch.Tensor, round: RoundBatch, rows: RowParams,
+                coupled: list[bool]) -> dict[int, tuple[list[int], list[int], torch.Tensor]]:
+    """The sampled rows verified by rejection whose p needs no context: row b ->
+    (its accepted path's verify inputs, its emitted tokens, p along the path [n + 1, vocab])
+    by recursive rejection over each node's children (`tree_sampling`)."""
+    picked = [b for b, (r, c) in enumerate(zip(round.requests, coupled))
+              if not r.params.is_greedy and not c and _context_free(r)]
+    if not picked:
+        return {}
+    B, T, V = logits.shape
+    index = torch.tensor(picked, device=logits.device)
+    p = process_logits(logits[index].reshape(-1, V), rows.select(index).repeat(T)).view(len(picked), T, V)
+    out = {}
+    for i, b in enumerate(picked):
+        in_parents = input_parents(round.parents[b])
+        spine = set(spine_inputs(in_parents)[1:])
+        q = None if round.draft_probs is None else round.draft_probs[b]
+        start = round.start_lens[b]
+        path, final = multi_draft_accept(p[i], q, in_parents, [-1] + round.drafts[b],
+                                         [t in spine for t in range(len(in_parents))], int(rows.seeds[b]),
+                                         [start + 1 + d for d in round.tree.plan.depths[b]])
+        out[b] = (path, [round.drafts[b][t - 1] for t in path[1:]] + [final], p[i, path])
+    return out
 
 
 def _targets(logits: torch.Tensor, round: RoundBatch, rows: RowParams, coupled: list[bool]) -> list[list[int]]:
