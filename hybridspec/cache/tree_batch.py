@@ -1,13 +1,14 @@
 """`TreeBatch`: what a forward over a tree of inputs carries through the
 layer stack (`ForwardBatch.tree`) and hands back to the round: the tree's
-indices (`kernels.tree_plan.TreePlan`) and, per recurrent layer, the state
+indices (`cache.tree_plan.TreePlan`) and, per recurrent layer, the state
 after every input, kept until the commit copies the accepted input's into a
 ring slot (`write_input`).
 
-The mixers call its `conv_window`, `recurrence` (with their kind's form) and
-`attention` in place of their backend ops when a forward runs over a tree:
-the torch forms of `kernels.tree_steps` run them (the native blocks, the
-whole C forward, CUDA graphs and the Triton kernels take chains only). A tree
+The mixers call its `window` and `recurrence` with their backend's tree forms
+(`Backend.tree_forms`) in place of their chain ops when a forward runs over
+a tree, and attention the tree form of attention over `plan`: the torch forms
+run them on every backend (the native blocks, the whole C forward, CUDA
+graphs and the Triton kernels take chains only). A tree
 forward writes no ring slot; K/V go where a chain's would (input t at
 position start + t) and are moved onto the accepted path at the commit.
 """
@@ -15,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from hybridspec.kernels import tree_steps
+from hybridspec.cache.tree_plan import TreePlan
 from hybridspec.kernels.slot_plan import SlotPlan
-from hybridspec.kernels.tree_plan import TreePlan
 
 
 class TreeBatch:
@@ -35,19 +35,17 @@ class TreeBatch:
 
     # -- what the mixers call --------------------------------------------------------------
 
-    def conv_window(self, layer: int, conv_states, xs, weight, bias, activation) -> torch.Tensor:
-        out, self.conv[layer] = tree_steps.conv_window_tree(conv_states, self.slots, self.plan, xs, weight, bias,
-                                                            activation)
+    def window(self, layer: int, tree_form, conv_states, *inputs) -> torch.Tensor:
+        """A conv window over the tree: `tree_form(conv_states, slots, plan, *inputs)`
+        (`TreeForms.conv_window`) gives (outputs, every input's window)."""
+        out, self.conv[layer] = tree_form(conv_states, self.slots, self.plan, *inputs)
         return out
 
     def recurrence(self, layer: int, tree_form, states, *inputs) -> torch.Tensor:
         """A recurrent layer's rule over the tree: `tree_form(states, slots, plan, *inputs)`,
-        its kind's form in `kernels.tree_steps`, gives (outputs, every input's state)."""
+        its kind's form (`Backend.tree_forms`), gives (outputs, every input's state)."""
         out, self.ssm[layer] = tree_form(states, self.slots, self.plan, *inputs)
         return out
-
-    def attention(self, q, k_cache, v_cache, meta, scale: float) -> torch.Tensor:
-        return tree_steps.tree_attention(q, k_cache, v_cache, meta, self.plan, scale)
 
     # -- what the commit reads -------------------------------------------------------------
 

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridspec.kernels import tree_steps
 from hybridspec.kernels.descriptors import Mamba2Desc
 from hybridspec.kernels.ops import SSD_MIN_TOKENS  # noqa: F401 (where the chunked scan takes over)
 from hybridspec.kernels.ops import Norm
@@ -100,7 +99,8 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
         xs = xs.contiguous()  # [batch, T, conv_dim]
         tree = batch.tree  # a tree of inputs: each input's state from its parent's (`cache.tree_batch`)
         xBC = (ops.conv_window(conv_states, batch, xs, self.conv_kernel(), self.conv_bias, "silu") if tree is None
-               else tree.conv_window(self.state_layer, conv_states, xs, self.conv_kernel(), self.conv_bias, "silu"))
+               else tree.window(self.state_layer, ops.tree_forms.conv_window, conv_states, xs, self.conv_kernel(),
+                                self.conv_bias, "silu"))
         x, B, C = xBC.split([cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state], dim=-1)
         x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()  # the kernels want contiguous inputs
         B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
@@ -111,7 +111,7 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
             dt = dt.clamp(low, high)
         A = self.decay_rate(cd)  # [nheads]
         y = (ops.mamba2_steps(ssm_states, batch, x, dt, A, B, C, self.D, self.chunked_scan) if tree is None
-             else tree.recurrence(self.state_layer, tree_steps.mamba2_tree, ssm_states, x, dt, A, B, C, self.D))
+             else tree.recurrence(self.state_layer, ops.tree_forms.mamba2, ssm_states, x, dt, A, B, C, self.D))
         self.log_inputs(batch, xs, x, dt, B, C)
         y = gate_and_norm(ops.norm, y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps, self.reduce)
         return ops.linear(y, self.out_proj, self.out_bias)

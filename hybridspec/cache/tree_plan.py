@@ -1,5 +1,7 @@
 """`TreePlan`: the indices of one forward over a tree of inputs, worked out
-once on the host and shared by every layer (as `SlotPlan` is for a chain).
+once on the host and shared by every layer (as `kernels.slot_plan.SlotPlan`
+is for a chain); plain bookkeeping, which the tree forms of the kernels
+(`kernels/triton/tree_verify.py`) read.
 
 A tree forward's inputs are a sequence's pending token (input 0, the root)
 and draft nodes, in an order where every node comes after its parent:
@@ -9,7 +11,7 @@ tree with parents [-1, 0, 1, …]. Input t sits at depth `depths[b][t]` (the
 root at 0) and at position start + depth; it sees the committed context and
 its ancestors, itself included, nothing else.
 
-The recurrences (`kernels.tree_steps`) step by depth level: level d holds
+The recurrences (`tree_verify`) step by depth level: level d holds
 every live input of depth d in every row, and each one's state comes from
 its parent's, so a tree of depth D costs D + 1 batched steps, whatever its
 width. States live in a buffer [batch · (T + 1), ...] whose entry b·(T + 1)

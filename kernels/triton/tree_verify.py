@@ -1,13 +1,17 @@
-"""The torch forms of a forward over a tree of inputs (`kernels.tree_plan`):
+"""The torch forms of a forward over a tree of inputs: the references of
+tree verification, where Triton tree kernels would go beside them (none yet:
+every backend runs these, `ops.TreeForms`).
 each recurrence (the conv window, Mamba-2, Mamba-1, the gated delta rule)
 steps every input from its parent's state, depth level by depth level
 (`tree_scan`), and attention masks each input to the committed context and
-its ancestors (`tree_attention`). No ring slot is written: every input's
+its ancestors (`tree_attention_ref`). No ring slot is written: every input's
 state comes back, [batch, T, ...] in the accumulation dtype, for the caller
 to keep the accepted input's (`cache.tree_batch.TreeBatch`).
 
-Each `*_tree` takes the pool and the forward's `SlotPlan` (for the head
-slots it starts from) and the `TreePlan`, and returns (outputs [batch, T,
+`tree` is the forward's `TreePlan` (hybridspec/cache/tree_plan.py, read as
+`batch`, `num_inputs`, `levels` and `visible`: the kernels sit below the
+cache). Each `*_tree_ref` takes the pool and the forward's `SlotPlan` (for
+the head slots it starts from) and the tree, and returns (outputs [batch, T,
 ...] in the inputs' dtype, zero on padding; states [batch, T, ...]). The
 per-step rules are the chain references' own (`mamba2_step_ref`,
 `mamba1_step_ref`, `gdn_step_ref`), so a chain's tree form computes what
@@ -21,7 +25,6 @@ import torch
 import torch.nn.functional as F
 
 from hybridspec.kernels.slot_plan import SlotPlan
-from hybridspec.kernels.tree_plan import TreePlan
 from hybridspec.kernels.triton.gdn_verify import gdn_step_ref, per_value_head
 from hybridspec.kernels.triton.mamba1_verify import mamba1_step_ref
 from hybridspec.kernels.triton.mamba2_verify import accumulate_dtype, as_dtype, mamba2_step_ref
@@ -31,7 +34,7 @@ from hybridspec.kernels.triton.paged_attention import row_pages
 Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def tree_scan(init: torch.Tensor, tree: TreePlan, step: Step,
+def tree_scan(init: torch.Tensor, tree, step: Step,
               *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Run `step` over the tree from `init` [batch, ...] (each row's head state):
     every input's state from its parent's, one call per depth level.
@@ -51,7 +54,7 @@ def tree_scan(init: torch.Tensor, tree: TreePlan, step: Step,
     return buffer[:, 1:], outs.view(B, T, *outs.shape[1:])
 
 
-def conv_window_tree(conv_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, xs: torch.Tensor,
+def conv_window_tree_ref(conv_states: torch.Tensor, slots: SlotPlan, tree, xs: torch.Tensor,
                      weight: torch.Tensor, bias: torch.Tensor | None,
                      activation: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """conv_states [slots, conv_dim, d_conv - 1]; xs [batch, T, conv_dim]; weight [conv_dim, d_conv]
@@ -70,7 +73,7 @@ def conv_window_tree(conv_states: torch.Tensor, slots: SlotPlan, tree: TreePlan,
     return as_dtype(out, xs.dtype), windows
 
 
-def mamba2_tree(ssm_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, x, dt, A, B, C,
+def mamba2_tree_ref(ssm_states: torch.Tensor, slots: SlotPlan, tree, x, dt, A, B, C,
                 D) -> tuple[torch.Tensor, torch.Tensor]:
     """h = exp(Δ A) h_parent + Δ x ⊗ B, y = h C + D x per input. ssm_states [slots, nheads, headdim, d_state];
     x [batch, T, nheads, headdim]; dt [batch, T, nheads]; B, C [batch, T, ngroups, d_state]
@@ -92,7 +95,7 @@ def mamba2_tree(ssm_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, x, dt
     return as_dtype(y, x.dtype), states
 
 
-def mamba1_tree(ssm_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, x, dt, A, B, C,
+def mamba1_tree_ref(ssm_states: torch.Tensor, slots: SlotPlan, tree, x, dt, A, B, C,
                 D) -> tuple[torch.Tensor, torch.Tensor]:
     """h = exp(Δ ⊗ A) ⊙ h_parent + (Δ x) ⊗ B, y = h C + D x per input. ssm_states [slots, d_inner, d_state];
     x, dt [batch, T, d_inner]; B, C [batch, T, d_state]
@@ -110,7 +113,7 @@ def mamba1_tree(ssm_states: torch.Tensor, slots: SlotPlan, tree: TreePlan, x, dt
     return as_dtype(y, x.dtype), states
 
 
-def gdn_tree(states: torch.Tensor, slots: SlotPlan, tree: TreePlan, q, k, v, g,
+def gdn_tree_ref(states: torch.Tensor, slots: SlotPlan, tree, q, k, v, g,
              beta) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule per input from its parent's state. states [slots, HV, d_k, d_v];
     q, k [batch, T, HK, d_k]; v [batch, T, HV, d_v]; g, beta [batch, T, HV]
@@ -128,7 +131,7 @@ def gdn_tree(states: torch.Tensor, slots: SlotPlan, tree: TreePlan, q, k, v, g,
     return as_dtype(o, v.dtype), node_states
 
 
-def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, tree: TreePlan,
+def tree_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta, tree,
                    scale: float) -> torch.Tensor:
     """Attention of q [batch, T, heads, head_dim] over each row's committed K/V
     and its own inputs' (written at positions start .. start + n - 1), input t
