@@ -10,6 +10,11 @@ speculative rounds. The round speaks three verbs to it:
   then every layer of the row moved to its boundary (`HybridCache.commit`);
 - `revert(round)`: every row back to where the round began (its pinned head
   was never written; `HybridCache.rewind_to`).
+
+A tree round (`spec.tree`) plans no snapshot: its forward keeps every
+input's state (`plan_tree`: a `TreeBatch`), and `commit_tree` copies the
+accepted input's into a ring slot other than the head and moves the K/V of
+the accepted inputs onto the sequence's next positions.
 It reaches the model only through `model.recurrent_layers` (`RecurrentLayer`)
 and its `extend` (token replay).
 """
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING
 from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.checkpoints.restore import RestoreDecision, decide, log_replay, token_replay
 from hybridspec.checkpoints.ring import plan_snapshots
+from hybridspec.errors import ConfigError
 
 if TYPE_CHECKING:
     from hybridspec.spec.round import RoundBatch
@@ -51,6 +57,31 @@ class Checkpointer:
                                      for plan, inputs in zip(round.plans, round.verify_inputs)):
             round.input_log = {}
 
+    def plan_tree(self, round: RoundBatch) -> None:
+        """A tree round's forward (its `round.tree` made): no snapshot plan, no log."""
+        if self.cache.hidden is not None:
+            raise ConfigError("tree drafts need a drafter that does not read the target's hidden states "
+                              "(MTP, EAGLE-3 draft chains); no state was changed")
+        if self.has_state and self.cache.ring_slots < 2:
+            raise ConfigError(f"tree drafts need at least 2 ring slots in the target's cache, it has "
+                              f"{self.cache.ring_slots}; no state was changed")
+        round.snap_slot, round.plans, round.input_log = None, [None] * len(round.seq_ids), None
+
+    def commit_tree(self, round: RoundBatch) -> None:
+        """Each live row at its boundary: the accepted input's states into a ring slot
+        other than the pinned head, the accepted inputs' K/V onto positions start .. start + n."""
+        round.decisions = [None] * len(round.seq_ids)
+        for b in round.live:
+            seq, start, path = round.seq_ids[b], round.start_lens[b], round.paths[b]
+            head = -1
+            if self.has_state:
+                head = next(s for s in self.cache.states.ring_slots(seq) if s != round.start_heads[b])
+                round.tree.write_input(self.cache.states.ssm_states, self.cache.states.conv_states, b, path[-1], head)
+            if self.cache.kv is not None:
+                moved = [k for k, t in enumerate(path) if t != k]
+                self.cache.kv.move_positions(seq, [start + path[k] for k in moved], [start + k for k in moved])
+            self.cache.commit(seq, round.boundary(b), head)
+
     def commit(self, round: RoundBatch) -> list[RestoreDecision | None]:
         """Restore each live row's state at its boundary and move every layer there."""
         log_available = round.input_log is not None
@@ -77,4 +108,5 @@ class Checkpointer:
         """Checkpoint bytes the round held: surviving snapshots plus the input log."""
         slot_bytes = self.cache.states.bytes_per_slot if self.has_state else 0
         held = sum(len(p.survivors) * slot_bytes for p in round.plans if p is not None)
+        held += 0 if round.tree is None else round.tree.nbytes()
         return held + sum(log.nbytes() for log in (round.input_log or {}).values())

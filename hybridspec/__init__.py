@@ -35,6 +35,7 @@ _HOMES = {
     "StructuredOutput": "hybridspec.sampling.structured",
     "SuffixDrafter": "hybridspec.spec.drafters",
     "TokenLogprob": "hybridspec.sampling.logprobs",
+    "TreeShape": "hybridspec.spec.tree",
     "derived_seed": "hybridspec.sampling.sampler",
     "embedded_paths": "hybridspec.adapters.embedded",
     "from_hf": "hybridspec.adapters",

@@ -139,6 +139,7 @@ class Backend:
     paged_attention: ops.PagedAttention
     kv_write: ops.KVWrite
     rejection: ops.Rejection
+    tree_forms: ops.TreeForms  # a forward over a tree of inputs (the torch forms everywhere)
     native_blocks: bool  # whole residual blocks in C (`cpu_blocks`)
     whole_forward: bool  # a whole forward in one C call (`cpu_forward`), and the greedy chain
     writes_any_slot: bool
@@ -240,7 +241,7 @@ def select(device: torch.device | str, dtype: torch.dtype, name: str | None = No
         mamba1_steps=ops.MAMBA1_STEPS[kind], mamba2_replay=ops.MAMBA2_REPLAY[kind],
         mamba1_replay=ops.MAMBA1_REPLAY[kind], gdn_steps=ops.GDN_STEPS[kind], gdn_replay=ops.GDN_REPLAY[kind],
         paged_attention=ops.PAGED_ATTENTION[kind],
-        kv_write=ops.KV_WRITE[kind], rejection=ops.REJECTION[kind],
+        kv_write=ops.KV_WRITE[kind], rejection=ops.REJECTION[kind], tree_forms=ops.TREE_FORMS[kind],
         native_blocks=native and not sharded and name in ("auto", "native", "native-blocks"),
         whole_forward=native and not sharded and name in ("auto", "native"),
         writes_any_slot=triton, graphable=triton, captures=triton and device.type == "cuda", compute=compute,

@@ -35,6 +35,7 @@ from hybridspec.kernels.triton.paged_attention import SUPPORTED_DTYPES, paged_at
 from hybridspec.kernels.triton.rejection import rejection, rejection_ref
 from hybridspec.kernels.rotary import NativeRotation, Rotation
 from hybridspec.kernels.triton.ssm_replay import mamba1_replay, mamba1_replay_ref, mamba2_replay, mamba2_replay_ref
+from hybridspec.kernels.triton import tree_verify
 
 
 @functools.cache
@@ -444,6 +445,19 @@ class TritonKVWrite(KVWrite):
         kv_write(k_flat, v_flat, meta.slot_mapping, k, v)
 
 
+class TreeForms:
+    """A forward over a tree of inputs (`cache.tree_batch`): each recurrence from
+    its parent input's state, attention masked to each input's ancestors. The
+    torch forms on every backend: no native or Triton tree kernel yet, so a tree
+    forward runs layer by layer (`kernels/triton/tree_verify.py`)."""
+
+    conv_window = staticmethod(tree_verify.conv_window_tree_ref)
+    mamba2 = staticmethod(tree_verify.mamba2_tree_ref)
+    mamba1 = staticmethod(tree_verify.mamba1_tree_ref)
+    gdn = staticmethod(tree_verify.gdn_tree_ref)
+    attention = staticmethod(tree_verify.tree_attention_ref)
+
+
 class Rejection:
     """Verify a round's drafts against the target's probabilities (`kernels.rejection`)."""
 
@@ -478,4 +492,5 @@ GDN_REPLAY = {"torch": GdnLogReplay(gdn_replay_ref, conv_window_rebuild_ref),
               "native": GdnLogReplay(cpu_gdn.gdn_replay, conv_window_rebuild_ref)}
 PAGED_ATTENTION = {"torch": PagedAttention(), "triton": TritonPagedAttention(), "native": NativePagedAttention()}
 KV_WRITE = {"torch": KVWrite(), "triton": TritonKVWrite(), "native": KVWrite()}
+TREE_FORMS = {"torch": TreeForms(), "triton": TreeForms(), "native": TreeForms()}
 REJECTION = {"torch": Rejection(rejection_ref), "triton": Rejection(rejection), "native": Rejection(rejection_ref)}

@@ -26,7 +26,7 @@ LIMIT = 512  # tiny_model's max_position_embeddings
 ENGINE_DEFAULTS = dict(num_draft_tokens=4, checkpoint=None, verify="rejection", max_draft_tokens=None,
                        max_batch_size=16, max_model_len=None, block_size=16, num_blocks=None, state_dtype=None,
                        eos_token_ids=None, decode=None, tokenizer=None, prefix_cache=None, cuda_graphs=None,
-                       tensor_parallel_size=None)
+                       tensor_parallel_size=None, tree=None)
 
 # (settings, the Engine's error for them): checked by the config alone
 BAD_SETTINGS = [

@@ -13,6 +13,7 @@ from hybridspec.kernels.slot_plan import SlotPlan
 if TYPE_CHECKING:  # a forward carries the checkpoints' log; the cache never builds one
     from hybridspec.checkpoints.input_log import InputLog
     from hybridspec.cache.hidden_states import HiddenCapture
+    from hybridspec.cache.tree_batch import TreeBatch
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ForwardBatch:
     hidden: HiddenCapture | None = None  # the hidden states a drafter reads (`cache.hidden_states`), when not None
     final_state_only: bool = False  # only the state after each row's last input is wanted (prefill, plain extend)
     shared: dict = field(default_factory=dict)  # per-forward values every layer of a kind reuses (rotary angles)
+    tree: TreeBatch | None = None  # the inputs form a tree (`cache.tree_batch`): the mixers run its forms
 
     @property
     def batch_size(self) -> int:
@@ -51,7 +53,9 @@ class ForwardBatch:
         return self.slots.snap
 
     @functools.cached_property
-    def positions(self) -> torch.Tensor:  # [batch, T] absolute position of each input
+    def positions(self) -> torch.Tensor:  # [batch, T] absolute position of each input (a tree's: start + depth)
+        if self.tree is not None:
+            return self.tree.positions(self.start_lens)
         T = self.slots.num_inputs
         return torch.tensor([[s + t for t in range(T)] for s in self.start_lens], dtype=torch.long,
                             device=self.slots.device).view(self.slots.batch, T)

@@ -27,6 +27,7 @@ from hybridspec.errors import CacheFullError, InvariantError
 from hybridspec.cache.forward_batch import ForwardBatch
 from hybridspec.cache.hidden_states import HiddenStates
 from hybridspec.cache.paged_kv import KVWriteMeta, PagedKVCache
+from hybridspec.cache.tree_batch import TreeBatch
 
 if TYPE_CHECKING:  # the cache sits below the model configuration's users; it reads a config, never builds one
     from hybridspec.config import HybridConfig
@@ -197,9 +198,10 @@ class HybridCache:
     # -- one forward --------------------------------------------------------------------------
 
     def plan_forward(self, seq_ids: list[int], num_new: list[int],
-                     snap_slot: torch.Tensor | list[list[int]] | None) -> ForwardPlan:
+                     snap_slot: torch.Tensor | list[list[int]] | None, tree: TreeBatch | None = None) -> ForwardPlan:
         """Reserve KV pages for the new positions (all-or-nothing) and build the
-        ForwardBatch. With `snap_slot=None` the final state goes to a spare slot."""
+        ForwardBatch. With `snap_slot=None` the final state goes to a spare slot.
+        With `tree` the inputs form that tree (its forward writes no ring slot)."""
         if any(n < 1 for n in num_new):
             raise ValueError(f"every row needs at least one new token, got {num_new}")
         start = [self.computed_len[s] for s in seq_ids]
@@ -215,7 +217,9 @@ class HybridCache:
         kv_meta = self.kv.prepare_write(seq_ids, num_new, start) if self.kv is not None else None
         kv_start = [self.kv.kv_len(s) for s in seq_ids] if self.kv is not None else list(start)
         batch = ForwardBatch(slots=slots, start_lens=start, kv=kv_meta, final_state_only=final_state_only,
-                             hidden=None if self.hidden is None else self.hidden.capture())
+                             hidden=None if self.hidden is None else self.hidden.capture(), tree=tree)
+        if tree is not None:
+            tree.slots = slots
         return ForwardPlan(seq_ids, start, kv_start, list(num_new), final, batch)
 
     def abort_forward(self, plan: ForwardPlan) -> None:

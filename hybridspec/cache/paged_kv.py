@@ -379,6 +379,23 @@ class PagedKVCache:
         v = gather_pages(self.v_cache[layer], meta.block_tables, meta.context_lens)
         return k, v
 
+    def move_positions(self, seq_id: int, sources: list[int], targets: list[int]) -> None:
+        """Every layer's K/V at positions `sources` of `seq_id` copied to `targets` (a tree
+        round's accepted inputs onto the sequence's next positions), all read before any
+        is written; positions within what the last `prepare_write` reserved."""
+        if not sources:
+            return
+        table = self._block_tables[seq_id]
+        bs = self.block_size
+
+        def slots(positions):
+            return torch.tensor([table[p // bs] * bs + p % bs for p in positions], device=self.k_cache.device)
+
+        src, dst = slots(sources), slots(targets)
+        for cache in (self.k_cache, self.v_cache):
+            for flat in self._flat_layers(cache):
+                flat.index_copy_(0, dst, flat.index_select(0, src))
+
     def commit(self, seq_id: int, new_len: int) -> None:
         """After the forward: positions < new_len are valid; free the pages wholly past it."""
         self._check_known(seq_id)

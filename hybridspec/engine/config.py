@@ -29,6 +29,7 @@ from hybridspec.errors import ConfigError
 from hybridspec.models.graphs import GRAPHS_ENV
 from hybridspec.sampling.stopping import Decode
 from hybridspec.spec.gamma import DEFAULT_MAX_DRAFT_TOKENS
+from hybridspec.spec.tree import TreeShape
 from hybridspec.validation import integer, token_id
 
 DEFAULT_MAX_MODEL_LEN = 4096  # when the model allows more and the caller does not say
@@ -68,6 +69,7 @@ class EngineConfig:
     prefix_cache: bool | PrefixCache | None = None
     cuda_graphs: bool | None = None
     tensor_parallel_size: int | None = None
+    tree: TreeShape | None = None
 
     def __post_init__(self):
         if self.verify not in ("rejection", "coupled"):
@@ -79,6 +81,9 @@ class EngineConfig:
         if self.decode is not None and not callable(self.decode):
             raise ConfigError(f"decode={self.decode!r} must be a function from token ids to text, e.g. tokenizer.decode")
         as_prefix_settings(self.prefix_cache)
+        if self.tree is not None and not isinstance(self.tree, TreeShape):
+            raise ConfigError(f"tree={self.tree!r} must be None (chains of drafts) or a TreeShape, e.g. "
+                              "hs.TreeShape((2,)): two candidates at the first depth")
         self._set("max_batch_size", integer("max_batch_size", self.max_batch_size, 1, ConfigError))
         self._set("block_size", integer("block_size", self.block_size, 1, ConfigError,
                                         " (tokens per KV block; 16 is typical)"))

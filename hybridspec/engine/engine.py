@@ -243,6 +243,12 @@ class Engine:
         tensor_parallel_size=N)`, `hybridspec.tp`). Every rank runs the same
         Engine over the same requests; choices made from timings (adaptive γ,
         `CheckpointPolicy.auto`'s costs) are rank 0's.
+    tree: None (default: chains of drafts) or an `hs.TreeShape`: a draft
+        model then proposes a tree of up to γ nodes per row (a shorter chain
+        and, at each depth, its next most likely tokens beside it), verified
+        in one target forward on the torch forms (`hybridspec.spec.tree`);
+        greedy and coupled output stay plain decoding's. Needs a draft model
+        (else ConfigError).
 
     Requests: `generate` (a list in, a list out), `stream` (an iterator of
     new tokens), or `add_request` / `step` / `abort` for a server's own loop;
@@ -274,7 +280,7 @@ class Engine:
         self.speculator: Speculator | None = None
         self.gamma_controller: GammaController | None = None
         num_draft_tokens = config.gamma_max
-        drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings)
+        drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings, config.tree)
         graphed_models = graphed(config.cuda_graphs, [target] + _drafter_models(drafter))
         if drafter is None:
             self.cache = self._new_cache(ring_slots=2)

@@ -74,4 +74,6 @@ class Attention(Kernelled, nn.Module):
         meta = batch.kv
         cache.kv.write(self.kv_layer, meta, k, v)
         k_cache, v_cache = cache.kv.k_cache[self.kv_layer], cache.kv.v_cache[self.kv_layer]
+        if batch.tree is not None:  # each input sees the context and its ancestors (`cache.tree_batch`)
+            return self.ops.tree_forms.attention(q, k_cache, v_cache, meta, batch.tree.plan, self.cfg.softmax_scale)
         return self.ops.paged_attention(q, k_cache, v_cache, meta, self.cfg.softmax_scale)

@@ -71,12 +71,17 @@ class GatedDeltaNet(Kernelled, nn.Module):
         states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
         xs = xs.contiguous()  # [batch, T, conv_dim]
-        qkv = ops.conv_window(conv_states, batch, xs, self.conv_kernel(), None, "silu")
+        tree = batch.tree  # a tree of inputs: each input's state from its parent's (`cache.tree_batch`)
+        qkv = (ops.conv_window(conv_states, batch, xs, self.conv_kernel(), None, "silu") if tree is None
+               else tree.window(self.state_layer, ops.tree_forms.conv_window, conv_states, xs, self.conv_kernel(),
+                                None, "silu"))
         q, k, v = qkv.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         q, k = self.normalize(q, k, h.dtype)  # [batch, T, HK, d_k]
         v = v.reshape(bsz, T, HV, cfg.value_head_dim).contiguous()
         g, beta = self.gates(a, b, states.dtype)  # [batch, T, HV]
-        o = ops.gdn_steps(states, batch, q, k, v, g, beta, self.chunked_scan)  # [batch, T, HV, d_v]
+        o = (ops.gdn_steps(states, batch, q, k, v, g, beta, self.chunked_scan) if tree is None
+             else tree.recurrence(self.state_layer, ops.tree_forms.gdn, states, q, k, v, g, beta))
+        # o: [batch, T, HV, d_v]
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = GdnInputLog(xs=xs, k=k, v=v, g=g, beta=beta)
         return ops.linear(norm_then_gate(ops.norm, o, z, self.norm_weight, self.eps), self.out_proj)

@@ -29,6 +29,7 @@ from hybridspec.errors import ConfigError
 
 from hybridspec.models.attention import Attention, rope_inv_freq
 from hybridspec.cache.forward_batch import ForwardBatch
+from hybridspec.cache.tree_batch import TreeBatch
 from hybridspec.models import packing, quantizing
 from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
 from hybridspec.models.ffn import MLP, MoE
@@ -84,7 +85,7 @@ class DecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, batch: ForwardBatch, cache, embeddings: torch.Tensor) -> torch.Tensor:
         """h, embeddings (the scaled token embeddings, read by shared blocks) [batch, T, hidden]."""
         if self.mixer is not None:
-            block = self.blocks.mixer
+            block = self.blocks.mixer if batch.tree is None else None  # the C blocks take chains only
             out = block(h, batch, cache) if block is not None else None  # one C call, where it runs
             if out is None:
                 x = h if self.shared is None else h + self.shared(h, embeddings, batch, cache)
@@ -370,14 +371,17 @@ class HybridModel(Kernelled, nn.Module):
     @torch.inference_mode()
     def extend(self, cache, seq_ids: list[int], token_lists: list[list[int]], last_only: bool = False,
                snap_slot: torch.Tensor | list[list[int]] | None = None,
-               input_log: InputLog | None = None) -> torch.Tensor:
+               input_log: InputLog | None = None, tree: TreeBatch | None = None) -> torch.Tensor:
         """Continue each sequence from its computed length over `token_lists[b]`.
 
         Without `snap_slot` the final state is written to a spare ring slot and
         becomes the head on success (a failed forward leaves every state as it
         was). With `snap_slot` ([batch, T], a tensor or lists) the caller owns the snapshot plan and
         the commit (speculative verification); `input_log`, when given, receives
-        each Mamba layer's inputs.
+        each Mamba layer's inputs. With `tree` (`cache.tree_batch`) the inputs
+        form that tree: the forward runs layer by layer on the torch forms,
+        writes no ring slot and leaves every input's state in `tree`; the
+        caller commits (`Checkpointer.commit_tree`).
 
         A sequence's logits do not depend on the others of the call: where the
         native blocks run, a call mixing sequences of more inputs than they take
@@ -385,9 +389,11 @@ class HybridModel(Kernelled, nn.Module):
         several forwards, each sequence on the path it takes alone, the shorter
         ones in groups of at most `Backend.block_call_rows` padded rows, all
         committed together."""
+        if tree is not None and snap_slot is None:  # the caller commits a tree forward
+            snap_slot = [[-1] * max(map(len, token_lists)) for _ in token_lists]
         parts = self._parts(token_lists) if snap_slot is None else None
         if parts is None:
-            plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot)
+            plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], snap_slot, tree)
             logits = self._run(cache, plan, token_lists, last_only, input_log)
             if snap_slot is None:
                 cache.commit_forward(plan)
@@ -439,7 +445,11 @@ class HybridModel(Kernelled, nn.Module):
         batch.input_log = input_log
         graphs = cache.graphs  # captured CUDA graphs of the few-input forwards (`models.graphs`), or None
         try:
-            if graphs is not None and batch.hidden is None and graphs.takes(plan) and (
+            if batch.tree is not None:  # the torch forms of a tree forward, layer by layer
+                with self.backend.layer_by_layer():
+                    logits = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only)
+                finite = False
+            elif graphs is not None and batch.hidden is None and graphs.takes(plan) and (
                     graphed := graphs.run(plan, token_lists, last_only, input_log)) is not None:
                 logits, finite = graphed, False
             elif (whole := self.whole(token_lists, batch, cache, last_only)) is not None:

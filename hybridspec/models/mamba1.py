@@ -83,11 +83,15 @@ class Mamba1Mixer(LogReplay, Kernelled, nn.Module):
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
         xs = xs.contiguous()  # [batch, T, d_inner]
-        x = ops.conv_window(conv_states, batch, xs, self.conv_weight[:, 0], self.conv_bias, "silu")
+        tree = batch.tree  # a tree of inputs: each input's state from its parent's (`cache.tree_batch`)
+        x = (ops.conv_window(conv_states, batch, xs, self.conv_weight[:, 0], self.conv_bias, "silu") if tree is None
+             else tree.window(self.state_layer, ops.tree_forms.conv_window, conv_states, xs, self.conv_weight[:, 0],
+                              self.conv_bias, "silu"))
         x = x.contiguous()  # [batch, T, d_inner]
         dt, B, C = self.ssm_params(x)  # [batch, T, d_inner], [batch, T, d_state] x 2
         A = -torch.exp(self.A_log.to(cd))  # [d_inner, d_state]
-        y = ops.mamba1_steps(ssm_states, batch, x, dt, A, B, C, self.D)
+        y = (ops.mamba1_steps(ssm_states, batch, x, dt, A, B, C, self.D) if tree is None
+             else tree.recurrence(self.state_layer, ops.tree_forms.mamba1, ssm_states, x, dt, A, B, C, self.D))
         if batch.input_log is not None:
             batch.input_log[self.state_layer] = MambaInputLog(xs=xs, x=x, dt=dt, B=B, C=C)
         y = y * F.silu(gate)  # [batch, T, d_inner]

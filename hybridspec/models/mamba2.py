@@ -97,7 +97,10 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
         ssm_states = cache.states.ssm_states[self.state_layer]
         conv_states = cache.states.conv_states[self.state_layer]
         xs = xs.contiguous()  # [batch, T, conv_dim]
-        xBC = ops.conv_window(conv_states, batch, xs, self.conv_kernel(), self.conv_bias, "silu")
+        tree = batch.tree  # a tree of inputs: each input's state from its parent's (`cache.tree_batch`)
+        xBC = (ops.conv_window(conv_states, batch, xs, self.conv_kernel(), self.conv_bias, "silu") if tree is None
+               else tree.window(self.state_layer, ops.tree_forms.conv_window, conv_states, xs, self.conv_kernel(),
+                                self.conv_bias, "silu"))
         x, B, C = xBC.split([cfg.d_inner, cfg.n_groups * cfg.d_state, cfg.n_groups * cfg.d_state], dim=-1)
         x = x.reshape(bsz, T, cfg.num_heads, cfg.head_dim).contiguous()  # the kernels want contiguous inputs
         B = B.reshape(bsz, T, cfg.n_groups, cfg.d_state).contiguous()
@@ -107,7 +110,8 @@ class Mamba2Mixer(LogReplay, Kernelled, nn.Module):
         if low > 0.0 or high != float("inf"):  # softplus is already >= 0: the default limits change nothing
             dt = dt.clamp(low, high)
         A = self.decay_rate(cd)  # [nheads]
-        y = ops.mamba2_steps(ssm_states, batch, x, dt, A, B, C, self.D, self.chunked_scan)
+        y = (ops.mamba2_steps(ssm_states, batch, x, dt, A, B, C, self.D, self.chunked_scan) if tree is None
+             else tree.recurrence(self.state_layer, ops.tree_forms.mamba2, ssm_states, x, dt, A, B, C, self.D))
         self.log_inputs(batch, xs, x, dt, B, C)
         y = gate_and_norm(ops.norm, y.view(bsz, T, cfg.d_inner), gate, self.norm_weight, cfg, self.eps, self.reduce)
         return ops.linear(y, self.out_proj, self.out_bias)

@@ -37,6 +37,7 @@ from hybridspec.spec.model_drafter import ModelDrafter
 from hybridspec.spec.mtp_drafter import MTPDrafter
 from hybridspec.spec.protocol import Drafter, Proposal, StatelessDrafter
 from hybridspec.spec.suffix_drafter import SuffixDrafter
+from hybridspec.spec.tree import TreeShape
 
 __all__ = ["Drafter", "Eagle3Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter",
            "SuffixDrafter", "as_draft", "as_drafter"]
@@ -105,11 +106,16 @@ def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridMode
 
 
 def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
-               prefix_cache: PrefixCache | None = None) -> Drafter | None:
+               prefix_cache: PrefixCache | None = None, tree: TreeShape | None = None) -> Drafter | None:
     """The Engine's drafter for its `draft` argument (`as_draft`; a model
     directory loads in the target's dtype, on its device): None for plain
     decoding, a HybridModel run as a `ModelDrafter` (with its own prefix cache
-    when `prefix_cache` is set), or the Drafter itself."""
+    when `prefix_cache` is set; proposing trees of `tree`'s shape when given),
+    or the Drafter itself. `tree` needs a draft model: a ConfigError else."""
+    if tree is not None and (isinstance(draft, str) and draft.split(":")[0] in ("mtp", "eagle3") or
+                             isinstance(draft, Drafter) or draft is None):
+        raise ConfigError(f"tree={tree!r} branches a draft model's drafts; draft={_short(draft)} is not a draft "
+                          "model (a HybridModel or its directory)")
     if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
         return MTPDrafter(load_mtp(target, draft[4:] or None), cache_kwargs)
     if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
@@ -120,7 +126,7 @@ def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
     if draft.vocab_size != target.vocab_size:
         raise ConfigError(f"draft vocabulary ({draft.vocab_size}) differs from the target's "
                           f"({target.vocab_size}); the drafter must share the target's tokenizer")
-    return ModelDrafter(draft, gamma, cache_kwargs, prefix_cache)
+    return ModelDrafter(draft, gamma, cache_kwargs, prefix_cache, tree)
 
 
 def _short(value) -> str:

@@ -6,6 +6,10 @@ own first) and then its own drafts, never d_γ, each row only up to its own
 γ_b; at commit its head moves to the boundary (clamped to what it absorbed).
 Greedy rows without penalties or filters draft d_2 … d_γ in one C call
 (`HybridModel.greedy_chain`), the bits of the step-by-step loop.
+
+With a `TreeShape` (`tree=`, off by default) it proposes trees (`spec.tree`):
+a shorter chain, its spine, and at each depth the next most likely tokens of
+its distribution there as leaves beside it, within the row's γ nodes.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from hybridspec.sampling.grammar import DraftWalk, has_grammar
 from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, process_logits, sample
 from hybridspec.spec.protocol import Proposal
+from hybridspec.spec.tree import TreeShape, branch
 
 
 def _backlog_len(gap: int) -> int:
@@ -36,8 +41,9 @@ class ModelDrafter:
     `prefix_cache` settings its own prefix cache (`PrefixStore`; what it did
     adds up in `prefix.counts`)."""
 
-    def __init__(self, model: HybridModel, gamma: int, cache_kwargs: dict, prefix_cache: PrefixCache | None = None):
-        self.model = model
+    def __init__(self, model: HybridModel, gamma: int, cache_kwargs: dict, prefix_cache: PrefixCache | None = None,
+                 tree: TreeShape | None = None):
+        self.model, self.tree = model, tree
         kwargs = dict(cache_kwargs, dtype=model.dtype, device=model.device)
         # up to γ + 1 forwards per round (backlog, catch-up, γ - 1 drafts) each write a new slot;
         # the round-start head stays intact
@@ -63,13 +69,30 @@ class ModelDrafter:
         self.requests.update((r.seq_id, r) for r in requests)
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
+        """Chains of drafts (`draft_chains`), or with `tree` trees of up to gammas[b]
+        nodes: the chain of each row's spine length, branched (`spec.tree.branch`)."""
+        if self.tree is None or max(gammas, default=0) == 0:
+            return self.draft_chains(requests, gammas, rows, coupled)
+        chains = self.draft_chains(requests, [self.tree.spine_length(g) for g in gammas], rows, coupled,
+                                   keep_probs=True)
+        trees = [branch(spine, chains.probs[b], self.tree, self.tree.budget(g)) if spine else ([], [], [])
+                 for b, (spine, g) in enumerate(zip(chains.tokens, gammas))]
+        width = max(len(tokens) for tokens, _, _ in trees)
+        probs = chains.probs.new_zeros(len(trees), width, chains.probs.shape[2])  # [batch, nodes, vocab]
+        for b, (_, _, drawn_from) in enumerate(trees):
+            probs[b, :len(drawn_from)] = chains.probs[b, drawn_from]
+        return Proposal([t for t, _, _ in trees], probs, chains.backlog_seconds, chains.backlog_tokens,
+                        [p for _, p, _ in trees])
+
+    def draft_chains(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool],
+                     keep_probs: bool = False) -> Proposal:
         """Drafts for the rows with gammas[b] > 0 only (the others cost nothing
         and get none), row b drafting gammas[b] (with the target's keyed noise
         where coupled[b], its own elsewhere) and stepping no further (its
         cache holds no position the scheduler did not reserve,
         `scheduler.round_positions`); q is [batch, G, vocab], zero where a row
-        drafted nothing. The proposal carries what absorbing backlogs took
-        (`_absorb_backlog`)."""
+        drafted nothing (with `keep_probs` also where every row is greedy). The
+        proposal carries what absorbing backlogs took (`_absorb_backlog`)."""
         ids = [r.seq_id for r in requests]
         G = max(gammas)
         every_row_greedy = rows.flags.all_greedy  # of the whole batch, before the drafting rows are picked
@@ -90,7 +113,8 @@ class ModelDrafter:
                   and not any(r.params.has_penalties for r in drafting) and not has_grammar(drafting)
                   and self.model.greedy_chain is not None)
         if greedy:  # argmax drafts, in few native calls where the chain runs
-            drafts, logits = self._greedy_drafts(ids_active, catch_up, limits, keep_logits=not every_row_greedy)
+            drafts, logits = self._greedy_drafts(ids_active, catch_up, limits,
+                                                 keep_logits=keep_probs or not every_row_greedy)
             return self._greedy_proposal(ids, active, drafts, logits, backlog)
         logits = self.model.extend(self.cache, ids_active, catch_up, last_only=True)[:, 0]  # [active, vocab]
         self._record(ids_active)

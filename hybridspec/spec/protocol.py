@@ -25,6 +25,8 @@ class Proposal:
     probs: torch.Tensor | None  # [batch, G, vocab] q_1..q_G after post-processing; None: one-hot drafts
     backlog_seconds: float = 0.0  # of this propose, absorbing backlogs (prompts, skipped rounds): one-off work
     backlog_tokens: int = 0  # the tokens those absorbed
+    parents: list[list[int]] | None = None  # [batch][g_b] each draft's parent draft, -1: the pending token's
+    # child (`spec.tree`); None: every row's drafts are a chain
 
 
 @runtime_checkable

@@ -22,9 +22,11 @@ import torch
 from hybridspec.checkpoints.input_log import InputLog
 from hybridspec.checkpoints.restore import RestoreDecision
 from hybridspec.checkpoints.ring import SnapshotPlan
+from hybridspec.cache.tree_batch import TreeBatch
 
 from hybridspec.sampling.logprobs import TokenLogprob
 from hybridspec.sampling.stopping import Cut
+from hybridspec.spec.tree import input_parents, spine_boundary
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class RoundBatch:
     decisions: list[RestoreDecision | None] = field(default_factory=list)  # [batch] how each live row restored
     backlog_seconds: float = 0.0  # the drafter's one-off absorption of backlogs in this round (`Proposal`)
     backlog_tokens: int = 0
+    parents: list[list[int]] | None = None  # [batch][g_b] tree drafts' parents (`spec.tree`); None: chains
+    tree: TreeBatch | None = None  # a tree round's forward: its indices and every input's state
+    paths: list[list[int]] = field(default_factory=list)  # [batch][n + 1] a tree round's accepted verify inputs
 
     @property
     def verify_inputs(self) -> list[list[int]]:
@@ -87,3 +92,10 @@ class RoundBatch:
     def boundary(self, b: int) -> int:
         """Computed length of row b after the commit: m + n."""
         return self.start_lens[b] + self.accepted[b] + 1
+
+    def drafter_boundary(self, b: int) -> int:
+        """Where row b's drafter commits to: the boundary, or in a tree round the end of
+        the accepted path's prefix on the drafter's own spine (`spec.tree.spine_boundary`)."""
+        if self.parents is None:
+            return self.boundary(b)
+        return spine_boundary(self.paths[b], input_parents(self.parents[b]), self.start_lens[b])

@@ -29,13 +29,16 @@ from hybridspec.kernels.reference import MODE_COUPLED, MODE_GREEDY, MODE_REJECTI
 
 from hybridspec.errors import InvalidRequestError, PeerRankError
 from hybridspec.sampling.grammar import verify_masks
-from hybridspec.sampling.logprobs import batch_logprobs
+from hybridspec.sampling.logprobs import batch_logprobs, token_logprobs
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.sampling.next_token import sample_next
 from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, argmax_suffices, process_logits
 from hybridspec.spec.drafters import Drafter, Proposal
 from hybridspec.spec.round import RoundBatch, RowResult
+from hybridspec.spec.tree import check_parents, input_parents
+from hybridspec.cache.tree_batch import TreeBatch
+from hybridspec.spec.tree_accept import as_chains, multi_draft, tree_paths
 
 if TYPE_CHECKING:  # the engine passes its counters in; spec sits below the engine
     from hybridspec.engine.stats import EngineStats
@@ -132,7 +135,9 @@ class Speculator:
                     raise InvalidRequestError(f"the drafter proposed {len(d)} tokens where at most {g} were asked "
                                               "for; no state was changed")
             self._check_probs(proposal, len(round.requests))
-            round.drafts, round.draft_probs = proposal.tokens, proposal.probs
+            if proposal.parents is not None:
+                check_parents(proposal.tokens, proposal.parents)
+            round.drafts, round.draft_probs, round.parents = proposal.tokens, proposal.probs, proposal.parents
             round.backlog_seconds, round.backlog_tokens = proposal.backlog_seconds, proposal.backlog_tokens
 
     def _check_probs(self, proposal: Proposal, batch: int) -> None:
@@ -149,12 +154,33 @@ class Speculator:
 
     def verify(self, round: RoundBatch, rows: RowParams, stats: EngineStats) -> None:
         """The target's forward over the verify inputs, then the accept rule."""
+        if round.parents is not None:
+            return self.verify_tree(round, rows, stats)
         self.checkpointer.plan(round, self.policy.for_round(self.acceptance_history, len(round.seq_ids)))
         with stats.phase("verify"):
             logits = self.target.extend(self.cache, round.seq_ids, round.verify_inputs, snap_slot=round.snap_slot,
                                         input_log=round.input_log)  # [batch, G + 1, vocab]
         with stats.phase("sampling"):
             round.tokens, round.accepted = self.accept(logits, round, rows)
+
+    def verify_tree(self, round: RoundBatch, rows: RowParams, stats: EngineStats) -> None:
+        """A tree round's verify (`spec.tree`): one target forward over every row's tree,
+        each row's candidate path, then that path verified as a chain (`accept`)."""
+        round.tree = TreeBatch([input_parents(p) for p in round.parents], self.target.device)
+        self.checkpointer.plan_tree(round)
+        with stats.phase("verify"):
+            logits = self.target.extend(self.cache, round.seq_ids, round.verify_inputs,
+                                        tree=round.tree)  # [batch, T, vocab]
+        with stats.phase("sampling"):
+            round.paths = tree_paths(logits, round, rows, self.coupled_rows(round.requests))
+            chain_logits, chains = as_chains(logits, round, round.paths)
+            round.tokens, round.accepted = self.accept(chain_logits, chains, rows)
+            round.logprobs = chains.logprobs
+            round.paths = [path[:n + 1] for path, n in zip(round.paths, round.accepted)]
+            for b, (path, tokens, p) in multi_draft(logits, round, rows, self.coupled_rows(round.requests)).items():
+                round.paths[b], round.tokens[b], round.accepted[b] = path, tokens, len(path) - 1
+                k = round.requests[b].params.logprobs
+                round.logprobs[b] = None if k is None else token_logprobs(p, tokens, k)
 
     def accept(self, logits: torch.Tensor, round: RoundBatch, rows: RowParams) -> tuple[list[list[int]], list[int]]:
         """Rejection sampling over post-processed p and q: (emitted tokens per row, accepted counts);
@@ -216,10 +242,13 @@ class Speculator:
             round.results = [RowResult.of(r, t[:n + 1], lp)
                              for r, t, n, lp in zip(round.requests, round.tokens, round.accepted, round.logprobs)]
             round.live = [b for b, result in enumerate(round.results) if not result.finished]
-            self.checkpointer.commit(round)
+            if round.parents is None:
+                self.checkpointer.commit(round)
+            else:
+                self.checkpointer.commit_tree(round)
             live_ids = [round.seq_ids[b] for b in round.live]
             boundaries = [round.boundary(b) for b in round.live]
-            self.drafter.commit(live_ids, boundaries)
+            self.drafter.commit(live_ids, [round.drafter_boundary(b) for b in round.live])
             if self.check:
                 for s, boundary in zip(live_ids, boundaries):
                     self.cache.check_invariant(s, boundary)
