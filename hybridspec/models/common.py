@@ -15,12 +15,12 @@ from hybridspec.kernels.ops import as_dtype, compute_dtype, constant, transposed
 
 
 def param(tensor: torch.Tensor | None) -> nn.Parameter | None:
-    """Wrap `tensor` as a frozen parameter that shares its storage (no copy), but for a CPU tensor whose
+    """Wrap `tensor` as a frozen parameter that shares its storage (no copy), but for a tensor whose
     address is not 16-byte aligned (a small tensor memory-mapped from a safetensors file): the C kernels
     tag a weight's address in its low 4 bits (`cpu.native.weight_address`), so that one is copied."""
     if tensor is None:
         return None
-    if tensor.device.type == "cpu" and tensor.data_ptr() % 16:
+    if tensor.data_ptr() % 16:
         tensor = tensor.clone()
     return nn.Parameter(tensor.detach(), requires_grad=False)
 
