@@ -24,6 +24,8 @@ import torch
 
 from hybridspec.errors import ConfigError
 
+MAX_PIECES = 64  # kept views per sequence before they are joined (each holds its forward's whole capture)
+
 
 @dataclass
 class HiddenCapture:
@@ -70,6 +72,8 @@ class HiddenStates:
         rows = rows[end - start:max(end - start, length - start)]  # rows already kept (a replay) come once
         if len(rows):  # a view of its forward's capture, which nothing writes again
             kept = kept + [rows]
+            if len(kept) > MAX_PIECES:  # a row that drafts rarely: its pieces in one tensor, the captures freed
+                kept = [torch.cat(kept)]
         self._ready[seq_id] = (first, kept)
 
     def rewind(self, seq_id: int, length: int) -> None:

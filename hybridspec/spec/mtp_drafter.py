@@ -92,8 +92,9 @@ class MTPDrafter:
         """Catch-up of each drafting row, then its drafts; rows without hidden states to read draft nothing."""
         ids = [r.seq_id for r in requests]
         every_row_greedy = rows.flags.all_greedy  # of the whole batch, before the drafting rows are picked
-        for s in ids:
-            self._take(s)
+        for s, g in zip(ids, gammas):  # a row that drafts nothing leaves its rows where they are, uncopied
+            if g > 0:
+                self._take(s)
         self.absorbed = {}
         self.true_len = {s: self.cache.computed_len[s] for s in ids}
         active = [b for b, g in enumerate(gammas) if g > 0 and len(self.pending.get(ids[b], ())) > 0]
