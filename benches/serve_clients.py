@@ -8,8 +8,9 @@ seconds from spawning it to its first answer to /health are recorded.
 - lm-eval (`pip install lm-eval`): a generation task and a multiple-choice task
   on the local files `benches/data/serve_clients_{gen,mc}.jsonl` (tasks written
   as YAML here, datasets read offline), run once through `local-completions`
-  against the speculative server (its tokenizer through the server's
-  /tokenize: `tokenizer_backend=auto`) and once through lm-eval's `hf` model
+  against the speculative server (the tokenizer read from the embedded
+  target's folder: lm-eval's `tokenizer_backend=auto` takes the server's
+  only where it also answers vLLM's /tokenizer_info) and once through lm-eval's `hf` model
   on the same checkpoint (the embedded target folder, float32). Per item: the
   log-likelihood of every choice (target: within 1e-4 of HF's), the chosen
   answer (identical), the generated text; and each task's score.
@@ -123,7 +124,17 @@ def serving(plain: bool, max_batch_size: int, in_process: bool):
 
 # lm-evaluation-harness
 
-def lm_eval_samples(model: str, model_args: str, tasks_dir: Path) -> dict:
+def hf_model(target_dir: Path):
+    """lm-eval's `hf` model on the embedded target, float32. Its tokenizer names no end-of-text token (the
+    byte codec has none), which lm-eval's generation needs: the NUL byte, absent from the tasks, stands in."""
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(0)
+    return HFLM(pretrained=str(target_dir), tokenizer=tokenizer, dtype="float32", device="cpu", batch_size=1)
+
+
+def lm_eval_samples(model, model_args: str | None, tasks_dir: Path) -> dict:
     """{task: (score, [per-item responses by doc_id])} of one lm-eval run over the two local tasks."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -145,9 +156,9 @@ def lm_eval_comparison(url: str) -> dict:
         for name, text in (("gen", GEN_TASK), ("mc", MC_TASK)):
             Path(tasks_dir, f"hs_serve_{name}.yaml").write_text(text.format(data=DATA))
         served = lm_eval_samples("local-completions",
-                                 f"model={SERVED_NAME},base_url={url}/v1/completions,tokenizer_backend=auto,"
-                                 "num_concurrent=1,max_retries=1", Path(tasks_dir))
-        hf = lm_eval_samples("hf", f"pretrained={target_dir},dtype=float32,device=cpu", Path(tasks_dir))
+                                 f"model={SERVED_NAME},base_url={url}/v1/completions,tokenizer_backend=huggingface,"
+                                 f"tokenizer={target_dir},num_concurrent=1,max_retries=1", Path(tasks_dir))
+        hf = lm_eval_samples(hf_model(target_dir), None, Path(tasks_dir))
     served_ll = [[ll for ll, _ in item] for item in served["hs_serve_mc"][1]]
     hf_ll = [[ll for ll, _ in item] for item in hf["hs_serve_mc"][1]]
     answers = [(max(range(len(a)), key=a.__getitem__), max(range(len(b)), key=b.__getitem__))
