@@ -182,11 +182,14 @@ def aiperf_run(aiperf: str, url: str, concurrency: int, requests: int, input_tok
     with tempfile.TemporaryDirectory() as artifacts:
         command = [aiperf, "profile", "--model", SERVED_NAME, "--url", url, "--endpoint-type", "completions",
                    "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
-                   "--synthetic-input-tokens-mean", str(input_tokens), "--synthetic-input-tokens-stddev", "0",
-                   "--output-tokens-mean", str(output_tokens), "--output-tokens-stddev", "0",
+                   "--prompt-input-tokens-mean", str(input_tokens), "--prompt-input-tokens-stddev", "0",
+                   "--prompt-output-tokens-mean", str(output_tokens), "--prompt-output-tokens-stddev", "0",
                    "--extra-inputs", "ignore_eos:true", "--tokenizer", str(tokenizer),
-                   "--artifact-dir", artifacts, "--ui-type", "none", "--warmup-request-count", "1"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+                   "--output-artifact-dir", artifacts, "--ui-type", "none", "--warmup-request-count", "1",
+                   "--no-auto-plot"]
+        # aiperf's offline mode looks a local tokenizer folder up as a Hub snapshot and fails
+        # ("Repo id must be in the form 'repo_name'"); online, an absolute path is read as a folder
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
         found = sorted(Path(artifacts).rglob("profile_export_aiperf.json"))
         if done.returncode != 0 or not found:
