@@ -83,6 +83,21 @@ def test_serve_hol_quick(benches, tmp_path):
     assert all(r["longest_gap_s"] > 0 for r in rows)
 
 
+def test_serve_clients_quick(benches, tmp_path):
+    """Both servers answer the own client at each concurrency: a row each, latencies and throughput measured
+    (the real clients, lm-eval and aiperf, are left out of a smoke run)."""
+    pytest.importorskip("uvicorn")
+    out = tmp_path / "serve_clients.json"
+    assert bench_main("serve_clients")(["--quick", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    rows = payload["rows"]
+    assert [(r["server"], r["concurrency"], r["tool"]) for r in rows] == [
+        (server, c, "own client") for server in ("speculative (auto)", "plain") for c in (1, 2)]
+    assert all(r["TTFT p50 ms"] > 0 and r["ITL p99 ms"] >= r["ITL p50 ms"] >= 0 and r["output tok/s"] > 0
+               for r in rows)
+    assert payload["lm_eval"] is None and payload["errors"] == {}
+
+
 def test_prompt_logprobs_quick(benches, tmp_path):
     """A row per variant; a request asking for prompt log-probs takes no prefix hit, and its log-probs with
     the cache on equal those with it off."""

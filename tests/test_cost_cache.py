@@ -44,8 +44,7 @@ def test_anchor_batches_are_few_and_end_at_the_limit_or_the_largest_anchor():
     assert anchor_batches(1) == [1]
     assert anchor_batches(4) == [1, 4]
     assert anchor_batches(8) == [1, 8]
-    assert anchor_batches(16) == [1, 8, 16]
-    assert anchor_batches(32) == anchor_batches(256) == [1, 8, 32]
+    assert anchor_batches(16) == anchor_batches(32) == anchor_batches(256) == [1, 8]
 
 
 def test_resampled_costs_agree_at_the_timed_batches_and_follow_the_line_between_and_past_them():
@@ -130,14 +129,16 @@ def test_an_engine_reuses_the_costs_an_earlier_one_timed(cache_on, monkeypatch):
     monkeypatch.setattr(startup_costs, "measure_round_costs", counted)
 
     def engine(**settings):
-        settings = {"max_draft_tokens": 3, "max_batch_size": 16, **settings}
+        settings = {"max_draft_tokens": 3, "max_batch_size": 4, **settings}
         return hs.Engine(target, draft=draft, num_draft_tokens="auto", **settings)
 
     first = engine().gamma_controller.costs
-    assert timed == [[1, 8, 16]] and first.batches == (1, 2, 4, 8, 16)
+    assert timed == [[1, 4]] and first.batches == (1, 2, 4)
     again = engine().gamma_controller.costs
-    assert timed == [[1, 8, 16]] and again == first
-    assert engine(max_batch_size=4).gamma_controller.costs.batches == (1, 2, 4)  # read within the kept costs
+    assert timed == [[1, 4]] and again == first
+    assert engine(max_batch_size=2).gamma_controller.costs.batches == (1, 2)  # read within the kept costs
     engine(max_draft_tokens=2)  # another key
-    engine(max_batch_size=32)  # more rows than were timed
-    assert timed == [[1, 8, 16], [1, 8, 16], [1, 8, 32]]
+    engine(max_batch_size=16)  # more rows than were timed
+    assert timed == [[1, 4], [1, 4], [1, 8]]
+    assert engine(max_batch_size=64).gamma_controller.costs.batches == (1, 2, 4, 8, 16, 32, 64)  # past the anchors
+    assert timed == [[1, 4], [1, 4], [1, 8]]

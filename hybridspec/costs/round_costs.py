@@ -140,13 +140,16 @@ def measured_batches(max_batch_size: int) -> list[int]:
     return batches + [max_batch_size]
 
 
-ANCHORS = (1, 8, 32)  # batch sizes start-up times: the rest of a table is read between and past them
+ANCHORS = (1, 8)  # batch sizes start-up times: the rest of a table is read between and past them
 
 
 def anchor_batches(max_batch_size: int) -> list[int]:
     """Batch sizes start-up times for an engine of `max_batch_size` rows: the
-    `ANCHORS` below it and the limit, at most the largest anchor (a round's
-    terms grow about linearly in the batch, and what a larger batch costs
-    beyond the line the online corrections learn, per batch size)."""
+    `ANCHORS` below it and the limit, at most the largest anchor. A round's
+    terms grow about linearly in the batch; what a larger batch costs beyond
+    the line, the controller learns online per batch size (`spec/gamma.py`:
+    the forward's scale apart for plain steps and rounds, the residual, and
+    each kind of round's measured goodput), where timing batch 32 at start-up
+    would cost seconds every first start."""
     top = min(max_batch_size, ANCHORS[-1])
     return sorted({b for b in ANCHORS if b < top} | {top})
