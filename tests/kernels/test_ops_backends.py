@@ -272,8 +272,11 @@ def runs_here(name: str, kind: str, dtype: torch.dtype) -> str | None:
 
 
 def test_every_op_has_a_case():
-    assert set(op_tables()) == set(CASES), "ops without a case here (or cases without an op): " \
-        f"{sorted(set(op_tables()) ^ set(CASES))}"
+    """Every op with more than one implementation (one object on every backend: nothing to compare)."""
+    compared = {name for name, table in op_tables().items() if len({id(op) for op in table.values()}) > 1
+                or len(table) == 1}
+    assert compared == set(CASES), "ops without a case here (or cases without an op): " \
+        f"{sorted(compared ^ set(CASES))}"
 
 
 PARAMS = [pytest.param(name, kind, dtype, i, id=f"{name}-{kind}-{str(dtype)[6:]}-{i}")
