@@ -13,7 +13,7 @@ import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 
 PROMPT = list(b"    for i in ")
-N = 800
+N = 500
 EAGLE3 = Path(hs.embedded_paths()[0]).parent / "eagle3"
 
 
