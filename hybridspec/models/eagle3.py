@@ -21,15 +21,14 @@ Its attention keeps paged K/V in a `HybridCache` of one attention layer
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.config import HybridConfig
 from hybridspec.kernels import backend as backends
 from hybridspec.models.attention import Attention, rope_inv_freq
-from hybridspec.models.common import Kernelled, RMSNorm, check_finite, param, take
+from hybridspec.models.common import Kernelled, RMSNorm, param, take
 from hybridspec.models.ffn import MLP
 from hybridspec.models.hybrid import HybridModel
+from hybridspec.models.mtp import DraftHead
 
 
 def default_points(num_layers: int) -> tuple[int, int, int]:
@@ -40,7 +39,7 @@ def default_points(num_layers: int) -> tuple[int, int, int]:
     return tuple(min(max(p, 0), num_layers - 1) for p in (2, num_layers // 2, num_layers - 3))
 
 
-class Eagle3Head(Kernelled, nn.Module):
+class Eagle3Head(DraftHead):
     """An EAGLE-3 head over `target` from canonical `weights`: fc.weight,
     norm.weight, lm_head.weight, d2t, optionally embed_tokens.weight, and the
     layer's input_norm / hidden_norm / post_norm weights, attention.{q,k,v,o}_proj.weight,
@@ -74,38 +73,10 @@ class Eagle3Head(Kernelled, nn.Module):
             if isinstance(module, Kernelled):
                 module.ops = backend
 
-    @property
-    def device(self) -> torch.device:
-        return self.norm.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.norm.weight.dtype
-
-    def new_cache(self, **cache_kwargs) -> HybridCache:
-        """A cache of this head's K/V (`cache_kwargs`: HybridCache's sizes)."""
-        return HybridCache(self.config, ring_slots=1, **dict(cache_kwargs, dtype=self.dtype, device=self.device))
-
     @torch.inference_mode()
     def fuse(self, low_mid_high: torch.Tensor) -> torch.Tensor:
         """g = fc([h_low ; h_mid ; h_high]): [n, 3, target_hidden] -> [n, hidden]."""
         return self.ops.linear(low_mid_high.to(self.dtype).flatten(1), self.fc)
-
-    @torch.inference_mode()
-    def extend(self, cache: HybridCache, seq_ids: list[int], token_lists: list[list[int]],
-               hidden_lists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Absorb `token_lists[b]` (t_{i+1}) beside `hidden_lists[b]` ([n_b, hidden]: g_i,
-        or the head's own y) at each sequence's next positions; returns each row's
-        last input's (logits [batch, target vocab], y [batch, hidden])."""
-        plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], None)
-        try:
-            draft_logits, out = self._forward(plan, token_lists, hidden_lists, cache)
-            check_finite(draft_logits.unsqueeze(1), plan.batch.num_tokens, True)
-        except Exception:
-            cache.abort_forward(plan)
-            raise
-        cache.commit_forward(plan)
-        return self.target_logits(draft_logits), out
 
     def _forward(self, plan, token_lists, hidden_lists, cache) -> tuple[torch.Tensor, torch.Tensor]:
         bsz, T = len(token_lists), max(map(len, token_lists))

@@ -49,7 +49,47 @@ def mtp_config(target: HybridConfig) -> HybridConfig:
                                family=f"{target.family}_mtp")
 
 
-class MTPLayer(Kernelled, nn.Module):
+class DraftHead(Kernelled, nn.Module):
+    """What a drafter layer over the target's hidden states shares (`MTPLayer`, `Eagle3Head`): its K/V
+    cache, its device and dtype (its `norm`'s), and `extend` — one forward over a plan of its own cache,
+    committed when it succeeds, aborted when it raises. A subclass writes `_forward(plan, token_lists,
+    hidden_lists, cache) -> (logits [batch, V], out [batch, hidden])` and may map the logits
+    (`target_logits`)."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    def new_cache(self, **cache_kwargs) -> HybridCache:
+        """A cache of this head's K/V (`cache_kwargs`: HybridCache's sizes)."""
+        return HybridCache(self.config, ring_slots=1, **dict(cache_kwargs, dtype=self.dtype, device=self.device))
+
+    @torch.inference_mode()
+    def extend(self, cache: HybridCache, seq_ids: list[int], token_lists: list[list[int]],
+               hidden_lists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Absorb `token_lists[b]` (t_{i+1}) beside `hidden_lists[b]` ([n_b, hidden]: the state read
+        beside each token) at each sequence's next positions; returns each row's last input's
+        (logits [batch, target vocab], out [batch, hidden]: what the next step reads)."""
+        plan = cache.plan_forward(seq_ids, [len(t) for t in token_lists], None)
+        try:
+            logits, out = self._forward(plan, token_lists, hidden_lists, cache)
+            check_finite(logits.unsqueeze(1), plan.batch.num_tokens, True)
+        except Exception:
+            cache.abort_forward(plan)
+            raise
+        cache.commit_forward(plan)
+        return self.target_logits(logits), out
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits over the target's vocabulary (a head over the target's own: themselves)."""
+        return logits
+
+
+class MTPLayer(DraftHead):
     """The MTP layer over `target` (its embedding and LM head) from canonical
     `weights`: fc.weight, pre_fc_norm_embedding.weight, pre_fc_norm_hidden.weight,
     norm.weight and layers.0.* (a decoder layer in the target family's canonical names)."""
@@ -92,35 +132,6 @@ class MTPLayer(Kernelled, nn.Module):
                         and not isinstance(weight, PanelWeight):
                     stored = torch.zeros(panels.panel_shape(*weight.shape, torch.float32), device=self.device)
                     setattr(module, name, panels.pack(weight.detach(), stored))
-
-    @property
-    def device(self) -> torch.device:
-        return self.norm.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.norm.weight.dtype
-
-    def new_cache(self, **cache_kwargs) -> HybridCache:
-        """A cache of this layer's K/V (`cache_kwargs`: HybridCache's sizes)."""
-        return HybridCache(self.config, ring_slots=1, **dict(cache_kwargs, dtype=self.dtype, device=self.device))
-
-    @torch.inference_mode()
-    def extend(self, cache: HybridCache, seq_ids: list[int], token_lists: list[list[int]],
-               hidden_lists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Absorb `token_lists[b]` (t_{i+1}) beside `hidden_lists[b]` ([n_b, hidden]: h_i)
-        at each sequence's next positions; returns each row's last input's
-        (logits [batch, vocab], o [batch, hidden])."""
-        lengths = [len(t) for t in token_lists]
-        plan = cache.plan_forward(seq_ids, lengths, None)
-        try:
-            logits, out = self._forward(plan, token_lists, hidden_lists, cache)
-            check_finite(logits.unsqueeze(1), plan.batch.num_tokens, True)
-        except Exception:
-            cache.abort_forward(plan)
-            raise
-        cache.commit_forward(plan)
-        return logits, out
 
     def _forward(self, plan, token_lists, hidden_lists, cache) -> tuple[torch.Tensor, torch.Tensor]:
         target = self.target[0]
