@@ -102,9 +102,10 @@ def speculative(rank: int) -> dict:
     runs = {}
     for checkpoint in (None, hs.CheckpointPolicy(snapshot_every=2), hs.CheckpointPolicy(snapshot_every=0),
                        hs.CheckpointPolicy(snapshot_every=0, log_inputs=False), "auto"):
-        # every policy at a fixed γ; adaptive γ (the ranks agreeing on it each round) under the default
-        # and the auto policy: the policies' restore paths under adaptive γ are the single-process tests'
-        for gamma in (3, "auto") if checkpoint in (None, "auto") else (3,):
+        # every policy at a fixed γ; adaptive γ (the ranks agreeing on it each round, rank 0's measured
+        # costs broadcast) under the auto policy: the policies' restore paths under adaptive γ are the
+        # single-process tests'
+        for gamma in (3, "auto") if checkpoint == "auto" else (3,):
             for params, verify in ((greedy, "rejection"), (sampled, "coupled")):
                 engine = hs.Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=checkpoint, verify=verify,
                                    max_batch_size=3, tensor_parallel_size=size)
