@@ -325,6 +325,22 @@ def pin_threads(on: bool | None) -> bool:
     return bool(_library) and bool(_library.hs_set_pinning(int(on)))
 
 
+def choose_isa(isa_fn: str, paths: tuple[str, str], choice: str | None, missing: str) -> str:
+    """The vector path of one family of kernels (`paths`: the baseline, then the wider one), through
+    its library function `isa_fn` (-1 asks which runs; the first use picks the widest the CPU has):
+    `choice` sets it for the process. ValueError for a name not in `paths`, or for the wider path on
+    a CPU without `missing` (an instruction set)."""
+    if choice is not None and choice not in paths:
+        raise ValueError(f"vector_path({choice!r}): pick one of {paths}")
+    lib = library()
+    if not lib:
+        raise CpuKernelsUnavailable("the native CPU kernels cannot run here")
+    got = getattr(lib, isa_fn)(-1 if choice is None else paths.index(choice))
+    if got < 0:
+        raise ValueError(f"vector_path({choice!r}): this CPU has no {missing}; {paths[0]!r} runs")
+    return paths[got]
+
+
 def takes(*tensors: torch.Tensor) -> bool:
     """The conditions every kernel shares: each tensor float32 on the CPU, the kernels built."""
     for t in tensors:

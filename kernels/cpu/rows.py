@@ -50,15 +50,7 @@ def vector_path(choice: str | None = None) -> str:
     use), else "avx2"; `choice` sets it for the process (the results are the same
     bits either way: each output is the same chain). Raises ValueError for a
     choice this CPU cannot take."""
-    if choice is not None and choice not in VECTOR_PATHS:
-        raise ValueError(f"vector_path({choice!r}): pick one of {VECTOR_PATHS}")
-    lib = cpu_native.library()
-    if not lib:
-        raise cpu_native.CpuKernelsUnavailable("the native CPU kernels cannot run here")
-    got = lib.hs_rows_isa(-1 if choice is None else VECTOR_PATHS.index(choice))
-    if got < 0:
-        raise ValueError(f"vector_path({choice!r}): this CPU has no AVX-512F; {VECTOR_PATHS[0]!r} runs")
-    return VECTOR_PATHS[got]
+    return cpu_native.choose_isa("hs_rows_isa", VECTOR_PATHS, choice, "AVX-512F")
 
 
 def applies(x: torch.Tensor, weight_t: torch.Tensor) -> bool:
