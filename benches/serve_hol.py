@@ -49,13 +49,13 @@ def _announce(server, sock, ready) -> None:
 class Stream:
     """One long greedy streaming completion read in a thread; the arrival time of every chunk."""
 
-    def __init__(self, url: str):
-        self.url, self.times, self.stop = url, [], threading.Event()
+    def __init__(self, url: str, model: str = "bench"):
+        self.url, self.model, self.times, self.stop = url, model, [], threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
 
     def _read(self) -> None:
         import httpx
-        body = {"model": "bench", "prompt": "def main():", "max_tokens": STREAM_TOKENS, "temperature": 0,
+        body = {"model": self.model, "prompt": "def main():", "max_tokens": STREAM_TOKENS, "temperature": 0,
                 "ignore_eos": True, "stream": True}
         with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():

@@ -120,35 +120,15 @@ def test_min_tokens_is_a_lower_bound_where_one_is_sound():
         .min_tokens(samples[0]) == 0
 
 
-class Stream:
-    """A long greedy streaming completion read in a thread; when each chunk arrived."""
-
-    def __init__(self, url: str):
-        self.url, self.times, self.stop = url, [], threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-
-    def _read(self) -> None:
-        body = {"model": NAME, "prompt": "def main():", "max_tokens": 4000, "temperature": 0, "ignore_eos": True,
-                "stream": True}
-        with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    self.times.append(time.perf_counter())
-                if self.stop.is_set():
-                    return
-
-    def longest_gap(self, start: float, end: float) -> float:
-        """The longest silence between two chunks that overlaps [start, end]."""
-        return max(b - a for a, b in zip(self.times, self.times[1:]) if b >= start and a <= end)
-
-
-def test_other_streams_go_on_while_10_mb_bodies_are_in_flight():
+def test_other_streams_go_on_while_10_mb_bodies_are_in_flight(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benches"))
+    from serve_hol import Stream  # the stream the bench measures with: its chunks' arrival times
     text, ids = {"model": NAME, "prompt": "x" * (BIG - 64)}, {"model": NAME, "prompt": [120] * (BIG // 5 - 64)}
     bodies = {"a text prompt over the context": (json.dumps(text).encode(), 400),
               "token ids over the context": (json.dumps(ids).encode(), 400),
               "a body over the limit": (padded(BIG + 1), 413)}
     with LiveServer(hs.LLM(max_batch_size=2), max_body_bytes=BIG) as server:
-        stream = Stream(server.url)
+        stream = Stream(server.url, model=NAME)
         stream.thread.start()
         wait_until(lambda: len(stream.times) >= 5, "the stream's first chunks")
         windows = {}
@@ -162,4 +142,4 @@ def test_other_streams_go_on_while_10_mb_bodies_are_in_flight():
         stream.thread.join(timeout=60)
     gaps = {name: stream.longest_gap(*window) for name, window in windows.items()}
     print("longest silence of the stream while each body was in flight (s):", gaps)
-    assert max(gaps.values()) < MOST_SILENCE_S, gaps
+    assert all(gap < MOST_SILENCE_S for gap in gaps.values()), gaps  # a window with no gap (nan) fails too
