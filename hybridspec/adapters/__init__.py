@@ -143,8 +143,14 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     model = _build(config, weights, tensor_parallel_size, report,
                    lambda w: _owned(_cast(w, dtype, pack)) if mapped else _cast(w, dtype, pack))
     del weights
+    return _finish(model, path, quantize, pack, compute)
+
+
+def _finish(model: HybridModel, path: Path, quantize: str | None, pack: bool, compute: torch.dtype) -> HybridModel:
+    """What every load does last: where it came from (draft="mtp" reads beside it), quantizing (before
+    packing: quantized weights are not packed again), packing for the CPU, the products' compute."""
     model.source_dir = path
-    if quantize is not None:  # before packing: the quantized weights are not packed again
+    if quantize is not None:
         model.quantize(quantize)
     if pack:
         model.pack_for_cpu()

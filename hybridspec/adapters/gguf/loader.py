@@ -22,7 +22,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device="cpu", 
     """The model in the GGUF file `path` (see `adapters.load`): float tensors as float32 (or `dtype`),
     Q8_0 / Q4_0 / Q4_K product weights as QuantWeights (which need a float32 CPU model, one process);
     quantize= quantizes the product weights still float."""
-    from hybridspec.adapters import _build, _cast
+    from hybridspec.adapters import _build, _cast, _finish
     path = Path(path)
     source = str(path)
     opened = gguf_reader.open_file(path)
@@ -41,14 +41,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device="cpu", 
     weights = {k: (v.to(device) if k not in quantized else v) for k, v in weights.items()}
     model = _build(config, weights, 1, LoadReport(source), lambda w: _cast(w, dtype, pack))
     install(model, weights, quantized)
-    model.source_dir = path
-    if quantize is not None:
-        model.quantize(quantize)
-    if pack:
-        model.pack_for_cpu()
-    if compute is not torch.float32:
-        model.set_compute(compute)
-    return model
+    return _finish(model, path, quantize, pack, compute)
 
 
 def install(model: HybridModel, placeholders: dict[str, torch.Tensor], quantized: dict[str, QuantWeight]) -> None:
