@@ -1,17 +1,16 @@
 """Simulator drafters of issue 51: a target's MTP layer and an EAGLE-3 head,
 priced from their shapes by the target's roofline, their acceptance priors,
 and `hybridspec simulate --drafter`."""
-import argparse
 import json
 
 import pytest
 
-from hybridspec.cli import simulate as simulate_cli
 from hybridspec.costs.closed_form import expected_tokens
 from hybridspec.errors import ConfigError
 from hybridspec.sim.cost_model import break_even_alpha
 from hybridspec.sim.drafters import eagle3_draft, mtp_draft, prior_from_length, prior_from_rate
 from hybridspec.sim.presets import PRESETS, QWEN3_NEXT_80B, drafted
+from test_sim_cli import _run  # the simulate command run in-process, its exit code and output
 
 CONTEXT, GAMMA = 4096, 4
 
@@ -107,14 +106,6 @@ def test_priors_invert_published_figures():
     assert drafted(PRESETS["qwen3-next-80b-a3b"], "mtp").prior.source.startswith("published")
     assert drafted(PRESETS["bamba-9b"], "mtp").prior.source.startswith("assumed")
     assert drafted(PRESETS["bamba-9b"], "model").prior is None
-
-
-def _run(argv, capsys):
-    parser = argparse.ArgumentParser()
-    simulate_cli.add_arguments(parser)
-    code = simulate_cli.run(parser.parse_args(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 FAST = ["--rounds", "2000", "--alphas", "0.7,0.9", "--gammas", "4"]
