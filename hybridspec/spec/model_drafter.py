@@ -30,7 +30,7 @@ from hybridspec.spec.protocol import Proposal
 from hybridspec.spec.tree import TreeShape, branch
 
 
-def _backlog_len(gap: int) -> int:
+def backlog_len(gap: int) -> int:
     """Tokens absorbed before a round's catch-up by a drafter `gap` committed
     tokens behind: all but the last where more than two (`_absorb_backlog`)."""
     return gap - 1 if gap > 2 else 0
@@ -128,7 +128,7 @@ class ModelDrafter:
         tokens = [[] for _ in ids]
         for b, row in zip(active, drafts):
             tokens[b] = row
-        return Proposal(tokens, _scatter_rows(probs, active, len(requests)), *backlog)
+        return Proposal(tokens, scatter_rows(probs, active, len(requests)), *backlog)
 
     def _sampled_drafts(self, ids_active, committed, limits, logits, rows, purpose, drafting,
                         walk: DraftWalk) -> tuple[list[list[int]], torch.Tensor]:
@@ -236,13 +236,13 @@ class ModelDrafter:
         if logits is None:
             return Proposal(tokens, None, *backlog)
         q = torch.softmax(logits.to(torch.float64), dim=-1)  # [active, G, vocab]
-        return Proposal(tokens, _scatter_rows(q, active, len(ids)), *backlog)
+        return Proposal(tokens, scatter_rows(q, active, len(ids)), *backlog)
 
     def backlog(self, requests) -> list[int]:
         """Per request, the tokens the next round that drafts for it absorbs
         first (`_absorb_backlog`): all but the last committed one where it is
         more than two behind (a new prompt, rounds that drafted nothing), else 0."""
-        return [_backlog_len(r.committed_len - self.cache.computed_len[r.seq_id]) for r in requests]
+        return [backlog_len(r.committed_len - self.cache.computed_len[r.seq_id]) for r in requests]
 
     def _absorb_backlog(self, ids: list[int], committed: list[list[int]]) -> tuple[float, int]:
         """Rows more than two committed tokens behind (a new prompt, or rounds
@@ -258,7 +258,7 @@ class ModelDrafter:
         round start. Returns (seconds, tokens) of the backlogs' forward:
         one-off work, which adaptive γ learns per token and amortises."""
         gaps = [len(c) - self.cache.computed_len[s] for s, c in zip(ids, committed)]
-        behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c, gap in zip(ids, committed, gaps) if _backlog_len(gap)]
+        behind = [(s, c[self.cache.computed_len[s]:-1]) for s, c, gap in zip(ids, committed, gaps) if backlog_len(gap)]
         two = [(s, c[-2:-1]) for s, c, gap in zip(ids, committed, gaps) if gap == 2]
         began = time.perf_counter()
         if behind:
@@ -307,7 +307,7 @@ class ModelDrafter:
                                  f"{boundary}")
 
 
-def _scatter_rows(q: torch.Tensor, rows: list[int], batch: int) -> torch.Tensor:
+def scatter_rows(q: torch.Tensor, rows: list[int], batch: int) -> torch.Tensor:
     """q of the drafting rows [len(rows), G, vocab] in a [batch, G, vocab] tensor,
     zero on the rows that drafted nothing (q itself when every row drafted)."""
     if len(rows) == batch:

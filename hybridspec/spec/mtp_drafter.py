@@ -33,6 +33,7 @@ from hybridspec.kernels.keyed_random import PURPOSE_DRAFT, PURPOSE_SAMPLE
 from hybridspec.models.mtp import MTPLayer
 from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, process_logits, sample
+from hybridspec.spec.model_drafter import backlog_len, scatter_rows
 from hybridspec.spec.protocol import Proposal
 
 
@@ -61,8 +62,7 @@ class MTPDrafter:
 
     def backlog(self, requests) -> list[int]:
         """Positions past a normal catch-up (a prompt, rounds that drafted nothing) the next round absorbs."""
-        gaps = [r.committed_len - 1 - self._position(r.seq_id) for r in requests]
-        return [gap - 1 if gap > 2 else 0 for gap in gaps]
+        return [backlog_len(r.committed_len - 1 - self._position(r.seq_id)) for r in requests]
 
     def _position(self, seq_id: int) -> int:
         """The target position the layer absorbs next."""
@@ -110,11 +110,7 @@ class MTPDrafter:
         one_hot = greedy and every_row_greedy  # the greedy accept reads no q: drafts are one-hot
         probs = self._draft(drafting, [gammas[b] for b in active], rows, [coupled[b] for b in active], logits, out,
                             tokens, active, greedy, keep_q=not one_hot)
-        if probs is None:
-            return Proposal(tokens, None)
-        full = probs.new_zeros(len(ids), *probs.shape[1:])  # [batch, G, vocab]
-        full[torch.tensor(active, device=probs.device)] = probs
-        return Proposal(tokens, full)
+        return Proposal(tokens, None if probs is None else scatter_rows(probs, active, len(ids)))
 
     def _catch_up(self, drafting) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer over each row's pending positions: (logits [rows, vocab], o [rows, hidden]) at the last."""
