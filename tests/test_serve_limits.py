@@ -112,6 +112,8 @@ def test_min_tokens_is_a_lower_bound_where_one_is_sound():
     bpe.train_from_iterator([source] * 3, vocab_size=400, min_frequency=1, show_progress=False)
     bpe.add_special_tokens(["<|a-long-special-token|>"])
     codec = TokenizerCodec(transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer), "bpe")
+    info = codec.info()  # /tokenizer_info's body
+    assert info["tokenizer_class"] == type(codec.tokenizer).__name__ and info["eos_token"] is None
     samples.append("<|a-long-special-token|>" * 50)
     bounds = [(codec.min_tokens(t), len(codec.encode(t))) for t in samples]
     assert all(0 < low <= count for low, count in bounds), bounds

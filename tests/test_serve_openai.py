@@ -164,6 +164,9 @@ def test_tokenize_detokenize_and_version(llm, live):
     neither = httpx.post(live.url + "/tokenize", json={"model": NAME})
     assert neither.status_code == 400 and neither.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(live.url + "/version").json() == {"version": hs.__version__}
+    info = httpx.get(live.url + "/tokenizer_info").json()  # what lm-eval's remote tokenizer reads first
+    assert info["chat_template"] == llm.codec.chat_template and info["eos_token"] is None
+    assert info["model_max_length"] == 512 and info["tokenizer_class"] == "ByteCodec"
 
 
 def test_chat_on_the_embedded_pair_through_its_shipped_template(offline, client):

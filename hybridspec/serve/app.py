@@ -3,7 +3,7 @@
 POST /v1/completions and /v1/chat/completions (JSON, or server-sent events
 with `"stream": true`; completions score prompts with `echo`, `max_tokens=0`
 and vLLM's `prompt_logprobs`), GET /v1/models and /v1/models/{id}; vLLM's POST
-/tokenize and /detokenize, GET /version, /health and /metrics. Every error,
+/tokenize and /detokenize, GET /tokenizer_info, /version, /health and /metrics. Every error,
 unknown routes' and methods' included, is OpenAI's error body; GET routes
 answer HEAD too. A body over the size limit is refused (413) before it is read
 (`limits`); a generation body is parsed, checked and tokenized on a worker
@@ -240,6 +240,10 @@ def create_app(llm, *, served_model_name: str = "hybridspec", api_key: str | Non
     async def tokenize(request: Request):
         tokens = await run_in_threadpool(prepare.tokenize, server, await request.body())
         return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
+
+    @app.api_route("/tokenizer_info", methods=get)
+    async def tokenizer_info():
+        return {**server.codec.info(), "model_max_length": server.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):

@@ -32,6 +32,11 @@ class ByteCodec:
         """Text of the bytes; an incomplete trailing character reads U+FFFD."""
         return bytes(ids).decode("utf-8", errors="replace")
 
+    def info(self) -> dict:
+        """The tokenizer's description as vLLM's /tokenizer_info gives it: no special tokens."""
+        return {"tokenizer_class": "ByteCodec", "bos_token": None, "eos_token": None, "pad_token": None,
+                "unk_token": None, "chat_template": self.chat_template}
+
     def chat_prompt(self, messages: list[dict]) -> str:
         if self.chat_template is None:
             raise ConfigError("this byte-level model has no chat template; use generate() with plain text, or a "
@@ -86,6 +91,14 @@ class TokenizerCodec:
     def decode(self, ids: list[int]) -> str:
         """Text of the ids, special tokens (EOS, padding) left out."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def info(self) -> dict:
+        """The tokenizer's description as vLLM's /tokenizer_info gives it (what a remote-tokenizer client such
+        as lm-eval reads: its class, special tokens as text, chat template)."""
+        t = self.tokenizer
+        return {"tokenizer_class": type(t).__name__,
+                **{role: getattr(t, role, None) for role in ("bos_token", "eos_token", "pad_token", "unk_token")},
+                "chat_template": getattr(t, "chat_template", None)}
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The tokenizer's chat template applied to `messages`, ready for the
