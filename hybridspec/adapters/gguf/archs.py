@@ -7,7 +7,10 @@ reads them: `attention.head_count_kv[i]` > 0 marks an attention layer, and in Ne
 `feed_forward_length[i]` > 0 an MLP layer; the rest are Mamba-2 layers. Biases and tied embeddings
 are not metadata: the tensors present say (`Tensors`). Two keys are hybridspec's own, which
 llama.cpp ignores: `ssm.chunk_size` (the SSD chunk of prefill, which sets its float rounding) and
-`ssm.dt_limit` (the Δ clamp), written where they differ from the adapter's default.
+`ssm.dt_limit` (the Δ clamp), written where they differ from the adapter's default. Families whose
+rules differ more have their own module: `qwen_meta` (the gated-DeltaNet Qwens), `falcon_h1_meta`
+(parallel layers, µP multipliers folded into the weights: `Arch.fold`), `jamba_meta` (Mamba-1 and MoE
+layers from per-layer keys).
 """
 from __future__ import annotations
 

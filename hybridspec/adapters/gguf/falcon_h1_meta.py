@@ -16,20 +16,27 @@ the whole HF name `pre_ff_layernorm.weight` to it).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hybridspec.config import HybridConfig
 from hybridspec.errors import UnsupportedModelError
-from hybridspec.adapters.gguf.keys import Tensors, get
+from hybridspec.adapters.gguf.keys import Tensors, get, per_layer
 
 
 def config_dict(meta: dict, arch: str, tensors: Tensors) -> dict:
     hidden, heads = int(get(meta, arch, "embedding_length")), int(get(meta, arch, "attention.head_count"))
     head_dim = int(get(meta, arch, "attention.key_length", hidden // max(heads, 1)))
     inner, ssm_heads = int(get(meta, arch, "ssm.inner_size")), int(get(meta, arch, "ssm.time_step_rank"))
+    layers = int(get(meta, arch, "block_count"))
+    kv = set(per_layer(meta, arch, "attention.head_count_kv", layers))  # the converter writes one scalar
+    if len(kv) != 1 or 0 in kv:
+        raise UnsupportedModelError(f"{arch}.attention.head_count_kv={sorted(kv)}: every Falcon-H1 layer holds "
+                                    "attention with the same KV heads")
     cfg = {"vocab_size": int(get(meta, arch, "vocab_size", 0)) or None, "hidden_size": hidden,
-           "num_hidden_layers": int(get(meta, arch, "block_count")), "num_attention_heads": heads,
-           "num_key_value_heads": int(get(meta, arch, "attention.head_count_kv")), "head_dim": head_dim,
+           "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv.pop(),
+           "head_dim": head_dim,
            "intermediate_size": int(get(meta, arch, "feed_forward_length")),
            "rms_norm_eps": float(get(meta, arch, "attention.layer_norm_rms_epsilon")),
            "rope_theta": float(get(meta, arch, "rope.freq_base", 10000.0)),
@@ -62,7 +69,8 @@ def _check_writable(config: HybridConfig) -> None:
         problems.append("mamba_norm_before_gate=True (llama.cpp normalises after the gate only)")
     if a.bias or m.proj_bias:
         problems.append("attention or Mamba projection biases (llama.cpp's graph has none)")
-    if config.tie_word_embeddings and config.embedding_multiplier * config.logits_scaling != 1.0:
+    if config.tie_word_embeddings and not math.isclose(config.embedding_multiplier * config.logits_scaling, 1.0,
+                                                         rel_tol=1e-6):
         problems.append("tied embeddings with embedding_multiplier != lm_head_multiplier (the converter folds "
                         "each multiplier into its own copy)")
     if problems:
@@ -114,7 +122,9 @@ def multiplier(rest: str, config: HybridConfig) -> float | torch.Tensor | None:
 
 
 def fold(rest: str, tensor: torch.Tensor, config: HybridConfig) -> torch.Tensor:
-    """The canonical tensor `rest` with its multiplier folded in, in float32 as the converter's product."""
+    """The canonical tensor `rest` with its multiplier folded in, in float32. The converter multiplies
+    k_proj and in_proj twice (by attention_in / ssm_in, then by key_multiplier / the slice's) in the
+    checkpoint's dtype; once by the product, here: a value may differ from its file by an ulp."""
     factor = multiplier(rest, config)
     if factor is None or (not isinstance(factor, torch.Tensor) and factor == 1.0):
         return tensor
