@@ -63,6 +63,26 @@ def test_a_float_gguf_has_hf_logits_and_greedy_tokens(family, tmp_path):
     assert out[0].token_ids == hf_greedy(m, TOKENS[:7], 5)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_tensor_names_are_those_gguf_py_maps_the_hf_names_to(family, tmp_path):
+    """As llama.cpp's converter names them: gguf-py's map of each HF name (dt_bias renamed dt_proj.bias,
+    per-expert weights stacked under the merged `mlp.experts.{gate,up,down}_proj` names)."""
+    import gguf
+    from safetensors.torch import load_file
+    m, directory, path = written(family, tmp_path)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.FALCON_H1 if family == "falcon-h1" else gguf.MODEL_ARCH.JAMBA,
+                                     m.config.num_hidden_layers)
+    expected = set()
+    for name in load_file(str(directory / "model.safetensors")):
+        if ".experts." in name:
+            layer = name.split(".")[2]
+            expected |= {names.get_name(f"model.layers.{layer}.mlp.experts.{p}.weight", try_suffixes=(".weight",))
+                         for p in ("gate_proj", "up_proj", "down_proj")}
+        else:
+            expected.add(names.get_name(name.replace(".dt_bias", ".dt_proj.bias"), try_suffixes=(".weight", ".bias")))
+    assert {t.name for t in open_file(path).tensors} == expected
+
+
 def test_falcon_h1_multipliers_are_folded_into_the_weights_as_llama_cpp_stores_them(tmp_path):
     m, _, path = written("falcon-h1", tmp_path)
     stored = {t.name: as_float(t) for t in open_file(path).tensors}
