@@ -7,7 +7,10 @@ reads them: `attention.head_count_kv[i]` > 0 marks an attention layer, and in Ne
 `feed_forward_length[i]` > 0 an MLP layer; the rest are Mamba-2 layers. Biases and tied embeddings
 are not metadata: the tensors present say (`Tensors`). Two keys are hybridspec's own, which
 llama.cpp ignores: `ssm.chunk_size` (the SSD chunk of prefill, which sets its float rounding) and
-`ssm.dt_limit` (the Δ clamp), written where they differ from the adapter's default.
+`ssm.dt_limit` (the Δ clamp), written where they differ from the adapter's default. Families whose
+rules differ more have their own module: `qwen_meta` (the gated-DeltaNet Qwens), `falcon_h1_meta`
+(parallel layers, µP multipliers folded into the weights: `Arch.fold`), `jamba_meta` (Mamba-1 and MoE
+layers from per-layer keys).
 """
 from __future__ import annotations
 
@@ -15,10 +18,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import torch
 
 from hybridspec.config import HybridConfig
 from hybridspec.errors import UnsupportedModelError
-from hybridspec.adapters.gguf import qwen_meta
+from hybridspec.adapters.gguf import falcon_h1_meta, jamba_meta, qwen_meta
 from hybridspec.adapters.gguf.keys import Tensors, get, per_layer
 
 
@@ -158,23 +162,29 @@ class Arch:
     config_dict: Callable[[dict, str, Tensors], dict]
     metadata: Callable[[HybridConfig], dict]
     families: tuple[str, ...]  # HybridConfig.family values written as this architecture
-    norm_of_ffn: str  # the GGUF norm a feed-forward sublayer reads
+    norm_of_ffn: str  # the GGUF norm a feed-forward sublayer reads (its name under blk.N.)
+    # (canonical name under layers.N., tensor, config) -> the tensor as the converter stores it, where it
+    # folds multipliers into weights (`falcon_h1_meta.fold`)
+    fold: Callable[[str, torch.Tensor, HybridConfig], torch.Tensor] | None = None
 
 
 ARCHS = {
     "granitehybrid": Arch("granitehybrid", "granitemoehybrid", _granite_config, _granite_metadata,
-                          ("granitemoehybrid", "bamba"), "ffn_norm"),
+                          ("granitemoehybrid", "bamba"), "ffn_norm.weight"),
     "nemotron_h": Arch("nemotron_h", "nemotron_h", _nemotron_config, _nemotron_metadata, ("nemotron_h",),
-                       "attn_norm"),
-    "mamba2": Arch("mamba2", "mamba_ssm", _mamba2_config, _mamba2_metadata, ("mamba_ssm",), "ffn_norm"),
+                       "attn_norm.weight"),
+    "mamba2": Arch("mamba2", "mamba_ssm", _mamba2_config, _mamba2_metadata, ("mamba_ssm",), "ffn_norm.weight"),
     "qwen3next": Arch("qwen3next", "qwen3_next", qwen_meta.config_dict, qwen_meta.metadata, ("qwen3_next",),
-                      "post_attention_norm"),
+                      "post_attention_norm.weight"),
     "qwen35": Arch("qwen35", "qwen3_5", qwen_meta.config_dict, qwen_meta.metadata, ("qwen3_5",),
-                   "post_attention_norm"),
+                   "post_attention_norm.weight"),
     "qwen35moe": Arch("qwen35moe", "qwen3_5", qwen_meta.config_dict, qwen_meta.metadata, ("qwen3_5_moe",),
-                      "post_attention_norm"),
+                      "post_attention_norm.weight"),
+    "falcon-h1": Arch("falcon-h1", "falcon_h1", falcon_h1_meta.config_dict, falcon_h1_meta.metadata,
+                      ("falcon_h1",), "ffn_norm", falcon_h1_meta.fold),
+    "jamba": Arch("jamba", "jamba", jamba_meta.config_dict, jamba_meta.metadata, ("jamba",), "ffn_norm.weight"),
 }
-UNSUPPORTED = ("falcon-h1", "jamba", "mamba", "nemotron_h_moe")
+UNSUPPORTED = ("mamba", "nemotron_h_moe")
 
 
 def arch_named(name: str) -> Arch:

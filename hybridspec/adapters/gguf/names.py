@@ -6,10 +6,14 @@ Layouts llama.cpp changes (shapes in torch order, the reverse of GGUF's ne):
     D [n]                      -> ssm_d [n, 1]
     conv1d.weight [C, 1, k]    -> ssm_conv1d [C, k]
     norm.weight [n·p]          -> ssm_norm [g, n·p / g] (the gated norm's groups)
+    Mamba-1 conv1d [d, 1, k]   -> ssm_conv1d [d, k]; A_log [d, N] -> ssm_a [d, N]
     experts.gate_up_proj [E, 2·I, H] -> ffn_gate_exps [E, I, H] and ffn_up_exps [E, I, H]
     A_log (every SSM)          -> ssm_a = -exp(A_log)
     Qwen's zero-centred norms w -> 1 + w (the reader keeps it and multiplies by it as it is)
     a gated DeltaNet's in_proj  -> its parts, value heads reordered (`gdn`)
+    Falcon-H1's µP multipliers  -> folded into the weights (`Arch.fold`, `falcon_h1_meta`); a parallel
+                                   mixer's `mixer.attention.*` and `mixer.mamba.*` take the names of
+                                   the attention and Mamba-2 tensors (one set of names per block)
 Reading A back, A_log is the float32 whose -exp is A exactly (as the model computes it), found
 among the neighbours of log(-A): a file hybridspec wrote gives back a model with the same decay.
 """
@@ -34,6 +38,9 @@ LAYER = {
     "mixer.conv1d.weight": "ssm_conv1d.weight", "mixer.conv1d.bias": "ssm_conv1d.bias",
     "mixer.dt_bias": "ssm_dt.bias", "mixer.A_log": "ssm_a", "mixer.D": "ssm_d",
     "mixer.norm.weight": "ssm_norm.weight",
+    "mixer.x_proj.weight": "ssm_x.weight", "mixer.dt_proj.weight": "ssm_dt.weight",
+    "mixer.dt_proj.bias": "ssm_dt.bias", "mixer.dt_norm.weight": "ssm_dt_norm.weight",
+    "mixer.b_norm.weight": "ssm_b_norm.weight", "mixer.c_norm.weight": "ssm_c_norm.weight",
     "mixer.out_proj.weight": "ssm_out.weight", "mixer.out_proj.bias": "ssm_out.bias",
     **{f"ffn.{p}_proj.{kind}": f"ffn_{p}.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")},
     **{f"ffn.shared.{p}_proj.weight": f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")},
@@ -42,6 +49,7 @@ LAYER = {
 }
 GATE_UP = "ffn.experts.gate_up_proj"  # two GGUF tensors: ffn_gate_exps, ffn_up_exps
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)$")
+_PARALLEL = re.compile(r"^mixer\.(?:attention|mamba)\.")
 
 
 def gguf_names(name: str, arch, config: HybridConfig) -> tuple[str, ...]:
@@ -52,19 +60,20 @@ def gguf_names(name: str, arch, config: HybridConfig) -> tuple[str, ...]:
     match = _LAYER_NAME.match(name)
     if match is None:
         return ()
-    layer, rest = match.groups()
+    layer, rest = match.group(1), _rest(name)
     if rest == GATE_UP:
         return (f"blk.{layer}.ffn_gate_exps.weight", f"blk.{layer}.ffn_up_exps.weight")
     if rest == "ffn_norm.weight":
-        return (f"blk.{layer}.{arch.norm_of_ffn}.weight",)
+        return (f"blk.{layer}.{arch.norm_of_ffn}",)
     if rest == "mixer.in_proj.weight" and config.gdn is not None:
         return tuple(f"blk.{layer}.{part}" for part in gdn.in_proj_parts(config, arch.name))
     return (f"blk.{layer}.{LAYER[rest]}",) if rest in LAYER else ()
 
 
 def _rest(name: str) -> str:
+    """The name under layers.N. (a parallel mixer's parts as plain mixer tensors), or a global name."""
     match = _LAYER_NAME.match(name)
-    return match.group(2) if match else name
+    return _PARALLEL.sub("mixer.", match.group(2)) if match else name
 
 
 def stored_shapes(name: str, shape: tuple[int, ...], config: HybridConfig, arch) -> tuple[tuple[int, ...], ...]:
@@ -108,6 +117,8 @@ def to_stored(name: str, tensor: torch.Tensor, config: HybridConfig, arch) -> tu
         tensor = -torch.exp(tensor.float())
     if zero_centred(name, config):
         tensor = norm_weight(tensor, True)
+    if arch.fold is not None:
+        tensor = arch.fold(rest, tensor, config)
     rows, columns = gdn.row_map(rest, config, arch.name), gdn.column_map(rest, config, arch.name)
     if rows is not None:
         tensor = tensor[rows]
@@ -165,7 +176,8 @@ def a_log_of(a: torch.Tensor) -> torch.Tensor:
     return best
 
 
-_QUANTIZABLE = re.compile(r"^layers\.\d+\.(?:mixer|ffn|ffn\.shared)\.(?:q|k|v|o|gate|up|down|in|out)_proj\.weight$")
+_QUANTIZABLE = re.compile(r"^layers\.\d+\.(?:mixer|mixer\.attention|mixer\.mamba|ffn|ffn\.shared)\."
+                          r"(?:q|k|v|o|gate|up|down|in|out)_proj\.weight$")
 
 
 def quantizable(name: str) -> bool:

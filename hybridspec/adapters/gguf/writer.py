@@ -1,7 +1,8 @@
 """`write_gguf`: a model directory as a GGUF file in llama.cpp's layout for its architecture (the
 inverse of `reader`), its product weights quantized into a block format or kept float32.
 
-Quantized, it holds what `hs.load(directory, quantize=fmt)` multiplies, bit for bit: the decoder
+Quantized, it holds what `hs.load(directory, quantize=fmt)` multiplies, bit for bit (except for Falcon-H1,
+whose multipliers llama.cpp's layout folds into the weights before they are quantized): the decoder
 layers' linear weights in `fmt` (Q8_0 where the input size is not whole blocks of it, float where
 not whole blocks of 32 either), the LM head in Q8_0 (written as output.weight even where the
 embedding is tied, since the lookup keeps a float table), everything else float32. The tokenizer
