@@ -173,3 +173,18 @@ def test_the_speedup_counts_every_term():
     assert row["terms"]["round draft_s"] == {"value": 1.0, "source": "measured"}
     assert row["terms"]["round host_s"] == {"value": 0.0, "source": "assumed"}
     assert row["speedup"] == {"value": pytest.approx(3 * 1.2 / 2.9), "source": "assumed"}
+
+
+def test_tree_option_compares_a_tree_with_the_chain_of_as_many_inputs(capsys, tmp_path):
+    path = tmp_path / "sim.json"
+    code, out, _ = _run(FAST + ["--alphas", "0.5,0.9", "--tree", "2,2,1", "--rescue", "0.4", "--json", str(path)],
+                        capsys)
+    assert code == 0 and "Tree 2,2,1 (5 nodes, spine 3) against the chain of gamma = 5" in out
+    tree = json.loads(path.read_text())["tree"]
+    low, high = tree["tokens"]
+    assert low["chain_tokens"] == pytest.approx(expected_tokens(0.5, 5))
+    assert abs(low["tree_tokens"] - low["simulated_tokens"]) < 4 * low["simulated_stderr"]
+    assert low["tree_tokens"] > low["chain_tokens"] and high["tree_tokens"] < high["chain_tokens"]  # depth wins at high α
+    assert {p["name"] for p in tree["presets"]} == set(PRESETS)
+    code, _, err = _run(FAST + ["--tree", "2,0"], capsys)
+    assert code == 2 and "--tree 2,2,1" in err

@@ -6,6 +6,8 @@ regimes, the crossover batch of each preset for several checkpoint policies,
 and one line per assumption. `--drafter model,mtp,eagle3` pairs each preset
 with those drafters side by side (named '<preset>+mtp', '<preset>+eagle3'):
 every preset is reported in one run, so the drafter is a list, as --alphas is.
+`--tree 2,2,1` adds a tree draft (candidates per spine depth) against the
+chain of as many verify inputs: tokens per round and speedup per preset.
 """
 from __future__ import annotations
 
@@ -52,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated drafters to pair each preset with: model (a separate 0.43B hybrid "
                              "draft model), mtp (the target's MTP layer), eagle3 (an EAGLE-3 head); "
                              "default model")
+    parser.add_argument("--tree", type=_list_of(int), default=defaults.tree, metavar="WIDTHS",
+                        help="comma-separated candidates per spine depth of a tree draft (e.g. 2,2,1: an "
+                             "alternative at depths 1 and 2) to compare with the chain of as many verify inputs")
+    parser.add_argument("--rescue", type=float, default=defaults.rescue,
+                        help="with --tree: the chance that each next-ranked alternative is the target's token "
+                             "once the ones before missed (default %(default)s, assumed)")
     parser.add_argument("--measured", metavar="FILE.json",
                         help="round costs measured by the engine (schema hybridspec.round_cost/v1, "
                              "see docs/simulator.md); adds a section labelled measured")
@@ -72,6 +80,8 @@ def _settings(args: argparse.Namespace) -> SimulateSettings:
         crossover_gamma=args.gamma,
         max_batch=args.max_batch,
         drafters=tuple(args.drafter),
+        tree=None if args.tree is None else tuple(args.tree),
+        rescue=args.rescue,
     )
 
 

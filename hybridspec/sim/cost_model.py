@@ -14,6 +14,8 @@ rank, at one rank's bandwidth and FLOPs, while a drafter sharded with the
 target (`draft_sharded`: an MTP layer over the target's vocabulary-parallel LM
 head, an EAGLE-3 head at the target's tensor-parallel size) runs on all ranks
 and pays its own layers' all-reduces.
+A tree draft (`tree_round_s`) is priced by its nodes: its verify forward
+reads every node, however shallow the tree.
 The checkpoint traffic a policy adds on top (extra snapshot writes, the input
 log, replay) is charged as separate memory time: it is done by the Mamba scan
 and replay kernels, which are memory-bound on their own and do not hide under
@@ -22,13 +24,14 @@ the matmuls. docs/simulator.md derives every term.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from hybridspec.errors import ConfigError
 from hybridspec.costs.checkpoint_terms import snapshot_writes_per_round
 from hybridspec.costs.closed_form import expected_tokens
+from hybridspec.costs.tree_form import tree_expected_tokens
 from hybridspec.costs.round_time import Batch, RoundTime, StepCosts, check_batch, round_time
 from hybridspec.costs.validation import check_cost, check_gamma, check_int
 
@@ -244,6 +247,24 @@ class CostModel:
         costs = self.step_costs(batch, gamma)
         rounds = round_time(costs, gamma, alpha, snapshot_every, log_inputs)
         return expected_tokens(alpha, gamma) * costs.plain_step_s / rounds.total_s
+
+    def tree_round_s(self, batch: Batch, widths: Sequence[int]) -> Union[float, np.ndarray]:
+        """Seconds of one tree round, priced by its nodes (verify inputs), not its
+        depth: the drafter steps its spine (len(widths) steps), the target's forward
+        reads nodes + 1 inputs per row, and every node's state is kept (one state
+        write per node, as the chain's snapshot-every-input policy writes one per
+        input); nothing is replayed, the accepted node's state being kept."""
+        nodes = sum(check_int(w, "width", minimum=1) for w in widths)
+        costs = self.step_costs(batch, nodes)
+        return len(widths) * costs.draft_step_s + costs.verify_s + nodes * costs.snapshot_write_s
+
+    def tree_speedup(self, batch: Batch, widths: Sequence[int], alpha: float,
+                     rescue: float) -> Union[float, np.ndarray]:
+        """E[tokens] of the tree (`costs.tree_form`) · plain step / tree round time.
+        Compare with `speedup(batch, γ = nodes, α, snapshot_every=1, log_inputs=False)`:
+        the chain of as many verify inputs, keeping every input's state too."""
+        tokens = tree_expected_tokens(alpha, widths, rescue)
+        return tokens * self.forward_time(self.target, batch, 1) / self.tree_round_s(batch, widths)
 
 
 def crossover_batch(

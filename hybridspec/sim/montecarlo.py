@@ -91,3 +91,33 @@ def simulate_replay_steps(
         for accepted in _accepted_chunks(alpha, gamma, rounds, seed)
     )
     return _mean_and_stderr(replayed, rounds)
+
+
+def simulate_tree(alpha: float, widths: tuple[int, ...], rescue: float, rounds: int,
+                  seed: int = 0) -> SimResult:
+    """Emitted tokens per round of a spine with leaf alternatives, draw by draw:
+    at each depth the spine's token is accepted with α; when not, the target's
+    token's rank past the first is geometric (each next ranked token is it with
+    probability `rescue`), and an alternative catches it when that rank is
+    within the depth's width (the round then ends). The simulated counterpart
+    of `costs.tree_form.tree_expected_tokens`."""
+    alpha, rounds, seed = check_alpha(alpha), check_int(rounds, "rounds", minimum=1), check_int(seed, "seed", minimum=0)
+    rescue = check_alpha(rescue, name="rescue")
+    widths = np.array([check_int(w, "width", minimum=1) for w in widths])  # [depths]
+    rng = np.random.default_rng(seed)
+
+    def chunks() -> Iterator[np.ndarray]:
+        remaining = rounds
+        while remaining > 0:
+            size = min(remaining, _CHUNK_ROUNDS)
+            on_spine = rng.random((size, len(widths))) < alpha  # [size, depths]
+            rank = rng.geometric(rescue, (size, len(widths))) if rescue > 0 else \
+                np.full((size, len(widths)), np.iinfo(np.int64).max)  # [size, depths] alternatives tried until the target's
+            caught = ~on_spine & (rank <= widths - 1)  # [size, depths] an alternative holds the target's token
+            reached = np.logical_and.accumulate(np.concatenate(
+                [np.ones((size, 1), bool), on_spine[:, :-1]], axis=1), axis=1)  # [size, depths] the spine got here
+            accepted = (reached & (on_spine | caught)).sum(axis=1)  # [size]
+            yield accepted + 1
+            remaining -= size
+
+    return _mean_and_stderr(chunks(), rounds)

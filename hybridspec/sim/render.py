@@ -155,9 +155,32 @@ def render_terms(rows: list[dict]) -> list[str]:
     return lines
 
 
+def render_tree(tree: dict) -> list[str]:
+    """Chain against tree at equal verify inputs: tokens per round, then speedups per preset."""
+    widths = ",".join(map(str, tree["widths"]))
+    lines = [f"Tree {widths} ({tree['nodes']} nodes, spine {tree['spine']}) against the chain of gamma = "
+             f"{tree['nodes']} (equal verify inputs; rescue {tree['rescue']:g}; all figures assumed)",
+             f"  {'alpha':>5} {'chain tok/round':>15} {'tree tok/round':>14} {'tree simulated':>21} {'ratio':>6}"]
+    for row in tree["tokens"]:
+        simulated = f"{row['simulated_tokens']:.4f} +- {row['simulated_stderr']:.4f}"
+        lines.append(f"  {row['alpha']:>5.2f} {row['chain_tokens']:>15.4f} {row['tree_tokens']:>14.4f} "
+                     f"{simulated:>21} {row['tree_tokens'] / row['chain_tokens']:>6.3f}")
+    alphas = sorted({row["alpha"] for row in tree["tokens"]})
+    lines.append("  speedup over plain decoding, chain / tree, both keeping every input's state")
+    lines.append(f"  {'preset':<28} {'batch':>5} " + " ".join(f"{'alpha ' + format(a, 'g'):>15}" for a in alphas))
+    for preset in tree["presets"]:
+        for batch in REPORT_BATCHES:
+            cells = {r["alpha"]: r for r in preset["rows"] if r["batch"] == batch}
+            lines.append(f"  {preset['name']:<28} {batch:>5} " + " ".join(
+                f"{cells[a]['chain_speedup']:>7.2f}/{cells[a]['tree_speedup']:<7.2f}" for a in alphas))
+    return lines
+
+
 def render_report(report: dict) -> str:
     lines = ["hybridspec simulate: speculative decoding economics", ""]
     lines += render_assumptions(report) + [""] + render_table(report) + [""] + render_presets(report)
     if report["measured"] is not None:
         lines += [""] + render_measured(report["measured"])
+    if report.get("tree") is not None:
+        lines += [""] + render_tree(report["tree"])
     return "\n".join(lines) + "\n"

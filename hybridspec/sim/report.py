@@ -10,7 +10,8 @@ from hybridspec.costs.closed_form import expected_tokens, optimal_gamma, speedup
 from hybridspec.sim.cost_model import CostModel, break_even_alpha, crossover_batch
 from hybridspec.sim.drafters import check_drafter_kind
 from hybridspec.sim.measured import ASSUMED, MeasuredRun, measured_crossover, measured_rows
-from hybridspec.sim.montecarlo import simulate_with_stderr
+from hybridspec.sim.montecarlo import simulate_tree, simulate_with_stderr
+from hybridspec.costs.tree_form import DEFAULT_RESCUE, tree_expected_tokens
 from hybridspec.sim.presets import PRESETS, Preset, drafted
 from hybridspec.sim.shapes import HybridShape
 from hybridspec.costs.validation import check_alpha, check_cost, check_gamma, check_int
@@ -36,6 +37,8 @@ class SimulateSettings:
     crossover_gamma: int = 4
     max_batch: int = 4096
     drafters: tuple[str, ...] = ("model",)
+    tree: Optional[tuple[int, ...]] = None  # candidates per spine depth of a tree draft to compare with chains
+    rescue: float = DEFAULT_RESCUE  # β of `costs.tree_form`: an alternative's catch rate after a miss
 
     def __post_init__(self) -> None:
         if not self.alphas or not self.gammas:
@@ -54,6 +57,10 @@ class SimulateSettings:
             raise ConfigError(f"drafters={self.drafters}: name each drafter once, e.g. --drafter model,mtp,eagle3")
         for kind in self.drafters:
             check_drafter_kind(kind)
+        if self.tree is not None and (not self.tree or any(isinstance(w, bool) or not isinstance(w, int) or w < 1
+                                                           for w in self.tree)):
+            raise ConfigError(f"tree={self.tree!r}: give one width >= 1 per spine depth, e.g. --tree 2,2,1")
+        check_alpha(self.rescue, name="rescue")
 
 
 def selected_presets(settings: SimulateSettings) -> list[Preset]:
@@ -74,6 +81,9 @@ def assumptions(settings: SimulateSettings) -> list[str]:
         f"{settings.context_len} tokens already cached per sequence; crossover and fit at gamma = {settings.crossover_gamma}",
         "fits = sequences whose KV, states, snapshot slots and log fit in HBM beside both models' weights",
     ]
+    if settings.tree is not None:
+        lines.append(f"tree drafts: past a missed spine token each next-ranked alternative is the target's with "
+                     f"probability rescue = {settings.rescue:g}; a tree verify is priced by its nodes")
     presets = selected_presets(settings)
     sources = {preset.hardware.source for preset in presets}
     sources |= {shape.source for preset in presets for shape in (preset.target, preset.draft)}
@@ -202,6 +212,30 @@ def measured_summary(run: MeasuredRun, path: str) -> dict:
     }
 
 
+def tree_summary(settings: SimulateSettings) -> Optional[dict]:
+    """The tree of `settings.tree` against the chain of as many verify inputs (γ = its nodes):
+    tokens per round per α (closed form and simulated), and each preset's speedup per
+    reported batch, both kept every input's state (snapshot every input, no replay)."""
+    if settings.tree is None:
+        return None
+    widths, nodes = settings.tree, sum(settings.tree)
+    tokens = []
+    for index, alpha in enumerate(settings.alphas):
+        simulated = simulate_tree(alpha, widths, settings.rescue, settings.rounds, seed=settings.seed + index)
+        tokens.append({"alpha": alpha, "chain_tokens": expected_tokens(alpha, nodes),
+                       "tree_tokens": tree_expected_tokens(alpha, widths, settings.rescue),
+                       "simulated_tokens": simulated.mean, "simulated_stderr": simulated.stderr})
+    presets = []
+    for preset in selected_presets(settings):
+        model = preset.cost_model(settings.context_len)
+        presets.append({"name": preset.name, "rows": [
+            {"batch": batch, "alpha": alpha, "chain_speedup": float(model.speedup(batch, nodes, alpha, 1, False)),
+             "tree_speedup": float(model.tree_speedup(batch, widths, alpha, settings.rescue))}
+            for batch in REPORT_BATCHES for alpha in settings.alphas]})
+    return {"widths": list(widths), "nodes": nodes, "spine": len(widths), "rescue": settings.rescue,
+            "tokens": tokens, "presets": presets, "source": ASSUMED}
+
+
 def build_report(settings: SimulateSettings, measured: Optional[tuple[MeasuredRun, str]] = None) -> dict:
     """The whole report; `measured` is a loaded run and the path it came from."""
     return {
@@ -212,4 +246,5 @@ def build_report(settings: SimulateSettings, measured: Optional[tuple[MeasuredRu
         "optimal_gamma": optimal_gammas(settings),
         "presets": [preset_summary(preset, settings) for preset in selected_presets(settings)],
         "measured": None if measured is None else measured_summary(*measured),
+        "tree": tree_summary(settings),
     }

@@ -71,6 +71,17 @@ class TreeShape:
         """Nodes beside the spine of a tree with that spine."""
         return sum(w - 1 for w in self.widths[:spine_length])
 
+    def leaf_widths(self, spine_length: int, budget: int) -> list[int]:
+        """Candidates at each depth 1..spine_length of a tree of at most `budget` nodes
+        (the spine's token and its alternatives): the shape's widths, shallower depths
+        first where the budget runs out (what `branch` drafts)."""
+        room, out = budget - spine_length, []  # alternatives the budget still takes
+        for k in range(spine_length):
+            width = min(self.widths[k] if k < len(self.widths) else 1, max(room, 0) + 1)
+            room -= width - 1
+            out.append(width)
+        return out
+
 
 def chain_parents(num_drafts: int) -> list[int]:
     """A chain's parents: [-1, 0, 1, …]."""
@@ -129,14 +140,11 @@ def branch(spine: list[int], q: torch.Tensor, shape: TreeShape,
     others as leaves, shallower depths first where the budget runs out. Returns
     (tokens, parents, the row of q each node was drawn from)."""
     tokens, parents, rows, parent = [], [], [], -1
-    room = budget - len(spine)  # alternatives the budget still takes
-    for k, token in enumerate(spine):
+    for k, (token, width) in enumerate(zip(spine, shape.leaf_widths(len(spine), budget))):
         tokens.append(token)
         parents.append(parent)
         rows.append(k)
         here = len(tokens) - 1
-        width = min(shape.widths[k] if k < len(shape.widths) else 1, room + 1)
-        room -= width - 1
         if width > 1:
             ranked = torch.topk(q[k], min(width, q.shape[-1])).indices.tolist()
             for other in [t for t in ranked if t != token][:width - 1]:
