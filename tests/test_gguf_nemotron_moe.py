@@ -80,6 +80,23 @@ def test_a_missing_expert_tensor_is_named(written, tmp_path):
         hs.load(tmp_path / "broken.gguf")
 
 
+def test_a_multi_token_prediction_block_appended_is_set_aside(written, tmp_path):
+    """Nemotron 3 Nano's converter appends its MTP head as one more block (attention and experts),
+    counted in block_count and the per-layer arrays, and says so in nextn_predict_layers."""
+    _, directory, path = written
+    config, weights = canonical_weights(directory)
+    tensors = stored_tensors(config, weights, None)
+    tensors |= {name.replace("blk.3.", "blk.5."): value for name, value in tensors.items() if name.startswith("blk.3.")}
+    meta = {k: v for k, v in metadata(open_file(path)).items() if k != "general.architecture"}
+    key = "nemotron_h_moe."
+    meta |= {key + "block_count": 6, key + "nextn_predict_layers": 1,
+             key + "attention.head_count_kv": meta[key + "attention.head_count_kv"] + [2],
+             key + "feed_forward_length": meta[key + "feed_forward_length"] + [16]}
+    write_file(tmp_path / "mtp.gguf", "nemotron_h_moe", meta, tensors)
+    model = hs.load(tmp_path / "mtp.gguf")
+    assert model.config.num_layers == 5 and torch.equal(logits(model), logits(hs.load(path)))
+
+
 def test_mlp_and_expert_layers_together_are_refused_by_name(tmp_path):
     nemotron_h_moe(pattern="M-E*", dtype=torch.float32).save_pretrained(tmp_path / "hf")
     with pytest.raises(UnsupportedModelError, match=r"both MLP \('-'\) and expert \('E'\) layers"):

@@ -69,9 +69,11 @@ def _granite_config(meta: dict, arch: str, tensors: Tensors) -> dict:
 def _nemotron_config(meta: dict, arch: str, tensors: Tensors) -> dict:
     cfg, ssm, eps = _common(meta, arch, tensors)
     layers = cfg["num_hidden_layers"]
-    kv = per_layer(meta, arch, "attention.head_count_kv", layers)
-    ff = per_layer(meta, arch, "feed_forward_length", layers)
-    cfg |= {"hybrid_override_pattern": "".join("*" if k else "-" if f else "M" for k, f in zip(kv, ff)),
+    trunk = layers - int(get(meta, arch, "nextn_predict_layers", 0))  # less the MTP block a converter appends
+    kv = per_layer(meta, arch, "attention.head_count_kv", layers)[:trunk]
+    ff = per_layer(meta, arch, "feed_forward_length", layers)[:trunk]
+    cfg |= {"num_hidden_layers": trunk,
+            "hybrid_override_pattern": "".join("*" if k else "-" if f else "M" for k, f in zip(kv, ff)),
             "num_key_value_heads": max(kv) or None, "layer_norm_epsilon": eps, "intermediate_size": max(ff) or 1,
             "mamba_num_heads": ssm["heads"], "mamba_head_dim": ssm["head_dim"], "ssm_state_size": ssm["state"],
             "n_groups": ssm["groups"], "conv_kernel": ssm["conv"], "expand": ssm["expand"],
