@@ -4,7 +4,8 @@ turns a `HybridConfig` into the keys llama.cpp's converter writes for that archi
 
 Keys are named without the "<arch>." prefix. Layer kinds come from per-layer arrays, as llama.cpp
 reads them: `attention.head_count_kv[i]` > 0 marks an attention layer, and in Nemotron-H
-`feed_forward_length[i]` > 0 an MLP layer; the rest are Mamba-2 layers. Biases and tied embeddings
+`feed_forward_length[i]` > 0 an MLP layer (in `nemotron_h_moe`, a mixture-of-experts layer); the rest
+are Mamba-2 layers. Biases and tied embeddings
 are not metadata: the tensors present say (`Tensors`). Two keys are hybridspec's own, which
 llama.cpp ignores: `ssm.chunk_size` (the SSD chunk of prefill, which sets its float rounding) and
 `ssm.dt_limit` (the Δ clamp), written where they differ from the adapter's default. Families whose
@@ -72,14 +73,32 @@ def _granite_config(meta: dict, arch: str, tensors: Tensors) -> dict:
 def _nemotron_config(meta: dict, arch: str, tensors: Tensors) -> dict:
     cfg, ssm, eps = _common(meta, arch, tensors)
     layers = cfg["num_hidden_layers"]
-    kv = per_layer(meta, arch, "attention.head_count_kv", layers)
-    ff = per_layer(meta, arch, "feed_forward_length", layers)
-    cfg |= {"hybrid_override_pattern": "".join("*" if k else "-" if f else "M" for k, f in zip(kv, ff)),
+    trunk = layers - int(get(meta, arch, "nextn_predict_layers", 0))  # less the MTP block a converter appends
+    kv = per_layer(meta, arch, "attention.head_count_kv", layers)[:trunk]
+    ff = per_layer(meta, arch, "feed_forward_length", layers)[:trunk]
+    cfg |= {"num_hidden_layers": trunk,
+            "hybrid_override_pattern": "".join("*" if k else "-" if f else "M" for k, f in zip(kv, ff)),
             "num_key_value_heads": max(kv) or None, "layer_norm_epsilon": eps, "intermediate_size": max(ff) or 1,
             "mamba_num_heads": ssm["heads"], "mamba_head_dim": ssm["head_dim"], "ssm_state_size": ssm["state"],
             "n_groups": ssm["groups"], "conv_kernel": ssm["conv"], "expand": ssm["expand"],
             "use_conv_bias": ssm["conv_bias"], "use_bias": ssm["proj_bias"], "mlp_bias": tensors.any(".ffn_up.bias")}
     return _ssm_extras(cfg, ssm, "chunk_size", "time_step_limit")
+
+
+def _nemotron_moe_config(meta: dict, arch: str, tensors: Tensors) -> dict:
+    """Nemotron-H with "E" layers where feed_forward_length[i] > 0. llama.cpp's converter writes no
+    expert_group_used_count: absent, every group is eligible (topk_group = n_group), as llama.cpp runs it."""
+    cfg = _nemotron_config(meta, arch, tensors)
+    cfg["hybrid_override_pattern"] = cfg["hybrid_override_pattern"].replace("-", "E")
+    groups = int(get(meta, arch, "expert_group_count", 1))
+    return cfg | {"n_routed_experts": int(get(meta, arch, "expert_count")),
+                  "num_experts_per_tok": int(get(meta, arch, "expert_used_count")),
+                  "moe_intermediate_size": int(get(meta, arch, "expert_feed_forward_length", cfg["intermediate_size"])),
+                  "moe_shared_expert_intermediate_size": int(get(meta, arch, "expert_shared_feed_forward_length")),
+                  "n_shared_experts": int(get(meta, arch, "expert_shared_count", 1)),
+                  "n_group": groups, "topk_group": int(get(meta, arch, "expert_group_used_count", groups)),
+                  "norm_topk_prob": bool(get(meta, arch, "expert_weights_norm", False)),
+                  "routed_scaling_factor": float(get(meta, arch, "expert_weights_scale", 1.0))}
 
 
 def _mamba2_config(meta: dict, arch: str, tensors: Tensors) -> dict:
@@ -139,11 +158,26 @@ def _granite_metadata(config: HybridConfig) -> dict:
 
 
 def _nemotron_metadata(config: HybridConfig) -> dict:
-    if config.moe is not None:
-        raise UnsupportedModelError("writing Nemotron-H with mixture-of-experts ('E') layers as GGUF is not "
-                                    "supported; its dense models ('M', '*', '-' layers) are")
     ff = [config.mlp.intermediate_size if f == "mlp" else 0 for f in config.ffn_types]
     return _common_metadata(config) | {"feed_forward_length": ff, "attention.layer_norm_type": "rms"}
+
+
+def _nemotron_moe_metadata(config: HybridConfig) -> dict:
+    """llama.cpp's nemotron_h_moe: every feed-forward layer is experts (squared ReLU, sigmoid routing)."""
+    moe = config.moe
+    if "mlp" in config.ffn_types:
+        raise UnsupportedModelError("llama.cpp's nemotron_h_moe makes every feed-forward layer experts; this "
+                                    "Nemotron-H has both MLP ('-') and expert ('E') layers, which GGUF cannot hold")
+    if moe.activation != "relu2":
+        raise UnsupportedModelError(f"Nemotron-H experts with mlp_hidden_act={moe.activation!r} cannot be "
+                                    "written as GGUF: llama.cpp's nemotron_h_moe runs squared ReLU ('relu2') only")
+    ff = [moe.intermediate_size if f == "moe" else 0 for f in config.ffn_types]
+    return _common_metadata(config) | {
+        "feed_forward_length": ff, "attention.layer_norm_type": "rms", "expert_count": moe.num_experts,
+        "expert_used_count": moe.top_k, "expert_feed_forward_length": moe.intermediate_size,
+        "expert_shared_feed_forward_length": moe.shared_intermediate_size, "expert_shared_count": 1,
+        "expert_weights_norm": moe.norm_topk_prob, "expert_weights_scale": moe.routed_scaling_factor,
+        "expert_group_count": moe.n_group, "expert_group_used_count": moe.topk_group}
 
 
 def _mamba2_metadata(config: HybridConfig) -> dict:
@@ -166,13 +200,16 @@ class Arch:
     # (canonical name under layers.N., tensor, config) -> the tensor as the converter stores it, where it
     # folds multipliers into weights (`falcon_h1_meta.fold`)
     fold: Callable[[str, torch.Tensor, HybridConfig], torch.Tensor] | None = None
+    moe: bool | None = None  # written for models with (True) or without (False) experts only; None: either
 
 
 ARCHS = {
     "granitehybrid": Arch("granitehybrid", "granitemoehybrid", _granite_config, _granite_metadata,
                           ("granitemoehybrid", "bamba"), "ffn_norm.weight"),
     "nemotron_h": Arch("nemotron_h", "nemotron_h", _nemotron_config, _nemotron_metadata, ("nemotron_h",),
-                       "attn_norm.weight"),
+                       "attn_norm.weight", moe=False),
+    "nemotron_h_moe": Arch("nemotron_h_moe", "nemotron_h", _nemotron_moe_config, _nemotron_moe_metadata,
+                           ("nemotron_h",), "attn_norm.weight", moe=True),
     "mamba2": Arch("mamba2", "mamba_ssm", _mamba2_config, _mamba2_metadata, ("mamba_ssm",), "ffn_norm.weight"),
     "qwen3next": Arch("qwen3next", "qwen3_next", qwen_meta.config_dict, qwen_meta.metadata, ("qwen3_next",),
                       "post_attention_norm.weight"),
@@ -184,7 +221,7 @@ ARCHS = {
                       ("falcon_h1",), "ffn_norm", falcon_h1_meta.fold),
     "jamba": Arch("jamba", "jamba", jamba_meta.config_dict, jamba_meta.metadata, ("jamba",), "ffn_norm.weight"),
 }
-UNSUPPORTED = ("mamba", "nemotron_h_moe")
+UNSUPPORTED = ("mamba",)
 
 
 def arch_named(name: str) -> Arch:
@@ -197,7 +234,7 @@ def arch_named(name: str) -> Arch:
 
 def arch_of(config: HybridConfig) -> Arch:
     for arch in ARCHS.values():
-        if config.family in arch.families:
+        if config.family in arch.families and arch.moe in (None, config.moe is not None):
             return arch
     raise UnsupportedModelError(f"writing a {config.family!r} model as GGUF is not supported; hybridspec writes "
                                 + ", ".join(f for a in ARCHS.values() for f in a.families))

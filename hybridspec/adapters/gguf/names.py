@@ -45,6 +45,7 @@ LAYER = {
     **{f"ffn.{p}_proj.{kind}": f"ffn_{p}.{kind}" for p in ("gate", "up", "down") for kind in ("weight", "bias")},
     **{f"ffn.shared.{p}_proj.weight": f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")},
     "ffn.router.weight": "ffn_gate_inp.weight", "ffn.shared_gate.weight": "ffn_gate_inp_shexp.weight",
+    "ffn.router.e_score_correction_bias": "exp_probs_b.bias",
     "ffn.experts.up_proj": "ffn_up_exps.weight", "ffn.experts.down_proj": "ffn_down_exps.weight",
 }
 GATE_UP = "ffn.experts.gate_up_proj"  # two GGUF tensors: ffn_gate_exps, ffn_up_exps

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # tokenizer.ggml.token_type values
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # tokenizer.ggml.token_type values
 
 
 def vocab_metadata(directory: Path, config) -> dict:
