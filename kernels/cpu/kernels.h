@@ -54,9 +54,19 @@ int hs_pointwise(int fn, const float *x, float *y, int64_t n);
 static inline float hs_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
                 int64_t rows, int64_t n, int64_t group, float eps);
+/* A forward over a tree of inputs (`cpu/forward.c`; NULL: a chain, input t's parent t - 1): per input
+ * b·T + t, its parent input (-1: the row's head, slot src[b]; else an earlier input, whose state is in
+ * its snapshot slot, or for t - 1 still in the recurrence's scratch), its depth (the root's 0: its
+ * position is start + depth) and the inputs it sees (bit s: input s; itself and its ancestors). */
+#define HS_TREE_MAX_INPUTS 64
+typedef struct {
+    const int64_t *parents, *depths;
+    const uint64_t *seen;
+} hs_tree;
 int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,
                          const float *xs, int64_t sxb, int64_t sxt, const float *weight, const float *bias,
-                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv);
+                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv,
+                         const hs_tree *tree);
 int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float *scratch,
                     const float *x, int64_t sxb, int64_t sxt, int64_t sxh,
                     const float *dt, int64_t sdb, int64_t sdt,
@@ -64,7 +74,7 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                     const float *B, int64_t sBb, int64_t sBt, int64_t sBg,
                     const float *C, int64_t sCb, int64_t sCt, int64_t sCg,
                     float *y, int64_t batch, int64_t T, int64_t nheads, int64_t headdim, int64_t d_state,
-                    int64_t ngroups);
+                    int64_t ngroups, const hs_tree *tree);
 int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                     const float *x, int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
                     const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C, int64_t sCb,
@@ -90,13 +100,15 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
                     const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
                     const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
                     float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
-                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual);
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual,
+                    const hs_tree *tree);
 int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
                        const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
                        float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
                        int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
                        const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
-                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual);
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual,
+                       const hs_tree *tree);
 
 /* The mixers and the MLP of one decoder layer (`cpu/forward.py` fills it from the
  * modules and one cache, once): the weights and sizes the blocks take, and the
@@ -152,6 +164,9 @@ typedef struct {
     float mtp_eps;
     const float *hidden_in;             /* [batch, T, hidden] the hidden state beside each input */
     float *normed_out;                  /* [kept rows, hidden] the final-normed rows the LM head reads, or NULL */
+    /* [batch, T] each input's parent input (hs_tree), or NULL: a chain. With it every input's state goes
+       to its snapshot slot (snap), which a child reads, and T ≤ HS_TREE_MAX_INPUTS */
+    const int64_t *parents;
 } hs_forward_args;
 
 int hs_forward(const hs_forward_args *a);
