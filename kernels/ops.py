@@ -448,8 +448,9 @@ class TritonKVWrite(KVWrite):
 class TreeForms:
     """A forward over a tree of inputs (`cache.tree_batch`): each recurrence from
     its parent input's state, attention masked to each input's ancestors. The
-    torch forms on every backend: no native or Triton tree kernel yet, so a tree
-    forward runs layer by layer (`kernels/triton/tree_verify.py`)."""
+    torch forms on every backend, for a tree forward that runs layer by layer
+    (`kernels/triton/tree_verify.py`); the whole C forward takes trees itself
+    where it takes the model (`cpu/forward.py`), and no Triton tree kernel yet."""
 
     conv_window = staticmethod(tree_verify.conv_window_tree_ref)
     mamba2 = staticmethod(tree_verify.mamba2_tree_ref)

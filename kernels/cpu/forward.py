@@ -24,6 +24,14 @@ padding writes no state and no K/V (slot -1 in both plans), attends to
 nothing and its logits are not read, and the recurrence and conv window are causal, so
 its real inputs get the bits they get alone. The LM head runs in C too, with
 the kernel `linear` gives it at any row count (the head's weight in panels).
+
+A forward over a tree of inputs (`batch.tree`, `cache.tree_batch`) runs here
+too, its parents passed to C (`_tree_parents`): each input's state and conv
+window from its parent's, its position start + depth, its attention over the
+context and its ancestors, so each input gets the bits of the chain along its
+path. Every input's state goes to its snapshot slot (the commit moves the
+ring head there); a tree with an input without one, or of more than
+`TREE_MAX_INPUTS` inputs, is declined (the torch forms run it).
 """
 from __future__ import annotations
 
