@@ -5,7 +5,13 @@ bit; a chain passed as a tree is the chain; the torch tree forms agree within
 float32 rounding (their products and exponentials are torch's, not the C
 kernels'); the ring-head-move commit leaves the copy commit's states; greedy
 and coupled tree rounds give plain decoding's tokens with the invariant
-checked after every commit, and the rounds ran native."""
+checked after every commit, and the rounds ran native.
+
+Mamba-1 and GDN hybrids (which the whole forward does not take) run a tree
+layer by layer with the C tree forms of the recurrences (`cpu/tree.py`): the
+first layer's states are the native chain's along each path bit for bit (the
+later layers' within float32 rounding, after attention's torch tree form),
+and their tree rounds give plain decoding's tokens."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -186,3 +192,59 @@ def test_native_tree_rounds_equal_plain_output(model, verify, temperature, shape
     expected = plain_outputs(model, PROMPTS, params)  # coupled: plain seeded sampling's tokens
     assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
     assert rounds.native == rounds.tree_rounds > 0 and rounds.checked > 0
+
+
+@pytest.fixture(scope="module", params=["mamba1", "gdn"])
+def layered(request):
+    return tiny_model(0, (request.param, "attention", request.param), dtype=torch.float32).pack_for_cpu()
+
+
+def test_the_c_tree_forms_are_the_native_chain_along_each_path(layered):
+    model = layered
+    cache = _prefilled(model, [p[:-1] for p in PROMPTS[:2]])
+    tree = TreeBatch(PARENTS, "cpu")
+    logits = model.extend(cache, [0, 1], TOKENS, tree=tree)  # no snapshot slots: layer by layer
+    assert not tree.in_ring and 0 in tree.ssm
+    for b, parents in enumerate(PARENTS):
+        for t in range(len(parents)):
+            path = tree.plan.path_to(b, t)
+            chain = _prefilled(model, [PROMPTS[b][:-1]])
+            want = model.extend(chain, [0], [[TOKENS[b][i] for i in path]])[0, -1]
+            torch.testing.assert_close(logits[b, t], want, rtol=1e-5, atol=1e-5)
+            head = chain.head(0)
+            assert torch.equal(tree.ssm[0][b, t], chain.states.ssm_states[0][head])
+            assert torch.equal(tree.conv[0][b, t], chain.states.conv_states[0][head])
+            for layer in tree.ssm:
+                torch.testing.assert_close(tree.ssm[layer][b, t], chain.states.ssm_states[layer][head],
+                                           rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("verify,temperature", [("rejection", 0.0), ("coupled", 0.9)])
+def test_layered_native_tree_rounds_equal_plain_output(layered, verify, temperature):
+    draft = perturbed_copy(layered, 0.3, 1)
+    params = [hs.SamplingParams(max_new_tokens=n, temperature=temperature, seed=s)
+              for n, s in ((16, 1), (11, 2), (13, 3))]
+    engine = Engine(layered, draft=draft, num_draft_tokens=4, verify=verify, block_size=4, tree=TreeShape((2,)))
+    engine.speculator.check = True
+    rounds = TreeRounds()
+    engine.speculator.hooks.append(rounds)
+    outputs = engine.generate(PROMPTS, params)
+    expected = plain_outputs(layered, PROMPTS, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert rounds.trees > 0
+
+
+class TreeRounds:
+    """A RoundHook counting the committed tree rounds."""
+
+    def __init__(self):
+        self.trees = 0
+
+    def round_started(self, round): pass
+
+    def phase_started(self, phase): pass
+
+    def round_ended(self, round, error): pass
+
+    def committed(self, round):
+        self.trees += round.parents is not None

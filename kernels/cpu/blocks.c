@@ -81,14 +81,14 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
     if (hs_rows_matmul(n, hidden, in_t, rows, hidden, proj, projected)) return -1;  /* [rows, z | xBC | dt] */
     if (hs_conv_window_steps(conv_states, src, dst, projected + d_inner, T * proj, proj, conv_w, conv_b, 1, xbc,
-                             batch, T, conv_dim, d_conv, tree)) return -1;
+                             batch, T, conv_dim, d_conv, tree ? tree->parents : 0)) return -1;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t k = 0; k < nheads; ++k)
             dt[r * nheads + k] = hs_softplus(projected[r * proj + d_inner + conv_dim + k] + dt_bias[k]);
     const float *x = xbc, *B = xbc + d_inner, *C = B + ngroups * d_state;
     if (hs_mamba2_steps(ssm_states, src, dst, scratch, x, T * conv_dim, conv_dim, headdim, dt, T * nheads, nheads,
                         A, D, B, T * conv_dim, conv_dim, d_state, C, T * conv_dim, conv_dim, d_state, y,
-                        batch, T, nheads, headdim, d_state, ngroups, tree)) return -1;
+                        batch, T, nheads, headdim, d_state, ngroups, tree ? tree->parents : 0)) return -1;
     if (hs_rms_norm(y, d_inner, projected, proj, gate_norm_w, g, rows, d_inner, group, eps)) return -1;
     if (hs_rows_matmul(g, d_inner, out_t, rows, d_inner, hidden, out)) return -1;
     add_into(out, h, rows * hidden, residual);
