@@ -128,5 +128,8 @@ class Checkpointer:
         """Checkpoint bytes the round held: surviving snapshots plus the input log."""
         slot_bytes = self.cache.states.bytes_per_slot if self.has_state else 0
         held = sum(len(p.survivors) * slot_bytes for p in round.plans if p is not None)
-        held += 0 if round.tree is None else round.tree.nbytes()
+        if round.tree is not None:  # every input's state: in its ring slot, or kept beside the ring
+            in_ring = round.tree.in_ring and round.snap_slot is not None
+            held += (sum(slot >= 0 for row in round.snap_slot for slot in row) * slot_bytes if in_ring
+                     else round.tree.nbytes())
         return held + sum(log.nbytes() for log in (round.input_log or {}).values())
