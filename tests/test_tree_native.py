@@ -14,6 +14,7 @@ later layers' within float32 rounding, after attention's torch tree form),
 and their tree rounds give plain decoding's tokens."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -24,7 +25,7 @@ from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.tree_batch import TreeBatch
 from hybridspec.checkpoints.checkpointer import Checkpointer
 from hybridspec.engine.engine import Engine
-from hybridspec.rollback.models import perturbed_copy, plain_outputs, tiny_model
+from hybridspec.rollback.models import perturbed_copy, plain_outputs, random_model, tiny_model
 from hybridspec.spec.tree import TreeShape
 from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 from native_switch import whole_forward_off
@@ -40,6 +41,16 @@ TOKENS = [[PROMPTS[0][-1], 20, 21, 22, 23, 24], [PROMPTS[1][-1], 30, 31, 32]]
 @pytest.fixture(scope="module")
 def model():
     return tiny_model(0, ("mamba2", "attention", "mamba2"), dtype=torch.float32).pack_for_cpu()
+
+
+@pytest.fixture(scope="module", params=[8, 64], ids=["head_dim 8", "head_dim 64"])
+def forward_model(request, model):
+    """The model, and one whose attention heads take the AVX-512 value loops (head_dim ≥ 64)."""
+    if request.param == model.config.attention.head_dim:
+        return model
+    config = model.config
+    config = dataclasses.replace(config, attention=dataclasses.replace(config.attention, head_dim=request.param))
+    return random_model(config, 0, torch.float32).pack_for_cpu()
 
 
 def _cache(model) -> HybridCache:
@@ -73,7 +84,8 @@ def _tree_forward(model, cache, tree: TreeBatch):
     return model.extend(cache, [0, 1], TOKENS, tree=tree, snap_slot=snap), snap
 
 
-def test_native_tree_forward_is_the_chain_along_each_path(model):
+def test_native_tree_forward_is_the_chain_along_each_path(forward_model):
+    model = forward_model
     cache = _prefilled(model, [p[:-1] for p in PROMPTS[:2]])
     starts = [len(p) - 1 for p in PROMPTS[:2]]
     tree = TreeBatch(PARENTS, "cpu")
@@ -92,7 +104,8 @@ def test_native_tree_forward_is_the_chain_along_each_path(model):
                 assert torch.equal(got, expected)
 
 
-def test_a_chain_passed_as_a_tree_is_the_chain(model):
+def test_a_chain_passed_as_a_tree_is_the_chain(forward_model):
+    model = forward_model
     chain_parents = [[-1, 0, 1, 2], [-1, 0, 1, 2]]
     tokens = [[9, 20, 21, 22], [13, 30, 31, 32]]
     caches = [_prefilled(model, [p[:-1] for p in PROMPTS[:2]]) for _ in range(2)]
@@ -108,7 +121,8 @@ def test_a_chain_passed_as_a_tree_is_the_chain(model):
         assert torch.equal(got, want)
 
 
-def test_the_torch_tree_forms_agree_within_float32_rounding(model):
+def test_the_torch_tree_forms_agree_within_float32_rounding(forward_model):
+    model = forward_model
     native_cache = _prefilled(model, [p[:-1] for p in PROMPTS[:2]])
     tree = TreeBatch(PARENTS, "cpu")
     native, snap = _tree_forward(model, native_cache, tree)

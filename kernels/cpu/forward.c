@@ -226,8 +226,8 @@ int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan
  * returns, else 0. */
 int hs_extend_greedy(const hs_forward_args *first, const hs_forward_args *a, int64_t steps, const int64_t *plan,
                      int64_t *tokens, float *logits) {
-    if (first->parents || !first->lm_head_t || first->logged || first->hidden_out || first->batch != a->batch || first->vocab != a->vocab
-        || (first->T > 1 && !first->last_index) || steps < 0) return -1;
+    if (first->parents || !first->lm_head_t || first->logged || first->hidden_out || first->batch != a->batch
+        || first->vocab != a->vocab || (first->T > 1 && !first->last_index) || steps < 0) return -1;
     const int64_t batch = a->batch, vocab = a->vocab;
     hs_forward_args f = *first;
     f.out = logits;

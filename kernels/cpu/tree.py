@@ -64,7 +64,8 @@ def mamba2_applies(ssm_states, slots, x) -> bool:
 
 def mamba2_tree(ssm_states, slots, tree, x, dt, A, B, C, D) -> tuple[torch.Tensor, torch.Tensor]:
     """ssm_states [slots, nheads, headdim, d_state]; x [batch, T, nheads, headdim]; dt [batch, T, nheads];
-    B, C [batch, T, ngroups, d_state] -> (y [batch, T, nheads, headdim], states [batch, T, nheads, headdim, d_state])."""
+    B, C [batch, T, ngroups, d_state]
+    -> (y [batch, T, nheads, headdim], states [batch, T, nheads, headdim, d_state])."""
     buffer = Buffer(ssm_states, slots, tree)
     y = cpu_mamba2.mamba2_steps(buffer.pool, buffer.plan, x, dt, A, B, C, D, buffer.parents)
     return y, buffer.states()
