@@ -11,10 +11,13 @@ speculative rounds. The round speaks three verbs to it:
 - `revert(round)`: every row back to where the round began (its pinned head
   was never written; `HybridCache.rewind_to`).
 
-A tree round (`spec.tree`) plans no snapshot: its forward keeps every
-input's state (`plan_tree`: a `TreeBatch`), and `commit_tree` copies the
-accepted input's into a ring slot other than the head and moves the K/V of
-the accepted inputs onto the sequence's next positions.
+A tree round (`spec.tree`) plans a snapshot slot for every input of a row
+whose ring holds one per input beside the pinned head (`plan_tree`). Where
+the whole C forward takes the tree it writes every input's state there, and
+`commit_tree` moves the ring head to the accepted input's slot; elsewhere the
+torch forms keep every input's state in the `TreeBatch` and `commit_tree`
+copies the accepted input's into a ring slot other than the head. Either way
+it moves the K/V of the accepted inputs onto the sequence's next positions.
 It reaches the model only through `model.recurrent_layers` (`RecurrentLayer`)
 and its `extend` (token replay).
 """
@@ -58,7 +61,9 @@ class Checkpointer:
             round.input_log = {}
 
     def plan_tree(self, round: RoundBatch) -> None:
-        """A tree round's forward (its `round.tree` made): no snapshot plan, no log."""
+        """A tree round's forward (its `round.tree` made): a snapshot slot per input of each
+        row whose ring has one per input beside the head (`round.snap_slot`; -1s elsewhere,
+        None without recurrent state), no log."""
         if self.cache.hidden is not None:
             raise ConfigError("tree drafts need a drafter that does not read the target's hidden states "
                               "(MTP, EAGLE-3 draft chains); no state was changed")
@@ -66,15 +71,30 @@ class Checkpointer:
             raise ConfigError(f"tree drafts need at least 2 ring slots in the target's cache, it has "
                               f"{self.cache.ring_slots}; no state was changed")
         round.snap_slot, round.plans, round.input_log = None, [None] * len(round.seq_ids), None
+        if self.has_state:
+            T = round.num_inputs
+            round.snap_slot = [self._tree_slots(seq, head, len(inputs), T)
+                               for seq, head, inputs in zip(round.seq_ids, round.start_heads, round.verify_inputs)]
+
+    def _tree_slots(self, seq: int, head: int, n: int, T: int) -> list[int]:
+        """[T] the ring slot of each of a row's n tree inputs (none twice, never the head), or -1s
+        where its ring has fewer than n + 1 slots."""
+        ring = self.cache.states.ring_slots(seq)
+        if len(ring) < n + 1:
+            return [-1] * T
+        return plan_snapshots(ring, head, list(range(n)), T).snap_slot
 
     def commit_tree(self, round: RoundBatch) -> None:
-        """Each live row at its boundary: the accepted input's states into a ring slot
-        other than the pinned head, the accepted inputs' K/V onto positions start .. start + n."""
+        """Each live row at its boundary: its ring head at the accepted input's slot (or that
+        input's states copied into a ring slot other than the pinned head, from the
+        `TreeBatch`), the accepted inputs' K/V onto positions start .. start + n."""
         round.decisions = [None] * len(round.seq_ids)
         for b in round.live:
             seq, start, path = round.seq_ids[b], round.start_lens[b], round.paths[b]
             head = -1
-            if self.has_state:
+            if self.has_state and round.tree.in_ring:  # the forward wrote every input's state to its slot
+                head = round.snap_slot[b][path[-1]]
+            elif self.has_state:
                 head = next(s for s in self.cache.states.ring_slots(seq) if s != round.start_heads[b])
                 round.tree.write_input(self.cache.states.ssm_states, self.cache.states.conv_states, b, path[-1], head)
             if self.cache.kv is not None:
@@ -108,5 +128,8 @@ class Checkpointer:
         """Checkpoint bytes the round held: surviving snapshots plus the input log."""
         slot_bytes = self.cache.states.bytes_per_slot if self.has_state else 0
         held = sum(len(p.survivors) * slot_bytes for p in round.plans if p is not None)
-        held += 0 if round.tree is None else round.tree.nbytes()
+        if round.tree is not None:  # every input's state: in its ring slot, or kept beside the ring
+            in_ring = round.tree.in_ring and round.snap_slot is not None
+            held += (sum(slot >= 0 for row in round.snap_slot for slot in row) * slot_bytes if in_ring
+                     else round.tree.nbytes())
         return held + sum(log.nbytes() for log in (round.input_log or {}).values())

@@ -139,7 +139,7 @@ class Backend:
     paged_attention: ops.PagedAttention
     kv_write: ops.KVWrite
     rejection: ops.Rejection
-    tree_forms: ops.TreeForms  # a forward over a tree of inputs (the torch forms everywhere)
+    tree_forms: ops.TreeForms  # a tree forward layer by layer (the whole C forward has its own)
     native_blocks: bool  # whole residual blocks in C (`cpu_blocks`)
     whole_forward: bool  # a whole forward in one C call (`cpu_forward`), and the greedy chain
     writes_any_slot: bool

@@ -19,6 +19,7 @@ from hybridspec.kernels.cpu import mamba2 as cpu_mamba2
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu import norm as cpu_norm
 from hybridspec.kernels.cpu import rows as cpu_rows
+from hybridspec.kernels.cpu import tree as cpu_tree
 from hybridspec.kernels.cpu import panels
 from hybridspec.kernels.triton.conv_window import (conv_window_rebuild, conv_window_rebuild_ref, conv_window_update,
                                             conv_window_update_ref)
@@ -446,16 +447,47 @@ class TritonKVWrite(KVWrite):
 
 
 class TreeForms:
-    """A forward over a tree of inputs (`cache.tree_batch`): each recurrence from
-    its parent input's state, attention masked to each input's ancestors. The
-    torch forms on every backend: no native or Triton tree kernel yet, so a tree
-    forward runs layer by layer (`kernels/triton/tree_verify.py`)."""
+    """A forward over a tree of inputs (`cache.tree_batch`) that runs layer by
+    layer: each recurrence from its parent input's state, attention masked to
+    each input's ancestors. The torch forms (`kernels/triton/tree_verify.py`;
+    no Triton tree kernel yet); the whole C forward takes trees itself where it
+    takes the model (`cpu/forward.py`)."""
 
     conv_window = staticmethod(tree_verify.conv_window_tree_ref)
     mamba2 = staticmethod(tree_verify.mamba2_tree_ref)
     mamba1 = staticmethod(tree_verify.mamba1_tree_ref)
     gdn = staticmethod(tree_verify.gdn_tree_ref)
     attention = staticmethod(tree_verify.tree_attention_ref)
+
+
+class NativeTreeForms(TreeForms):
+    """The C loops over the tree (`cpu/tree.py`) for the conv window and the
+    recurrences where they take the call (float32 CPU tensors), else the torch
+    forms; attention's torch form."""
+
+    @staticmethod
+    def conv_window(conv_states, slots, tree, xs, weight, bias, activation):
+        if cpu_tree.conv_window_applies(conv_states, slots, xs, weight, bias, activation):
+            return cpu_tree.conv_window_tree(conv_states, slots, tree, xs, weight, bias, activation)
+        return tree_verify.conv_window_tree_ref(conv_states, slots, tree, xs, weight, bias, activation)
+
+    @staticmethod
+    def mamba2(ssm_states, slots, tree, x, dt, A, B, C, D):
+        if cpu_tree.mamba2_applies(ssm_states, slots, x):
+            return cpu_tree.mamba2_tree(ssm_states, slots, tree, x, dt, A, B, C, D)
+        return tree_verify.mamba2_tree_ref(ssm_states, slots, tree, x, dt, A, B, C, D)
+
+    @staticmethod
+    def mamba1(ssm_states, slots, tree, x, dt, A, B, C, D):
+        if cpu_tree.mamba1_applies(ssm_states, slots, x):
+            return cpu_tree.mamba1_tree(ssm_states, slots, tree, x, dt, A, B, C, D)
+        return tree_verify.mamba1_tree_ref(ssm_states, slots, tree, x, dt, A, B, C, D)
+
+    @staticmethod
+    def gdn(states, slots, tree, q, k, v, g, beta):
+        if cpu_tree.gdn_applies(states, slots, v):
+            return cpu_tree.gdn_tree(states, slots, tree, q, k, v, g, beta)
+        return tree_verify.gdn_tree_ref(states, slots, tree, q, k, v, g, beta)
 
 
 class Rejection:
@@ -492,5 +524,5 @@ GDN_REPLAY = {"torch": GdnLogReplay(gdn_replay_ref, conv_window_rebuild_ref),
               "native": GdnLogReplay(cpu_gdn.gdn_replay, conv_window_rebuild_ref)}
 PAGED_ATTENTION = {"torch": PagedAttention(), "triton": TritonPagedAttention(), "native": NativePagedAttention()}
 KV_WRITE = {"torch": KVWrite(), "triton": TritonKVWrite(), "native": KVWrite()}
-TREE_FORMS = dict.fromkeys(("torch", "triton", "native"), TreeForms())  # one object: nothing yet to compare
+TREE_FORMS = {"torch": TreeForms(), "triton": TreeForms(), "native": NativeTreeForms()}
 REJECTION = {"torch": Rejection(rejection_ref), "triton": Rejection(rejection), "native": Rejection(rejection_ref)}

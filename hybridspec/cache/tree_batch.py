@@ -7,10 +7,12 @@ ring slot (`write_input`).
 The mixers call its `window` and `recurrence` with their backend's tree forms
 (`Backend.tree_forms`) in place of their chain ops when a forward runs over
 a tree, and attention the tree form of attention over `plan`: the torch forms
-run them on every backend (the native blocks, the whole C forward, CUDA
-graphs and the Triton kernels take chains only). A tree
-forward writes no ring slot; K/V go where a chain's would (input t at
-position start + t) and are moved onto the accepted path at the commit.
+(the native blocks, CUDA graphs and the Triton kernels take chains only).
+Those write no ring slot. The whole C forward (`kernels/cpu/forward.py`)
+takes a tree whose every input has a snapshot slot and writes each input's
+state there instead (`in_ring`): the commit then moves the ring head. K/V go
+where a chain's would (input t at position start + t) and are moved onto the
+accepted path at the commit.
 """
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ class TreeBatch:
         self.slots: SlotPlan | None = None
         self.ssm: dict[int, torch.Tensor] = {}  # state_layer -> [batch, T, ...] the state after each input
         self.conv: dict[int, torch.Tensor] = {}  # state_layer -> [batch, T, conv_dim, d_conv - 1]
+        self.in_ring = False  # every input's state is in its snapshot slot (`slots.snap`), not here
+
+    def states_in_ring(self) -> None:
+        """Say the forward wrote every input's state to its snapshot slot (the whole C forward)."""
+        self.in_ring = True
 
     def positions(self, start_lens: list[int]) -> torch.Tensor:  # [batch, T] start + depth
         return self.plan.positions(start_lens)

@@ -379,9 +379,10 @@ class HybridModel(Kernelled, nn.Module):
         was). With `snap_slot` ([batch, T], a tensor or lists) the caller owns the snapshot plan and
         the commit (speculative verification); `input_log`, when given, receives
         each Mamba layer's inputs. With `tree` (`cache.tree_batch`) the inputs
-        form that tree: the forward runs layer by layer on the torch forms,
-        writes no ring slot and leaves every input's state in `tree`; the
-        caller commits (`Checkpointer.commit_tree`).
+        form that tree: the whole C forward writes every input's state to its
+        `snap_slot` where it takes the tree, else the forward runs layer by
+        layer on the torch forms, writes no ring slot and leaves every input's
+        state in `tree`; the caller commits (`Checkpointer.commit_tree`).
 
         A sequence's logits do not depend on the others of the call: where the
         native blocks run, a call mixing sequences of more inputs than they take
@@ -445,16 +446,14 @@ class HybridModel(Kernelled, nn.Module):
         batch.input_log = input_log
         graphs = cache.graphs  # captured CUDA graphs of the few-input forwards (`models.graphs`), or None
         try:
-            if batch.tree is not None:  # the torch forms of a tree forward, layer by layer
-                with self.backend.layer_by_layer():
-                    logits = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only)
-                finite = False
-            elif graphs is not None and batch.hidden is None and graphs.takes(plan) and (
+            if graphs is not None and batch.hidden is None and batch.tree is None and graphs.takes(plan) and (
                     graphed := graphs.run(plan, token_lists, last_only, input_log)) is not None:
                 logits, finite = graphed, False
             elif (whole := self.whole(token_lists, batch, cache, last_only)) is not None:
-                logits, finite = whole.values, whole.finite  # one C call, where it applies
-            else:  # layer by layer
+                logits, finite = whole.values, whole.finite  # one C call, where it applies (a tree's too)
+                if batch.tree is not None:
+                    batch.tree.states_in_ring()
+            else:  # layer by layer (a tree forward: the torch forms)
                 with self.backend.layer_by_layer():
                     logits = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only)
                 finite = False

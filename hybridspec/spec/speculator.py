@@ -169,7 +169,7 @@ class Speculator:
         round.tree = TreeBatch([input_parents(p) for p in round.parents], self.target.device)
         self.checkpointer.plan_tree(round)
         with stats.phase("verify"):
-            logits = self.target.extend(self.cache, round.seq_ids, round.verify_inputs,
+            logits = self.target.extend(self.cache, round.seq_ids, round.verify_inputs, snap_slot=round.snap_slot,
                                         tree=round.tree)  # [batch, T, vocab]
         with stats.phase("sampling"):
             round.paths = tree_paths(logits, round, rows, self.coupled_rows(round.requests))

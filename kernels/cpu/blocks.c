@@ -71,7 +71,8 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
                     const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
                     const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
                     float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
-                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual) {
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual,
+                    const hs_tree *tree) {
     const int64_t rows = batch * T, conv_dim = d_inner + 2 * ngroups * d_state, proj = d_inner + conv_dim + nheads;
     if (rows < 1 || hidden < 1 || nheads < 1 || headdim * nheads != d_inner || group < 1 || d_inner % group) return -1;
     float *n = work, *projected = logged ? logged : n + rows * hidden, *xbc = projected + rows * proj;
@@ -80,14 +81,14 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
     if (hs_rms_norm(h, hidden, 0, 0, norm_w, n, rows, hidden, hidden, eps)) return -1;
     if (hs_rows_matmul(n, hidden, in_t, rows, hidden, proj, projected)) return -1;  /* [rows, z | xBC | dt] */
     if (hs_conv_window_steps(conv_states, src, dst, projected + d_inner, T * proj, proj, conv_w, conv_b, 1, xbc,
-                             batch, T, conv_dim, d_conv)) return -1;
+                             batch, T, conv_dim, d_conv, tree ? tree->parents : 0)) return -1;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t k = 0; k < nheads; ++k)
             dt[r * nheads + k] = hs_softplus(projected[r * proj + d_inner + conv_dim + k] + dt_bias[k]);
     const float *x = xbc, *B = xbc + d_inner, *C = B + ngroups * d_state;
     if (hs_mamba2_steps(ssm_states, src, dst, scratch, x, T * conv_dim, conv_dim, headdim, dt, T * nheads, nheads,
                         A, D, B, T * conv_dim, conv_dim, d_state, C, T * conv_dim, conv_dim, d_state, y,
-                        batch, T, nheads, headdim, d_state, ngroups)) return -1;
+                        batch, T, nheads, headdim, d_state, ngroups, tree ? tree->parents : 0)) return -1;
     if (hs_rms_norm(y, d_inner, projected, proj, gate_norm_w, g, rows, d_inner, group, eps)) return -1;
     if (hs_rows_matmul(g, d_inner, out_t, rows, d_inner, hidden, out)) return -1;
     add_into(out, h, rows * hidden, residual);
@@ -281,7 +282,31 @@ typedef struct {
     const int64_t *table;
     int64_t ld, block_size, first, queries, nheads, kv_heads, head_dim;
     float scale;
+    const uint64_t *seen;  /* a tree's: [queries] the inputs query i sees (hs_tree), or NULL: a chain */
 } attend_job;
+
+/* o[i, h] += Σ_{p < count} w_p v_p for query i's heads h0 … h1 - 1 (`attend`): the values of count keys
+ * in a row from v (kv_dim floats apart), their weights from index w0 of each head's scores */
+static void weigh_keys(const attend_job *j, int64_t i, int64_t h0, int64_t h1, const float *v, int64_t w0,
+                       int64_t count, int avx512) {
+    const int64_t queries = j->queries, n = j->first + queries, head_dim = j->head_dim, ld = j->ld;
+    const int64_t group = j->nheads / j->kv_heads, kv_dim = j->kv_heads * head_dim;
+    float *o = j->o;
+    const float *scores = j->scores;
+    if (avx512 && head_dim >= 64) /* each KV head's query heads, up to four at a time */
+        for (int64_t h = h0; h < h1;) {
+            const int64_t left = group - h % group, heads = left < 4 ? left : 4;
+            const shared_values sv = {o + i * ld + h * head_dim, scores + (h * queries + i) * n + w0,
+                                      v + (h / group) * head_dim, head_dim, queries * n, kv_dim, count, head_dim,
+                                      (int)heads};
+            weigh_values_heads(&sv);
+            h += heads;
+        }
+    else
+        for (int64_t h = h0; h < h1; ++h)
+            weigh_values(o + i * ld + h * head_dim, scores + (h * queries + i) * n + w0, v + (h / group) * head_dim,
+                         kv_dim, count, head_dim);
+}
 
 /* Causal attention of one row's queries over its pages: for query i (at
  * position first + i, i < queries) and query head h (KV head h / group),
@@ -333,7 +358,14 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
     }
     for (int64_t i = 0; i < queries; ++i)
         for (int64_t h = h0; h < h1; ++h) {
-            softmax_row(scores + (h * queries + i) * n, first + i + 1);
+            float *s = scores + (h * queries + i) * n;
+            int64_t seen = first + i + 1;
+            if (j->seen) {  /* a tree: the scores of the inputs query i sees, side by side after the context's */
+                seen = first;
+                for (int64_t u = 0; u <= i; ++u)
+                    if (j->seen[i] >> u & 1) s[seen++] = s[first + u];
+            }
+            softmax_row(s, seen);
             for (int64_t d = 0; d < head_dim; ++d) o[i * ld + h * head_dim + d] = 0.0f;
         }
     for (int64_t page = 0; page < pages; ++page) {  /* o = Σ_p w_p v_p */
@@ -342,19 +374,26 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
         for (int64_t i = 0; i < queries; ++i) {
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;
             if (end <= p0) continue;
-            if (avx512 && head_dim >= 64) /* each KV head's query heads, up to four at a time */
-                for (int64_t h = h0; h < h1;) {
-                    const int64_t left = group - h % group, heads = left < 4 ? left : 4;
-                    const shared_values sv = {o + i * ld + h * head_dim, scores + (h * queries + i) * n + p0,
-                                              vp + (h / group) * head_dim, head_dim, queries * n, kv_dim, end - p0,
-                                              head_dim, (int)heads};
-                    weigh_values_heads(&sv);
-                    h += heads;
-                }
-            else
-                for (int64_t h = h0; h < h1; ++h)
-                    weigh_values(o + i * ld + h * head_dim, scores + (h * queries + i) * n + p0,
-                                 vp + (h / group) * head_dim, kv_dim, end - p0, head_dim);
+            if (!j->seen) {
+                weigh_keys(j, i, h0, h1, vp, p0, end - p0, avx512);
+                continue;
+            }
+            /* a tree: the context's keys of the page, then each run of inputs query i sees, their
+             * weights where the softmax packed them (one sum per column in key order, as a chain's) */
+            const int64_t context_end = end < first ? end : first;
+            if (context_end > p0) weigh_keys(j, i, h0, h1, vp, p0, context_end - p0, avx512);
+            int64_t packed = first;  /* the weight index of the next input query i sees */
+            for (int64_t u = 0; first + u < end; ++u) {
+                if (!(j->seen[i] >> u & 1)) continue;
+                int64_t run = 1;
+                while (first + u + run < end && (j->seen[i] >> (u + run) & 1)) ++run;
+                if (first + u >= p0)
+                    weigh_keys(j, i, h0, h1, vp + (first + u - p0) * kv_dim, packed, run, avx512);
+                else if (first + u + run > p0)  /* a run from an earlier page: its part in this one */
+                    weigh_keys(j, i, h0, h1, vp, packed + p0 - first - u, first + u + run - p0, avx512);
+                packed += run;
+                u += run - 1;
+            }
         }
     }
 }
@@ -388,14 +427,19 @@ static void attend_row(const attend_job *j) {
  * layer; block_tables [batch, max_blocks] (int64); inv_freq [half] the rotary
  * frequencies θ_i (NULL: no rotary embedding), the angles computed here in
  * float32 with the C library's cosf and sinf, so each position's angles are
- * the same in every forward. work: rows · (hidden + 2 · (nheads + kv_heads) ·
- * head_dim + 2 · half) + T · nheads · max(context_lens) floats. */
+ * the same in every forward. Over a tree (`hs_tree`) input t sits at
+ * position context_lens[b] - query_lens[b] + its depth and sees the context
+ * and the inputs its bits name, its ancestors' keys after the context's as
+ * in the chain along its path (its K/V still go to slot_mapping[b·T + t]).
+ * work: rows · (hidden + 2 · (nheads + kv_heads) · head_dim + 2 · half) +
+ * T · nheads · max(context_lens) floats. */
 int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
                        const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
                        float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
                        int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
                        const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
-                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual) {
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual,
+                       const hs_tree *tree) {
     const int64_t rows = batch * T, q_dim = nheads * head_dim, kv_dim = kv_heads * head_dim;
     if (rows < 1 || hidden < 1 || kv_heads < 1 || nheads % kv_heads || block_size < 1) return -1;
     float *n = work, *q = n + rows * hidden, *k = q + rows * q_dim, *v = k + rows * kv_dim;
@@ -409,7 +453,7 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
         float *cos = angles, *sin = angles + rows * half;
         for (int64_t b = 0; b < batch; ++b)
             for (int64_t t = 0; t < T; ++t) {
-                const float position = (float)(context_lens[b] - query_lens[b] + t);
+                const float position = (float)(context_lens[b] - query_lens[b] + (tree ? tree->depths[b * T + t] : t));
                 for (int64_t i = 0; i < half; ++i) {
                     const float angle = position * inv_freq[i];
                     cos[(b * T + t) * half + i] = cosf(angle);
@@ -436,7 +480,7 @@ int hs_attention_block(const float *h, const float *norm_w, float eps, const flo
         if (queries == 0) continue;
         const attend_job job = {q + b * T * q_dim, k_cache, v_cache, o + b * T * q_dim, scores,
                                 block_tables + b * max_blocks, q_dim, block_size, first, queries, nheads, kv_heads,
-                                head_dim, scale};
+                                head_dim, scale, tree ? tree->seen + b * T : 0};
         attend_row(&job);
     }
     if (hs_rows_matmul(o, q_dim, o_t, rows, q_dim, hidden, out)) return -1;

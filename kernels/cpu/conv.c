@@ -40,8 +40,11 @@ static inline v8 conv8(const v8 *w, const v8 *e, v8 bias, int64_t d_conv, int64_
 
 int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,
                          const float *xs, int64_t sxb, int64_t sxt, const float *weight, const float *bias,
-                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv) {
+                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv,
+                         const int64_t *parents) {
     if (batch < 0 || T < 1 || conv_dim < 1 || d_conv < 2 || d_conv > MAX_CONV) return -1;
+    for (int64_t r = 0; parents && r < batch * T; ++r)
+        if (parents[r] < -1 || parents[r] >= r % T) return -1;
     const int64_t width = d_conv - 1, slot_size = conv_dim * width, full = conv_dim / 8 * 8;
     /* the window of a row transposed ([width, conv_dim]: tap times -width … -1), then the
      * weights tap-major ([d_conv, conv_dim]) */
@@ -55,10 +58,21 @@ int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,
         for (int64_t c = 0; c < conv_dim; ++c)
             for (int64_t k = 0; k < width; ++k) win[k * conv_dim + c] = window[c * width + k];
         for (int64_t t = 0; t < T; ++t) {
-            const float *tap[MAX_CONV];  /* tap k: the input at time t - width + k */
-            for (int64_t k = 0; k < d_conv; ++k) {
-                const int64_t at = t - width + k;
-                tap[k] = at < 0 ? win + (at + width) * conv_dim : xb + at * sxt;
+            const float *tap[MAX_CONV];  /* tap k: the input at depth t - width + k on t's path */
+            if (parents) {
+                const int64_t *up = parents + b * T;
+                int64_t depth = 0;
+                for (int64_t at = t; up[at] >= 0; at = up[at]) ++depth;
+                for (int64_t k = d_conv - 1, at = t; k >= 0; --k) {  /* from t up its ancestors */
+                    const int64_t d = depth - width + k;
+                    tap[k] = d < 0 ? win + (d + width) * conv_dim : xb + at * sxt;
+                    if (d >= 0) at = up[at];
+                }
+            } else {
+                for (int64_t k = 0; k < d_conv; ++k) {
+                    const int64_t at = t - width + k;
+                    tap[k] = at < 0 ? win + (at + width) * conv_dim : xb + at * sxt;
+                }
             }
             float *o = out + (b * T + t) * conv_dim;
             v8 w[MAX_CONV], e[MAX_CONV];

@@ -27,10 +27,12 @@ def applies(conv_states: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, b
                                                                 *(() if bias is None else (bias,))))
 
 
-def conv_window_steps(conv_states, plan: SlotPlan, xs, weight, bias, activation) -> torch.Tensor:
+def conv_window_steps(conv_states, plan: SlotPlan, xs, weight, bias, activation,
+                      parents: torch.Tensor | None = None) -> torch.Tensor:
     """conv_states [slots, conv_dim, d_conv - 1] (written at the plan's snapshot
     slots), xs [batch, T, conv_dim], weight [conv_dim, d_conv], bias [conv_dim]
-    or None -> out [batch, T, conv_dim]. The caller checked `applies`."""
+    or None -> out [batch, T, conv_dim]. `parents` [batch, T] int64: the inputs
+    form that tree (`cpu/tree.py`). The caller checked `applies`."""
     batch, T, conv_dim = xs.shape
     bias = None if bias is None else bias.contiguous()
     out = torch.empty(batch, T, conv_dim, dtype=torch.float32)
@@ -38,7 +40,7 @@ def conv_window_steps(conv_states, plan: SlotPlan, xs, weight, bias, activation)
         "conv_window_steps",
                 conv_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(), xs.data_ptr(), xs.stride(0),
         xs.stride(1), weight.data_ptr(), None if bias is None else bias.data_ptr(), ACTIVATIONS[activation],
-        out.data_ptr(), batch, T, conv_dim, weight.shape[1])
+        out.data_ptr(), batch, T, conv_dim, weight.shape[1], 0 if parents is None else parents.data_ptr())
     if status != 0:
         raise ValueError(f"conv_window_steps: shapes not taken: xs {tuple(xs.shape)}, weight {tuple(weight.shape)}")
     if not plan.all_live:  # padding inputs: zeros, as the reference gives

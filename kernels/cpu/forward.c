@@ -14,9 +14,17 @@
  * (arguments not taken: checked before anything is written, except what a
  * block finds wrong, when only the slots and pages the plan reserved for
  * this forward may have been written and the caller aborts it).
+ *
+ * With `parents` the inputs form a tree (`hs_tree`): each input's recurrent
+ * state and conv window from its parent's, its position start + depth, its
+ * attention over the context and its ancestors; every input's state goes to
+ * its snapshot slot, so the commit of a tree round moves the ring head to
+ * the accepted input's slot. An input gets the bits the chain along its
+ * path gives it (a chain passed as a tree: the chain's bits).
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -60,7 +68,7 @@ static void keep_hidden(const hs_forward_args *a, int64_t point, const float *h)
         memcpy(a->hidden_out + (r * a->num_points + k) * hidden, h + r * hidden, sizeof(float) * (size_t)hidden);
 }
 
-int hs_forward(const hs_forward_args *a) {
+static int forward(const hs_forward_args *a, const hs_tree *tree) {
     const int64_t rows = a->batch * a->T, hidden = a->hidden;
     if (rows < 1 || hidden < 1 || a->num_layers < 0 || (a->hidden_out && (!a->hidden_points || a->num_points < 1)))
         return -1;
@@ -112,13 +120,13 @@ int hs_forward(const hs_forward_args *a) {
                                 a->snap, l->conv_w, l->conv_b, l->dt_bias, l->A, l->D, l->gate_norm_w, l->group,
                                 l->out_t, blocks, a->logged ? a->logged[i] : 0, next, a->batch, a->T, hidden,
                                 l->d_inner, l->nheads, l->head_dim, l->ngroups, l->d_state, l->d_conv,
-                                l->residual)) return -1;
+                                l->residual, tree)) return -1;
             t = h, h = next, next = t;
         } else if (l->mixer == HS_ATTENTION) {
             if (hs_attention_block(h, l->mixer_norm, l->mixer_eps, l->q_t, l->k_t, l->v_t, l->o_t, l->inv_freq,
                                    l->half, l->k_cache, l->v_cache, a->slot_mapping, a->block_tables, a->max_blocks,
                                    l->block_size, a->context_lens, a->query_lens, l->scale, blocks, next, a->batch,
-                                   a->T, hidden, l->heads, l->kv_heads, l->attn_head_dim, l->residual)) return -1;
+                                   a->T, hidden, l->heads, l->kv_heads, l->attn_head_dim, l->residual, tree)) return -1;
             t = h, h = next, next = t;
         }
         if (l->mlp) {
@@ -144,6 +152,36 @@ int hs_forward(const hs_forward_args *a) {
     return 0;
 }
 
+/* depths and seen of the tree a->parents names (`hs_tree`), checked: each parent -1 or an earlier input
+ * of the row, whose state a Mamba-2 layer finds in its snapshot slot (input t - 1's: in its scratch) */
+static int tree_of(const hs_forward_args *a, int64_t *depths, uint64_t *seen) {
+    const int64_t T = a->T;
+    int mamba = 0;
+    for (int64_t i = 0; i < a->num_layers; ++i) mamba |= a->layers[i].mixer == HS_MAMBA2;
+    if (T > HS_TREE_MAX_INPUTS || (mamba && !a->snap)) return -1;
+    for (int64_t b = 0; b < a->batch; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t r = b * T + t, p = a->parents[r];
+            if (p < -1 || p >= t || (p >= 0 && p != t - 1 && mamba && a->snap[b * T + p] < 0)) return -1;
+            depths[r] = p < 0 ? 0 : depths[b * T + p] + 1;
+            seen[r] = (p < 0 ? 0 : seen[b * T + p]) | (uint64_t)1 << t;
+        }
+    return 0;
+}
+
+int hs_forward(const hs_forward_args *a) {
+    if (!a->parents) return forward(a, 0);
+    const int64_t rows = a->batch * a->T;
+    if (rows < 1) return -1;
+    int64_t *depths = malloc(sizeof(int64_t) * (size_t)rows);
+    uint64_t *seen = malloc(sizeof(uint64_t) * (size_t)rows);
+    const hs_tree tree = {a->parents, depths, seen};
+    const int status = !depths || !seen || tree_of(a, depths, seen) ? -1 : forward(a, &tree);
+    free(depths);
+    free(seen);
+    return status;
+}
+
 /* tokens[b] = argmax of logits[b] ([batch, vocab]), the first of ties winning as in torch.argmax */
 static void argmax_rows(const float *logits, int64_t batch, int64_t vocab, int64_t *tokens) {
     for (int64_t b = 0; b < batch; ++b) {
@@ -164,7 +202,7 @@ static void argmax_rows(const float *logits, int64_t batch, int64_t vocab, int64
  * and receives each step's argmax; `logits` [steps, batch, vocab]. Returns
  * what `hs_forward` returns for the first step that is not 0, else 0. */
 int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan, int64_t *tokens, float *logits) {
-    if (a->T != 1 || !a->lm_head_t || a->logged || a->last_index || a->hidden_out || steps < 1) return -1;
+    if (a->T != 1 || a->parents || !a->lm_head_t || a->logged || a->last_index || a->hidden_out || steps < 1) return -1;
     const int64_t batch = a->batch, vocab = a->vocab;
     for (int64_t s = 0; s < steps; ++s) {
         hs_forward_args step = *a;
@@ -188,8 +226,8 @@ int hs_greedy_steps(const hs_forward_args *a, int64_t steps, const int64_t *plan
  * returns, else 0. */
 int hs_extend_greedy(const hs_forward_args *first, const hs_forward_args *a, int64_t steps, const int64_t *plan,
                      int64_t *tokens, float *logits) {
-    if (!first->lm_head_t || first->logged || first->hidden_out || first->batch != a->batch || first->vocab != a->vocab
-        || (first->T > 1 && !first->last_index) || steps < 0) return -1;
+    if (first->parents || !first->lm_head_t || first->logged || first->hidden_out || first->batch != a->batch
+        || first->vocab != a->vocab || (first->T > 1 && !first->last_index) || steps < 0) return -1;
     const int64_t batch = a->batch, vocab = a->vocab;
     hs_forward_args f = *first;
     f.out = logits;

@@ -24,6 +24,14 @@ padding writes no state and no K/V (slot -1 in both plans), attends to
 nothing and its logits are not read, and the recurrence and conv window are causal, so
 its real inputs get the bits they get alone. The LM head runs in C too, with
 the kernel `linear` gives it at any row count (the head's weight in panels).
+
+A forward over a tree of inputs (`batch.tree`, `cache.tree_batch`) runs here
+too, its parents passed to C (`_tree_parents`): each input's state and conv
+window from its parent's, its position start + depth, its attention over the
+context and its ancestors, so each input gets the bits of the chain along its
+path. Every input's state goes to its snapshot slot (the commit moves the
+ring head there); a tree with an input without one, or of more than
+`TREE_MAX_INPUTS` inputs, is declined (the torch forms run it).
 """
 from __future__ import annotations
 
@@ -43,6 +51,7 @@ _f32_p, _i64_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 HS_NO_MIXER, HS_MAMBA2, HS_ATTENTION = 0, 1, 2  # hs_layer.mixer, as in cpu/kernels.h
+TREE_MAX_INPUTS = 64  # HS_TREE_MAX_INPUTS: a tree input's visible inputs are the bits of one int64
 
 
 class Layer(ctypes.Structure):
@@ -69,7 +78,7 @@ class ForwardArgs(ctypes.Structure):
                 ("work_size", _i64), ("out", _p), ("embed_scale", _f32), ("logits_scale", _f32),
                 ("hidden_points", _p), ("num_points", _i64), ("hidden_out", _p),
                 ("mtp_fc", _p), ("mtp_norm_e", _p), ("mtp_norm_h", _p), ("mtp_eps", _f32), ("hidden_in", _p),
-                ("normed_out", _p)]
+                ("normed_out", _p), ("parents", _p)]
 
 
 class _Table:
@@ -262,12 +271,18 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
         return None
     if table.has_attention and meta is None:
         return None
+    parents = None
+    if batch.tree is not None:
+        if (parents := _tree_parents(batch.tree.plan.parents, T, plan if table.has_mamba else None)) is None \
+                or mtp is not None or batch.hidden is not None:
+            return None
     logged = None
     if table.has_mamba and batch.input_log is not None:
         logged = [cpu_blocks.logged_inputs(mixer, batch, bsz, T) for _, mixer in table.mamba_layers]
     kv = (meta.slot_rows, meta.context_list, meta.query_list, meta.table_rows) if table.has_attention else None
     call = _Call(whole.desc, table, token_lists, plan.src_list if table.has_mamba else None,
-                 plan.live_snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths)
+                 plan.live_snap_list if table.has_mamba else None, kv, last_only, logged, lengths=lengths,
+                 parents=parents)
     if batch.hidden is not None:
         _keep_hidden(call, batch.hidden, len(table.layers), bsz, T, table.hidden)
     if mtp is not None:
@@ -287,6 +302,19 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
     if status < 0:
         raise ValueError(f"cpu_forward: arguments not taken: {bsz} rows of {T} inputs, last_only {last_only}")
     return Whole(call.out, status == 0)
+
+
+def _tree_parents(parents: list[list[int]], T: int, plan) -> list[int] | None:
+    """A tree forward's parents as `hs_forward_args.parents` takes them ([batch · T]; a padding
+    input's -1), or None where the C forward declines it: more than `TREE_MAX_INPUTS` inputs,
+    or (`plan`, with Mamba-2 layers) some input without a snapshot slot, where its state
+    would not outlive the forward (the torch forms keep it instead)."""
+    if T > TREE_MAX_INPUTS:
+        return None
+    if plan is not None and any(slot < 0 for row, n in zip(plan.live_snap_list, plan.num_tokens_list)
+                                for slot in row[:n]):
+        return None
+    return [p for row in parents for p in row + [-1] * (T - len(row))]
 
 
 def _keep_hidden(call: "_Call", capture, num_layers: int, bsz: int, T: int, hidden: int) -> None:
@@ -334,10 +362,12 @@ class _Call:
     `logged` each Mamba layer's input-log buffer (or None). `out` receives the
     logits [batch, T or 1, vocab]. `lengths`: each row's real
     inputs where rows are padded to T (the last one is the row's kept input).
+    `parents`: a tree forward's [batch · T] parent inputs (`_tree_parents`), None for a chain.
     `work`: the scratch floats it needs (`_give_work` points it there)."""
 
     def __init__(self, desc: ModelDesc, table: _Table, token_lists, src, snap, kv, last_only: bool, logged=None,
-                 out: torch.Tensor | None = None, lengths: list[int] | None = None):
+                 out: torch.Tensor | None = None, lengths: list[int] | None = None,
+                 parents: list[int] | None = None):
         bsz, T = len(token_lists), len(token_lists[0])
         rows = bsz * T
         ints = [token for tokens in token_lists for token in tokens]  # [batch, T] ids, then the plans
@@ -370,6 +400,9 @@ class _Call:
                 ints += [-1] * (width - len(row))
             args.max_blocks = width
             work += T * table.heads * max(context_lens)
+        if parents is not None:
+            at["parents"] = len(ints)
+            ints += parents
         kept = bsz if last_only else rows
         if last_only and T > 1:  # each row's last input
             at["last_index"] = len(ints)

@@ -21,6 +21,12 @@
  * each with unit innermost stride (the other strides passed). o: [batch, T,
  * heads, d_v] contiguous. d_v a multiple of 8, d_k at most GDN_MAX_DK.
  * Every row runs all T inputs.
+ *
+ * Over a tree (`parents`, cpu/kernels.h) input t starts from its parent's
+ * state: the scratch block where the parent is t - 1, else the head slot or
+ * the parent's snapshot slot (written earlier by the same loop, so no
+ * streaming stores there); each step is the chain's, so an input gets the
+ * bits it gets in the chain along its path.
  */
 #include <math.h>
 #include <stdint.h>
@@ -35,7 +41,7 @@
 
 typedef struct {
     float *states, *o;
-    const int64_t *src, *dst;
+    const int64_t *src, *dst, *parents;
     const float *q, *k, *v, *g, *beta;
     int64_t sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sgb, sgt, sbb, sbt;
     int64_t batch, T, heads, key_heads, d_k, d_v;
@@ -94,9 +100,14 @@ static inline __attribute__((always_inline)) void block_steps(const int NV, cons
     const float *prev = j->states + j->src[b] * slot_size + h * head_size + c0;
     int64_t ldp = d_v;
     for (int64_t t = 0; t < T; ++t) {
-        const int64_t slot = j->dst[b * T + t];
+        const int64_t slot = j->dst[b * T + t], parent = j->parents ? j->parents[b * T + t] : t - 1;
+        if (parent != t - 1) {  /* a tree's: the head's or an earlier input's snapshot */
+            prev = j->states + (parent < 0 ? j->src[b] : j->dst[b * T + parent]) * slot_size + h * head_size + c0;
+            ldp = d_v;
+        }
         float *snap = slot >= 0 ? j->states + slot * slot_size + h * head_size + c0 : 0;
-        const int stream = snap && ((uintptr_t)snap & 31) == 0; /* d_v % 8 == 0: every row aligned alike */
+        /* d_v % 8 == 0: every row aligned alike */
+        const int stream = snap && !j->parents && ((uintptr_t)snap & 31) == 0;
         const float *kv = j->k + b * j->skb + t * j->skt + hk * j->skh;
         const float *qv = j->q ? j->q + b * j->sqb + t * j->sqt + hk * j->sqh : 0;
         const float *vv = j->v + b * j->svb + t * j->svt + h * j->svh + c0;
@@ -143,11 +154,12 @@ int hs_gdn_steps(float *states, const int64_t *src, const int64_t *dst,
                  const float *k, int64_t skb, int64_t skt, int64_t skh,
                  const float *v, int64_t svb, int64_t svt, int64_t svh,
                  const float *g, int64_t sgb, int64_t sgt, const float *beta, int64_t sbb, int64_t sbt,
-                 float *o, int64_t batch, int64_t T, int64_t heads, int64_t key_heads, int64_t d_k, int64_t d_v) {
+                 float *o, int64_t batch, int64_t T, int64_t heads, int64_t key_heads, int64_t d_k, int64_t d_v,
+                 const int64_t *parents) {
     if (batch < 0 || T < 1 || heads < 1 || key_heads < 1 || heads % key_heads || d_k < 1 || d_k > GDN_MAX_DK
-        || d_v < 8 || d_v % 8)
+        || d_v < 8 || d_v % 8 || !hs_parents_ok(parents, dst, batch, T))
         return -1;
-    gdn_job job = {states, o, src, dst, q, k, v, g, beta, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+    gdn_job job = {states, o, src, dst, parents, q, k, v, g, beta, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
                    sgb, sgt, sbb, sbt, batch, T, heads, key_heads, d_k, d_v};
     const int64_t units = batch * heads;
     const int threads = hs_threads(), parts = threads < units ? threads : (int)units;

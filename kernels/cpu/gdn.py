@@ -36,12 +36,13 @@ def applies(states: torch.Tensor, v: torch.Tensor, plan: SlotPlan | None) -> boo
     return shapes_ok(states) and v.shape[1] > 0 and cpu_native.takes_forward(plan, states, v)
 
 
-def gdn_steps(states, plan, q, k, v, g, beta) -> torch.Tensor | None:
+def gdn_steps(states, plan, q, k, v, g, beta, parents: torch.Tensor | None = None) -> torch.Tensor | None:
     """states [slots, HV, d_k, d_v] (written in place at the plan's snapshot
     slots); q, k [batch, T, HK, d_k] (q None: no output, a replay), v [batch,
     T, HV, d_v], g, beta [batch, T, HV], all float32 -> o [batch, T, HV, d_v]
     (None without q). `plan`: a `SlotPlan`, or anything with `src`,
-    `live_snap`, `all_live`. The caller checked `applies`."""
+    `live_snap`, `all_live`. `parents` [batch, T] int64: the inputs form that
+    tree (`cpu/tree.py`). The caller checked `applies`."""
     batch, T, heads, d_v = v.shape
     key_heads, d_k = k.shape[2:]
     k, v, g, beta = cpu_native.unit_inner_stride(k, v, g, beta)
@@ -55,7 +56,8 @@ def gdn_steps(states, plan, q, k, v, g, beta) -> torch.Tensor | None:
         k.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
         v.data_ptr(), v.stride(0), v.stride(1), v.stride(2),
         g.data_ptr(), g.stride(0), g.stride(1), beta.data_ptr(), beta.stride(0), beta.stride(1),
-        0 if o is None else o.data_ptr(), batch, T, heads, key_heads, d_k, d_v)
+        0 if o is None else o.data_ptr(), batch, T, heads, key_heads, d_k, d_v,
+        0 if parents is None else parents.data_ptr())
     if status != 0:
         raise ValueError(f"gdn_steps: shapes not taken: k {tuple(k.shape)}, v {tuple(v.shape)}")
     if o is not None and not plan.all_live:  # padding inputs: zeros, as the reference gives

@@ -54,9 +54,29 @@ int hs_pointwise(int fn, const float *x, float *y, int64_t n);
 static inline float hs_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 int hs_rms_norm(const float *x, int64_t ldx, const float *gate, int64_t ldg, const float *w, float *out,
                 int64_t rows, int64_t n, int64_t group, float eps);
+/* A forward over a tree of inputs (NULL: a chain, input t's parent t - 1): per input b·T + t, its
+ * parent input (`parents`: -1 for the row's head, slot src[b]; else an earlier input, whose state
+ * the recurrences read from its snapshot slot dst[b·T + parent], or for t - 1 from their scratch),
+ * its depth (the root's 0: its position is start + depth) and the inputs it sees (bit s: input s;
+ * itself and its ancestors). The recurrences and the conv window take `parents` alone. */
+#define HS_TREE_MAX_INPUTS 64
+typedef struct {
+    const int64_t *parents, *depths;
+    const uint64_t *seen;
+} hs_tree;
+/* whether parents [batch, T] names a tree the recurrences can run: each parent -1 or an earlier
+ * input, whose state is in its snapshot slot unless it is the input just before (NULL: a chain) */
+static inline int hs_parents_ok(const int64_t *parents, const int64_t *dst, int64_t batch, int64_t T) {
+    for (int64_t r = 0; parents && r < batch * T; ++r) {
+        const int64_t t = r % T, p = parents[r];
+        if (p < -1 || p >= t || (p >= 0 && p != t - 1 && dst[r - t + p] < 0)) return 0;
+    }
+    return 1;
+}
 int hs_conv_window_steps(float *states, const int64_t *src, const int64_t *dst,
                          const float *xs, int64_t sxb, int64_t sxt, const float *weight, const float *bias,
-                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv);
+                         int64_t silu, float *out, int64_t batch, int64_t T, int64_t conv_dim, int64_t d_conv,
+                         const int64_t *parents);
 int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float *scratch,
                     const float *x, int64_t sxb, int64_t sxt, int64_t sxh,
                     const float *dt, int64_t sdb, int64_t sdt,
@@ -64,19 +84,20 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                     const float *B, int64_t sBb, int64_t sBt, int64_t sBg,
                     const float *C, int64_t sCb, int64_t sCt, int64_t sCg,
                     float *y, int64_t batch, int64_t T, int64_t nheads, int64_t headdim, int64_t d_state,
-                    int64_t ngroups);
+                    int64_t ngroups, const int64_t *parents);
 int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                     const float *x, int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
                     const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C, int64_t sCb,
                     int64_t sCt, const float *D, float *y, int64_t batch, int64_t T, int64_t d_inner,
-                    int64_t d_state);
+                    int64_t d_state, const int64_t *parents);
 #define GDN_MAX_DK 256 /* the largest d_k hs_gdn_steps takes (its scratch block is on the stack) */
 int hs_gdn_steps(float *states, const int64_t *src, const int64_t *dst,
                  const float *q, int64_t sqb, int64_t sqt, int64_t sqh,
                  const float *k, int64_t skb, int64_t skt, int64_t skh,
                  const float *v, int64_t svb, int64_t svt, int64_t svh,
                  const float *g, int64_t sgb, int64_t sgt, const float *beta, int64_t sbb, int64_t sbt,
-                 float *o, int64_t batch, int64_t T, int64_t heads, int64_t key_heads, int64_t d_k, int64_t d_v);
+                 float *o, int64_t batch, int64_t T, int64_t heads, int64_t key_heads, int64_t d_k, int64_t d_v,
+                 const int64_t *parents);
 int hs_rope(const float *x, const float *cos, const float *sin, int64_t ldc, float *out, int64_t rows,
             int64_t heads, int64_t head_dim, int64_t half);
 
@@ -90,13 +111,15 @@ int hs_mamba2_block(const float *h, const float *norm_w, float eps, const float 
                     const float *conv_w, const float *conv_b, const float *dt_bias, const float *A, const float *D,
                     const float *gate_norm_w, int64_t group, const float *out_t, float *work, float *logged,
                     float *out, int64_t batch, int64_t T, int64_t hidden, int64_t d_inner, int64_t nheads,
-                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual);
+                    int64_t headdim, int64_t ngroups, int64_t d_state, int64_t d_conv, float residual,
+                    const hs_tree *tree);
 int hs_attention_block(const float *h, const float *norm_w, float eps, const float *q_t, const float *k_t,
                        const float *v_t, const float *o_t, const float *inv_freq, int64_t half,
                        float *k_cache, float *v_cache, const int64_t *slot_mapping, const int64_t *block_tables,
                        int64_t max_blocks, int64_t block_size, const int64_t *context_lens,
                        const int64_t *query_lens, float scale, float *work, float *out, int64_t batch, int64_t T,
-                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual);
+                       int64_t hidden, int64_t nheads, int64_t kv_heads, int64_t head_dim, float residual,
+                       const hs_tree *tree);
 
 /* The mixers and the MLP of one decoder layer (`cpu/forward.py` fills it from the
  * modules and one cache, once): the weights and sizes the blocks take, and the
@@ -152,6 +175,9 @@ typedef struct {
     float mtp_eps;
     const float *hidden_in;             /* [batch, T, hidden] the hidden state beside each input */
     float *normed_out;                  /* [kept rows, hidden] the final-normed rows the LM head reads, or NULL */
+    /* [batch, T] each input's parent input (hs_tree), or NULL: a chain. With it every input's state goes
+       to its snapshot slot (snap), which a child reads, and T ≤ HS_TREE_MAX_INPUTS */
+    const int64_t *parents;
 } hs_forward_args;
 
 int hs_forward(const hs_forward_args *a);
@@ -189,6 +215,7 @@ typedef struct {
     int64_t T;
     int64_t conv_dim;
     int64_t d_conv;
+    void *parents;
 } hs_conv_window_steps_args;
 int hs_conv_window_steps_call(const hs_conv_window_steps_args *a);
 
@@ -221,6 +248,7 @@ typedef struct {
     int64_t headdim;
     int64_t d_state;
     int64_t ngroups;
+    void *parents;
 } hs_mamba2_steps_args;
 int hs_mamba2_steps_call(const hs_mamba2_steps_args *a);
 
@@ -247,6 +275,7 @@ typedef struct {
     int64_t T;
     int64_t d_inner;
     int64_t d_state;
+    void *parents;
 } hs_mamba1_steps_args;
 int hs_mamba1_steps_call(const hs_mamba1_steps_args *a);
 
@@ -279,6 +308,7 @@ typedef struct {
     int64_t key_heads;
     int64_t d_k;
     int64_t d_v;
+    void *parents;
 } hs_gdn_steps_args;
 int hs_gdn_steps_call(const hs_gdn_steps_args *a);
 

@@ -17,6 +17,12 @@
  * [d_inner, d_state] contiguous; B, C: [batch, T, d_state] with unit inner
  * stride; D: [d_inner]; y: [batch, T, d_inner] contiguous. Every row runs
  * all T inputs. Built by `cpu/native.py`, used through `cpu/mamba1.py`.
+ *
+ * Over a tree (`parents`, cpu/kernels.h) input t starts from its parent's
+ * state: the registers where the parent is t - 1, else the head slot or the
+ * parent's snapshot slot (written earlier by the same loop, so no streaming
+ * stores there); each step is the chain's, so an input gets the bits it gets
+ * in the chain along its path.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,11 +35,16 @@
 /* hs_mamba1_steps' arguments, for the loops it hands a row's channels to */
 typedef struct {
     float *states, *y;
-    const int64_t *src, *dst;
+    const int64_t *src, *dst, *parents;
     const float *x, *dt, *A, *B, *C, *D;
     int64_t sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt;
     int64_t T, d_inner, d_state;
 } mamba1_job;
+
+/* the slot of row b's state before an input whose parent is `parent` (-1: the head) */
+static inline int64_t parent_slot(const mamba1_job *j, int64_t b, int64_t parent) {
+    return parent < 0 ? j->src[b] : j->dst[b * j->T + parent];
+}
 
 /* Channels c0 and c0 + 1 of row b on AVX-512 (d_state a multiple of 16): the state row in 16-lane
  * vectors, exp16 for exp8, y's sums the AVX2 loop's 8-lane chains (each vector's low then high
@@ -54,7 +65,11 @@ TARGET512 static void two_channels512(const mamba1_job *j, int64_t b, int64_t c0
         }
     for (int64_t t = 0; t < T; ++t) {
         const float *Bt = B + b * sBb + t * sBt, *Ct = C + b * sCb + t * sCt;
-        const int64_t slot = dst[b * T + t];
+        const int64_t slot = dst[b * T + t], parent = j->parents ? j->parents[b * T + t] : t - 1;
+        if (parent != t - 1)  /* a tree's: the head's or an earlier input's snapshot */
+            for (int k = 0; k < 2; ++k)
+                for (int64_t v = 0; v < nv; ++v)
+                    h[k][v] = v16_load(states + parent_slot(j, b, parent) * slot_size + (c0 + k) * d_state + 16 * v);
         for (int k = 0; k < 2; ++k) {
             const int64_t c = c0 + k;
             const float dtv = dt[b * sdb + t * sdt + c], xv = x[b * sxb + t * sxt + c];
@@ -70,7 +85,7 @@ TARGET512 static void two_channels512(const mamba1_job *j, int64_t b, int64_t c0
             y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, hsum8(acc));
             if (slot >= 0) {
                 float *snap = states + slot * slot_size + c * d_state;
-                if (((uintptr_t)snap & 63) == 0)  /* streaming stores: the slot's lines are not read first */
+                if (!j->parents && ((uintptr_t)snap & 63) == 0)  /* streaming: the slot's lines are not read first */
                     for (int64_t v = 0; v < nv; ++v) v16_stream(snap + 16 * v, h[k][v]);
                 else
                     for (int64_t v = 0; v < nv; ++v) v16_store(snap + 16 * v, h[k][v]);
@@ -83,11 +98,13 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                     const float *x, int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
                     const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C, int64_t sCb,
                     int64_t sCt, const float *D, float *y, int64_t batch, int64_t T, int64_t d_inner,
-                    int64_t d_state) {
-    if (batch < 0 || T < 1 || d_inner < 1 || d_state < 8 || d_state % 8 || d_state > MAX_STATE) return -1;
+                    int64_t d_state, const int64_t *parents) {
+    if (batch < 0 || T < 1 || d_inner < 1 || d_state < 8 || d_state % 8 || d_state > MAX_STATE
+        || !hs_parents_ok(parents, dst, batch, T))
+        return -1;
     const int64_t nv = d_state / 8, slot_size = d_inner * d_state;
     const int wide = d_state % 16 == 0 && hs_rows_isa(-1) == 1;
-    const mamba1_job job = {states, y, src, dst, x, dt, A, B, C, D, sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt,
+    const mamba1_job job = {states, y, src, dst, parents, x, dt, A, B, C, D, sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt,
                             T, d_inner, d_state};
     for (int64_t b = 0; b < batch; ++b) {
         int64_t c = 0;
@@ -102,6 +119,10 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                 a[v] = v8_load(A + c * d_state + 8 * v);
             }
             for (int64_t t = 0; t < T; ++t) {
+                const int64_t parent = parents ? parents[b * T + t] : t - 1;
+                if (parent != t - 1)  /* a tree's: the head's or an earlier input's snapshot */
+                    for (int64_t v = 0; v < nv; ++v)
+                        h[v] = v8_load(states + parent_slot(&job, b, parent) * slot_size + c * d_state + 8 * v);
                 const float dtv = dt[b * sdb + t * sdt + c], xv = x[b * sxb + t * sxt + c];
                 const v8 dt8 = v8_set1(dtv), dtx8 = v8_set1(dtv * xv);
                 const float *Bt = B + b * sBb + t * sBt, *Ct = C + b * sCb + t * sCt;
@@ -115,7 +136,7 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                 const int64_t slot = dst[b * T + t];
                 if (slot >= 0) {
                     float *snap = states + slot * slot_size + c * d_state;
-                    if (((uintptr_t)snap & 31) == 0)  /* streaming stores: the slot's lines are not read first */
+                    if (!parents && ((uintptr_t)snap & 31) == 0)  /* streaming: the slot's lines are not read first */
                         for (int64_t v = 0; v < nv; ++v) v8_stream(snap + 8 * v, h[v]);
                     else
                         for (int64_t v = 0; v < nv; ++v) v8_store(snap + 8 * v, h[v]);

@@ -24,10 +24,11 @@ def applies(ssm_states: torch.Tensor, x: torch.Tensor, plan: SlotPlan | None) ->
             and cpu_native.takes_forward(plan, ssm_states, x))
 
 
-def mamba1_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
+def mamba1_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D, parents: torch.Tensor | None = None) -> torch.Tensor:
     """ssm_states [slots, d_inner, d_state] (written in place at the plan's
     snapshot slots); x, dt [batch, T, d_inner], A [d_inner, d_state], B, C
     [batch, T, d_state], D [d_inner], all float32 -> y [batch, T, d_inner].
+    `parents` [batch, T] int64: the inputs form that tree (`cpu/tree.py`).
     The caller checked `applies`."""
     batch, T, d_inner = x.shape
     d_state = A.shape[1]
@@ -39,7 +40,7 @@ def mamba1_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
                 ssm_states.data_ptr(), plan.src.data_ptr(), plan.live_snap.data_ptr(),
         x.data_ptr(), x.stride(0), x.stride(1), dt.data_ptr(), dt.stride(0), dt.stride(1),
         A.data_ptr(), B.data_ptr(), B.stride(0), B.stride(1), C.data_ptr(), C.stride(0), C.stride(1),
-        D.data_ptr(), y.data_ptr(), batch, T, d_inner, d_state)
+        D.data_ptr(), y.data_ptr(), batch, T, d_inner, d_state, 0 if parents is None else parents.data_ptr())
     if status != 0:
         raise ValueError(f"mamba1_steps: shapes not taken: x {tuple(x.shape)}, A {tuple(A.shape)}")
     if not plan.all_live:  # padding inputs: zeros, as the reference gives

@@ -20,6 +20,12 @@
  * nheads, headdim], dt: [batch, T, nheads], B, C: [batch, T, ngroups,
  * d_state], each with unit innermost stride (the other strides passed). y:
  * [batch, T, nheads, headdim] contiguous. Every row runs all T inputs.
+ *
+ * Over a tree (`parents`, `hs_tree`) input t starts from its parent's state: the head
+ * slot's, the scratch head's where the parent is t - 1, else the parent's
+ * snapshot slot (written earlier by the same thread, so no streaming stores
+ * there); each step is the chain's, so an input gets the bits it gets in the
+ * chain along its path.
  */
 #include <math.h>
 #include <stdint.h>
@@ -32,6 +38,7 @@
 typedef struct {
     float *states, *scratch, *y;
     const int64_t *src, *dst;
+    const int64_t *parents;
     const float *x, *dt, *A, *D, *B, *C;
     int64_t sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg, sCb, sCt, sCg;
     int64_t batch, T, nheads, headdim, d_state, ngroups;
@@ -137,10 +144,12 @@ static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scr
         const int64_t b = u / nheads, h = u % nheads, g = h / heads_per_group;
         const float *prev = j->states + j->src[b] * slot_size + h * head_size;
         for (int64_t t = 0; t < T; ++t) {
-            const int64_t slot = j->dst[b * T + t];
+            const int64_t slot = j->dst[b * T + t], parent = j->parents ? j->parents[b * T + t] : t - 1;
+            if (parent != t - 1)  /* a tree's: the head's or an earlier input's snapshot */
+                prev = j->states + (parent < 0 ? j->src[b] : j->dst[b * T + parent]) * slot_size + h * head_size;
             float *snap = slot >= 0 ? j->states + slot * slot_size + h * head_size : 0;
             /* streaming stores need their vector's alignment: 64 bytes for the AVX-512 loop */
-            const int stream = snap && ((uintptr_t)snap & (wide ? 63 : 31)) == 0 && d_state % 8 == 0;
+            const int stream = snap && !j->parents && ((uintptr_t)snap & (wide ? 63 : 31)) == 0 && d_state % 8 == 0;
             const float dtv = j->dt[b * j->sdb + t * j->sdt + h];
             const float decay = expf(dtv * j->A[h]);
             const float *xv = j->x + b * j->sxb + t * j->sxt + h * j->sxh;
@@ -148,7 +157,7 @@ static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scr
             const float *Cv = j->C + b * j->sCb + t * j->sCt + g * j->sCg;
             float *yv = j->y + ((b * T + t) * nheads + h) * headdim;
             const head_input in = {prev, xv, Bv, Cv, scratch, snap, yv, dtv, decay, j->D[h], stream, headdim, d_state};
-            if (wide) head_step512(&in, t > 0);
+            if (wide) head_step512(&in, prev == scratch);
             else head_step(&in, 0, headdim);
             prev = scratch;
         }
@@ -192,9 +201,11 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
                     const float *B, int64_t sBb, int64_t sBt, int64_t sBg,
                     const float *C, int64_t sCb, int64_t sCt, int64_t sCg,
                     float *y, int64_t batch, int64_t T, int64_t nheads, int64_t headdim, int64_t d_state,
-                    int64_t ngroups) {
-    if (batch < 0 || T < 1 || nheads < 1 || headdim < 1 || d_state < 1 || ngroups < 1 || nheads % ngroups) return -1;
-    mamba2_job job = {states, scratch, y, src, dst, x, dt, A, D, B, C, sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg,
+                    int64_t ngroups, const int64_t *parents) {
+    if (batch < 0 || T < 1 || nheads < 1 || headdim < 1 || d_state < 1 || ngroups < 1 || nheads % ngroups
+        || !hs_parents_ok(parents, dst, batch, T))
+        return -1;
+    mamba2_job job = {states, scratch, y, src, dst, parents, x, dt, A, D, B, C, sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg,
                       sCb, sCt, sCg, batch, T, nheads, headdim, d_state, ngroups};
     const int64_t units = batch * nheads;
     const int threads = hs_threads(), parts = threads < units ? threads : (int)units;

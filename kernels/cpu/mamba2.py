@@ -31,11 +31,12 @@ def applies(ssm_states: torch.Tensor, x: torch.Tensor, plan: SlotPlan | None) ->
     return ssm_states.is_contiguous() and cpu_native.takes_forward(plan, ssm_states, x)
 
 
-def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
+def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D, parents: torch.Tensor | None = None) -> torch.Tensor:
     """ssm_states [slots, nheads, headdim, d_state] (written in place at the
     plan's snapshot slots); x [batch, T, nheads, headdim], dt [batch, T,
     nheads], A, D [nheads], B, C [batch, T, ngroups, d_state], all float32 ->
-    y [batch, T, nheads, headdim]. The caller checked `applies`."""
+    y [batch, T, nheads, headdim]. `parents` [batch, T] int64: the inputs form
+    that tree (`cpu/tree.py`). The caller checked `applies`."""
     batch, T, nheads, headdim = x.shape
     ngroups, d_state = B.shape[2:]
     x, dt, B, C = cpu_native.unit_inner_stride(x, dt, B, C)
@@ -56,7 +57,7 @@ def mamba2_steps(ssm_states, plan: SlotPlan, x, dt, A, B, C, D) -> torch.Tensor:
         A.data_ptr(), D.data_ptr(),
         B.data_ptr(), B.stride(0), B.stride(1), B.stride(2),
         C.data_ptr(), C.stride(0), C.stride(1), C.stride(2),
-        y.data_ptr(), batch, T, nheads, headdim, d_state, ngroups)
+        y.data_ptr(), batch, T, nheads, headdim, d_state, ngroups, 0 if parents is None else parents.data_ptr())
     if status != 0:
         raise ValueError(f"mamba2_steps: shapes not taken: x {tuple(x.shape)}, B {tuple(B.shape)}")
     if not plan.all_live:  # padding inputs: zeros, as the reference gives

@@ -80,13 +80,14 @@ ARGUMENTS = {  # C entry point hs_<name>_call(const hs_<name>_args *): the struc
     # i int64, f float), the positional arguments of hs_<name> (cpu/kernels.h)
     "rms_norm": "p:x i:ldx p:gate i:ldg p:w p:out i:rows i:n i:group f:eps",
     "conv_window_steps": ("p:states p:src p:dst p:xs i:sxb i:sxt p:weight p:bias i:silu p:out i:batch i:T "
-                         "i:conv_dim i:d_conv"),
+                         "i:conv_dim i:d_conv p:parents"),
     "mamba2_steps": ("p:states p:src p:dst p:scratch p:x i:sxb i:sxt i:sxh p:dt i:sdb i:sdt p:A p:D p:B i:sBb "
-                    "i:sBt i:sBg p:C i:sCb i:sCt i:sCg p:y i:batch i:T i:nheads i:headdim i:d_state i:ngroups"),
+                    "i:sBt i:sBg p:C i:sCb i:sCt i:sCg p:y i:batch i:T i:nheads i:headdim i:d_state i:ngroups "
+                    "p:parents"),
     "mamba1_steps": ("p:states p:src p:dst p:x i:sxb i:sxt p:dt i:sdb i:sdt p:A p:B i:sBb i:sBt p:C i:sCb "
-                    "i:sCt p:D p:y i:batch i:T i:d_inner i:d_state"),
+                    "i:sCt p:D p:y i:batch i:T i:d_inner i:d_state p:parents"),
     "gdn_steps": ("p:states p:src p:dst p:q i:sqb i:sqt i:sqh p:k i:skb i:skt i:skh p:v i:svb i:svt i:svh p:g "
-                  "i:sgb i:sgt p:beta i:sbb i:sbt p:o i:batch i:T i:heads i:key_heads i:d_k i:d_v"),
+                  "i:sgb i:sgt p:beta i:sbb i:sbt p:o i:batch i:T i:heads i:key_heads i:d_k i:d_v p:parents"),
     "rope": "p:x p:cos p:sin i:ldc p:out i:rows i:heads i:head_dim i:half",
     "mlp_block": "p:h p:norm_w f:eps p:gate_t p:up_t p:down_t p:work p:out i:rows i:hidden i:inter f:residual",
     "mamba2_block": ("p:h p:norm_w f:eps p:in_t p:conv_states p:ssm_states p:src p:dst p:conv_w p:conv_b "

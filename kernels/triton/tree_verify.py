@@ -1,6 +1,7 @@
 """The torch forms of a forward over a tree of inputs: the references of
 tree verification, where Triton tree kernels would go beside them (none yet:
-every backend runs these, `ops.TreeForms`).
+a tree forward that runs layer by layer runs these on every backend,
+`ops.TreeForms`; the whole C forward has its own, `cpu/forward.c`).
 each recurrence (the conv window, Mamba-2, Mamba-1, the gated delta rule)
 steps every input from its parent's state, depth level by depth level
 (`tree_scan`), and attention masks each input to the committed context and

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hybridspec.cache.paged_kv import KVWriteMeta
+from hybridspec.cache.tree_plan import TreePlan
 from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.slot_plan import SlotPlan
@@ -135,6 +136,25 @@ def gdn_steps_case(dtype, shape):
                                                                        batch, T, b.slots_count)
 
 
+def tree_forms_case(dtype, shape):
+    """The conv window and each recurrence over a tree per row (input t's parent (t - 1) // 2:
+    two children a node, so siblings, a parent's state read back and depths past the conv window)."""
+    batch, T, live = shape
+    b = plan_batch(batch, T, live)
+    tree = TreePlan([[(t - 1) // 2 if t else -1 for t in range(n)] for n in live], "cpu")
+    g = torch.Generator().manual_seed(15)
+    conv = [rand(g, b.slots_count, 12, 3, dtype=dtype), rand(g, batch, T, 12, dtype=dtype),
+            rand(g, 12, 4, dtype=dtype), rand(g, 12, dtype=dtype)]
+    tensors = (conv + mamba2_inputs(g, dtype, batch, T, b.slots_count)
+               + mamba1_inputs(g, dtype, batch, T, b.slots_count) + gdn_inputs(g, dtype, batch, T, b.slots_count))
+
+    def call(op, *tensors):
+        conv, m2, m1, gdn = tensors[:4], tensors[4:11], tensors[11:18], tensors[18:]
+        return (*op.conv_window(conv[0], b.slots, tree, *conv[1:], "silu"), *op.mamba2(m2[0], b.slots, tree, *m2[1:]),
+                *op.mamba1(m1[0], b.slots, tree, *m1[1:]), *op.gdn(gdn[0], b.slots, tree, *gdn[1:]))
+    return call, tensors
+
+
 # replays: rows replay from their source slot over `steps` logged inputs from `first` into `dst` (-1: none)
 def replay_rows(batch, T):
     slots = batch * (T + 3)
@@ -243,6 +263,7 @@ CASES = {
     "PAGED_ATTENTION": (paged_attention_case, [([3], [1]), ([9, 6, 4], [2, 3, 1])]),
     "KV_WRITE": (kv_write_case, [([3], [1]), ([9, 6, 4], [2, 3, 1])]),
     "REJECTION": (rejection_case, [(1, 2, 8), (3, 3, 16)]),
+    "TREE_FORMS": (tree_forms_case, shapes(1, 1) + shapes(3, 7)),
 }
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=0, atol=0)}
 # where the project promises the torch form's bits in float32 too: the rotation (cpu/test_rope.py), the K/V scatter
