@@ -11,6 +11,7 @@ from hybridspec.adapters.validate import expected_tensors
 from hybridspec.config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
 from hybridspec.engine.engine import Engine
 from hybridspec.models.hybrid import HybridModel
+from hybridspec.models.mtp import MTPLayer, mtp_config
 from hybridspec.sampling.sampler import SamplingParams
 from hybridspec.spec.drafters import NgramDrafter
 
@@ -51,6 +52,20 @@ def _random_weight(name: str, shape: tuple[int, ...], g: torch.Generator) -> tor
     if "norm" in name:
         return 1 + 0.2 * torch.randn(shape, generator=g, dtype=torch.float64)
     return torch.randn(shape, generator=g, dtype=torch.float64) * 0.5 / shape[-1] ** 0.5
+
+
+def random_mtp(target: HybridModel, seed: int = 0) -> MTPLayer:
+    """A random MTP layer over `target` (its embedding and LM head): fc, norms and
+    one decoder layer of the target's attention kind, `_random_weight`'s values."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = target.config.hidden_size
+    shapes = {name: tuple(t.shape) for name, t in expected_tensors(mtp_config(target.config)).items()
+              if name.startswith("layers.0.")}
+    shapes |= {"fc.weight": (hidden, 2 * hidden), "pre_fc_norm_embedding.weight": (hidden,),
+               "pre_fc_norm_hidden.weight": (hidden,), "norm.weight": (hidden,)}
+    weights = {name: _random_weight(name, shape, g).to(device=target.device, dtype=target.dtype)
+               for name, shape in shapes.items()}
+    return MTPLayer(target, weights).to(target.device)
 
 
 def perturbed_copy(model: HybridModel, scale: float = 0.03, seed: int = 0) -> HybridModel:

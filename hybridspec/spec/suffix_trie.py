@@ -178,6 +178,24 @@ class SuffixTrie:
             node = child
         return tokens, score
 
+    def alternatives(self, node: int, spine: list[int], min_prob: float) -> list[list[int]]:
+        """Along `spine`, a continuation of `node`'s n-gram: at each depth k the tokens
+        that followed the n-gram of the spine's first k tokens there, most frequent
+        first (ties: the smaller token), each while its path's empirical probability
+        stays at or above `min_prob` (the spine's own token among them)."""
+        ranked, prob = [], 1.0
+        for token in spine:
+            children, child = [], self.first[node]
+            while child >= 0:
+                children.append(child)
+                child = self.sibling[child]
+            children.sort(key=lambda c: (-self.count[c], self.token[c]))
+            ranked.append([self.token[c] for c in children if prob * self.count[c] / self.total[node] >= min_prob])
+            nxt = self.edges[node * EDGE_STRIDE + token]
+            prob *= self.count[nxt] / self.total[node]
+            node = nxt
+        return ranked
+
     def best_draft(self, matches: list[int], limit: int, min_prob: float) -> Draft:
         """Of the continuations of `matches` (matches[k]: the node of the
         context's last k tokens, -1: none; k >= 1), the one with the best score;
