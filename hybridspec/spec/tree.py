@@ -160,16 +160,16 @@ def branch_ranked(spine: list[int], ranked: list[list[int]], shape: TreeShape,
 def fitted_tree(spine: list[int], ranked: list[list[int]], shape: TreeShape,
                 budget: int) -> tuple[list[int], list[int]]:
     """A model-free drafter's tree (tokens, parents): its spine cut to the longest
-    prefix whose alternatives (ranked[k] other than the spine's token, up to
-    widths[k] - 1 at depth k + 1) fit the budget beside it, then branched
-    (`branch_ranked`; where even one draft leaves too little room, fewer
-    alternatives). A drafter that found no alternative keeps its whole spine."""
-    def alternatives(length: int) -> int:
+    prefix whose alternatives above its last depth (ranked[k] other than the spine's
+    token, up to widths[k] - 1 at depth k + 1) fit the budget beside it, then branched
+    (`branch_ranked`: its last depth's alternatives take the room left). A drafter
+    that found no alternative keeps its whole spine."""
+    def alternatives(depths: int) -> int:
         return sum(min((shape.widths[k] if k < len(shape.widths) else 1) - 1, len(set(ranked[k]) - {spine[k]}))
-                   for k in range(length))
+                   for k in range(depths))
 
     length = min(len(spine), budget)
-    while length > 1 and length + alternatives(length) > budget:
+    while length > 1 and length + alternatives(length - 1) > budget:
         length -= 1
     tokens, parents, _ = branch_ranked(spine[:length], ranked, shape, budget)
     return tokens, parents
