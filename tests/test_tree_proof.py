@@ -219,7 +219,8 @@ def test_the_suite_in_tree_mode_passes(capsys):
     assert main(["check", "--quick", "--tree", "2,1"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert rows and all(r.startswith("PASS") for r in rows)
-    for kind in ("tree greedy parity · perturbed", "tree coupled parity · suffix", "tree failed round"):
+    for kind in ("tree greedy parity · perturbed", "tree coupled parity · suffix", "tree batch invariance",
+                 "tree failed round"):
         assert any(kind in r for r in rows), kind
     with pytest.raises(SystemExit):
         main(["check", "--tree", "2,0"])

@@ -37,7 +37,8 @@ from hybridspec.models.hybrid import HybridModel
 from hybridspec.spec.drafters import NgramDrafter
 from hybridspec.checkpoints.policy import MAX_DRAFT_TOKENS, CheckpointPolicy
 from hybridspec.rollback.forcing import force_rejections
-from hybridspec.rollback.models import (OutOfVocabDrafter, branching_prompts, params_fingerprint, perturbed_copy, plain_outputs, sampled_params,
+from hybridspec.rollback.models import (OutOfVocabDrafter, branching_prompts, params_fingerprint, perturbed_copy,
+                                        plain_outputs, sampled_params,
                      tiny_model, workload)
 from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, restore_path, witness_bookkeeping
 from hybridspec.spec.suffix_drafter import SuffixDrafter
@@ -192,6 +193,26 @@ def batch_invariance(name: str, target: HybridModel, prompts, params) -> CheckRe
     return _run_check(name, body)
 
 
+def tree_batch_invariance(name: str, target: HybridModel, draft, tree: TreeShape, prompts, params) -> CheckResult:
+    """Each seeded request's tokens alone (plain decoding) == in a batch of tree rounds ==
+    in the reversed batch, where its neighbours draft other trees, chains or nothing;
+    `draft()` makes a fresh drafter per engine."""
+    def body():
+        alone = [plain_outputs(target, [p], [q])[0].token_ids for p, q in zip(prompts, params)]
+        trees = 0
+        for order in (slice(None), slice(None, None, -1)):
+            engine = Engine(target, draft=draft(), num_draft_tokens=4, block_size=4, tree=tree)
+            observer = RoundObserver(engine)
+            with observer:
+                got = [o.token_ids for o in engine.generate(prompts[order], params[order])][order]
+            trees += observer.tree_rounds
+            for i, (a, b) in enumerate(zip(alone, got)):
+                _require(a == b, f"request {i}: alone {a}, beside other rows' trees {b}")
+        _require(trees > 0, "no round drafted a tree")
+        return f"{len(prompts)} requests, {trees} tree rounds", {}
+    return _run_check(name, body)
+
+
 # -- bad input and failed rounds -----------------------------------------------------------------
 
 
@@ -326,6 +347,9 @@ def tree_suite(target: HybridModel, draft, draft_name: str, tree: TreeShape, qui
             done(speculative_parity(f"tree coupled parity · {dname} · {shape} · γ={gamma} · {pname}", target,
                                     make(), gamma, POLICIES[pname], sprompts, sparams, sexpected, verify="coupled",
                                     check_states=True, tree=tree))
+    mixed = sprompts[:2] + [p[-2:] for p in sprompts[2:]]  # rows that branch beside rows that barely can
+    done(tree_batch_invariance(f"tree batch invariance · suffix · {shape}", target,
+                               lambda: SuffixDrafter(min_prob=0.0), tree, mixed, sparams))
     model_draft = draft if isinstance(draft, HybridModel) else perturbed_copy(target, seed=seed)
     for site in ("draft", "verify", "drafter commit")[:2 if quick else 3]:
         done(failed_round(f"tree failed round · {site} · {shape}", target, model_draft, 4, POLICIES["k=1"], prompts,
