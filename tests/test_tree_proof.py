@@ -201,8 +201,9 @@ def test_model_free_trees():
     trie = SuffixTrie(4)
     trie.add([1, 2, 3, 1, 2, 4, 1, 2, 3, 9, 1, 2, 5])
     node = trie.find([1, 2])
-    assert trie.alternatives(node, [3, 1], 0.0) == [[3, 4, 5], [1, 9]]  # 3 twice; after "1 2 3": 1 and 9, once each
-    assert trie.alternatives(node, [3, 1], 0.3) == [[3], []]  # 4, 5 and the second depth: 1/4 each
+    assert trie.alternatives(node, [3, 1], 0.0, 3) == [[3, 4, 5], [1, 9]]  # 3 twice; after "1 2 3": 1 and 9, once each
+    assert trie.alternatives(node, [3, 1], 0.3, 3) == [[3], []]  # 4, 5 and the second depth: 1/4 each
+    assert trie.alternatives(node, [3, 1], 0.0, 2) == [[3, 4], [1, 9]]
     assert fitted_tree([3, 1, 2], [[3, 4, 5], [1, 9], [2]], TreeShape((3, 2)), budget=4) == ([3, 4, 5, 1],
                                                                                                   [-1, -1, -1, 0])
     assert fitted_tree([3, 1, 2], [[3], [1], [2]], TreeShape((3, 2)), budget=3) == ([3, 1, 2], [-1, 0, 1])

@@ -13,7 +13,8 @@ continuation while its empirical probability stays at or above `min_prob`,
 and proposes the continuation with the largest expected accepted length
 (ties: the longer match, then the sequence's own trie): the draft's length
 is the drafter's own choice, at most the γ it is given. A round's cost is
-bounded by `max_depth` and γ, never by the context's length.
+bounded by `max_depth` and γ (a tree's also by the distinct tokens that
+followed the spine's n-grams), never by the context's length.
 
 The tries only ever take committed tokens, read from the requests when a
 round proposes: a draft is never put in, so a rejected draft token is never
@@ -101,7 +102,8 @@ class SuffixDrafter(StatelessDrafter):
             if self.tree is None or not draft.tokens:
                 trees.append((draft.tokens, chain_parents(len(draft.tokens))))
             else:
-                ranked = trie.alternatives(node, draft.tokens, self.min_prob)
+                # the spine's token leads each depth's ranking: the widest depth's candidates suffice
+                ranked = trie.alternatives(node, draft.tokens, self.min_prob, max(self.tree.widths))
                 trees.append(fitted_tree(draft.tokens, ranked, self.tree, self.tree.budget(g)))
         return Proposal([tokens for tokens, _ in trees], None, parents=tree_parents(trees))
 
