@@ -63,10 +63,8 @@ class Checkpointer:
     def plan_tree(self, round: RoundBatch) -> None:
         """A tree round's forward (its `round.tree` made): a snapshot slot per input of each
         row whose ring has one per input beside the head (`round.snap_slot`; -1s elsewhere,
-        None without recurrent state), no log."""
-        if self.cache.hidden is not None:
-            raise ConfigError("tree drafts need a drafter that does not read the target's hidden states "
-                              "(MTP, EAGLE-3 draft chains); no state was changed")
+        None without recurrent state), no log; hidden states a drafter reads stay pending until
+        the round lays out the accepted path's (`HiddenStates.follow_path`)."""
         if self.has_state and self.cache.ring_slots < 2:
             raise ConfigError(f"tree drafts need at least 2 ring slots in the target's cache, it has "
                               f"{self.cache.ring_slots}; no state was changed")

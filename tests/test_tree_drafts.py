@@ -165,7 +165,9 @@ def test_tree_shape_rejects_bad_values(bad):
         TreeShape(**bad)
 
 
-def test_tree_needs_a_draft_model():
+def test_tree_needs_a_drafter_that_branches():
     target = tiny_model(0)
-    with pytest.raises(ConfigError, match="draft model"):
-        Engine(target, draft="ngram", tree=TreeShape((2,)))
+    with pytest.raises(ConfigError, match="does not branch"):
+        Engine(target, draft=hs.StatelessDrafter(), tree=TreeShape((2,)))
+    with pytest.raises(ConfigError, match="does not branch"):
+        Engine(target, tree=TreeShape((2,)))

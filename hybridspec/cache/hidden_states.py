@@ -12,6 +12,12 @@ rows below the new computed length (the accepted ones) and drop the rest,
 to. The drafter reads (`take`) only kept rows, so it never sees the hidden
 state of a rejected token.
 
+A tree verify (`spec.tree`) writes one row per verify input, in tree order:
+its rows stay pending until the round knows each sequence's accepted path,
+then `follow_path` lays the path's inputs out as the rows at positions
+start, start + 1, … (the accepted tokens' own, in order), and the commit
+keeps them as it keeps a chain's.
+
 Points: point i is the residual stream entering decoder layer i; point L (the
 number of layers) is the last layer's output, before the final norm (what an
 MTP layer reads). EAGLE-3 reads three points, low, middle and high.
@@ -58,6 +64,15 @@ class HiddenStates:
         start_lens[b]...; `values` [batch, T, k, hidden]."""
         for b, (s, start, n) in enumerate(zip(seq_ids, start_lens, num_new)):
             self._pending[s] = (start, values[b, :n])
+
+    def follow_path(self, seq_id: int, path: list[int]) -> None:
+        """The pending rows of a tree forward become those of `path` (the accepted path's
+        verify inputs from the root, input 0), in order: row k is input path[k]'s."""
+        pending = self._pending.get(seq_id)
+        if pending is None:
+            return
+        start, rows = pending  # rows [inputs, k, hidden] in tree order
+        self._pending[seq_id] = (start, rows[torch.tensor(path, device=rows.device)])
 
     def commit(self, seq_id: int, length: int) -> None:
         """The sequence's computed length is now `length`: the pending rows below it are kept."""

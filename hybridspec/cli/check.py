@@ -4,6 +4,7 @@
     hybridspec check                          # built-in tiny random hybrid model
     hybridspec check --model embedded --draft embedded --quick
     hybridspec check --model DIR --draft ngram --quick
+    hybridspec check --tree 2,1 --quick       # tree mode: the drafter (and suffix decoding) propose trees
 
 Each check is reported on stderr as it ends (on a terminal a bar that clears
 itself before the table, elsewhere a line per check); the table goes to stdout.
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the default)")
     parser.add_argument("--quick", action="store_true",
                         help="γ in {1, 4}, fewer drafters, shorter generations")
+    parser.add_argument("--tree", metavar="W1,W2,...", type=tree_shape,
+                        help="tree mode: the drafter proposes trees of these widths (candidates per depth, "
+                             "hs.TreeShape), checked for parity, state parity and failed rounds instead of chains")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64",
                         help="weights and states; float64 (default) makes every comparison exact to 1e-10")
     parser.add_argument("--device", default="cpu", help="torch device of the models (default: cpu)")
@@ -40,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads for torch (default 1: the suite's tensors are small, more threads "
                              "mostly add overhead)")
+
+
+def tree_shape(text: str):
+    """`--tree 2,1` -> TreeShape((2, 1)); argparse reports a bad value."""
+    from hybridspec.spec.tree import TreeShape
+    try:
+        return TreeShape(tuple(int(w) for w in text.split(",")))
+    except (ValueError, ConfigError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of widths >= 1 like 2,1 ({error})") from None
 
 
 def load_models(args: argparse.Namespace):
@@ -112,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
     target, draft, draft_name = load_models(args)
     layers = ", ".join(f"{target.config.layer_types.count(t)} {t}" for t in dict.fromkeys(target.config.layer_types))
     print(f"target: {args.model or 'built-in tiny model'} ({target.config.family}: {layers}; {args.dtype}); "
-          f"drafter: {draft_name}", flush=True)
+          f"drafter: {draft_name}" + ("" if args.tree is None else f", trees {args.tree.widths}"), flush=True)
     progress = Progress()
     try:
-        results = run_suite(target, draft, draft_name, quick=args.quick, seed=args.seed, progress=progress)
+        results = run_suite(target, draft, draft_name, quick=args.quick, seed=args.seed, progress=progress,
+                            tree=args.tree)
     finally:
         progress.close()
     print(format_table(results))

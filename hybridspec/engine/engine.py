@@ -243,12 +243,14 @@ class Engine:
         tensor_parallel_size=N)`, `hybridspec.tp`). Every rank runs the same
         Engine over the same requests; choices made from timings (adaptive γ,
         `CheckpointPolicy.auto`'s costs) are rank 0's.
-    tree: None (default: chains of drafts) or an `hs.TreeShape`: a draft
-        model then proposes a tree of up to γ nodes per row (a shorter chain
-        and, at each depth, its next most likely tokens beside it), verified
+    tree: None (default: chains of drafts) or an `hs.TreeShape`: the drafter
+        then proposes a tree of up to γ nodes per row (a shorter chain and, at
+        each depth, its next most likely tokens beside it: a draft model's,
+        the MTP layer's or an EAGLE-3 head's distribution, suffix decoding's
+        most frequent continuations, prompt lookup's other matches), verified
         in one target forward on the torch forms (`hybridspec.spec.tree`);
-        greedy and coupled output stay plain decoding's. Needs a draft model
-        (else ConfigError).
+        greedy and coupled output stay plain decoding's. Needs a drafter that
+        branches (else ConfigError).
 
     Requests: `generate` (a list in, a list out), `stream` (an iterator of
     new tokens), or `add_request` / `step` / `abort` for a server's own loop;

@@ -18,6 +18,11 @@ Each check takes a target `HybridModel` (and a drafter) and returns a
 - bad input: a typed error naming the bad value, and nothing changed;
 - failed round: a round that raises while drafting, verifying, replaying or
   committing the drafter leaves every sequence exactly as it was before it.
+
+`run_suite(tree=TreeShape(...))` is the suite's tree mode (`hybridspec check
+--tree 2,1`): greedy and coupled parity with state parity under two policies
+for the drafter and suffix decoding, the batch invariance of rows beside
+other rows' trees, and failed tree rounds (`tree_suite`).
 """
 from __future__ import annotations
 
@@ -32,9 +37,12 @@ from hybridspec.models.hybrid import HybridModel
 from hybridspec.spec.drafters import NgramDrafter
 from hybridspec.checkpoints.policy import MAX_DRAFT_TOKENS, CheckpointPolicy
 from hybridspec.rollback.forcing import force_rejections
-from hybridspec.rollback.models import (OutOfVocabDrafter, params_fingerprint, perturbed_copy, plain_outputs, sampled_params,
+from hybridspec.rollback.models import (OutOfVocabDrafter, branching_prompts, params_fingerprint, perturbed_copy,
+                                        plain_outputs, sampled_params,
                      tiny_model, workload)
 from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, restore_path, witness_bookkeeping
+from hybridspec.spec.suffix_drafter import SuffixDrafter
+from hybridspec.spec.tree import TreeShape
 
 
 POLICIES = {
@@ -80,7 +88,8 @@ def _run_check(name: str, body) -> CheckResult:
 
 def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy, prompts, params, expected=None,
                        *, verify: str = "rejection", check_states: bool = False, all_accepted: bool = False,
-                       block_size: int = 4, force: tuple[int, ...] | None = None) -> CheckResult:
+                       block_size: int = 4, force: tuple[int, ...] | None = None,
+                       tree: TreeShape | None = None) -> CheckResult:
     """Generate speculatively and compare with `expected` (plain outputs; None:
     no output comparison, e.g. sampled rejection). Always checks the restore
     counts against the policy and the boundary invariant after every round;
@@ -90,13 +99,15 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
     what the forcing predicts, some round must reject a draft of a row it then
     restores, and (under a CheckpointPolicy) the path the policy takes after a
     rejection of d_1 of γ drafts (its site: a hit, a log or a token replay)
-    must have been counted."""
+    must have been counted. `tree`: the Engine's `tree=` (its tree rounds pass the
+    forcing through unforced and restore nothing the policy counts); some round
+    must then have been a tree round."""
     if force is not None and expected is None:
         raise ValueError("force needs `expected`, the plain outputs the forcing learns the target's tokens from")
 
     def body():
         engine = Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=policy, verify=verify,
-                        block_size=block_size)
+                        block_size=block_size, tree=tree)
         observer = RoundObserver(engine, check_states=check_states)
         forcing = None if force is None else force_rejections(engine, prompts, [o.token_ids for o in expected],
                                                               force)
@@ -119,12 +130,15 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
         _require(stats.emitted_tokens == sum(len(o.token_ids) for o in outputs),
                  f"stats.emitted_tokens={stats.emitted_tokens} but {sum(len(o.token_ids) for o in outputs)} "
                  "tokens were generated")
+        if tree is not None:
+            _require(observer.tree_rounds > 0, f"no round drafted a tree ({stats.rounds} rounds)")
         if all_accepted:
             _require(stats.acceptance_rate == 1.0, f"acceptance {stats.acceptance_rate:.3f}, expected 1.0")
         figures = dict(acceptance_rate=stats.acceptance_rate, rounds=stats.rounds, snapshot_hits=counted[0],
                        log_replayed_tokens=counted[1], token_replayed_tokens=counted[2],
-                       peak_checkpoint_bytes=stats.peak_checkpoint_bytes)
-        detail = (f"acceptance {stats.acceptance_rate:.2f}, {stats.rounds} rounds, hits {counted[0]}, "
+                       peak_checkpoint_bytes=stats.peak_checkpoint_bytes, tree_rounds=observer.tree_rounds)
+        detail = (f"acceptance {stats.acceptance_rate:.2f}, {stats.rounds} rounds"
+                  + (f" ({observer.tree_rounds} trees)" if tree is not None else "") + f", hits {counted[0]}, "
                   f"log {counted[1]}, token {counted[2]}, peak {stats.peak_checkpoint_bytes} B")
         if forcing is not None:
             _require(not forcing.broken, "a forced rejection missed: " + "; ".join(forcing.broken[:3]))
@@ -176,6 +190,26 @@ def batch_invariance(name: str, target: HybridModel, prompts, params) -> CheckRe
         for i, (a, b, c) in enumerate(zip(alone, together, backwards)):
             _require(a == b == c, f"request {i}: alone {a}, in the batch {b}, in the reversed batch {c}")
         return f"{len(prompts)} requests, {sum(map(len, alone))} tokens", {}
+    return _run_check(name, body)
+
+
+def tree_batch_invariance(name: str, target: HybridModel, draft, tree: TreeShape, prompts, params) -> CheckResult:
+    """Each seeded request's tokens alone (plain decoding) == in a batch of tree rounds ==
+    in the reversed batch, where its neighbours draft other trees, chains or nothing;
+    `draft()` makes a fresh drafter per engine."""
+    def body():
+        alone = [plain_outputs(target, [p], [q])[0].token_ids for p, q in zip(prompts, params)]
+        trees = 0
+        for order in (slice(None), slice(None, None, -1)):
+            engine = Engine(target, draft=draft(), num_draft_tokens=4, block_size=4, tree=tree)
+            observer = RoundObserver(engine)
+            with observer:
+                got = [o.token_ids for o in engine.generate(prompts[order], params[order])][order]
+            trees += observer.tree_rounds
+            for i, (a, b) in enumerate(zip(alone, got)):
+                _require(a == b, f"request {i}: alone {a}, beside other rows' trees {b}")
+        _require(trees > 0, "no round drafted a tree")
+        return f"{len(prompts)} requests, {trees} tree rounds", {}
     return _run_check(name, body)
 
 
@@ -248,7 +282,7 @@ def _out_of_vocab_round(target, prompts, params):
 
 
 def failed_round(name: str, target: HybridModel, draft, gamma: int, policy, prompts, params, site: str,
-                 fire_round: int = 2, expected=None) -> CheckResult:
+                 fire_round: int = 2, expected=None, tree: TreeShape | None = None) -> CheckResult:
     """Make the round `fire_round` (or the first later one where `site` runs)
     raise at `site` (see FAULT_SITES) and compare every sequence, target and
     drafter, with its state before that round: bookkeeping, head states and
@@ -256,10 +290,11 @@ def failed_round(name: str, target: HybridModel, draft, gamma: int, policy, prom
     `ForcedRejections`; `expected`: the plain outputs, computed when None), so
     every round restores a boundary short of its last input and every row
     lives one token a round: the replay and drafter-commit sites are reached
-    whatever the drafter's acceptance."""
+    whatever the drafter's acceptance. `tree`: the Engine's `tree=` (tree rounds are
+    not forced: they fail wherever the site is)."""
     def body():
         known = [o.token_ids for o in (expected or plain_outputs(target, prompts, params))]
-        engine = Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=policy, block_size=4)
+        engine = Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=policy, block_size=4, tree=tree)
         observer = RoundObserver(engine, capture=True)
         with observer, install_fault(engine, observer, site, fire_round):
             forcing = force_rejections(engine, prompts, known, (0,))  # after the fault's hooks: they see the drafter
@@ -280,8 +315,51 @@ def failed_round(name: str, target: HybridModel, draft, gamma: int, policy, prom
 
 # -- the whole suite -----------------------------------------------------------------------------
 
+def tree_suite(target: HybridModel, draft, draft_name: str, tree: TreeShape, quick: bool = False, seed: int = 0,
+               add: Callable[[CheckResult], None] = lambda result: None) -> list[CheckResult]:
+    """The suite's tree mode: `draft` (it must branch: a draft model, "mtp", suffix decoding,
+    prompt lookup) and suffix decoding proposing trees of `tree`'s shape, greedy and coupled
+    parity with state parity under two policies (every input snapshotted; the smallest
+    ring, two slots, which a tree round needs), then failed tree rounds at the draft,
+    verify and drafter-commit sites (a draft model's; a tree round replays nothing)."""
+    vocab = target.vocab_size
+    params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))[1]
+    prompts = branching_prompts(target, params, seed)  # model-free drafters branch from the first round
+    expected = plain_outputs(target, prompts, params)
+    sparams = sampled_params(seed + 100, (12, 7, 10, 9) if quick else (20, 14, 17, 11))
+    sprompts = branching_prompts(target, sparams, seed + 1)
+    sexpected = plain_outputs(target, sprompts, sparams)
+    shape = ",".join(map(str, tree.widths))
+    drafters = {draft_name: lambda: draft}
+    if not isinstance(draft, SuffixDrafter):
+        drafters["suffix"] = lambda: SuffixDrafter(min_prob=0.0)  # a fresh one per engine: it branches most
+    results = []
+
+    def done(result: CheckResult) -> None:
+        results.append(result)
+        add(result)
+
+    for dname, make in drafters.items():
+        for gamma, pname in ((4, "k=1"), (3, "ring too small")):
+            done(speculative_parity(f"tree greedy parity · {dname} · {shape} · γ={gamma} · {pname}", target,
+                                    make(), gamma, POLICIES[pname], prompts, params, expected, check_states=True,
+                                    tree=tree))
+            done(speculative_parity(f"tree coupled parity · {dname} · {shape} · γ={gamma} · {pname}", target,
+                                    make(), gamma, POLICIES[pname], sprompts, sparams, sexpected, verify="coupled",
+                                    check_states=True, tree=tree))
+    mixed = sprompts[:2] + [p[-2:] for p in sprompts[2:]]  # rows that branch beside rows that barely can
+    done(tree_batch_invariance(f"tree batch invariance · suffix · {shape}", target,
+                               lambda: SuffixDrafter(min_prob=0.0), tree, mixed, sparams))
+    model_draft = draft if isinstance(draft, HybridModel) else perturbed_copy(target, seed=seed)
+    for site in ("draft", "verify", "drafter commit")[:2 if quick else 3]:
+        done(failed_round(f"tree failed round · {site} · {shape}", target, model_draft, 4, POLICIES["k=1"], prompts,
+                          params, site, expected=expected, tree=tree))
+    return results
+
+
 def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool = False,
-              seed: int = 0, progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+              seed: int = 0, progress: Callable[[CheckResult], None] | None = None,
+              tree: TreeShape | None = None) -> list[CheckResult]:
     """Every check above against `target`, with `draft` over every (γ, policy)
     and, under every policy, the target itself, prompt lookup and (unless
     `quick`) an unrelated pure-Mamba and pure-attention drafter. The greedy
@@ -289,7 +367,9 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
     round after round, and the failed rounds a rejection of d_1 every round
     (`forcing`): every restore path and fault site is reached whatever the
     drafters' acceptance. `progress`, when given, is called with each result
-    as soon as its check ends."""
+    as soon as its check ends. With `tree`, the suite's tree mode instead (`tree_suite`)."""
+    if tree is not None:
+        return tree_suite(target, draft, draft_name, tree, quick, seed, progress or (lambda result: None))
     dtype, device, vocab = target.dtype, target.device, target.vocab_size
     prompts, params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))
     expected = plain_outputs(target, prompts, params)

@@ -14,6 +14,9 @@ its state at the boundary is what it would be anyway. A stateless drafter
 keeps nothing, so for it the wrapper proposes the target's d_1..d_γ itself
 before forcing: every n of the schedule is reached exactly.
 
+Tree rounds (`Engine(tree=...)`, `Proposal.parents`) pass through unforced:
+a forced token in a tree would only move the walk to a sibling.
+
 As a round hook it compares every greedy row's accepted count with the one it
 predicted (`broken`) and records each rejection (`rejections`), which a check
 requires to be non-empty: a case that reached no rejection fails.
@@ -65,8 +68,10 @@ class ForcedRejections:
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         proposal = self.inner.propose(requests, gammas, rows, coupled)
-        tokens = [list(d) for d in proposal.tokens]
         self.predicted = {}
+        if proposal.parents is not None:  # a tree round: its walk, not a forcing, decides what it accepts
+            return proposal
+        tokens = [list(d) for d in proposal.tokens]
         for b, (request, g) in enumerate(zip(requests, gammas)):
             truth = self._truth(request, g)
             if truth is None or not request.params.is_greedy or g == 0:

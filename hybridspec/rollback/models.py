@@ -4,6 +4,7 @@ parameters, and scripted / broken drafters."""
 from __future__ import annotations
 
 from copy import deepcopy
+from dataclasses import replace
 
 import torch
 
@@ -11,6 +12,7 @@ from hybridspec.adapters.validate import expected_tensors
 from hybridspec.config import AttentionConfig, GdnConfig, HybridConfig, Mamba1Config, Mamba2Config, MLPConfig
 from hybridspec.engine.engine import Engine
 from hybridspec.models.hybrid import HybridModel
+from hybridspec.models.mtp import MTPLayer, mtp_config
 from hybridspec.sampling.sampler import SamplingParams
 from hybridspec.spec.drafters import NgramDrafter
 
@@ -53,6 +55,20 @@ def _random_weight(name: str, shape: tuple[int, ...], g: torch.Generator) -> tor
     return torch.randn(shape, generator=g, dtype=torch.float64) * 0.5 / shape[-1] ** 0.5
 
 
+def random_mtp(target: HybridModel, seed: int = 0) -> MTPLayer:
+    """A random MTP layer over `target` (its embedding and LM head): fc, norms and
+    one decoder layer of the target's attention kind, `_random_weight`'s values."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = target.config.hidden_size
+    shapes = {name: tuple(t.shape) for name, t in expected_tensors(mtp_config(target.config)).items()
+              if name.startswith("layers.0.")}
+    shapes |= {"fc.weight": (hidden, 2 * hidden), "pre_fc_norm_embedding.weight": (hidden,),
+               "pre_fc_norm_hidden.weight": (hidden,), "norm.weight": (hidden,)}
+    weights = {name: _random_weight(name, shape, g).to(device=target.device, dtype=target.dtype)
+               for name, shape in shapes.items()}
+    return MTPLayer(target, weights).to(target.device)
+
+
 def perturbed_copy(model: HybridModel, scale: float = 0.03, seed: int = 0) -> HybridModel:
     """A copy of `model` with every weight w replaced by w·(1 + scale·ε),
     ε ~ N(0, 1): a drafter that agrees with the target often, not always."""
@@ -83,6 +99,37 @@ def workload(vocab_size: int, seed: int = 0, max_new_tokens=(24, 13, 19),
         motif = torch.randint(3, vocab_size, (3,), generator=g).tolist()
         prompts.append((motif * 4)[:prompt_lens[i % len(prompt_lens)]])
     return prompts, [SamplingParams(max_new_tokens=m, ignore_eos=True) for m in max_new_tokens]
+
+
+def branching_prompts(target: HybridModel, params: list[SamplingParams], seed: int, branches: int = 3,
+                      tries: int = 8) -> list[list[int]]:
+    """One prompt per entry of `params`, a random tail after a head in which the first
+    token plain decoding emits (t1, under that entry's sampling) already occurs
+    followed by `branches` different tokens: prompt lookup and suffix decoding find
+    several continuations of t1 in the first round, so they draft trees. Found by a
+    fixed-point search over the head (t1 rarely depends on it), `tries` forwards at
+    most; a prompt that found none keeps its last head (its rounds may be chains)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = target.vocab_size
+    tails = [torch.randint(3, vocab, (5,), generator=g).tolist() for _ in params]
+    others = [torch.randint(3, vocab, (branches,), generator=g).tolist() for _ in params]
+    first = [tail[-1] for tail in tails]  # the guesses of t1
+    one = [replace(p, max_new_tokens=1) for p in params]
+
+    def prompt(i: int) -> list[int]:
+        return [t for x in others[i] for t in (first[i], x)] + tails[i]
+
+    unsettled = list(range(len(params)))
+    for _ in range(tries):
+        if not unsettled:
+            break
+        emitted = [o.token_ids[0] for o in plain_outputs(target, [prompt(i) for i in unsettled],
+                                                          [one[i] for i in unsettled])]
+        moved = [i for i, t1 in zip(unsettled, emitted) if t1 != first[i]]
+        for i, t1 in zip(unsettled, emitted):
+            first[i] = t1
+        unsettled = moved
+    return [prompt(i) for i in range(len(params))]
 
 
 def sampled_params(seed: int, max_new_tokens=(20, 14, 17, 11)) -> list[SamplingParams]:

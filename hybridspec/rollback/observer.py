@@ -104,6 +104,7 @@ class RoundObserver:
         self.engine, self.spec = engine, engine.speculator
         self.check_states, self.capture = check_states, capture
         self.rounds, self.phase = 0, None  # phase: "draft" | "verify" | "commit" inside a round
+        self.tree_rounds = 0  # rounds that verified a tree (`Proposal.parents`)
         self.commits: list[list[tuple[int, int]]] = []
         self.problems: list[str] = []
         self.reverted: list[str] | None = None
@@ -126,6 +127,9 @@ class RoundObserver:
         self.phase = phase
 
     def committed(self, round) -> None:
+        if round.parents is not None:  # a tree round restores from its scratch states: no snapshot, no replay
+            self.tree_rounds += 1
+            return
         inputs = round.verify_inputs
         self.commits.append([(len(inputs[b]), round.accepted[b]) for b in round.live])
 

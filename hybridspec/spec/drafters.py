@@ -37,7 +37,7 @@ from hybridspec.spec.model_drafter import ModelDrafter
 from hybridspec.spec.mtp_drafter import MTPDrafter
 from hybridspec.spec.protocol import Drafter, Proposal, StatelessDrafter
 from hybridspec.spec.suffix_drafter import SuffixDrafter
-from hybridspec.spec.tree import TreeShape
+from hybridspec.spec.tree import TreeShape, fitted_tree, tree_parents
 
 __all__ = ["Drafter", "Eagle3Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter",
            "SuffixDrafter", "as_draft", "as_drafter"]
@@ -50,28 +50,57 @@ class NgramDrafter(StatelessDrafter):
     no probabilities (q is one-hot); a round with no match drafts nothing.
 
     max_ngram: the longest suffix n-gram looked up, in tokens (default 3).
-    min_ngram: the shortest (default 1); 1 <= min_ngram <= max_ngram."""
+    min_ngram: the shortest (default 1); 1 <= min_ngram <= max_ngram.
+    tree: None (chains, the default) or a `TreeShape` (`Engine(tree=...)` sets
+        it): the most recent occurrence's continuation is the spine, and at
+        each depth the tokens that followed the other occurrences agreeing
+        with the spine so far (most recent first, at most `MAX_MATCHES`
+        occurrences) are leaves beside it."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    MAX_MATCHES = 8  # earlier occurrences a tree reads: a bounded scan, as many branches as a tree takes
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, tree: TreeShape | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"need 1 <= min_ngram={min_ngram} <= max_ngram={max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        if tree is not None and not isinstance(tree, TreeShape):
+            raise ConfigError(f"tree={tree!r} must be None (chains of drafts) or a TreeShape, e.g. hs.TreeShape((2,))")
+        self.max_ngram, self.min_ngram, self.tree = max_ngram, min_ngram, tree
 
     def lookup(self, context: list[int], gamma: int) -> list[int]:
         """Continuation of the most recent earlier occurrence of the longest suffix n-gram."""
+        found = self.continuations(context, gamma, 1)
+        return found[0] if found else []
+
+    def continuations(self, context: list[int], gamma: int, limit: int) -> list[list[int]]:
+        """The continuations (up to `gamma` tokens) of the `limit` most recent earlier
+        occurrences of the longest suffix n-gram that occurred, most recent first."""
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            suffix = context[-n:]
+            suffix, found = context[-n:], []
             for start in range(len(context) - n - 1, -1, -1):
                 if context[start:start + n] == suffix:
-                    proposal = context[start + n:start + n + gamma]
-                    if proposal:
-                        return proposal
+                    found.append(context[start + n:start + n + gamma])
+                    if len(found) == limit:
+                        break
+            if found:
+                return found
         return []
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
-        tokens = [self.lookup(r.output.prompt_token_ids + r.output.token_ids, g) if g > 0 else []
-                  for r, g in zip(requests, gammas)]
-        return Proposal(tokens, None)
+        if self.tree is None:
+            tokens = [self.lookup(r.output.prompt_token_ids + r.output.token_ids, g) if g > 0 else []
+                      for r, g in zip(requests, gammas)]
+            return Proposal(tokens, None)
+        trees = [self._tree(r.output.prompt_token_ids + r.output.token_ids, g) for r, g in zip(requests, gammas)]
+        return Proposal([tokens for tokens, _ in trees], None, parents=tree_parents(trees))
+
+    def _tree(self, context: list[int], gamma: int) -> tuple[list[int], list[int]]:
+        """One row's (tokens, parents): the occurrences' continuations as branches."""
+        found = self.continuations(context, gamma, self.MAX_MATCHES) if gamma > 0 else []
+        if not found:
+            return [], []
+        spine = found[0]
+        ranked = [[c[k] for c in found if len(c) > k and c[:k] == spine[:k]] for k in range(len(spine))]
+        return fitted_tree(spine, ranked, self.tree, self.tree.budget(gamma))
 
 
 MODEL_FREE = {"ngram": NgramDrafter, "suffix": SuffixDrafter}  # the names that make a model-free drafter
@@ -110,18 +139,21 @@ def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
     """The Engine's drafter for its `draft` argument (`as_draft`; a model
     directory loads in the target's dtype, on its device): None for plain
     decoding, a HybridModel run as a `ModelDrafter` (with its own prefix cache
-    when `prefix_cache` is set; proposing trees of `tree`'s shape when given),
-    or the Drafter itself. `tree` needs a draft model: a ConfigError else."""
-    if tree is not None and (isinstance(draft, str) and draft.split(":")[0] in ("mtp", "eagle3") or
-                             isinstance(draft, Drafter) or draft is None):
-        raise ConfigError(f"tree={tree!r} branches a draft model's drafts; draft={_short(draft)} is not a draft "
-                          "model (a HybridModel or its directory)")
+    when `prefix_cache` is set), or the Drafter itself. With `tree`, a drafter
+    that branches (a draft model, the MTP layer, an EAGLE-3 head, suffix
+    decoding, prompt lookup: those with a `tree` attribute) proposes trees of
+    that shape; a ConfigError for one that does not."""
     if isinstance(draft, str) and (draft == "mtp" or draft.startswith("mtp:")):
-        return MTPDrafter(load_mtp(target, draft[4:] or None), cache_kwargs)
+        return MTPDrafter(load_mtp(target, draft[4:] or None), cache_kwargs, tree)
     if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
-        return Eagle3Drafter(load_eagle3(target, draft[len("eagle3:"):] or None), cache_kwargs)
+        return Eagle3Drafter(load_eagle3(target, draft[len("eagle3:"):] or None), cache_kwargs, tree)
     draft = as_draft(draft, target.dtype, target.device)
     if not isinstance(draft, HybridModel):
+        if tree is not None:
+            if draft is None or not hasattr(draft, "tree"):
+                raise ConfigError(f"tree={tree!r}: the drafter {_short(draft)} does not branch; pass a draft "
+                                  "model, 'mtp', 'eagle3:DIR', 'suffix' or 'ngram' (or tree=None for chains)")
+            draft.tree = tree  # the Engine's shape: a drafter instance proposes its trees
         return draft
     if draft.vocab_size != target.vocab_size:
         raise ConfigError(f"draft vocabulary ({draft.vocab_size}) differs from the target's "

@@ -16,6 +16,13 @@ m-2 predicts t[m] = d_1. Each round that drafts for a row:
    hidden states, so `commit` rolls the layer's K/V back to the end of the
    catch-up: the next round absorbs the accepted ones with the target's.
 
+With a `TreeShape` (`tree=`) it proposes trees as a draft model does
+(`spec.tree.branch`): a chain of the shape's spine length and, at each depth,
+the next most likely tokens of its distribution there as leaves. A tree
+verify's hidden states are pending until the round lays out the accepted
+path's (`HiddenStates.follow_path`), so the catch-up reads the accepted
+tokens' rows in order, as after a chain round.
+
 Its attention K/V lives in a cache of its own, rolled back by length. The
 layer's positions start where the target's hidden states start: a sequence
 whose prompt came partly from the prefix cache (no forward, so no hidden
@@ -35,6 +42,7 @@ from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, process_logits, sample
 from hybridspec.spec.model_drafter import backlog_len, scatter_rows
 from hybridspec.spec.protocol import Proposal
+from hybridspec.spec.tree import TreeShape, branch
 
 
 class MTPDrafter:
@@ -42,8 +50,8 @@ class MTPDrafter:
 
     model = prefix = None  # no HybridModel of its own: its cost is measured through `propose`
 
-    def __init__(self, layer: MTPLayer, cache_kwargs: dict):
-        self.layer = layer
+    def __init__(self, layer: MTPLayer, cache_kwargs: dict, tree: TreeShape | None = None):
+        self.layer, self.tree = layer, tree
         self.cache = layer.new_cache(**{k: v for k, v in cache_kwargs.items() if k not in ("dtype", "device")})
         num_layers = layer.target[0].config.num_layers
         self.hidden = HiddenStates((num_layers,), num_layers)  # what the target's cache records for it
@@ -55,7 +63,7 @@ class MTPDrafter:
     def scratch(self, cache_kwargs: dict) -> "MTPDrafter":
         """A drafter of the same layer over a cache of its own (`cache_kwargs`): what start-up times
         rounds with (`engine.startup_costs`), leaving this one's sequences alone."""
-        return type(self)(self.layer, cache_kwargs)
+        return type(self)(self.layer, cache_kwargs, self.tree)
 
     def start(self, requests) -> None:
         self.cache.add_sequences([r.seq_id for r in requests])
@@ -89,7 +97,26 @@ class MTPDrafter:
         return rows[:, 0]
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
-        """Catch-up of each drafting row, then its drafts; rows without hidden states to read draft nothing."""
+        """Chains (`draft_chains`), or with `tree` trees of up to gammas[b] nodes: the chain of
+        each row's spine length, branched (`spec.tree.branch`), as `ModelDrafter.propose`."""
+        if self.tree is None or max(gammas, default=0) == 0:
+            return self.draft_chains(requests, gammas, rows, coupled)
+        chains = self.draft_chains(requests, [self.tree.spine_length(g) for g in gammas], rows, coupled,
+                                   keep_q=True)
+        if chains.probs is None:  # no row had hidden states to draft from
+            return chains
+        trees = [branch(spine, chains.probs[b], self.tree, self.tree.budget(g)) if spine else ([], [], [])
+                 for b, (spine, g) in enumerate(zip(chains.tokens, gammas))]
+        width = max(len(tokens) for tokens, _, _ in trees)
+        probs = chains.probs.new_zeros(len(trees), width, chains.probs.shape[2])  # [batch, nodes, vocab]
+        for b, (_, _, drawn_from) in enumerate(trees):
+            probs[b, :len(drawn_from)] = chains.probs[b, drawn_from]
+        return Proposal([t for t, _, _ in trees], probs, parents=[p for _, p, _ in trees])
+
+    def draft_chains(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool],
+                     keep_q: bool = False) -> Proposal:
+        """Catch-up of each drafting row, then its drafts; rows without hidden states to read draft
+        nothing. q is None where every row is greedy (one-hot drafts) unless `keep_q`."""
         ids = [r.seq_id for r in requests]
         every_row_greedy = rows.flags.all_greedy  # of the whole batch, before the drafting rows are picked
         for s, g in zip(ids, gammas):  # a row that drafts nothing leaves its rows where they are, uncopied
@@ -109,7 +136,7 @@ class MTPDrafter:
                   and not any(r.params.has_penalties for r in drafting))
         one_hot = greedy and every_row_greedy  # the greedy accept reads no q: drafts are one-hot
         probs = self._draft(drafting, [gammas[b] for b in active], rows, [coupled[b] for b in active], logits, out,
-                            tokens, active, greedy, keep_q=not one_hot)
+                            tokens, active, greedy, keep_q=keep_q or not one_hot)
         return Proposal(tokens, None if probs is None else scatter_rows(probs, active, len(ids)))
 
     def _catch_up(self, drafting) -> tuple[torch.Tensor, torch.Tensor]:

@@ -245,6 +245,9 @@ class Speculator:
             if round.parents is None:
                 self.checkpointer.commit(round)
             else:
+                if self.cache.hidden is not None:  # the accepted path's hidden states, at their positions
+                    for b in round.live:
+                        self.cache.hidden.follow_path(round.seq_ids[b], round.paths[b])
                 self.checkpointer.commit_tree(round)
             live_ids = [round.seq_ids[b] for b in round.live]
             boundaries = [round.boundary(b) for b in round.live]

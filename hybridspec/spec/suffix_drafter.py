@@ -13,13 +13,21 @@ continuation while its empirical probability stays at or above `min_prob`,
 and proposes the continuation with the largest expected accepted length
 (ties: the longer match, then the sequence's own trie): the draft's length
 is the drafter's own choice, at most the γ it is given. A round's cost is
-bounded by `max_depth` and γ, never by the context's length.
+bounded by `max_depth` and γ (a tree's also by the distinct tokens that
+followed the spine's n-grams), never by the context's length.
 
 The tries only ever take committed tokens, read from the requests when a
 round proposes: a draft is never put in, so a rejected draft token is never
 kept, and `commit`/`revert` have nothing to undo. A preempted sequence is
 forgotten and rebuilt from its committed tokens when it resumes (`start`).
 Drafts are one-hot (q is the draft itself: `Proposal.probs` is None).
+
+With a `TreeShape` (`tree=`, or `Engine(tree=...)`) it proposes the branches
+of its trie (`spec.tree`): the chosen continuation as the spine and, at each
+depth, the other tokens that followed the same n-gram there, most frequent
+first and above `min_prob` themselves, as leaves beside it, within the row's
+node budget (`spec.tree.fitted_tree`). A round where no row branches is a
+chain round.
 """
 from __future__ import annotations
 
@@ -29,7 +37,8 @@ from dataclasses import dataclass, field
 from hybridspec.errors import ConfigError, InvariantError
 from hybridspec.sampling.sampler import RowParams
 from hybridspec.spec.protocol import Proposal, StatelessDrafter
-from hybridspec.spec.suffix_trie import Draft, Frontier, SuffixTrie
+from hybridspec.spec.suffix_trie import NO_DRAFT, ROOT, Draft, Frontier, SuffixTrie
+from hybridspec.spec.tree import TreeShape, chain_parents, fitted_tree, tree_parents
 
 DEPTH_LIMIT = 64  # deeper tries cost memory per token with nothing to show for it
 
@@ -54,9 +63,12 @@ class SuffixDrafter(StatelessDrafter):
     min_prob: stop a draft where its empirical probability (the product of
         each step's count / total) falls below this (default 0.1); 0..1.
     global_tokens: the most tokens of earlier requests' outputs kept for
-        lookup (default 16384; 0: each sequence's own tokens only)."""
+        lookup (default 16384; 0: each sequence's own tokens only).
+    tree: None (chains, the default) or a `TreeShape`: propose the trie's
+        branches (module docstring); `Engine(tree=...)` sets it."""
 
-    def __init__(self, max_depth: int = 12, min_prob: float = 0.1, global_tokens: int = 16384):
+    def __init__(self, max_depth: int = 12, min_prob: float = 0.1, global_tokens: int = 16384,
+                 tree: TreeShape | None = None):
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or not 2 <= max_depth <= DEPTH_LIMIT:
             raise ConfigError(f"max_depth={max_depth!r} must be an int in 2..{DEPTH_LIMIT} (the longest n-gram "
                               "counted: a match plus its draft); the default is 12")
@@ -66,7 +78,10 @@ class SuffixDrafter(StatelessDrafter):
         if isinstance(global_tokens, bool) or not isinstance(global_tokens, int) or global_tokens < 0:
             raise ConfigError(f"global_tokens={global_tokens!r} must be an int >= 0 (tokens of earlier outputs kept; "
                               "0 turns the global lookup off); the default is 16384")
+        if tree is not None and not isinstance(tree, TreeShape):
+            raise ConfigError(f"tree={tree!r} must be None (chains of drafts) or a TreeShape, e.g. hs.TreeShape((2,))")
         self.max_depth, self.min_prob, self.global_tokens = max_depth, float(min_prob), global_tokens
+        self.tree = tree
         self.sequences: dict[int, _Sequence] = {}
         self.shared = SuffixTrie(max_depth)  # earlier requests' outputs
         self.contributions: deque[list[int]] = deque()  # what `shared` holds, oldest first
@@ -80,11 +95,17 @@ class SuffixDrafter(StatelessDrafter):
             self.sequences[r.seq_id] = self._build(r)
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
-        tokens = []
+        trees = []  # per row (tokens, parents)
         for r, g in zip(requests, gammas):
             seq = self._catch_up(r)
-            tokens.append(self._draft(seq, g).tokens if g > 0 else [])
-        return Proposal(tokens, None)
+            draft, trie, node = self._draft(seq, g) if g > 0 else (NO_DRAFT, seq.trie, ROOT)
+            if self.tree is None or not draft.tokens:
+                trees.append((draft.tokens, chain_parents(len(draft.tokens))))
+            else:
+                # the spine's token leads each depth's ranking: the widest depth's candidates suffice
+                ranked = trie.alternatives(node, draft.tokens, self.min_prob, max(self.tree.widths))
+                trees.append(fitted_tree(draft.tokens, ranked, self.tree, self.tree.budget(g)))
+        return Proposal([tokens for tokens, _ in trees], None, parents=tree_parents(trees))
 
     def release(self, seq_ids: list[int]) -> None:
         """Forget these sequences; one that ended (not a preempted one) leaves
@@ -125,12 +146,17 @@ class SuffixDrafter(StatelessDrafter):
         seq.trie.extend(seq.frontier, output[done - len(prompt):])
         return seq
 
-    def _draft(self, seq: _Sequence, gamma: int) -> Draft:
+    def _draft(self, seq: _Sequence, gamma: int) -> tuple[Draft, SuffixTrie, int]:
+        """The best draft, the trie it was found in and the node of the n-gram it continues."""
         own = seq.trie.best_draft(seq.frontier.nodes, gamma, self.min_prob)
-        if not self.contributions:
-            return own
-        shared = self.shared.best_draft(self._shared_matches(seq), gamma, self.min_prob)
-        return shared if (shared.score, shared.match) > (own.score, own.match) else own
+        found = (own, seq.trie, seq.frontier.nodes)
+        if self.contributions:
+            matches = self._shared_matches(seq)
+            shared = self.shared.best_draft(matches, gamma, self.min_prob)
+            if (shared.score, shared.match) > (own.score, own.match):
+                found = (shared, self.shared, matches)
+        draft, trie, matches = found
+        return draft, trie, matches[draft.match] if draft.tokens else ROOT
 
     def _shared_matches(self, seq: _Sequence) -> list[int]:
         """matches[k]: the global trie's node of the context's last k tokens (-1: none)."""

@@ -16,6 +16,7 @@ removing leaves the counts exactly as if the stream had never been added.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 EDGE_STRIDE = 1 << 32  # an edge's key is parent * EDGE_STRIDE + token: one int per edge (token ids < 2**32)
@@ -177,6 +178,25 @@ class SuffixTrie:
             score += prob
             node = child
         return tokens, score
+
+    def alternatives(self, node: int, spine: list[int], min_prob: float, limit: int) -> list[list[int]]:
+        """Along `spine`, a continuation of `node`'s n-gram: at each depth k the `limit`
+        tokens that most often followed the n-gram of the spine's first k tokens there
+        (ties: the smaller token), each while its path's empirical probability stays at or
+        above `min_prob` (the spine's own token among them). Reads every child of the
+        spine's nodes: at most the distinct tokens that ever followed them."""
+        ranked, prob = [], 1.0
+        for token in spine:
+            children, child = [], self.first[node]
+            while child >= 0:
+                children.append(child)
+                child = self.sibling[child]
+            best = heapq.nsmallest(limit, children, key=lambda c: (-self.count[c], self.token[c]))
+            ranked.append([self.token[c] for c in best if prob * self.count[c] / self.total[node] >= min_prob])
+            nxt = self.edges[node * EDGE_STRIDE + token]
+            prob *= self.count[nxt] / self.total[node]
+            node = nxt
+        return ranked
 
     def best_draft(self, matches: list[int], limit: int, min_prob: float) -> Draft:
         """Of the continuations of `matches` (matches[k]: the node of the

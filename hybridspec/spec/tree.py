@@ -139,17 +139,57 @@ def branch(spine: list[int], q: torch.Tensor, shape: TreeShape,
     is read): at depth k the spine's token, then the widths[k-1] - 1 most likely
     others as leaves, shallower depths first where the budget runs out. Returns
     (tokens, parents, the row of q each node was drawn from)."""
+    widest = max(shape.widths)
+    ranked = [torch.topk(q[k], min(widest + 1, q.shape[-1])).indices.tolist() for k in range(len(spine))]
+    return branch_ranked(spine, ranked, shape, budget)
+
+
+def branch_ranked(spine: list[int], ranked: list[list[int]], shape: TreeShape,
+                  budget: int) -> tuple[list[int], list[int], list[int]]:
+    """`branch` over candidates the drafter ranked itself: ranked[k], the tokens it
+    would put at depth k + 1, best first (the spine's token among them or not; a
+    model-free drafter's most frequent continuations). Returns (tokens, parents,
+    the depth - 1 each node was drawn at)."""
     tokens, parents, rows, parent = [], [], [], -1
-    for k, (token, width) in enumerate(zip(spine, shape.leaf_widths(len(spine), budget))):
+    # alternatives the budget still takes, shallower depths first (`TreeShape.leaf_widths`'s rule)
+    room = budget - len(spine)
+    for k, token in enumerate(spine):
         tokens.append(token)
         parents.append(parent)
         rows.append(k)
         here = len(tokens) - 1
-        if width > 1:
-            ranked = torch.topk(q[k], min(width, q.shape[-1])).indices.tolist()
-            for other in [t for t in ranked if t != token][:width - 1]:
-                tokens.append(other)
-                parents.append(parent)
-                rows.append(k)
+        width = min(shape.widths[k] if k < len(shape.widths) else 1, room + 1)
+        others = list(dict.fromkeys(t for t in ranked[k] if t != token))[:width - 1] if width > 1 else []
+        room -= len(others)
+        for other in others:
+            tokens.append(other)
+            parents.append(parent)
+            rows.append(k)
         parent = here
     return tokens, parents, rows
+
+
+def fitted_tree(spine: list[int], ranked: list[list[int]], shape: TreeShape,
+                budget: int) -> tuple[list[int], list[int]]:
+    """A model-free drafter's tree (tokens, parents): its spine cut to the longest
+    prefix whose alternatives above its last depth (ranked[k] other than the spine's
+    token, up to widths[k] - 1 at depth k + 1) fit the budget beside it, then branched
+    (`branch_ranked`: its last depth's alternatives take the room left). A drafter
+    that found no alternative keeps its whole spine."""
+    def alternatives(depths: int) -> int:
+        return sum(min((shape.widths[k] if k < len(shape.widths) else 1) - 1, len(set(ranked[k]) - {spine[k]}))
+                   for k in range(depths))
+
+    length = min(len(spine), budget)
+    while length > 1 and length + alternatives(length - 1) > budget:
+        length -= 1
+    tokens, parents, _ = branch_ranked(spine[:length], ranked, shape, budget)
+    return tokens, parents
+
+
+def tree_parents(trees: list[tuple[list[int], list[int]]]) -> list[list[int]] | None:
+    """`Proposal.parents` of rows' (tokens, parents): None where every row is a chain
+    (the round then runs as a chain round, under the checkpoint policy)."""
+    if all(parents == chain_parents(len(tokens)) for tokens, parents in trees):
+        return None
+    return [parents for _, parents in trees]
