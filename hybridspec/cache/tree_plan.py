@@ -1,7 +1,8 @@
 """`TreePlan`: the indices of one forward over a tree of inputs, worked out
 once on the host and shared by every layer (as `kernels.slot_plan.SlotPlan`
 is for a chain); plain bookkeeping, which the tree forms of the kernels
-(`kernels/triton/tree_verify.py`) read.
+(`kernels/triton/tree_verify.py`) read, and the Triton tree kernels as
+tensors made once per forward (`parent_index`, `num_tokens`, `ancestor_bits`).
 
 A tree forward's inputs are a sequence's pending token (input 0, the root)
 and draft nodes, in an order where every node comes after its parent:
