@@ -1,6 +1,6 @@
 """Paged attention over a tree of inputs: the Triton form of
-`tree_verify.tree_attention_ref` (same signature), the paged attention kernel
-with each query masked to its ancestors.
+`tree_verify.tree_attention_ref` (same signature): paged_attention.py's
+kernel launched with TREE set, each query masked to its ancestors.
 
 Row b's n query inputs have their K/V at the last n positions of its context
 (input s at context_lens[b] - n + s, where the caller wrote them); input t sees

@@ -141,7 +141,8 @@ def _mamba2_tree_kernel(
 def _mamba1_tree_kernel(
     pool_ptr, src_slot_ptr, parent_ptr, num_tokens_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, y_ptr, states_ptr,
     num_inputs, d_inner, d_state,
-    stride_pool_slot, stride_state_d, stride_states_b, stride_states_t, stride_x_b, stride_x_t, stride_bc_b, stride_bc_t,
+    stride_pool_slot, stride_state_d, stride_states_b, stride_states_t,
+    stride_x_b, stride_x_t, stride_bc_b, stride_bc_t,
     ACC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # One program per (batch row, block of channels), as in _mamba1_verify_kernel.
@@ -229,7 +230,8 @@ def conv_window_tree(conv_states, slots, tree, xs, weight, bias, activation):
 
 def mamba2_tree(ssm_states, slots, tree, x, dt, A, B, C, D):
     """ssm_states [slots, nheads, headdim, d_state]; x [batch, T, nheads, headdim]; dt [batch, T, nheads];
-    B, C [batch, T, ngroups, d_state] -> (y [batch, T, nheads, headdim], states [batch, T, nheads, headdim, d_state])."""
+    B, C [batch, T, ngroups, d_state]
+    -> (y [batch, T, nheads, headdim], states [batch, T, nheads, headdim, d_state])."""
     check_mamba2_verify_args(ssm_states, None, None, x, dt, A, B, C, D, None)
     batch, num_inputs, nheads, headdim = x.shape
     check_tree_args(ssm_states, slots, tree, batch, num_inputs, "mamba2_tree_ref")

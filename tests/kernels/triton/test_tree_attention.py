@@ -32,7 +32,8 @@ def make_case(parents, committed, device, seed=0):
         page += len(pages)
         tables.append(pages[::-1] if len(tables) == 1 else pages)
     T = max(map(len, parents))
-    meta = KVWriteMeta(range(len(parents)), [[-1] * T for _ in parents], tables, context, [len(p) for p in parents], device)
+    meta = KVWriteMeta(range(len(parents)), [[-1] * T for _ in parents], tables, context, [len(p) for p in parents],
+                       device)
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(device)

@@ -37,7 +37,8 @@ def conv_case(gen, dtype, batch, T):
 
 
 def mamba2_case(gen, dtype, batch, T, nheads=4, headdim=3, d_state=5, ngroups=2):
-    return [rand(gen, NUM_SLOTS, nheads, headdim, d_state, dtype=dtype), rand(gen, batch, T, nheads, headdim, dtype=dtype),
+    return [rand(gen, NUM_SLOTS, nheads, headdim, d_state, dtype=dtype),
+            rand(gen, batch, T, nheads, headdim, dtype=dtype),
             torch.nn.functional.softplus(rand(gen, batch, T, nheads, dtype=dtype)),
             -torch.exp(rand(gen, nheads, dtype=dtype) * 0.5),
             rand(gen, batch, T, ngroups, d_state, dtype=dtype), rand(gen, batch, T, ngroups, d_state, dtype=dtype),
