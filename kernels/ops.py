@@ -36,7 +36,8 @@ from hybridspec.kernels.triton.paged_attention import SUPPORTED_DTYPES, paged_at
 from hybridspec.kernels.triton.rejection import rejection, rejection_ref
 from hybridspec.kernels.rotary import NativeRotation, Rotation
 from hybridspec.kernels.triton.ssm_replay import mamba1_replay, mamba1_replay_ref, mamba2_replay, mamba2_replay_ref
-from hybridspec.kernels.triton import tree_verify
+from hybridspec.kernels.triton import tree_recurrences, tree_verify
+from hybridspec.kernels.triton.tree_attention import MAX_INPUTS as TREE_ATTENTION_MAX_INPUTS, tree_attention
 
 
 @functools.cache
@@ -449,9 +450,8 @@ class TritonKVWrite(KVWrite):
 class TreeForms:
     """A forward over a tree of inputs (`cache.tree_batch`) that runs layer by
     layer: each recurrence from its parent input's state, attention masked to
-    each input's ancestors. The torch forms (`kernels/triton/tree_verify.py`;
-    no Triton tree kernel yet); the whole C forward takes trees itself where it
-    takes the model (`cpu/forward.py`)."""
+    each input's ancestors. The torch forms (`kernels/triton/tree_verify.py`);
+    the whole C forward takes trees itself where it takes the model (`cpu/forward.py`)."""
 
     conv_window = staticmethod(tree_verify.conv_window_tree_ref)
     mamba2 = staticmethod(tree_verify.mamba2_tree_ref)
@@ -490,6 +490,22 @@ class NativeTreeForms(TreeForms):
         return tree_verify.gdn_tree_ref(states, slots, tree, q, k, v, g, beta)
 
 
+class TritonTreeForms(TreeForms):
+    """The Triton tree kernels (`triton/tree_recurrences.py`, `triton/tree_attention.py`);
+    attention's torch form for float64 or a tree past the kernel's 64-input masks."""
+
+    conv_window = staticmethod(tree_recurrences.conv_window_tree)
+    mamba2 = staticmethod(tree_recurrences.mamba2_tree)
+    mamba1 = staticmethod(tree_recurrences.mamba1_tree)
+    gdn = staticmethod(tree_recurrences.gdn_tree)
+
+    @staticmethod
+    def attention(q, k_cache, v_cache, meta, tree, scale):
+        if q.dtype not in SUPPORTED_DTYPES or tree.num_inputs > TREE_ATTENTION_MAX_INPUTS:
+            return tree_verify.tree_attention_ref(q, k_cache, v_cache, meta, tree, scale)
+        return tree_attention(q, k_cache, v_cache, meta, tree, scale)
+
+
 class Rejection:
     """Verify a round's drafts against the target's probabilities (`kernels.rejection`)."""
 
@@ -524,5 +540,5 @@ GDN_REPLAY = {"torch": GdnLogReplay(gdn_replay_ref, conv_window_rebuild_ref),
               "native": GdnLogReplay(cpu_gdn.gdn_replay, conv_window_rebuild_ref)}
 PAGED_ATTENTION = {"torch": PagedAttention(), "triton": TritonPagedAttention(), "native": NativePagedAttention()}
 KV_WRITE = {"torch": KVWrite(), "triton": TritonKVWrite(), "native": KVWrite()}
-TREE_FORMS = {"torch": TreeForms(), "triton": TreeForms(), "native": NativeTreeForms()}
+TREE_FORMS = {"torch": TreeForms(), "triton": TritonTreeForms(), "native": NativeTreeForms()}
 REJECTION = {"torch": Rejection(rejection_ref), "triton": Rejection(rejection), "native": Rejection(rejection_ref)}

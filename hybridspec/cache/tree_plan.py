@@ -1,7 +1,8 @@
 """`TreePlan`: the indices of one forward over a tree of inputs, worked out
 once on the host and shared by every layer (as `kernels.slot_plan.SlotPlan`
 is for a chain); plain bookkeeping, which the tree forms of the kernels
-(`kernels/triton/tree_verify.py`) read.
+(`kernels/triton/tree_verify.py`) read, and the Triton tree kernels as
+tensors made once per forward (`parent_index`, `num_tokens`, `ancestor_bits`).
 
 A tree forward's inputs are a sequence's pending token (input 0, the root)
 and draft nodes, in an order where every node comes after its parent:
@@ -62,6 +63,30 @@ class TreePlan:
             for t, (p, d) in enumerate(zip(parents, depths)):
                 by_depth.setdefault(d, []).append((b * T + t, b * (T + 1) + p + 1, b * (T + 1) + t + 1))
         return [tuple(self._tensor(list(column)) for column in zip(*by_depth[d])) for d in sorted(by_depth)]
+
+    @functools.cached_property
+    def parent_index(self) -> torch.Tensor:  # [batch, T] int64: each input's parent input (-1: the head; padding -1)
+        T = self.num_inputs
+        return self._tensor([p + [-1] * (T - len(p)) for p in self.parents]).view(self.batch, T)
+
+    @functools.cached_property
+    def num_tokens(self) -> torch.Tensor:  # [batch] int64: each row's inputs
+        return self._tensor([len(p) for p in self.parents])
+
+    @functools.cached_property
+    def ancestor_bits(self) -> torch.Tensor:
+        """[batch, T] int64: bit s of input t's entry set when input t sees input s (`visible` as
+        bitmasks, for T <= 64; bit 63 is the sign bit); padding inputs 0."""
+        if self.num_inputs > 64:
+            raise ValueError(f"a tree of {self.num_inputs} inputs has no 64-bit ancestor masks; "
+                             "use `visible` for trees of more than 64 inputs")
+        rows = []
+        for parents in self.parents:
+            bits = []
+            for t, p in enumerate(parents):
+                bits.append((bits[p] if p >= 0 else 0) | 1 << t)
+            rows.append([v - (1 << 64) if v >= 1 << 63 else v for v in bits] + [0] * (self.num_inputs - len(bits)))
+        return self._tensor(rows).view(self.batch, self.num_inputs)
 
     @functools.cached_property
     def visible(self) -> list[torch.Tensor]:

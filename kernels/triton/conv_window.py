@@ -81,7 +81,7 @@ def check_rebuild_args(conv_states, src_slot, dst_slot, num_steps, xs):
 
 
 @triton.jit
-def _shift_left(window, k):
+def shift_window_left(window, k):
     """window[:, k] <- window[:, k + 1], last column <- 0; window [BLOCK_C, BLOCK_K].
     Registers cannot be indexed by a column, so select with a one-hot mask."""
     pick = (k[:, None] + 1) == k[None, :]  # [BLOCK_K (to), BLOCK_K (from)]
@@ -125,7 +125,7 @@ def _conv_window_update_kernel(
     out_row = out_ptr + b * stride_xs_b + c
     for t in range(num_steps):
         u = tl.load(xs_row + t * stride_xs_t, mask=c_mask, other=0.0).to(ACC)
-        window = tl.where(k[None, :] == D_CONV - 1, u[:, None], _shift_left(window, k))
+        window = tl.where(k[None, :] == D_CONV - 1, u[:, None], shift_window_left(window, k))
         out = bias + tl.sum(window * weight, axis=1)
         if SILU:
             out = out * tl.sigmoid(out)

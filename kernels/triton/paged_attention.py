@@ -36,18 +36,20 @@ _BLOCK_N = 64  # key positions per inner step; independent of the page size
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    block_tables_ptr, context_lens_ptr, query_lens_ptr,
+    block_tables_ptr, context_lens_ptr, query_lens_ptr, ancestors_ptr,
     scale, T_max,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_ot, stride_oh, stride_od,
-    stride_tb, stride_tn,
-    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    stride_tb, stride_tn, stride_ab,
+    TREE: tl.constexpr, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # One program: row b, query head h, BLOCK_M query tokens; online softmax over key tiles.
     # Tiles are upcast to float32 (exact dot products, and the interpreter's bf16 dot is wrong).
+    # TREE: query t sees the keys before its row's first query and, among the queries' own, those whose
+    # bit is set in ancestors[b, t] (`tree_attention`); ancestors precede t, so the causal bound holds.
     b = tl.program_id(0).to(tl.int64)  # int64 offsets: batch × T × heads × head_dim can pass 2^31 in a prefill
     h = tl.program_id(1)
     m_tile = tl.program_id(2)
@@ -66,6 +68,8 @@ def _paged_attention_kernel(
         mask=is_query[:, None] & is_dim[None, :], other=0.0,
     ).to(tl.float32)  # [BLOCK_M, BLOCK_D]
     q_pos = first_pos + offs_m
+    if TREE:
+        ancestors = tl.load(ancestors_ptr + b * stride_ab + offs_m, mask=is_query, other=0)  # [BLOCK_M] int64
 
     # Keys this tile can see end at its last query position; a tile of padding sees none.
     num_keys = tl.minimum(context_len, first_pos + (m_tile + 1) * BLOCK_M)
@@ -93,6 +97,10 @@ def _paged_attention_kernel(
         ).to(tl.float32)  # [BLOCK_N, BLOCK_D]
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
         is_visible = (k_pos[None, :] <= q_pos[:, None]) & is_key[None, :] & is_query[:, None]
+        if TREE:
+            own = k_pos - first_pos  # key index among the row's queries, negative for the context before them
+            bit = (ancestors[:, None] >> tl.minimum(tl.maximum(own, 0), 63)[None, :]) & 1
+            is_visible = is_visible & ((own < 0)[None, :] | (bit != 0))
         scores = tl.where(is_visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see no key yet
@@ -169,11 +177,11 @@ def paged_attention(
     grid = (batch, num_q_heads, triton.cdiv(T_max, block_m))
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out,
-        block_tables, context_lens, query_lens,
+        block_tables, context_lens, query_lens, query_lens,
         scale, T_max,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
-        *block_tables.stride(),
-        GROUP=num_q_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        *block_tables.stride(), 0,
+        TREE=False, GROUP=num_q_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
     )
     return out

@@ -1,8 +1,9 @@
 """The torch forms of a forward over a tree of inputs: the references of
-tree verification, where Triton tree kernels would go beside them (none yet:
-a tree forward that runs layer by layer runs these on every backend,
-`ops.TreeForms`; the whole C forward has its own, `cpu/forward.c`).
-each recurrence (the conv window, Mamba-2, Mamba-1, the gated delta rule)
+tree verification, which a tree forward that runs layer by layer runs on the
+torch backend (`ops.TreeForms`); the Triton kernels beside them take the same
+arguments (`tree_recurrences.py`, `tree_attention.py`), the native backend has
+C loops (`cpu/tree.py`) and the whole C forward its own (`cpu/forward.c`).
+Each recurrence (the conv window, Mamba-2, Mamba-1, the gated delta rule)
 steps every input from its parent's state, depth level by depth level
 (`tree_scan`), and attention masks each input to the committed context and
 its ancestors (`tree_attention_ref`). No ring slot is written: every input's

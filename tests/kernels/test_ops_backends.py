@@ -137,7 +137,7 @@ def gdn_steps_case(dtype, shape):
 
 
 def tree_forms_case(dtype, shape):
-    """The conv window and each recurrence over a tree per row (input t's parent (t - 1) // 2:
+    """The conv window, each recurrence and attention over a tree per row (input t's parent (t - 1) // 2:
     two children a node, so siblings, a parent's state read back and depths past the conv window)."""
     batch, T, live = shape
     b = plan_batch(batch, T, live)
@@ -147,11 +147,15 @@ def tree_forms_case(dtype, shape):
             rand(g, 12, 4, dtype=dtype), rand(g, 12, dtype=dtype)]
     tensors = (conv + mamba2_inputs(g, dtype, batch, T, b.slots_count)
                + mamba1_inputs(g, dtype, batch, T, b.slots_count) + gdn_inputs(g, dtype, batch, T, b.slots_count))
+    meta, pages = kv_meta([n + 2 + row for row, n in enumerate(live)], live)
+    tensors += [rand(g, batch, T, 4, 8, dtype=dtype), rand(g, pages, 4, 2, 8, dtype=dtype),
+                rand(g, pages, 4, 2, 8, dtype=dtype)]
 
     def call(op, *tensors):
-        conv, m2, m1, gdn = tensors[:4], tensors[4:11], tensors[11:18], tensors[18:]
+        conv, m2, m1, gdn, attention = tensors[:4], tensors[4:11], tensors[11:18], tensors[18:24], tensors[24:]
         return (*op.conv_window(conv[0], b.slots, tree, *conv[1:], "silu"), *op.mamba2(m2[0], b.slots, tree, *m2[1:]),
-                *op.mamba1(m1[0], b.slots, tree, *m1[1:]), *op.gdn(gdn[0], b.slots, tree, *gdn[1:]))
+                *op.mamba1(m1[0], b.slots, tree, *m1[1:]), *op.gdn(gdn[0], b.slots, tree, *gdn[1:]),
+                op.attention(*attention, meta, tree, 8 ** -0.5))
     return call, tensors
 
 
