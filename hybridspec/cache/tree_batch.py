@@ -6,9 +6,9 @@ ring slot (`write_input`).
 
 The mixers call its `window` and `recurrence` with their backend's tree forms
 (`Backend.tree_forms`) in place of their chain ops when a forward runs over
-a tree, and attention the tree form of attention over `plan`: the torch forms
-(the native blocks, CUDA graphs and the Triton kernels take chains only).
-Those write no ring slot. The whole C forward (`kernels/cpu/forward.py`)
+a tree, and attention the tree form of attention over `plan` (C recurrences
+on the native backend, Triton kernels on the Triton one, the torch forms as
+references; CUDA graphs take chains only). Those write no ring slot. The whole C forward (`kernels/cpu/forward.py`)
 takes a tree whose every input has a snapshot slot and writes each input's
 state there instead (`in_ring`): the commit then moves the ring head. K/V go
 where a chain's would (input t at position start + t) and are moved onto the
