@@ -82,15 +82,7 @@ class TreeBatch:
         columns = list(zip(*picks)) if picks else ([], [], [])
         return tuple(torch.tensor(c, dtype=torch.long, device=self.plan.device) for c in columns)
 
-    # -- what a caller that kept the states reads ------------------------------------------
-
-    def write_input(self, ssm_states: list[torch.Tensor], conv_states: list[torch.Tensor], b: int, t: int,
-                    slot: int) -> None:
-        """Every recurrent layer's kept state after row b's input t into pool slot `slot`."""
-        for layer, states in self.ssm.items():
-            ssm_states[layer][slot].copy_(states[b, t])
-        for layer, windows in self.conv.items():
-            conv_states[layer][slot].copy_(windows[b, t])
+    # -- what the round counts ------------------------------------------------------------
 
     def nbytes(self) -> int:
         """The bytes of the kept states (what a tree forward holds beside the ring)."""
