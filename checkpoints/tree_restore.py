@@ -16,14 +16,19 @@ path's inputs after the nearest snapshotted ancestor (its logged rows picked
 out in path order, `LayerInputLog.along`) or, without a log, a token replay
 of the path's tokens.
 
-A log replay runs the chain replay's per-step rule over the same logged
-inputs the tree form stepped from the same ancestor state, so the state is
-the forward's for that input, bit for bit, where the snapshot holds the
-ancestor's state unrounded (the state dtype is the forms' accumulation dtype:
-float32 and float64 models with their default state dtype). A token replay
-runs the path's tokens as a chain forward: the attention over them is the
-chain's kernel, not the tree's masked form, so its state is the chain
-forward's (the tree forward agrees with it to rounding: 1e-12 in float64).
+Exactness. A log replay runs the chain replay's per-step rule over the same
+logged inputs the tree form stepped from the same ancestor state, so the
+state is the forward's for that input, bit for bit (the torch forms against
+the torch replay, the C tree forms against the native replay), where the
+snapshot holds the ancestor's state unrounded: the state dtype is the forms'
+accumulation dtype (float32 and float64 models with their default state
+dtype; from the head always). Not bits: on CUDA the tree forms are torch's and
+the replay is the Triton kernel (float32 rounding apart, as two kernels are);
+a state dtype narrower than the accumulation's rounds a snapshotted ancestor,
+as a chain's sparse snapshots do. A token replay runs the path's tokens as a
+chain forward, whose attention is the chain's kernel, not the tree's masked
+form: its state is the chain forward's, which the tree forward's agrees with
+to rounding (about 1e-15 in float64 and 1e-7 in float32, as a plain decode).
 """
 from __future__ import annotations
 
