@@ -11,13 +11,17 @@ speculative rounds. The round speaks three verbs to it:
 - `revert(round)`: every row back to where the round began (its pinned head
   was never written; `HybridCache.rewind_to`).
 
-A tree round (`spec.tree`) plans a snapshot slot for every input of a row
-whose ring holds one per input beside the pinned head (`plan_tree`). Where
-the whole C forward takes the tree it writes every input's state there, and
-`commit_tree` moves the ring head to the accepted input's slot; elsewhere the
-torch forms keep every input's state in the `TreeBatch` and `commit_tree`
-copies the accepted input's into a ring slot other than the head. Either way
-it moves the K/V of the accepted inputs onto the sequence's next positions.
+A tree round (`spec.tree`) follows the round's policy too (`tree_restore`):
+`plan_tree` gives a snapshot slot to every input of a row whose ring holds one
+per input beside the pinned head under a policy that snapshots every input,
+else to the inputs the policy selects that the ring holds, and asks for the
+input log when the policy logs and some input has no slot; the forward
+writes those snapshots (the whole C forward or the `TreeBatch`) and keeps no
+other input's state. `commit_tree` moves the K/V of the accepted inputs onto
+the sequence's next positions, then restores the accepted input's state as a
+chain's boundary along the accepted path: a head move where it has a
+snapshot, else a log (or token) replay of the path from its nearest
+snapshotted ancestor.
 It reaches the model only through `model.recurrent_layers` (`RecurrentLayer`)
 and its `extend` (token replay).
 """
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING
 from hybridspec.checkpoints.policy import CheckpointPolicy
 from hybridspec.checkpoints.restore import RestoreDecision, decide, log_replay, token_replay
 from hybridspec.checkpoints.ring import plan_snapshots
+from hybridspec.checkpoints.tree_restore import decide_path, path_log, plan_tree_row
 from hybridspec.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -60,45 +65,56 @@ class Checkpointer:
                                      for plan, inputs in zip(round.plans, round.verify_inputs)):
             round.input_log = {}
 
-    def plan_tree(self, round: RoundBatch) -> None:
-        """A tree round's forward (its `round.tree` made): a snapshot slot per input of each
-        row whose ring has one per input beside the head (`round.snap_slot`; -1s elsewhere,
-        None without recurrent state), no log; hidden states a drafter reads stay pending until
-        the round lays out the accepted path's (`HiddenStates.follow_path`)."""
+    def plan_tree(self, round: RoundBatch, policy: CheckpointPolicy) -> None:
+        """A tree round's forward (its `round.tree` made): each row's snapshot slots under `policy`
+        (`round.plans`, `round.snap_slot`; None without recurrent state, `tree_restore` has the
+        rule) and the input log where some input has none and the policy logs; hidden states a
+        drafter reads stay pending until the round lays out the accepted path's
+        (`HiddenStates.follow_path`)."""
         if self.has_state and self.cache.ring_slots < 2:
             raise ConfigError(f"tree drafts need at least 2 ring slots in the target's cache, it has "
                               f"{self.cache.ring_slots}; no state was changed")
         round.snap_slot, round.plans, round.input_log = None, [None] * len(round.seq_ids), None
-        if self.has_state:
-            T = round.num_inputs
-            round.snap_slot = [self._tree_slots(seq, head, len(inputs), T)
-                               for seq, head, inputs in zip(round.seq_ids, round.start_heads, round.verify_inputs)]
-
-    def _tree_slots(self, seq: int, head: int, n: int, T: int) -> list[int]:
-        """[T] the ring slot of each of a row's n tree inputs (none twice, never the head), or -1s
-        where its ring has fewer than n + 1 slots."""
-        ring = self.cache.states.ring_slots(seq)
-        if len(ring) < n + 1:
-            return [-1] * T
-        return plan_snapshots(ring, head, list(range(n)), T).snap_slot
+        if not self.has_state:
+            return
+        T, plan = round.num_inputs, round.tree.plan
+        round.plans = [plan_tree_row(self.cache.states.ring_slots(seq), head, plan.depths[b], plan.spine(b), policy, T)
+                       for b, (seq, head) in enumerate(zip(round.seq_ids, round.start_heads))]
+        round.snap_slot = [list(p.snap_slot) for p in round.plans]
+        if policy.log_inputs and any(len(p.survivors) < len(inputs) for p, inputs in zip(round.plans,
+                                                                                           round.verify_inputs)):
+            round.input_log = {}
 
     def commit_tree(self, round: RoundBatch) -> None:
-        """Each live row at its boundary: its ring head at the accepted input's slot (or that
-        input's states copied into a ring slot other than the pinned head, from the
-        `TreeBatch`), the accepted inputs' K/V onto positions start .. start + n."""
+        """Each live row at its boundary: the accepted inputs' K/V onto positions start ..
+        start + n, and its state after the accepted input restored along the accepted path
+        (`round.decisions`, in path coordinates: a head move, a log or a token replay)."""
         round.decisions = [None] * len(round.seq_ids)
         for b in round.live:
             seq, start, path = round.seq_ids[b], round.start_lens[b], round.paths[b]
-            head = -1
-            if self.has_state and round.tree.in_ring:  # the forward wrote every input's state to its slot
-                head = round.snap_slot[b][path[-1]]
-            elif self.has_state:
-                head = next(s for s in self.cache.states.ring_slots(seq) if s != round.start_heads[b])
-                round.tree.write_input(self.cache.states.ssm_states, self.cache.states.conv_states, b, path[-1], head)
             if self.cache.kv is not None:
                 moved = [k for k, t in enumerate(path) if t != k]
                 self.cache.kv.move_positions(seq, [start + path[k] for k in moved], [start + k for k in moved])
-            self.cache.commit(seq, round.boundary(b), head)
+            if self.has_state:
+                spare = next(s for s in self.cache.states.ring_slots(seq) if s != round.start_heads[b])
+                round.decisions[b] = decide_path(round.plans[b], path, round.input_log is not None, spare)
+        if self.has_state:
+            self._replay_paths(round)
+        for b in round.live:
+            head = round.decisions[b].dst_slot if round.decisions[b] is not None else -1
+            self.cache.commit(round.seq_ids[b], round.boundary(b), head)
+
+    def _replay_paths(self, round: RoundBatch) -> None:
+        """The log and token replays of `round.decisions` (path coordinates) along each row's path."""
+        replays = [d is not None and d.path != "hit" for d in round.decisions]
+        if not any(replays):
+            return
+        if round.input_log is not None:
+            paths = [path if replay else None for path, replay in zip(round.paths, replays)]
+            log = path_log(round.input_log, paths, round.num_inputs, self.model.device)
+            log_replay(self.model, self.cache, round.decisions, log)
+        path_tokens = [[inputs[t] for t in path] for inputs, path in zip(round.verify_inputs, round.paths)]
+        token_replay(self.model, self.cache, round.seq_ids, round.decisions, path_tokens, round.start_lens)
 
     def commit(self, round: RoundBatch) -> list[RestoreDecision | None]:
         """Restore each live row's state at its boundary and move every layer there."""
@@ -123,11 +139,10 @@ class Checkpointer:
                 self.cache.rewind_to(s, length, head)
 
     def held_bytes(self, round: RoundBatch) -> int:
-        """Checkpoint bytes the round held: surviving snapshots plus the input log."""
+        """Checkpoint bytes the round held: surviving snapshots, the input log and any input
+        states a tree forward kept beside the ring."""
         slot_bytes = self.cache.states.bytes_per_slot if self.has_state else 0
         held = sum(len(p.survivors) * slot_bytes for p in round.plans if p is not None)
-        if round.tree is not None:  # every input's state: in its ring slot, or kept beside the ring
-            in_ring = round.tree.in_ring and round.snap_slot is not None
-            held += (sum(slot >= 0 for row in round.snap_slot for slot in row) * slot_bytes if in_ring
-                     else round.tree.nbytes())
+        if round.tree is not None:
+            held += round.tree.nbytes()
         return held + sum(log.nbytes() for log in (round.input_log or {}).values())

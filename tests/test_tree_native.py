@@ -3,8 +3,7 @@ float32 Mamba-2 + attention model packed for CPU, each tree input's logits,
 states (in its ring slot) and K/V are a chain forward's over its path, bit for
 bit; a chain passed as a tree is the chain; the torch tree forms agree within
 float32 rounding (their products and exponentials are torch's, not the C
-kernels'); the ring-head-move commit leaves the copy commit's states; greedy
-and coupled tree rounds give plain decoding's tokens with the invariant
+kernels'); greedy and coupled tree rounds give plain decoding's tokens with the invariant
 checked after every commit, and the rounds ran native.
 
 Mamba-1 and GDN hybrids (which the whole forward does not take) run a tree
@@ -15,7 +14,6 @@ and their tree rounds give plain decoding's tokens."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ import torch
 import hybridspec as hs
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.tree_batch import TreeBatch
-from hybridspec.checkpoints.checkpointer import Checkpointer
+from hybridspec.checkpoints.ring import plan_snapshots
 from hybridspec.engine.engine import Engine
 from hybridspec.rollback.models import perturbed_copy, plain_outputs, random_model, tiny_model
 from hybridspec.spec.tree import TreeShape
@@ -64,8 +62,10 @@ def _prefilled(model, rows: list[list[int]]) -> HybridCache:
 
 
 def _snap(cache: HybridCache, seqs: list[int], counts: list[int], T: int) -> list[list[int]]:
-    """[batch][T] a ring slot per input, none the head (what `Checkpointer.plan_tree` plans)."""
-    return [Checkpointer(None, cache)._tree_slots(s, cache.head(s), n, T) for s, n in zip(seqs, counts)]
+    """[batch][T] a ring slot per input, none the head (what `Checkpointer.plan_tree` plans
+    under k = 1 where the ring holds them)."""
+    return [plan_snapshots(cache.states.ring_slots(s), cache.head(s), list(range(n)), T).snap_slot
+            for s, n in zip(seqs, counts)]
 
 
 def _kv_at(cache: HybridCache, seq: int, position: int) -> list[torch.Tensor]:
@@ -144,40 +144,6 @@ def test_the_torch_tree_forms_agree_within_float32_rounding(forward_model):
         for t in range(n):
             for got, want in zip(_kv_at(native_cache, b, start + t), _kv_at(forms_cache, b, start + t)):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-
-
-def test_the_ring_head_move_commit_leaves_the_copy_commits_states(model):
-    """Two identical native tree forwards; one committed by moving the head, the other by
-    copying the accepted input's states (taken from its ring slots) as the torch forms' are."""
-    caches, trees, rounds = [], [], []
-    paths = [[0, 2, 4], [0, 3]]
-    for in_ring in (True, False):
-        cache = _prefilled(model, [p[:-1] for p in PROMPTS[:2]])
-        heads = [cache.head(s) for s in (0, 1)]
-        tree = TreeBatch(PARENTS, "cpu")
-        _, snap = _tree_forward(model, cache, tree)
-        if not in_ring:  # the states as a TreeBatch of the torch forms holds them
-            tree.in_ring = False
-            T = len(TOKENS[0])
-            for layer, (ssm, conv) in enumerate(zip(cache.states.ssm_states, cache.states.conv_states)):
-                tree.ssm[layer] = torch.stack([torch.stack([ssm[max(s, 0)] for s in row]) for row in snap])
-                tree.conv[layer] = torch.stack([torch.stack([conv[max(s, 0)] for s in row]) for row in snap])
-                assert tree.ssm[layer].shape[:2] == (2, T)
-        starts = [len(p) - 1 for p in PROMPTS[:2]]
-        accepted = [len(p) - 1 for p in paths]
-        round = SimpleNamespace(live=[0, 1], seq_ids=[0, 1], start_lens=starts, paths=paths, start_heads=heads,
-                                tree=tree, snap_slot=snap,
-                                boundary=lambda b, s=starts, a=accepted: s[b] + a[b] + 1)
-        Checkpointer(model, cache).commit_tree(round)
-        caches.append(cache)
-    moved, copied = caches
-    for s in (0, 1):
-        assert moved.computed_len[s] == copied.computed_len[s]
-        for got, want in zip(_states(moved, moved.head(s)), _states(copied, copied.head(s))):
-            assert torch.equal(got, want)
-        for p in range(moved.computed_len[s]):
-            for got, want in zip(_kv_at(moved, s, p), _kv_at(copied, s, p)):
-                assert torch.equal(got, want)
 
 
 class NativeRounds(StateParity):

@@ -201,7 +201,7 @@ class HybridCache:
                      snap_slot: torch.Tensor | list[list[int]] | None, tree: TreeBatch | None = None) -> ForwardPlan:
         """Reserve KV pages for the new positions (all-or-nothing) and build the
         ForwardBatch. With `snap_slot=None` the final state goes to a spare slot.
-        With `tree` the inputs form that tree (its forward writes no ring slot)."""
+        With `tree` the inputs form that tree (its forward writes the snapshots `snap_slot` names)."""
         if any(n < 1 for n in num_new):
             raise ValueError(f"every row needs at least one new token, got {num_new}")
         start = [self.computed_len[s] for s in seq_ids]

@@ -101,6 +101,14 @@ class TreePlan:
             out.append(self._tensor(seen, torch.bool).view(n, n))
         return out
 
+    def spine(self, b: int) -> list[int]:
+        """Row b's spine: the root, then each input's first child, as deep as they go (the
+        drafter's own chain, `spec.tree`)."""
+        path = [0]
+        while (child := next((i for i, p in enumerate(self.parents[b]) if p == path[-1]), None)) is not None:
+            path.append(child)
+        return path
+
     def path_to(self, b: int, t: int) -> list[int]:
         """Row b's inputs from the root to input t, both included."""
         path = [t]

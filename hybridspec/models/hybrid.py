@@ -379,10 +379,10 @@ class HybridModel(Kernelled, nn.Module):
         was). With `snap_slot` ([batch, T], a tensor or lists) the caller owns the snapshot plan and
         the commit (speculative verification); `input_log`, when given, receives
         each Mamba layer's inputs. With `tree` (`cache.tree_batch`) the inputs
-        form that tree: the whole C forward writes every input's state to its
-        `snap_slot` where it takes the tree, else the forward runs layer by
-        layer on the torch forms, writes no ring slot and leaves every input's
-        state in `tree`; the caller commits (`Checkpointer.commit_tree`).
+        form that tree: each input's state goes to its `snap_slot` (the whole C
+        forward where it takes the tree, else the tree forms layer by layer,
+        which also leave every input's state in `tree` when it keeps them);
+        the caller commits (`Checkpointer.commit_tree`).
 
         A sequence's logits do not depend on the others of the call: where the
         native blocks run, a call mixing sequences of more inputs than they take

@@ -24,11 +24,15 @@ class MambaInputLog:
 
     def shifted(self, first: torch.Tensor) -> "MambaInputLog":
         """The log with row b starting at input first[b] (tail padded with the last input)."""
-        T = self.x.shape[1]
-        idx = (first[:, None] + torch.arange(T, device=first.device)).clamp(max=T - 1)  # [batch, T]
+        T = self.xs.shape[1]
+        return self.along((first[:, None] + torch.arange(T, device=first.device)).clamp(max=T - 1))
 
-        def shift(t: torch.Tensor) -> torch.Tensor:
-            index = idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
+    def along(self, inputs: torch.Tensor) -> "MambaInputLog":
+        """The log whose row b's input k is this log's input inputs[b, k] (inputs [batch, K] int64):
+        a tree round's accepted path in path order, or a shifted chain."""
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            index = inputs.view(*inputs.shape, *([1] * (t.dim() - 2))).expand(*inputs.shape, *t.shape[2:])
             return t.gather(1, index).contiguous()
 
-        return MambaInputLog(*(shift(t) for t in (self.xs, self.x, self.dt, self.B, self.C)))
+        return MambaInputLog(*(pick(t) for t in (self.xs, self.x, self.dt, self.B, self.C)))

@@ -100,8 +100,8 @@ def speculative_parity(name: str, target: HybridModel, draft, gamma: int, policy
     restores, and (under a CheckpointPolicy) the path the policy takes after a
     rejection of d_1 of γ drafts (its site: a hit, a log or a token replay)
     must have been counted. `tree`: the Engine's `tree=` (its tree rounds pass the
-    forcing through unforced and restore nothing the policy counts); some round
-    must then have been a tree round."""
+    forcing through unforced and restore their accepted paths as the policy says,
+    `tree_restore_path`); some round must then have been a tree round."""
     if force is not None and expected is None:
         raise ValueError("force needs `expected`, the plain outputs the forcing learns the target's tokens from")
 
@@ -320,8 +320,9 @@ def tree_suite(target: HybridModel, draft, draft_name: str, tree: TreeShape, qui
     """The suite's tree mode: `draft` (it must branch: a draft model, "mtp", suffix decoding,
     prompt lookup) and suffix decoding proposing trees of `tree`'s shape, greedy and coupled
     parity with state parity under two policies (every input snapshotted; the smallest
-    ring, two slots, which a tree round needs), then failed tree rounds at the draft,
-    verify and drafter-commit sites (a draft model's; a tree round replays nothing)."""
+    ring, two slots, which a tree round needs: it snapshots the root and replays the
+    accepted path from there), then failed tree rounds at the draft, verify, replay
+    (in that ring) and drafter-commit sites (a draft model's)."""
     vocab = target.vocab_size
     params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))[1]
     prompts = branching_prompts(target, params, seed)  # model-free drafters branch from the first round
@@ -351,9 +352,10 @@ def tree_suite(target: HybridModel, draft, draft_name: str, tree: TreeShape, qui
     done(tree_batch_invariance(f"tree batch invariance · suffix · {shape}", target,
                                lambda: SuffixDrafter(min_prob=0.0), tree, mixed, sparams))
     model_draft = draft if isinstance(draft, HybridModel) else perturbed_copy(target, seed=seed)
-    for site in ("draft", "verify", "drafter commit")[:2 if quick else 3]:
-        done(failed_round(f"tree failed round · {site} · {shape}", target, model_draft, 4, POLICIES["k=1"], prompts,
-                          params, site, expected=expected, tree=tree))
+    sites = (("draft", "k=1"), ("verify", "k=1"), ("replay", "ring too small"), ("drafter commit", "k=1"))
+    for site, pname in sites[:3 if quick else 4]:
+        done(failed_round(f"tree failed round · {site} · {shape}", target, model_draft, 4, POLICIES[pname],
+                          prompts, params, site, expected=expected, tree=tree))
     return results
 
 

@@ -14,6 +14,7 @@ from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.engine.engine import Engine
 from hybridspec.errors import InvariantError
 from hybridspec.models.hybrid import HybridModel
+from hybridspec.spec.tree import input_parents, spine_inputs
 
 FAULT_SITES = ("draft", "verify", "replay", "drafter commit")
 
@@ -106,6 +107,7 @@ class RoundObserver:
         self.rounds, self.phase = 0, None  # phase: "draft" | "verify" | "commit" inside a round
         self.tree_rounds = 0  # rounds that verified a tree (`Proposal.parents`)
         self.commits: list[list[tuple[int, int]]] = []
+        self.tree_commits: list[tuple[list[int], list[int]]] = []  # (input parents, accepted path) per live row
         self.problems: list[str] = []
         self.reverted: list[str] | None = None
         self._before: dict | None = None
@@ -127,8 +129,9 @@ class RoundObserver:
         self.phase = phase
 
     def committed(self, round) -> None:
-        if round.parents is not None:  # a tree round restores from its scratch states: no snapshot, no replay
+        if round.parents is not None:
             self.tree_rounds += 1
+            self.tree_commits += [(input_parents(round.parents[b]), round.paths[b]) for b in round.live]
             return
         inputs = round.verify_inputs
         self.commits.append([(len(inputs[b]), round.accepted[b]) for b in round.live])
@@ -170,6 +173,9 @@ class RoundObserver:
         for num_inputs, n in chain.from_iterable(self.commits):
             path, steps = restore_path(policy, self.spec.gamma, num_inputs, n)
             hits, log, token = hits + (path == "hit"), log + steps * (path == "log"), token + steps * (path == "token")
+        for parents, accepted in self.tree_commits:
+            path, steps = tree_restore_path(policy, self.engine.cache.ring_slots, parents, accepted)
+            hits, log, token = hits + (path == "hit"), log + steps * (path == "log"), token + steps * (path == "token")
         return hits, log, token
 
 
@@ -189,6 +195,28 @@ def restore_path(policy: CheckpointPolicy, gamma: int, num_inputs: int, n: int) 
     if n in kept:
         return "hit", 0
     steps = n - max((j for j in kept if j <= n), default=-1)
+    return ("log" if policy.log_inputs else "token"), steps
+
+
+def tree_restore_path(policy: CheckpointPolicy, ring_slots: int, parents: list[int],
+                      path: list[int]) -> tuple[str, int]:
+    """How docs/design.md's policy semantics restore a tree round's row (verify inputs'
+    `parents`, a ring of `ring_slots`) to the last input of its accepted `path`: ("hit", 0)
+    or ("log" | "token", steps replayed along the path). The inputs at the policy's depths
+    (0, k, 2k, … and the deepest; k = 0: the deepest only) are snapshotted, the spine's
+    first, then the others in input order, as many as the ring holds beside the head."""
+    depths = [0] * len(parents)
+    for t, p in enumerate(parents):
+        depths[t] = depths[p] + 1 if p >= 0 else 0
+    deepest, k = max(depths), policy.snapshot_every
+    wanted = {deepest, *(range(0, deepest + 1, k) if k else ())}
+    spine = spine_inputs(parents)
+    ranked = [t for t in spine if depths[t] in wanted] + [t for t in range(len(parents))
+                                                           if depths[t] in wanted and t not in spine]
+    kept = set(ranked[:ring_slots - 1])
+    if path[-1] in kept:
+        return "hit", 0
+    steps = len(path) - 1 - max((j for j, t in enumerate(path) if t in kept), default=-1)
     return ("log" if policy.log_inputs else "token"), steps
 
 

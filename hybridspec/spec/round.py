@@ -67,11 +67,12 @@ class RoundBatch:
     logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)  # [batch] of `tokens`, if asked for
     results: list[RowResult] = field(default_factory=list)  # [batch] `tokens` cut by the stop rules
     live: list[int] = field(default_factory=list)  # rows the round does not finish: they commit
-    decisions: list[RestoreDecision | None] = field(default_factory=list)  # [batch] how each live row restored
+    # [batch] how each live row restored (a tree round's: its indices along the row's accepted path)
+    decisions: list[RestoreDecision | None] = field(default_factory=list)
     backlog_seconds: float = 0.0  # the drafter's one-off absorption of backlogs in this round (`Proposal`)
     backlog_tokens: int = 0
     parents: list[list[int]] | None = None  # [batch][g_b] tree drafts' parents (`spec.tree`); None: chains
-    tree: TreeBatch | None = None  # a tree round's forward: its indices and every input's state
+    tree: TreeBatch | None = None  # a tree round's forward: its indices (its snapshots go to the ring)
     paths: list[list[int]] = field(default_factory=list)  # [batch][n + 1] a tree round's accepted verify inputs
 
     @property

@@ -166,11 +166,11 @@ class Speculator:
     def verify_tree(self, round: RoundBatch, rows: RowParams, stats: EngineStats) -> None:
         """A tree round's verify (`spec.tree`): one target forward over every row's tree,
         each row's candidate path, then that path verified as a chain (`accept`)."""
-        round.tree = TreeBatch([input_parents(p) for p in round.parents], self.target.device)
-        self.checkpointer.plan_tree(round)
+        round.tree = TreeBatch([input_parents(p) for p in round.parents], self.target.device, keep_states=False)
+        self.checkpointer.plan_tree(round, self.policy.for_round(self.acceptance_history, len(round.seq_ids)))
         with stats.phase("verify"):
             logits = self.target.extend(self.cache, round.seq_ids, round.verify_inputs, snap_slot=round.snap_slot,
-                                        tree=round.tree)  # [batch, T, vocab]
+                                        input_log=round.input_log, tree=round.tree)  # [batch, T, vocab]
         with stats.phase("sampling"):
             round.paths = tree_paths(logits, round, rows, self.coupled_rows(round.requests))
             chain_logits, chains = as_chains(logits, round, round.paths)
