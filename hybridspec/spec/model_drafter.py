@@ -27,7 +27,7 @@ from hybridspec.sampling.grammar import DraftWalk, has_grammar
 from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, process_logits, sample
 from hybridspec.spec.protocol import Proposal
-from hybridspec.spec.tree import TreeShape, branch
+from hybridspec.spec.tree import TreeShape, branch_rows
 
 
 def backlog_len(gap: int) -> int:
@@ -70,19 +70,13 @@ class ModelDrafter:
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         """Chains of drafts (`draft_chains`), or with `tree` trees of up to gammas[b]
-        nodes: the chain of each row's spine length, branched (`spec.tree.branch`)."""
+        nodes: the chain of each row's spine length, branched (`spec.tree.branch_rows`)."""
         if self.tree is None or max(gammas, default=0) == 0:
             return self.draft_chains(requests, gammas, rows, coupled)
         chains = self.draft_chains(requests, [self.tree.spine_length(g) for g in gammas], rows, coupled,
                                    keep_probs=True)
-        trees = [branch(spine, chains.probs[b], self.tree, self.tree.budget(g)) if spine else ([], [], [])
-                 for b, (spine, g) in enumerate(zip(chains.tokens, gammas))]
-        width = max(len(tokens) for tokens, _, _ in trees)
-        probs = chains.probs.new_zeros(len(trees), width, chains.probs.shape[2])  # [batch, nodes, vocab]
-        for b, (_, _, drawn_from) in enumerate(trees):
-            probs[b, :len(drawn_from)] = chains.probs[b, drawn_from]
-        return Proposal([t for t, _, _ in trees], probs, chains.backlog_seconds, chains.backlog_tokens,
-                        [p for _, p, _ in trees])
+        tokens, probs, parents = branch_rows(chains.tokens, chains.probs, gammas, self.tree)
+        return Proposal(tokens, probs, chains.backlog_seconds, chains.backlog_tokens, parents)
 
     def draft_chains(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool],
                      keep_probs: bool = False) -> Proposal:

@@ -42,7 +42,7 @@ from hybridspec.sampling.penalties import penalty_context
 from hybridspec.sampling.sampler import RowParams, process_logits, sample
 from hybridspec.spec.model_drafter import backlog_len, scatter_rows
 from hybridspec.spec.protocol import Proposal
-from hybridspec.spec.tree import TreeShape, branch
+from hybridspec.spec.tree import TreeShape, branch_rows
 
 
 class MTPDrafter:
@@ -98,20 +98,15 @@ class MTPDrafter:
 
     def propose(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool]) -> Proposal:
         """Chains (`draft_chains`), or with `tree` trees of up to gammas[b] nodes: the chain of
-        each row's spine length, branched (`spec.tree.branch`), as `ModelDrafter.propose`."""
+        each row's spine length, branched (`spec.tree.branch_rows`), as `ModelDrafter.propose`."""
         if self.tree is None or max(gammas, default=0) == 0:
             return self.draft_chains(requests, gammas, rows, coupled)
         chains = self.draft_chains(requests, [self.tree.spine_length(g) for g in gammas], rows, coupled,
                                    keep_q=True)
         if chains.probs is None:  # no row had hidden states to draft from
             return chains
-        trees = [branch(spine, chains.probs[b], self.tree, self.tree.budget(g)) if spine else ([], [], [])
-                 for b, (spine, g) in enumerate(zip(chains.tokens, gammas))]
-        width = max(len(tokens) for tokens, _, _ in trees)
-        probs = chains.probs.new_zeros(len(trees), width, chains.probs.shape[2])  # [batch, nodes, vocab]
-        for b, (_, _, drawn_from) in enumerate(trees):
-            probs[b, :len(drawn_from)] = chains.probs[b, drawn_from]
-        return Proposal([t for t, _, _ in trees], probs, parents=[p for _, p, _ in trees])
+        tokens, probs, parents = branch_rows(chains.tokens, chains.probs, gammas, self.tree)
+        return Proposal(tokens, probs, parents=parents)
 
     def draft_chains(self, requests, gammas: list[int], rows: RowParams, coupled: list[bool],
                      keep_q: bool = False) -> Proposal:

@@ -144,6 +144,20 @@ def branch(spine: list[int], q: torch.Tensor, shape: TreeShape,
     return branch_ranked(spine, ranked, shape, budget)
 
 
+def branch_rows(spines: list[list[int]], q: torch.Tensor, gammas: list[int],
+                shape: TreeShape) -> tuple[list[list[int]], torch.Tensor, list[list[int]]]:
+    """Each row's spine branched (`branch`) within its γ's budget, from q [batch, ≥ L, vocab]
+    (its distributions along the spine): (tokens [batch][n_b], q of each node [batch, nodes,
+    vocab], parents [batch][n_b]), what a drafter that branches from q proposes."""
+    trees = [branch(spine, q[b], shape, shape.budget(g)) if spine else ([], [], [])
+             for b, (spine, g) in enumerate(zip(spines, gammas))]
+    width = max(len(tokens) for tokens, _, _ in trees)
+    probs = q.new_zeros(len(trees), width, q.shape[2])  # [batch, nodes, vocab]
+    for b, (_, _, drawn_from) in enumerate(trees):
+        probs[b, :len(drawn_from)] = q[b, drawn_from]
+    return [t for t, _, _ in trees], probs, [p for _, p, _ in trees]
+
+
 def branch_ranked(spine: list[int], ranked: list[list[int]], shape: TreeShape,
                   budget: int) -> tuple[list[int], list[int], list[int]]:
     """`branch` over candidates the drafter ranked itself: ranked[k], the tokens it
