@@ -37,6 +37,7 @@ rounds teach none of the chain's cost scales.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from hybridspec.costs.tree_form import DEFAULT_RESCUE
@@ -93,6 +94,7 @@ class TreeAuto:
         self.scales: list[float | None] = [None] * len(controller.costs.batches)  # per batch bucket, learned
         self.rescues = _Acceptance()  # rescued (as accepted) over misses (as tried)
         self.choice: Candidate | None = None  # the last round's pick (None: it drafted nothing)
+        self.picks: Counter[str] = Counter()  # rounds per pick (`Candidate.name`), for reports
 
     def rescue(self) -> float:
         """β: the learned rescue rate, shrunk toward the prior."""
@@ -126,6 +128,7 @@ class TreeAuto:
             self.choice = None
             return gammas, None
         self.choice = choose(self.options(drafting, max(gammas), sampled), self.margin)
+        self.picks[self.choice.name] += 1
         if self.choice.tree is None:
             return gammas, None
         return [self.choice.gamma if g > 0 else 0 for g in gammas], self.choice.tree
