@@ -167,3 +167,15 @@ def test_auto_engine_gives_plain_output_and_learns_from_its_tree_rounds():
     outputs = engine.generate(prompts, params)
     assert [o.token_ids for o in outputs] == [o.token_ids for o in plain_outputs(target, prompts, [params] * 2)]
     assert any(o is not None and o.nodes > o.spine for o in outcomes)
+
+
+def test_tree_rounds_teach_acceptance_along_the_spine_and_no_chain_cost():
+    """A tree of 4 nodes whose spine of 3 was wholly accepted is no rejection;
+    its seconds leave the chain's learned scales alone."""
+    chain, tree = GammaController(GAMMA_MAX, costs()), GammaController(GAMMA_MAX, costs())
+    outcome = TreeOutcome([3, 3], [3, 3], 0, 0, spine=3, nodes=4)
+    for _ in range(10):
+        chain.observe([0, 1], [4, 4], [3, 3], [4, 4])
+        tree.observe([0, 1], [4, 4], [3, 3], [4, 4], {"verify": 9.0, "draft": 9.0, "round": 20.0}, tree=outcome)
+    assert tree.alpha(0) > chain.alpha(0)
+    assert tree.round_cost(2, 4) == chain.round_cost(2, 4)
