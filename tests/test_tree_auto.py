@@ -114,6 +114,13 @@ def test_settings_are_checked():
         hs.Engine(target, num_draft_tokens="auto", tree="auto")
 
 
+class AlwaysDrafts(GammaController):
+    """γ_max for every row, every round, whatever was timed or learned."""
+
+    def choose(self, seq_ids, caps, behind=None, sampled=0):
+        return [self.gamma_max] * len(seq_ids)
+
+
 class ScriptedShapes(TreeAuto):
     """Chain or a random tree each round, whatever the costs: every shape a round may take."""
 
@@ -141,6 +148,7 @@ def test_any_shape_per_round_keeps_greedy_and_coupled_rows_plain_beside_others(l
     engine = hs.Engine(target, draft=draft, num_draft_tokens="auto", max_draft_tokens=GAMMA_MAX, tree="auto",
                        block_size=4, max_batch_size=4)
     engine.speculator.check = True
+    engine.gamma_controller = AlwaysDrafts(GAMMA_MAX, costs())
     engine.tree_auto = scripted = ScriptedShapes(engine.gamma_controller, seed=1)
     outputs = engine.generate(prompts, params)
     for b in (0, 1, 3):  # alone, plain
@@ -150,17 +158,19 @@ def test_any_shape_per_round_keeps_greedy_and_coupled_rows_plain_beside_others(l
 
 
 def test_auto_engine_gives_plain_output_and_learns_from_its_tree_rounds():
-    """The real choice, trees priced near free so the first round (which drafts
-    to measure) verifies one: output is plain decoding's, and tree rounds reach
-    the chooser's learning."""
+    """The real choice over hand-made costs (timed ones could price every draft
+    out), trees priced near free so the first round (which drafts to measure)
+    verifies one: output is plain decoding's, and tree rounds reach the
+    chooser's learning."""
     target = tiny_model(0)
     prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [11, 12, 13, 11, 12]]
     params = hs.SamplingParams(max_new_tokens=16, ignore_eos=True)
     engine = hs.Engine(target, draft=perturbed_copy(target, 1.0, 2), num_draft_tokens="auto",
                        max_draft_tokens=GAMMA_MAX, tree="auto", block_size=4, max_batch_size=2)
     assert engine.speculator.drafter.tree is None  # set per round
-    auto = engine.tree_auto
-    auto.prior_scale = 1e-6
+    assert isinstance(engine.tree_auto, TreeAuto)
+    engine.gamma_controller = GammaController(GAMMA_MAX, costs())
+    engine.tree_auto = auto = TreeAuto(engine.gamma_controller, prior_scale=1e-6)
     outcomes = []
     observe = auto.observe
     auto.observe = lambda batch, outcome, *rest: (outcomes.append(outcome), observe(batch, outcome, *rest))
