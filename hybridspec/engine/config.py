@@ -69,7 +69,7 @@ class EngineConfig:
     prefix_cache: bool | PrefixCache | None = None
     cuda_graphs: bool | None = None
     tensor_parallel_size: int | None = None
-    tree: TreeShape | None = None
+    tree: TreeShape | str | None = None  # "auto": chosen per round (`spec.tree_auto`)
 
     def __post_init__(self):
         if self.verify not in ("rejection", "coupled"):
@@ -81,9 +81,14 @@ class EngineConfig:
         if self.decode is not None and not callable(self.decode):
             raise ConfigError(f"decode={self.decode!r} must be a function from token ids to text, e.g. tokenizer.decode")
         as_prefix_settings(self.prefix_cache)
-        if self.tree is not None and not isinstance(self.tree, TreeShape):
-            raise ConfigError(f"tree={self.tree!r} must be None (chains of drafts) or a TreeShape, e.g. "
-                              "hs.TreeShape((2,)): two candidates at the first depth")
+        if self.tree is not None and self.tree != "auto" and not isinstance(self.tree, TreeShape):
+            raise ConfigError(f"tree={self.tree!r} must be None (chains of drafts), a TreeShape, e.g. "
+                              "hs.TreeShape((2,)): two candidates at the first depth, or 'auto' (chain or tree "
+                              "chosen per round)")
+        if self.tree == "auto" and not self.adaptive:
+            raise ConfigError(f"tree='auto' chooses chain or tree from the round costs num_draft_tokens='auto' "
+                              f"measures; pass num_draft_tokens='auto' (not {self.num_draft_tokens!r}), or a "
+                              "TreeShape for a fixed tree")
         self._set("max_batch_size", integer("max_batch_size", self.max_batch_size, 1, ConfigError))
         self._set("block_size", integer("block_size", self.block_size, 1, ConfigError,
                                         " (tokens per KV block; 16 is typical)"))

@@ -41,6 +41,7 @@ from hybridspec.engine.scheduler import Scheduler
 from hybridspec.sampling.sampler import RowParams, SamplingParams, derived_seed
 from hybridspec.spec.drafters import Drafter, as_draft, as_drafter
 from hybridspec.spec.gamma import GammaController
+from hybridspec.spec.tree_auto import DECLINED_SCALE, TreeAuto, tree_outcome
 from hybridspec.spec.round import RowResult
 from hybridspec.spec.speculator import Speculator
 from hybridspec.engine.startup_costs import startup_round_costs
@@ -248,9 +249,12 @@ class Engine:
         each depth, its next most likely tokens beside it: a draft model's,
         the MTP layer's or an EAGLE-3 head's distribution, suffix decoding's
         most frequent continuations, prompt lookup's other matches), verified
-        in one target forward on the torch forms (`hybridspec.spec.tree`);
-        greedy and coupled output stay plain decoding's. Needs a drafter that
-        branches (else ConfigError).
+        in one target forward (`hybridspec.spec.tree`); greedy and coupled
+        output stay plain decoding's. "auto" (with num_draft_tokens="auto"):
+        chain or tree, and the tree's shape and budget, chosen per round from
+        the batch's measured costs and the learned acceptance and rescue rate
+        (`hybridspec.spec.tree_auto`). Needs a drafter that branches (else
+        ConfigError).
 
     Requests: `generate` (a list in, a list out), `stream` (an iterator of
     new tokens), or `add_request` / `step` / `abort` for a server's own loop;
@@ -282,7 +286,13 @@ class Engine:
         self.speculator: Speculator | None = None
         self.gamma_controller: GammaController | None = None
         num_draft_tokens = config.gamma_max
-        drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings, config.tree)
+        auto_tree = config.tree == "auto"
+        drafter = as_drafter(draft, target, num_draft_tokens, self.cache_kwargs, prefix_settings,
+                             None if auto_tree else config.tree)
+        if auto_tree and not hasattr(drafter, "tree"):
+            raise ConfigError(f"tree='auto': the drafter {type(drafter).__name__} does not branch; pass a draft "
+                              "model, 'mtp', 'eagle3:DIR', 'suffix' or 'ngram' (or tree=None for chains)")
+        self.tree_auto: TreeAuto | None = None
         graphed_models = graphed(config.cuda_graphs, [target] + _drafter_models(drafter))
         if drafter is None:
             self.cache = self._new_cache(ring_slots=2)
@@ -298,6 +308,9 @@ class Engine:
                                          coupled=config.verify == "coupled", check_invariants=self.check_invariants)
             if config.adaptive:
                 self.gamma_controller = self._gamma_controller(drafter, num_draft_tokens)
+                if auto_tree:  # a tree forward's prior price: the chain's where the whole native forward takes it
+                    native = target.backend.whole_forward and getattr(drafter, "hidden", None) is None
+                    self.tree_auto = TreeAuto(self.gamma_controller, 1.0 if native else DECLINED_SCALE)
         self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings)
         caches, stores, models = [self.cache], [self.prefix], [target]
         if drafter is not None and drafter.cache is not None:
@@ -652,15 +665,23 @@ class Engine:
             sampled = 0 if rows.flags.all_greedy else sum(not r.params.is_greedy for r in requests)
             gammas = controller.choose(ids, [r.params.max_new_tokens - len(r.output.token_ids) - 1 for r in requests],
                                        self.speculator.drafter.backlog(requests), sampled)
+            shape = None  # chain or tree (`tree="auto"`): the drafter proposes this round's shape
+            if self.tree_auto is not None:
+                gammas, shape = self.tree_auto.choose(ids, gammas, sampled)
             if self.tensor_parallel is not None:  # chosen from timings, which differ by rank: rank 0's
-                gammas = self.tensor_parallel.broadcast(gammas)
+                gammas, shape = self.tensor_parallel.broadcast((gammas, shape))
+            if self.tree_auto is not None:
+                self.speculator.drafter.tree = shape
         before = dict(stats.seconds)
         backlog_s, backlog_tokens = 0.0, 0  # the drafter's one-off absorption in this round
+        tree = None  # a tree round's outcome
         if self.speculator is not None and (gammas is None or any(gammas)):
             round = self.speculator.round(requests, rows, stats, gammas)
             results = round.results
             drafted, accepted, asked = [len(d) for d in round.drafts], round.accepted, round.gammas
             backlog_s, backlog_tokens = round.backlog_seconds, round.backlog_tokens
+            if round.parents is not None:
+                tree = tree_outcome(round.parents, round.paths)
         else:
             results = self._decode_step(requests, rows, stats)
             self._agree(self.tensor_parallel)
@@ -674,7 +695,9 @@ class Engine:
             seconds["draft"] -= backlog_s  # a prompt's one-off absorption is not what a round costs ...
             seconds["round"] -= backlog_s
             seconds["backlog"] = backlog_s  # ... it is learned per token and amortised (spec/gamma.py)
-            controller.observe(ids, drafted, accepted, asked, seconds, backlog_tokens, after_prefill, sampled)
+            controller.observe(ids, drafted, accepted, asked, seconds, backlog_tokens, after_prefill, sampled, tree)
+            if self.tree_auto is not None:
+                self.tree_auto.observe(len(ids), tree, seconds, after_prefill, sampled)
 
     def _decode_step(self, requests: list[Request], rows: RowParams, stats: EngineStats) -> list[RowResult]:
         """One target step per sequence, sampled as plain decoding does; what

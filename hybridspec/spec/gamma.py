@@ -97,14 +97,19 @@ these choices are in docs/results/gamma.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hybridspec.costs.round_terms import RoundTerms, mixed_terms, round_seconds
 
 from hybridspec.errors import ConfigError
 from hybridspec.costs.round_costs import RoundCosts
+
+if TYPE_CHECKING:  # a tree round's outcome, made by the engine from the round
+    from hybridspec.spec.tree_auto import TreeOutcome
 
 DEFAULT_MAX_DRAFT_TOKENS = 8
 PRIOR_ALPHA = 0.6  # acceptance assumed before anything was measured
@@ -265,10 +270,21 @@ class GammaController:
         which `sampled` sample (the rest greedy): the measured terms
         (`hs.sim.round_seconds`), the forward and the drafter scaled as
         learned, plus the learned residual of the other terms."""
-        terms = self._terms(batch, G, sampled)
+        return self.shape_cost(batch, G, G, sampled)
+
+    def shape_cost(self, batch: int, spine: int, nodes: int, sampled: int = 0) -> float:
+        """`round_cost` of a round whose drafter steps `spine` drafts per row and whose
+        forward verifies `nodes` + 1 inputs per row (a tree's; a chain's spine is its
+        nodes), priced as a chain round's terms: the forward, sampling and commit of
+        `nodes` drafts, the drafter's part of `spine` (`spec.tree_auto` scales it
+        by what tree rounds measured)."""
+        terms = self._terms(batch, nodes, sampled)
+        if spine != nodes:
+            terms = dataclasses.replace(terms, draft_s=self._terms(batch, spine, sampled).draft_s)
         learned = self._learned_at[batch]
-        drafted = G > 0
-        seconds = round_seconds(terms, learned.get(learned.forward_scale, drafted, 1.0), learned.draft_scale_at(G))
+        drafted = nodes > 0
+        seconds = round_seconds(terms, learned.get(learned.forward_scale, drafted, 1.0),
+                                learned.draft_scale_at(spine))
         return max(seconds + learned.get(learned.residual_s, drafted, 0.0), 0.0)
 
     def replay_s(self, batch: int, G: int, alpha: float) -> float:
@@ -381,16 +397,20 @@ class GammaController:
 
     def observe(self, seq_ids: list[int], drafted: list[int], accepted: list[int], gammas: list[int],
                 seconds: dict[str, float] | None = None, backlog_tokens: int = 0,
-                after_prefill: bool = False, sampled: int = 0) -> None:
+                after_prefill: bool = False, sampled: int = 0, tree: TreeOutcome | None = None) -> None:
         """One round's outcome: per row the drafts asked for (`gammas`),
         proposed and accepted; the round's phase seconds ("draft", "verify",
         "sampling", "commit"; "backlog", the drafter's absorption of
         `backlog_tokens` tokens, apart from "draft") and "round", its whole
         wall time (default: the phases' sum); None: learn acceptance only;
         `after_prefill`: a prefill ran just before the round (its forward's
-        time teaches no scale); `sampled`: rows that sampled, as `choose`."""
+        time teaches no scale); `sampled`: rows that sampled, as `choose`;
+        `tree`: a tree round's outcome (None: a chain round). A tree round
+        teaches α along each row's spine (the chain the drafter followed) and
+        no chain cost: its price is `spec.tree_auto`'s to learn."""
         total_accepted = total_tried = 0
-        for s, d, n in zip(seq_ids, drafted, accepted):
+        along = (drafted, accepted) if tree is None else (tree.spine_drafted, tree.spine_accepted)
+        for s, d, n in zip(seq_ids, *along):
             own = self.sequences.setdefault(s, _Acceptance())
             if d == 0:
                 own.decay(IDLE_DECAY)
@@ -406,7 +426,8 @@ class GammaController:
         self.rounds_seen += 1
         if seconds is not None:
             self.unpriced_rounds += 1
-            self._learn_costs(len(seq_ids), max(gammas, default=0), seconds, not after_prefill, sampled)
+            if tree is None:
+                self._learn_costs(len(seq_ids), max(gammas, default=0), seconds, not after_prefill, sampled)
             if not after_prefill:  # its forward runs cold: neither kind's goodput
                 self._learn_goodput(len(seq_ids), gammas, accepted, seconds)
             if backlog_tokens > 0 and seconds.get("backlog", 0.0) > 0:
