@@ -53,6 +53,8 @@ def test_bad_tokenizer_directories(capsys, model_dir, tmp_path):
     (["generate", "-n", "many"], "hybridspec generate: error: -n/--max-new-tokens/--max-tokens: 'many' is not an "
                                  "integer"),
     (["generate", "--gamma", "x"], "hybridspec generate: error: --gamma: 'x' is not a positive integer or 'auto'"),
+    (["generate", "--tree", "2,x"], "hybridspec generate: error: --tree: '2,x' is not a list of widths >= 1 like "
+                                    "2,1 (invalid literal for int() with base 10: 'x')"),
     (["simulate", "--rounds", "1e3"], "hybridspec simulate: error: --rounds: '1e3' is not an integer"),
     (["check", "--threads", "two"], "hybridspec check: error: --threads: 'two' is not an integer"),
 ])

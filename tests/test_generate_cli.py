@@ -90,6 +90,16 @@ def test_ngram_and_plain_only(capsys, pair):
     assert "plain decoding:" in capsys.readouterr().err
 
 
+def test_tree_drafts_give_plain_output(capsys, pair):
+    target, draft = pair
+    report, _ = run_json(capsys, ["def f(x):", "--model", target, "--draft", draft, "-n", "9", "--tree", "2"])
+    assert report["same_as_plain"] is True and report["plain"]["stats"]["drafted_tokens"] == 0
+    assert report["speculative"]["stats"]["drafted_tokens"] > 0
+    # 'auto' needs an adaptive γ: refused before generating
+    assert main(["generate", "x", "--model", target, "--draft", draft, "-n", "2", "--tree", "auto", "--gamma", "3"]) == 2
+    assert "pass num_draft_tokens='auto'" in capsys.readouterr().err
+
+
 def test_coupled_sampling_matches_plain_and_repeats(capsys, pair):
     target, draft = pair
     argv = ["x = ", "--model", target, "--draft", draft, "-n", "8", "--temperature", "0.9", "--top-p", "0.95",

@@ -36,7 +36,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 ENGINE_FLAGS = {"gamma": "num_draft_tokens", "num_draft_tokens": "num_draft_tokens",
                 "max_draft_tokens": "max_draft_tokens", "verify": "verify", "max_batch_size": "max_batch_size",
                 "max_model_len": "max_model_len", "prefix_cache": "prefix_cache", "cuda_graphs": "cuda_graphs",
-                "tensor_parallel_size": "tensor_parallel_size"}
+                "tensor_parallel_size": "tensor_parallel_size", "tree": "tree"}
 SWITCHES = ("prefix_cache", "cuda_graphs")  # store_true flags: left off means the Engine's default, None
 
 
@@ -64,6 +64,25 @@ def gamma_arg(text: str) -> int | str:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'")
     return value
+
+
+def tree_shape(text: str):
+    """`--tree 2,1` -> TreeShape((2, 1)): candidates per depth; argparse reports a bad value."""
+    from hybridspec.errors import ConfigError
+    from hybridspec.spec.tree import TreeShape
+    try:
+        return TreeShape(tuple(int(w) for w in text.split(",")))
+    except (ValueError, ConfigError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of widths >= 1 like 2,1 ({error})") from None
+
+
+def tree_arg(text: str):
+    """An engine's --tree: widths as `tree_shape` reads them, or 'auto' (chain or tree per round)."""
+    return text if text == "auto" else tree_shape(text)
+
+
+TREE_HELP = ("verify a tree of drafts per round: W1,W2,... candidates per depth (e.g. 2), or 'auto' (chain or "
+             "tree per round; needs an adaptive γ); default: chains")
 
 
 EMBEDDED = "embedded"  # the word a model flag takes for the embedded pair (`hybridspec.adapters.embedded`)

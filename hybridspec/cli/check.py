@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from hybridspec.cli.args import tree_shape
 from hybridspec.errors import ConfigError, UsageError
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -44,15 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads for torch (default 1: the suite's tensors are small, more threads "
                              "mostly add overhead)")
-
-
-def tree_shape(text: str):
-    """`--tree 2,1` -> TreeShape((2, 1)); argparse reports a bad value."""
-    from hybridspec.spec.tree import TreeShape
-    try:
-        return TreeShape(tuple(int(w) for w in text.split(",")))
-    except (ValueError, ConfigError) as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of widths >= 1 like 2,1 ({error})") from None
 
 
 def load_models(args: argparse.Namespace):

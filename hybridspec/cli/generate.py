@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from hybridspec.cli.args import DTYPE_NAMES, add_model_arguments, gamma_arg
+from hybridspec.cli.args import DTYPE_NAMES, TREE_HELP, add_model_arguments, gamma_arg, tree_arg
 
 DEFAULT_PROMPT = '''class Stack:
     """A last-in, first-out stack."""
@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens to generate at most (default 256)")
     parser.add_argument("--gamma", type=gamma_arg, default=4,
                         help="draft tokens per round (default 4), or 'auto': chosen per round, 0..8")
+    parser.add_argument("--tree", type=tree_arg, default=None, metavar="W1,W2,...|auto", help=TREE_HELP)
     parser.add_argument("--policy", default="k1", help=POLICY_HELP + " (default k1)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
@@ -198,7 +199,8 @@ def build_llm(args: argparse.Namespace, policy):
     length = min(target.config.max_position_embeddings, len(prompt) + args.max_new_tokens + config.gamma_max + 1)
     config = config.replace(max_batch_size=1, max_model_len=length, eos_token_ids=eos, decode=codec.decode)
     llm = hs.LLM(target, draft=draft, tokenizer=codec, threads=args.threads, config=config)
-    plain = None if draft is None or args.no_baseline else hs.Engine(target, config=config)  # no draft: plain steps
+    plain = None if draft is None or args.no_baseline \
+        else hs.Engine(target, config=config.replace(tree=None))  # no draft (nor tree): plain steps
     return llm, plain, prompt_text, prompt, dict(model=target_name, draft=draft_name, tokenizer=codec.name)
 
 

@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from hybridspec.cli.args import DTYPE_NAMES, add_model_arguments, gamma_arg
+from hybridspec.cli.args import DTYPE_NAMES, TREE_HELP, add_model_arguments, gamma_arg, tree_arg
 from hybridspec.errors import UsageError
 from hybridspec.serve import BYTES_PER_TOKEN, DEFAULT_MAX_N, ENVELOPE_BYTES
 
@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-draft-tokens", type=gamma_arg, default="auto",
                         help="γ, drafts per sequence per round, or 'auto' (adaptive; default)")
     parser.add_argument("--max-draft-tokens", type=int, default=None, help="γ_max of 'auto' (default 8)")
+    parser.add_argument("--tree", type=tree_arg, default=None, metavar="W1,W2,...|auto", help=TREE_HELP)
     parser.add_argument("--verify", choices=("rejection", "coupled"), default="rejection",
                         help="verification (default rejection: lossless rejection sampling for requests without a "
                              "seed, coupled for seeded ones; coupled: every sampled request)")
