@@ -19,11 +19,13 @@ import pytest
 import torch
 
 import hybridspec as hs
+from hybridspec.cache.hidden_states import HiddenStates
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.tree_batch import TreeBatch
 from hybridspec.checkpoints.ring import plan_snapshots
 from hybridspec.engine.engine import Engine
-from hybridspec.rollback.models import perturbed_copy, plain_outputs, random_model, tiny_model
+from hybridspec.rollback.models import perturbed_copy, plain_outputs, random_model, random_mtp, tiny_model
+from hybridspec.spec.mtp_drafter import MTPDrafter
 from hybridspec.spec.tree import TreeShape
 from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 from native_switch import whole_forward_off
@@ -172,6 +174,38 @@ def test_native_tree_rounds_equal_plain_output(model, verify, temperature, shape
     expected = plain_outputs(model, PROMPTS, params)  # coupled: plain seeded sampling's tokens
     assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
     assert rounds.native == rounds.tree_rounds > 0 and rounds.checked > 0
+
+
+def test_native_tree_rounds_keep_the_hidden_states_an_mtp_drafter_reads(model):
+    """The whole C forward takes an MTP drafter's trees too: every hidden-state row the
+    drafter takes equals the target's at that position in a prefill of the committed
+    tokens (float32: the prefill's products round differently), and the output is plain."""
+    drafter = MTPDrafter(random_mtp(model, 3), dict(max_seqs=4, block_size=4, num_blocks=64))
+    taken, take = [], drafter.hidden.take
+
+    def recording(seq_id):
+        first, rows = take(seq_id)
+        if rows is not None:
+            taken.append((seq_id, first, rows.clone()))
+        return first, rows
+    drafter.hidden.take = recording
+    engine = Engine(model, draft=drafter, num_draft_tokens=4, block_size=4, tree=TreeShape((3, 2)))
+    engine.speculator.check = True
+    rounds = NativeRounds(engine)
+    engine.speculator.hooks.append(rounds)
+    params = hs.SamplingParams(max_new_tokens=14, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain_outputs(model, PROMPTS, params)]
+    assert rounds.native == rounds.tree_rounds > 0 and len(taken) > 4
+    L = model.config.num_layers
+    for seq, (prompt, out) in enumerate(zip(PROMPTS, outputs)):
+        cache = HybridCache(model.config, max_seqs=1, num_blocks=16, block_size=4, ring_slots=2, dtype=model.dtype)
+        cache.hidden = HiddenStates((L,), L)
+        model.prefill(cache, [0], [(prompt + out.token_ids)[:-1]])
+        _, want = cache.hidden.take(0)  # [positions, 1, hidden]
+        for s, first, rows in taken:
+            if s == seq:
+                torch.testing.assert_close(rows, want[first:first + len(rows)], rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope="module", params=["mamba1", "gdn"])

@@ -309,7 +309,7 @@ class Engine:
             if config.adaptive:
                 self.gamma_controller = self._gamma_controller(drafter, num_draft_tokens)
                 if auto_tree:  # a tree forward's prior price: the chain's where the whole native forward takes it
-                    native = target.backend.whole_forward and getattr(drafter, "hidden", None) is None
+                    native = target.backend.whole_forward
                     self.tree_auto = TreeAuto(self.gamma_controller, 1.0 if native else DECLINED_SCALE)
         self.prefix = None if prefix_settings is None else PrefixStore(target, self.cache, prefix_settings)
         caches, stores, models = [self.cache], [self.prefix], [target]

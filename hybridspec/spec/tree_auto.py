@@ -28,9 +28,9 @@ round's parents and accepted paths):
 - the tree scale, per batch bucket: the round's measured seconds over its
   chain-priced `shape_cost` (an average in log space, as the controller's
   scales). Its prior is 1 where the target's whole native forward takes tree
-  forwards, `DECLINED_SCALE` where it declines them (a drafter that reads the
-  target's hidden states, a backend without the whole forward: the torch
-  forms run the tree, several times a chain's verify), so a tree is tried
+  forwards, `DECLINED_SCALE` where it declines them (a backend without the
+  whole forward: the tree runs layer by layer, several times a chain's
+  verify), so a tree is tried
   there only where it wins by that much, and then measured.
 α is learned along the spines (`GammaController.observe(tree=...)`); tree
 rounds teach none of the chain's cost scales.

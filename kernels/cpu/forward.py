@@ -273,8 +273,9 @@ def forward(whole: WholeForward, token_lists: list[list[int]], batch, cache, las
         return None
     parents = None
     if batch.tree is not None:
+        # hidden states are kept per input, in tree order (`HiddenStates.follow_path` lays out the path's)
         if (parents := _tree_parents(batch.tree.plan.parents, T, plan if table.has_mamba else None)) is None \
-                or mtp is not None or batch.hidden is not None:
+                or mtp is not None:
             return None
     logged = None
     if table.has_mamba and batch.input_log is not None:
