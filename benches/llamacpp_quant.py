@@ -268,6 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     max_len = max(prompt_lens) + new_tokens + args.gamma + 8
     print(f"Granite-4.0-H-shaped random model; {describe_machine()}", flush=True)
     checks, rows, memory, writer = [], [], [], []
+
+    def save(complete: bool) -> None:
+        """The JSON so far (written after every row: a long run stopped early keeps its rows)."""
+        write_json(args.out or "llamacpp_quant.json", dict(
+            bench="llamacpp_quant", quick=args.quick, complete=complete, model=dict(family="granitemoehybrid", **shape),
+            source=how, quantizer="hybridspec's writer" if missing else "llama.cpp's llama_model_quantize",
+            llama_cpp_skipped=missing, new_tokens=new_tokens, repeats=repeats, thread_counts=args.thread_counts,
+            speculative=dict(draft_layers=args.draft_layers, gamma=args.gamma, scale=args.scale),
+            targets=dict(decode=LLAMA_MIN, prefill=LLAMA_MIN, speculative=SPEC_VS_LLAMA_MIN,
+                         resident_within=RESIDENT_WITHIN),
+            checks=checks, memory=memory, writer=writer, rows=rows, table=[table_cells(r) for r in rows]))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         hf, files, how = sources(args, shape, work)
@@ -306,21 +317,14 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(timing_row(fmt, n, threads, time_runners(runners, prompt, threads, new_tokens,
                                                                          repeats)))
                     print(f"{fmt}, prompt {n}, {threads} thread(s): {table_cells(rows[-1])}", flush=True)
+                    save(False)
             del llamas, ours_plain, ours_spec, draft, target
-        writer = writer_checks(args, files, work, first, reference, new_tokens, missing)
+        writer.extend(writer_checks(args, files, work, first, reference, new_tokens, missing))
     set_threads(threads_before)
-    table = [table_cells(r) for r in rows]
-    report(table, checks, memory, writer, new_tokens, repeats, args)
+    report([table_cells(r) for r in rows], checks, memory, writer, new_tokens, repeats, args)
     if missing:
         print(f"llama.cpp side skipped: {missing}", flush=True)
-    write_json(args.out or "llamacpp_quant.json", dict(
-        bench="llamacpp_quant", quick=args.quick, model=dict(family="granitemoehybrid", **shape),
-        source=how, quantizer="hybridspec's writer" if missing else "llama.cpp's llama_model_quantize",
-        llama_cpp_skipped=missing, new_tokens=new_tokens, repeats=repeats, thread_counts=args.thread_counts,
-        speculative=dict(draft_layers=args.draft_layers, gamma=args.gamma, scale=args.scale),
-        targets=dict(decode=LLAMA_MIN, prefill=LLAMA_MIN, speculative=SPEC_VS_LLAMA_MIN,
-                     resident_within=RESIDENT_WITHIN),
-        checks=checks, memory=memory, writer=writer, rows=rows, table=table))
+    save(True)
     return 0
 
 
