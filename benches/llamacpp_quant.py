@@ -143,12 +143,18 @@ def probe_child(runtime: str, path: str, threads: int) -> None:
         import hybridspec as hs
         set_threads(threads)
         before = vm_rss()
-        runner = OursRunner(hs.load(path), PROBE_PROMPT + PROBE_NEW + 8)
+        model = hs.load(path)
+        runner = OursRunner(model, PROBE_PROMPT + PROBE_NEW + 8)
     gc.collect()
     loaded = vm_rss()
     runner.run(prompt, PROBE_NEW)
     gc.collect()
-    print(json.dumps(dict(load=loaded - before, run=vm_rss() - before)))
+    used = dict(load=loaded - before, run=vm_rss() - before)
+    if runtime != "llama.cpp":  # the bytes the model's tensors hold (each storage once)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in list(model.parameters()) + list(model.buffers())}
+        used["model_tensor_bytes"] = sum(storages.values())
+    print(json.dumps(used))
 
 
 def resident(runtime: str, path: Path, threads: int) -> dict:
@@ -355,7 +361,8 @@ def report(table, checks, memory, writer, new_tokens, repeats, args) -> None:
                                        for m in ("top1", "max_rel")}) for c in checks + [
         dict(format=f"ours {w['format']}", **{k: v for k, v in w.items() if k != "format"}) for w in writer]]
     print_table(flat, title="logit agreement over the first prompt's positions (top-1, max |a-b| / max |b|)")
-    print_table(memory, ["format", "runtime", "tensor_bytes", "load", "run", "load_vs_file", "run_vs_file"],
+    print_table(memory, ["format", "runtime", "tensor_bytes", "model_tensor_bytes", "load", "run", "load_vs_file",
+                         "run_vs_file"],
                 title=f"resident memory: VmRSS delta, fresh process, after load / after a {PROBE_PROMPT}-token run")
     print_table(table, [("format", "format"), ("prompt", "prompt"), ("threads", "threads"),
                         ("ours_decode", "ours decode"), ("llama_decode", "llama.cpp decode"), ("decode_ratio", "×"),
