@@ -1,4 +1,4 @@
-"""Quantized GGUF files (Q8_0, Q4_0, Q4_K_M) in hybridspec and llama.cpp: the same file, both runtimes.
+"""Quantized GGUF files (Q8_0, Q4_0, Q4_K_M) against llama.cpp: one file, loaded by both runtimes.
 
 The model is llamacpp.py's random 212M Granite-4.0-H-shaped one (λ-scaled later layers, the same
 layer-skip draft idea), converted to an f32 GGUF with llama.cpp's converter, then quantized with
