@@ -44,6 +44,10 @@ then
 converter needs the `gguf` package, which the tree's gguf-py provides, and
 numpy, tqdm and pyyaml.) Without llama_cpp or a converter, the llama.cpp
 columns are left empty and the JSON says why.
+
+Quantized weights (Q8_0, Q4_0, Q4_K_M, quantized by llama.cpp's own quantizer, the same file
+in both runtimes, with agreement and resident memory): `llamacpp_quant.py`, which reuses this
+module's model, converter and runners.
 """
 from __future__ import annotations
 

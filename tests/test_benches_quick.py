@@ -227,6 +227,29 @@ def test_llamacpp_quick_without_a_converter(benches, tmp_path):
     assert payload["speculative"]["draft_layers"] == 1 and all("spec_decode" in r for r in payload["table"])
 
 
+def test_llamacpp_quant_quick_runs_one_file_in_every_runtime_it_has(benches, tmp_path):
+    """The quantized-GGUF comparison on a tiny model: our side loads the quantized file (llama.cpp's
+    quantizer where llama_cpp is importable, else our writer's) close to HF's logits, speculates
+    exactly, and a fresh process measures its resident memory; llama.cpp's columns where it runs."""
+    out = tmp_path / "llamacpp_quant.json"
+    assert bench_main("llamacpp_quant")(["--quick", "--formats", "Q8_0", "--thread-counts", "1",
+                                         "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [c["format"] for c in payload["checks"]] == ["F32", "Q8_0"]
+    f32, q8 = payload["checks"]
+    assert f32["ours_vs_hf"]["max_rel"] < 1e-5 and q8["ours_vs_hf"]["max_rel"] < 0.05
+    assert "Q8_0" in q8["tensor_bytes_by_type"] and q8["tensor_bytes"] < f32["tensor_bytes"]
+    [row] = payload["rows"]
+    assert row["speculative equals plain"] and 0.0 <= row["acceptance_rate"] <= 1.0
+    assert {m["runtime"] for m in payload["memory"]} >= {"hybridspec"}
+    assert all(m["load"] > 0 and m["run"] > 0 for m in payload["memory"])
+    [written] = payload["writer"]
+    assert written["format"] == "q8_0" and written["ours_vs_hf"]["top1"] > 0.5
+    if payload["llama_cpp_skipped"]:
+        assert payload["quantizer"] == "hybridspec's writer" and "llama_decode" not in payload["table"][0]
+    else:
+        assert q8["ours_vs_llama"]["max_rel"] < 0.05 and written["greedy_tokens_equal"] == "4/4"
+
 def test_cpu_kernels_quick(benches, tmp_path):
     from hybridspec.kernels.cpu import native as cpu_native
     from hybridspec.kernels.cpu import rows as cpu_rows

@@ -182,6 +182,16 @@ def test_loading_is_strict_and_names_the_tensor(change, named, tmp_path):
         hs.load(path)
 
 
+def test_a_one_group_norm_stored_without_its_leading_one_loads_as_llama_cpps_quantizer_writes_it(tmp_path):
+    """llama.cpp's quantizer writes each tensor with ggml_n_dims dimensions: a [1, n] Mamba-2 norm comes
+    out as [n]; the file loads with the same logits."""
+    def flatten_one_group_norms(tensors):
+        norms = [k for k, v in tensors.items() if k.endswith("ssm_norm.weight") and v.shape[0] == 1]
+        assert norms  # the oracle's Mamba-2 layers have one group
+        tensors.update({k: tensors[k].reshape(-1) for k in norms})
+    expected = logits(hs.load(rewritten(tmp_path / "same", lambda t: None)))
+    assert torch.equal(logits(hs.load(rewritten(tmp_path, flatten_one_group_norms))), expected)
+
 def test_an_architecture_it_does_not_map_is_a_typed_error(tmp_path):
     from hybridspec.adapters.gguf.writer import write_file as write
     write(tmp_path / "m.gguf", "rwkv7", {}, {"token_embd.weight": np.zeros((4, 4), np.float32)})

@@ -79,7 +79,7 @@ def check_tensors(reader, arch: Arch, config: HybridConfig, source: str) -> dict
         for part, shape in zip(parts, names.stored_shapes(name, expected.shape, config, arch)):
             if part not in stored:
                 missing.append(part)
-            elif stored[part][0] != shape:
+            elif _without_leading_ones(stored[part][0]) != _without_leading_ones(shape):
                 wrong.append(f"{part} is {list(stored[part][0])}, expected {list(shape)} ({name} {expected.formula})")
             elif not readable(stored[part][1]):
                 bad_type.append(f"{part} ({stored[part][1].name})")
@@ -95,6 +95,14 @@ def check_tensors(reader, arch: Arch, config: HybridConfig, source: str) -> dict
                               "convert_hf_to_gguf.py or `hybridspec quantize`; types read: F32, F16, BF16, "
                               "Q8_0/Q4_0/Q4_K kept quantized, other types the gguf package dequantizes")
     return plan
+
+
+def _without_leading_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A torch-order shape without its leading 1s: llama.cpp writes a tensor with ggml_n_dims dimensions,
+    so its quantizer stores a [1, n] tensor (a one-group Mamba-2 norm, ggml's ne = [n, 1]) as [n]."""
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return tuple(shape)
 
 
 def _spare_block(name: str, config: HybridConfig) -> bool:

@@ -1,0 +1,377 @@
+"""Quantized GGUF files (Q8_0, Q4_0, Q4_K_M) against llama.cpp: one file, loaded by both runtimes.
+
+The model is llamacpp.py's random 212M Granite-4.0-H-shaped one (λ-scaled later layers, the same
+layer-skip draft idea), converted to an f32 GGUF with llama.cpp's converter, then quantized with
+llama.cpp's own quantizer (`llama_cpp.llama_model_quantize`) to each `--formats` type; the draft (the
+target's first `--draft-layers` layers) goes through the same two steps. Each quantized file is then:
+
+- loaded by both runtimes (`hs.load(file)`, `llama_cpp.Llama(file)`): top-1 agreement over the
+  prompt's positions and the max relative logit difference (max |a − b| / max |b| over every
+  position's logits) between them, and each against HF's float32 model (unquantized);
+- timed, runs interleaved, per prompt length and thread count: decode tok/s (new tokens after the
+  first), prefill tok/s (prompt tokens), greedy tokens compared; hybridspec also speculative, the
+  quantized draft proposing γ tokens, against llama.cpp's plain decode;
+- measured for resident memory: each runtime loads the file in a fresh process, the VmRSS delta
+  after the load and after one 128-token prefill and 4 decoded tokens, against the file's tensor bytes.
+
+Files written by our own writer (`hybridspec quantize DIR OUT.gguf --type T`, the directory given a
+small byte-level BPE tokenizer, which llama.cpp's loader needs) are loaded in llama.cpp as well: the
+greedy tokens and the same agreement figures.
+
+Without llama_cpp the quantized files are our writer's (Q4_K_M -> q4_k) and only hybridspec's side
+runs; without a converter (`--sdist` / `--converter`, see llamacpp.py) the f32 source is our
+writer's f32 file. The JSON says which.
+
+    python benches/llamacpp_quant.py --sdist SDIST/llama_cpp_python-0.3.36.tar.gz   # the table (many minutes)
+    python benches/llamacpp_quant.py --quick                                        # a tiny model
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from common import bench_parser, describe_machine, print_table, write_json
+from llamacpp import (FULL, QUICK, LlamaRunner, OursRunner, build_granite, converter_tree, convert,
+                      layer_skip_draft, llama_cpp_missing, save_for_converter, set_threads, spread)
+from targets import LLAMA_MIN, SPEC_VS_LLAMA_MIN
+
+# llama.cpp's file type -> our writer's block format (the fallback quantizer without llama_cpp)
+FORMATS = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k"}
+RESIDENT_WITHIN = 0.05  # target: resident weight memory within 5 % of the file's tensor bytes
+PROBE_PROMPT, PROBE_NEW = 128, 4
+
+
+# -- files ---------------------------------------------------------------------------------------------
+
+def llama_quantize(source: Path, out: Path, ftype: str) -> Path:
+    """llama.cpp's quantizer on a GGUF file (`LLAMA_FTYPE_MOSTLY_<ftype>`)."""
+    import llama_cpp
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama_model_quantize({source}, {ftype}) failed")
+    return out
+
+
+def our_quantize(directory: Path, out: Path, fmt: str | None) -> Path:
+    """`hybridspec quantize DIR OUT --type fmt` (fmt None: f32)."""
+    from hybridspec.cli.main import main as cli
+    if cli(["quantize", str(directory), str(out), "--type", fmt or "f32"]) != 0:
+        raise RuntimeError(f"hybridspec quantize {directory} {out} --type {fmt} failed")
+    return out
+
+
+def add_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A small byte-level BPE tokenizer.json in `directory` (our writer pads its vocabulary to the model's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from transformers import PreTrainedTokenizerFast
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, 300), special_tokens=["<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["the cat sat on the mat", "hello world, def main(): return 0"] * 20, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|end|>").save_pretrained(directory)
+
+
+def tensor_bytes(path: Path) -> tuple[int, dict[str, int]]:
+    """(the file's tensor bytes, those bytes per ggml type)."""
+    from gguf import GGUFReader
+    by_type = Counter()
+    for t in GGUFReader(path).tensors:
+        by_type[t.tensor_type.name] += int(t.n_bytes)
+    return sum(by_type.values()), dict(by_type)
+
+
+# -- agreement -----------------------------------------------------------------------------------------
+
+def ours_logits(model, prompt: list[int]) -> torch.Tensor:
+    """Every prompt position's logits [T, vocab], float32."""
+    from hybridspec.cache.hybrid_cache import HybridCache
+    cache = HybridCache(model.config, max_seqs=1, num_blocks=len(prompt) // 16 + 2, block_size=16,
+                        ring_slots=2, dtype=model.dtype)
+    return model.prefill(cache, [0], [prompt])[0].float()
+
+
+def llama_logits(path: Path, prompt: list[int]) -> torch.Tensor:
+    """llama.cpp's logits at every prompt position [T, vocab] (a context with logits_all)."""
+    from llama_cpp import Llama
+    llm = Llama(model_path=str(path), n_ctx=len(prompt) + 8, n_batch=512, n_ubatch=512, logits_all=True,
+                verbose=False)
+    llm.eval(prompt)
+    return torch.tensor(llm.scores[:len(prompt)]).float()
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """a against the reference b, both [T, vocab]: top-1 agreement and max relative difference."""
+    top1 = (a.argmax(-1) == b.argmax(-1)).float().mean()
+    return dict(top1=float(top1), max_rel=float((a - b).abs().max() / b.abs().max()))
+
+
+def same_tokens(a: list[int], b: list[int]) -> str:
+    return f"{sum(x == y for x, y in zip(a, b))}/{len(b)}"
+
+
+# -- resident memory (a fresh process per runtime and file) --------------------------------------------
+
+def vm_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def probe_child(runtime: str, path: str, threads: int) -> None:
+    """(run in a child) print {"load": bytes, "run": bytes}: VmRSS deltas after the load and a run."""
+    prompt = torch.randint(1, 100, (PROBE_PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    if runtime == "llama.cpp":
+        import llama_cpp  # noqa: F401  (the library's own memory before the baseline)
+        before = vm_rss()
+        runner = LlamaRunner(Path(path), threads, PROBE_PROMPT + PROBE_NEW + 8)
+    else:
+        import hybridspec as hs
+        set_threads(threads)
+        before = vm_rss()
+        model = hs.load(path)
+        runner = OursRunner(model, PROBE_PROMPT + PROBE_NEW + 8)
+    gc.collect()
+    loaded = vm_rss()
+    runner.run(prompt, PROBE_NEW)
+    gc.collect()
+    used = dict(load=loaded - before, run=vm_rss() - before)
+    if runtime != "llama.cpp":  # the bytes the model's tensors hold (each storage once)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in list(model.parameters()) + list(model.buffers())}
+        used["model_tensor_bytes"] = sum(storages.values())
+    print(json.dumps(used))
+
+
+def resident(runtime: str, path: Path, threads: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--probe", runtime, str(path), str(threads)],
+                         check=True, capture_output=True, text=True, cwd=Path(__file__).parent)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- timing --------------------------------------------------------------------------------------------
+
+def time_runners(runners: dict, prompt: list[int], threads: int, new_tokens: int, repeats: int) -> dict:
+    """Interleaved runs: {name: (prefill tok/s samples, decode tok/s samples, tokens)} plus acceptance."""
+    samples = {name: ([], [], None) for name in runners}
+    accepted = []
+    for runner in runners.values():  # warm-up
+        set_threads(threads)
+        runner.run(prompt, min(new_tokens, 4))
+    for _ in range(repeats):
+        for name, runner in runners.items():
+            set_threads(threads)
+            tokens, prefill_s, decode_s = runner.run(prompt, new_tokens)
+            prefill, decode, _ = samples[name]
+            prefill.append(len(prompt) / prefill_s)
+            decode.append((new_tokens - 1) / decode_s)
+            samples[name] = (prefill, decode, tokens)
+            if getattr(runner, "speculative", False):
+                accepted.append(runner.acceptance_rate())
+    return dict(samples=samples, acceptance=statistics.median(accepted) if accepted else None)
+
+
+def timing_row(fmt: str, n: int, threads: int, timed: dict) -> dict:
+    s = timed["samples"]
+    row = dict(format=fmt, prompt_len=n, threads=threads, acceptance_rate=timed["acceptance"])
+    for name, (prefill, decode, _) in s.items():
+        row[f"{name} decode tok/s"], row[f"{name} prefill tok/s"] = spread(decode), spread(prefill)
+    if "llama.cpp" in s:
+        row["plain tokens equal"] = same_tokens(s["hybridspec"][2], s["llama.cpp"][2])
+    row["speculative equals plain"] = s["hybridspec speculative"][2] == s["hybridspec"][2]
+    return row
+
+
+def table_cells(row: dict) -> dict:
+    med = {k: v["median"] for k, v in row.items() if isinstance(v, dict) and "median" in v}
+    cells = dict(format=row["format"], prompt=row["prompt_len"], threads=row["threads"],
+                 ours_decode=med["hybridspec decode tok/s"], ours_prefill=med["hybridspec prefill tok/s"],
+                 spec_decode=med["hybridspec speculative decode tok/s"], acceptance=row["acceptance_rate"])
+    if "llama.cpp decode tok/s" in med:
+        cells.update(llama_decode=med["llama.cpp decode tok/s"], llama_prefill=med["llama.cpp prefill tok/s"],
+                     tokens_equal=row["plain tokens equal"])
+        cells.update(decode_ratio=cells["ours_decode"] / cells["llama_decode"],
+                     prefill_ratio=cells["ours_prefill"] / cells["llama_prefill"],
+                     spec_ratio=cells["spec_decode"] / cells["llama_decode"])
+        cells.update(decode_met=cells["decode_ratio"] >= LLAMA_MIN, prefill_met=cells["prefill_ratio"] >= LLAMA_MIN,
+                     spec_met=cells["spec_ratio"] >= SPEC_VS_LLAMA_MIN)
+    return cells
+
+
+# -- the run -------------------------------------------------------------------------------------------
+
+def sources(args, shape: dict, work: Path):
+    """(HF target, HF draft, {name: (target f32 GGUF, draft f32 GGUF, model directory)}, how)."""
+    tree, how = None, "llama.cpp's convert_hf_to_gguf.py"
+    try:
+        tree = converter_tree(args.sdist, args.converter, work)
+    except (FileNotFoundError, tarfile.TarError) as exc:
+        how = f"hybridspec's writer (no converter: {exc})"
+    hf = build_granite(shape, scale_from=args.draft_layers, scale=args.scale)
+    draft = layer_skip_draft(hf, args.draft_layers)
+    files = {}
+    for name, model in (("target", hf), ("draft", draft)):
+        directory = work / name
+        save_for_converter(model, directory)
+        f32 = convert(tree, directory, "f32") if tree is not None else None
+        add_tokenizer(directory, shape["vocab_size"])  # after the converter: it would want a known pre-tokenizer
+        files[name] = (f32 or our_quantize(directory, directory / "model-ours-f32.gguf", None), directory)
+    return hf, files, how
+
+
+def quantized(files: dict, fmt: str, work: Path, missing: str | None) -> dict[str, Path]:
+    """{"target"|"draft": the file in format fmt}: llama.cpp's quantizer, or our writer without llama_cpp."""
+    out = {}
+    for name, (f32, directory) in files.items():
+        path = work / f"{name}-{fmt}.gguf"
+        out[name] = (our_quantize(directory, path, FORMATS[fmt]) if missing else llama_quantize(f32, path, fmt))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--probe"]:
+        probe_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return 0
+    parser = bench_parser(__doc__)
+    parser.add_argument("--sdist", type=Path, default=None, help="llama-cpp-python's sdist (.tar.gz or unpacked)")
+    parser.add_argument("--converter", type=Path, default=None, help="a llama.cpp tree with convert_hf_to_gguf.py")
+    parser.add_argument("--formats", nargs="+", choices=tuple(FORMATS), default=list(FORMATS))
+    parser.add_argument("--prompt-lens", type=int, nargs="+", default=None, help="default 128 2048 (quick: 16)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 64 (quick: 4)")
+    parser.add_argument("--thread-counts", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
+    parser.add_argument("--draft-layers", type=int, default=None, help="the draft's layers (default 2; quick 1)")
+    parser.add_argument("--gamma", type=int, default=4, help="drafts per round")
+    parser.add_argument("--scale", type=float, default=0.01, help="λ, as in llamacpp.py")
+    parser.add_argument("--no-memory", action="store_true", help="skip the resident-memory probes")
+    args = parser.parse_args(argv)
+    import hybridspec as hs
+
+    shape = QUICK if args.quick else FULL
+    prompt_lens = args.prompt_lens or ([16] if args.quick else [128, 2048])
+    new_tokens = args.new_tokens or (4 if args.quick else 64)
+    repeats = args.repeats or (1 if args.quick else 3)
+    args.draft_layers = args.draft_layers or (1 if args.quick else 2)
+    missing = llama_cpp_missing()
+    threads_before = torch.get_num_threads()
+    g = torch.Generator().manual_seed(1)
+    prompts = {n: torch.randint(1, shape["vocab_size"], (n,), generator=g).tolist() for n in prompt_lens}
+    first = prompts[prompt_lens[0]]
+    max_len = max(prompt_lens) + new_tokens + args.gamma + 8
+    print(f"Granite-4.0-H-shaped random model; {describe_machine()}", flush=True)
+    checks, rows, memory, writer = [], [], [], []
+
+    def save(complete: bool) -> None:
+        """The JSON so far (written after every row: a long run stopped early keeps its rows)."""
+        write_json(args.out or "llamacpp_quant.json", dict(
+            bench="llamacpp_quant", quick=args.quick, complete=complete, model=dict(family="granitemoehybrid", **shape),
+            source=how, quantizer="hybridspec's writer" if missing else "llama.cpp's llama_model_quantize",
+            llama_cpp_skipped=missing, new_tokens=new_tokens, repeats=repeats, thread_counts=args.thread_counts,
+            speculative=dict(draft_layers=args.draft_layers, gamma=args.gamma, scale=args.scale),
+            targets=dict(decode=LLAMA_MIN, prefill=LLAMA_MIN, speculative=SPEC_VS_LLAMA_MIN,
+                         resident_within=RESIDENT_WITHIN),
+            checks=checks, memory=memory, writer=writer, rows=rows, table=[table_cells(r) for r in rows]))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        hf, files, how = sources(args, shape, work)
+        set_threads(1)
+        with torch.inference_mode():
+            reference = hf(torch.tensor([first])).logits[0].float()  # HF float32, every prompt position
+        for fmt in ["F32"] + args.formats:
+            paths = {"target": files["target"][0]} if fmt == "F32" else quantized(files, fmt, work, missing)
+            total, by_type = tensor_bytes(paths["target"])
+            target = hs.load(paths["target"])
+            ours = ours_logits(target, first)
+            check = dict(format=fmt, tensor_bytes=total, tensor_bytes_by_type=by_type,
+                         ours_vs_hf=agreement(ours, reference))
+            if not missing:
+                theirs = llama_logits(paths["target"], first)
+                check.update(llama_vs_hf=agreement(theirs, reference), ours_vs_llama=agreement(ours, theirs))
+            checks.append(check)
+            print(f"agreement ({fmt}): {check}", flush=True)
+            if fmt == "F32":
+                del target
+                continue
+            if not args.no_memory:
+                for runtime in ("hybridspec",) + (() if missing else ("llama.cpp",)):
+                    used = resident(runtime, paths["target"], 1)
+                    memory.append(dict(format=fmt, runtime=runtime, tensor_bytes=total, **used,
+                                       load_vs_file=used["load"] / total, run_vs_file=used["run"] / total))
+                    print(f"resident ({fmt}, {runtime}): {memory[-1]}", flush=True)
+            draft = hs.load(paths["draft"])
+            ours_plain = OursRunner(target, max_len)
+            ours_spec = OursRunner(target, max_len, draft, args.gamma)
+            llamas = {} if missing else {t: LlamaRunner(paths["target"], t, max_len) for t in args.thread_counts}
+            for n, prompt in prompts.items():
+                for threads in args.thread_counts:
+                    runners = {"hybridspec": ours_plain, "hybridspec speculative": ours_spec,
+                               **({"llama.cpp": llamas[threads]} if llamas else {})}
+                    rows.append(timing_row(fmt, n, threads, time_runners(runners, prompt, threads, new_tokens,
+                                                                         repeats)))
+                    print(f"{fmt}, prompt {n}, {threads} thread(s): {table_cells(rows[-1])}", flush=True)
+                    save(False)
+            del llamas, ours_plain, ours_spec, draft, target
+        writer.extend(writer_checks(args, files, work, first, reference, new_tokens, missing))
+    set_threads(threads_before)
+    report([table_cells(r) for r in rows], checks, memory, writer, new_tokens, repeats, args)
+    if missing:
+        print(f"llama.cpp side skipped: {missing}", flush=True)
+    save(True)
+    return 0
+
+
+def writer_checks(args, files: dict, work: Path, prompt: list[int], reference: torch.Tensor, new_tokens: int,
+                  missing: str | None) -> list[dict]:
+    """Files from `hybridspec quantize` in llama.cpp: agreement and greedy tokens against ours."""
+    import hybridspec as hs
+    out = []
+    directory = files["target"][1]
+    set_threads(1)
+    for fmt in args.formats:
+        path = our_quantize(directory, work / f"ours-{FORMATS[fmt]}.gguf", FORMATS[fmt])
+        model = hs.load(path)
+        ours = ours_logits(model, prompt)
+        row = dict(format=FORMATS[fmt], ours_vs_hf=agreement(ours, reference))
+        if not missing:
+            ours_tokens = OursRunner(model, len(prompt) + new_tokens + 8).run(prompt, new_tokens)[0]
+            llama_tokens = LlamaRunner(path, 1, len(prompt) + new_tokens + 8).run(prompt, new_tokens)[0]
+            row.update(ours_vs_llama=agreement(ours, llama_logits(path, prompt)),
+                       greedy_tokens_equal=same_tokens(ours_tokens, llama_tokens))
+        out.append(row)
+        print(f"hybridspec quantize --type {FORMATS[fmt]} in llama.cpp: {row}", flush=True)
+    return out
+
+
+def report(table, checks, memory, writer, new_tokens, repeats, args) -> None:
+    flat = [dict(format=c["format"], **{f"{k} {m}": v[m] for k, v in c.items() if isinstance(v, dict) and "top1" in v
+                                       for m in ("top1", "max_rel")}) for c in checks + [
+        dict(format=f"ours {w['format']}", **{k: v for k, v in w.items() if k != "format"}) for w in writer]]
+    print_table(flat, title="logit agreement over the first prompt's positions (top-1, max |a-b| / max |b|)")
+    print_table(memory, ["format", "runtime", "tensor_bytes", "model_tensor_bytes", "load", "run", "load_vs_file",
+                         "run_vs_file"],
+                title=f"resident memory: VmRSS delta, fresh process, after load / after a {PROBE_PROMPT}-token run")
+    print_table(table, [("format", "format"), ("prompt", "prompt"), ("threads", "threads"),
+                        ("ours_decode", "ours decode"), ("llama_decode", "llama.cpp decode"), ("decode_ratio", "×"),
+                        ("ours_prefill", "ours prefill"), ("llama_prefill", "llama.cpp prefill"),
+                        ("prefill_ratio", "×"), ("spec_decode", "ours speculative"), ("acceptance", "acceptance"),
+                        ("spec_ratio", "spec / llama.cpp plain"), ("tokens_equal", "tokens equal")],
+                title=f"tok/s, {new_tokens} new tokens, medians of {repeats}; draft: first {args.draft_layers} "
+                      f"layers, same format, γ = {args.gamma}, λ = {args.scale:g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
