@@ -503,12 +503,15 @@ def test_drafters_workloads_come_from_held_out_files(benches, monkeypatch):
 
 
 def test_tree_quick(benches, tmp_path):
-    """A chain and a tree of as many verify inputs on the embedded pair: the same tokens, a summary row."""
+    """A chain, a tree of as many verify inputs and the engine's own choice on the embedded pair: the
+    same tokens, a summary row, the auto row."""
     out = tmp_path / "tree.json"
     assert bench_main("tree")(["--quick", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
-    assert [r["variant"] for r in payload["rows"]] == ["chain γ=2", "tree 2 γ=2"]
+    assert [r["variant"] for r in payload["rows"]] == ["chain γ=2", "tree 2 γ=2", "auto"]
     assert all(r["same_tokens"] and r["tok_s"] > 0 and r["tokens_per_round"] >= 1 for r in payload["rows"])
     (row,) = payload["summary"]
     assert row["tpr_ratio"] == pytest.approx(payload["rows"][1]["tokens_per_round"] / payload["rows"][0]["tokens_per_round"])
     assert row["auto"] in ("chain γ=2", "tree 2 γ=2") and {t["met"] for t in payload["targets"]} <= {True, False}
+    (auto,) = payload["auto"]
+    assert 0 <= auto["tree_share"] <= 1 and auto["auto_tok_s"] > 0
