@@ -67,7 +67,7 @@ from hybridspec.kernels.quant.weight import QuantWeight
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 PIN_ENV = "HYBRIDSPEC_PIN_THREADS"  # "1": each helper thread bound to a CPU of its own (`pin_threads`)
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "quant.c", "mamba2.c", "mamba1.c", "gdn.c",
+                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "quant.c", "quant_rows.c", "mamba2.c", "mamba1.c", "gdn.c",
                              "conv.c", "norm.c", "pointwise.c", "rope.c", "blocks.c", "forward.c", "calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
                 for name in ("simd.h", "kernels.h", "rows_weights.h", "quant_tiles.h"))

@@ -47,6 +47,11 @@ class QuantWeight(nn.Parameter):
         """The values [out, in], float32 (gguf's dequantize, bit for bit)."""
         return formats.dequantize(self.detach(), self.fmt)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [n] of the values, float32 [n, in]: only those rows' blocks dequantized (an
+        embedding table's lookup), each exactly its row of `dequantize`."""
+        return formats.dequantize(self.detach().index_select(0, ids), self.fmt)
+
     def __deepcopy__(self, memo) -> "QuantWeight":
         if id(self) not in memo:
             memo[id(self)] = QuantWeight(self.data.clone(), self.fmt, self.out_features, self.in_features)

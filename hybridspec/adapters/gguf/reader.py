@@ -1,6 +1,6 @@
 """Reading a GGUF file strictly: its metadata, each tensor's type and shape checked against the config
 the metadata implies before any tensor is read, then the canonical weights, Q8_0 / Q4_0 / Q4_K product
-weights kept as their blocks (`QuantWeight.from_blocks`) and the rest as float32."""
+weights and token embedding kept as their blocks (`QuantWeight.from_blocks`) and the rest as float32."""
 from __future__ import annotations
 
 import dataclasses
@@ -120,8 +120,8 @@ def readable(qtype) -> bool:
 
 def read_tensors(reader, plan: dict[str, tuple[str, ...]], config: HybridConfig,
                  arch: Arch) -> tuple[dict[str, torch.Tensor], dict[str, QuantWeight]]:
-    """(canonical weights, the quantized ones): a product weight stored in a block format hybridspec
-    multiplies is a QuantWeight (a float placeholder of its shape stands in `weights` until the
+    """(canonical weights, the quantized ones): a product weight or the token embedding stored in a
+    block format hybridspec multiplies is a QuantWeight (a float placeholder of its shape stands in `weights` until the
     model holds it); every other tensor float32."""
     by_name = {t.name: t for t in reader.tensors}
     expected = expected_tensors(config)
@@ -139,11 +139,11 @@ def read_tensors(reader, plan: dict[str, tuple[str, ...]], config: HybridConfig,
 
 
 def _blocks(name: str, tensors: list, config: HybridConfig, arch: Arch):
-    """(format, canonical uint8 blocks [rows, bytes]) of a product weight stored in one block format
+    """(format, canonical uint8 blocks [rows, bytes]) of a product weight (or the token embedding) stored in one block format
     hybridspec multiplies, as one tensor or as row parts (`names.block_rows`); else None (read as float)."""
     fmts = {formats.BY_GGML_TYPE.get(int(t.tensor_type)) for t in tensors}
     fmt = fmts.pop() if len(fmts) == 1 else None
-    if fmt is None or not names.quantizable(name):
+    if fmt is None or not names.kept_quantized(name):
         return None
     rows = names.block_rows(name, config, arch)
     if rows is None and (len(tensors) != 1 or names.columns_moved(name, config, arch)):
