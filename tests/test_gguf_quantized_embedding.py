@@ -36,14 +36,19 @@ def granite_directory(path, tied: bool):
     return path
 
 
+def write_metadata(directory, config) -> tuple[str, dict]:
+    """(the architecture's name, the metadata `write_gguf` writes for the model directory)."""
+    arch = arch_of(config)
+    metadata = {f"{arch.name}.{key}": value for key, value in arch.metadata(config).items()}
+    return arch.name, metadata | vocab_metadata(directory, config) | {"general.name": directory.name}
+
+
 def write_with_embedding(directory, out, embedding) -> None:
     """The directory as a float32 GGUF file (`write_gguf`'s layout) but token_embd stored as
     `embedding`: float32 values, or (uint8 blocks, GGML type)."""
     config, weights = canonical_weights(directory)
-    arch = arch_of(config)
-    metadata = {f"{arch.name}.{key}": value for key, value in arch.metadata(config).items()}
-    metadata |= vocab_metadata(directory, config) | {"general.name": directory.name}
-    write_file(out, arch.name, metadata, {**stored_tensors(config, weights, None), "token_embd.weight": embedding})
+    write_file(out, *write_metadata(directory, config),
+               {**stored_tensors(config, weights, None), "token_embd.weight": embedding})
 
 
 def files(tmp_path, fmt: str, tied: bool):
@@ -52,8 +57,8 @@ def files(tmp_path, fmt: str, tied: bool):
     _, weights = canonical_weights(directory)
     blocks = QuantWeight.quantize(weights["embed_tokens.weight"].float(), fmt).detach()
     quantized, dequantized = tmp_path / "quantized.gguf", tmp_path / "dequantized.gguf"
-    write_with_embedding(directory, quantized, (blocks.numpy(), formats.format_named(fmt).ggml_type))
-    write_with_embedding(directory, dequantized, formats.dequantize(blocks, formats.format_named(fmt)).numpy())
+    write_with_embedding(directory, quantized, (blocks.numpy(), formats.FORMATS[fmt].ggml_type))
+    write_with_embedding(directory, dequantized, formats.dequantize(blocks, formats.FORMATS[fmt]).numpy())
     return quantized, dequantized
 
 
@@ -72,7 +77,7 @@ def both_paths(model) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @x86_with_compiler
-@pytest.mark.parametrize("fmt", ("q8_0", "q4_0", "q4_k"))
+@pytest.mark.parametrize("fmt", ("q8_0", "q4_0", "q4_k", "q6_k"))
 def test_a_quantized_embedding_looks_up_the_values_of_its_dequantized_table_bit_for_bit(fmt, tmp_path):
     quantized, dequantized = files(tmp_path, fmt, tied=False)
     model, reference = hs.load(quantized), hs.load(dequantized)
@@ -86,7 +91,8 @@ def test_a_quantized_embedding_looks_up_the_values_of_its_dequantized_table_bit_
 
 @x86_with_compiler
 def test_a_quantized_embedding_tied_to_the_head_is_also_its_quantized_product(tmp_path):
-    quantized, dequantized = files(tmp_path, "q4_k", tied=True)
+    """llama.cpp's Q4_K_M files store a tied embedding in Q6_K."""
+    quantized, dequantized = files(tmp_path, "q6_k", tied=True)
     model, reference = hs.load(quantized), hs.load(dequantized)
     assert model.lm_head is model.embed and isinstance(model.embed, QuantWeight)
     # the reference: a float table of the same values to look up, the same blocks as its head

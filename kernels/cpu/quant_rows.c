@@ -52,15 +52,31 @@ static void row_q4_k(const uint8_t *row, int64_t K, float *out) {
     }
 }
 
+/* Q6_K: (d · sc_j) · (q − 32) over sub-block j (16 values); half h (128 values) takes ql[64h …] and
+ * qh[32h …], value 128h + 32k + l the low (k < 2) or high nibble of ql[64h + 32(k % 2) + l] with bits
+ * 2k, 2k + 1 of qh[32h + l] above it */
+static void row_q6_k(const uint8_t *row, int64_t K, float *out) {
+    for (int64_t b = 0; b < K / 256; ++b, row += 210) {
+        const float d = half_value(row + 208);
+        for (int v = 0; v < 256; ++v) {
+            const int h = v / 128, k = v % 128 / 32, l = v % 32;
+            const uint8_t low = row[64 * h + 32 * (k % 2) + l];
+            const int q = (k < 2 ? low & 0x0F : low >> 4) | ((row[128 + 32 * h + l] >> (2 * k)) & 3) << 4;
+            out[256 * b + v] = d * (float)(int8_t)row[192 + v / 16] * (float)(q - 32);
+        }
+    }
+}
+
 /* row `row` of the weight [N, K] whose blocks start at `w`, format `fmt` (HS_Q8_0 …), into out [K];
  * returns 0, or -1 for a format it does not read or K not whole blocks (nothing written) */
 int hs_quant_row(const uint8_t *w, int fmt, int64_t K, int64_t row, float *out) {
-    const int64_t block = fmt == HS_Q4_K ? 256 : 32;
-    const int64_t bytes = fmt == HS_Q4_K ? 144 : fmt == HS_Q4_0 ? 18 : 34;
-    if (fmt < HS_Q8_0 || fmt > HS_Q4_K || K < 0 || K % block || row < 0) return -1;
+    const int64_t block = fmt >= HS_Q4_K ? 256 : 32;
+    const int64_t bytes = fmt == HS_Q6_K ? 210 : fmt == HS_Q4_K ? 144 : fmt == HS_Q4_0 ? 18 : 34;
+    if (fmt < HS_Q8_0 || fmt > HS_Q6_K || K < 0 || K % block || row < 0) return -1;
     const uint8_t *at = w + row * (K / block * bytes);
     if (fmt == HS_Q8_0) row_q8_0(at, K, out);
     else if (fmt == HS_Q4_0) row_q4_0(at, K, out);
-    else row_q4_k(at, K, out);
+    else if (fmt == HS_Q4_K) row_q4_k(at, K, out);
+    else row_q6_k(at, K, out);
     return 0;
 }
