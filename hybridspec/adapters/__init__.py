@@ -105,7 +105,7 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
     the model's `load_report`.
     A GGUF file (a path ending in .gguf, or a file with GGUF's magic) loads through
-    `adapters.gguf` (llama.cpp's layout; its Q8_0 / Q4_0 / Q4_K weights stay quantized)."""
+    `adapters.gguf` (llama.cpp's layout; its Q8_0 / Q4_0 / Q4_K / Q6_K weights stay quantized)."""
     compute = HybridModel.compute_for(compute, device, dtype)
     from hybridspec.adapters.gguf import is_gguf
     if is_gguf(path):

@@ -337,9 +337,12 @@ class HybridModel(Kernelled, nn.Module):
         return self.tensor_parallel.all_reduce(h.masked_fill(~mine.unsqueeze(-1), 0))
 
     def _table_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` of the embedding table (the panels of an LM head it is tied to, `pack_for_cpu`)."""
+        """Rows `ids` of the embedding table (the panels of an LM head it is tied to, `pack_for_cpu`;
+        a quantized table's rows dequantized, those rows only)."""
         if isinstance(self.embed, PanelWeight):
             return panels.rows(self.embed, ids)
+        if isinstance(self.embed, QuantWeight):
+            return self.embed.rows(ids)
         return self.embed.index_select(0, ids)
 
     def _widened(self, rows: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,9 @@ Every linear weight of the decoder layers (attention's q, k, v, o; the MLP's gat
 mixers' in_proj and out_proj, shared blocks' included) becomes a `QuantWeight` in the format asked;
 one whose input size is not whole blocks of it takes Q8_0 (blocks of 32) where it can, as
 llama.cpp falls back for such tensors, else stays float. The LM head takes Q8_0 whatever the format
-(llama.cpp's Q8_0 files keep it Q8_0 and its Q4_K_M files in Q6_K, which hybridspec does not
-multiply: Q8_0 is the nearest it has); an embedding tied to it stays a float table of its own. The
+(llama.cpp's Q8_0 files keep it Q8_0 and its Q4_K_M files in Q6_K, which hybridspec reads and
+multiplies but does not make: Q8_0 is the nearest it makes); an embedding tied to it stays a float
+table of its own. The
 embedding, norms, conv weights, biases, a MoE's router and experts and the state mixers' small
 parameters (Mamba-1's x_proj and dt_proj, A, D, dt_bias) stay float.
 """

@@ -89,10 +89,15 @@ static int forward(const hs_forward_args *a, const hs_tree *tree) {
         if (a->ids[r] < 0 || a->ids[r] >= a->vocab) return -2;
     const uintptr_t embed = (uintptr_t)a->embed, type = embed & HS_WEIGHT_TYPE;
     if (type == HS_WEIGHT_TYPE) return -1;
-    const void *table = (const void *)(embed & ~(uintptr_t)HS_WEIGHT_TAGS);
+    const void *table = (const void *)(embed & ~(uintptr_t)(HS_QUANT | HS_WEIGHT_TAGS));
     const int panels = (embed & HS_PANELS) != 0;
-    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied (a 16-bit table's widened) */
-        if (!type && !panels && a->embed_col == 1)
+    for (int64_t r = 0; r < rows; ++r) {  /* the embeddings, copied (a 16-bit table's widened, a quantized one's
+                                             rows dequantized: the header {format, blocks}) */
+        if (embed & HS_QUANT) {
+            const int64_t *header = table;
+            if (hs_quant_row((const uint8_t *)(uintptr_t)header[1], (int)header[0], hidden, a->ids[r], h + r * hidden))
+                return -1;
+        } else if (!type && !panels && a->embed_col == 1)
             memcpy(h + r * hidden, a->embed + a->ids[r] * a->embed_row, sizeof(float) * (size_t)hidden);
         else
             for (int64_t c = 0; c < hidden; ++c) h[r * hidden + c] = embed_value(a, table, type, panels, a->ids[r], c);

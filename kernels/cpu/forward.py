@@ -46,6 +46,7 @@ from hybridspec.kernels.cpu import blocks as cpu_blocks
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.descriptors import ModelDesc, MTPInput
 from hybridspec.kernels.cpu.panels import PanelWeight, out_features
+from hybridspec.kernels.quant.weight import QuantWeight
 
 _f32_p, _i64_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int64)
 _p, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -96,7 +97,7 @@ class _Table:
         if desc.dtype is not torch.float32:
             return False
         final = desc.final_norm.weight
-        # the embedding table: [vocab, hidden] at any strides, or the panels of the LM head it is tied to
+        # the embedding table: [vocab, hidden] at any strides, the panels of the LM head it is tied to, or blocks
         embed_panels = isinstance(desc.embed, PanelWeight)
         if not (cpu_blocks._float32_cpu(final) and cpu_native.weight_dtype_ok(desc.embed)
                 and cpu_blocks._products_take(desc.lm_head)
@@ -125,9 +126,10 @@ class _Table:
         self.layers = layers
         self.head_t = cpu_native.product_address(desc.lm_head, compute)
         self.final_w, self.final_eps = final.data_ptr(), desc.final_norm.eps
-        self.hidden = desc.embed.in_features if embed_panels else desc.embed.shape[1]
+        by_blocks = embed_panels or isinstance(desc.embed, QuantWeight)  # panels or GGUF blocks: cpu/forward.c's own
+        self.hidden = desc.embed.in_features if by_blocks else desc.embed.shape[1]
         self.vocab = out_features(desc.lm_head)
-        self.embed_strides = (0, 0) if embed_panels else desc.embed.stride()  # panels: cpu/forward.c's own
+        self.embed_strides = (0, 0) if by_blocks else desc.embed.stride()
         self.has_attention = any(r.mixer == HS_ATTENTION for r in layers)
         self.has_mamba = bool(self.mamba_layers)
         # scratch floats (an upper bound of what hs_forward computes): per row, the largest block's

@@ -34,6 +34,12 @@ int hs_set_pinning(int on); /* bind each helper to one CPU (1) or not (0, the de
 /* a quantized weight (GGUF blocks, cpu/quant.c): the address of its header, int64 {format, the
  * blocks' address}, 16-byte aligned; no other tag with it */
 #define HS_QUANT 8
+#define HS_Q8_0 0 /* the formats' codes (`formats.BlockFormat.code`) */
+#define HS_Q4_0 1
+#define HS_Q4_K 2
+#define HS_Q6_K 3
+/* cpu/quant_rows.c: row `row` of a quantized weight [N, K] as float32 (`formats.dequantize`'s values) */
+int hs_quant_row(const uint8_t *w, int fmt, int64_t K, int64_t row, float *out);
 int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
                     float *y);
 int hs_bf16_supported(void);
@@ -149,7 +155,8 @@ typedef struct {
     const hs_layer *layers;
     int64_t num_layers;
     const int64_t *ids;                 /* [batch, T] token ids */
-    const float *embed;                 /* [vocab, hidden] at strides (embed_row, embed_col); HS_WEIGHT_TYPE */
+    const float *embed;                 /* [vocab, hidden] at strides (embed_row, embed_col); HS_WEIGHT_TYPE,
+                                           HS_PANELS or HS_QUANT (a quantized table's header) */
     int64_t embed_row, embed_col, batch, T, hidden, vocab;
     const int64_t *src, *snap;          /* the slot plan: [batch] and [batch, T] */
     const int64_t *slot_mapping, *block_tables, *context_lens, *query_lens;  /* the K/V plan */

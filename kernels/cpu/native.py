@@ -8,8 +8,8 @@ and a whole forward chaining them:
   (weights float32 or their exact bfloat16 / float16 copies, `cpu/rows_weights.h`);
   `cpu/rows_bf16.c`: the same products in bfloat16 compute (AVX512-BF16), the
   opt-in fast path (`compute="bfloat16"`, not the float32 bits);
-- `cpu/quant.c` (`cpu/quant.py`): products of GGUF-block weights (Q8_0, Q4_0, Q4_K;
-  `quant.QuantWeight`) with activations rounded to int8 blocks, integer dot products (AVX2, or
+- `cpu/quant.c` (`cpu/quant.py`): products of GGUF-block weights (Q8_0, Q4_0, Q4_K, Q6_K in
+  `cpu/quant_q6k.h`; `quant.QuantWeight`) with activations rounded to int8 blocks, integer dot products (AVX2, or
   AVX512-VNNI where present, `cpu_quant.vector_path`: the same bits), for any row count;
 - `cpu/mamba2.c` (`cpu/mamba2.py`): the Mamba-2 recurrence over a forward's
   inputs, straight into the ring slots, for the Mamba-2 mixer;
@@ -67,10 +67,10 @@ from hybridspec.kernels.quant.weight import QuantWeight
 CACHE_ENV = "HYBRIDSPEC_CACHE_DIR"
 PIN_ENV = "HYBRIDSPEC_PIN_THREADS"  # "1": each helper thread bound to a CPU of its own (`pin_threads`)
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "quant.c", "mamba2.c", "mamba1.c", "gdn.c",
+                for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "quant.c", "quant_rows.c", "mamba2.c", "mamba1.c", "gdn.c",
                              "conv.c", "norm.c", "pointwise.c", "rope.c", "blocks.c", "forward.c", "calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
-                for name in ("simd.h", "kernels.h", "rows_weights.h", "quant_tiles.h"))
+                for name in ("simd.h", "kernels.h", "rows_weights.h", "quant_tiles.h", "quant_q6k.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu/rope.c) keep it under any compiler's default
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")

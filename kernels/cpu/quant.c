@@ -84,6 +84,8 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define QDOT_Q4(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
 #include "quant_tiles.h"
 
+#include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */
+
 static int vnni = -1; /* the dot product in use: 1 AVX512-VNNI, 0 AVX2, -1 not chosen yet */
 
 /* choice -1: report; 0: AVX2's dot product; 1: AVX512-VNNI's (where the CPU has it). Returns the
@@ -130,17 +132,19 @@ static void quant_part(void *ctx, int part, int parts) {
     const int64_t chunks = (j->N + 15) / 16;
     const int64_t c0 = chunks * part / parts * 16, c1 = part + 1 == parts ? j->N : chunks * (part + 1) / parts * 16;
     if (c0 >= c1) return;
-    if (vnni == 1) columns_vnni(j, c0, c1);
+    if (j->fmt == HS_Q6_K) q6_columns(j, c0, c1);
+    else if (vnni == 1) columns_vnni(j, c0, c1);
     else columns_avx2(j, c0, c1);
 }
 
-/* y[M, N] = x[M, K] @ w[N, K]ᵀ, w in format `fmt` (HS_Q8_0, HS_Q4_0, HS_Q4_K); K a multiple of the
+/* y[M, N] = x[M, K] @ w[N, K]ᵀ, w in format `fmt` (HS_Q8_0, HS_Q4_0, HS_Q4_K, HS_Q6_K); K a multiple of the
  * format's block. Returns 0, or -1 for arguments it does not take (checked before anything is
  * computed) or no memory for the rounded activations. */
 int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
                     float *y) {
-    const int64_t block = fmt == HS_Q4_K ? 256 : 32, bytes = fmt == HS_Q4_K ? 144 : fmt == HS_Q4_0 ? 18 : 34;
-    if (fmt < HS_Q8_0 || fmt > HS_Q4_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
+    const int64_t block = fmt >= HS_Q4_K ? 256 : 32;
+    const int64_t bytes = fmt == HS_Q6_K ? Q6_BYTES : fmt == HS_Q4_K ? 144 : fmt == HS_Q4_0 ? 18 : 34;
+    if (fmt < HS_Q8_0 || fmt > HS_Q6_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
     if (M == 0 || N == 0) return 0;
     if (vnni < 0) hs_quant_isa(-1);
     int8_t *q = malloc((size_t)(M * K) + 64);

@@ -2,8 +2,9 @@
 any row count (decode, verify, drafting and prefill), in C with the other native kernels.
 
 Activations are rounded per row to int8 blocks with a float32 scale (blocks of 32 for Q8_0 and
-Q4_0 weights, 256 for Q4_K: `formats.quantize_rows_q8`), as llama.cpp rounds them, and each block
-pair meets in an exact integer dot product; each output's float chain is fixed (cpu/quant.c), so a
+Q4_0 weights, 256 for Q4_K and Q6_K: `formats.quantize_rows_q8`), as llama.cpp rounds them, and each block
+pair meets in an exact integer dot product; each output's float chain is fixed (cpu/quant.c,
+cpu/quant_q6k.h), so a
 row's bits do not depend on the other rows, the thread count, the few-row or many-row path, or
 the ISA (AVX2 or AVX512-VNNI, `vector_path`). Against a float64 product of the same rounded
 activations and dequantized weights, an output is off by at most `error_bound` (float32 lanes

@@ -34,18 +34,23 @@ class QuantWeight(nn.Parameter):
     def from_blocks(cls, data: torch.Tensor, fmt: BlockFormat | str, out_features: int,
                     in_features: int) -> "QuantWeight":
         """Raw blocks (any shape holding out · row_bytes bytes, e.g. a GGUF tensor's data) as a weight."""
-        fmt = formats.format_named(fmt) if isinstance(fmt, str) else fmt
+        fmt = formats.format_named(fmt, tuple(formats.FORMATS)) if isinstance(fmt, str) else fmt
         return cls(data.reshape(out_features, -1), fmt, out_features, in_features)
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, fmt: BlockFormat | str) -> "QuantWeight":
         """A float weight [out, in] quantized into `fmt`."""
-        fmt = formats.format_named(fmt) if isinstance(fmt, str) else fmt
+        fmt = formats.format_named(fmt, tuple(formats.FORMATS)) if isinstance(fmt, str) else fmt
         return cls(formats.quantize(weight, fmt), fmt, *weight.shape)
 
     def dequantize(self) -> torch.Tensor:
         """The values [out, in], float32 (gguf's dequantize, bit for bit)."""
         return formats.dequantize(self.detach(), self.fmt)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [n] of the values, float32 [n, in]: only those rows' blocks dequantized (an
+        embedding table's lookup), each exactly its row of `dequantize`."""
+        return formats.dequantize(self.detach().index_select(0, ids), self.fmt)
 
     def __deepcopy__(self, memo) -> "QuantWeight":
         if id(self) not in memo:
@@ -60,8 +65,8 @@ class QuantWeight(nn.Parameter):
 
 
 def activation_block(fmt: BlockFormat) -> int:
-    """The block the products round activations in for weights of `fmt`: 256 for Q4_K (ggml's
-    Q8_K), else 32 (ggml's Q8_0)."""
+    """The block the products round activations in for weights of `fmt`: 256 for Q4_K and Q6_K
+    (ggml's Q8_K), else 32 (ggml's Q8_0)."""
     return 256 if fmt.block == 256 else 32
 
 

@@ -20,8 +20,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device="cpu", 
               tensor_parallel_size: int = 1, compute: torch.dtype = torch.float32,
               quantize: str | None = None) -> HybridModel:
     """The model in the GGUF file `path` (see `adapters.load`): float tensors as float32 (or `dtype`),
-    Q8_0 / Q4_0 / Q4_K product weights as QuantWeights (which need a float32 CPU model, one process);
-    quantize= quantizes the product weights still float."""
+    Q8_0 / Q4_0 / Q4_K / Q6_K product weights and token embedding as QuantWeights (which need a float32
+    CPU model, one process); quantize= quantizes the product weights still float."""
     from hybridspec.adapters import _build, _cast, _finish
     path = Path(path)
     source = str(path)

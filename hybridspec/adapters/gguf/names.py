@@ -185,3 +185,10 @@ def quantizable(name: str) -> bool:
     """Whether the canonical tensor `name` is a product weight `HybridModel.quantize` quantizes (the
     decoder layers' linear weights, `models.quantizing.QUANTIZED`) or the LM head."""
     return name == "lm_head.weight" or _QUANTIZABLE.match(name) is not None
+
+
+def kept_quantized(name: str) -> bool:
+    """Whether the reader keeps the canonical tensor `name` as its blocks where the file stores it in a
+    format hybridspec multiplies: a product weight (`quantizable`) or the token embedding (its lookup
+    dequantizes only the rows it reads, `QuantWeight.rows`)."""
+    return name == "embed_tokens.weight" or quantizable(name)

@@ -1,6 +1,7 @@
 """Reading a GGUF file strictly: its metadata, each tensor's type and shape checked against the config
-the metadata implies before any tensor is read, then the canonical weights, Q8_0 / Q4_0 / Q4_K product
-weights kept as their blocks (`QuantWeight.from_blocks`) and the rest as float32."""
+the metadata implies before any tensor is read, then the canonical weights, Q8_0 / Q4_0 / Q4_K / Q6_K
+product weights and token embedding kept as their blocks (`QuantWeight.from_blocks`) and the rest as
+float32."""
 from __future__ import annotations
 
 import dataclasses
@@ -93,7 +94,7 @@ def check_tensors(reader, arch: Arch, config: HybridConfig, source: str) -> dict
         raise ModelFilesError(f"{source}: the tensors do not match the metadata ({arch.name}, {config.num_layers} "
                               f"layers): " + "; ".join(problems) + ". Convert the model again with llama.cpp's "
                               "convert_hf_to_gguf.py or `hybridspec quantize`; types read: F32, F16, BF16, "
-                              "Q8_0/Q4_0/Q4_K kept quantized, other types the gguf package dequantizes")
+                              "Q8_0/Q4_0/Q4_K/Q6_K kept quantized, other types the gguf package dequantizes")
     return plan
 
 
@@ -120,8 +121,8 @@ def readable(qtype) -> bool:
 
 def read_tensors(reader, plan: dict[str, tuple[str, ...]], config: HybridConfig,
                  arch: Arch) -> tuple[dict[str, torch.Tensor], dict[str, QuantWeight]]:
-    """(canonical weights, the quantized ones): a product weight stored in a block format hybridspec
-    multiplies is a QuantWeight (a float placeholder of its shape stands in `weights` until the
+    """(canonical weights, the quantized ones): a product weight or the token embedding stored in a
+    block format hybridspec multiplies is a QuantWeight (a float placeholder of its shape stands in `weights` until the
     model holds it); every other tensor float32."""
     by_name = {t.name: t for t in reader.tensors}
     expected = expected_tensors(config)
@@ -139,11 +140,12 @@ def read_tensors(reader, plan: dict[str, tuple[str, ...]], config: HybridConfig,
 
 
 def _blocks(name: str, tensors: list, config: HybridConfig, arch: Arch):
-    """(format, canonical uint8 blocks [rows, bytes]) of a product weight stored in one block format
-    hybridspec multiplies, as one tensor or as row parts (`names.block_rows`); else None (read as float)."""
+    """(format, canonical uint8 blocks [rows, bytes]) of a product weight or the token embedding stored
+    in one block format hybridspec multiplies, as one tensor or as row parts (`names.block_rows`); else
+    None (read as float)."""
     fmts = {formats.BY_GGML_TYPE.get(int(t.tensor_type)) for t in tensors}
     fmt = fmts.pop() if len(fmts) == 1 else None
-    if fmt is None or not names.quantizable(name):
+    if fmt is None or not names.kept_quantized(name):
         return None
     rows = names.block_rows(name, config, arch)
     if rows is None and (len(tensors) != 1 or names.columns_moved(name, config, arch)):

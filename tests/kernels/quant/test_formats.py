@@ -1,5 +1,6 @@
 """The block formats against the `gguf` package's reference: quantize byte-equal for Q8_0 and
-Q4_0, dequantize bit-equal for all three, and our Q4_K quantizer within its stated bound."""
+Q4_0, dequantize bit-equal for all four (arbitrary bytes too, as llama.cpp's files hold them), a row
+lookup (`QuantWeight.rows`) those rows of it, and our Q4_K and Q6_K quantizers within their bounds."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,11 +9,13 @@ import torch
 
 from hybridspec.errors import ConfigError
 from hybridspec.kernels.quant import formats
+from hybridspec.kernels.quant.weight import QuantWeight
 
 gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType  # noqa: E402
 
-GGML = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_k": GGMLQuantizationType.Q4_K}
+GGML = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_k": GGMLQuantizationType.Q4_K,
+        "q6_k": GGMLQuantizationType.Q6_K}
 
 
 def values(seed: int, rows: int = 24, cols: int = 512) -> torch.Tensor:
@@ -38,7 +41,7 @@ def test_quantize_is_byte_equal_to_gguf(name, seed):
     assert np.array_equal(ours.numpy(), theirs)
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k", "q6_k"])
 def test_dequantize_is_bit_equal_to_gguf(name):
     fmt = formats.FORMATS[name]
     data = formats.quantize(values(3), fmt)
@@ -56,6 +59,32 @@ def test_dequantize_of_arbitrary_q4_k_bytes_is_gguf_s():
                           gguf_quants.dequantize(data.numpy(), GGMLQuantizationType.Q4_K))
 
 
+def arbitrary_blocks(fmt: formats.BlockFormat, count: int, seed: int) -> torch.Tensor:
+    """uint8 [count, nbytes]: random bytes, each float16 scale a finite value of either sign."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (count, fmt.nbytes), dtype=torch.uint8, generator=g)
+    for at in {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}[fmt.name]:
+        d = (torch.rand(count, generator=g) - 0.25) * 1e-2
+        blocks[:, at:at + 2] = d.to(torch.float16).view(torch.uint8).reshape(count, 2)
+    return blocks
+
+
+@pytest.mark.parametrize("name", sorted(GGML))
+def test_dequantize_of_arbitrary_bytes_is_gguf_s(name):
+    fmt = formats.FORMATS[name]
+    blocks = arbitrary_blocks(fmt, 300, seed=fmt.code)
+    assert np.array_equal(formats.dequantize(blocks.reshape(-1), fmt).numpy(),
+                          gguf_quants.dequantize(blocks.numpy().reshape(-1), GGML[name]))
+
+
+@pytest.mark.parametrize("name", sorted(GGML))
+def test_a_row_lookup_is_those_rows_of_the_whole_dequantized_table(name):
+    fmt = formats.FORMATS[name]
+    table = QuantWeight.from_blocks(arbitrary_blocks(fmt, 40, seed=10 + fmt.code), fmt, 20, 2 * fmt.block)
+    ids = torch.tensor([3, 0, 19, 3, 7])
+    assert torch.equal(table.rows(ids), table.dequantize()[ids])
+
+
 def test_q4_k_scales_pack_and_unpack():
     g = torch.Generator().manual_seed(5)
     sc, m = (torch.randint(0, 64, (10, 8), dtype=torch.uint8, generator=g) for _ in range(2))
@@ -69,6 +98,16 @@ def test_q4_k_round_trip_within_its_bound(seed):
     err = (formats.dequantize(formats.quantize(x, formats.Q4_K), formats.Q4_K) - x).abs()
     assert (err <= formats.q4_k_error_bound(x)).all()
     assert err.pow(2).mean().sqrt() < 0.12 * x.pow(2).mean().sqrt()  # a 4-bit format's error, not garbage
+
+
+@pytest.mark.parametrize("seed", [0, 6])
+def test_q6_k_round_trip_within_its_bound(seed):
+    """Our plain Q6_K quantizer (llama.cpp's files are read, `quantize=` does not make Q6_K)."""
+    for scale in (1.0, 1e-3, 1e-6):  # the last: d in float16's subnormals
+        x = values(seed) * scale
+        err = (formats.dequantize(formats.quantize(x, formats.Q6_K), formats.Q6_K) - x).abs()
+        assert (err <= formats.q6_k_error_bound(x)).all()
+    assert err.max() > 0
 
 
 @pytest.mark.parametrize("name,steps", [("q8_0", 0.5), ("q4_0", 1.0)])
@@ -102,5 +141,8 @@ def test_a_format_is_named_or_refused():
     assert formats.format_named("Q4_K") is formats.Q4_K
     with pytest.raises(ConfigError, match="q5_k"):
         formats.format_named("q5_k")
+    with pytest.raises(ConfigError, match="q6_k"):  # read and multiplied, not made by quantize=
+        formats.format_named("q6_k")
+    assert formats.format_named("q6_k", tuple(formats.FORMATS)) is formats.Q6_K
     with pytest.raises(ConfigError, match="whole blocks"):
         formats.quantize(torch.zeros(2, 48), formats.Q8_0)

@@ -13,7 +13,7 @@ from hybridspec.kernels.quant.weight import QuantWeight
 from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
-FORMATS = ("q8_0", "q4_0", "q4_k")
+FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
 # few rows (1-4: one column at a time), tiles (5 and up), more than a chunk of 64 rows
 ROWS = (1, 2, 4, 5, 7, 13, 70)
 
@@ -78,6 +78,25 @@ def test_rows_of_a_wider_tensor_are_taken_where_they_lie():
     view = wide[:, 16:16 + x.shape[1]]
     assert cpu_quant.applies(view, w)
     assert torch.equal(cpu_quant.quant_matmul(view, w), cpu_quant.quant_matmul(x, w))
+
+
+def test_q6_k_products_of_arbitrary_blocks_are_within_the_bound():
+    """Q6_K's blocks as llama.cpp writes them, not only as our plain quantizer makes them: any q,
+    any int8 scale (−128 included), rows 1 … 20 alone or together."""
+    g = torch.Generator().manual_seed(6)
+    N, K = 23, 768
+    raw = torch.randint(0, 256, (N, K // 256, 210), dtype=torch.uint8, generator=g)
+    raw[:, :, 192] = 128  # one scale −128 per block
+    raw[:, :, 208:] = (torch.rand(N, K // 256, generator=g) * 1e-3).to(torch.float16).view(torch.uint8).reshape(
+        N, K // 256, 2)
+    w = QuantWeight.from_blocks(raw, "q6_k", N, K)
+    x = torch.randn(20, K, generator=g)
+    alone = torch.cat([cpu_quant.quant_matmul(x[m:m + 1], w) for m in range(20)])
+    rounded = quant_weight.rounded_activations(x, w.fmt, torch.float64)
+    want = rounded @ w.dequantize().double().t()
+    assert ((alone.double() - want).abs() <= cpu_quant.error_bound(rounded, w.dequantize())).all()
+    for M in range(1, 21):
+        assert torch.equal(cpu_quant.quant_matmul(x[:M], w), alone[:M]), M
 
 
 def test_raw_blocks_wrap_as_a_weight_without_requantizing():
