@@ -237,6 +237,20 @@ def test_a_tokenizer_model_it_does_not_read_is_a_typed_error_naming_it():
         tokenizer_of({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]}, "m.gguf")
 
 
+def test_a_file_written_without_a_tokenizer_says_so_as_llama_cpp_reads_it(tmp_path):
+    """No tokenizer.json beside the model: the file names "no_vocab" (llama.cpp refuses a file
+    that names no tokenizer model), loads, and asks for tokenizer= when text is wanted."""
+    from hybridspec.adapters.gguf.reader import metadata, open_file
+    from hybridspec.text.gguf_vocab import gguf_codec
+    directory = saved(FAMILIES["granite-dense"](), tmp_path / "hf")
+    assert not (directory / "tokenizer.json").exists()
+    write_gguf(directory, tmp_path / "model.gguf")
+    assert metadata(open_file(tmp_path / "model.gguf"))["tokenizer.ggml.model"] == "no_vocab"
+    assert hs.load(tmp_path / "model.gguf").vocab_size > 0
+    with pytest.raises(UnsupportedModelError, match="carries no tokenizer.*tokenizer="):
+        gguf_codec(tmp_path / "model.gguf")
+
+
 @x86_with_compiler
 def test_llm_on_a_gguf_file_decodes_text_and_speculates_exactly(tmp_path):
     directory = saved(oracles.granite(vocab=300, multipliers=EXACT_MULTIPLIERS, dtype=torch.float32),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hybridspec.errors import UnsupportedModelError
 from hybridspec.text.codec import TokenizerCodec
-from hybridspec.adapters.gguf.vocab import CONTROL, NORMAL, UNKNOWN, USER_DEFINED
+from hybridspec.adapters.gguf.vocab import CONTROL, NO_VOCAB, NORMAL, UNKNOWN, USER_DEFINED
 
 SPACE = "\u2581"  # SentencePiece's space
 GPT2_SPLIT = None  # the ByteLevel pre-tokenizer's own (GPT-2) regex
@@ -45,6 +45,9 @@ def tokenizer_of(meta: dict, source: str):
     from transformers import PreTrainedTokenizerFast
     kind = meta.get("tokenizer.ggml.model")
     builders = {"gpt2": _byte_level, "llama": _sentencepiece}
+    if kind in (None, NO_VOCAB, "none"):
+        raise UnsupportedModelError(f"{source} carries no tokenizer (tokenizer.ggml.model={kind!r}); pass the "
+                                    "model's HF tokenizer directory as tokenizer=")
     if kind not in builders:
         raise UnsupportedModelError(f"{source}: tokenizer.ggml.model={kind!r} is not supported (hybridspec reads "
                                     "'gpt2', byte-level BPE, and 'llama', SentencePiece BPE); pass the model's HF "

@@ -6,13 +6,17 @@ import json
 from pathlib import Path
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # tokenizer.ggml.token_type values
+NO_VOCAB = "no_vocab"  # tokenizer.ggml.model of a file that carries no tokenizer
 
 
 def vocab_metadata(directory: Path, config) -> dict:
     """The tokenizer.ggml.* keys of the byte-level BPE tokenizer.json in `directory`, padded with unused
-    tokens to the model's vocabulary (only the config's eos id where there is none or another kind)."""
+    tokens to the model's vocabulary; where there is none or another kind, "no_vocab" (llama.cpp's word
+    for a file without a tokenizer: it refuses a file that names none) and the config's eos id."""
     file = directory / "tokenizer.json"
-    eos = {} if config.eos_token_id is None else {"tokenizer.ggml.eos_token_id": int(config.eos_token_id)}
+    eos = {"tokenizer.ggml.model": NO_VOCAB}
+    if config.eos_token_id is not None:
+        eos["tokenizer.ggml.eos_token_id"] = int(config.eos_token_id)
     if not file.is_file():
         return eos
     spec = json.loads(file.read_text(encoding="utf-8"))
