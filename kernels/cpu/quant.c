@@ -26,10 +26,7 @@
 #define HS_Q8_0 0 /* the formats' codes (`formats.BlockFormat.code`) */
 #define HS_Q4_0 1
 #define HS_Q4_K 2
-#define FEW_ROWS 4     /* up to this many rows, one column at a time; more: tiles */
-#define TILE_ROWS 4    /* a tile: rows by columns, each block of the weight decoded once per tile and */
-#define TILE_COLS 2    /* each block of activations loaded once per tile */
-#define ACC_ROWS 4     /* the most rows and columns of any tile (few rows: up to FEW_ROWS by 1) */
+#define ACC_ROWS 8     /* the most rows and columns of any tile (each ISA's shapes: quant_tiles.h) */
 #define ACC_COLS 2
 #define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */
 #define PREFETCH_BLOCKS 8 /* how far ahead along a weight row the few-row stream prefetches */
@@ -40,7 +37,6 @@ typedef struct {
     const int8_t *xq;   /* [M, K], the rounded activations */
     const float *xd;    /* [M, K / act_block], their scales */
     const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (the Q4_K mins' part) */
-    const int32_t *xo;  /* [M, K / 32, 8]: −offset times the sums of xq's lanes (Q8_0: 128, Q4_0: 8) */
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
@@ -66,6 +62,9 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
 #define QTARGET
+#define FEW_ROWS 4  /* 16 vector registers */
+#define TILE_ROWS 4
+#define TILE_COLS 2
 #define QPREP_Q8(w) (w)
 #define QDOT_Q8(w, x, xo) dot_s8_lanes(w, x)
 #define QDOT_Q4(w, x, xo) v8i_add(dot_u4_scaled_lanes(w, x, 1), xo)
@@ -75,10 +74,16 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #undef QPREP_Q8
 #undef QDOT_Q8
 #undef QDOT_Q4
+#undef FEW_ROWS
+#undef TILE_ROWS
+#undef TILE_COLS
 /* AVX512-VNNI: dpbusd from −offset · x's lane sums, of Q8_0's values 128 higher (unsigned) or Q4_0's
  * nibbles, by x: one instruction per block and row */
 #define QS(name) name##_vnni
 #define QTARGET TARGET_VNNI
+#define FEW_ROWS 0  /* none: one row too in tiles of two columns; 32 vector registers */
+#define TILE_ROWS 6
+#define TILE_COLS 2
 #define QPREP_Q8(w) i8x32_offset(w)
 #define QDOT_Q8(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
 #define QDOT_Q4(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
@@ -99,27 +104,25 @@ int hs_quant_isa(int choice) {
 }
 
 /* x [M, K] (rows ldx apart) -> q [M, K], d [M, K / block] (d = max|x| / 127, q = roundf(x · (1 / d)):
- * `formats.quantize_rows_q8`), s [M, K / 32], the sums of each 32 of q, and o [M, K / 32, 8],
- * −offset times the sums of each 4 of q */
-static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t block, int offset, int8_t *q,
-                          float *d, int32_t *s, int32_t *o) {
+ * `formats.quantize_rows_q8`) and s [M, K / 32], the sums of each 32 of q. Vectors of 8, each lane
+ * as the scalar expressions round it: the same bits. */
+static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t block, int8_t *q, float *d,
+                          int32_t *s) {
     for (int64_t m = 0; m < M; ++m)
         for (int64_t b = 0; b < K / block; ++b) {
             const float *xb = x + m * ldx + b * block;
-            float amax = 0.0f;
-            for (int64_t i = 0; i < block; ++i) amax = fmaxf(amax, fabsf(xb[i]));
-            const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+            v8 vmax = v8_zero();
+            for (int64_t i = 0; i < block; i += 8) vmax = v8_max(v8_abs(v8_load(xb + i)), vmax); /* NaN: skipped */
+            const float amax = hmax8(vmax), db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+            const v8 vid = v8_set1(id);
             d[m * (K / block) + b] = db;
-            for (int64_t i = 0; i < block; ++i) q[m * K + b * block + i] = (int8_t)roundf(xb[i] * id);
-        }
-    for (int64_t m = 0; m < M; ++m)
-        for (int64_t b = 0; b < K / 32; ++b) {
-            int32_t sum = 0;
-            for (int i = 0; i < 32; ++i) sum += q[m * K + b * 32 + i];
-            s[m * (K / 32) + b] = sum;
-            for (int lane = 0; lane < 8; ++lane) {
-                const int8_t *four = q + m * K + b * 32 + 4 * lane;
-                o[(m * (K / 32) + b) * 8 + lane] = -offset * (four[0] + four[1] + four[2] + four[3]);
+            for (int64_t i = 0; i < block; i += 32) {
+                const v8i qi = i8x32_from_floats(v8_round_half_away(v8_mul(v8_load(xb + i), vid)),
+                                                 v8_round_half_away(v8_mul(v8_load(xb + i + 8), vid)),
+                                                 v8_round_half_away(v8_mul(v8_load(xb + i + 16), vid)),
+                                                 v8_round_half_away(v8_mul(v8_load(xb + i + 24), vid)));
+                v8i_store(q + m * K + b * block + i, qi);
+                s[m * (K / 32) + (b * block + i) / 32] = v8i_hsum(i8x32_lane_sums(qi, 1));
             }
         }
 }
@@ -143,21 +146,19 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     if (fmt < HS_Q8_0 || fmt > HS_Q4_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
     if (M == 0 || N == 0) return 0;
     if (vnni < 0) hs_quant_isa(-1);
-    int8_t *q = malloc((size_t)(M * K) + 64);
-    float *d = malloc((size_t)(M * (K / block)) * sizeof *d + 1);
-    int32_t *s = malloc((size_t)(M * (K / 32)) * sizeof *s + 1);
-    int32_t *o = malloc((size_t)(M * (K / 32) * 8) * sizeof *o + 1);
-    if (!q || !d || !s || !o) {
-        free(q), free(d), free(s), free(o);
-        return -1;
-    }
-    quantize_rows(x, ldx, M, K, block, fmt == HS_Q4_0 ? 8 : 128, q, d, s, o);
-    quant_job job = {w, q, d, s, o, y, M, K, N, K / block * bytes, fmt};
+    /* one allocation: s [M, K / 32] int32, d [M, K / block] float, q [M, K] int8 */
+    const size_t n_s = (size_t)(M * (K / 32)), n_d = (size_t)(M * (K / block));
+    int32_t *s = malloc(n_s * sizeof(int32_t) + n_d * sizeof(float) + (size_t)(M * K) + 64);
+    if (!s) return -1;
+    float *d = (float *)(s + n_s);
+    int8_t *q = (int8_t *)(d + n_d);
+    quantize_rows(x, ldx, M, K, block, q, d, s);
+    quant_job job = {w, q, d, s, y, M, K, N, K / block * bytes, fmt};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);
     const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;
     if (!(parts > 1 && (work >= (1 << 22) ? hs_parallel_long : hs_parallel)(quant_part, &job, parts)))
         quant_part(&job, 0, 1);
-    free(q), free(d), free(s), free(o);
+    free(s);
     return 0;
 }

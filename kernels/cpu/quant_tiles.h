@@ -6,46 +6,75 @@
  * n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and C change
  * no bits. */
 
+/* the scale products dw · dx of blocks b … b + n − 1 (n <= 8) of a Q8_0 / Q4_0 tile, each rounded to
+ * float32 as one product alone: scale[r][c][k] for row m0 + r, column n0 + c, block b + k */
+QTARGET static inline __attribute__((always_inline)) void QS(scales_32)(const quant_job *j, int64_t m0, int R,
+                                                                       int64_t n0, int C, int q4, int64_t b, int n,
+                                                                       float scale[ACC_ROWS][ACC_COLS][8]) {
+    const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
+    v8 dw[TILE_COLS];
+    for (int c = 0; c < C; ++c) {
+        uint16_t half[8] = {0};
+        for (int k = 0; k < n; ++k) half[k] = half_at(j->w + (n0 + c) * j->row_bytes + (b + k) * bytes);
+        dw[c] = f16x8(half);
+    }
+    for (int r = 0; r < R; ++r) {
+        float some[8] = {0};
+        const float *xd = j->xd + (m0 + r) * nb + b;
+        if (n < 8) memcpy(some, xd, (size_t)n * sizeof *xd), xd = some;
+        const v8 dx = v8_load(xd);
+        for (int c = 0; c < C; ++c) v8_store(scale[r][c], v8_mul(dw[c], dx));
+    }
+}
+
 /* block b of a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: its 8 lanes' exact integer sums, scaled by
- * dw · dx, into the accumulators of b's parity */
+ * dw · dx (scale[·][·][k]), into the accumulators of b's parity */
 QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const quant_job *j, int64_t m0, int R,
                                                                       int64_t n0, int C, int q4, int64_t b,
-                                                                      v8 acc[ACC_ROWS][ACC_COLS][2], int parity) {
+                                                                      v8 acc[ACC_ROWS][ACC_COLS][2], int parity,
+                                                                      float scale[ACC_ROWS][ACC_COLS][8], int k) {
     const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
     v8i wq[TILE_COLS];
-    v8 dw[TILE_COLS];
     for (int c = 0; c < C; ++c) {
         const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
         prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
-        dw[c] = v8_set1(f16_value(half_at(blk)));
         wq[c] = q4 ? u8x32_nibbles16(blk + 2) : QPREP_Q8(v8i_load(blk + 2));
     }
     for (int r = 0; r < R; ++r) {
         const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32);
-        const v8i xo = v8i_load(j->xo + ((m0 + r) * nb + b) * 8);
-        const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
+        const v8i xo = i8x32_lane_sums(xv, q4 ? -8 : -128); /* dead where QDOT ignores it */
         for (int c = 0; c < C; ++c) {
             const v8i lanes = q4 ? QDOT_Q4(wq[c], xv, xo) : QDOT_Q8(wq[c], xv, xo);
-            acc[r][c][parity] = v8_fmadd(v8_mul(dw[c], dx), v8i_to_float(lanes), acc[r][c][parity]);
+            acc[r][c][parity] = v8_fmadd(v8_set1(scale[r][c][k]), v8i_to_float(lanes), acc[r][c][parity]);
         }
     }
 }
 
 /* a Q8_0 or Q4_0 tile: two float chains of 8 lanes per output, the even blocks' and the odd
  * blocks' (two multiply-adds in flight: one row's chain is otherwise bound by their latency),
- * added lane by lane at the end and summed as hsum8 sums */
+ * added lane by lane at the end and summed as hsum8 sums; the scale products 8 blocks at a time */
 QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quant_job *j, int64_t m0, int R,
                                                                      int64_t n0, int C, int q4) {
     const int64_t nb = j->K / 32;
     v8 acc[ACC_ROWS][ACC_COLS][2];
+    float scale[ACC_ROWS][ACC_COLS][8];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = v8_zero();
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
-        QS(block_32)(j, m0, R, n0, C, q4, b + 1, acc, 1);
+    for (; b + 8 <= nb; b += 8) {
+        QS(scales_32)(j, m0, R, n0, C, q4, b, 8, scale);
+        for (int k = 0; k < 8; k += 2) { /* parity a constant: the accumulators stay in registers */
+            QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
+            QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
+        }
     }
-    if (b < nb) QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
+    if (b < nb) {
+        QS(scales_32)(j, m0, R, n0, C, q4, b, (int)(nb - b), scale);
+        for (int k = 0; b + k < nb; k += 2) {
+            QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
+            if (b + k + 1 < nb) QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
+        }
+    }
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(acc[r][c][0], acc[r][c][1]));
 }
@@ -109,7 +138,16 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_j
 QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
 #define QCASE(r, c) case (r) * 8 + (c): QS(tile)(j, m0, r, n0, c); break;
     switch (R * 8 + C) {
-        QCASE(1, 1) QCASE(2, 1) QCASE(3, 1) QCASE(4, 1) QCASE(1, 2) QCASE(2, 2) QCASE(3, 2) QCASE(4, 2)
+        QCASE(1, 1) QCASE(2, 1) QCASE(3, 1) QCASE(4, 1)
+#if TILE_COLS > 1
+        QCASE(1, 2) QCASE(2, 2) QCASE(3, 2) QCASE(4, 2)
+#endif
+#if FEW_ROWS > 4 || TILE_ROWS > 4
+        QCASE(5, 1) QCASE(6, 1) QCASE(7, 1) QCASE(8, 1)
+#endif
+#if TILE_ROWS > 4 && TILE_COLS > 1
+        QCASE(5, 2) QCASE(6, 2) QCASE(7, 2) QCASE(8, 2)
+#endif
         default: break;
     }
 #undef QCASE
@@ -121,9 +159,9 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
  * cache while the columns pass) */
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
     const int64_t M = j->M;
-    const int cols = M <= FEW_ROWS ? 1 : TILE_COLS;
+    const int cols = M <= FEW_ROWS ? 1 : TILE_COLS, most = M <= FEW_ROWS ? FEW_ROWS : TILE_ROWS;
     for (int64_t r0 = 0; r0 < M; r0 += ROW_CHUNK) {
-        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M, groups = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
+        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M, groups = (r1 - r0 + most - 1) / most;
         for (int64_t n = c0; n < c1;) {
             const int C = n + cols <= c1 ? cols : 1;
             for (int64_t g = 0; g < groups; ++g) {
