@@ -68,12 +68,14 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define QPREP_Q8(w) (w)
 #define QDOT_Q8(w, x, xo) dot_s8_lanes(w, x)
 #define QDOT_Q4(w, x, xo) v8i_add(dot_u4_scaled_lanes(w, x, 1), xo)
+#define QDOT_K(acc, w, x, scale) v8i_add(acc, dot_u4_scaled_lanes(w, x, scale))
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
 #undef QPREP_Q8
 #undef QDOT_Q8
 #undef QDOT_Q4
+#undef QDOT_K
 #undef FEW_ROWS
 #undef TILE_ROWS
 #undef TILE_COLS
@@ -87,6 +89,7 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define QPREP_Q8(w) i8x32_offset(w)
 #define QDOT_Q8(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
 #define QDOT_Q4(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
+#define QDOT_K(acc, w, x, scale) dot_u4_scaled_lanes_vnni(acc, w, x, scale)
 #include "quant_tiles.h"
 
 static int vnni = -1; /* the dot product in use: 1 AVX512-VNNI, 0 AVX2, -1 not chosen yet */

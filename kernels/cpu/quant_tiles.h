@@ -114,7 +114,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
                 v8i isum = v8i_zero();
                 int32_t msum = 0;
                 for (int s = 0; s < 8; ++s) {
-                    isum = v8i_add(isum, dot_u4_scaled_lanes(wq[c][s], v8i_load(xb + 32 * s), sc[c][s]));
+                    isum = QDOT_K(isum, wq[c][s], v8i_load(xb + 32 * s), sc[c][s]);
                     msum += mn[c][s] * xs[s];
                 }
                 acc[r][c] = v8_fmadd(v8_set1(d[c] * dx), v8i_to_float(isum), acc[r][c]);

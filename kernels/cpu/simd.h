@@ -265,6 +265,10 @@ static inline int32_t v8i_hsum(v8i v) {
 SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
 }
+/* acc + the same, the pairs times scale summed into acc by AVX512-VNNI's dpwssd */
+TARGET_VNNI SIMD_INLINE v8i dot_u4_scaled_lanes_vnni(v8i acc, v8i u, v8i s, int scale) {
+    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
+}
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
 
