@@ -58,6 +58,14 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
     }
 }
 
+/* A block's dot product, each ISA's way to the same exact integers (the includer's part of
+ * quant_tiles.h): QWEIGHT_SIDE (whether the offset that makes one operand unsigned is taken out
+ * through the weights, once per block and column, or through the activations, once per block and
+ * row: for R rows a constant), QWEIGHT (a Q8_0 / Q4_0 block's 32 values as the dot product takes
+ * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
+ * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
+ * (the 8 lane sums of values times activations) and QDOT_K (acc plus a Q4_K sub-block's lane sums
+ * times its scale). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
@@ -65,30 +73,41 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define FEW_ROWS 4  /* 16 vector registers */
 #define TILE_ROWS 4
 #define TILE_COLS 2
-#define QPREP_Q8(w) (w)
-#define QDOT_Q8(w, x, xo) dot_s8_lanes(w, x)
-#define QDOT_Q4(w, x, xo) v8i_add(dot_u4_scaled_lanes(w, x, 1), xo)
+#define QWEIGHT_SIDE(q4, R) 0
+#define QWEIGHT(p, q4, side) ((q4) ? u8x32_nibbles16(p) : v8i_load(p))
+#define QWEIGHT_OFFSET(w, side) v8i_zero()
+#define QACT(x, side) (x)
+#define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
+#define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
 #define QDOT_K(acc, w, x, scale) v8i_add(acc, dot_u4_scaled_lanes(w, x, scale))
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
-#undef QPREP_Q8
-#undef QDOT_Q8
-#undef QDOT_Q4
-#undef QDOT_K
 #undef FEW_ROWS
 #undef TILE_ROWS
 #undef TILE_COLS
-/* AVX512-VNNI: dpbusd from −offset · x's lane sums, of Q8_0's values 128 higher (unsigned) or Q4_0's
- * nibbles, by x: one instruction per block and row */
+#undef QWEIGHT_SIDE
+#undef QWEIGHT
+#undef QWEIGHT_OFFSET
+#undef QACT
+#undef QACT_OFFSET
+#undef QDOT
+#undef QDOT_K
+/* AVX512-VNNI: dpbusd, unsigned by signed. Through the weights (Q8_0; Q4_0 from 3 rows): the
+ * activations 128 higher (x ^ 0x80) by the weights (Q4_0's nibbles less 8), from −128 · the
+ * weights' lane sums. Through the activations (Q4_0 below 3 rows, where a column's offset would
+ * serve too few rows): the nibbles by x, from −8 · x's lane sums */
 #define QS(name) name##_vnni
 #define QTARGET TARGET_VNNI
 #define FEW_ROWS 0  /* none: one row too in tiles of two columns; 32 vector registers */
 #define TILE_ROWS 6
 #define TILE_COLS 2
-#define QPREP_Q8(w) i8x32_offset(w)
-#define QDOT_Q8(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
-#define QDOT_Q4(w, x, xo) dot_u8_lanes_vnni(xo, w, x)
+#define QWEIGHT_SIDE(q4, R) (!(q4) || (R) >= 3)
+#define QWEIGHT(p, q4, side) ((q4) ? ((side) ? i8x32_sub(u8x32_nibbles16(p), 8) : u8x32_nibbles16(p)) : v8i_load(p))
+#define QWEIGHT_OFFSET(w, side) ((side) ? neg_dot_lanes_vnni(128, w) : v8i_zero())
+#define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
+#define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
+#define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
 #define QDOT_K(acc, w, x, scale) dot_u4_scaled_lanes_vnni(acc, w, x, scale)
 #include "quant_tiles.h"
 

@@ -34,17 +34,19 @@ QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const qua
                                                                       v8 acc[ACC_ROWS][ACC_COLS][2], int parity,
                                                                       float scale[ACC_ROWS][ACC_COLS][8], int k) {
     const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
-    v8i wq[TILE_COLS];
+    const int side = QWEIGHT_SIDE(q4, R);
+    v8i wq[TILE_COLS], wo[TILE_COLS];
     for (int c = 0; c < C; ++c) {
         const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
         prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
-        wq[c] = q4 ? u8x32_nibbles16(blk + 2) : QPREP_Q8(v8i_load(blk + 2));
+        wq[c] = QWEIGHT(blk + 2, q4, side);
+        wo[c] = QWEIGHT_OFFSET(wq[c], side);
     }
     for (int r = 0; r < R; ++r) {
-        const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32);
-        const v8i xo = i8x32_lane_sums(xv, q4 ? -8 : -128); /* dead where QDOT ignores it */
+        const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32), xa = QACT(xv, side);
+        const v8i xo = QACT_OFFSET(xv, q4, side);
         for (int c = 0; c < C; ++c) {
-            const v8i lanes = q4 ? QDOT_Q4(wq[c], xv, xo) : QDOT_Q8(wq[c], xv, xo);
+            const v8i lanes = QDOT(wq[c], wo[c], xa, xo, q4, side);
             acc[r][c][parity] = v8_fmadd(v8_set1(scale[r][c][k]), v8i_to_float(lanes), acc[r][c][parity]);
         }
     }

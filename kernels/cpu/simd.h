@@ -222,6 +222,11 @@ SIMD_INLINE v8i dot_s8_lanes(v8i a, v8i b) {
 }
 /* init + Σ u·s per lane, u uint8, s int8 (no saturation: dpbusd sums in 32 bits) */
 TARGET_VNNI SIMD_INLINE v8i dot_u8_lanes_vnni(v8i init, v8i u, v8i s) { return _mm256_dpbusd_epi32(init, u, s); }
+/* −Σ c·s per lane, c a uint8 constant, s int8 */
+TARGET_VNNI SIMD_INLINE v8i neg_dot_lanes_vnni(uint8_t c, v8i s) {
+    return _mm256_sub_epi32(_mm256_setzero_si256(),
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)c), s));
+}
 /* int8 values as uint8 ones 128 higher (x ^ 0x80) */
 SIMD_INLINE v8i i8x32_offset(v8i a) { return _mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)); }
 /* -- rounding activations to int8 (the quantized products' `quantize_rows`) ------------------- */
