@@ -12,6 +12,7 @@ checks equals plain decoding. One torch thread by default.
 
     python benches/quant.py            # the measurement (minutes)
     python benches/quant.py --quick    # the embedded target, a few tokens
+    python benches/quant.py --embedded-only --clock cpu   # the embedded target alone, CPU seconds
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import sys
 
 import torch
 
-from common import alternating_samples, bench_parser, describe_machine, print_table, set_threads, write_json
+from common import (alternating_samples, bench_parser, describe_machine, print_table, set_clock, set_threads,
+                    write_json)
 
 FORMATS = ("float32", "q8_0", "q4_0", "q4_k")
 
@@ -101,14 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per timed call (default 64)")
     parser.add_argument("--repeats", type=int, default=None, help="timed pairs per format (default 5)")
+    parser.add_argument("--embedded-only", action="store_true",
+                        help="the embedded target alone (its decode and the speculative table), not the 241M model")
     args = parser.parse_args(argv)
     threads = set_threads(args.threads)
+    set_clock(args.clock)
     new_tokens = args.new_tokens or (4 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 5)
     print(describe_machine(), flush=True)
     prompt = list(b"The quick brown fox jumps over the lazy dog. def main():\n    return")
     rows = []
-    for name, loaders in models(args.quick).items():
+    for name, loaders in models(args.quick or args.embedded_only).items():
         rows += decode_rows(name, loaders, prompt, new_tokens, repeats)
     print_table(rows, [("model", "model"), ("format", "format"), ("weight_mb", "weights MiB"),
                        ("decode_tok_s", "decode tok/s"), ("min_tok_s", "min"), ("max_tok_s", "max"),
