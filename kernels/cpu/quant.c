@@ -12,9 +12,12 @@
  * starting at zero (Q8_0 and Q4_0: two sets of lanes, the even blocks' and the odd blocks', added
  * lane by lane at the end); then the lanes summed as `hsum8` sums them (Q4_K: minus a float chain
  * of the mins' part). Nothing in the chain depends on the other rows of the call, the thread count or the
- * tile that computed it (few rows one column at a time; many rows in tiles of several rows and
- * columns), nor on the ISA (the integer sums are exact on both paths), so a row's bits are the
- * same in any batch, at any thread count, on either path: tests/kernels/quant/test_products.py. */
+ * tile that computed it (rows by columns, its shape chosen per ISA and row count: AVX2 few rows one
+ * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row),
+ * nor on the ISA (the integer sums are exact on both paths, however each computes them), so a
+ * row's bits are the same in any batch, at any thread count, on either path:
+ * tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are computed 8 blocks at a
+ * time in a vector, each lane rounded as the one product alone. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,10 +29,10 @@
 #define HS_Q8_0 0 /* the formats' codes (`formats.BlockFormat.code`) */
 #define HS_Q4_0 1
 #define HS_Q4_K 2
-#define ACC_ROWS 8     /* the most rows and columns of any tile (each ISA's shapes: quant_tiles.h) */
+#define ACC_ROWS 6     /* the most rows and columns of any tile (each ISA's FEW_ROWS, TILE_ROWS, TILE_COLS) */
 #define ACC_COLS 2
 #define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */
-#define PREFETCH_BLOCKS 8 /* how far ahead along a weight row the few-row stream prefetches */
+#define PREFETCH_BLOCKS 8 /* how far ahead along a weight row the tiles prefetch */
 #define PARALLEL_MIN_BLOCKS (1 << 12) /* block products below which a call runs on its caller alone */
 
 typedef struct {

@@ -1,10 +1,10 @@
 /* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
- * QS(name) (the ISA's name for a function), QTARGET (its target attribute), QPREP_Q8 (a Q8_0 block's
- * 32 int8 as its dot product takes them), QDOT_Q8 and QDOT_Q4 (the 8 lane sums of a Q8_0 / Q4_0
- * block's values times 32 int8 activations, given the activations' lane sums times −128 / −8: the
- * exact integers on every ISA; cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns
- * n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and C change
- * no bits. */
+ * QS(name) (the ISA's name for a function), QTARGET (its target attribute), FEW_ROWS, TILE_ROWS and
+ * TILE_COLS (the shapes it computes in), and the block dot product's parts (QWEIGHT_SIDE, QWEIGHT,
+ * QWEIGHT_OFFSET, QACT, QACT_OFFSET, QDOT, QDOT_K: cpu/quant.c says what each is), whose lane sums
+ * are the exact integers on every ISA (cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by
+ * columns n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and
+ * C change no bits. */
 
 /* the scale products dw · dx of blocks b … b + n − 1 (n <= 8) of a Q8_0 / Q4_0 tile, each rounded to
  * float32 as one product alone: scale[r][c][k] for row m0 + r, column n0 + c, block b + k */
@@ -137,6 +137,9 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_j
 
 /* one tile of R rows by C columns, R and C made constants: the few-row path's (R <= FEW_ROWS, C = 1)
  * and the tiles' (R <= TILE_ROWS, C <= TILE_COLS) */
+#if FEW_ROWS > 4 || TILE_ROWS > ACC_ROWS || TILE_COLS > ACC_COLS || TILE_ROWS > 6
+#error "quant_tiles.h: a tile shape that tile_sized does not instantiate"
+#endif
 QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
 #define QCASE(r, c) case (r) * 8 + (c): QS(tile)(j, m0, r, n0, c); break;
     switch (R * 8 + C) {
@@ -144,11 +147,11 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
 #if TILE_COLS > 1
         QCASE(1, 2) QCASE(2, 2) QCASE(3, 2) QCASE(4, 2)
 #endif
-#if FEW_ROWS > 4 || TILE_ROWS > 4
-        QCASE(5, 1) QCASE(6, 1) QCASE(7, 1) QCASE(8, 1)
+#if TILE_ROWS > 4
+        QCASE(5, 1) QCASE(6, 1)
 #endif
 #if TILE_ROWS > 4 && TILE_COLS > 1
-        QCASE(5, 2) QCASE(6, 2) QCASE(7, 2) QCASE(8, 2)
+        QCASE(5, 2) QCASE(6, 2)
 #endif
         default: break;
     }
@@ -156,7 +159,7 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
 }
 
 /* columns c0 … c1 − 1 of the product: up to FEW_ROWS rows one column at a time (the weight streamed
- * once, each block decoded once for all rows); more rows in tiles of TILE_COLS columns by balanced
+ * once, each block decoded once for all rows; FEW_ROWS 0: none); more rows in tiles of TILE_COLS columns by balanced
  * groups of at most TILE_ROWS rows, over chunks of ROW_CHUNK rows (the chunk's activations stay in
  * cache while the columns pass) */
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
