@@ -132,7 +132,8 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
 QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_job *j, int64_t m0, int R,
                                                                   int64_t n0, int C) {
     if (j->fmt == HS_Q4_K) QS(tile_k)(j, m0, R, n0, C);
-    else QS(tile_32)(j, m0, R, n0, C, j->fmt == HS_Q4_0);
+    else if (j->fmt == HS_Q4_0) QS(tile_32)(j, m0, R, n0, C, 1); /* q4 a constant: no branch inside */
+    else QS(tile_32)(j, m0, R, n0, C, 0);
 }
 
 /* one tile of R rows by C columns, R and C made constants: the few-row path's (R <= FEW_ROWS, C = 1)
