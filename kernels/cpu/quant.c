@@ -13,7 +13,8 @@
  * lane by lane at the end); then the lanes summed as `hsum8` sums them (Q4_K: minus a float chain
  * of the mins' part). Nothing in the chain depends on the other rows of the call, the thread count or the
  * tile that computed it (rows by columns, its shape chosen per ISA and row count: AVX2 few rows one
- * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row),
+ * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
+ * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves),
  * nor on the ISA (the integer sums are exact on both paths, however each computes them), so a
  * row's bits are the same in any batch, at any thread count, on either path:
  * tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are computed 8 blocks at a
@@ -96,7 +97,7 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #undef QACT_OFFSET
 #undef QDOT
 #undef QDOT_K
-/* AVX512-VNNI: dpbusd, unsigned by signed. Through the weights (Q8_0; Q4_0 from 3 rows): the
+/* AVX512-VNNI: dpbusd, unsigned by signed (Q8_0 up to QWIDE rows: two blocks per 512-bit one). Through the weights (Q8_0; Q4_0 from 3 rows): the
  * activations 128 higher (x ^ 0x80) by the weights (Q4_0's nibbles less 8), from −128 · the
  * weights' lane sums. Through the activations (Q4_0 below 3 rows, where a column's offset would
  * serve too few rows): the nibbles by x, from −8 · x's lane sums */
@@ -106,6 +107,7 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define TILE_ROWS 6
 #define TILE_COLS 2
 #define QWEIGHT_SIDE(q4, R) (!(q4) || (R) >= 3)
+#define QWIDE 2 /* Q8_0 tiles of up to this many rows: two blocks per 512-bit dpbusd (quant_tiles.h) */
 #define QWEIGHT(p, q4, side) ((q4) ? ((side) ? i8x32_sub(u8x32_nibbles16(p), 8) : u8x32_nibbles16(p)) : v8i_load(p))
 #define QWEIGHT_OFFSET(w, side) ((side) ? neg_dot_lanes_vnni(128, w) : v8i_zero())
 #define QACT(x, side) ((side) ? i8x32_offset(x) : (x))

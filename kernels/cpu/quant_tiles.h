@@ -1,16 +1,17 @@
 /* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
  * QS(name) (the ISA's name for a function), QTARGET (its target attribute), FEW_ROWS, TILE_ROWS and
- * TILE_COLS (the shapes it computes in), and the block dot product's parts (QWEIGHT_SIDE, QWEIGHT,
+ * TILE_COLS (the shapes it computes in), QWIDE where Q8_0 tiles of up to that many rows run in
+ * 512-bit vectors, and the block dot product's parts (QWEIGHT_SIDE, QWEIGHT,
  * QWEIGHT_OFFSET, QACT, QACT_OFFSET, QDOT, QDOT_K: cpu/quant.c says what each is), whose lane sums
  * are the exact integers on every ISA (cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by
  * columns n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and
  * C change no bits. */
 
 /* the scale products dw · dx of blocks b … b + n − 1 (n <= 8) of a Q8_0 / Q4_0 tile, each rounded to
- * float32 as one product alone: scale[r][c][k] for row m0 + r, column n0 + c, block b + k */
+ * float32 as one product alone: lane k of sv[r][c] for row m0 + r, column n0 + c, block b + k */
 QTARGET static inline __attribute__((always_inline)) void QS(scales_32)(const quant_job *j, int64_t m0, int R,
                                                                        int64_t n0, int C, int q4, int64_t b, int n,
-                                                                       float scale[ACC_ROWS][ACC_COLS][8]) {
+                                                                       v8 sv[ACC_ROWS][ACC_COLS]) {
     const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
     v8 dw[TILE_COLS];
     for (int c = 0; c < C; ++c) {
@@ -23,8 +24,18 @@ QTARGET static inline __attribute__((always_inline)) void QS(scales_32)(const qu
         const float *xd = j->xd + (m0 + r) * nb + b;
         if (n < 8) memcpy(some, xd, (size_t)n * sizeof *xd), xd = some;
         const v8 dx = v8_load(xd);
-        for (int c = 0; c < C; ++c) v8_store(scale[r][c], v8_mul(dw[c], dx));
+        for (int c = 0; c < C; ++c) sv[r][c] = v8_mul(dw[c], dx);
     }
+}
+
+/* the same scale products as floats, scale[r][c][k]: the 256-bit tiles broadcast them from memory */
+QTARGET static inline __attribute__((always_inline)) void QS(scales_32_stored)(const quant_job *j, int64_t m0, int R,
+                                                                              int64_t n0, int C, int q4, int64_t b,
+                                                                              int n, float scale[ACC_ROWS][ACC_COLS][8]) {
+    v8 sv[ACC_ROWS][ACC_COLS];
+    QS(scales_32)(j, m0, R, n0, C, q4, b, n, sv);
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) v8_store(scale[r][c], sv[r][c]);
 }
 
 /* block b of a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: its 8 lanes' exact integer sums, scaled by
@@ -64,14 +75,14 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quan
         for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = v8_zero();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-        QS(scales_32)(j, m0, R, n0, C, q4, b, 8, scale);
+        QS(scales_32_stored)(j, m0, R, n0, C, q4, b, 8, scale);
         for (int k = 0; k < 8; k += 2) { /* parity a constant: the accumulators stay in registers */
             QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
             QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
         }
     }
     if (b < nb) {
-        QS(scales_32)(j, m0, R, n0, C, q4, b, (int)(nb - b), scale);
+        QS(scales_32_stored)(j, m0, R, n0, C, q4, b, (int)(nb - b), scale);
         for (int k = 0; b + k < nb; k += 2) {
             QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
             if (b + k + 1 < nb) QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
@@ -80,6 +91,58 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quan
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(acc[r][c][0], acc[r][c][1]));
 }
+
+#ifdef QWIDE
+/* Q8_0 blocks b and b + 1 (b + 1 where `both`) of a tile in 512-bit vectors: the lanes of block b in
+ * the low 8, of b + 1 in the high 8 (b even: the even and the odd blocks' chains), each the exact
+ * integer sum (the activations 128 higher by the weights, from −128 · the weights' lane sums),
+ * scaled by dw · dx (lanes k and k + 1 of sv[·][·]). A missing b + 1 is zeros with a zero scale:
+ * its chain gains +0, which leaves it as it is (a chain that starts at +0 is never −0) */
+QTARGET static inline __attribute__((always_inline)) void QS(pair_q8)(const quant_job *j, int64_t m0, int R,
+                                                                     int64_t n0, int C, int64_t b, int both,
+                                                                     v16 acc[ACC_ROWS][ACC_COLS],
+                                                                     v8 sv[ACC_ROWS][ACC_COLS], int k) {
+    v16i wq[TILE_COLS], wo[TILE_COLS];
+    for (int c = 0; c < C; ++c) {
+        const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 34;
+        prefetch_l1(blk + PREFETCH_BLOCKS * 34);
+        prefetch_l1(blk + (PREFETCH_BLOCKS + 1) * 34);
+        wq[c] = v16i_from_halves(v8i_load(blk + 2), both ? v8i_load(blk + 36) : v8i_zero());
+        wo[c] = neg_dot_lanes_vnni16(128, wq[c]);
+    }
+    for (int r = 0; r < R; ++r) {
+        const int8_t *x = j->xq + (m0 + r) * j->K + b * 32;
+        const v16i xa = i8x64_offset(both ? v16i_load(x) : v16i_from_halves(v8i_load(x), v8i_zero()));
+        for (int c = 0; c < C; ++c)
+            acc[r][c] = v16_fmadd(v16_pair_broadcast(sv[r][c], k),
+                                  v16i_to_float(dot_u8_lanes_vnni16(wo[c], xa, wq[c])), acc[r][c]);
+    }
+}
+
+/* a Q8_0 tile of at most QWIDE rows in 512-bit vectors: the chains of tile_32 (the even blocks' in
+ * the low lanes, the odd blocks' in the high), two blocks per instruction */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_q8_wide)(const quant_job *j, int64_t m0, int R,
+                                                                          int64_t n0, int C) {
+    const int64_t nb = j->K / 32;
+    v16 acc[ACC_ROWS][ACC_COLS];
+    v8 sv[ACC_ROWS][ACC_COLS];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v16_zero();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        QS(scales_32)(j, m0, R, n0, C, 0, b, 8, sv);
+        for (int k = 0; k < 8; k += 2) QS(pair_q8)(j, m0, R, n0, C, b + k, 1, acc, sv, k);
+    }
+    if (b < nb) {
+        const int n = (int)(nb - b);
+        QS(scales_32)(j, m0, R, n0, C, 0, b, n, sv);
+        for (int k = 0; k < n; k += 2) QS(pair_q8)(j, m0, R, n0, C, b + k, k + 1 < n, acc, sv, k);
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c)
+            j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(v16_lo(acc[r][c]), v16_hi(acc[r][c])));
+}
+#endif
 
 /* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
  * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
@@ -133,6 +196,9 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_j
                                                                   int64_t n0, int C) {
     if (j->fmt == HS_Q4_K) QS(tile_k)(j, m0, R, n0, C);
     else if (j->fmt == HS_Q4_0) QS(tile_32)(j, m0, R, n0, C, 1); /* q4 a constant: no branch inside */
+#ifdef QWIDE
+    else if (R <= QWIDE) QS(tile_q8_wide)(j, m0, R, n0, C);
+#endif
     else QS(tile_32)(j, m0, R, n0, C, 0);
 }
 

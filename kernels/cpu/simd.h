@@ -227,6 +227,24 @@ TARGET_VNNI SIMD_INLINE v8i neg_dot_lanes_vnni(uint8_t c, v8i s) {
     return _mm256_sub_epi32(_mm256_setzero_si256(),
                             _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)c), s));
 }
+/* 512 bits, two blocks of 32 int8 side by side (cpu/quant.c's wide tiles: the low 8 lanes one
+ * block's, the high 8 the next block's, each lane the same integer as the 256-bit forms give) */
+TARGET_VNNI SIMD_INLINE v16i v16i_from_halves(v8i lo, v8i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+TARGET_VNNI SIMD_INLINE v16i i8x64_offset(v16i a) { return _mm512_xor_si512(a, _mm512_set1_epi8((char)0x80)); }
+TARGET_VNNI SIMD_INLINE v16i dot_u8_lanes_vnni16(v16i init, v16i u, v16i s) { return _mm512_dpbusd_epi32(init, u, s); }
+TARGET_VNNI SIMD_INLINE v16i neg_dot_lanes_vnni16(uint8_t c, v16i s) {
+    return _mm512_sub_epi32(_mm512_setzero_si512(),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)c), s));
+}
+TARGET_VNNI SIMD_INLINE v16 v16i_to_float(v16i a) { return _mm512_cvtepi32_ps(a); }  /* exact below 2^24 */
+/* lanes 0-7: a[k], lanes 8-15: a[k + 1] */
+TARGET_VNNI SIMD_INLINE v16 v16_pair_broadcast(v8 a, int k) {
+    const int h = k + 1;
+    return _mm512_permutexvar_ps(_mm512_set_epi32(h, h, h, h, h, h, h, h, k, k, k, k, k, k, k, k),
+                                 _mm512_castps256_ps512(a));
+}
 /* int8 values as uint8 ones 128 higher (x ^ 0x80) */
 SIMD_INLINE v8i i8x32_offset(v8i a) { return _mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)); }
 /* -- rounding activations to int8 (the quantized products' `quantize_rows`) ------------------- */
