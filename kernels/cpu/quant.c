@@ -97,10 +97,11 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #undef QACT_OFFSET
 #undef QDOT
 #undef QDOT_K
-/* AVX512-VNNI: dpbusd, unsigned by signed (Q8_0 up to QWIDE rows: two blocks per 512-bit one). Through the weights (Q8_0; Q4_0 from 3 rows): the
- * activations 128 higher (x ^ 0x80) by the weights (Q4_0's nibbles less 8), from −128 · the
- * weights' lane sums. Through the activations (Q4_0 below 3 rows, where a column's offset would
- * serve too few rows): the nibbles by x, from −8 · x's lane sums */
+/* AVX512-VNNI: dpbusd, unsigned by signed (Q8_0 up to QWIDE rows: two blocks per 512-bit one).
+ * Through the weights (Q8_0; Q4_0 from 3 rows): the activations 128 higher (x ^ 0x80) by the
+ * weights (Q4_0's nibbles less 8), from −128 · the weights' lane sums. Through the activations
+ * (Q4_0 below 3 rows, where a column's offset would serve too few rows): the nibbles by x, from
+ * −8 · x's lane sums */
 #define QS(name) name##_vnni
 #define QTARGET TARGET_VNNI
 #define FEW_ROWS 0  /* none: one row too in tiles of two columns; 32 vector registers */
