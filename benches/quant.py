@@ -12,6 +12,8 @@ checks equals plain decoding. One torch thread by default.
 
     python benches/quant.py            # the measurement (minutes)
     python benches/quant.py --quick    # the embedded target, a few tokens
+    python benches/quant.py --embedded-only --clock cpu   # the embedded target alone, CPU seconds
+    python benches/quant.py --products --clock cpu        # the C products alone, µs per row
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import sys
 
 import torch
 
-from common import alternating_samples, bench_parser, describe_machine, print_table, set_threads, write_json
+from common import (alternating_samples, bench_parser, describe_machine, print_table, set_clock, set_threads, timed,
+                    write_json)
 
 FORMATS = ("float32", "q8_0", "q4_0", "q4_k")
 
@@ -97,18 +100,50 @@ def speculative_rows(prompt: list[int], new_tokens: int, repeats: int) -> list[d
     return rows
 
 
+PRODUCT_ROWS = (1, 2, 5, 8, 16, 64)
+
+
+def product_rows(size: int, repeats: int) -> list[dict]:
+    """The C product (`cpu_quant.quant_matmul`) of a [size, size] weight in each quantized format at
+    PRODUCT_ROWS rows: µs per call and per row, median of `repeats` (`common.clock`)."""
+    from hybridspec.kernels.cpu import quant as cpu_quant
+    from hybridspec.kernels.quant.weight import QuantWeight
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for fmt in FORMATS[1:]:
+        weight = QuantWeight.quantize(torch.randn(size, size, generator=g) * 0.05, fmt)
+        for M in PRODUCT_ROWS:
+            x = torch.randn(M, size, generator=g)
+            seconds = timed(lambda: cpu_quant.quant_matmul(x, weight), repeats=repeats)
+            rows.append(dict(format=fmt, rows=M, us=seconds * 1e6, us_per_row=seconds * 1e6 / M,
+                             path=cpu_quant.vector_path()))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per timed call (default 64)")
     parser.add_argument("--repeats", type=int, default=None, help="timed pairs per format (default 5)")
+    parser.add_argument("--embedded-only", action="store_true",
+                        help="the embedded target alone (its decode and the speculative table), not the 241M model")
+    parser.add_argument("--products", action="store_true",
+                        help="the C products alone: a 2048 × 2048 weight per format at 1 to 64 rows")
     args = parser.parse_args(argv)
     threads = set_threads(args.threads)
+    set_clock(args.clock)
+    if args.products:
+        print(describe_machine(), flush=True)
+        products = product_rows(2048, args.repeats or (3 if args.quick else 31))
+        print_table(products, [("format", "format"), ("path", "dot product"), ("rows", "rows"), ("us", "µs"),
+                               ("us_per_row", "µs per row")], title="quantized products, 2048 × 2048")
+        write_json(args.out or "quant_products.json", dict(bench="quant_products", threads=threads, rows=products))
+        return 0
     new_tokens = args.new_tokens or (4 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 5)
     print(describe_machine(), flush=True)
     prompt = list(b"The quick brown fox jumps over the lazy dog. def main():\n    return")
     rows = []
-    for name, loaders in models(args.quick).items():
+    for name, loaders in models(args.quick or args.embedded_only).items():
         rows += decode_rows(name, loaders, prompt, new_tokens, repeats)
     print_table(rows, [("model", "model"), ("format", "format"), ("weight_mb", "weights MiB"),
                        ("decode_tok_s", "decode tok/s"), ("min_tok_s", "min"), ("max_tok_s", "max"),

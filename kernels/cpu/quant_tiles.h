@@ -1,54 +1,148 @@
 /* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
- * QS(name) (the ISA's name for a function), QTARGET (its target attribute), QPREP_Q8 (a Q8_0 block's
- * 32 int8 as its dot product takes them), QDOT_Q8 and QDOT_Q4 (the 8 lane sums of a Q8_0 / Q4_0
- * block's values times 32 int8 activations, given the activations' lane sums times −128 / −8: the
- * exact integers on every ISA; cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by columns
- * n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and C change
- * no bits. */
+ * QS(name) (the ISA's name for a function), QTARGET (its target attribute), FEW_ROWS, TILE_ROWS and
+ * TILE_COLS (the shapes it computes in), QWIDE where Q8_0 tiles of up to that many rows run in
+ * 512-bit vectors, and the block dot product's parts (QWEIGHT_SIDE, QWEIGHT,
+ * QWEIGHT_OFFSET, QACT, QACT_OFFSET, QDOT, QDOT_K: cpu/quant.c says what each is), whose lane sums
+ * are the exact integers on every ISA (cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by
+ * columns n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and
+ * C change no bits. */
+
+/* the scale products dw · dx of blocks b … b + n − 1 (n <= 8) of a Q8_0 / Q4_0 tile, each rounded to
+ * float32 as one product alone: lane k of sv[r][c] for row m0 + r, column n0 + c, block b + k */
+QTARGET static inline __attribute__((always_inline)) void QS(scales_32)(const quant_job *j, int64_t m0, int R,
+                                                                       int64_t n0, int C, int q4, int64_t b, int n,
+                                                                       v8 sv[ACC_ROWS][ACC_COLS]) {
+    const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
+    v8 dw[TILE_COLS];
+    for (int c = 0; c < C; ++c) {
+        uint16_t half[8] = {0};
+        for (int k = 0; k < n; ++k) half[k] = half_at(j->w + (n0 + c) * j->row_bytes + (b + k) * bytes);
+        dw[c] = f16x8(half);
+    }
+    for (int r = 0; r < R; ++r) {
+        float some[8] = {0};
+        const float *xd = j->xd + (m0 + r) * nb + b;
+        if (n < 8) memcpy(some, xd, (size_t)n * sizeof *xd), xd = some;
+        const v8 dx = v8_load(xd);
+        for (int c = 0; c < C; ++c) sv[r][c] = v8_mul(dw[c], dx);
+    }
+}
+
+/* the same scale products as floats, scale[r][c][k]: the 256-bit tiles broadcast them from memory */
+QTARGET static inline __attribute__((always_inline)) void QS(scales_32_stored)(const quant_job *j, int64_t m0, int R,
+                                                                              int64_t n0, int C, int q4, int64_t b,
+                                                                              int n, float scale[ACC_ROWS][ACC_COLS][8]) {
+    v8 sv[ACC_ROWS][ACC_COLS];
+    QS(scales_32)(j, m0, R, n0, C, q4, b, n, sv);
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) v8_store(scale[r][c], sv[r][c]);
+}
 
 /* block b of a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: its 8 lanes' exact integer sums, scaled by
- * dw · dx, into the accumulators of b's parity */
+ * dw · dx (scale[·][·][k]), into the accumulators of b's parity */
 QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const quant_job *j, int64_t m0, int R,
                                                                       int64_t n0, int C, int q4, int64_t b,
-                                                                      v8 acc[ACC_ROWS][ACC_COLS][2], int parity) {
+                                                                      v8 acc[ACC_ROWS][ACC_COLS][2], int parity,
+                                                                      float scale[ACC_ROWS][ACC_COLS][8], int k) {
     const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
-    v8i wq[TILE_COLS];
-    v8 dw[TILE_COLS];
+    const int side = QWEIGHT_SIDE(q4, R);
+    v8i wq[TILE_COLS], wo[TILE_COLS];
     for (int c = 0; c < C; ++c) {
         const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
         prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
-        dw[c] = v8_set1(f16_value(half_at(blk)));
-        wq[c] = q4 ? u8x32_nibbles16(blk + 2) : QPREP_Q8(v8i_load(blk + 2));
+        wq[c] = QWEIGHT(blk + 2, q4, side);
+        wo[c] = QWEIGHT_OFFSET(wq[c], side);
     }
     for (int r = 0; r < R; ++r) {
-        const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32);
-        const v8i xo = v8i_load(j->xo + ((m0 + r) * nb + b) * 8);
-        const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
+        const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32), xa = QACT(xv, side);
+        const v8i xo = QACT_OFFSET(xv, q4, side);
         for (int c = 0; c < C; ++c) {
-            const v8i lanes = q4 ? QDOT_Q4(wq[c], xv, xo) : QDOT_Q8(wq[c], xv, xo);
-            acc[r][c][parity] = v8_fmadd(v8_mul(dw[c], dx), v8i_to_float(lanes), acc[r][c][parity]);
+            const v8i lanes = QDOT(wq[c], wo[c], xa, xo, q4, side);
+            acc[r][c][parity] = v8_fmadd(v8_set1(scale[r][c][k]), v8i_to_float(lanes), acc[r][c][parity]);
         }
     }
 }
 
 /* a Q8_0 or Q4_0 tile: two float chains of 8 lanes per output, the even blocks' and the odd
  * blocks' (two multiply-adds in flight: one row's chain is otherwise bound by their latency),
- * added lane by lane at the end and summed as hsum8 sums */
+ * added lane by lane at the end and summed as hsum8 sums; the scale products 8 blocks at a time */
 QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quant_job *j, int64_t m0, int R,
                                                                      int64_t n0, int C, int q4) {
     const int64_t nb = j->K / 32;
     v8 acc[ACC_ROWS][ACC_COLS][2];
+    float scale[ACC_ROWS][ACC_COLS][8];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = v8_zero();
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
-        QS(block_32)(j, m0, R, n0, C, q4, b + 1, acc, 1);
+    for (; b + 8 <= nb; b += 8) {
+        QS(scales_32_stored)(j, m0, R, n0, C, q4, b, 8, scale);
+        for (int k = 0; k < 8; k += 2) { /* parity a constant: the accumulators stay in registers */
+            QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
+            QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
+        }
     }
-    if (b < nb) QS(block_32)(j, m0, R, n0, C, q4, b, acc, 0);
+    if (b < nb) {
+        QS(scales_32_stored)(j, m0, R, n0, C, q4, b, (int)(nb - b), scale);
+        for (int k = 0; b + k < nb; k += 2) {
+            QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
+            if (b + k + 1 < nb) QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
+        }
+    }
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(acc[r][c][0], acc[r][c][1]));
 }
+
+#ifdef QWIDE
+/* Q8_0 blocks b and b + 1 (b + 1 where `both`) of a tile in 512-bit vectors: the lanes of block b in
+ * the low 8, of b + 1 in the high 8 (b even: the even and the odd blocks' chains), each the exact
+ * integer sum (the activations 128 higher by the weights, from −128 · the weights' lane sums),
+ * scaled by dw · dx (lanes k and k + 1 of sv[·][·]). A missing b + 1 is zeros with a zero scale:
+ * its chain gains +0, which leaves it as it is (a chain that starts at +0 is never −0) */
+QTARGET static inline __attribute__((always_inline)) void QS(pair_q8)(const quant_job *j, int64_t m0, int R,
+                                                                     int64_t n0, int C, int64_t b, int both,
+                                                                     v16 acc[ACC_ROWS][ACC_COLS],
+                                                                     v8 sv[ACC_ROWS][ACC_COLS], int k) {
+    v16i wq[TILE_COLS], wo[TILE_COLS];
+    for (int c = 0; c < C; ++c) {
+        const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 34;
+        prefetch_l1(blk + PREFETCH_BLOCKS * 34);
+        prefetch_l1(blk + (PREFETCH_BLOCKS + 1) * 34);
+        wq[c] = v16i_from_halves(v8i_load(blk + 2), both ? v8i_load(blk + 36) : v8i_zero());
+        wo[c] = neg_dot_lanes_vnni16(128, wq[c]);
+    }
+    for (int r = 0; r < R; ++r) {
+        const int8_t *x = j->xq + (m0 + r) * j->K + b * 32;
+        const v16i xa = i8x64_offset(both ? v16i_load(x) : v16i_from_halves(v8i_load(x), v8i_zero()));
+        for (int c = 0; c < C; ++c)
+            acc[r][c] = v16_fmadd(v16_pair_broadcast(sv[r][c], k),
+                                  v16i_to_float(dot_u8_lanes_vnni16(wo[c], xa, wq[c])), acc[r][c]);
+    }
+}
+
+/* a Q8_0 tile of at most QWIDE rows in 512-bit vectors: the chains of tile_32 (the even blocks' in
+ * the low lanes, the odd blocks' in the high), two blocks per instruction */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_q8_wide)(const quant_job *j, int64_t m0, int R,
+                                                                          int64_t n0, int C) {
+    const int64_t nb = j->K / 32;
+    v16 acc[ACC_ROWS][ACC_COLS];
+    v8 sv[ACC_ROWS][ACC_COLS];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v16_zero();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        QS(scales_32)(j, m0, R, n0, C, 0, b, 8, sv);
+        for (int k = 0; k < 8; k += 2) QS(pair_q8)(j, m0, R, n0, C, b + k, 1, acc, sv, k);
+    }
+    if (b < nb) {
+        const int n = (int)(nb - b);
+        QS(scales_32)(j, m0, R, n0, C, 0, b, n, sv);
+        for (int k = 0; k < n; k += 2) QS(pair_q8)(j, m0, R, n0, C, b + k, k + 1 < n, acc, sv, k);
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c)
+            j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(v16_lo(acc[r][c]), v16_hi(acc[r][c])));
+}
+#endif
 
 /* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
  * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
@@ -85,7 +179,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
                 v8i isum = v8i_zero();
                 int32_t msum = 0;
                 for (int s = 0; s < 8; ++s) {
-                    isum = v8i_add(isum, dot_u4_scaled_lanes(wq[c][s], v8i_load(xb + 32 * s), sc[c][s]));
+                    isum = QDOT_K(isum, wq[c][s], v8i_load(xb + 32 * s), sc[c][s]);
                     msum += mn[c][s] * xs[s];
                 }
                 acc[r][c] = v8_fmadd(v8_set1(d[c] * dx), v8i_to_float(isum), acc[r][c]);
@@ -101,29 +195,45 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
 QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_job *j, int64_t m0, int R,
                                                                   int64_t n0, int C) {
     if (j->fmt == HS_Q4_K) QS(tile_k)(j, m0, R, n0, C);
-    else QS(tile_32)(j, m0, R, n0, C, j->fmt == HS_Q4_0);
+    else if (j->fmt == HS_Q4_0) QS(tile_32)(j, m0, R, n0, C, 1); /* q4 a constant: no branch inside */
+#ifdef QWIDE
+    else if (R <= QWIDE) QS(tile_q8_wide)(j, m0, R, n0, C);
+#endif
+    else QS(tile_32)(j, m0, R, n0, C, 0);
 }
 
 /* one tile of R rows by C columns, R and C made constants: the few-row path's (R <= FEW_ROWS, C = 1)
  * and the tiles' (R <= TILE_ROWS, C <= TILE_COLS) */
+#if FEW_ROWS > 4 || TILE_ROWS > ACC_ROWS || TILE_COLS > ACC_COLS || TILE_ROWS > 6
+#error "quant_tiles.h: a tile shape that tile_sized does not instantiate"
+#endif
 QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
 #define QCASE(r, c) case (r) * 8 + (c): QS(tile)(j, m0, r, n0, c); break;
     switch (R * 8 + C) {
-        QCASE(1, 1) QCASE(2, 1) QCASE(3, 1) QCASE(4, 1) QCASE(1, 2) QCASE(2, 2) QCASE(3, 2) QCASE(4, 2)
+        QCASE(1, 1) QCASE(2, 1) QCASE(3, 1) QCASE(4, 1)
+#if TILE_COLS > 1
+        QCASE(1, 2) QCASE(2, 2) QCASE(3, 2) QCASE(4, 2)
+#endif
+#if TILE_ROWS > 4
+        QCASE(5, 1) QCASE(6, 1)
+#endif
+#if TILE_ROWS > 4 && TILE_COLS > 1
+        QCASE(5, 2) QCASE(6, 2)
+#endif
         default: break;
     }
 #undef QCASE
 }
 
 /* columns c0 … c1 − 1 of the product: up to FEW_ROWS rows one column at a time (the weight streamed
- * once, each block decoded once for all rows); more rows in tiles of TILE_COLS columns by balanced
+ * once, each block decoded once for all rows; FEW_ROWS 0: none); more rows in tiles of TILE_COLS columns by balanced
  * groups of at most TILE_ROWS rows, over chunks of ROW_CHUNK rows (the chunk's activations stay in
  * cache while the columns pass) */
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
     const int64_t M = j->M;
-    const int cols = M <= FEW_ROWS ? 1 : TILE_COLS;
+    const int cols = M <= FEW_ROWS ? 1 : TILE_COLS, most = M <= FEW_ROWS ? FEW_ROWS : TILE_ROWS;
     for (int64_t r0 = 0; r0 < M; r0 += ROW_CHUNK) {
-        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M, groups = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
+        const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M, groups = (r1 - r0 + most - 1) / most;
         for (int64_t n = c0; n < c1;) {
             const int C = n + cols <= c1 ? cols : 1;
             for (int64_t g = 0; g < groups; ++g) {

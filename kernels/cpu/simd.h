@@ -222,11 +222,75 @@ SIMD_INLINE v8i dot_s8_lanes(v8i a, v8i b) {
 }
 /* init + Σ u·s per lane, u uint8, s int8 (no saturation: dpbusd sums in 32 bits) */
 TARGET_VNNI SIMD_INLINE v8i dot_u8_lanes_vnni(v8i init, v8i u, v8i s) { return _mm256_dpbusd_epi32(init, u, s); }
+/* −Σ c·s per lane, c a uint8 constant, s int8 */
+TARGET_VNNI SIMD_INLINE v8i neg_dot_lanes_vnni(uint8_t c, v8i s) {
+    return _mm256_sub_epi32(_mm256_setzero_si256(),
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)c), s));
+}
+/* 512 bits, two blocks of 32 int8 side by side (cpu/quant.c's wide tiles: the low 8 lanes one
+ * block's, the high 8 the next block's, each lane the same integer as the 256-bit forms give) */
+TARGET_VNNI SIMD_INLINE v16i v16i_from_halves(v8i lo, v8i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+TARGET_VNNI SIMD_INLINE v16i i8x64_offset(v16i a) { return _mm512_xor_si512(a, _mm512_set1_epi8((char)0x80)); }
+TARGET_VNNI SIMD_INLINE v16i dot_u8_lanes_vnni16(v16i init, v16i u, v16i s) { return _mm512_dpbusd_epi32(init, u, s); }
+TARGET_VNNI SIMD_INLINE v16i neg_dot_lanes_vnni16(uint8_t c, v16i s) {
+    return _mm512_sub_epi32(_mm512_setzero_si512(),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)c), s));
+}
+TARGET_VNNI SIMD_INLINE v16 v16i_to_float(v16i a) { return _mm512_cvtepi32_ps(a); }  /* exact below 2^24 */
+/* lanes 0-7: a[k], lanes 8-15: a[k + 1] */
+TARGET_VNNI SIMD_INLINE v16 v16_pair_broadcast(v8 a, int k) {
+    const int h = k + 1;
+    return _mm512_permutexvar_ps(_mm512_set_epi32(h, h, h, h, h, h, h, h, k, k, k, k, k, k, k, k),
+                                 _mm512_castps256_ps512(a));
+}
 /* int8 values as uint8 ones 128 higher (x ^ 0x80) */
 SIMD_INLINE v8i i8x32_offset(v8i a) { return _mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)); }
+/* -- rounding activations to int8 (the quantized products' `quantize_rows`) ------------------- */
+/* |a| (the sign bit cleared) */
+SIMD_INLINE v8 v8_abs(v8 a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+/* the largest of the 8 lanes (max is exact: any order gives the same value) */
+static inline float hmax8(v8 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* roundf lane by lane, halves away from zero: the truncation t, plus ±1 where |a − t| >= 0.5 (a − t
+ * and t ± 1 exact for |a| < 2^23; larger floats are integers already) */
+SIMD_INLINE v8 v8_round_half_away(v8 a) {
+    const __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 up = _mm256_cmp_ps(v8_abs(_mm256_sub_ps(a, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(a, _mm256_set1_ps(-0.0f)));
+    return _mm256_add_ps(t, _mm256_and_ps(up, one));
+}
+/* 32 integers in [-128, 127] held by 4 vectors of floats (a's first) -> 32 int8 in order */
+SIMD_INLINE v8i i8x32_from_floats(v8 a, v8 b, v8 c, v8 d) {
+    const __m256i ab = _mm256_packs_epi32(_mm256_cvttps_epi32(a), _mm256_cvttps_epi32(b));
+    const __m256i cd = _mm256_packs_epi32(_mm256_cvttps_epi32(c), _mm256_cvttps_epi32(d));
+    /* packs interleave 128-bit halves: [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7] as 4-byte groups */
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+SIMD_INLINE void v8i_store(void *p, v8i a) { _mm256_storeu_si256((__m256i *)p, a); }
+/* scale times the sums of each 4 of 32 int8 (bytes 4i … 4i + 3 in lane i), exact */
+SIMD_INLINE v8i i8x32_lane_sums(v8i a, int16_t scale) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(scale));
+}
+/* the sum of the 8 integer lanes */
+static inline int32_t v8i_hsum(v8i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    return _mm_cvtsi128_si32(s);
+}
 /* scale · Σ u·s per lane, u in 0..15, s int8, 0 <= scale < 64 (pairs fit int16; scale applied in madd) */
 SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
+}
+/* acc + the same, the pairs times scale summed into acc by AVX512-VNNI's dpwssd */
+TARGET_VNNI SIMD_INLINE v8i dot_u4_scaled_lanes_vnni(v8i acc, v8i u, v8i s, int scale) {
+    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
 }
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */

@@ -18,7 +18,9 @@ FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
 ROWS = (1, 2, 4, 5, 7, 13, 70)
 
 
-def operands(fmt: str, N: int = 37, K: int = 512, M: int = max(ROWS), seed: int = 0):
+def operands(fmt: str, N: int = 37, K: int | None = None, M: int = max(ROWS), seed: int = 0):
+    # 19 blocks of 32 (the kernel takes the scales 8 blocks at a time: a tail, and an odd count)
+    K = K or (256 * 2 if fmt == "q4_k" else 32 * 19)
     g = torch.Generator().manual_seed(seed)
     w = QuantWeight.quantize(torch.randn(N, K, generator=g) * 0.05, fmt)
     x = torch.randn(M, K, generator=g)
@@ -38,13 +40,34 @@ def test_products_are_the_float64_product_of_the_same_values_within_the_bound(fm
     assert torch.allclose(quant_weight.matmul(x, w), cpu_quant.quant_matmul(x, w), rtol=1e-4, atol=1e-4)
 
 
+def available_paths() -> list[str]:
+    """The dot products this CPU takes (`cpu_quant.VECTOR_PATHS`)."""
+    first, paths = cpu_quant.vector_path(), []
+    try:
+        for path in cpu_quant.VECTOR_PATHS:
+            try:
+                paths.append(cpu_quant.vector_path(path))
+            except ValueError:
+                pass
+    finally:
+        cpu_quant.vector_path(first)
+    return paths
+
+
+@pytest.mark.parametrize("path", available_paths())
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_rows_bits_do_not_depend_on_the_batch_or_the_path(fmt):
+def test_a_rows_bits_do_not_depend_on_the_batch_or_the_path(fmt, path):
     x, w = operands(fmt, N=41, seed=1)
-    alone = torch.cat([cpu_quant.quant_matmul(x[m:m + 1], w) for m in range(x.shape[0])])
-    for M in ROWS:
-        assert torch.equal(cpu_quant.quant_matmul(x[:M], w), alone[:M]), M
-    assert torch.equal(cpu_quant.quant_matmul(x[3:9], w), alone[3:9])
+    first = cpu_quant.vector_path()
+    try:
+        cpu_quant.vector_path(path)
+        alone = torch.cat([cpu_quant.quant_matmul(x[m:m + 1], w) for m in range(x.shape[0])])
+        # every row count of the few-row path and the tiles' shapes, and more than a chunk
+        for M in (*range(1, 21), max(ROWS)):
+            assert torch.equal(cpu_quant.quant_matmul(x[:M], w), alone[:M]), M
+        assert torch.equal(cpu_quant.quant_matmul(x[3:9], w), alone[3:9])
+    finally:
+        cpu_quant.vector_path(first)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -103,3 +126,24 @@ def test_raw_blocks_wrap_as_a_weight_without_requantizing():
     _, w = operands("q4_k", seed=5)
     again = QuantWeight.from_blocks(w.detach().reshape(-1), "q4_k", w.out_features, w.in_features)
     assert torch.equal(again.detach(), w.detach()) and torch.equal(again.dequantize(), w.dequantize())
+
+
+def one_hot_q8_0(K: int) -> QuantWeight:
+    """A Q8_0 weight [K, K] whose row n is 1 at column n (scale 1.0): the product reads back x's
+    rounded values, y[m, n] = d · q of x[m, n]."""
+    blocks = torch.zeros(K, K // 32, 34, dtype=torch.uint8)
+    blocks[:, :, :2] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # float16 1.0, little-endian
+    n = torch.arange(K)
+    blocks[n, n // 32, 2 + n % 32] = 1
+    return QuantWeight.from_blocks(blocks.reshape(-1), "q8_0", K, K)
+
+
+def test_activations_round_as_roundf_halves_away_from_zero():
+    K = 128
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(6)) * 3
+    # block 0 of row 0: max 127, so d = 1 and every x · (1 / d) is x itself: exact halves of both signs
+    x[0, :32] = torch.tensor([127.0, -0.5, 0.5, -1.5, 1.5, 2.5, -2.5, 126.5, -126.5, 0.49999997, -0.49999997]
+                             + [k + 0.5 for k in range(-10, 11)], dtype=torch.float32)
+    x[1, 32:64] = 0  # a block of zeros: scale 0
+    got = cpu_quant.quant_matmul(x, one_hot_q8_0(K))
+    assert torch.equal(got, quant_weight.rounded_activations(x, one_hot_q8_0(K).fmt, torch.float32))
