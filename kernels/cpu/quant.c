@@ -27,9 +27,6 @@
 #include "kernels.h"
 #include "simd.h"
 
-#define HS_Q8_0 0 /* the formats' codes (`formats.BlockFormat.code`) */
-#define HS_Q4_0 1
-#define HS_Q4_K 2
 #define ACC_ROWS 6     /* the most rows and columns of any tile (each ISA's FEW_ROWS, TILE_ROWS, TILE_COLS) */
 #define ACC_COLS 2
 #define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */

@@ -28,36 +28,22 @@ typedef struct {
 /* ggml's layout: half h (128 values) takes ql[64h …] and qh[32h …]; its 32 values 32k + l are the
  * low (k < 2) or high nibble of ql[64h + 32(k % 2) + l] with bits 2k, 2k + 1 of qh[32h + l] above */
 static inline void q6_decode(const uint8_t *blk, q6_block *out) {
-    const v8i nibble = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
     for (int h = 0; h < 2; ++h) {
         const v8i ql0 = v8i_load(blk + 64 * h), ql1 = v8i_load(blk + 64 * h + 32), qh = v8i_load(blk + 128 + 32 * h);
-        /* 16-bit shifts, then a byte mask: a byte keeps only its own bits */
-        const v8i high0 = _mm256_and_si256(qh, two), high1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2), two);
-        const v8i high2 = _mm256_and_si256(_mm256_srli_epi16(qh, 4), two);
-        const v8i high3 = _mm256_and_si256(_mm256_srli_epi16(qh, 6), two);
-        out->q[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, nibble), _mm256_slli_epi16(high0, 4));
-        out->q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, nibble), _mm256_slli_epi16(high1, 4));
-        out->q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), nibble),
-                                            _mm256_slli_epi16(high2, 4));
-        out->q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), nibble),
-                                            _mm256_slli_epi16(high3, 4));
+        out->q[4 * h] = u8x32_six_bits(u8x32_low_nibbles(ql0), qh, 0);
+        out->q[4 * h + 1] = u8x32_six_bits(u8x32_low_nibbles(ql1), qh, 2);
+        out->q[4 * h + 2] = u8x32_six_bits(u8x32_high_nibbles(ql0), qh, 4);
+        out->q[4 * h + 3] = u8x32_six_bits(u8x32_high_nibbles(ql1), qh, 6);
     }
     const int8_t *sc = (const int8_t *)(blk + 192);
-    for (int c = 0; c < 8; ++c)
-        out->sc[c] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(sc[2 * c])),
-                                             _mm_set1_epi16(sc[2 * c + 1]), 1);
+    for (int c = 0; c < 8; ++c) out->sc[c] = i16x16_halves(sc[2 * c], sc[2 * c + 1]);
     out->d = f16_value(half_at(blk + 208));
 }
 
 /* the 8 exact lane sums of a decoded super-block by 256 int8 activations (see the file's comment) */
 static inline v8i q6_lanes(const q6_block *w, const int8_t *x) {
-    const v8i m32 = _mm256_set1_epi8(32);
     v8i sum = v8i_zero();
-    for (int c = 0; c < 8; ++c) {
-        const v8i xv = v8i_load(x + 32 * c);
-        const v8i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(w->q[c], xv), _mm256_maddubs_epi16(m32, xv));
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, w->sc[c]));
-    }
+    for (int c = 0; c < 8; ++c) sum = v8i_add(sum, dot_u6_centered_scaled_lanes(w->q[c], v8i_load(x + 32 * c), w->sc[c]));
     return sum;
 }
 

@@ -293,6 +293,23 @@ TARGET_VNNI SIMD_INLINE v8i dot_u4_scaled_lanes_vnni(v8i acc, v8i u, v8i s, int 
     return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
 }
 
+/* Q6_K's 6-bit values: the two bits of each byte of qh at bit `shift` (0, 2, 4, 6), as bits 4 and 5
+ * above a nibble: (nibble | hi << 4) in 0..63 (16-bit shifts, then byte masks: no bit crosses a byte) */
+SIMD_INLINE v8i u8x32_six_bits(v8i nibbles, v8i qh, int shift) {
+    const v8i high = _mm256_and_si256(_mm256_srli_epi16(qh, shift), _mm256_set1_epi8(0x03));
+    return _mm256_or_si256(nibbles, _mm256_slli_epi16(high, 4));
+}
+/* 16-bit lanes: lo in the low 8, hi in the high 8 (a madd's two sub-block scales) */
+SIMD_INLINE v8i i16x16_halves(int16_t lo, int16_t hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(lo)), _mm_set1_epi16(hi), 1);
+}
+/* Σ over each lane's pairs of scale·(u − 32)·s, u in 0..63, s int8, scales as i16x16_halves gives
+ * them: maddubs(u, s) − maddubs(32, s) in 16 bits (both terms and their difference fit), then madd */
+SIMD_INLINE v8i dot_u6_centered_scaled_lanes(v8i u, v8i s, v8i scales) {
+    const v8i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(_mm256_set1_epi8(32), s));
+    return _mm256_madd_epi16(pairs, scales);
+}
+
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
 
 /* one 32-bit pair of bfloat16 values (bf16_pair) in every lane */

@@ -20,7 +20,7 @@ ROWS = (1, 2, 4, 5, 7, 13, 70)
 
 def operands(fmt: str, N: int = 37, K: int | None = None, M: int = max(ROWS), seed: int = 0):
     # 19 blocks of 32 (the kernel takes the scales 8 blocks at a time: a tail, and an odd count)
-    K = K or (256 * 2 if fmt == "q4_k" else 32 * 19)
+    K = K or (256 * 2 if fmt in ("q4_k", "q6_k") else 32 * 19)
     g = torch.Generator().manual_seed(seed)
     w = QuantWeight.quantize(torch.randn(N, K, generator=g) * 0.05, fmt)
     x = torch.randn(M, K, generator=g)
