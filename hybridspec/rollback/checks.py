@@ -22,7 +22,7 @@ Each check takes a target `HybridModel` (and a drafter) and returns a
 `run_suite(tree=TreeShape(...))` is the suite's tree mode (`hybridspec check
 --tree 2,1`): greedy and coupled parity with state parity under two policies
 for the drafter and suffix decoding, the batch invariance of rows beside
-other rows' trees, and failed tree rounds (`tree_suite`).
+other rows' trees, and failed tree rounds (`rollback.tree_checks`).
 """
 from __future__ import annotations
 
@@ -37,11 +37,10 @@ from hybridspec.models.hybrid import HybridModel
 from hybridspec.spec.drafters import NgramDrafter
 from hybridspec.checkpoints.policy import MAX_DRAFT_TOKENS, CheckpointPolicy
 from hybridspec.rollback.forcing import force_rejections
-from hybridspec.rollback.models import (OutOfVocabDrafter, branching_prompts, params_fingerprint, perturbed_copy,
+from hybridspec.rollback.models import (OutOfVocabDrafter, params_fingerprint, perturbed_copy,
                                         plain_outputs, sampled_params,
                      tiny_model, workload)
 from hybridspec.rollback.observer import InjectedFault, RoundObserver, install_fault, restore_path, witness_bookkeeping
-from hybridspec.spec.suffix_drafter import SuffixDrafter
 from hybridspec.spec.tree import TreeShape
 
 
@@ -193,26 +192,6 @@ def batch_invariance(name: str, target: HybridModel, prompts, params) -> CheckRe
     return _run_check(name, body)
 
 
-def tree_batch_invariance(name: str, target: HybridModel, draft, tree: TreeShape, prompts, params) -> CheckResult:
-    """Each seeded request's tokens alone (plain decoding) == in a batch of tree rounds ==
-    in the reversed batch, where its neighbours draft other trees, chains or nothing;
-    `draft()` makes a fresh drafter per engine."""
-    def body():
-        alone = [plain_outputs(target, [p], [q])[0].token_ids for p, q in zip(prompts, params)]
-        trees = 0
-        for order in (slice(None), slice(None, None, -1)):
-            engine = Engine(target, draft=draft(), num_draft_tokens=4, block_size=4, tree=tree)
-            observer = RoundObserver(engine)
-            with observer:
-                got = [o.token_ids for o in engine.generate(prompts[order], params[order])][order]
-            trees += observer.tree_rounds
-            for i, (a, b) in enumerate(zip(alone, got)):
-                _require(a == b, f"request {i}: alone {a}, beside other rows' trees {b}")
-        _require(trees > 0, "no round drafted a tree")
-        return f"{len(prompts)} requests, {trees} tree rounds", {}
-    return _run_check(name, body)
-
-
 # -- bad input and failed rounds -----------------------------------------------------------------
 
 
@@ -315,50 +294,6 @@ def failed_round(name: str, target: HybridModel, draft, gamma: int, policy, prom
 
 # -- the whole suite -----------------------------------------------------------------------------
 
-def tree_suite(target: HybridModel, draft, draft_name: str, tree: TreeShape, quick: bool = False, seed: int = 0,
-               add: Callable[[CheckResult], None] = lambda result: None) -> list[CheckResult]:
-    """The suite's tree mode: `draft` (it must branch: a draft model, "mtp", suffix decoding,
-    prompt lookup) and suffix decoding proposing trees of `tree`'s shape, greedy and coupled
-    parity with state parity under two policies (every input snapshotted; the smallest
-    ring, two slots, which a tree round needs: it snapshots the root and replays the
-    accepted path from there), then failed tree rounds at the draft, verify, replay
-    (in that ring) and drafter-commit sites (a draft model's)."""
-    vocab = target.vocab_size
-    params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))[1]
-    prompts = branching_prompts(target, params, seed)  # model-free drafters branch from the first round
-    expected = plain_outputs(target, prompts, params)
-    sparams = sampled_params(seed + 100, (12, 7, 10, 9) if quick else (20, 14, 17, 11))
-    sprompts = branching_prompts(target, sparams, seed + 1)
-    sexpected = plain_outputs(target, sprompts, sparams)
-    shape = ",".join(map(str, tree.widths))
-    drafters = {draft_name: lambda: draft}
-    if not isinstance(draft, SuffixDrafter):
-        drafters["suffix"] = lambda: SuffixDrafter(min_prob=0.0)  # a fresh one per engine: it branches most
-    results = []
-
-    def done(result: CheckResult) -> None:
-        results.append(result)
-        add(result)
-
-    for dname, make in drafters.items():
-        for gamma, pname in ((4, "k=1"), (3, "ring too small")):
-            done(speculative_parity(f"tree greedy parity · {dname} · {shape} · γ={gamma} · {pname}", target,
-                                    make(), gamma, POLICIES[pname], prompts, params, expected, check_states=True,
-                                    tree=tree))
-            done(speculative_parity(f"tree coupled parity · {dname} · {shape} · γ={gamma} · {pname}", target,
-                                    make(), gamma, POLICIES[pname], sprompts, sparams, sexpected, verify="coupled",
-                                    check_states=True, tree=tree))
-    mixed = sprompts[:2] + [p[-2:] for p in sprompts[2:]]  # rows that branch beside rows that barely can
-    done(tree_batch_invariance(f"tree batch invariance · suffix · {shape}", target,
-                               lambda: SuffixDrafter(min_prob=0.0), tree, mixed, sparams))
-    model_draft = draft if isinstance(draft, HybridModel) else perturbed_copy(target, seed=seed)
-    sites = (("draft", "k=1"), ("verify", "k=1"), ("replay", "ring too small"), ("drafter commit", "k=1"))
-    for site, pname in sites[:3 if quick else 4]:
-        done(failed_round(f"tree failed round · {site} · {shape}", target, model_draft, 4, POLICIES[pname],
-                          prompts, params, site, expected=expected, tree=tree))
-    return results
-
-
 def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool = False,
               seed: int = 0, progress: Callable[[CheckResult], None] | None = None,
               tree: TreeShape | None = None) -> list[CheckResult]:
@@ -371,6 +306,7 @@ def run_suite(target: HybridModel, draft, draft_name: str = "draft", quick: bool
     drafters' acceptance. `progress`, when given, is called with each result
     as soon as its check ends. With `tree`, the suite's tree mode instead (`tree_suite`)."""
     if tree is not None:
+        from hybridspec.rollback.tree_checks import tree_suite  # it builds on this module's checks
         return tree_suite(target, draft, draft_name, tree, quick, seed, progress or (lambda result: None))
     dtype, device, vocab = target.dtype, target.device, target.vocab_size
     prompts, params = workload(vocab, seed, max_new_tokens=(12, 7, 10) if quick else (24, 13, 19))
