@@ -30,7 +30,6 @@
 #define ACC_ROWS 6     /* the most rows and columns of any tile (each ISA's FEW_ROWS, TILE_ROWS, TILE_COLS) */
 #define ACC_COLS 2
 #define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */
-#define PREFETCH_BLOCKS 8 /* how far ahead along a weight row the tiles prefetch */
 #define PARALLEL_MIN_BLOCKS (1 << 12) /* block products below which a call runs on its caller alone */
 
 typedef struct {

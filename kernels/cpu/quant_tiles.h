@@ -49,7 +49,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const qua
     v8i wq[TILE_COLS], wo[TILE_COLS];
     for (int c = 0; c < C; ++c) {
         const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
-        prefetch_l1(blk + PREFETCH_BLOCKS * bytes);
+        prefetch_l1(blk + 2 * C * j->row_bytes);  /* the same block two tiles on: the tiles read the weight in order */
         wq[c] = QWEIGHT(blk + 2, q4, side);
         wo[c] = QWEIGHT_OFFSET(wq[c], side);
     }
@@ -105,8 +105,8 @@ QTARGET static inline __attribute__((always_inline)) void QS(pair_q8)(const quan
     v16i wq[TILE_COLS], wo[TILE_COLS];
     for (int c = 0; c < C; ++c) {
         const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 34;
-        prefetch_l1(blk + PREFETCH_BLOCKS * 34);
-        prefetch_l1(blk + (PREFETCH_BLOCKS + 1) * 34);
+        prefetch_l1(blk + 2 * C * j->row_bytes);  /* two tiles on, as block_32 */
+        prefetch_l1(blk + 2 * C * j->row_bytes + 34);
         wq[c] = v16i_from_halves(v8i_load(blk + 2), both ? v8i_load(blk + 36) : v8i_zero());
         wo[c] = neg_dot_lanes_vnni16(128, wq[c]);
     }
