@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import hybridspec as hs
-from hybridspec.cache.hidden_states import HiddenStates
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.cache.tree_batch import TreeBatch
 from hybridspec.checkpoints.ring import plan_snapshots
@@ -30,6 +29,7 @@ from hybridspec.spec.tree import TreeShape
 from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (fixtures)
 from native_switch import whole_forward_off
 from test_tree_drafts import StateParity
+from test_tree_proof import assert_rows_are_a_prefills, recorded_rows
 
 pytestmark = x86_with_compiler
 
@@ -181,14 +181,7 @@ def test_native_tree_rounds_keep_the_hidden_states_an_mtp_drafter_reads(model):
     drafter takes equals the target's at that position in a prefill of the committed
     tokens (float32: the prefill's products round differently), and the output is plain."""
     drafter = MTPDrafter(random_mtp(model, 3), dict(max_seqs=4, block_size=4, num_blocks=64))
-    taken, take = [], drafter.hidden.take
-
-    def recording(seq_id):
-        first, rows = take(seq_id)
-        if rows is not None:
-            taken.append((seq_id, first, rows.clone()))
-        return first, rows
-    drafter.hidden.take = recording
+    taken = recorded_rows(drafter)
     engine = Engine(model, draft=drafter, num_draft_tokens=4, block_size=4, tree=TreeShape((3, 2)))
     engine.speculator.check = True
     rounds = NativeRounds(engine)
@@ -197,15 +190,7 @@ def test_native_tree_rounds_keep_the_hidden_states_an_mtp_drafter_reads(model):
     outputs = engine.generate(PROMPTS, params)
     assert [o.token_ids for o in outputs] == [o.token_ids for o in plain_outputs(model, PROMPTS, params)]
     assert rounds.native == rounds.tree_rounds > 0 and len(taken) > 4
-    L = model.config.num_layers
-    for seq, (prompt, out) in enumerate(zip(PROMPTS, outputs)):
-        cache = HybridCache(model.config, max_seqs=1, num_blocks=16, block_size=4, ring_slots=2, dtype=model.dtype)
-        cache.hidden = HiddenStates((L,), L)
-        model.prefill(cache, [0], [(prompt + out.token_ids)[:-1]])
-        _, want = cache.hidden.take(0)  # [positions, 1, hidden]
-        for s, first, rows in taken:
-            if s == seq:
-                torch.testing.assert_close(rows, want[first:first + len(rows)], rtol=1e-4, atol=1e-5)
+    assert_rows_are_a_prefills(model, PROMPTS, outputs, taken, rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture(scope="module", params=["mamba1", "gdn"])

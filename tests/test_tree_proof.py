@@ -91,14 +91,9 @@ def test_every_branching_drafter_gives_plain_output(family, tmp_path):
         assert rounds.trees > 0, name
 
 
-def test_an_mtp_drafter_reads_the_accepted_tokens_hidden_states_after_tree_rounds():
-    """Every hidden-state row the MTP drafter takes after tree rounds equals the target's
-    at that position in a prefill of the committed tokens (the tree's rows are laid out
-    along the accepted path, `HiddenStates.follow_path`)."""
-    target = tiny_model(0, FAMILIES["mamba2"], vocab_size=VOCAB)
-    drafter = MTPDrafter(random_mtp(target, 3), MTP_CACHE)
-    taken = []  # (seq, first position, rows [n, 1, hidden])
-    take = drafter.hidden.take
+def recorded_rows(drafter) -> list:
+    """What the drafter's `hidden.take` hands it from now on: (seq, first position, rows [n, 1, hidden])."""
+    taken, take = [], drafter.hidden.take
 
     def recording(seq_id):
         first, rows = take(seq_id)
@@ -106,12 +101,12 @@ def test_an_mtp_drafter_reads_the_accepted_tokens_hidden_states_after_tree_round
             taken.append((seq_id, first, rows.clone()))
         return first, rows
     drafter.hidden.take = recording
-    engine = Engine(target, draft=drafter, num_draft_tokens=4, block_size=4, tree=TreeShape((3, 2)))
-    rounds = watched(engine)
-    params = [hs.SamplingParams(max_new_tokens=16, temperature=t, seed=3, ignore_eos=True) for t in (0.0, 0.9)]
-    prompts = [[1, 2, 3, 1, 2, 4, 1, 2], [5, 6, 7, 5]]
-    outputs = engine.generate(prompts, params)
-    assert rounds.trees > 0 and rounds.off_spine > 0 and len(taken) > 4
+    return taken
+
+
+def assert_rows_are_a_prefills(target, prompts, outputs, taken, **tolerance) -> None:
+    """Every taken row equals the target's last-layer input at its position in a prefill of the
+    committed tokens (prompt and output but the pending token)."""
     L = target.config.num_layers
     for seq, (prompt, out) in enumerate(zip(prompts, outputs)):
         cache = HybridCache(target.config, max_seqs=1, num_blocks=16, block_size=4, ring_slots=2, dtype=target.dtype)
@@ -120,7 +115,23 @@ def test_an_mtp_drafter_reads_the_accepted_tokens_hidden_states_after_tree_round
         _, want = cache.hidden.take(0)  # [positions, 1, hidden]
         for s, first, rows in taken:
             if s == seq:
-                torch.testing.assert_close(rows, want[first:first + len(rows)], rtol=0, atol=1e-10)
+                torch.testing.assert_close(rows, want[first:first + len(rows)], **tolerance)
+
+
+def test_an_mtp_drafter_reads_the_accepted_tokens_hidden_states_after_tree_rounds():
+    """Every hidden-state row the MTP drafter takes after tree rounds equals the target's
+    at that position in a prefill of the committed tokens (the tree's rows are laid out
+    along the accepted path, `HiddenStates.follow_path`)."""
+    target = tiny_model(0, FAMILIES["mamba2"], vocab_size=VOCAB)
+    drafter = MTPDrafter(random_mtp(target, 3), MTP_CACHE)
+    taken = recorded_rows(drafter)
+    engine = Engine(target, draft=drafter, num_draft_tokens=4, block_size=4, tree=TreeShape((3, 2)))
+    rounds = watched(engine)
+    params = [hs.SamplingParams(max_new_tokens=16, temperature=t, seed=3, ignore_eos=True) for t in (0.0, 0.9)]
+    prompts = [[1, 2, 3, 1, 2, 4, 1, 2], [5, 6, 7, 5]]
+    outputs = engine.generate(prompts, params)
+    assert rounds.trees > 0 and rounds.off_spine > 0 and len(taken) > 4
+    assert_rows_are_a_prefills(target, prompts, outputs, taken, rtol=0, atol=1e-10)
 
 
 def test_a_rows_tokens_do_not_depend_on_its_neighbours_trees():
