@@ -50,6 +50,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const qua
     for (int c = 0; c < C; ++c) {
         const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
         prefetch_l1(blk + 2 * C * j->row_bytes);  /* the same block two tiles on: the tiles read the weight in order */
+        prefetch_l2(blk + 8 * C * j->row_bytes);
         wq[c] = QWEIGHT(blk + 2, q4, side);
         wo[c] = QWEIGHT_OFFSET(wq[c], side);
     }
@@ -107,6 +108,8 @@ QTARGET static inline __attribute__((always_inline)) void QS(pair_q8)(const quan
         const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 34;
         prefetch_l1(blk + 2 * C * j->row_bytes);  /* two tiles on, as block_32 */
         prefetch_l1(blk + 2 * C * j->row_bytes + 34);
+        prefetch_l2(blk + 8 * C * j->row_bytes);
+        prefetch_l2(blk + 8 * C * j->row_bytes + 34);
         wq[c] = v16i_from_halves(v8i_load(blk + 2), both ? v8i_load(blk + 36) : v8i_zero());
         wo[c] = neg_dot_lanes_vnni16(128, wq[c]);
     }
