@@ -467,26 +467,27 @@ class NativeTreeForms(TreeForms):
 
     @staticmethod
     def conv_window(conv_states, slots, tree, xs, weight, bias, activation):
-        if cpu_tree.conv_window_applies(conv_states, slots, xs, weight, bias, activation):
-            return cpu_tree.conv_window_tree(conv_states, slots, tree, xs, weight, bias, activation)
+        if cpu_conv.applies(conv_states, xs, weight, bias, activation, slots):
+            return cpu_tree.tree_steps(cpu_conv.conv_window_steps, conv_states, slots, tree, xs, weight, bias,
+                                       activation)
         return tree_verify.conv_window_tree_ref(conv_states, slots, tree, xs, weight, bias, activation)
 
     @staticmethod
     def mamba2(ssm_states, slots, tree, x, dt, A, B, C, D):
-        if cpu_tree.mamba2_applies(ssm_states, slots, x):
-            return cpu_tree.mamba2_tree(ssm_states, slots, tree, x, dt, A, B, C, D)
+        if cpu_mamba2.applies(ssm_states, x, slots):
+            return cpu_tree.tree_steps(cpu_mamba2.mamba2_steps, ssm_states, slots, tree, x, dt, A, B, C, D)
         return tree_verify.mamba2_tree_ref(ssm_states, slots, tree, x, dt, A, B, C, D)
 
     @staticmethod
     def mamba1(ssm_states, slots, tree, x, dt, A, B, C, D):
-        if cpu_tree.mamba1_applies(ssm_states, slots, x):
-            return cpu_tree.mamba1_tree(ssm_states, slots, tree, x, dt, A, B, C, D)
+        if cpu_mamba1.applies(ssm_states, x, slots):
+            return cpu_tree.tree_steps(cpu_mamba1.mamba1_steps, ssm_states, slots, tree, x, dt, A, B, C, D)
         return tree_verify.mamba1_tree_ref(ssm_states, slots, tree, x, dt, A, B, C, D)
 
     @staticmethod
     def gdn(states, slots, tree, q, k, v, g, beta):
-        if cpu_tree.gdn_applies(states, slots, v):
-            return cpu_tree.gdn_tree(states, slots, tree, q, k, v, g, beta)
+        if cpu_gdn.applies(states, v, slots):
+            return cpu_tree.tree_steps(cpu_gdn.gdn_steps, states, slots, tree, q, k, v, g, beta)
         return tree_verify.gdn_tree_ref(states, slots, tree, q, k, v, g, beta)
 
 
