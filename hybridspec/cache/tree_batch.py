@@ -43,10 +43,6 @@ class TreeBatch:
         self.conv: dict[int, torch.Tensor] = {}  # state_layer -> [batch, T, conv_dim, d_conv - 1]
         self.in_ring = False  # the whole C forward wrote every input's state to its snapshot slot
 
-    def states_in_ring(self) -> None:
-        """Say the forward wrote every input's state to its snapshot slot (the whole C forward)."""
-        self.in_ring = True
-
     def positions(self, start_lens: list[int]) -> torch.Tensor:  # [batch, T] start + depth
         return self.plan.positions(start_lens)
 

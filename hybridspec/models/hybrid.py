@@ -455,8 +455,8 @@ class HybridModel(Kernelled, nn.Module):
             elif (whole := self.whole(token_lists, batch, cache, last_only)) is not None:
                 logits, finite = whole.values, whole.finite  # one C call, where it applies (a tree's too)
                 if batch.tree is not None:
-                    batch.tree.states_in_ring()
-            else:  # layer by layer (a tree forward: the torch forms)
+                    batch.tree.in_ring = True  # the C forward wrote every input's state to its slot
+            else:  # layer by layer (a tree forward: the backend's tree forms)
                 with self.backend.layer_by_layer():
                     logits = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only)
                 finite = False
