@@ -55,6 +55,7 @@ import statistics
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import common
 from common import bench_parser, describe_machine, print_table, set_clock, set_threads, write_json
@@ -199,27 +200,39 @@ def build_variants(target, draft_args: dict[str, object], gamma: int, batch: int
 def run_batch(target, draft_args, prompts: dict[str, list[list[int]]], batch: int, args) -> list[dict]:
     """Build every variant at `batch`, warm each up, then time the interleaved passes; rows per workload."""
     import hybridspec as hs
-    from hybridspec.engine.stats import EngineStats
     params = hs.SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
     max_len = max(len(p) for pool in prompts.values() for p in pool) + args.new_tokens + 8
     variants = build_variants(target, draft_args, args.gamma, batch, max_len)
+    timed_passes(variants, prompts, batch, params, args.repeats)
+    return [row(v, variants[0], workload, batch, args.new_tokens) for workload in prompts for v in variants]
+
+
+def timed_passes(variants, prompts: dict[str, list[list[int]]], batch: int, params, repeats: int,
+                 around: Callable | None = None) -> None:
+    """Warm each variant up, then `repeats` passes over every workload, the variants in an order
+    rotated each pass: per variant and workload its seconds, summed stats and whether its tokens
+    are the first variant's (`v.seconds`, `v.stats`, `v.same`). `around(v)`, where given, is
+    called before each timed run and its result (if any) after it with the workload."""
+    from hybridspec.engine.stats import EngineStats
     warm = next(iter(prompts.values()))[:batch]  # pass r uses the prompts after these
     for v in variants:
         v.engine.generate(warm, params)
-    for r in range(args.repeats):
+    for r in range(repeats):
         for workload, pool in prompts.items():
             batch_prompts = pool[(r + 1) * batch:(r + 2) * batch]
             tokens = {}
             shift = r % len(variants)
             for v in variants[shift:] + variants[:shift]:
+                after = around(v) if around is not None else None
                 start = common.clock()
                 outputs = v.engine.generate(batch_prompts, params)
                 v.seconds.setdefault(workload, []).append(common.clock() - start)
+                if after is not None:
+                    after(workload)
                 v.stats.setdefault(workload, EngineStats()).add(v.engine.stats)
                 tokens[v.name] = [o.token_ids for o in outputs]
             for v in variants:
-                v.same[workload] = v.same.get(workload, True) and tokens[v.name] == tokens["plain"]
-    return [row(v, variants[0], workload, batch, args.new_tokens) for workload in prompts for v in variants]
+                v.same[workload] = v.same.get(workload, True) and tokens[v.name] == tokens[variants[0].name]
 
 
 def row(v: Variant, plain: Variant, workload: str, batch: int, new_tokens: int) -> dict:

@@ -45,9 +45,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-import common
 from common import bench_parser, describe_machine, print_table, set_clock, set_threads, write_json
-from drafters import workload_prompts
+from drafters import timed_passes, workload_prompts
 
 CHAIN_GAMMAS = (2, 3, 4, 6)
 AUTO, AUTO_MAX = "auto", 6  # the engine's own choice, γ up to the grid's largest
@@ -113,31 +112,20 @@ def build_variants(target, draft: str, grid: list[tuple[int, tuple | None]], bat
 def run_batch(target, draft, grid, prompts: dict[str, list[list[int]]], batch: int, args) -> list[Variant]:
     """Build every variant at `batch`, warm each up, then time the interleaved passes."""
     import hybridspec as hs
-    from hybridspec.engine.stats import EngineStats
     params = hs.SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
     max_len = max(len(p) for pool in prompts.values() for p in pool) + args.new_tokens + 8
     variants = build_variants(target, draft, grid, batch, max_len)
-    warm = next(iter(prompts.values()))[:batch]  # pass r uses the prompts after these
-    for v in variants:
-        v.engine.generate(warm, params)
-    for r in range(args.repeats):
-        for workload, pool in prompts.items():
-            batch_prompts = pool[(r + 1) * batch:(r + 2) * batch]
-            tokens = {}
-            shift = r % len(variants)
-            for v in variants[shift:] + variants[:shift]:
-                auto = getattr(v.engine, "tree_auto", None)
-                before = Counter() if auto is None else Counter(auto.picks)
-                start = common.clock()
-                outputs = v.engine.generate(batch_prompts, params)
-                v.seconds.setdefault(workload, []).append(common.clock() - start)
-                if auto is not None:
-                    v.picks.setdefault(workload, Counter()).update(auto.picks - before)
-                v.stats.setdefault(workload, EngineStats()).add(v.engine.stats)
-                tokens[v.name] = [o.token_ids for o in outputs]
-            for v in variants:
-                v.same[workload] = v.same.get(workload, True) and tokens[v.name] == tokens[variants[0].name]
+    timed_passes(variants, prompts, batch, params, args.repeats, around=count_picks)
     return variants
+
+
+def count_picks(v: Variant):
+    """The shapes `tree="auto"` picks during one run, added to `v.picks[workload]` after it."""
+    auto = getattr(v.engine, "tree_auto", None)
+    if auto is None:
+        return None
+    before = Counter(auto.picks)
+    return lambda workload: v.picks.setdefault(workload, Counter()).update(auto.picks - before)
 
 
 def row(v: Variant, drafter: str, workload: str, batch: int, new_tokens: int) -> dict:
