@@ -204,6 +204,26 @@ class LlamaRunner:
 
 # -- hybridspec ------------------------------------------------------------------------------------
 
+def time_runners(runners: dict, prompt: list[int], threads: int, new_tokens: int, repeats: int) -> dict:
+    """Interleaved runs: {name: (prefill tok/s samples, decode tok/s samples, tokens)} plus acceptance."""
+    samples = {name: ([], [], None) for name in runners}
+    accepted = []
+    for runner in runners.values():  # warm-up
+        set_threads(threads)
+        runner.run(prompt, min(new_tokens, 4))
+    for _ in range(repeats):
+        for name, runner in runners.items():
+            set_threads(threads)
+            tokens, prefill_s, decode_s = runner.run(prompt, new_tokens)
+            prefill, decode, _ = samples[name]
+            prefill.append(len(prompt) / prefill_s)
+            decode.append((new_tokens - 1) / decode_s)
+            samples[name] = (prefill, decode, tokens)
+            if getattr(runner, "speculative", False):
+                accepted.append(runner.acceptance_rate())
+    return dict(samples=samples, acceptance=statistics.median(accepted) if accepted else None)
+
+
 class OursRunner:
     """hs.Engine over the packed model, plain or with a draft (γ drafts per round): greedy
     decode of one prompt."""
@@ -337,28 +357,16 @@ def main(argv: list[str] | None = None) -> int:
                 for threads in args.thread_counts:
                     runners = {"hybridspec": ours, "hybridspec speculative": ours_spec,
                                **({"llama.cpp": llamas[threads]} if llamas else {})}
-                    samples = {name: ([], []) for name in runners}
-                    accepted = []
-                    for name, runner in runners.items():  # warm-up
-                        set_threads(threads)
-                        runner.run(prompt, min(new_tokens, 4))
-                    for _ in range(repeats):
-                        for name, runner in runners.items():
-                            set_threads(threads)
-                            _, prefill_s, decode_s = runner.run(prompt, new_tokens)
-                            samples[name][0].append(n / prefill_s)
-                            samples[name][1].append((new_tokens - 1) / decode_s)
-                            if runner is ours_spec:
-                                accepted.append(runner.acceptance_rate())
+                    timed = time_runners(runners, prompt, threads, new_tokens, repeats)
                     row = dict(weights=weights, prompt_len=n, threads=threads, draft_layers=draft_layers,
-                               gamma=args.gamma, scale=args.scale, acceptance_rate=statistics.median(accepted))
-                    for name, (prefill, decode) in samples.items():
+                               gamma=args.gamma, scale=args.scale, acceptance_rate=timed["acceptance"])
+                    for name, (prefill, decode, _) in timed["samples"].items():
                         row[f"{name} decode tok/s"] = spread(decode)
                         row[f"{name} prefill tok/s"] = spread(prefill)
                     rows.append(row)
                     print(f"{weights}, prompt {n}, {threads} thread(s): " + ", ".join(
                         f"{name} decode {statistics.median(d):.1f} prefill {statistics.median(p):.0f} tok/s"
-                        for name, (p, d) in samples.items()), flush=True)
+                        for name, (p, d, _) in timed["samples"].items()), flush=True)
             del llamas, ours, ours_spec, draft, target, hf
     set_threads(threads_before)
     table = []

@@ -30,7 +30,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -42,7 +41,7 @@ import torch
 
 from common import bench_parser, describe_machine, print_table, write_json
 from llamacpp import (FULL, QUICK, LlamaRunner, OursRunner, build_granite, converter_tree, convert,
-                      layer_skip_draft, llama_cpp_missing, save_for_converter, set_threads, spread)
+                      layer_skip_draft, llama_cpp_missing, save_for_converter, set_threads, spread, time_runners)
 from targets import LLAMA_MIN, SPEC_VS_LLAMA_MIN
 
 # llama.cpp's file type -> our writer's block format (the fallback quantizer without llama_cpp)
@@ -164,26 +163,6 @@ def resident(runtime: str, path: Path, threads: int) -> dict:
 
 
 # -- timing --------------------------------------------------------------------------------------------
-
-def time_runners(runners: dict, prompt: list[int], threads: int, new_tokens: int, repeats: int) -> dict:
-    """Interleaved runs: {name: (prefill tok/s samples, decode tok/s samples, tokens)} plus acceptance."""
-    samples = {name: ([], [], None) for name in runners}
-    accepted = []
-    for runner in runners.values():  # warm-up
-        set_threads(threads)
-        runner.run(prompt, min(new_tokens, 4))
-    for _ in range(repeats):
-        for name, runner in runners.items():
-            set_threads(threads)
-            tokens, prefill_s, decode_s = runner.run(prompt, new_tokens)
-            prefill, decode, _ = samples[name]
-            prefill.append(len(prompt) / prefill_s)
-            decode.append((new_tokens - 1) / decode_s)
-            samples[name] = (prefill, decode, tokens)
-            if getattr(runner, "speculative", False):
-                accepted.append(runner.acceptance_rate())
-    return dict(samples=samples, acceptance=statistics.median(accepted) if accepted else None)
-
 
 def timing_row(fmt: str, n: int, threads: int, timed: dict) -> dict:
     s = timed["samples"]
