@@ -122,14 +122,19 @@ def walk(in_parents: list[int], inputs: list[int], targets: list[int]) -> list[i
     return path
 
 
-def spine_boundary(path: list[int], in_parents: list[int], start_len: int) -> int:
-    """The computed length the drafter commits to: the round start's, the root, and the path's
-    leading inputs that lie on the spine (what the drafter absorbed of the accepted tokens)."""
-    spine = spine_inputs(in_parents)
+def drafts_on_spine(path: list[int], spine: list[int]) -> int:
+    """How many of the path's drafts (the inputs after the root) it takes along the spine
+    (`spine_inputs`) before it leaves it or ends."""
     on_spine = 0
     while on_spine + 1 < len(path) and on_spine + 1 < len(spine) and path[on_spine + 1] == spine[on_spine + 1]:
         on_spine += 1
-    return start_len + 1 + on_spine
+    return on_spine
+
+
+def spine_boundary(path: list[int], in_parents: list[int], start_len: int) -> int:
+    """The computed length the drafter commits to: the round start's, the root, and the path's
+    leading inputs that lie on the spine (what the drafter absorbed of the accepted tokens)."""
+    return start_len + 1 + drafts_on_spine(path, spine_inputs(in_parents))
 
 
 def branch(spine: list[int], q: torch.Tensor, shape: TreeShape,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from hybridspec.costs.tree_form import DEFAULT_RESCUE
 from hybridspec.spec.gamma import GammaController, _Acceptance, _Learned
 from hybridspec.spec.shape_choice import TREE_CANDIDATES, TREE_MARGIN, Candidate, candidates, choose
-from hybridspec.spec.tree import TreeShape, input_parents, spine_inputs
+from hybridspec.spec.tree import TreeShape, drafts_on_spine, input_parents, spine_inputs
 
 DECLINED_SCALE = 3.0  # a tree round's price over its chain pricing where the native forward declines trees
 RESCUE_TRIALS = 4.0  # pseudo-misses of β's prior
@@ -69,9 +69,7 @@ def tree_outcome(parents: list[list[int]], paths: list[list[int]]) -> TreeOutcom
     for row_parents, path in zip(parents, paths):
         in_parents = input_parents(row_parents)
         spine = spine_inputs(in_parents)
-        on = 0  # spine drafts the path follows
-        while on + 1 < len(spine) and on + 1 < len(path) and path[on + 1] == spine[on + 1]:
-            on += 1
+        on = drafts_on_spine(path, spine)
         drafted.append(len(spine) - 1)
         accepted.append(on)
         if on + 1 < len(spine) and sum(p == spine[on] for p in in_parents) > 1:  # a miss where alternatives stood
