@@ -37,7 +37,7 @@ from hybridspec.spec.model_drafter import ModelDrafter
 from hybridspec.spec.mtp_drafter import MTPDrafter
 from hybridspec.spec.protocol import Drafter, Proposal, StatelessDrafter
 from hybridspec.spec.suffix_drafter import SuffixDrafter
-from hybridspec.spec.tree import TreeShape, fitted_tree, tree_parents
+from hybridspec.spec.tree import TreeShape, checked_tree, fitted_tree, tree_parents
 
 __all__ = ["Drafter", "Eagle3Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "StatelessDrafter",
            "SuffixDrafter", "as_draft", "as_drafter"]
@@ -62,9 +62,7 @@ class NgramDrafter(StatelessDrafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, tree: TreeShape | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"need 1 <= min_ngram={min_ngram} <= max_ngram={max_ngram}")
-        if tree is not None and not isinstance(tree, TreeShape):
-            raise ConfigError(f"tree={tree!r} must be None (chains of drafts) or a TreeShape, e.g. hs.TreeShape((2,))")
-        self.max_ngram, self.min_ngram, self.tree = max_ngram, min_ngram, tree
+        self.max_ngram, self.min_ngram, self.tree = max_ngram, min_ngram, checked_tree(tree)
 
     def lookup(self, context: list[int], gamma: int) -> list[int]:
         """Continuation of the most recent earlier occurrence of the longest suffix n-gram."""

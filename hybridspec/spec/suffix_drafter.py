@@ -38,7 +38,7 @@ from hybridspec.errors import ConfigError, InvariantError
 from hybridspec.sampling.sampler import RowParams
 from hybridspec.spec.protocol import Proposal, StatelessDrafter
 from hybridspec.spec.suffix_trie import NO_DRAFT, ROOT, Draft, Frontier, SuffixTrie
-from hybridspec.spec.tree import TreeShape, chain_parents, fitted_tree, tree_parents
+from hybridspec.spec.tree import TreeShape, chain_parents, checked_tree, fitted_tree, tree_parents
 
 DEPTH_LIMIT = 64  # deeper tries cost memory per token with nothing to show for it
 
@@ -78,10 +78,8 @@ class SuffixDrafter(StatelessDrafter):
         if isinstance(global_tokens, bool) or not isinstance(global_tokens, int) or global_tokens < 0:
             raise ConfigError(f"global_tokens={global_tokens!r} must be an int >= 0 (tokens of earlier outputs kept; "
                               "0 turns the global lookup off); the default is 16384")
-        if tree is not None and not isinstance(tree, TreeShape):
-            raise ConfigError(f"tree={tree!r} must be None (chains of drafts) or a TreeShape, e.g. hs.TreeShape((2,))")
+        self.tree = checked_tree(tree)
         self.max_depth, self.min_prob, self.global_tokens = max_depth, float(min_prob), global_tokens
-        self.tree = tree
         self.sequences: dict[int, _Sequence] = {}
         self.shared = SuffixTrie(max_depth)  # earlier requests' outputs
         self.contributions: deque[list[int]] = deque()  # what `shared` holds, oldest first

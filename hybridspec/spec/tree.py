@@ -83,6 +83,13 @@ class TreeShape:
         return out
 
 
+def checked_tree(tree) -> TreeShape | None:
+    """A model-free drafter's `tree=` argument: None (chains) or a TreeShape, else ConfigError."""
+    if tree is not None and not isinstance(tree, TreeShape):
+        raise ConfigError(f"tree={tree!r} must be None (chains of drafts) or a TreeShape, e.g. hs.TreeShape((2,))")
+    return tree
+
+
 def chain_parents(num_drafts: int) -> list[int]:
     """A chain's parents: [-1, 0, 1, …]."""
     return list(range(-1, num_drafts - 1))
