@@ -5,7 +5,6 @@ typed error that leaves every sequence as it was. The protocol is all the
 Engine asks: a drafter of no class of ours that answers it with a model,
 cache and prefix store is run like a model drafter; one that lacks part of it
 is refused. `Engine(draft=...)` takes what `LLM(draft=...)` takes."""
-import dataclasses
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch
 import hybridspec as hs
 from hybridspec.errors import ConfigError, InvalidRequestError
 from hybridspec.rollback import perturbed_copy, witness_bookkeeping
+from hybridspec.costs.round_costs import RoundCosts
 from hybridspec.spec.gamma import GammaController
 from oracles import bamba
 
@@ -130,10 +130,12 @@ def test_a_drafter_is_run_by_what_it_answers_not_by_its_class(target):
     assert engine.scheduler.caches[1] is inner.cache
     measured = engine.gamma_controller.costs
     assert all(s > 0 for s in measured.draft_step_s)
-    # the drafter is as large as the target, so no γ pays and "auto" would run plain steps only:
-    # its steps priced at nothing, the rounds draft and exercise the protocol
-    free_drafts = dataclasses.replace(measured, draft_step_s=(0.0,) * len(measured.batches), draft_s=None)
-    engine.gamma_controller = GammaController(3, free_drafts)
+    # the drafter is as large as the target, so no γ pays and "auto" would run plain steps only: its
+    # steps priced at nothing and every forward alike (timed forwards, on a loaded machine, could still
+    # price every draft out), the rounds draft and exercise the protocol
+    flat = tuple((1e-3,) * len(measured.tokens) for _ in measured.batches)
+    zeros = (0.0,) * len(measured.batches)
+    engine.gamma_controller = GammaController(3, RoundCosts(measured.batches, measured.tokens, flat, zeros, zeros))
     got = [o.token_ids for o in engine.generate(PROMPTS + PROMPTS, params)]
     assert got == [o.token_ids for o in hs.Engine(target, **sizes).generate(PROMPTS + PROMPTS, params)]
     assert engine.stats.drafted_tokens > 0 and engine.stats.preemptions > 0
