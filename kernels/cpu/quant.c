@@ -6,19 +6,25 @@
  * Activations, as llama.cpp multiplies them: each row of x is quantized once per call to int8 blocks
  * with a float32 scale (`quantize_rows`; Q8_0 / Q4_0 weights: blocks of 32, Q4_K: blocks of 256 as
  * ggml's Q8_K), and each block of the weight meets its block of x in an integer dot product,
- * exact. Per output (row m, column n) the float work is one fixed chain: per weight block b in
- * order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3 of the block) converted exactly to
- * float and fused-multiply-added, times dw_b · dx_b rounded to float32, into 8 float32 lanes
- * starting at zero (Q8_0 and Q4_0: two sets of lanes, the even blocks' and the odd blocks', added
- * lane by lane at the end); then the lanes summed as `hsum8` sums them (Q4_K: minus a float chain
- * of the mins' part). Nothing in the chain depends on the other rows of the call, the thread count or the
- * tile that computed it (rows by columns, its shape chosen per ISA and row count: AVX2 few rows one
+ * exact. Per output (row m, column n) the float work is one fixed chain:
+ * - Q8_0 and Q4_K: per weight block b in order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3
+ *   of the block) converted exactly to float and fused-multiply-added, times dw_b · dx_b rounded to
+ *   float32, into 8 float32 lanes starting at zero (Q8_0: two sets of lanes, the even blocks' and
+ *   the odd blocks', added lane by lane at the end); then the lanes summed as `hsum8` sums them
+ *   (Q4_K: minus a float chain of the mins' part).
+ * - Q4_0: per weight block b in order, the block's whole integer sum Σ (q − 8) · x converted
+ *   exactly to float and fused-multiply-added, times dw_b · dx_b rounded to float32, into one of two
+ *   float32 sums starting at zero, the even blocks' and the odd blocks'; then those two added. One
+ *   sum per output is what lets a tile hold 8 columns in the lanes of one vector: a block's float
+ *   work is then one multiply-add for 8 outputs (quant_tiles.h's tile_q4).
+ * Nothing in the chain depends on the other rows of the call, the thread count or the tile that
+ * computed it (rows by columns, its shape chosen per ISA, format and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
- * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves),
- * nor on the ISA (the integer sums are exact on both paths, however each computes them), so a
- * row's bits are the same in any batch, at any thread count, on either path:
- * tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are computed 8 blocks at a
- * time in a vector, each lane rounded as the one product alone. */
+ * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves;
+ * Q4_0 tiles of up to Q4_ROWS rows by 8 columns), nor on the ISA (the integer sums are exact on
+ * both paths, however each computes them), so a row's bits are the same in any batch, at any thread
+ * count, on either path: tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are
+ * computed in vectors, each lane rounded as the one product alone. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -59,58 +65,51 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 }
 
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of
- * quant_tiles.h): QWEIGHT_SIDE (whether the offset that makes one operand unsigned is taken out
- * through the weights, once per block and column, or through the activations, once per block and
- * row: for R rows a constant), QWEIGHT (a Q8_0 / Q4_0 block's 32 values as the dot product takes
- * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
- * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
- * (the 8 lane sums of values times activations) and QDOT_K (acc plus a Q4_K sub-block's lane sums
- * times its scale). */
-/* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
- * nibbles 0..15 by x, plus −8 · x's lane sums */
+ * quant_tiles.h): QWEIGHT_OFFSET (−128 · a Q8_0 weight block's lane sums, where the dot product
+ * takes the activations 128 higher, unsigned; else zero), QACT (the activations as the dot product
+ * takes them), QDOT (a Q8_0 block's 8 lane sums of weights times activations), QDOT_K (acc plus a
+ * Q4_K sub-block's lane sums times its scale), QDOT4 (acc plus, per lane, 4 nibbles 0..15 by 4
+ * int8 activations: Q4_0's tiles by columns) and Q4_ROWS (the most rows of one of those tiles). */
+/* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), nibbles
+ * by x in 16-bit pairs */
 #define QS(name) name##_avx2
 #define QTARGET
 #define FEW_ROWS 4  /* 16 vector registers */
 #define TILE_ROWS 4
 #define TILE_COLS 2
-#define QWEIGHT_SIDE(q4, R) 0
-#define QWEIGHT(p, q4, side) ((q4) ? u8x32_nibbles16(p) : v8i_load(p))
-#define QWEIGHT_OFFSET(w, side) v8i_zero()
-#define QACT(x, side) (x)
-#define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
-#define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
+#define Q4_ROWS 2
+#define QWEIGHT_OFFSET(w) v8i_zero()
+#define QACT(x) (x)
+#define QDOT(w, wo, x) dot_s8_lanes(w, x)
 #define QDOT_K(acc, w, x, scale) v8i_add(acc, dot_u4_scaled_lanes(w, x, scale))
+#define QDOT4(acc, u, x) dot_u4_lanes_acc(acc, u, x)
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
 #undef FEW_ROWS
 #undef TILE_ROWS
 #undef TILE_COLS
-#undef QWEIGHT_SIDE
-#undef QWEIGHT
+#undef Q4_ROWS
 #undef QWEIGHT_OFFSET
 #undef QACT
-#undef QACT_OFFSET
 #undef QDOT
 #undef QDOT_K
-/* AVX512-VNNI: dpbusd, unsigned by signed (Q8_0 up to QWIDE rows: two blocks per 512-bit one).
- * Through the weights (Q8_0; Q4_0 from 3 rows): the activations 128 higher (x ^ 0x80) by the
- * weights (Q4_0's nibbles less 8), from −128 · the weights' lane sums. Through the activations
- * (Q4_0 below 3 rows, where a column's offset would serve too few rows): the nibbles by x, from
- * −8 · x's lane sums */
+#undef QDOT4
+/* AVX512-VNNI: dpbusd, unsigned by signed. Q8_0: the activations 128 higher (x ^ 0x80) by the
+ * weights, from −128 · the weights' lane sums (up to QWIDE rows two blocks per 512-bit dpbusd);
+ * Q4_0: the nibbles by x */
 #define QS(name) name##_vnni
 #define QTARGET TARGET_VNNI
 #define FEW_ROWS 0  /* none: one row too in tiles of two columns; 32 vector registers */
 #define TILE_ROWS 6
 #define TILE_COLS 2
-#define QWEIGHT_SIDE(q4, R) (!(q4) || (R) >= 3)
+#define Q4_ROWS 6
 #define QWIDE 2 /* Q8_0 tiles of up to this many rows: two blocks per 512-bit dpbusd (quant_tiles.h) */
-#define QWEIGHT(p, q4, side) ((q4) ? ((side) ? i8x32_sub(u8x32_nibbles16(p), 8) : u8x32_nibbles16(p)) : v8i_load(p))
-#define QWEIGHT_OFFSET(w, side) ((side) ? neg_dot_lanes_vnni(128, w) : v8i_zero())
-#define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
-#define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
-#define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
+#define QWEIGHT_OFFSET(w) neg_dot_lanes_vnni(128, w)
+#define QACT(x) i8x32_offset(x)
+#define QDOT(w, wo, x) dot_u8_lanes_vnni(wo, x, w)
 #define QDOT_K(acc, w, x, scale) dot_u4_scaled_lanes_vnni(acc, w, x, scale)
+#define QDOT4(acc, u, x) dot_u8_lanes_vnni(acc, u, x)
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */

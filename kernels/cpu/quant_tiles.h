@@ -1,22 +1,22 @@
 /* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
  * QS(name) (the ISA's name for a function), QTARGET (its target attribute), FEW_ROWS, TILE_ROWS and
  * TILE_COLS (the shapes it computes in), QWIDE where Q8_0 tiles of up to that many rows run in
- * 512-bit vectors, and the block dot product's parts (QWEIGHT_SIDE, QWEIGHT,
- * QWEIGHT_OFFSET, QACT, QACT_OFFSET, QDOT, QDOT_K: cpu/quant.c says what each is), whose lane sums
+ * 512-bit vectors, Q4_ROWS (the most rows of a Q4_0 tile) and the block dot product's parts
+ * (QWEIGHT_OFFSET, QACT, QDOT, QDOT_K, QDOT4: cpu/quant.c says what each is), whose lane sums
  * are the exact integers on every ISA (cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by
  * columns n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and
  * C change no bits. */
 
-/* the scale products dw · dx of blocks b … b + n − 1 (n <= 8) of a Q8_0 / Q4_0 tile, each rounded to
+/* the scale products dw · dx of blocks b … b + n − 1 (n <= 8) of a Q8_0 tile, each rounded to
  * float32 as one product alone: lane k of sv[r][c] for row m0 + r, column n0 + c, block b + k */
 QTARGET static inline __attribute__((always_inline)) void QS(scales_32)(const quant_job *j, int64_t m0, int R,
-                                                                       int64_t n0, int C, int q4, int64_t b, int n,
+                                                                       int64_t n0, int C, int64_t b, int n,
                                                                        v8 sv[ACC_ROWS][ACC_COLS]) {
-    const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
+    const int64_t nb = j->K / 32;
     v8 dw[TILE_COLS];
     for (int c = 0; c < C; ++c) {
         uint16_t half[8] = {0};
-        for (int k = 0; k < n; ++k) half[k] = half_at(j->w + (n0 + c) * j->row_bytes + (b + k) * bytes);
+        for (int k = 0; k < n; ++k) half[k] = half_at(j->w + (n0 + c) * j->row_bytes + (b + k) * 34);
         dw[c] = f16x8(half);
     }
     for (int r = 0; r < R; ++r) {
@@ -30,45 +30,42 @@ QTARGET static inline __attribute__((always_inline)) void QS(scales_32)(const qu
 
 /* the same scale products as floats, scale[r][c][k]: the 256-bit tiles broadcast them from memory */
 QTARGET static inline __attribute__((always_inline)) void QS(scales_32_stored)(const quant_job *j, int64_t m0, int R,
-                                                                              int64_t n0, int C, int q4, int64_t b,
+                                                                              int64_t n0, int C, int64_t b,
                                                                               int n, float scale[ACC_ROWS][ACC_COLS][8]) {
     v8 sv[ACC_ROWS][ACC_COLS];
-    QS(scales_32)(j, m0, R, n0, C, q4, b, n, sv);
+    QS(scales_32)(j, m0, R, n0, C, b, n, sv);
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) v8_store(scale[r][c], sv[r][c]);
 }
 
-/* block b of a Q8_0 (q4 = 0) or Q4_0 (q4 = 1) tile: its 8 lanes' exact integer sums, scaled by
+/* block b of a Q8_0 tile: its 8 lanes' exact integer sums, scaled by
  * dw · dx (scale[·][·][k]), into the accumulators of b's parity */
 QTARGET static inline __attribute__((always_inline)) void QS(block_32)(const quant_job *j, int64_t m0, int R,
-                                                                      int64_t n0, int C, int q4, int64_t b,
+                                                                      int64_t n0, int C, int64_t b,
                                                                       v8 acc[ACC_ROWS][ACC_COLS][2], int parity,
                                                                       float scale[ACC_ROWS][ACC_COLS][8], int k) {
-    const int64_t nb = j->K / 32, bytes = q4 ? 18 : 34;
-    const int side = QWEIGHT_SIDE(q4, R);
     v8i wq[TILE_COLS], wo[TILE_COLS];
     for (int c = 0; c < C; ++c) {
-        const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * bytes;
+        const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 34;
         prefetch_l1(blk + 2 * C * j->row_bytes);  /* the same block two tiles on: the tiles read the weight in order */
         prefetch_l2(blk + 8 * C * j->row_bytes);
-        wq[c] = QWEIGHT(blk + 2, q4, side);
-        wo[c] = QWEIGHT_OFFSET(wq[c], side);
+        wq[c] = v8i_load(blk + 2);
+        wo[c] = QWEIGHT_OFFSET(wq[c]);
     }
     for (int r = 0; r < R; ++r) {
-        const v8i xv = v8i_load(j->xq + (m0 + r) * j->K + b * 32), xa = QACT(xv, side);
-        const v8i xo = QACT_OFFSET(xv, q4, side);
+        const v8i xa = QACT(v8i_load(j->xq + (m0 + r) * j->K + b * 32));
         for (int c = 0; c < C; ++c) {
-            const v8i lanes = QDOT(wq[c], wo[c], xa, xo, q4, side);
+            const v8i lanes = QDOT(wq[c], wo[c], xa);
             acc[r][c][parity] = v8_fmadd(v8_set1(scale[r][c][k]), v8i_to_float(lanes), acc[r][c][parity]);
         }
     }
 }
 
-/* a Q8_0 or Q4_0 tile: two float chains of 8 lanes per output, the even blocks' and the odd
+/* a Q8_0 tile: two float chains of 8 lanes per output, the even blocks' and the odd
  * blocks' (two multiply-adds in flight: one row's chain is otherwise bound by their latency),
  * added lane by lane at the end and summed as hsum8 sums; the scale products 8 blocks at a time */
 QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quant_job *j, int64_t m0, int R,
-                                                                     int64_t n0, int C, int q4) {
+                                                                     int64_t n0, int C) {
     const int64_t nb = j->K / 32;
     v8 acc[ACC_ROWS][ACC_COLS][2];
     float scale[ACC_ROWS][ACC_COLS][8];
@@ -76,17 +73,17 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_32)(const quan
         for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = v8_zero();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-        QS(scales_32_stored)(j, m0, R, n0, C, q4, b, 8, scale);
+        QS(scales_32_stored)(j, m0, R, n0, C, b, 8, scale);
         for (int k = 0; k < 8; k += 2) { /* parity a constant: the accumulators stay in registers */
-            QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
-            QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
+            QS(block_32)(j, m0, R, n0, C, b + k, acc, 0, scale, k);
+            QS(block_32)(j, m0, R, n0, C, b + k + 1, acc, 1, scale, k + 1);
         }
     }
     if (b < nb) {
-        QS(scales_32_stored)(j, m0, R, n0, C, q4, b, (int)(nb - b), scale);
+        QS(scales_32_stored)(j, m0, R, n0, C, b, (int)(nb - b), scale);
         for (int k = 0; b + k < nb; k += 2) {
-            QS(block_32)(j, m0, R, n0, C, q4, b + k, acc, 0, scale, k);
-            if (b + k + 1 < nb) QS(block_32)(j, m0, R, n0, C, q4, b + k + 1, acc, 1, scale, k + 1);
+            QS(block_32)(j, m0, R, n0, C, b + k, acc, 0, scale, k);
+            if (b + k + 1 < nb) QS(block_32)(j, m0, R, n0, C, b + k + 1, acc, 1, scale, k + 1);
         }
     }
     for (int r = 0; r < R; ++r)
@@ -133,12 +130,12 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_q8_wide)(const
         for (int c = 0; c < C; ++c) acc[r][c] = v16_zero();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-        QS(scales_32)(j, m0, R, n0, C, 0, b, 8, sv);
+        QS(scales_32)(j, m0, R, n0, C, b, 8, sv);
         for (int k = 0; k < 8; k += 2) QS(pair_q8)(j, m0, R, n0, C, b + k, 1, acc, sv, k);
     }
     if (b < nb) {
         const int n = (int)(nb - b);
-        QS(scales_32)(j, m0, R, n0, C, 0, b, n, sv);
+        QS(scales_32)(j, m0, R, n0, C, b, n, sv);
         for (int k = 0; k < n; k += 2) QS(pair_q8)(j, m0, R, n0, C, b + k, k + 1 < n, acc, sv, k);
     }
     for (int r = 0; r < R; ++r)
@@ -146,6 +143,93 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_q8_wide)(const
             j->y[(m0 + r) * j->N + n0 + c] = hsum8(v8_add(v16_lo(acc[r][c]), v16_hi(acc[r][c])));
 }
 #endif
+
+/* block b of a Q4_0 tile by columns: the 8 columns' 32 nibbles each, as 8 vectors of 4 bytes per lane
+ * (the low nibbles of bytes 4k … 4k + 3 for k < 4, the high ones of bytes 4(k − 4) … for k >= 4:
+ * the values 4k … 4k + 3, met by the same activations), then per row the exact integer sum per lane,
+ * −8 · Σx plus Σ q·x, scaled by dw · dx into the chain of b's parity */
+QTARGET static inline __attribute__((always_inline)) void QS(block_q4)(const quant_job *j, const uint8_t *const row[8],
+                                                                      int64_t m0, int R, int64_t b,
+                                                                      v8 acc[Q4_ROWS][2], int parity) {
+    const int64_t nb = j->K / 32;
+    const uint8_t *nibbles[8];
+    uint16_t half[8];
+    for (int c = 0; c < 8; ++c) {
+        nibbles[c] = row[c] + b * 18 + 2;
+        half[c] = half_at(nibbles[c] - 2);
+    }
+    /* the tiles read 8 whole weight rows each, rows too short for the hardware's prefetch to learn:
+     * the tile two on (into L1) and eight on (into L2), the same share of its bytes, 144 a block */
+    const uint8_t *ahead = row[0] + 16 * j->row_bytes + b * 144, *further = row[0] + 64 * j->row_bytes + b * 144;
+    prefetch_l1(ahead), prefetch_l1(ahead + 64), prefetch_l1(ahead + 128);
+    prefetch_l2(further), prefetch_l2(further + 64), prefetch_l2(further + 128);
+    v8i words[4], q[8];
+    u32x8_transposed16(nibbles, words);
+    for (int k = 0; k < 4; ++k) q[k] = u8x32_low_nibbles(words[k]), q[k + 4] = u8x32_high_nibbles(words[k]);
+    const v8 dw = f16x8(half);
+    for (int r = 0; r < R; ++r) {
+        const int8_t *x = j->xq + (m0 + r) * j->K + b * 32;
+        v8i even = v8i_set1(-8 * j->xs[(m0 + r) * nb + b]), odd = v8i_zero(); /* two chains: half the latency */
+        for (int k = 0; k < 8; k += 2) {
+            even = QDOT4(even, q[k], i8x4_broadcast(x + 4 * k));
+            odd = QDOT4(odd, q[k + 1], i8x4_broadcast(x + 4 * k + 4));
+        }
+        const v8i lanes = v8i_add(even, odd);
+        acc[r][parity] = v8_fmadd(v8_mul(dw, v8_set1(j->xd[(m0 + r) * nb + b])), v8i_to_float(lanes), acc[r][parity]);
+    }
+}
+
+/* a Q4_0 tile of R rows by 8 columns, lane c column n0 + c (columns past the first C read the
+ * last one and are not stored): per output two float chains, the even blocks' and the odd blocks',
+ * added at the end */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_q4)(const quant_job *j, int64_t m0, int R,
+                                                                     int64_t n0, int C) {
+    const int64_t nb = j->K / 32;
+    const uint8_t *row[8];
+    for (int c = 0; c < 8; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+    v8 acc[Q4_ROWS][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = v8_zero();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        QS(block_q4)(j, row, m0, R, b, acc, 0);
+        QS(block_q4)(j, row, m0, R, b + 1, acc, 1);
+    }
+    if (b < nb) QS(block_q4)(j, row, m0, R, b, acc, 0);
+    for (int r = 0; r < R; ++r) {
+        float out[8];
+        v8_store(out, v8_add(acc[r][0], acc[r][1]));
+        memcpy(j->y + (m0 + r) * j->N + n0, out, (size_t)C * sizeof *out);
+    }
+}
+
+/* a Q4_0 tile with R made a constant */
+QTARGET static void QS(tile_q4_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
+#define Q4CASE(r) case r: QS(tile_q4)(j, m0, r, n0, C); break;
+    switch (R) {
+        Q4CASE(1) Q4CASE(2)
+#if Q4_ROWS > 2
+        Q4CASE(3) Q4CASE(4)
+#endif
+#if Q4_ROWS > 4
+        Q4CASE(5) Q4CASE(6)
+#endif
+        default: break;
+    }
+#undef Q4CASE
+}
+
+/* columns c0 … c1 − 1 of a Q4_0 product: 8 columns at a time by balanced groups of at most Q4_ROWS
+ * rows, over chunks of ROW_CHUNK rows */
+QTARGET static void QS(columns_q4)(const quant_job *j, int64_t c0, int64_t c1) {
+    for (int64_t r0 = 0; r0 < j->M; r0 += ROW_CHUNK) {
+        const int64_t r1 = r0 + ROW_CHUNK < j->M ? r0 + ROW_CHUNK : j->M, groups = (r1 - r0 + Q4_ROWS - 1) / Q4_ROWS;
+        for (int64_t n = c0; n < c1; n += 8)
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+                QS(tile_q4_sized)(j, m0, (int)(m1 - m0), n, (int)(c1 - n < 8 ? c1 - n : 8));
+            }
+    }
+}
 
 /* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
  * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
@@ -198,11 +282,10 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
 QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_job *j, int64_t m0, int R,
                                                                   int64_t n0, int C) {
     if (j->fmt == HS_Q4_K) QS(tile_k)(j, m0, R, n0, C);
-    else if (j->fmt == HS_Q4_0) QS(tile_32)(j, m0, R, n0, C, 1); /* q4 a constant: no branch inside */
 #ifdef QWIDE
     else if (R <= QWIDE) QS(tile_q8_wide)(j, m0, R, n0, C);
 #endif
-    else QS(tile_32)(j, m0, R, n0, C, 0);
+    else QS(tile_32)(j, m0, R, n0, C);
 }
 
 /* one tile of R rows by C columns, R and C made constants: the few-row path's (R <= FEW_ROWS, C = 1)
@@ -233,6 +316,10 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
  * groups of at most TILE_ROWS rows, over chunks of ROW_CHUNK rows (the chunk's activations stay in
  * cache while the columns pass) */
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
+    if (j->fmt == HS_Q4_0) {
+        QS(columns_q4)(j, c0, c1);
+        return;
+    }
     const int64_t M = j->M;
     const int cols = M <= FEW_ROWS ? 1 : TILE_COLS, most = M <= FEW_ROWS ? FEW_ROWS : TILE_ROWS;
     for (int64_t r0 = 0; r0 < M; r0 += ROW_CHUNK) {

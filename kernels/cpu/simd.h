@@ -201,17 +201,11 @@ static inline v8 hsum8x8(const v8 *a) {
  * on the same 8 lanes), so the float work that follows sees the same integers on every path. */
 #define TARGET_VNNI __attribute__((target("avx512f,avx512vl,avx512vnni")))
 
-/* 16 bytes of nibbles -> 32 values 0..15: the low nibbles (values 0-15), then the high ones (16-31) */
-SIMD_INLINE v8i u8x32_nibbles16(const uint8_t *p) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
 /* the low / high nibble of each of 32 bytes */
 SIMD_INLINE v8i u8x32_low_nibbles(v8i b) { return _mm256_and_si256(b, _mm256_set1_epi8(0x0F)); }
 SIMD_INLINE v8i u8x32_high_nibbles(v8i b) {
     return _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0F));
 }
-SIMD_INLINE v8i i8x32_sub(v8i a, int8_t b) { return _mm256_sub_epi8(a, _mm256_set1_epi8(b)); }
 SIMD_INLINE v8i v8i_add(v8i a, v8i b) { return _mm256_add_epi32(a, b); }
 SIMD_INLINE v8i v8i_zero(void) { return _mm256_setzero_si256(); }
 SIMD_INLINE v8 v8i_to_float(v8i a) { return _mm256_cvtepi32_ps(a); }  /* exact below 2^24 */
@@ -291,6 +285,32 @@ SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
 /* acc + the same, the pairs times scale summed into acc by AVX512-VNNI's dpwssd */
 TARGET_VNNI SIMD_INLINE v8i dot_u4_scaled_lanes_vnni(v8i acc, v8i u, v8i s, int scale) {
     return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
+}
+
+/* Q4_0 by columns (cpu/quant_tiles.h's tile_q4): the 16 nibble bytes at p[0] … p[7] (8 weight rows'
+ * blocks) as 4 vectors whose lane c holds bytes 4g … 4g + 3 of p[c] (out[g]): a 4 × 4 transpose of
+ * 32-bit words in each half, rows c and c + 4 sharing a vector */
+SIMD_INLINE void u32x8_transposed16(const uint8_t *const p[8], v8i out[4]) {
+    __m256i v[4];
+    for (int c = 0; c < 4; ++c)
+        v[c] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p[c])),
+                                       _mm_loadu_si128((const __m128i *)p[c + 4]), 1);
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    out[0] = _mm256_unpacklo_epi64(t0, t2);
+    out[1] = _mm256_unpackhi_epi64(t0, t2);
+    out[2] = _mm256_unpacklo_epi64(t1, t3);
+    out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+/* the 4 bytes at p in every lane */
+SIMD_INLINE v8i i8x4_broadcast(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+/* acc + Σ u·s per lane, u in 0..15, s int8 (AVX2: pairs in 16 bits, then madd by ones) */
+SIMD_INLINE v8i dot_u4_lanes_acc(v8i acc, v8i u, v8i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
 /* Q6_K's 6-bit values: the two bits of each byte of qh at bit `shift` (0, 2, 4, 6), as bits 4 and 5
