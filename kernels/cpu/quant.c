@@ -54,6 +54,17 @@ static inline uint16_t half_at(const uint8_t *p) {
     return h;
 }
 
+/* a Q4_0 block of 8 weight rows decoded for the tiles by columns (quant_tiles.h's decode_q4) */
+typedef struct {
+    v8i q[8]; /* lane c: 4 values of row c, 0..15 */
+    v8 dw;    /* lane c: row c's scale */
+} q4_cols;
+
+/* the 8 weight rows of columns n0 … n0 + 7 (columns past the first C: the last one again) */
+static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t *row[8]) {
+    for (int c = 0; c < 8; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+}
+
 /* Q4_K's 12 bytes -> the 8 scales and 8 mins (ggml's get_scale_min_k4) */
 static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
     for (int i = 0; i < 4; ++i) {
