@@ -71,6 +71,19 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_path(fmt, path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_a_columns_bits_do_not_depend_on_the_columns_beside_it(fmt):
+    """The Q4_0 and Q4_K tiles hold 8 weight rows in a vector's lanes: any slice of the weight's
+    rows, at any offset in a tile, gives the full product's columns bit for bit."""
+    x, w = operands(fmt, N=29, seed=7)
+    full = cpu_quant.quant_matmul(x, w)
+    rows = w.detach()
+    for start, stop in ((0, 1), (3, 4), (5, 14), (8, 16), (21, 29), (1, 29)):
+        part = QuantWeight.from_blocks(rows[start:stop].clone(), w.fmt, stop - start, w.in_features)
+        for M in (1, 6, 13):
+            assert torch.equal(cpu_quant.quant_matmul(x[:M], part), full[:M, start:stop]), (start, stop, M)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_rows_bits_do_not_depend_on_the_thread_count(fmt):
     x, w = operands(fmt, N=300, K=1024, seed=2)
     one = {M: cpu_quant.quant_matmul(x[:M], w) for M in ROWS}
