@@ -7,25 +7,21 @@
  * with a float32 scale (`quantize_rows`; Q8_0 / Q4_0 weights: blocks of 32, Q4_K: blocks of 256 as
  * ggml's Q8_K), and each block of the weight meets its block of x in an integer dot product,
  * exact. Per output (row m, column n) the float work is one fixed chain:
- * - Q8_0: per weight block b in order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3 of the
- *   block) converted exactly to float and fused-multiply-added, times dw_b · dx_b rounded to
- *   float32, into 8 float32 lanes starting at zero, two sets of them (the even blocks' and the odd
- *   blocks', added lane by lane at the end); then the lanes summed as `hsum8` sums them.
+ * - Q8_0 and Q4_K: per weight block b in order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3
+ *   of the block) converted exactly to float and fused-multiply-added, times dw_b · dx_b rounded to
+ *   float32, into 8 float32 lanes starting at zero (Q8_0: two sets of lanes, the even blocks' and
+ *   the odd blocks', added lane by lane at the end); then the lanes summed as `hsum8` sums them
+ *   (Q4_K: minus a float chain of the mins' part).
  * - Q4_0: per weight block b in order, the block's whole integer sum Σ (q − 8) · x converted
  *   exactly to float and fused-multiply-added, times dw_b · dx_b rounded to float32, into one of two
- *   float32 sums starting at zero, the even blocks' and the odd blocks'; then those two added.
- * - Q4_K: per super-block b in order, the integer Σ_j sc_j · Σ q · x over its 8 sub-blocks j,
- *   converted to float (exact below 2^24, else rounded to nearest), fused-multiply-added times
- *   d_b · dx_b into one float32 sum, and the integer Σ_j m_j · Σ x (exact) times dmin_b · dx_b into
- *   a second; then the second subtracted from the first.
- *   One sum per output is what lets the Q4_0 and Q4_K tiles hold 8 columns in the lanes of one
- *   vector (quant_tiles.h's tile_q4, tile_kc): a block's float work is one multiply-add for 8
- *   outputs, the weight rows' bytes transposed as they are read.
+ *   float32 sums starting at zero, the even blocks' and the odd blocks'; then those two added. One
+ *   sum per output is what lets a tile hold 8 columns in the lanes of one vector: a block's float
+ *   work is then one multiply-add for 8 outputs (quant_tiles.h's tile_q4).
  * Nothing in the chain depends on the other rows of the call, the thread count or the tile that
  * computed it (rows by columns, its shape chosen per ISA, format and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
  * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves;
- * Q4_0 and Q4_K tiles of up to Q4_ROWS / KC_ROWS rows by 8 columns), nor on the ISA (the integer sums are exact on
+ * Q4_0 tiles of up to Q4_ROWS rows by 8 columns), nor on the ISA (the integer sums are exact on
  * both paths, however each computes them), so a row's bits are the same in any batch, at any thread
  * count, on either path: tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are
  * computed in vectors, each lane rounded as the one product alone. */
@@ -69,27 +65,22 @@ static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t 
     for (int c = 0; c < 8; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
 }
 
-/* a Q4_K super-block of 8 weight rows decoded for the tiles by columns, all but its values
- * (quant_tiles.h's decode_kc_head); lane c row c's */
-typedef struct {
-    v8i sc[8];  /* the sub-blocks' scales, 0..63 */
-    v8i m16[4]; /* their mins as 16-bit pairs: (m0, m2), (m1, m3), (m4, m6), (m5, m7) */
-    v8 d, dmin;
-} k_head;
-
-/* the same with its values: q[8 · j + g] lane c the values 4g … 4g + 3 of sub-block j of row c */
-typedef struct {
-    k_head head;
-    v8i q[64];
-} k_cols;
+/* Q4_K's 12 bytes -> the 8 scales and 8 mins (ggml's get_scale_min_k4) */
+static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
+    for (int i = 0; i < 4; ++i) {
+        sc[i] = q[i] & 63;
+        mn[i] = q[i + 4] & 63;
+        sc[i + 4] = (q[i + 8] & 0x0F) | ((q[i] >> 6) << 4);
+        mn[i + 4] = (q[i + 8] >> 4) | ((q[i + 4] >> 6) << 4);
+    }
+}
 
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of
  * quant_tiles.h): QWEIGHT_OFFSET (−128 · a Q8_0 weight block's lane sums, where the dot product
  * takes the activations 128 higher, unsigned; else zero), QACT (the activations as the dot product
- * takes them), QDOT (a Q8_0 block's 8 lane sums of weights times activations), QDOT4 (acc plus, per
- * lane, 4 nibbles 0..15 by 4 int8 activations: the Q4_0 and Q4_K tiles by columns), QMADD16 (acc
- * plus, per lane, the products of two pairs of int16: the Q4_K mins), Q4_ROWS and KC_ROWS (the most
- * rows of a Q4_0 / Q4_K tile). */
+ * takes them), QDOT (a Q8_0 block's 8 lane sums of weights times activations), QDOT_K (acc plus a
+ * Q4_K sub-block's lane sums times its scale), QDOT4 (acc plus, per lane, 4 nibbles 0..15 by 4
+ * int8 activations: Q4_0's tiles by columns) and Q4_ROWS (the most rows of one of those tiles). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), nibbles
  * by x in 16-bit pairs */
 #define QS(name) name##_avx2
@@ -98,11 +89,10 @@ typedef struct {
 #define TILE_ROWS 4
 #define TILE_COLS 2
 #define Q4_ROWS 2
-#define KC_ROWS 2
 #define QWEIGHT_OFFSET(w) v8i_zero()
 #define QACT(x) (x)
 #define QDOT(w, wo, x) dot_s8_lanes(w, x)
-#define QMADD16(acc, a, b) dot_i16_pairs_acc(acc, a, b)
+#define QDOT_K(acc, w, x, scale) v8i_add(acc, dot_u4_scaled_lanes(w, x, scale))
 #define QDOT4(acc, u, x) dot_u4_lanes_acc(acc, u, x)
 #include "quant_tiles.h"
 #undef QS
@@ -114,8 +104,7 @@ typedef struct {
 #undef QWEIGHT_OFFSET
 #undef QACT
 #undef QDOT
-#undef QMADD16
-#undef KC_ROWS
+#undef QDOT_K
 #undef QDOT4
 /* AVX512-VNNI: dpbusd, unsigned by signed. Q8_0: the activations 128 higher (x ^ 0x80) by the
  * weights, from −128 · the weights' lane sums (up to QWIDE rows two blocks per 512-bit dpbusd);
@@ -126,12 +115,11 @@ typedef struct {
 #define TILE_ROWS 6
 #define TILE_COLS 2
 #define Q4_ROWS 6
-#define KC_ROWS 4
 #define QWIDE 2 /* Q8_0 tiles of up to this many rows: two blocks per 512-bit dpbusd (quant_tiles.h) */
 #define QWEIGHT_OFFSET(w) neg_dot_lanes_vnni(128, w)
 #define QACT(x) i8x32_offset(x)
 #define QDOT(w, wo, x) dot_u8_lanes_vnni(wo, x, w)
-#define QMADD16(acc, a, b) dot_i16_pairs_acc_vnni(acc, a, b)
+#define QDOT_K(acc, w, x, scale) dot_u4_scaled_lanes_vnni(acc, w, x, scale)
 #define QDOT4(acc, u, x) dot_u8_lanes_vnni(acc, u, x)
 #include "quant_tiles.h"
 

@@ -1,8 +1,8 @@
 /* The quantized products' tiles (`cpu/quant.c`), included once per ISA: the includer defines
  * QS(name) (the ISA's name for a function), QTARGET (its target attribute), FEW_ROWS, TILE_ROWS and
  * TILE_COLS (the shapes it computes in), QWIDE where Q8_0 tiles of up to that many rows run in
- * 512-bit vectors, Q4_ROWS and KC_ROWS (the most rows of a Q4_0 / Q4_K tile) and the block dot product's parts
- * (QWEIGHT_OFFSET, QACT, QDOT, QDOT4, QMADD16: cpu/quant.c says what each is), whose lane sums
+ * 512-bit vectors, Q4_ROWS (the most rows of a Q4_0 tile) and the block dot product's parts
+ * (QWEIGHT_OFFSET, QACT, QDOT, QDOT_K, QDOT4: cpu/quant.c says what each is), whose lane sums
  * are the exact integers on every ISA (cpu/simd.h). A tile computes rows m0 … m0 + R − 1 by
  * columns n0 … n0 + C − 1 over all K, each output its own chain (cpu/quant.c says which), so R and
  * C change no bits. */
@@ -263,163 +263,61 @@ QTARGET static void QS(columns_q4)(const quant_job *j, int64_t c0, int64_t c1, q
     }
 }
 
-/* super-block b of 8 Q4_K weight rows decoded, all but the values (`k_head`): per lane (row) d and
- * dmin, the 8 sub-blocks' 6-bit scales as int32 and their mins as 16-bit pairs (m0, m2), (m1, m3),
- * (m4, m6), (m5, m7) — ggml's get_scale_min_k4 on 32-bit words: bytes 0–3 of the 12 (A) hold sc0–3
- * and their high bits for sc4–7, bytes 4–7 (B) m0–3 and the high bits for m4–7, bytes 8–11 (C)
- * the low nibbles of sc4–7 and m4–7 */
-QTARGET static inline __attribute__((always_inline)) void QS(decode_kc_head)(const uint8_t *const row[8], int64_t b,
-                                                                            k_head *out) {
-    const uint8_t *at[8];
-    uint16_t d[8], dmin[8];
-    for (int c = 0; c < 8; ++c) {
-        at[c] = row[c] + b * 144 + 4;
-        d[c] = half_at(at[c] - 4);
-        dmin[c] = half_at(at[c] - 2);
-    }
-    v8i w[4]; /* A, B, C and 4 bytes of values (unused) */
-    u32x8_transposed16(at, w);
-    const v8i low6 = v8i_set1(0x3F3F3F3F), low4 = v8i_set1(0x0F0F0F0F), bits45 = v8i_set1(0x30303030);
-    const v8i sc_lo = v8i_and(w[0], low6), m_lo = v8i_and(w[1], low6);
-    const v8i sc_hi = v8i_or(v8i_and(w[2], low4), v8i_and(v8i_shr(w[0], 2), bits45));
-    const v8i m_hi = v8i_or(v8i_and(v8i_shr(w[2], 4), low4), v8i_and(v8i_shr(w[1], 2), bits45));
-    const v8i byte0 = v8i_set1(0xFF), pairs = v8i_set1(0x00FF00FF);
-    for (int k = 0; k < 4; ++k) {
-        out->sc[k] = v8i_and(v8i_shr(sc_lo, 8 * k), byte0);
-        out->sc[k + 4] = v8i_and(v8i_shr(sc_hi, 8 * k), byte0);
-    }
-    out->m16[0] = v8i_and(m_lo, pairs), out->m16[1] = v8i_and(v8i_shr(m_lo, 8), pairs);
-    out->m16[2] = v8i_and(m_hi, pairs), out->m16[3] = v8i_and(v8i_shr(m_hi, 8), pairs);
-    out->d = f16x8(d);
-    out->dmin = f16x8(dmin);
-}
-
-/* chunk c (sub-blocks 2c and 2c + 1) of super-block b of 8 Q4_K weight rows: q[g] lane r the
- * values 4g … 4g + 3 of sub-block 2c of row r (g < 8), q[8 + g] those of sub-block 2c + 1 */
-QTARGET static inline __attribute__((always_inline)) void QS(decode_kc_chunk)(const uint8_t *const row[8], int64_t b,
-                                                                             int c, v8i q[16]) {
-    const uint8_t *at[8], *half2[8];
-    for (int r = 0; r < 8; ++r) at[r] = row[r] + b * 144 + 16 + 32 * c, half2[r] = at[r] + 16;
-    v8i w[8];
-    u32x8_transposed16(at, w);
-    u32x8_transposed16(half2, w + 4);
-    for (int g = 0; g < 8; ++g) q[g] = u8x32_low_nibbles(w[g]), q[8 + g] = u8x32_high_nibbles(w[g]);
-}
-
-/* Σ q · x over one sub-block per lane: 8 vectors of 4 values by the 32 activations at x, two
- * chains (half the latency) */
-QTARGET static inline __attribute__((always_inline)) v8i QS(sub_kc)(const v8i *q, const int8_t *x) {
-    v8i even = v8i_zero(), odd = v8i_zero();
-    for (int g = 0; g < 8; g += 2) {
-        even = QDOT4(even, q[g], i8x4_broadcast(x + 4 * g));
-        odd = QDOT4(odd, q[g + 1], i8x4_broadcast(x + 4 * g + 4));
-    }
-    return v8i_add(even, odd);
-}
-
-/* a Q4_K tile of R rows by 8 columns, lane c column n0 + c (columns past the first C are not
- * stored): per super-block the exact integers Σ_j sc_j · Σ q · x and Σ_j m_j · Σ x over its
- * sub-blocks j, each converted to float, times d · dx and dmin · dx into two float chains; the
- * second subtracted from the first at the end. `decoded`: the tile's super-blocks decoded before
- * (k_cols), or NULL */
-QTARGET static inline __attribute__((always_inline)) void QS(tile_kc)(const quant_job *j, int64_t m0, int R,
-                                                                     int64_t n0, int C, const k_cols *decoded) {
+/* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
+ * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
+ * float chain of its own, subtracted at the end */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
+                                                                    int64_t n0, int C) {
     const int64_t nb = j->K / 256;
-    const uint8_t *row[8];
-    q4_rows(j, n0, C, row);
-    v8 acc[KC_ROWS], mins[KC_ROWS];
-    for (int r = 0; r < R; ++r) acc[r] = mins[r] = v8_zero();
+    v8 acc[ACC_ROWS][ACC_COLS];
+    float mins[ACC_ROWS][ACC_COLS];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero(), mins[r][c] = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
-        k_head own;
-        const k_head *hd = decoded ? &decoded[b].head : &own;
-        if (!decoded) QS(decode_kc_head)(row, b, &own);
-        if (!decoded) { /* as decode_q4: the tile two on (into L1) and eight on (into L2), 1152 bytes a super-block */
-            const uint8_t *ahead = row[0] + 16 * j->row_bytes + b * 1152, *further = row[0] + 64 * j->row_bytes + b * 1152;
-            for (int line = 0; line < 1152; line += 64) prefetch_l1(ahead + line), prefetch_l2(further + line);
+        v8i wq[TILE_COLS][8];
+        int sc[TILE_COLS][8], mn[TILE_COLS][8];
+        float d[TILE_COLS], dmin[TILE_COLS];
+        for (int c = 0; c < C; ++c) {
+            const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 144;
+            prefetch_l1(blk + 144);
+            prefetch_l1(blk + 208);
+            d[c] = f16_value(half_at(blk));
+            dmin[c] = f16_value(half_at(blk + 2));
+            k_scales(blk + 4, sc[c], mn[c]);
+            for (int chunk = 0; chunk < 4; ++chunk) {
+                const v8i raw = v8i_load(blk + 16 + 32 * chunk);
+                wq[c][2 * chunk] = u8x32_low_nibbles(raw);
+                wq[c][2 * chunk + 1] = u8x32_high_nibbles(raw);
+            }
         }
-        v8i isum[KC_ROWS];
         for (int r = 0; r < R; ++r) {
+            const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
             const int32_t *xs = j->xs + (m0 + r) * (j->K / 32) + b * 8;
-            v8i m = v8i_zero();
-            for (int k = 0; k < 4; ++k) { /* (xs_i, xs_i+2) pairs for the mins' (m_i, m_i+2) */
-                const int i = k / 2 * 4 + k % 2;
-                m = QMADD16(m, hd->m16[k], v8i_set1((int)((uint32_t)(uint16_t)xs[i] | (uint32_t)xs[i + 2] << 16)));
-            }
-            mins[r] = v8_fmadd(v8_mul(hd->dmin, v8_set1(j->xd[(m0 + r) * nb + b])), v8i_to_float(m), mins[r]);
-            isum[r] = v8i_zero();
-        }
-        for (int c = 0; c < 4; ++c) {
-            v8i own_q[16];
-            const v8i *q = decoded ? decoded[b].q + 16 * c : own_q;
-            if (!decoded) QS(decode_kc_chunk)(row, b, c, own_q);
-            for (int r = 0; r < R; ++r) {
-                const int8_t *x = j->xq + (m0 + r) * j->K + b * 256 + 64 * c;
-                isum[r] = v8i_add(isum[r], v8i_mul(QS(sub_kc)(q, x), hd->sc[2 * c]));
-                isum[r] = v8i_add(isum[r], v8i_mul(QS(sub_kc)(q + 8, x + 32), hd->sc[2 * c + 1]));
-            }
-        }
-        for (int r = 0; r < R; ++r)
-            acc[r] = v8_fmadd(v8_mul(hd->d, v8_set1(j->xd[(m0 + r) * nb + b])), v8i_to_float(isum[r]), acc[r]);
-    }
-    for (int r = 0; r < R; ++r) {
-        float out[8];
-        v8_store(out, v8_sub(acc[r], mins[r]));
-        memcpy(j->y + (m0 + r) * j->N + n0, out, (size_t)C * sizeof *out);
-    }
-}
-
-/* a Q4_K tile with R made a constant, and whether its super-blocks come decoded */
-QTARGET static void QS(tile_kc_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
-                                      const k_cols *decoded) {
-#define KCCASE(r)                                                              \
-    case r:                                                                    \
-        if (decoded) QS(tile_kc)(j, m0, r, n0, C, decoded);                    \
-        else QS(tile_kc)(j, m0, r, n0, C, NULL);                               \
-        break;
-    switch (R) {
-        KCCASE(1) KCCASE(2)
-#if KC_ROWS > 2
-        KCCASE(3) KCCASE(4)
-#endif
-        default: break;
-    }
-#undef KCCASE
-}
-
-/* columns c0 … c1 − 1 of a Q4_K product, as columns_q4 (k_cols for `decoded`) */
-QTARGET static void QS(columns_kc)(const quant_job *j, int64_t c0, int64_t c1, k_cols *decoded) {
-    for (int64_t r0 = 0; r0 < j->M; r0 += ROW_CHUNK) {
-        const int64_t r1 = r0 + ROW_CHUNK < j->M ? r0 + ROW_CHUNK : j->M, groups = (r1 - r0 + KC_ROWS - 1) / KC_ROWS;
-        for (int64_t n = c0; n < c1; n += 8) {
-            const int C = (int)(c1 - n < 8 ? c1 - n : 8);
-            const k_cols *from = NULL;
-            if (groups > 1 && decoded) {
-                const uint8_t *row[8];
-                q4_rows(j, n, C, row);
-                for (int64_t b = 0; b < j->K / 256; ++b) {
-                    QS(decode_kc_head)(row, b, &decoded[b].head);
-                    for (int c = 0; c < 4; ++c) QS(decode_kc_chunk)(row, b, c, decoded[b].q + 16 * c);
+            const float dx = j->xd[(m0 + r) * nb + b];
+            for (int c = 0; c < C; ++c) {
+                v8i isum = v8i_zero();
+                int32_t msum = 0;
+                for (int s = 0; s < 8; ++s) {
+                    isum = QDOT_K(isum, wq[c][s], v8i_load(xb + 32 * s), sc[c][s]);
+                    msum += mn[c][s] * xs[s];
                 }
-                from = decoded;
-            }
-            for (int64_t g = 0; g < groups; ++g) {
-                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
-                QS(tile_kc_sized)(j, m0, (int)(m1 - m0), n, C, from);
+                acc[r][c] = v8_fmadd(v8_set1(d[c] * dx), v8i_to_float(isum), acc[r][c]);
+                mins[r][c] = fmaf(dmin[c] * dx, (float)msum, mins[r][c]);
             }
         }
     }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - mins[r][c];
 }
 
 /* one tile of the format, R and C constants where it is inlined */
 QTARGET static inline __attribute__((always_inline)) void QS(tile)(const quant_job *j, int64_t m0, int R,
                                                                   int64_t n0, int C) {
+    if (j->fmt == HS_Q4_K) QS(tile_k)(j, m0, R, n0, C);
 #ifdef QWIDE
-    if (R <= QWIDE) {
-        QS(tile_q8_wide)(j, m0, R, n0, C);
-        return;
-    }
+    else if (R <= QWIDE) QS(tile_q8_wide)(j, m0, R, n0, C);
 #endif
-    QS(tile_32)(j, m0, R, n0, C);
+    else QS(tile_32)(j, m0, R, n0, C);
 }
 
 /* one tile of R rows by C columns, R and C made constants: the few-row path's (R <= FEW_ROWS, C = 1)
@@ -450,12 +348,6 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
  * groups of at most TILE_ROWS rows, over chunks of ROW_CHUNK rows (the chunk's activations stay in
  * cache while the columns pass) */
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
-    if (j->fmt == HS_Q4_K) { /* as Q4_0's */
-        k_cols *decoded = j->M > KC_ROWS ? aligned_alloc(32, (size_t)(j->K / 256) * sizeof *decoded) : NULL;
-        QS(columns_kc)(j, c0, c1, decoded);
-        free(decoded);
-        return;
-    }
     if (j->fmt == HS_Q4_0) { /* more rows than a tile: the blocks decoded once per chunk and 8 columns */
         q4_cols *decoded = j->M > Q4_ROWS ? aligned_alloc(32, (size_t)(j->K / 32) * sizeof *decoded) : NULL;
         QS(columns_q4)(j, c0, c1, decoded);

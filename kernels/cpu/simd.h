@@ -313,14 +313,6 @@ SIMD_INLINE v8i dot_u4_lanes_acc(v8i acc, v8i u, v8i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
-/* Q4_K by columns (cpu/quant_tiles.h's tile_kc): 32-bit lanes as bit fields */
-SIMD_INLINE v8i v8i_or(v8i a, v8i b) { return _mm256_or_si256(a, b); }
-SIMD_INLINE v8i v8i_shr(v8i a, int n) { return _mm256_srli_epi32(a, n); } /* logical */
-SIMD_INLINE v8i v8i_mul(v8i a, v8i b) { return _mm256_mullo_epi32(a, b); } /* the low 32 bits */
-/* acc + per lane a.lo · b.lo + a.hi · b.hi, the 16-bit halves signed (AVX2: madd, then add) */
-SIMD_INLINE v8i dot_i16_pairs_acc(v8i acc, v8i a, v8i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
-TARGET_VNNI SIMD_INLINE v8i dot_i16_pairs_acc_vnni(v8i acc, v8i a, v8i b) { return _mm256_dpwssd_epi32(acc, a, b); }
-
 /* Q6_K's 6-bit values: the two bits of each byte of qh at bit `shift` (0, 2, 4, 6), as bits 4 and 5
  * above a nibble: (nibble | hi << 4) in 0..63 (16-bit shifts, then byte masks: no bit crosses a byte) */
 SIMD_INLINE v8i u8x32_six_bits(v8i nibbles, v8i qh, int shift) {
