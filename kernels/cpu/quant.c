@@ -37,6 +37,7 @@ typedef struct {
     const int8_t *xq;   /* [M, K], the rounded activations */
     const float *xd;    /* [M, K / act_block], their scales */
     const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (the Q4_K mins' part) */
+    const int16_t *xs16; /* Q4_K: the same sums as int16 (`k_sums16`), what the tiles take */
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
@@ -48,16 +49,6 @@ static inline uint16_t half_at(const uint8_t *p) {
     return h;
 }
 
-/* Q4_K's 12 bytes -> the 8 scales and 8 mins (ggml's get_scale_min_k4) */
-static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
-    for (int i = 0; i < 4; ++i) {
-        sc[i] = q[i] & 63;
-        mn[i] = q[i + 4] & 63;
-        sc[i + 4] = (q[i + 8] & 0x0F) | ((q[i] >> 6) << 4);
-        mn[i + 4] = (q[i + 8] >> 4) | ((q[i + 4] >> 6) << 4);
-    }
-}
-
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of
  * quant_tiles.h): QWEIGHT_SIDE (whether the offset that makes one operand unsigned is taken out
  * through the weights, once per block and column, or through the activations, once per block and
@@ -65,7 +56,7 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
  * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
  * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
  * (the 8 lane sums of values times activations) and QDOT_K (acc plus a Q4_K sub-block's lane sums
- * times its scale). */
+ * times its scale, given as the 32-bit pair scale | scale << 16). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
@@ -79,7 +70,7 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define QACT(x, side) (x)
 #define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
 #define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
-#define QDOT_K(acc, w, x, scale) v8i_add(acc, dot_u4_scaled_lanes(w, x, scale))
+#define QDOT_K(acc, w, x, pair) v8i_add(acc, dot_u4_pair_scaled_lanes(w, x, pair))
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
@@ -110,7 +101,7 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
 #define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
 #define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
-#define QDOT_K(acc, w, x, scale) dot_u4_scaled_lanes_vnni(acc, w, x, scale)
+#define QDOT_K(acc, w, x, pair) dot_u4_pair_scaled_lanes_vnni(acc, w, x, pair)
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */
@@ -153,6 +144,12 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int
         }
 }
 
+/* Q4_K: the activations' sums of 32 s [n] as int16 s16 (|s| <= 32 · 127), 8 a super-block: the
+ * mins' part Σ m_j · s_j of a super-block is then one 16-bit multiply-add (the same integer) */
+static void k_sums16(const int32_t *s, int64_t n, int16_t *s16) {
+    for (int64_t i = 0; i < n; ++i) s16[i] = (int16_t)s[i];
+}
+
 /* part `part` of `parts`: its share of the columns, in chunks of 16 */
 static void quant_part(void *ctx, int part, int parts) {
     const quant_job *j = ctx;
@@ -174,14 +171,17 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     if (fmt < HS_Q8_0 || fmt > HS_Q6_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
     if (M == 0 || N == 0) return 0;
     if (vnni < 0) hs_quant_isa(-1);
-    /* one allocation: s [M, K / 32] int32, d [M, K / block] float, q [M, K] int8 */
+    /* one allocation: s [M, K / 32] int32, d [M, K / block] float, q [M, K] int8, Q4_K: s16 [M, K / 32] */
     const size_t n_s = (size_t)(M * (K / 32)), n_d = (size_t)(M * (K / block));
-    int32_t *s = malloc(n_s * sizeof(int32_t) + n_d * sizeof(float) + (size_t)(M * K) + 64);
+    const size_t n_s16 = fmt == HS_Q4_K ? n_s : 0;
+    int32_t *s = malloc(n_s * sizeof(int32_t) + n_d * sizeof(float) + (size_t)(M * K) + n_s16 * sizeof(int16_t) + 64);
     if (!s) return -1;
     float *d = (float *)(s + n_s);
     int8_t *q = (int8_t *)(d + n_d);
+    int16_t *s16 = (int16_t *)(q + M * K);
     quantize_rows(x, ldx, M, K, block, q, d, s);
-    quant_job job = {w, q, d, s, y, M, K, N, K / block * bytes, fmt};
+    k_sums16(s, (int64_t)n_s16, s16);
+    quant_job job = {w, q, d, s, s16, y, M, K, N, K / block * bytes, fmt};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);
     const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;

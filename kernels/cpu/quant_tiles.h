@@ -149,49 +149,55 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_q8_wide)(const
 
 /* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
  * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
- * float chain of its own, subtracted at the end */
+ * float chain of its own, subtracted at the end. Two columns' scales and mins decoded at once (one
+ * per 128-bit half; C = 1: the column twice), the mins' chains of a row in one vector (lane 4c:
+ * column c's, each lane rounded as the scalar fmaf) */
 QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
                                                                     int64_t n0, int C) {
     const int64_t nb = j->K / 256;
-    v8 acc[ACC_ROWS][ACC_COLS];
-    float mins[ACC_ROWS][ACC_COLS];
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero(), mins[r][c] = 0.0f;
+    const uint8_t *col[2] = {j->w + n0 * j->row_bytes, j->w + (n0 + C - 1) * j->row_bytes};
+    v8 acc[ACC_ROWS][ACC_COLS], mins[ACC_ROWS];
+    for (int r = 0; r < R; ++r) {
+        mins[r] = v8_zero();
+        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
+    }
     for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *blk[2] = {col[0] + b * 144, col[1] + b * 144};
         v8i wq[TILE_COLS][8];
-        int sc[TILE_COLS][8], mn[TILE_COLS][8];
-        float d[TILE_COLS], dmin[TILE_COLS];
+        int32_t pairs[2][8]; /* [s / 4][4c + s % 4]: sub-block s's scale pair of column c */
         for (int c = 0; c < C; ++c) {
-            const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 144;
-            prefetch_l1(blk + 144);
-            prefetch_l1(blk + 208);
-            d[c] = f16_value(half_at(blk));
-            dmin[c] = f16_value(half_at(blk + 2));
-            k_scales(blk + 4, sc[c], mn[c]);
+            prefetch_l1(blk[c] + 144);
+            prefetch_l1(blk[c] + 208);
+        }
+        const v8i sm = u8x32_k_scales_mins(u8x32_load_halves(blk[0] + 4, blk[1] + 4)), mn = u8x32_k_mins16(sm);
+        v8i_store(pairs[0], u8x32_k_scale_pairs(sm, 0));
+        v8i_store(pairs[1], u8x32_k_scale_pairs(sm, 1));
+        const v8 h = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
+        const v8 dmin = v8_halves_of(h, 1, 3), d[2] = {v8_halves_of(h, 0, 0), v8_halves_of(h, 2, 2)};
+        for (int c = 0; c < C; ++c)
             for (int chunk = 0; chunk < 4; ++chunk) {
-                const v8i raw = v8i_load(blk + 16 + 32 * chunk);
+                const v8i raw = v8i_load(blk[c] + 16 + 32 * chunk);
                 wq[c][2 * chunk] = u8x32_low_nibbles(raw);
                 wq[c][2 * chunk + 1] = u8x32_high_nibbles(raw);
             }
-        }
         for (int r = 0; r < R; ++r) {
             const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
-            const int32_t *xs = j->xs + (m0 + r) * (j->K / 32) + b * 8;
-            const float dx = j->xd[(m0 + r) * nb + b];
+            const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
+            const v8i msum = i16x16_half_dots(mn, u8x32_load_twice(j->xs16 + (m0 + r) * (j->K / 32) + b * 8));
+            mins[r] = v8_fmadd(v8_mul(dmin, dx), v8i_to_float(msum), mins[r]);
             for (int c = 0; c < C; ++c) {
-                v8i isum = v8i_zero();
-                int32_t msum = 0;
-                for (int s = 0; s < 8; ++s) {
-                    isum = QDOT_K(isum, wq[c][s], v8i_load(xb + 32 * s), sc[c][s]);
-                    msum += mn[c][s] * xs[s];
-                }
-                acc[r][c] = v8_fmadd(v8_set1(d[c] * dx), v8i_to_float(isum), acc[r][c]);
-                mins[r][c] = fmaf(dmin[c] * dx, (float)msum, mins[r][c]);
+                v8i isum[2] = {v8i_zero(), v8i_zero()}; /* two chains of dot products in flight */
+                for (int s = 0; s < 8; ++s)
+                    isum[s & 1] = QDOT_K(isum[s & 1], wq[c][s], v8i_load(xb + 32 * s), pairs[s >> 2][4 * c + (s & 3)]);
+                acc[r][c] = v8_fmadd(v8_mul(d[c], dx), v8i_to_float(v8i_add(isum[0], isum[1])), acc[r][c]);
             }
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - mins[r][c];
+    for (int r = 0; r < R; ++r) {
+        float m[8];
+        v8_store(m, mins[r]);
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - m[4 * c];
+    }
 }
 
 /* one tile of the format, R and C constants where it is inlined */

@@ -288,10 +288,6 @@ static inline int32_t v8i_hsum(v8i v) {
 SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
 }
-/* acc + the same, the pairs times scale summed into acc by AVX512-VNNI's dpwssd */
-TARGET_VNNI SIMD_INLINE v8i dot_u4_scaled_lanes_vnni(v8i acc, v8i u, v8i s, int scale) {
-    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
-}
 
 /* Q6_K's 6-bit values: the two bits of each byte of qh at bit `shift` (0, 2, 4, 6), as bits 4 and 5
  * above a nibble: (nibble | hi << 4) in 0..63 (16-bit shifts, then byte masks: no bit crosses a byte) */
@@ -308,6 +304,67 @@ SIMD_INLINE v8i i16x16_halves(int16_t lo, int16_t hi) {
 SIMD_INLINE v8i dot_u6_centered_scaled_lanes(v8i u, v8i s, v8i scales) {
     const v8i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(_mm256_set1_epi8(32), s));
     return _mm256_madd_epi16(pairs, scales);
+}
+
+/* Q4_K (cpu/quant_tiles.h's tile_k): a super-block's 6-bit scales and mins decoded in vectors, two
+ * super-blocks at a time (one per 128-bit half), and the sub-blocks' dot products scaled through
+ * 32-bit pairs of the 16-bit scale (a broadcast load, no shuffle). */
+/* 16 bytes at lo and 16 at hi: the low and high 128 bits */
+SIMD_INLINE v8i u8x32_load_halves(const uint8_t *lo, const uint8_t *hi) {
+    return _mm256_loadu2_m128i((const __m128i *)hi, (const __m128i *)lo);
+}
+/* 16 bytes into both halves */
+SIMD_INLINE v8i u8x32_load_twice(const void *p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)); }
+/* each half's first 12 bytes, Q4_K's packed scales and mins q (ggml's get_scale_min_k4) -> the 8
+ * scales in bytes 0-7, the 8 mins in 8-15: sc_i = q_i & 63, mn_i = q_{i+4} & 63, sc_{i+4} =
+ * (q_{i+8} & 15) | (q_i >> 6) << 4, mn_{i+4} = (q_{i+8} >> 4) | (q_{i+4} >> 6) << 4 (i < 4; 16-bit
+ * shifts, then byte masks: no bit crosses a byte) */
+SIMD_INLINE v8i u8x32_k_scales_mins(v8i q) {
+    const v8i a = _mm256_shuffle_epi8(q, _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                          0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const v8i b = _mm256_shuffle_epi8(q, _mm256_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7,
+                                                          -1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const v8i low = _mm256_and_si256(a, _mm256_setr_epi64x(0x0F0F0F0F3F3F3F3FLL, 0x3F3F3F3FLL,
+                                                           0x0F0F0F0F3F3F3F3FLL, 0x3F3F3F3FLL));
+    const v8i nib = _mm256_and_si256(_mm256_srli_epi16(a, 4), _mm256_setr_epi64x(0, 0x0F0F0F0F00000000LL,
+                                                                               0, 0x0F0F0F0F00000000LL));
+    const v8i top = _mm256_and_si256(_mm256_srli_epi16(b, 2), _mm256_set1_epi64x(0x3030303000000000LL));
+    return _mm256_or_si256(_mm256_or_si256(low, nib), top);
+}
+/* each half's scales (bytes 0-7) as 32-bit pairs of 16-bit values, (s | s << 16): scales 4·part …
+ * 4·part + 3 (part 0 or 1), in dwords 0-3 of the half */
+SIMD_INLINE v8i u8x32_k_scale_pairs(v8i sm, int part) {
+    const char k = (char)(4 * part), z = -1;
+    return _mm256_shuffle_epi8(sm, _mm256_setr_epi8(k, z, k, z, k + 1, z, k + 1, z, k + 2, z, k + 2, z, k + 3, z,
+                                                    k + 3, z, k, z, k, z, k + 1, z, k + 1, z, k + 2, z, k + 2, z,
+                                                    k + 3, z, k + 3, z));
+}
+/* each half's mins (bytes 8-15) as 8 16-bit values */
+SIMD_INLINE v8i u8x32_k_mins16(v8i sm) { return _mm256_unpackhi_epi8(sm, _mm256_setzero_si256()); }
+/* Σ a·b over each half's 8 16-bit lanes (exact: each product and the sum fit 32 bits), in every
+ * 32-bit lane of the half */
+SIMD_INLINE v8i i16x16_half_dots(v8i a, v8i b) {
+    const __m256i p = _mm256_madd_epi16(a, b), q = _mm256_add_epi32(p, _mm256_shuffle_epi32(p, 0x4E));
+    return _mm256_add_epi32(q, _mm256_shuffle_epi32(q, 0xB1));
+}
+/* 8 float16 values at p (as uint16) with a second pair: [p0, p1, q0, q1, 0, 0, 0, 0] widened exactly */
+SIMD_INLINE v8 f16x4_pairs(const uint8_t *p, const uint8_t *q) {
+    int32_t a, b;
+    memcpy(&a, p, sizeof a);
+    memcpy(&b, q, sizeof b);
+    return _mm256_cvtph_ps(_mm_setr_epi32(a, b, 0, 0));
+}
+/* lanes 0-3: a[lo], lanes 4-7: a[hi] */
+SIMD_INLINE v8 v8_halves_of(v8 a, int lo, int hi) {
+    return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi));
+}
+/* scale · Σ u·s per lane, u in 0..15, s int8, pair = scale | scale << 16, 0 <= scale < 64 */
+SIMD_INLINE v8i dot_u4_pair_scaled_lanes(v8i u, v8i s, int32_t pair) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi32(pair));
+}
+/* acc + the same, the pairs times the scale summed into acc by AVX512-VNNI's dpwssd */
+TARGET_VNNI SIMD_INLINE v8i dot_u4_pair_scaled_lanes_vnni(v8i acc, v8i u, v8i s, int32_t pair) {
+    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi32(pair));
 }
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
