@@ -163,15 +163,16 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
     }
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk[2] = {col[0] + b * 144, col[1] + b * 144};
-        v8i wq[TILE_COLS][8];
-        int32_t pairs[2][8]; /* [s / 4][4c + s % 4]: sub-block s's scale pair of column c */
+        v8i wq[TILE_COLS][8], scale[TILE_COLS][8];
         for (int c = 0; c < C; ++c) {
             prefetch_l1(blk[c] + 144);
             prefetch_l1(blk[c] + 208);
         }
         const v8i sm = u8x32_k_scales_mins(u8x32_load_halves(blk[0] + 4, blk[1] + 4)), mn = u8x32_k_mins16(sm);
-        v8i_store(pairs[0], u8x32_k_scale_pairs(sm, 0));
-        v8i_store(pairs[1], u8x32_k_scale_pairs(sm, 1));
+        for (int c = 0; c < C; ++c) {
+            const v8i own = u8x32_half_twice(sm, c);
+            for (int s = 0; s < 8; ++s) scale[c][s] = u8x32_k_scale16(own, s);
+        }
         const v8 h = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
         const v8 dmin = v8_halves_of(h, 1, 3), d[2] = {v8_halves_of(h, 0, 0), v8_halves_of(h, 2, 2)};
         for (int c = 0; c < C; ++c)
@@ -188,7 +189,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
             for (int c = 0; c < C; ++c) {
                 v8i isum[2] = {v8i_zero(), v8i_zero()}; /* two chains of dot products in flight */
                 for (int s = 0; s < 8; ++s)
-                    isum[s & 1] = QDOT_K(isum[s & 1], wq[c][s], v8i_load(xb + 32 * s), pairs[s >> 2][4 * c + (s & 3)]);
+                    isum[s & 1] = QDOT_K(isum[s & 1], wq[c][s], v8i_load(xb + 32 * s), scale[c][s]);
                 acc[r][c] = v8_fmadd(v8_mul(d[c], dx), v8i_to_float(v8i_add(isum[0], isum[1])), acc[r][c]);
             }
         }
