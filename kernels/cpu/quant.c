@@ -29,6 +29,7 @@
 
 #define ACC_ROWS 6     /* the most rows and columns of any tile (each ISA's FEW_ROWS, TILE_ROWS, TILE_COLS) */
 #define ACC_COLS 2
+#define K_GROUP 8      /* super-blocks whose scales a Q4_K tile decodes at a time */
 #define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */
 #define PARALLEL_MIN_BLOCKS (1 << 12) /* block products below which a call runs on its caller alone */
 
@@ -56,7 +57,7 @@ static inline uint16_t half_at(const uint8_t *p) {
  * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
  * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
  * (the 8 lane sums of values times activations) and QDOT_K (acc plus a Q4_K sub-block's lane sums
- * times its scale, the scale in every 16-bit lane of a vector). */
+ * times its scale, read as the 32-bit pair scale | scale << 16 at a pointer). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
@@ -70,7 +71,7 @@ static inline uint16_t half_at(const uint8_t *p) {
 #define QACT(x, side) (x)
 #define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
 #define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
-#define QDOT_K(acc, w, x, scale16) v8i_add(acc, dot_u4_vscaled_lanes(w, x, scale16))
+#define QDOT_K(acc, w, x, pair) v8i_add(acc, dot_u4_pair_scaled_lanes(w, x, pair))
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
@@ -101,7 +102,7 @@ static inline uint16_t half_at(const uint8_t *p) {
 #define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
 #define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
 #define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
-#define QDOT_K(acc, w, x, scale16) dot_u4_vscaled_lanes_vnni(acc, w, x, scale16)
+#define QDOT_K(acc, w, x, pair) dot_u4_pair_scaled_lanes_vnni(acc, w, x, pair)
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */
