@@ -56,8 +56,11 @@ static inline uint16_t half_at(const uint8_t *p) {
  * row: for R rows a constant), QWEIGHT (a Q8_0 / Q4_0 block's 32 values as the dot product takes
  * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
  * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
- * (the 8 lane sums of values times activations) and QDOT_K (acc plus a Q4_K sub-block's lane sums
- * times its scale, read as the 32-bit pair scale | scale << 16 at a pointer). */
+ * (the 8 lane sums of values times activations), QDOT_K2 (acc plus two Q4_K sub-blocks' lane sums
+ * times their scales, read at sub (each scale as the 32-bit pair scale | scale << 16, one per
+ * sub-block) or at duo (the two scales as one pair)) and QK_START (where a super-block's sum of
+ * those starts, given −8192 · its even sub-blocks' scales at corr: what QDOT_K2 adds beyond the
+ * exact sum, or nothing). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
@@ -71,7 +74,9 @@ static inline uint16_t half_at(const uint8_t *p) {
 #define QACT(x, side) (x)
 #define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
 #define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
-#define QDOT_K(acc, w, x, pair) v8i_add(acc, dot_u4_pair_scaled_lanes(w, x, pair))
+#define QDOT_K2(acc, ua, ub, xa, xb, sub, duo) \
+    v8i_add(v8i_add(acc, dot_u4_pair_scaled_lanes(ua, xa, (sub))), dot_u4_pair_scaled_lanes(ub, xb, (sub) + 1))
+#define QK_START(corr) v8i_zero()
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
@@ -84,7 +89,8 @@ static inline uint16_t half_at(const uint8_t *p) {
 #undef QACT
 #undef QACT_OFFSET
 #undef QDOT
-#undef QDOT_K
+#undef QDOT_K2
+#undef QK_START
 /* AVX512-VNNI: dpbusd, unsigned by signed (Q8_0 up to QWIDE rows: two blocks per 512-bit one).
  * Through the weights (Q8_0; Q4_0 from 3 rows): the activations 128 higher (x ^ 0x80) by the
  * weights (Q4_0's nibbles less 8), from −128 · the weights' lane sums. Through the activations
@@ -102,7 +108,8 @@ static inline uint16_t half_at(const uint8_t *p) {
 #define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
 #define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
 #define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
-#define QDOT_K(acc, w, x, pair) dot_u4_pair_scaled_lanes_vnni(acc, w, x, pair)
+#define QDOT_K2(acc, ua, ub, xa, xb, sub, duo) dot_u4x2_scaled_lanes_vnni(acc, ua, ub, xa, xb, duo)
+#define QK_START(corr) v8i_set1(*(corr))
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */

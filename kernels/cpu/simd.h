@@ -339,6 +339,8 @@ SIMD_INLINE v8i u8x32_k_scale_pairs(v8i sm, int part) {
                                                     k + 3, z, k, z, k, z, k + 1, z, k + 1, z, k + 2, z, k + 2, z,
                                                     k + 3, z, k + 3, z));
 }
+/* each half's scales (bytes 0-7) as 16-bit values: dword p of the half (s_2p | s_2p+1 << 16), p < 4 */
+SIMD_INLINE v8i u8x32_k_scale_duos(v8i sm) { return _mm256_unpacklo_epi8(sm, _mm256_setzero_si256()); }
 /* each half's mins (bytes 8-15) as 8 16-bit values */
 SIMD_INLINE v8i u8x32_k_mins16(v8i sm) { return _mm256_unpackhi_epi8(sm, _mm256_setzero_si256()); }
 /* Σ a·b over each half's 8 16-bit lanes (exact: each product and the sum fit 32 bits), in every
@@ -366,6 +368,17 @@ SIMD_INLINE v8i dot_u4_pair_scaled_lanes(v8i u, v8i s, const int32_t *pair) {
 /* acc + the same, the pairs times the scale summed into acc by AVX512-VNNI's dpwssd */
 TARGET_VNNI SIMD_INLINE v8i dot_u4_pair_scaled_lanes_vnni(v8i acc, v8i u, v8i s, const int32_t *pair) {
     return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi32(*pair));
+}
+
+/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua, ub in 0..15, xa, xb int8, *duo = sa | sb << 16,
+ * 0 <= sa, sb < 64), with three AVX512-VNNI instructions for the two sub-blocks: the lane sums Db of ub·xb
+ * and Da of ua·xa (|D| <= 4 · 15 · 128 < 8192) packed as 16-bit halves of one lane, (Db << 16) + 8192 + Da
+ * (the low half 8192 + Da >= 0: no borrow from the high one), and dpwssd multiplies the halves by sa and
+ * sb: the exact integer plus 8192 · sa, which the caller takes out once (acc starting from −8192 · Σ sa) */
+TARGET_VNNI SIMD_INLINE v8i dot_u4x2_scaled_lanes_vnni(v8i acc, v8i ua, v8i ub, v8i xa, v8i xb, const int32_t *duo) {
+    const v8i db = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ub, xb);
+    const v8i both = _mm256_dpbusd_epi32(_mm256_or_si256(_mm256_slli_epi32(db, 16), _mm256_set1_epi32(8192)), ua, xa);
+    return _mm256_dpwssd_epi32(acc, both, _mm256_set1_epi32(*duo));
 }
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
