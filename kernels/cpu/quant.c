@@ -29,7 +29,6 @@
 
 #define ACC_ROWS 6     /* the most rows and columns of any tile (each ISA's FEW_ROWS, TILE_ROWS, TILE_COLS) */
 #define ACC_COLS 2
-#define K_GROUP 8      /* super-blocks whose scales a Q4_K tile decodes at a time */
 #define ROW_CHUNK 64   /* rows whose activations the tiles keep in cache while the columns pass */
 #define PARALLEL_MIN_BLOCKS (1 << 12) /* block products below which a call runs on its caller alone */
 
@@ -50,17 +49,32 @@ static inline uint16_t half_at(const uint8_t *p) {
     return h;
 }
 
+/* Q4_K: column c's 8 scales (half c of sm, `u8x32_k_scales_mins`), each in every 16-bit lane: what
+ * AVX2's QDOT_K2 multiplies sub-block s's pairs by */
+static inline __attribute__((always_inline)) void k_scales16(v8i sm, int c, v8i sv[8]) {
+    const v8i own = u8x32_half_twice(sm, c);
+    for (int s = 0; s < 8; ++s) sv[s] = u8x32_k_scale16(own, s);
+}
+
+/* Q4_K: column c's scales as AVX512-VNNI's QDOT_K2 takes them, sv[p] (p < 4) the pair s_2p | s_2p+1 << 16
+ * in every lane, and sv[4] where the sum starts, −8192 · (s_0 + s_2 + s_4 + s_6) in every lane (what
+ * `dot_u4x2_scaled_lanes_vnni` adds beyond the exact sum) */
+static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8i sv[8]) {
+    const v8i duo = u8x32_k_scale_duos(sm);
+    for (int p = 0; p < 4; ++p) sv[p] = v8i_lane_of(duo, 4 * c + p);
+    sv[4] = v8i_lane_of(i16x16_half_dots(duo, v8i_set1(-8192 & 0xFFFF)), 4 * c); /* (−8192, 0) per pair */
+}
+
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of
  * quant_tiles.h): QWEIGHT_SIDE (whether the offset that makes one operand unsigned is taken out
  * through the weights, once per block and column, or through the activations, once per block and
  * row: for R rows a constant), QWEIGHT (a Q8_0 / Q4_0 block's 32 values as the dot product takes
  * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
  * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
- * (the 8 lane sums of values times activations), QDOT_K2 (acc plus two Q4_K sub-blocks' lane sums
- * times their scales, read at sub (each scale as the 32-bit pair scale | scale << 16, one per
- * sub-block) or at duo (the two scales as one pair)) and QK_START (where a super-block's sum of
- * those starts, given −8192 · its even sub-blocks' scales at corr: what QDOT_K2 adds beyond the
- * exact sum, or nothing). */
+ * (the 8 lane sums of values times activations), QK_SCALES (a Q4_K super-block's decoded scales sm
+ * (`u8x32_k_scales_mins`) of column c as QDOT_K2 takes them, into sv), QDOT_K2 (acc plus sub-blocks
+ * 2p and 2p + 1's lane sums times their scales) and QK_START (where a super-block's sum of those
+ * starts: what QDOT_K2 adds beyond the exact sum, taken out). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
@@ -74,9 +88,10 @@ static inline uint16_t half_at(const uint8_t *p) {
 #define QACT(x, side) (x)
 #define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
 #define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
-#define QDOT_K2(acc, ua, ub, xa, xb, sub, duo) \
-    v8i_add(v8i_add(acc, dot_u4_pair_scaled_lanes(ua, xa, (sub))), dot_u4_pair_scaled_lanes(ub, xb, (sub) + 1))
-#define QK_START(corr) v8i_zero()
+#define QK_SCALES(sm, c, sv) k_scales16(sm, c, sv)
+#define QDOT_K2(acc, ua, ub, xa, xb, sv, p) \
+    v8i_add(v8i_add(acc, dot_u4_vscaled_lanes(ua, xa, (sv)[2 * (p)])), dot_u4_vscaled_lanes(ub, xb, (sv)[2 * (p) + 1]))
+#define QK_START(sv) v8i_zero()
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
@@ -89,6 +104,7 @@ static inline uint16_t half_at(const uint8_t *p) {
 #undef QACT
 #undef QACT_OFFSET
 #undef QDOT
+#undef QK_SCALES
 #undef QDOT_K2
 #undef QK_START
 /* AVX512-VNNI: dpbusd, unsigned by signed (Q8_0 up to QWIDE rows: two blocks per 512-bit one).
@@ -108,8 +124,9 @@ static inline uint16_t half_at(const uint8_t *p) {
 #define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
 #define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
 #define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
-#define QDOT_K2(acc, ua, ub, xa, xb, sub, duo) dot_u4x2_scaled_lanes_vnni(acc, ua, ub, xa, xb, duo)
-#define QK_START(corr) v8i_set1(*(corr))
+#define QK_SCALES(sm, c, sv) k_scale_duos(sm, c, sv)
+#define QDOT_K2(acc, ua, ub, xa, xb, sv, p) dot_u4x2_scaled_lanes_vnni(acc, ua, ub, xa, xb, (sv)[p])
+#define QK_START(sv) (sv)[4]
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */

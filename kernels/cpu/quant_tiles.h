@@ -147,79 +147,48 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_q8_wide)(const
 }
 #endif
 
-/* the scales and mins of super-blocks b … b + n − 1 (n <= K_GROUP) of a Q4_K tile's columns n0, n0 + C − 1
- * (C = 1: the column twice), decoded two columns at a time (one per 128-bit half): the scales as QDOT_K2
- * and QK_START take them (pairs[k][s / 4][4c + s % 4]: sub-block s's as the pair scale | scale << 16;
- * duos[k][4c + p]: sub-blocks 2p and 2p + 1's as one pair; corr[k][4c]: −8192 · the even sub-blocks'
- * scales), mins[k] the 8 mins as 16-bit values (column 1's in the high half), d[k][c] d, dmin[k] dmin
- * (lanes 0-3 column 0's, 4-7 column 1's) */
-QTARGET static inline __attribute__((always_inline)) void QS(k_decode)(const quant_job *j, int64_t n0, int C,
-                                                                      int64_t b, int n, int32_t pairs[][2][8],
-                                                                      int32_t duos[][8], int32_t corr[][8],
-                                                                      v8i mins[], float d[][2], v8 dmin[]) {
-    const uint8_t *col0 = j->w + n0 * j->row_bytes + b * 144, *col1 = col0 + (C - 1) * j->row_bytes;
-    for (int k = 0; k < n; ++k) {
-        const v8i sm = u8x32_k_scales_mins(u8x32_load_halves(col0 + 144 * k + 4, col1 + 144 * k + 4));
-        const v8i duo = u8x32_k_scale_duos(sm);
-        v8i_store(pairs[k][0], u8x32_k_scale_pairs(sm, 0));
-        v8i_store(pairs[k][1], u8x32_k_scale_pairs(sm, 1));
-        v8i_store(duos[k], duo);
-        v8i_store(corr[k], i16x16_half_dots(duo, v8i_set1(-8192 & 0xFFFF))); /* (−8192, 0) per pair */
-        mins[k] = u8x32_k_mins16(sm);
-        const v8 h = f16x4_pairs(col0 + 144 * k, col1 + 144 * k); /* [d0, dmin0, d1, dmin1, 0 …] */
-        d[k][0] = v8_first(h);
-        d[k][1] = v8_first(v8_halves_of(h, 2, 2));
-        dmin[k] = v8_halves_of(h, 1, 3);
-    }
-}
-
 /* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
  * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
- * float chain of its own, subtracted at the end. The scales and mins K_GROUP super-blocks at a time
- * (k_decode), the mins' chains of a row in one vector (lane 4c: column c's, each lane rounded as the
- * scalar fmaf) */
+ * float chain of its own, subtracted at the end. Two columns' scales and mins decoded at once (one
+ * per 128-bit half; C = 1: the column twice), the mins' chains of a row in one vector (lane 4c:
+ * column c's, each lane rounded as the scalar fmaf) */
 QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
                                                                     int64_t n0, int C) {
     const int64_t nb = j->K / 256;
+    const uint8_t *col[2] = {j->w + n0 * j->row_bytes, j->w + (n0 + C - 1) * j->row_bytes};
     v8 acc[ACC_ROWS][ACC_COLS], mins[ACC_ROWS];
-    int32_t pairs[K_GROUP][2][8], duos[K_GROUP][8], corr[K_GROUP][8];
-    v8i mn[K_GROUP];
-    float d[K_GROUP][2];
-    v8 dmin[K_GROUP];
     for (int r = 0; r < R; ++r) {
         mins[r] = v8_zero();
         for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
     }
-    for (int64_t b0 = 0; b0 < nb; b0 += K_GROUP) {
-        const int n = nb - b0 < K_GROUP ? (int)(nb - b0) : K_GROUP;
-        QS(k_decode)(j, n0, C, b0, n, pairs, duos, corr, mn, d, dmin);
-        for (int k = 0; k < n; ++k) {
-            const int64_t b = b0 + k;
-            v8i wq[TILE_COLS][8];
-            for (int c = 0; c < C; ++c) {
-                const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * 144;
-                prefetch_l1(blk + 144);
-                prefetch_l1(blk + 208);
-                for (int chunk = 0; chunk < 4; ++chunk) {
-                    const v8i raw = v8i_load(blk + 16 + 32 * chunk);
-                    wq[c][2 * chunk] = u8x32_low_nibbles(raw);
-                    wq[c][2 * chunk + 1] = u8x32_high_nibbles(raw);
-                }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *blk[2] = {col[0] + b * 144, col[1] + b * 144};
+        v8i wq[TILE_COLS][8], sv[TILE_COLS][8];
+        for (int c = 0; c < C; ++c) {
+            prefetch_l1(blk[c] + 144);
+            prefetch_l1(blk[c] + 208);
+        }
+        const v8i sm = u8x32_k_scales_mins(u8x32_load_halves(blk[0] + 4, blk[1] + 4)), mn = u8x32_k_mins16(sm);
+        for (int c = 0; c < C; ++c) QK_SCALES(sm, c, sv[c]);
+        const v8 h = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
+        const v8 dmin = v8_halves_of(h, 1, 3), d[2] = {v8_halves_of(h, 0, 0), v8_halves_of(h, 2, 2)};
+        for (int c = 0; c < C; ++c)
+            for (int chunk = 0; chunk < 4; ++chunk) { /* low nibbles: sub-block 2·chunk, high: the next */
+                const v8i raw = v8i_load(blk[c] + 16 + 32 * chunk);
+                wq[c][2 * chunk] = u8x32_low_nibbles(raw);
+                wq[c][2 * chunk + 1] = u8x32_high_nibbles(raw);
             }
-            for (int r = 0; r < R; ++r) {
-                const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
-                const float dxs = j->xd[(m0 + r) * nb + b];
-                const v8 dx = v8_set1(dxs);
-                const v8i msum = i16x16_half_dots(mn[k], u8x32_load_twice(j->xs16 + (m0 + r) * (j->K / 32) + b * 8));
-                mins[r] = v8_fmadd(v8_mul(dmin[k], dx), v8i_to_float(msum), mins[r]);
-                for (int c = 0; c < C; ++c) {
-                    v8i isum[2] = {QK_START(&corr[k][4 * c]), v8i_zero()}; /* two chains in flight */
-                    for (int p = 0; p < 4; ++p)
-                        isum[p & 1] = QDOT_K2(isum[p & 1], wq[c][2 * p], wq[c][2 * p + 1], v8i_load(xb + 64 * p),
-                                              v8i_load(xb + 64 * p + 32), &pairs[k][p >> 1][4 * c + 2 * (p & 1)],
-                                              &duos[k][4 * c + p]);
-                    acc[r][c] = v8_fmadd(v8_set1(d[k][c] * dxs), v8i_to_float(v8i_add(isum[0], isum[1])), acc[r][c]);
-                }
+        for (int r = 0; r < R; ++r) {
+            const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
+            const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
+            const v8i msum = i16x16_half_dots(mn, u8x32_load_twice(j->xs16 + (m0 + r) * (j->K / 32) + b * 8));
+            mins[r] = v8_fmadd(v8_mul(dmin, dx), v8i_to_float(msum), mins[r]);
+            for (int c = 0; c < C; ++c) {
+                v8i isum[2] = {QK_START(sv[c]), v8i_zero()}; /* two chains of dot products in flight */
+                for (int p = 0; p < 4; ++p)
+                    isum[p & 1] = QDOT_K2(isum[p & 1], wq[c][2 * p], wq[c][2 * p + 1], v8i_load(xb + 64 * p),
+                                          v8i_load(xb + 64 * p + 32), sv[c], p);
+                acc[r][c] = v8_fmadd(v8_mul(d[c], dx), v8i_to_float(v8i_add(isum[0], isum[1])), acc[r][c]);
             }
         }
     }

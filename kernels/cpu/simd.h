@@ -307,8 +307,8 @@ SIMD_INLINE v8i dot_u6_centered_scaled_lanes(v8i u, v8i s, v8i scales) {
 }
 
 /* Q4_K (cpu/quant_tiles.h's tile_k): a super-block's 6-bit scales and mins decoded in vectors, two
- * super-blocks at a time (one per 128-bit half), and the sub-blocks' dot products scaled through
- * 32-bit pairs of the 16-bit scale read from memory (a broadcast load, no shuffle). */
+ * super-blocks at a time (one per 128-bit half), and each sub-block's scale (or, AVX512-VNNI, each
+ * two sub-blocks' scales) in every lane by one shuffle. */
 /* 16 bytes at lo and 16 at hi: the low and high 128 bits */
 SIMD_INLINE v8i u8x32_load_halves(const uint8_t *lo, const uint8_t *hi) {
     return _mm256_loadu2_m128i((const __m128i *)hi, (const __m128i *)lo);
@@ -331,14 +331,19 @@ SIMD_INLINE v8i u8x32_k_scales_mins(v8i q) {
     const v8i top = _mm256_and_si256(_mm256_srli_epi16(b, 2), _mm256_set1_epi64x(0x3030303000000000LL));
     return _mm256_or_si256(_mm256_or_si256(low, nib), top);
 }
-/* each half's scales (bytes 0-7) as 32-bit pairs of 16-bit values, (s | s << 16): scales 4·part …
- * 4·part + 3 (part 0 or 1), in dwords 0-3 of the half */
-SIMD_INLINE v8i u8x32_k_scale_pairs(v8i sm, int part) {
-    const char k = (char)(4 * part), z = -1;
-    return _mm256_shuffle_epi8(sm, _mm256_setr_epi8(k, z, k, z, k + 1, z, k + 1, z, k + 2, z, k + 2, z, k + 3, z,
-                                                    k + 3, z, k, z, k, z, k + 1, z, k + 1, z, k + 2, z, k + 2, z,
-                                                    k + 3, z, k + 3, z));
+/* half `half` (0 or 1) of a into both halves */
+SIMD_INLINE v8i u8x32_half_twice(v8i a, int half) {
+    return half ? _mm256_permute4x64_epi64(a, 0xEE) : _mm256_permute4x64_epi64(a, 0x44);
 }
+/* byte k of each half (a scale, 0 <= k < 8) as a 16-bit value in all 16 lanes (what madd multiplies
+ * the sub-block's pairs by) */
+SIMD_INLINE v8i u8x32_k_scale16(v8i sm, int k) {
+    const char z = -1;
+    return _mm256_shuffle_epi8(sm, _mm256_setr_epi8(k, z, k, z, k, z, k, z, k, z, k, z, k, z, k, z,
+                                                    k, z, k, z, k, z, k, z, k, z, k, z, k, z, k, z));
+}
+/* lane k of a in all 8 lanes */
+SIMD_INLINE v8i v8i_lane_of(v8i a, int k) { return _mm256_permutevar8x32_epi32(a, _mm256_set1_epi32(k)); }
 /* each half's scales (bytes 0-7) as 16-bit values: dword p of the half (s_2p | s_2p+1 << 16), p < 4 */
 SIMD_INLINE v8i u8x32_k_scale_duos(v8i sm) { return _mm256_unpacklo_epi8(sm, _mm256_setzero_si256()); }
 /* each half's mins (bytes 8-15) as 8 16-bit values */
@@ -360,25 +365,19 @@ SIMD_INLINE v8 f16x4_pairs(const uint8_t *p, const uint8_t *q) {
 SIMD_INLINE v8 v8_halves_of(v8 a, int lo, int hi) {
     return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi));
 }
-/* scale · Σ u·s per lane, u in 0..15, s int8, *pair = scale | scale << 16, 0 <= scale < 64 (read
- * from memory: a broadcast load) */
-SIMD_INLINE v8i dot_u4_pair_scaled_lanes(v8i u, v8i s, const int32_t *pair) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi32(*pair));
+/* scale · Σ u·s per lane, u in 0..15, s int8, the scale (0 <= scale < 64) in every 16-bit lane of scale16 */
+SIMD_INLINE v8i dot_u4_vscaled_lanes(v8i u, v8i s, v8i scale16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
 }
-/* acc + the same, the pairs times the scale summed into acc by AVX512-VNNI's dpwssd */
-TARGET_VNNI SIMD_INLINE v8i dot_u4_pair_scaled_lanes_vnni(v8i acc, v8i u, v8i s, const int32_t *pair) {
-    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi32(*pair));
-}
-
-/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua, ub in 0..15, xa, xb int8, *duo = sa | sb << 16,
- * 0 <= sa, sb < 64), with three AVX512-VNNI instructions for the two sub-blocks: the lane sums Db of ub·xb
+/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua, ub in 0..15, xa, xb int8, each lane of duo
+ * sa | sb << 16, 0 <= sa, sb < 64), with three AVX512-VNNI instructions for the two sub-blocks: the lane sums Db of ub·xb
  * and Da of ua·xa (|D| <= 4 · 15 · 128 < 8192) packed as 16-bit halves of one lane, (Db << 16) + 8192 + Da
  * (the low half 8192 + Da >= 0: no borrow from the high one), and dpwssd multiplies the halves by sa and
  * sb: the exact integer plus 8192 · sa, which the caller takes out once (acc starting from −8192 · Σ sa) */
-TARGET_VNNI SIMD_INLINE v8i dot_u4x2_scaled_lanes_vnni(v8i acc, v8i ua, v8i ub, v8i xa, v8i xb, const int32_t *duo) {
+TARGET_VNNI SIMD_INLINE v8i dot_u4x2_scaled_lanes_vnni(v8i acc, v8i ua, v8i ub, v8i xa, v8i xb, v8i duo) {
     const v8i db = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ub, xb);
     const v8i both = _mm256_dpbusd_epi32(_mm256_or_si256(_mm256_slli_epi32(db, 16), _mm256_set1_epi32(8192)), ua, xa);
-    return _mm256_dpwssd_epi32(acc, both, _mm256_set1_epi32(*duo));
+    return _mm256_dpwssd_epi32(acc, both, duo);
 }
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
