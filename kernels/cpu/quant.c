@@ -71,10 +71,11 @@ static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8
  * row: for R rows a constant), QWEIGHT (a Q8_0 / Q4_0 block's 32 values as the dot product takes
  * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
  * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
- * (the 8 lane sums of values times activations), QK_SCALES (a Q4_K super-block's decoded scales sm
- * (`u8x32_k_scales_mins`) of column c as QDOT_K2 takes them, into sv), QDOT_K2 (acc plus sub-blocks
- * 2p and 2p + 1's lane sums times their scales) and QK_START (where a super-block's sum of those
- * starts: what QDOT_K2 adds beyond the exact sum, taken out). */
+ * (the 8 lane sums of values times activations), and Q4_K's QK_HIGH (the high nibbles of 32 bytes
+ * as QDOT_K2 takes them), QK_SCALES (a super-block's decoded scales sm, `u8x32_k_scales_mins`, of
+ * column c as QDOT_K2 takes them, into sv), QDOT_K2 (acc plus sub-blocks 2p and 2p + 1's lane sums
+ * times their scales) and QK_START (where a super-block's sum of those starts: what QDOT_K2 adds
+ * beyond the exact sum, taken out). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
@@ -88,6 +89,7 @@ static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8
 #define QACT(x, side) (x)
 #define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
 #define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
+#define QK_HIGH(b) u8x32_high_nibbles(b)
 #define QK_SCALES(sm, c, sv) k_scales16(sm, c, sv)
 #define QDOT_K2(acc, ua, ub, xa, xb, sv, p) \
     v8i_add(v8i_add(acc, dot_u4_vscaled_lanes(ua, xa, (sv)[2 * (p)])), dot_u4_vscaled_lanes(ub, xb, (sv)[2 * (p) + 1]))
@@ -104,6 +106,7 @@ static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8
 #undef QACT
 #undef QACT_OFFSET
 #undef QDOT
+#undef QK_HIGH
 #undef QK_SCALES
 #undef QDOT_K2
 #undef QK_START
@@ -124,6 +127,7 @@ static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8
 #define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
 #define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
 #define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
+#define QK_HIGH(b) u8x32_high_nibbles16(b) /* times 16: dpbusd does not saturate */
 #define QK_SCALES(sm, c, sv) k_scale_duos(sm, c, sv)
 #define QDOT_K2(acc, ua, ub, xa, xb, sv, p) dot_u4x2_scaled_lanes_vnni(acc, ua, ub, xa, xb, (sv)[p])
 #define QK_START(sv) (sv)[4]

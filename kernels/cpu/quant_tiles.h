@@ -176,7 +176,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
             for (int chunk = 0; chunk < 4; ++chunk) { /* low nibbles: sub-block 2·chunk, high: the next */
                 const v8i raw = v8i_load(blk[c] + 16 + 32 * chunk);
                 wq[c][2 * chunk] = u8x32_low_nibbles(raw);
-                wq[c][2 * chunk + 1] = u8x32_high_nibbles(raw);
+                wq[c][2 * chunk + 1] = QK_HIGH(raw);
             }
         for (int r = 0; r < R; ++r) {
             const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;

@@ -369,16 +369,19 @@ SIMD_INLINE v8 v8_halves_of(v8 a, int lo, int hi) {
 SIMD_INLINE v8i dot_u4_vscaled_lanes(v8i u, v8i s, v8i scale16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
 }
-/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua, ub in 0..15, xa, xb int8, each lane of duo
- * sa | sb << 16, 0 <= sa, sb < 64), with three AVX512-VNNI instructions for the two sub-blocks: the lane sums Db of ub·xb
- * and Da of ua·xa (|D| <= 4 · 15 · 128 < 8192) packed as 16-bit halves of one lane, (Db << 16) + 8192 + Da
- * (the low half 8192 + Da >= 0: no borrow from the high one), and dpwssd multiplies the halves by sa and
- * sb: the exact integer plus 8192 · sa, which the caller takes out once (acc starting from −8192 · Σ sa) */
-TARGET_VNNI SIMD_INLINE v8i dot_u4x2_scaled_lanes_vnni(v8i acc, v8i ua, v8i ub, v8i xa, v8i xb, v8i duo) {
-    const v8i db = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ub, xb);
-    const v8i both = _mm256_dpbusd_epi32(_mm256_or_si256(_mm256_slli_epi32(db, 16), _mm256_set1_epi32(8192)), ua, xa);
+/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua in 0..15, ub16 = 16 · ub with ub in 0..15,
+ * xa, xb int8, each lane of duo sa | sb << 16, 0 <= sa, sb < 64), with three AVX512-VNNI instructions
+ * for the two sub-blocks: the lane sums 16 · Db of ub16·xb and Da of ua·xa (|D| <= 4 · 15 · 128 < 8192)
+ * packed as 16-bit halves of one lane, (Db << 16) + 8192 + Da (the low half 8192 + Da >= 0: no borrow
+ * from the high one), and dpwssd multiplies the halves by sa and sb: the exact integer plus 8192 · sa,
+ * which the caller takes out once (acc starting from −8192 · Σ sa) */
+TARGET_VNNI SIMD_INLINE v8i dot_u4x2_scaled_lanes_vnni(v8i acc, v8i ua, v8i ub16, v8i xa, v8i xb, v8i duo) {
+    const v8i db16 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ub16, xb);
+    const v8i both = _mm256_dpbusd_epi32(_mm256_or_si256(_mm256_slli_epi32(db16, 12), _mm256_set1_epi32(8192)), ua, xa);
     return _mm256_dpwssd_epi32(acc, both, duo);
 }
+/* the high nibble of each of 32 bytes times 16 (the byte with its low nibble cleared) */
+SIMD_INLINE v8i u8x32_high_nibbles16(v8i b) { return _mm256_and_si256(b, _mm256_set1_epi8((char)0xF0)); }
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
 
