@@ -49,33 +49,14 @@ static inline uint16_t half_at(const uint8_t *p) {
     return h;
 }
 
-/* Q4_K: column c's 8 scales (half c of sm, `u8x32_k_scales_mins`), each in every 16-bit lane: what
- * AVX2's QDOT_K2 multiplies sub-block s's pairs by */
-static inline __attribute__((always_inline)) void k_scales16(v8i sm, int c, v8i sv[8]) {
-    const v8i own = u8x32_half_twice(sm, c);
-    for (int s = 0; s < 8; ++s) sv[s] = u8x32_k_scale16(own, s);
-}
-
-/* Q4_K: column c's scales as AVX512-VNNI's QDOT_K2 takes them, sv[p] (p < 4) the pair s_2p | s_2p+1 << 16
- * in every lane, and sv[4] where the sum starts, −8192 · (s_0 + s_2 + s_4 + s_6) in every lane (what
- * `dot_u4x2_scaled_lanes_vnni` adds beyond the exact sum) */
-static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8i sv[8]) {
-    const v8i duo = u8x32_k_scale_duos(sm);
-    for (int p = 0; p < 4; ++p) sv[p] = v8i_lane_of(duo, 4 * c + p);
-    sv[4] = v8i_lane_of(i16x16_half_dots(duo, v8i_set1(-8192 & 0xFFFF)), 4 * c); /* (−8192, 0) per pair */
-}
-
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of
  * quant_tiles.h): QWEIGHT_SIDE (whether the offset that makes one operand unsigned is taken out
  * through the weights, once per block and column, or through the activations, once per block and
  * row: for R rows a constant), QWEIGHT (a Q8_0 / Q4_0 block's 32 values as the dot product takes
  * them), QWEIGHT_OFFSET and QACT_OFFSET (what the offset adds to each lane sum, negated: the
  * weights' or the activations' part), QACT (the activations as the dot product takes them), QDOT
- * (the 8 lane sums of values times activations), and Q4_K's QK_HIGH (the high nibbles of 32 bytes
- * as QDOT_K2 takes them), QK_SCALES (a super-block's decoded scales sm, `u8x32_k_scales_mins`, of
- * column c as QDOT_K2 takes them, into sv), QDOT_K2 (acc plus sub-blocks 2p and 2p + 1's lane sums
- * times their scales) and QK_START (where a super-block's sum of those starts: what QDOT_K2 adds
- * beyond the exact sum, taken out). */
+ * (the 8 lane sums of values times activations). Q4_K's tile is AVX2's in 256-bit vectors, or
+ * with QWIDE_K, AVX512-VNNI's in 512-bit ones (quant_tiles.h). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), Q4_0's
  * nibbles 0..15 by x, plus −8 · x's lane sums */
 #define QS(name) name##_avx2
@@ -89,11 +70,6 @@ static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8
 #define QACT(x, side) (x)
 #define QACT_OFFSET(x, q4, side) ((q4) ? i8x32_lane_sums(x, -8) : v8i_zero())
 #define QDOT(w, wo, x, xo, q4, side) ((q4) ? v8i_add(dot_u4_scaled_lanes(w, x, 1), xo) : dot_s8_lanes(w, x))
-#define QK_HIGH(b) u8x32_high_nibbles(b)
-#define QK_SCALES(sm, c, sv) k_scales16(sm, c, sv)
-#define QDOT_K2(acc, ua, ub, xa, xb, sv, p) \
-    v8i_add(v8i_add(acc, dot_u4_vscaled_lanes(ua, xa, (sv)[2 * (p)])), dot_u4_vscaled_lanes(ub, xb, (sv)[2 * (p) + 1]))
-#define QK_START(sv) v8i_zero()
 #include "quant_tiles.h"
 #undef QS
 #undef QTARGET
@@ -106,10 +82,6 @@ static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8
 #undef QACT
 #undef QACT_OFFSET
 #undef QDOT
-#undef QK_HIGH
-#undef QK_SCALES
-#undef QDOT_K2
-#undef QK_START
 /* AVX512-VNNI: dpbusd, unsigned by signed (Q8_0 up to QWIDE rows: two blocks per 512-bit one).
  * Through the weights (Q8_0; Q4_0 from 3 rows): the activations 128 higher (x ^ 0x80) by the
  * weights (Q4_0's nibbles less 8), from −128 · the weights' lane sums. Through the activations
@@ -127,10 +99,7 @@ static inline __attribute__((always_inline)) void k_scale_duos(v8i sm, int c, v8
 #define QACT(x, side) ((side) ? i8x32_offset(x) : (x))
 #define QACT_OFFSET(x, q4, side) ((side) ? v8i_zero() : i8x32_lane_sums(x, -8))
 #define QDOT(w, wo, x, xo, q4, side) ((side) ? dot_u8_lanes_vnni(wo, x, w) : dot_u8_lanes_vnni(xo, w, x))
-#define QK_HIGH(b) u8x32_high_nibbles16(b) /* times 16: dpbusd does not saturate */
-#define QK_SCALES(sm, c, sv) k_scale_duos(sm, c, sv)
-#define QDOT_K2(acc, ua, ub, xa, xb, sv, p) dot_u4x2_scaled_lanes_vnni(acc, ua, ub, xa, xb, (sv)[p])
-#define QK_START(sv) (sv)[4]
+#define QWIDE_K /* Q4_K in 512-bit vectors, the activations as k_pair_activations lays them (quant_tiles.h) */
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */
@@ -179,6 +148,18 @@ static void k_sums16(const int32_t *s, int64_t n, int16_t *s16) {
     for (int64_t i = 0; i < n; ++i) s16[i] = (int16_t)s[i];
 }
 
+/* Q4_K on AVX512-VNNI's 512-bit tiles: each row's int8 activations q [n] with sub-blocks 1 and 2, 5 and 6
+ * of each 256 swapped (0 2 1 3 4 6 5 7), so 64 bytes hold the activations of the low nibbles of two
+ * 32-byte chunks of weights (sub-blocks 4i and 4i + 2) and the next 64 those of the high nibbles */
+static void k_pair_activations(int8_t *q, int64_t n) {
+    for (int64_t i = 0; i < n; i += 128) {
+        int8_t t[32];
+        memcpy(t, q + i + 32, 32);
+        memcpy(q + i + 32, q + i + 64, 32);
+        memcpy(q + i + 64, t, 32);
+    }
+}
+
 /* part `part` of `parts`: its share of the columns, in chunks of 16 */
 static void quant_part(void *ctx, int part, int parts) {
     const quant_job *j = ctx;
@@ -210,6 +191,7 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     int16_t *s16 = (int16_t *)(q + M * K);
     quantize_rows(x, ldx, M, K, block, q, d, s);
     k_sums16(s, (int64_t)n_s16, s16);
+    if (fmt == HS_Q4_K && vnni == 1) k_pair_activations(q, M * K);
     quant_job job = {w, q, d, s, s16, y, M, K, N, K / block * bytes, fmt};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);

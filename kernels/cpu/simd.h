@@ -314,7 +314,9 @@ SIMD_INLINE v8i u8x32_load_halves(const uint8_t *lo, const uint8_t *hi) {
     return _mm256_loadu2_m128i((const __m128i *)hi, (const __m128i *)lo);
 }
 /* 16 bytes into both halves */
-SIMD_INLINE v8i u8x32_load_twice(const void *p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)); }
+SIMD_INLINE v8i u8x32_load_twice(const void *p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+}
 /* each half's first 12 bytes, Q4_K's packed scales and mins q (ggml's get_scale_min_k4) -> the 8
  * scales in bytes 0-7, the 8 mins in 8-15: sc_i = q_i & 63, mn_i = q_{i+4} & 63, sc_{i+4} =
  * (q_{i+8} & 15) | (q_i >> 6) << 4, mn_{i+4} = (q_{i+8} >> 4) | (q_{i+4} >> 6) << 4 (i < 4; 16-bit
@@ -369,19 +371,33 @@ SIMD_INLINE v8 v8_halves_of(v8 a, int lo, int hi) {
 SIMD_INLINE v8i dot_u4_vscaled_lanes(v8i u, v8i s, v8i scale16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
 }
-/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua in 0..15, ub16 = 16 · ub with ub in 0..15,
- * xa, xb int8, each lane of duo sa | sb << 16, 0 <= sa, sb < 64), with three AVX512-VNNI instructions
- * for the two sub-blocks: the lane sums 16 · Db of ub16·xb and Da of ua·xa (|D| <= 4 · 15 · 128 < 8192)
- * packed as 16-bit halves of one lane, (Db << 16) + 8192 + Da (the low half 8192 + Da >= 0: no borrow
- * from the high one), and dpwssd multiplies the halves by sa and sb: the exact integer plus 8192 · sa,
- * which the caller takes out once (acc starting from −8192 · Σ sa) */
-TARGET_VNNI SIMD_INLINE v8i dot_u4x2_scaled_lanes_vnni(v8i acc, v8i ua, v8i ub16, v8i xa, v8i xb, v8i duo) {
-    const v8i db16 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ub16, xb);
-    const v8i both = _mm256_dpbusd_epi32(_mm256_or_si256(_mm256_slli_epi32(db16, 12), _mm256_set1_epi32(8192)), ua, xa);
-    return _mm256_dpwssd_epi32(acc, both, duo);
+/* 512 bits (AVX512-VNNI's Q4_K tiles): 64 bytes of two chunks of nibbles, the low nibbles, and the
+ * high ones times 16 (the byte with its low nibble cleared) */
+TARGET_VNNI SIMD_INLINE v16i u8x64_low_nibbles(v16i b) { return _mm512_and_si512(b, _mm512_set1_epi32(0x0F0F0F0F)); }
+TARGET_VNNI SIMD_INLINE v16i u8x64_high_nibbles16(v16i b) {
+    return _mm512_and_si512(b, _mm512_set1_epi32((int)0xF0F0F0F0u));
 }
-/* the high nibble of each of 32 bytes times 16 (the byte with its low nibble cleared) */
-SIMD_INLINE v8i u8x32_high_nibbles16(v8i b) { return _mm256_and_si256(b, _mm256_set1_epi8((char)0xF0)); }
+/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua in 0..15, ub16 = 16 · ub with ub in 0..15,
+ * xa, xb int8, each lane of duo sa | sb << 16, 0 <= sa, sb < 64), with three dot-product instructions
+ * for the two sub-blocks (each half of the vectors its own pair a, b): the lane sums 16 · Db of
+ * ub16·xb (dpbusd does not saturate) and Da of ua·xa (|D| <= 4 · 15 · 128 < 8192) packed as the
+ * 16-bit halves of one lane, (Db << 16) + 8192 + Da (the low half 8192 + Da >= 0: no borrow from the
+ * high one), and dpwssd multiplies the halves by sa and sb: the exact integer plus 8192 · sa, which
+ * the caller takes out once (acc starting from −8192 · Σ sa) */
+TARGET_VNNI SIMD_INLINE v16i dot_u4x2_scaled_lanes_vnni16(v16i acc, v16i ua, v16i ub16, v16i xa, v16i xb, v16i duo) {
+    const v16i db16 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ub16, xb);
+    const v16i packed = _mm512_or_si512(_mm512_slli_epi32(db16, 12), _mm512_set1_epi32(8192)); /* (Db << 16) + 8192 */
+    const v16i both = _mm512_dpbusd_epi32(packed, ua, xa);
+    return _mm512_dpwssd_epi32(acc, both, duo);
+}
+/* lanes k0 (the low 8) and k1 (the high 8) of a */
+TARGET_VNNI SIMD_INLINE v16i v16i_lanes_of(v8i a, int k0, int k1) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(k0, k0, k0, k0, k0, k0, k0, k0, k1, k1, k1, k1, k1, k1, k1, k1),
+                                    _mm512_castsi256_si512(a));
+}
+/* the low and high 8 integer lanes */
+TARGET_VNNI SIMD_INLINE v8i v16i_lo(v16i a) { return _mm512_castsi512_si256(a); }
+TARGET_VNNI SIMD_INLINE v8i v16i_hi(v16i a) { return _mm512_extracti64x4_epi64(a, 1); }
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
 
