@@ -36,8 +36,7 @@ typedef struct {
     const uint8_t *w;   /* [N, row_bytes] */
     const int8_t *xq;   /* [M, K], the rounded activations */
     const float *xd;    /* [M, K / act_block], their scales */
-    const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (the Q4_K mins' part) */
-    const int16_t *xs16; /* Q4_K: the same sums as int16 (`k_sums16`), what the tiles take */
+    const int16_t *xs16; /* Q4_K: [M, K / 32], the sums of each 32 of xq (`k_sums16`), the mins' part */
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
@@ -192,7 +191,7 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     quantize_rows(x, ldx, M, K, block, q, d, s);
     k_sums16(s, (int64_t)n_s16, s16);
     if (fmt == HS_Q4_K && vnni == 1) k_pair_activations(q, M * K);
-    quant_job job = {w, q, d, s, s16, y, M, K, N, K / block * bytes, fmt};
+    quant_job job = {w, q, d, s16, y, M, K, N, K / block * bytes, fmt};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);
     const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;
