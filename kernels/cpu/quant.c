@@ -14,7 +14,8 @@
  * of the mins' part). Nothing in the chain depends on the other rows of the call, the thread count or the
  * tile that computed it (rows by columns, its shape chosen per ISA and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
- * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves),
+ * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves,
+ * Q4_K's four sub-blocks per 512-bit instruction),
  * nor on the ISA (the integer sums are exact on both paths, however each computes them), so a
  * row's bits are the same in any batch, at any thread count, on either path:
  * tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are computed 8 blocks at a

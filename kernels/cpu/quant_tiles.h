@@ -211,7 +211,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
  * C = 1: the column twice), the mins' chains of a row in one vector (lane 4c: column c's, each lane
  * rounded as the scalar fmaf). The same chains as AVX2's tile_k */
 QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
-                                                                         int64_t n0, int C) {
+                                                                    int64_t n0, int C) {
     const int64_t nb = j->K / 256;
     const uint8_t *col[2] = {j->w + n0 * j->row_bytes, j->w + (n0 + C - 1) * j->row_bytes};
     v8 acc[ACC_ROWS][ACC_COLS], mins[ACC_ROWS];
