@@ -222,25 +222,25 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk[2] = {col[0] + b * 144, col[1] + b * 144};
         v16i lo[TILE_COLS][2], hi[TILE_COLS][2], duo[TILE_COLS][2];
-        v8i start[TILE_COLS];
+        v16i start[TILE_COLS];
         for (int c = 0; c < C; ++c) {
             prefetch_l1(blk[c] + 144);
             prefetch_l1(blk[c] + 208);
         }
         const v8i sm = u8x32_k_scales_mins(u8x32_load_halves(blk[0] + 4, blk[1] + 4)), mn = u8x32_k_mins16(sm);
         const v8i duos = u8x32_k_scale_duos(sm);
-        /* where the sums start: −8192 · the even sub-blocks' scales, what the dot product adds beyond them */
-        const v8i corr = i16x16_half_dots(duos, v8i_set1(-8192 & 0xFFFF)); /* (−8192, 0) per pair */
         const v8 h = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
         const v8 dmin = v8_halves_of(h, 1, 3), d[2] = {v8_halves_of(h, 0, 0), v8_halves_of(h, 2, 2)};
         for (int c = 0; c < C; ++c) {
-            start[c] = v8i_lane_of(corr, 4 * c);
             for (int i = 0; i < 2; ++i) { /* chunks 2i, 2i + 1: sub-blocks 4i, 4i + 2 (low), 4i + 1, 4i + 3 (high) */
                 const v16i raw = v16i_load(blk[c] + 16 + 64 * i);
                 lo[c][i] = u8x64_low_nibbles(raw);
                 hi[c][i] = u8x64_high_nibbles16(raw);
                 duo[c][i] = v16i_lanes_of(duos, 4 * c + 2 * i, 4 * c + 2 * i + 1);
             }
+            /* where the sums start: −8192 · the even sub-blocks' scales (the low halves of the pairs), what
+             * the dot products add beyond the exact sums */
+            start[c] = k_bias_start_vnni16(duo[c][0], duo[c][1]);
         }
         for (int r = 0; r < R; ++r) {
             const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
@@ -248,7 +248,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
             const v8i msum = i16x16_half_dots(mn, u8x32_load_twice(j->xs16 + (m0 + r) * (j->K / 32) + b * 8));
             mins[r] = v8_fmadd(v8_mul(dmin, dx), v8i_to_float(msum), mins[r]);
             for (int c = 0; c < C; ++c) {
-                v16i isum = dot_u4x2_scaled_lanes_vnni16(v16i_from_halves(start[c], v8i_zero()), lo[c][0], hi[c][0],
+                v16i isum = dot_u4x2_scaled_lanes_vnni16(start[c], lo[c][0], hi[c][0],
                                                          v16i_load(xb), v16i_load(xb + 64), duo[c][0]);
                 isum = dot_u4x2_scaled_lanes_vnni16(isum, lo[c][1], hi[c][1], v16i_load(xb + 128), v16i_load(xb + 192),
                                                     duo[c][1]);

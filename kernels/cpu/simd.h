@@ -344,8 +344,6 @@ SIMD_INLINE v8i u8x32_k_scale16(v8i sm, int k) {
     return _mm256_shuffle_epi8(sm, _mm256_setr_epi8(k, z, k, z, k, z, k, z, k, z, k, z, k, z, k, z,
                                                     k, z, k, z, k, z, k, z, k, z, k, z, k, z, k, z));
 }
-/* lane k of a in all 8 lanes */
-SIMD_INLINE v8i v8i_lane_of(v8i a, int k) { return _mm256_permutevar8x32_epi32(a, _mm256_set1_epi32(k)); }
 /* each half's scales (bytes 0-7) as 16-bit values: dword p of the half (s_2p | s_2p+1 << 16), p < 4 */
 SIMD_INLINE v8i u8x32_k_scale_duos(v8i sm) { return _mm256_unpacklo_epi8(sm, _mm256_setzero_si256()); }
 /* each half's mins (bytes 8-15) as 8 16-bit values */
@@ -389,6 +387,12 @@ TARGET_VNNI SIMD_INLINE v16i dot_u4x2_scaled_lanes_vnni16(v16i acc, v16i ua, v16
     const v16i packed = _mm512_or_si512(_mm512_slli_epi32(db16, 12), _mm512_set1_epi32(8192)); /* (Db << 16) + 8192 */
     const v16i both = _mm512_dpbusd_epi32(packed, ua, xa);
     return _mm512_dpwssd_epi32(acc, both, duo);
+}
+/* −8192 · the low 16-bit halves of the lanes of duo0 and of duo1, summed per lane: where sums of
+ * `dot_u4x2_scaled_lanes_vnni16` with those pairs start (their halves added at the end) */
+TARGET_VNNI SIMD_INLINE v16i k_bias_start_vnni16(v16i duo0, v16i duo1) {
+    const v16i bias = _mm512_set1_epi32(-8192 & 0xFFFF); /* (−8192, 0) */
+    return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), bias, duo0), bias, duo1);
 }
 /* lanes k0 (the low 8) and k1 (the high 8) of a */
 TARGET_VNNI SIMD_INLINE v16i v16i_lanes_of(v8i a, int k0, int k1) {
