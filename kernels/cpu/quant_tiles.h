@@ -298,6 +298,26 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
 #undef QCASE
 }
 
+/* Q4_K's columns c0 … c1 − 1 when its M rows are one group (M <= most): the tiles columns would
+ * compute, in its order, one after another inside one call with R a constant (a tile of few rows
+ * is short: a call per tile costs) */
+QTARGET static void QS(k_columns)(const quant_job *j, int64_t c0, int64_t c1, int cols) {
+#define KCASE(r)                                                                                   \
+    case r:                                                                                        \
+        for (int64_t n = c0; n < c1; n += cols == 2 && n + 2 <= c1 ? 2 : 1)                        \
+            if (cols == 2 && n + 2 <= c1) QS(tile_k)(j, 0, r, n, 2);                               \
+            else QS(tile_k)(j, 0, r, n, 1);                                                        \
+        break;
+    switch (j->M) {
+        KCASE(1) KCASE(2) KCASE(3) KCASE(4)
+#if TILE_ROWS > 4
+        KCASE(5) KCASE(6)
+#endif
+        default: break;
+    }
+#undef KCASE
+}
+
 /* columns c0 … c1 − 1 of the product: up to FEW_ROWS rows one column at a time (the weight streamed
  * once, each block decoded once for all rows; FEW_ROWS 0: none); more rows in tiles of TILE_COLS columns by balanced
  * groups of at most TILE_ROWS rows, over chunks of ROW_CHUNK rows (the chunk's activations stay in
@@ -305,6 +325,10 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
     const int64_t M = j->M;
     const int cols = M <= FEW_ROWS ? 1 : TILE_COLS, most = M <= FEW_ROWS ? FEW_ROWS : TILE_ROWS;
+    if (j->fmt == HS_Q4_K && M <= most) {
+        QS(k_columns)(j, c0, c1, cols);
+        return;
+    }
     for (int64_t r0 = 0; r0 < M; r0 += ROW_CHUNK) {
         const int64_t r1 = r0 + ROW_CHUNK < M ? r0 + ROW_CHUNK : M, groups = (r1 - r0 + most - 1) / most;
         for (int64_t n = c0; n < c1;) {
