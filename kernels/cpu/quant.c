@@ -20,11 +20,12 @@
  * Nothing in the chain depends on the other rows of the call, the thread count or the tile that
  * computed it (rows by columns, its shape chosen per ISA, format and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
- * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves;
- * Q4_0 tiles of up to Q4_ROWS rows by 8 columns), nor on the ISA (the integer sums are exact on
- * both paths, however each computes them), so a row's bits are the same in any batch, at any thread
- * count, on either path: tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are
- * computed in vectors, each lane rounded as the one product alone. */
+ * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves,
+ * Q4_K's four sub-blocks per 512-bit instruction; Q4_0 tiles of up to Q4_ROWS rows by 8 columns),
+ * nor on the ISA (the integer sums are exact on both paths, however each computes them), so a row's
+ * bits are the same in any batch, at any thread count, on either path:
+ * tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are computed in vectors,
+ * each lane rounded as the one product alone. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,7 +43,8 @@ typedef struct {
     const uint8_t *w;   /* [N, row_bytes] */
     const int8_t *xq;   /* [M, K], the rounded activations */
     const float *xd;    /* [M, K / act_block], their scales */
-    const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (the Q4_K mins' part) */
+    const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (Q4_0's offset) */
+    const int16_t *xs16; /* Q4_K: [M, K / 32], the same as int16 (`k_sums16`), the mins' part */
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
@@ -65,22 +67,13 @@ static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t 
     for (int c = 0; c < 8; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
 }
 
-/* Q4_K's 12 bytes -> the 8 scales and 8 mins (ggml's get_scale_min_k4) */
-static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
-    for (int i = 0; i < 4; ++i) {
-        sc[i] = q[i] & 63;
-        mn[i] = q[i + 4] & 63;
-        sc[i + 4] = (q[i + 8] & 0x0F) | ((q[i] >> 6) << 4);
-        mn[i + 4] = (q[i + 8] >> 4) | ((q[i + 4] >> 6) << 4);
-    }
-}
-
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of
  * quant_tiles.h): QWEIGHT_OFFSET (−128 · a Q8_0 weight block's lane sums, where the dot product
  * takes the activations 128 higher, unsigned; else zero), QACT (the activations as the dot product
- * takes them), QDOT (a Q8_0 block's 8 lane sums of weights times activations), QDOT_K (acc plus a
- * Q4_K sub-block's lane sums times its scale), QDOT4 (acc plus, per lane, 4 nibbles 0..15 by 4
- * int8 activations: Q4_0's tiles by columns) and Q4_ROWS (the most rows of one of those tiles). */
+ * takes them), QDOT (a Q8_0 block's 8 lane sums of weights times activations), QDOT4 (acc plus, per
+ * lane, 4 nibbles 0..15 by 4 int8 activations: Q4_0's tiles by columns) and Q4_ROWS (the most rows
+ * of one of those tiles). Q4_K's tile is AVX2's in 256-bit vectors, or with QWIDE_K, AVX512-VNNI's
+ * in 512-bit ones (quant_tiles.h). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), nibbles
  * by x in 16-bit pairs */
 #define QS(name) name##_avx2
@@ -92,7 +85,6 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define QWEIGHT_OFFSET(w) v8i_zero()
 #define QACT(x) (x)
 #define QDOT(w, wo, x) dot_s8_lanes(w, x)
-#define QDOT_K(acc, w, x, scale) v8i_add(acc, dot_u4_scaled_lanes(w, x, scale))
 #define QDOT4(acc, u, x) dot_u4_lanes_acc(acc, u, x)
 #include "quant_tiles.h"
 #undef QS
@@ -104,7 +96,6 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #undef QWEIGHT_OFFSET
 #undef QACT
 #undef QDOT
-#undef QDOT_K
 #undef QDOT4
 /* AVX512-VNNI: dpbusd, unsigned by signed. Q8_0: the activations 128 higher (x ^ 0x80) by the
  * weights, from −128 · the weights' lane sums (up to QWIDE rows two blocks per 512-bit dpbusd);
@@ -119,8 +110,8 @@ static inline void k_scales(const uint8_t *q, int sc[8], int mn[8]) {
 #define QWEIGHT_OFFSET(w) neg_dot_lanes_vnni(128, w)
 #define QACT(x) i8x32_offset(x)
 #define QDOT(w, wo, x) dot_u8_lanes_vnni(wo, x, w)
-#define QDOT_K(acc, w, x, scale) dot_u4_scaled_lanes_vnni(acc, w, x, scale)
 #define QDOT4(acc, u, x) dot_u8_lanes_vnni(acc, u, x)
+#define QWIDE_K /* Q4_K in 512-bit vectors, the activations as k_pair_activations lays them (quant_tiles.h) */
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */
@@ -163,6 +154,24 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int
         }
 }
 
+/* Q4_K: the activations' sums of 32 s [n] as int16 s16 (|s| <= 32 · 127), 8 a super-block: the
+ * mins' part Σ m_j · s_j of a super-block is then one 16-bit multiply-add (the same integer) */
+static void k_sums16(const int32_t *s, int64_t n, int16_t *s16) {
+    for (int64_t i = 0; i < n; ++i) s16[i] = (int16_t)s[i];
+}
+
+/* Q4_K on AVX512-VNNI's 512-bit tiles: each row's int8 activations q [n] with sub-blocks 1 and 2, 5 and 6
+ * of each 256 swapped (0 2 1 3 4 6 5 7), so 64 bytes hold the activations of the low nibbles of two
+ * 32-byte chunks of weights (sub-blocks 4i and 4i + 2) and the next 64 those of the high nibbles */
+static void k_pair_activations(int8_t *q, int64_t n) {
+    for (int64_t i = 0; i < n; i += 128) {
+        int8_t t[32];
+        memcpy(t, q + i + 32, 32);
+        memcpy(q + i + 32, q + i + 64, 32);
+        memcpy(q + i + 64, t, 32);
+    }
+}
+
 /* part `part` of `parts`: its share of the columns, in chunks of 16 */
 static void quant_part(void *ctx, int part, int parts) {
     const quant_job *j = ctx;
@@ -184,14 +193,18 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     if (fmt < HS_Q8_0 || fmt > HS_Q6_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
     if (M == 0 || N == 0) return 0;
     if (vnni < 0) hs_quant_isa(-1);
-    /* one allocation: s [M, K / 32] int32, d [M, K / block] float, q [M, K] int8 */
+    /* one allocation: s [M, K / 32] int32, d [M, K / block] float, q [M, K] int8, Q4_K: s16 [M, K / 32] */
     const size_t n_s = (size_t)(M * (K / 32)), n_d = (size_t)(M * (K / block));
-    int32_t *s = malloc(n_s * sizeof(int32_t) + n_d * sizeof(float) + (size_t)(M * K) + 64);
+    const size_t n_s16 = fmt == HS_Q4_K ? n_s : 0;
+    int32_t *s = malloc(n_s * sizeof(int32_t) + n_d * sizeof(float) + (size_t)(M * K) + n_s16 * sizeof(int16_t) + 64);
     if (!s) return -1;
     float *d = (float *)(s + n_s);
     int8_t *q = (int8_t *)(d + n_d);
+    int16_t *s16 = (int16_t *)(q + M * K);
     quantize_rows(x, ldx, M, K, block, q, d, s);
-    quant_job job = {w, q, d, s, y, M, K, N, K / block * bytes, fmt};
+    k_sums16(s, (int64_t)n_s16, s16);
+    if (fmt == HS_Q4_K && vnni == 1) k_pair_activations(q, M * K);
+    quant_job job = {w, q, d, s, s16, y, M, K, N, K / block * bytes, fmt};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);
     const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;

@@ -282,10 +282,6 @@ static inline int32_t v8i_hsum(v8i v) {
 SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
 }
-/* acc + the same, the pairs times scale summed into acc by AVX512-VNNI's dpwssd */
-TARGET_VNNI SIMD_INLINE v8i dot_u4_scaled_lanes_vnni(v8i acc, v8i u, v8i s, int scale) {
-    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
-}
 
 /* Q4_0 by columns (cpu/quant_tiles.h's tile_q4): the 16 nibble bytes at p[0] … p[7] (8 weight rows'
  * blocks) as 4 vectors whose lane c holds bytes 4g … 4g + 3 of p[c] (out[g]): a 4 × 4 transpose of
@@ -329,6 +325,103 @@ SIMD_INLINE v8i dot_u6_centered_scaled_lanes(v8i u, v8i s, v8i scales) {
     const v8i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(_mm256_set1_epi8(32), s));
     return _mm256_madd_epi16(pairs, scales);
 }
+
+/* Q4_K (cpu/quant_tiles.h's tile_k): a super-block's 6-bit scales and mins decoded in vectors, two
+ * super-blocks at a time (one per 128-bit half), and each sub-block's scale (or, AVX512-VNNI, each
+ * two sub-blocks' scales) in every lane by one shuffle. */
+/* 16 bytes at lo and 16 at hi: the low and high 128 bits */
+SIMD_INLINE v8i u8x32_load_halves(const uint8_t *lo, const uint8_t *hi) {
+    return _mm256_loadu2_m128i((const __m128i *)hi, (const __m128i *)lo);
+}
+/* 16 bytes into both halves */
+SIMD_INLINE v8i u8x32_load_twice(const void *p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+}
+/* each half's first 12 bytes, Q4_K's packed scales and mins q (ggml's get_scale_min_k4) -> the 8
+ * scales in bytes 0-7, the 8 mins in 8-15: sc_i = q_i & 63, mn_i = q_{i+4} & 63, sc_{i+4} =
+ * (q_{i+8} & 15) | (q_i >> 6) << 4, mn_{i+4} = (q_{i+8} >> 4) | (q_{i+4} >> 6) << 4 (i < 4; 16-bit
+ * shifts, then byte masks: no bit crosses a byte) */
+SIMD_INLINE v8i u8x32_k_scales_mins(v8i q) {
+    const v8i a = _mm256_shuffle_epi8(q, _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                          0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const v8i b = _mm256_shuffle_epi8(q, _mm256_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7,
+                                                          -1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const v8i low = _mm256_and_si256(a, _mm256_setr_epi64x(0x0F0F0F0F3F3F3F3FLL, 0x3F3F3F3FLL,
+                                                           0x0F0F0F0F3F3F3F3FLL, 0x3F3F3F3FLL));
+    const v8i nib = _mm256_and_si256(_mm256_srli_epi16(a, 4), _mm256_setr_epi64x(0, 0x0F0F0F0F00000000LL,
+                                                                               0, 0x0F0F0F0F00000000LL));
+    const v8i top = _mm256_and_si256(_mm256_srli_epi16(b, 2), _mm256_set1_epi64x(0x3030303000000000LL));
+    return _mm256_or_si256(_mm256_or_si256(low, nib), top);
+}
+/* half `half` (0 or 1) of a into both halves */
+SIMD_INLINE v8i u8x32_half_twice(v8i a, int half) {
+    return half ? _mm256_permute4x64_epi64(a, 0xEE) : _mm256_permute4x64_epi64(a, 0x44);
+}
+/* byte k of each half (a scale, 0 <= k < 8) as a 16-bit value in all 16 lanes (what madd multiplies
+ * the sub-block's pairs by) */
+SIMD_INLINE v8i u8x32_k_scale16(v8i sm, int k) {
+    const char z = -1;
+    return _mm256_shuffle_epi8(sm, _mm256_setr_epi8(k, z, k, z, k, z, k, z, k, z, k, z, k, z, k, z,
+                                                    k, z, k, z, k, z, k, z, k, z, k, z, k, z, k, z));
+}
+/* each half's scales (bytes 0-7) as 16-bit values: dword p of the half (s_2p | s_2p+1 << 16), p < 4 */
+SIMD_INLINE v8i u8x32_k_scale_duos(v8i sm) { return _mm256_unpacklo_epi8(sm, _mm256_setzero_si256()); }
+/* each half's mins (bytes 8-15) as 8 16-bit values */
+SIMD_INLINE v8i u8x32_k_mins16(v8i sm) { return _mm256_unpackhi_epi8(sm, _mm256_setzero_si256()); }
+/* Σ a·b over each half's 8 16-bit lanes (exact: each product and the sum fit 32 bits), in every
+ * 32-bit lane of the half */
+SIMD_INLINE v8i i16x16_half_dots(v8i a, v8i b) {
+    const __m256i p = _mm256_madd_epi16(a, b), q = _mm256_add_epi32(p, _mm256_shuffle_epi32(p, 0x4E));
+    return _mm256_add_epi32(q, _mm256_shuffle_epi32(q, 0xB1));
+}
+/* 8 float16 values at p (as uint16) with a second pair: [p0, p1, q0, q1, 0, 0, 0, 0] widened exactly */
+SIMD_INLINE v8 f16x4_pairs(const uint8_t *p, const uint8_t *q) {
+    int32_t a, b;
+    memcpy(&a, p, sizeof a);
+    memcpy(&b, q, sizeof b);
+    return _mm256_cvtph_ps(_mm_setr_epi32(a, b, 0, 0));
+}
+/* lanes 0-3: a[lo], lanes 4-7: a[hi] */
+SIMD_INLINE v8 v8_halves_of(v8 a, int lo, int hi) {
+    return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi));
+}
+/* scale · Σ u·s per lane, u in 0..15, s int8, the scale (0 <= scale < 64) in every 16-bit lane of scale16 */
+SIMD_INLINE v8i dot_u4_vscaled_lanes(v8i u, v8i s, v8i scale16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
+}
+/* 512 bits (AVX512-VNNI's Q4_K tiles): 64 bytes of two chunks of nibbles, the low nibbles, and the
+ * high ones times 16 (the byte with its low nibble cleared) */
+TARGET_VNNI SIMD_INLINE v16i u8x64_low_nibbles(v16i b) { return _mm512_and_si512(b, _mm512_set1_epi32(0x0F0F0F0F)); }
+TARGET_VNNI SIMD_INLINE v16i u8x64_high_nibbles16(v16i b) {
+    return _mm512_and_si512(b, _mm512_set1_epi32((int)0xF0F0F0F0u));
+}
+/* acc + Σ over each lane's 4 bytes of sa·ua·xa + sb·ub·xb (ua in 0..15, ub16 = 16 · ub with ub in 0..15,
+ * xa, xb int8, each lane of duo sa | sb << 16, 0 <= sa, sb < 64), with three dot-product instructions
+ * for the two sub-blocks (each half of the vectors its own pair a, b): the lane sums 16 · Db of
+ * ub16·xb (dpbusd does not saturate) and Da of ua·xa (|D| <= 4 · 15 · 128 < 8192) packed as the
+ * 16-bit halves of one lane, (Db << 16) + 8192 + Da (the low half 8192 + Da >= 0: no borrow from the
+ * high one), and dpwssd multiplies the halves by sa and sb: the exact integer plus 8192 · sa, which
+ * the caller takes out once (acc starting from −8192 · Σ sa) */
+TARGET_VNNI SIMD_INLINE v16i dot_u4x2_scaled_lanes_vnni16(v16i acc, v16i ua, v16i ub16, v16i xa, v16i xb, v16i duo) {
+    const v16i db16 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ub16, xb);
+    const v16i packed = _mm512_or_si512(_mm512_slli_epi32(db16, 12), _mm512_set1_epi32(8192)); /* (Db << 16) + 8192 */
+    const v16i both = _mm512_dpbusd_epi32(packed, ua, xa);
+    return _mm512_dpwssd_epi32(acc, both, duo);
+}
+/* −8192 · the low 16-bit halves of the lanes of duo0 and of duo1, summed per lane: where sums of
+ * `dot_u4x2_scaled_lanes_vnni16` with those pairs start (their halves added at the end) */
+TARGET_VNNI SIMD_INLINE v16i k_bias_start_vnni16(v16i duo0, v16i duo1) {
+    const v16i bias = _mm512_set1_epi32(-8192 & 0xFFFF); /* (−8192, 0) */
+    return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), bias, duo0), bias, duo1);
+}
+/* lanes k0 (the low 8) and k1 (the high 8) of a */
+TARGET_VNNI SIMD_INLINE v16i v16i_lanes_of(v8i a, int k0, int k1) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(k0, k0, k0, k0, k0, k0, k0, k0, k1, k1, k1, k1, k1, k1, k1, k1),
+                                    _mm512_castsi256_si512(a));
+}
+/* the low and high 8 integer lanes */
+TARGET_VNNI SIMD_INLINE v8i v16i_lo(v16i a) { return _mm512_castsi512_si256(a); }
+TARGET_VNNI SIMD_INLINE v8i v16i_hi(v16i a) { return _mm512_extracti64x4_epi64(a, 1); }
 
 /* -- bfloat16 dot products (AVX512-BF16, TARGET_BF16 callers only) -------------------------- */
 
