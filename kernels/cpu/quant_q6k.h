@@ -125,7 +125,7 @@ static void q6_tile_avx2(const quant_job *j, int64_t m0, int R, int64_t n) {
 /* VNNI: rows m0 … m0 + R − 1 by columns n0 … n0 + C − 1 (R <= Q6_FEW_ROWS with C = 1, or R <= Q6_VROWS),
  * over all K; each column's super-blocks prefetched two tiles ahead (the tiles read the weight in order) */
 TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const quant_job *j, int64_t m0, int R,
-                                                                           int64_t n0, int C) {
+                                                                           int64_t n0, int C, int64_t step) {
     const int64_t nb = j->K / 256;
     v8 acc[Q6_FEW_ROWS][Q6_VCOLS];
     for (int r = 0; r < R; ++r)
@@ -133,7 +133,8 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const
     for (int64_t b = 0; b < nb; ++b) {
         q6_block_vnni w[Q6_VCOLS];
         for (int c = 0; c < C; ++c) {
-            const uint8_t *blk = j->w + (n0 + c) * j->row_bytes + b * Q6_BYTES, *ahead = blk + 2 * C * j->row_bytes;
+            const uint8_t *blk = j->w + (n0 + c * step) * j->row_bytes + b * Q6_BYTES;
+            const uint8_t *ahead = blk + 2 * (step == 1 ? C : 1) * j->row_bytes;
             for (int line = 0; line < Q6_BYTES; line += 64) prefetch_l1(ahead + line);
             q6_decode_vnni(blk, &w[c]);
         }
@@ -146,39 +147,51 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const
         }
     }
     for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]);
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c * step] = hsum8(acc[r][c]);
 }
 
 /* a VNNI tile with R and C made constants */
-TARGET_VNNI static void q6_tile_vnni_sized(const quant_job *j, int64_t m0, int R, int64_t n0, int C) {
-#if Q6_FEW_ROWS != 8 || Q6_VROWS != 6 || Q6_VCOLS != 2
+TARGET_VNNI static void q6_tile_vnni_sized(const quant_job *j, int64_t m0, int R, int64_t n0, int C, int64_t step) {
+#if Q6_FEW_ROWS != 8 || Q6_VROWS > 8 || Q6_VCOLS != 2
 #error "quant_q6k.h: a tile shape that q6_tile_vnni_sized does not instantiate"
 #endif
-#define Q6CASE(r, c) case (r) * 4 + (c): q6_tile_vnni(j, m0, r, n0, c); break;
+#define Q6CASE(r, c) case (r) * 4 + (c): q6_tile_vnni(j, m0, r, n0, c, step); break;
     switch (R * 4 + C) {
         Q6CASE(1, 1) Q6CASE(2, 1) Q6CASE(3, 1) Q6CASE(4, 1) Q6CASE(5, 1) Q6CASE(6, 1) Q6CASE(7, 1) Q6CASE(8, 1)
-        Q6CASE(1, 2) Q6CASE(2, 2) Q6CASE(3, 2) Q6CASE(4, 2) Q6CASE(5, 2) Q6CASE(6, 2)
+        Q6CASE(1, 2) Q6CASE(2, 2) Q6CASE(7, 2) Q6CASE(8, 2) Q6CASE(3, 2) Q6CASE(4, 2) Q6CASE(5, 2) Q6CASE(6, 2)
         default: break;
     }
 #undef Q6CASE
 }
 
+/* rows r0 … r1 − 1 in balanced groups of at most `most` rows, by the C columns n, n + step, … */
+static void q6_group_tiles(const quant_job *j, int64_t r0, int64_t r1, int most, int64_t n, int C, int64_t step,
+                           int vnni) {
+    const int64_t groups = (r1 - r0 + most - 1) / most;
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+        if (vnni) q6_tile_vnni_sized(j, m0, (int)(m1 - m0), n, C, step);
+        else q6_tile_avx2(j, m0, (int)(m1 - m0), n);
+    }
+}
+
 /* columns c0 … c1 − 1 of the product, over chunks of Q6_ROW_CHUNK rows: AVX2 Q6_ROWS rows at a time
- * one column at a time; VNNI up to Q6_FEW_ROWS rows one column at a time, more in tiles of Q6_VCOLS
- * columns by balanced groups of at most Q6_VROWS rows */
+ * one column at a time; VNNI up to Q6_FEW_ROWS rows in tiles of columns n and n + half (the weight
+ * read as two sequential streams), more in tiles of Q6_VCOLS neighbouring columns by balanced groups
+ * of at most Q6_VROWS rows */
 static void q6_columns(const quant_job *j, int64_t c0, int64_t c1, int vnni) {
-    const int few = vnni && j->M <= Q6_FEW_ROWS;
-    const int most = !vnni ? Q6_ROWS : few ? Q6_FEW_ROWS : Q6_VROWS, cols = vnni && !few ? Q6_VCOLS : 1;
     for (int64_t r0 = 0; r0 < j->M; r0 += Q6_ROW_CHUNK) {
         const int64_t r1 = r0 + Q6_ROW_CHUNK < j->M ? r0 + Q6_ROW_CHUNK : j->M;
-        const int64_t groups = (r1 - r0 + most - 1) / most;
+        if (vnni && j->M <= Q6_FEW_ROWS) {
+            const int64_t half = (c1 - c0) / 2;
+            for (int64_t n = c0; n < c0 + half; ++n) q6_group_tiles(j, r0, r1, Q6_FEW_ROWS, n, 2, half, 1);
+            if ((c1 - c0) % 2) q6_group_tiles(j, r0, r1, Q6_FEW_ROWS, c1 - 1, 1, 1, 1);
+            continue;
+        }
+        const int cols = vnni ? Q6_VCOLS : 1;
         for (int64_t n = c0; n < c1;) {
             const int C = n + cols <= c1 ? cols : 1;
-            for (int64_t g = 0; g < groups; ++g) {
-                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
-                if (vnni) q6_tile_vnni_sized(j, m0, (int)(m1 - m0), n, C);
-                else q6_tile_avx2(j, m0, (int)(m1 - m0), n);
-            }
+            q6_group_tiles(j, r0, r1, vnni ? Q6_VROWS : Q6_ROWS, n, C, 1, vnni);
             n += C;
         }
     }
