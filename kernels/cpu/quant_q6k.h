@@ -18,15 +18,17 @@
  *         Σ (q − 32) · x, within ±16256: an int16), times its sub-block's scale by dpwssd (the scale in
  *         the lane's low half, 0 in its high half), two chunks of 32 per 512-bit instruction (the low
  *         8 lanes one chunk's, the high 8 the next's, added lane by lane per super-block); up to
- *         Q6_FEW_ROWS rows one column at a time, more in tiles of Q6_VROWS rows by Q6_VCOLS columns.
+ *         Q6_FEW_ROWS rows in tiles of two distant columns, more in tiles of Q6_VROWS rows by Q6_VCOLS
+ *         neighbouring columns.
  * Nothing in the chain depends on the other rows of the call, the thread count, the tile or the
  * path, so a row's bits are the same in any batch, at any thread count, on either path:
  * tests/kernels/quant/test_products.py. */
 
 #define Q6_ROWS 4       /* AVX2: rows one decoded super-block meets before the next */
-#define Q6_FEW_ROWS 8   /* AVX512-VNNI: up to this many rows in one tile of one column (each super-block
-                         * decoded once; one column at a time keeps the weight one sequential stream) */
-#define Q6_VROWS 6      /* more rows: tiles of up to Q6_VROWS rows by Q6_VCOLS columns (32 vector registers) */
+#define Q6_FEW_ROWS 8   /* AVX512-VNNI: up to this many rows in one tile (each super-block decoded once), its
+                         * two columns n and n + half of the part's: two sequential streams (neighbouring
+                         * columns would interleave, and the prefetchers lose the stream) */
+#define Q6_VROWS 6      /* more rows: tiles of up to Q6_VROWS rows by Q6_VCOLS neighbouring columns */
 #define Q6_VCOLS 2
 #define Q6_ROW_CHUNK 64 /* rows whose activations stay in cache while the columns pass */
 #define Q6_BYTES 210
@@ -122,8 +124,9 @@ static void q6_tile_avx2(const quant_job *j, int64_t m0, int R, int64_t n) {
     for (int r = 0; r < R; ++r) j->y[(m0 + r) * j->N + n] = hsum8(acc[r]);
 }
 
-/* VNNI: rows m0 … m0 + R − 1 by columns n0 … n0 + C − 1 (R <= Q6_FEW_ROWS with C = 1, or R <= Q6_VROWS),
- * over all K; each column's super-blocks prefetched two tiles ahead (the tiles read the weight in order) */
+/* VNNI: rows m0 … m0 + R − 1 (R <= Q6_FEW_ROWS) by the C <= Q6_VCOLS columns n0, n0 + step, … over all
+ * K; each column's super-blocks prefetched two columns ahead in its stream (the tiles read each stream
+ * in order: neighbouring columns C at a time, step 1, or one column of each of C streams) */
 TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const quant_job *j, int64_t m0, int R,
                                                                            int64_t n0, int C, int64_t step) {
     const int64_t nb = j->K / 256;
@@ -152,13 +155,13 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const
 
 /* a VNNI tile with R and C made constants */
 TARGET_VNNI static void q6_tile_vnni_sized(const quant_job *j, int64_t m0, int R, int64_t n0, int C, int64_t step) {
-#if Q6_FEW_ROWS != 8 || Q6_VROWS > 8 || Q6_VCOLS != 2
+#if Q6_FEW_ROWS != 8 || Q6_VROWS > Q6_FEW_ROWS || Q6_VCOLS != 2
 #error "quant_q6k.h: a tile shape that q6_tile_vnni_sized does not instantiate"
 #endif
 #define Q6CASE(r, c) case (r) * 4 + (c): q6_tile_vnni(j, m0, r, n0, c, step); break;
     switch (R * 4 + C) {
         Q6CASE(1, 1) Q6CASE(2, 1) Q6CASE(3, 1) Q6CASE(4, 1) Q6CASE(5, 1) Q6CASE(6, 1) Q6CASE(7, 1) Q6CASE(8, 1)
-        Q6CASE(1, 2) Q6CASE(2, 2) Q6CASE(7, 2) Q6CASE(8, 2) Q6CASE(3, 2) Q6CASE(4, 2) Q6CASE(5, 2) Q6CASE(6, 2)
+        Q6CASE(1, 2) Q6CASE(2, 2) Q6CASE(3, 2) Q6CASE(4, 2) Q6CASE(5, 2) Q6CASE(6, 2) Q6CASE(7, 2) Q6CASE(8, 2)
         default: break;
     }
 #undef Q6CASE
