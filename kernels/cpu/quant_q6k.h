@@ -12,8 +12,8 @@
  * offsets are computed once (`q6_offsets`) in the form the path takes. The integer sums, each path
  * its own way to the same integers:
  *   AVX2: per 32 values, maddubs(q, x) less the offsets 32 · x's pair sums in 16 bits (both terms and
- *         their difference fit), times the two sub-blocks' scales by madd; one column at a time, up to
- *         Q6_ROWS rows per decoded super-block.
+ *         their difference fit), times the two sub-blocks' scales by madd; up to Q6_ROWS rows in tiles
+ *         of two distant columns, more one column at a time by groups of up to Q6_ROWS rows.
  *   AVX512-VNNI: per 32 values, dpbusd(q, x) from the offsets −32 · x's lane sums (each lane
  *         Σ (q − 32) · x, within ±16256: an int16), times its sub-block's scale by dpwssd (the scale in
  *         the lane's low half, 0 in its high half), two chunks of 32 per 512-bit instruction (the low
@@ -24,10 +24,11 @@
  * path, so a row's bits are the same in any batch, at any thread count, on either path:
  * tests/kernels/quant/test_products.py. */
 
+/* Few rows take tiles of two columns n and n + half of the part's (each super-block decoded once for
+ * all rows): the weight read as two sequential streams (neighbouring columns would interleave them, and
+ * the prefetchers lose the stream), the activations loaded once for both */
 #define Q6_ROWS 4       /* AVX2: rows one decoded super-block meets before the next */
-#define Q6_FEW_ROWS 8   /* AVX512-VNNI: up to this many rows in one tile (each super-block decoded once), its
-                         * two columns n and n + half of the part's: two sequential streams (neighbouring
-                         * columns would interleave, and the prefetchers lose the stream) */
+#define Q6_FEW_ROWS 8   /* AVX512-VNNI: up to this many rows in one tile of two distant columns */
 #define Q6_VROWS 6      /* more rows: tiles of up to Q6_VROWS rows by Q6_VCOLS neighbouring columns */
 #define Q6_VCOLS 2
 #define Q6_ROW_CHUNK 64 /* rows whose activations stay in cache while the columns pass */
@@ -105,23 +106,43 @@ TARGET_VNNI static inline __attribute__((always_inline)) v8i q6_lanes_vnni(const
     return v16i_fold(v16i_add(even, odd));
 }
 
-/* AVX2: rows m0 … m0 + R − 1 (R <= Q6_ROWS) of column n, over all K */
-static void q6_tile_avx2(const quant_job *j, int64_t m0, int R, int64_t n) {
+/* AVX2: rows m0 … m0 + R − 1 (R <= Q6_ROWS) by the C <= 2 columns n0, n0 + step, over all K */
+static inline __attribute__((always_inline)) void q6_tile_avx2(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
+                                                               int64_t step) {
     const int64_t nb = j->K / 256;
-    v8 acc[Q6_ROWS];
-    for (int r = 0; r < R; ++r) acc[r] = v8_zero();
+    v8 acc[Q6_ROWS][2];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = j->w + n * j->row_bytes + b * Q6_BYTES;
-        prefetch_l1(blk + 2 * Q6_BYTES);
-        prefetch_l1(blk + 2 * Q6_BYTES + 128);
-        q6_block w;
-        q6_decode_avx2(blk, &w);
+        q6_block w[2];
+        for (int c = 0; c < C; ++c) {
+            const uint8_t *blk = j->w + (n0 + c * step) * j->row_bytes + b * Q6_BYTES;
+            for (int line = 0; line < Q6_BYTES; line += 64) prefetch_l1(blk + 2 * j->row_bytes + line);
+            q6_decode_avx2(blk, &w[c]);
+        }
         for (int r = 0; r < R; ++r) {
-            const v8i lanes = q6_lanes_avx2(&w, j->xq + (m0 + r) * j->K + b * 256, j->xo + (m0 + r) * (j->K / 4) + b * 64);
-            acc[r] = v8_fmadd(v8_set1(w.d * j->xd[(m0 + r) * nb + b]), v8i_to_float(lanes), acc[r]);
+            const int8_t *x = j->xq + (m0 + r) * j->K + b * 256;
+            const int32_t *xo = j->xo + (m0 + r) * (j->K / 4) + b * 64;
+            const float dx = j->xd[(m0 + r) * nb + b];
+            for (int c = 0; c < C; ++c)
+                acc[r][c] = v8_fmadd(v8_set1(w[c].d * dx), v8i_to_float(q6_lanes_avx2(&w[c], x, xo)), acc[r][c]);
         }
     }
-    for (int r = 0; r < R; ++r) j->y[(m0 + r) * j->N + n] = hsum8(acc[r]);
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c * step] = hsum8(acc[r][c]);
+}
+
+/* an AVX2 tile with R and C made constants */
+static void q6_tile_avx2_sized(const quant_job *j, int64_t m0, int R, int64_t n0, int C, int64_t step) {
+#if Q6_ROWS != 4
+#error "quant_q6k.h: a tile shape that q6_tile_avx2_sized does not instantiate"
+#endif
+#define Q6CASE(r, c) case (r) * 4 + (c): q6_tile_avx2(j, m0, r, n0, c, step); break;
+    switch (R * 4 + C) {
+        Q6CASE(1, 1) Q6CASE(2, 1) Q6CASE(3, 1) Q6CASE(4, 1) Q6CASE(1, 2) Q6CASE(2, 2) Q6CASE(3, 2) Q6CASE(4, 2)
+        default: break;
+    }
+#undef Q6CASE
 }
 
 /* VNNI: rows m0 … m0 + R − 1 (R <= Q6_FEW_ROWS) by the C <= Q6_VCOLS columns n0, n0 + step, … over all
@@ -174,27 +195,27 @@ static void q6_group_tiles(const quant_job *j, int64_t r0, int64_t r1, int most,
     for (int64_t g = 0; g < groups; ++g) {
         const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
         if (vnni) q6_tile_vnni_sized(j, m0, (int)(m1 - m0), n, C, step);
-        else q6_tile_avx2(j, m0, (int)(m1 - m0), n);
+        else q6_tile_avx2_sized(j, m0, (int)(m1 - m0), n, C, step);
     }
 }
 
-/* columns c0 … c1 − 1 of the product, over chunks of Q6_ROW_CHUNK rows: AVX2 Q6_ROWS rows at a time
- * one column at a time; VNNI up to Q6_FEW_ROWS rows in tiles of columns n and n + half (the weight
- * read as two sequential streams), more in tiles of Q6_VCOLS neighbouring columns by balanced groups
- * of at most Q6_VROWS rows */
+/* columns c0 … c1 − 1 of the product, over chunks of Q6_ROW_CHUNK rows: up to Q6_ROWS (AVX2) or
+ * Q6_FEW_ROWS (VNNI) rows in tiles of columns n and n + half, one odd column alone; more rows by
+ * balanced groups of at most Q6_ROWS rows one column at a time (AVX2) or Q6_VROWS rows by Q6_VCOLS
+ * neighbouring columns (VNNI) */
 static void q6_columns(const quant_job *j, int64_t c0, int64_t c1, int vnni) {
+    const int few = vnni ? Q6_FEW_ROWS : Q6_ROWS, most = vnni ? Q6_VROWS : Q6_ROWS, cols = vnni ? Q6_VCOLS : 1;
+    const int64_t half = (c1 - c0) / 2;
     for (int64_t r0 = 0; r0 < j->M; r0 += Q6_ROW_CHUNK) {
         const int64_t r1 = r0 + Q6_ROW_CHUNK < j->M ? r0 + Q6_ROW_CHUNK : j->M;
-        if (vnni && j->M <= Q6_FEW_ROWS) {
-            const int64_t half = (c1 - c0) / 2;
-            for (int64_t n = c0; n < c0 + half; ++n) q6_group_tiles(j, r0, r1, Q6_FEW_ROWS, n, 2, half, 1);
-            if ((c1 - c0) % 2) q6_group_tiles(j, r0, r1, Q6_FEW_ROWS, c1 - 1, 1, 1, 1);
+        if (j->M <= few) {
+            for (int64_t n = c0; n < c0 + half; ++n) q6_group_tiles(j, r0, r1, few, n, 2, half, vnni);
+            if ((c1 - c0) % 2) q6_group_tiles(j, r0, r1, few, c1 - 1, 1, 1, vnni);
             continue;
         }
-        const int cols = vnni ? Q6_VCOLS : 1;
         for (int64_t n = c0; n < c1;) {
             const int C = n + cols <= c1 ? cols : 1;
-            q6_group_tiles(j, r0, r1, vnni ? Q6_VROWS : Q6_ROWS, n, C, 1, vnni);
+            q6_group_tiles(j, r0, r1, most, n, C, 1, vnni);
             n += C;
         }
     }
