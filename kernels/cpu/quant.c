@@ -45,6 +45,7 @@ typedef struct {
     const float *xd;    /* [M, K / act_block], their scales */
     const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (Q4_0's offset) */
     const int16_t *xs16; /* Q4_K: [M, K / 32], the same as int16 (`k_sums16`), the mins' part */
+    const int32_t *xo;  /* Q6_K: [M, K / 4], xq's −32 offsets as the path takes them (quant_q6k.h's q6_offsets) */
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
@@ -114,7 +115,7 @@ static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t 
 #define QWIDE_K /* Q4_K in 512-bit vectors, the activations as k_pair_activations lays them (quant_tiles.h) */
 #include "quant_tiles.h"
 
-#include "quant_q6k.h" /* Q6_K: its own columns, AVX2's integer sums on either path */
+#include "quant_q6k.h" /* Q6_K: its own tiles, each path its own integer sums */
 
 static int vnni = -1; /* the dot product in use: 1 AVX512-VNNI, 0 AVX2, -1 not chosen yet */
 
@@ -178,7 +179,7 @@ static void quant_part(void *ctx, int part, int parts) {
     const int64_t chunks = (j->N + 15) / 16;
     const int64_t c0 = chunks * part / parts * 16, c1 = part + 1 == parts ? j->N : chunks * (part + 1) / parts * 16;
     if (c0 >= c1) return;
-    if (j->fmt == HS_Q6_K) q6_columns(j, c0, c1);
+    if (j->fmt == HS_Q6_K) q6_columns(j, c0, c1, vnni == 1);
     else if (vnni == 1) columns_vnni(j, c0, c1);
     else columns_avx2(j, c0, c1);
 }
@@ -204,12 +205,19 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     quantize_rows(x, ldx, M, K, block, q, d, s);
     k_sums16(s, (int64_t)n_s16, s16);
     if (fmt == HS_Q4_K && vnni == 1) k_pair_activations(q, M * K);
-    quant_job job = {w, q, d, s, s16, y, M, K, N, K / block * bytes, fmt};
+    int32_t *xo = fmt == HS_Q6_K ? malloc((size_t)(M * K)) : NULL;
+    if (fmt == HS_Q6_K && !xo) {
+        free(s);
+        return -1;
+    }
+    if (xo) q6_offsets(q, M, K, vnni == 1, xo);
+    quant_job job = {w, q, d, s, s16, xo, y, M, K, N, K / block * bytes, fmt};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);
     const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;
     if (!(parts > 1 && (work >= (1 << 22) ? hs_parallel_long : hs_parallel)(quant_part, &job, parts)))
         quant_part(&job, 0, 1);
+    free(xo);
     free(s);
     return 0;
 }

@@ -309,21 +309,65 @@ SIMD_INLINE v8i dot_u4_lanes_acc(v8i acc, v8i u, v8i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
-/* Q6_K's 6-bit values: the two bits of each byte of qh at bit `shift` (0, 2, 4, 6), as bits 4 and 5
- * above a nibble: (nibble | hi << 4) in 0..63 (16-bit shifts, then byte masks: no bit crosses a byte) */
-SIMD_INLINE v8i u8x32_six_bits(v8i nibbles, v8i qh, int shift) {
-    const v8i high = _mm256_and_si256(_mm256_srli_epi16(qh, shift), _mm256_set1_epi8(0x03));
-    return _mm256_or_si256(nibbles, _mm256_slli_epi16(high, 4));
+/* Q6_K (cpu/quant_q6k.h). The bytes of a 16-bit shift by `shift` (positive: left, negative: right;
+ * bits cross into the neighbouring byte, so callers mask) */
+SIMD_INLINE v8i u8x32_shifted16(v8i a, int shift) {
+    return shift > 0 ? _mm256_slli_epi16(a, shift) : shift < 0 ? _mm256_srli_epi16(a, -shift) : a;
 }
-/* 16-bit lanes: lo in the low 8, hi in the high 8 (a madd's two sub-block scales) */
-SIMD_INLINE v8i i16x16_halves(int16_t lo, int16_t hi) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(lo)), _mm_set1_epi16(hi), 1);
+/* nibbles (0..15 in each byte) | (high & 0x30): a 6-bit value from its low nibble and its two high bits */
+SIMD_INLINE v8i u8x32_six_bits_or(v8i nibbles, v8i high) {
+    return _mm256_or_si256(nibbles, _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
 }
-/* Σ over each lane's pairs of scale·(u − 32)·s, u in 0..63, s int8, scales as i16x16_halves gives
- * them: maddubs(u, s) − maddubs(32, s) in 16 bits (both terms and their difference fit), then madd */
-SIMD_INLINE v8i dot_u6_centered_scaled_lanes(v8i u, v8i s, v8i scales) {
-    const v8i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(_mm256_set1_epi8(32), s));
-    return _mm256_madd_epi16(pairs, scales);
+/* 8 int8 -> 8 32-bit lanes, each the int16 value in both halves (madd's scale pairs) */
+SIMD_INLINE v8i i16_pairs_of_i8x8(const int8_t *p) {
+    const __m256i x = _mm256_and_si256(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)),
+                                       _mm256_set1_epi32(0xFFFF));
+    return _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
+}
+/* [a[k] × 4 | a[k + 1] × 4]: lanes k and k + 1 spread over the low and the high half */
+SIMD_INLINE v8i v8i_pair_spread(v8i a, int k) {
+    return _mm256_permutevar8x32_epi32(a, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
+}
+/* scale · the pair sums of 32 int8 (bytes 2i, 2i + 1 in 16-bit lane i), exact */
+SIMD_INLINE v8i i8x32_pair_sums(v8i a, int8_t scale) { return _mm256_maddubs_epi16(_mm256_set1_epi8(scale), a); }
+/* Σ over each lane's pairs of scale·(u·s − offset), u in 0..63, s int8, offset the pairs' 32·s sums
+ * (i8x32_pair_sums): u·s and offset each fit 16 bits and so does their difference */
+SIMD_INLINE v8i dot_u6_offset_scaled_lanes(v8i u, v8i s, v8i offset, v8i scales) {
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, s), offset), scales);
+}
+/* 512 bits, two Q6_K chunks of 32 side by side (the low 8 lanes one chunk's, the high 8 the next's) */
+/* [qh | qh >> 2] from 32 bytes of qh: in each byte, bits 0-1 and 4-5 those of chunks 4h, 4h + 2 in
+ * the low half, of 4h + 1, 4h + 3 in the high half (32-bit shifts: callers mask bytes) */
+TARGET_VNNI SIMD_INLINE v16i u8x64_qh_twice(const uint8_t *qh) {
+    return _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)),
+                             _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0));
+}
+TARGET_VNNI SIMD_INLINE v16i v16i_shifted_left32(v16i a, int shift) { return _mm512_slli_epi32(a, shift); }
+TARGET_VNNI SIMD_INLINE v16i u8x64_low_nibbles(v16i b) { return _mm512_and_si512(b, _mm512_set1_epi8(0x0F)); }
+TARGET_VNNI SIMD_INLINE v16i u8x64_high_nibbles(v16i b) {
+    return _mm512_and_si512(_mm512_srli_epi32(b, 4), _mm512_set1_epi8(0x0F));
+}
+/* nibbles | (high & 0x30), one ternary logic op (A | (B & C): table 0xF8) */
+TARGET_VNNI SIMD_INLINE v16i u8x64_six_bits_or(v16i nibbles, v16i high) {
+    return _mm512_ternarylogic_epi32(nibbles, high, _mm512_set1_epi8(0x30), 0xF8);
+}
+/* 16 int8 -> 16 32-bit lanes, the int16 value in the low half over a zero high half: dpwssd then
+ * multiplies the other operand's high half by 0 */
+TARGET_VNNI SIMD_INLINE v16i i16_lanes_of_i8x16(const int8_t *p) {
+    return _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)), _mm512_set1_epi32(0xFFFF));
+}
+/* [a[k] × 4 | a[k + 1] × 4 | a[k + 2] × 4 | a[k + 3] × 4] */
+TARGET_VNNI SIMD_INLINE v16i v16i_quad_spread(v16i a, int k) {
+    return _mm512_permutexvar_epi32(_mm512_set_epi32(k + 3, k + 3, k + 3, k + 3, k + 2, k + 2, k + 2, k + 2,
+                                                     k + 1, k + 1, k + 1, k + 1, k, k, k, k), a);
+}
+/* acc + Σ a·b over each lane's two 16-bit halves (dpwssd) */
+TARGET_VNNI SIMD_INLINE v16i dot_i16_lanes_vnni16(v16i acc, v16i a, v16i b) { return _mm512_dpwssd_epi32(acc, a, b); }
+TARGET_VNNI SIMD_INLINE v16i v16i_add(v16i a, v16i b) { return _mm512_add_epi32(a, b); }
+TARGET_VNNI SIMD_INLINE v16i v16i_zero(void) { return _mm512_setzero_si512(); }
+/* the low 8 lanes plus the high 8, lane by lane */
+TARGET_VNNI SIMD_INLINE v8i v16i_fold(v16i a) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
 }
 
 /* Q4_K (cpu/quant_tiles.h's tile_k): a super-block's 6-bit scales and mins decoded in vectors, two
@@ -391,7 +435,6 @@ SIMD_INLINE v8i dot_u4_vscaled_lanes(v8i u, v8i s, v8i scale16) {
 }
 /* 512 bits (AVX512-VNNI's Q4_K tiles): 64 bytes of two chunks of nibbles, the low nibbles, and the
  * high ones times 16 (the byte with its low nibble cleared) */
-TARGET_VNNI SIMD_INLINE v16i u8x64_low_nibbles(v16i b) { return _mm512_and_si512(b, _mm512_set1_epi32(0x0F0F0F0F)); }
 TARGET_VNNI SIMD_INLINE v16i u8x64_high_nibbles16(v16i b) {
     return _mm512_and_si512(b, _mm512_set1_epi32((int)0xF0F0F0F0u));
 }
