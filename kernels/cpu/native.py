@@ -70,7 +70,8 @@ SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("pool.c", "rows.c", "rows_bf16.c", "panels.c", "quant.c", "quant_rows.c", "mamba2.c", "mamba1.c", "gdn.c",
                              "conv.c", "norm.c", "pointwise.c", "rope.c", "blocks.c", "forward.c", "calls.c"))
 HEADERS = tuple(Path(__file__).with_name(name)  # what the sources include: SIMD helpers, declarations
-                for name in ("simd.h", "kernels.h", "rows_weights.h", "quant_tiles.h", "quant_q6k.h"))
+                for name in ("simd.h", "kernels.h", "rows_weights.h", "quant_tiles.h", "quant_q4_0.h", "quant_q4k.h",
+                             "quant_q6k.h"))
 # no contraction into FMA where the source does not ask for it: the kernels that promise torch's
 # rounding (cpu/rope.c) keep it under any compiler's default
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11", "-pthread")

@@ -1,0 +1,123 @@
+/* Q4_0's tiles by columns (`cpu/quant.c`'s products, included by quant_tiles.h once per ISA, with
+ * its macros): a tile holds 8 weight rows in the lanes of one vector, their nibble words
+ * transposed as they are read, and keeps one float sum per output (quant.c's header says which). */
+
+/* block b of 8 Q4_0 weight rows decoded (`q4_cols`): the rows' 32 nibbles each as 8 vectors of 4
+ * bytes per lane (the low nibbles of bytes 4k … 4k + 3 for k < 4, the high ones of bytes 4(k − 4) …
+ * for k >= 4: the values 4k … 4k + 3, met by the same activations), and their scales */
+QTARGET static inline __attribute__((always_inline)) void QS(decode_q4)(const quant_job *j, const uint8_t *const row[8],
+                                                                       int64_t b, q4_cols *out) {
+    const uint8_t *nibbles[8];
+    uint16_t half[8];
+    for (int c = 0; c < 8; ++c) {
+        nibbles[c] = row[c] + b * 18 + 2;
+        half[c] = half_at(nibbles[c] - 2);
+    }
+    /* the tiles read 8 whole weight rows each, 8 streams the hardware's prefetch does not follow: the
+     * next tile (into L1) and the one after (into L2), the same share of its bytes, 144 a block (from
+     * one to sixteen tiles on, the nearest were the fastest streamed from memory) */
+    const uint8_t *ahead = row[0] + 8 * j->row_bytes + b * 144, *further = row[0] + 16 * j->row_bytes + b * 144;
+    prefetch_l1(ahead), prefetch_l1(ahead + 64), prefetch_l1(ahead + 128);
+    prefetch_l2(further), prefetch_l2(further + 64), prefetch_l2(further + 128);
+    v8i words[4];
+    u32x8_transposed16(nibbles, words);
+    for (int k = 0; k < 4; ++k) out->q[k] = u8x32_low_nibbles(words[k]), out->q[k + 4] = u8x32_high_nibbles(words[k]);
+    out->dw = f16x8(half);
+}
+
+/* rows m0 … m0 + R − 1 by a decoded block b: per lane the exact integer sum −8 · Σx + Σ q·x, scaled
+ * by dw · dx into the chain of b's parity */
+QTARGET static inline __attribute__((always_inline)) void QS(rows_q4)(const quant_job *j, const q4_cols *w, int64_t m0,
+                                                                     int R, int64_t b, v8 acc[Q4_ROWS][2],
+                                                                     int parity) {
+    const int64_t nb = j->K / 32;
+    for (int r = 0; r < R; ++r) {
+        const int8_t *x = j->xq + (m0 + r) * j->K + b * 32;
+        v8i even = v8i_set1(-8 * j->xs[(m0 + r) * nb + b]), odd = v8i_zero(); /* two chains: half the latency */
+        for (int k = 0; k < 8; k += 2) {
+            even = QDOT4(even, w->q[k], i8x4_broadcast(x + 4 * k));
+            odd = QDOT4(odd, w->q[k + 1], i8x4_broadcast(x + 4 * k + 4));
+        }
+        const v8i lanes = v8i_add(even, odd);
+        acc[r][parity] = v8_fmadd(v8_mul(w->dw, v8_set1(j->xd[(m0 + r) * nb + b])), v8i_to_float(lanes), acc[r][parity]);
+    }
+}
+
+/* block b of a Q4_0 tile: from `decoded` (the tile's blocks decoded before) or decoded here */
+QTARGET static inline __attribute__((always_inline)) void QS(block_q4)(const quant_job *j, const uint8_t *const row[8],
+                                                                      const q4_cols *decoded, int64_t m0, int R,
+                                                                      int64_t b, v8 acc[Q4_ROWS][2], int parity) {
+    if (decoded) {
+        QS(rows_q4)(j, decoded + b, m0, R, b, acc, parity);
+    } else {
+        q4_cols w;
+        QS(decode_q4)(j, row, b, &w);
+        QS(rows_q4)(j, &w, m0, R, b, acc, parity);
+    }
+}
+
+/* a Q4_0 tile of R rows by 8 columns, lane c column n0 + c (columns past the first C are not
+ * stored): per output two float chains, the even blocks' and the odd blocks', added at the end */
+QTARGET static inline __attribute__((always_inline)) void QS(tile_q4)(const quant_job *j, int64_t m0, int R,
+                                                                     int64_t n0, int C, const q4_cols *decoded) {
+    const int64_t nb = j->K / 32;
+    const uint8_t *row[8];
+    q4_rows(j, n0, C, row);
+    v8 acc[Q4_ROWS][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = v8_zero();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        QS(block_q4)(j, row, decoded, m0, R, b, acc, 0);
+        QS(block_q4)(j, row, decoded, m0, R, b + 1, acc, 1);
+    }
+    if (b < nb) QS(block_q4)(j, row, decoded, m0, R, b, acc, 0);
+    for (int r = 0; r < R; ++r) {
+        float out[8];
+        v8_store(out, v8_add(acc[r][0], acc[r][1]));
+        memcpy(j->y + (m0 + r) * j->N + n0, out, (size_t)C * sizeof *out);
+    }
+}
+
+/* a Q4_0 tile with R made a constant, and whether its blocks come decoded */
+QTARGET static void QS(tile_q4_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
+                                      const q4_cols *decoded) {
+#define Q4CASE(r)                                                              \
+    case r:                                                                    \
+        if (decoded) QS(tile_q4)(j, m0, r, n0, C, decoded);                    \
+        else QS(tile_q4)(j, m0, r, n0, C, NULL);                               \
+        break;
+    switch (R) {
+        Q4CASE(1) Q4CASE(2)
+#if Q4_ROWS > 2
+        Q4CASE(3) Q4CASE(4)
+#endif
+#if Q4_ROWS > 4
+        Q4CASE(5) Q4CASE(6)
+#endif
+        default: break;
+    }
+#undef Q4CASE
+}
+
+/* columns c0 … c1 − 1 of a Q4_0 product: 8 columns at a time by balanced groups of at most Q4_ROWS
+ * rows, over chunks of ROW_CHUNK rows; where a chunk has more than one group, its 8 columns'
+ * blocks are decoded once into `decoded` ([K / 32] q4_cols; NULL: each group decodes them) */
+QTARGET static void QS(columns_q4)(const quant_job *j, int64_t c0, int64_t c1, q4_cols *decoded) {
+    for (int64_t r0 = 0; r0 < j->M; r0 += ROW_CHUNK) {
+        const int64_t r1 = r0 + ROW_CHUNK < j->M ? r0 + ROW_CHUNK : j->M, groups = (r1 - r0 + Q4_ROWS - 1) / Q4_ROWS;
+        for (int64_t n = c0; n < c1; n += 8) {
+            const int C = (int)(c1 - n < 8 ? c1 - n : 8);
+            const q4_cols *from = NULL;
+            if (groups > 1 && decoded) {
+                const uint8_t *row[8];
+                q4_rows(j, n, C, row);
+                for (int64_t b = 0; b < j->K / 32; ++b) QS(decode_q4)(j, row, b, decoded + b);
+                from = decoded;
+            }
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+                QS(tile_q4_sized)(j, m0, (int)(m1 - m0), n, C, from);
+            }
+        }
+    }
+}
