@@ -4,6 +4,8 @@ speculative greedy output equals plain output (a quantized draft model and promp
 request's tokens do not depend on the batch around it."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -65,8 +67,41 @@ def test_the_decoder_layers_linear_weights_are_quantized_and_the_rest_stays_floa
                 else:
                     assert weight.dtype.is_floating_point, name
     assert isinstance(model.lm_head, QuantWeight) and model.lm_head.fmt.name == "q8_0"
-    assert model.embed.dtype.is_floating_point and model.final_norm.weight.dtype is torch.float32
+    # the embedded target's embedding is untied: it takes the format asked (its rows whole blocks of it)
+    assert isinstance(model.embed, QuantWeight) and model.embed is not model.lm_head
+    assert model.embed.fmt.name == (fmt if model.embed.in_features % model.embed.fmt.block == 0 else "q8_0")
+    assert model.final_norm.weight.dtype is torch.float32
     assert model.num_parameters() == hs.load(hs.embedded_paths()[0]).num_parameters()
+
+
+@x86_with_compiler
+def test_mtp_drafts_on_a_target_whose_embedding_is_quantized():
+    """The MTP layer shares the target's embedding, here a Q4_0 table: it loads (checked by the
+    table's value shape) and its drafts leave the output plain decoding's."""
+    model = hs.load(hs.embedded_paths()[0], quantize="q4_0")
+    assert isinstance(model.embed, QuantWeight)
+    params = hs.SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    prompt = list(b"Once upon a time")
+    plain = hs.Engine(model).generate([prompt], params)[0].token_ids
+    engine = hs.Engine(model, draft="mtp", num_draft_tokens=3)
+    assert engine.generate([prompt], params)[0].token_ids == plain and engine.stats.acceptance_rate > 0
+
+
+@x86_with_compiler
+def test_a_tied_embedding_is_the_quantized_lm_head_and_decodes_as_it_dequantizes():
+    """Tied: one Q8_0 table for the LM head and the lookup, whose rows are the table's dequantized
+    rows; speculative output still equals plain output."""
+    config = dataclasses.replace(quantizable_model().config, tie_word_embeddings=True)
+    model = random_model(config, 3, torch.float32)
+    assert model.embed is model.lm_head
+    model.quantize("q4_0")
+    assert model.embed is model.lm_head and isinstance(model.lm_head, QuantWeight) and model.lm_head.fmt.name == "q8_0"
+    ids = torch.tensor([5, 0, 96, 5])
+    assert torch.equal(model.embed_tokens(ids), model.lm_head.dequantize()[ids])
+    prompts, params = workload(model.vocab_size, seed=6, max_new_tokens=(9, 7))
+    expected = plain_outputs(model, prompts, params)
+    result = speculative_parity("tied q4_0", model, hs.NgramDrafter(), 3, POLICIES["k=1"], prompts, params, expected)
+    assert result.passed, result.detail
 
 
 @x86_with_compiler

@@ -21,6 +21,7 @@ from hybridspec.adapters.embedded import EMBEDDED_DIR
 from hybridspec.adapters.model_files import describe_files, read_config, read_weights
 from hybridspec.adapters.validate import check_weights
 from hybridspec.errors import ConfigError, ModelFilesError
+from hybridspec.kernels.quant.weight import QuantWeight
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.models.mtp import MTPLayer, mtp_config
 
@@ -51,7 +52,10 @@ def load_mtp(target: HybridModel, directory: str | Path | None = None) -> MTPLay
     weights = _canonical(target, stored, read_config(target.source_dir or source))
     config = mtp_config(target.config)
     # checked as a one-layer model: the shared embedding stands in; the MTP's own tensors beside it
-    model_like = {"embed_tokens.weight": target.embed, "final_norm.weight": weights["norm.weight"],
+    embed = target.embed  # a quantized table checked by the shape of its values
+    if isinstance(embed, QuantWeight):
+        embed = torch.empty(embed.out_features, embed.in_features, device="meta")
+    model_like = {"embed_tokens.weight": embed, "final_norm.weight": weights["norm.weight"],
                   **{k: v for k, v in weights.items() if k.startswith("layers.")}}
     if not config.tie_word_embeddings:
         model_like["lm_head.weight"] = torch.empty(config.vocab_size, config.hidden_size, device="meta")

@@ -6,10 +6,10 @@ mixers' in_proj and out_proj, shared blocks' included) becomes a `QuantWeight` i
 one whose input size is not whole blocks of it takes Q8_0 (blocks of 32) where it can, as
 llama.cpp falls back for such tensors, else stays float. The LM head takes Q8_0 whatever the format
 (llama.cpp's Q8_0 files keep it Q8_0 and its Q4_K_M files in Q6_K, which hybridspec reads and
-multiplies but does not make: Q8_0 is the nearest it makes); an embedding tied to it stays a float
-table of its own. The
-embedding, norms, conv weights, biases, a MoE's router and experts and the state mixers' small
-parameters (Mamba-1's x_proj and dt_proj, A, D, dt_bias) stay float.
+multiplies but does not make: Q8_0 is the nearest it makes); an embedding tied to it is that same
+Q8_0 table, an untied one takes the format asked (as llama.cpp's files hold it), and a lookup
+dequantizes the rows it reads. Norms, conv weights, biases, a MoE's router and experts and the
+state mixers' small parameters (Mamba-1's x_proj and dt_proj, A, D, dt_bias) stay float.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from hybridspec.kernels.cpu.panels import PanelWeight
 from hybridspec.kernels.quant import formats
 from hybridspec.kernels.quant.formats import BlockFormat
 from hybridspec.kernels.quant.weight import QuantWeight
-from hybridspec.models.common import param
 
 QUANTIZED = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj", "in_proj",
                        "out_proj"})
@@ -77,8 +76,10 @@ def quantize(model, fmt: BlockFormat) -> None:
             if id(weight) in done:
                 setattr(module, name, done[id(weight)])
     if not isinstance(model.lm_head, QuantWeight) and weight_format(model.lm_head, HEAD_FORMAT) is not None:
-        if model.embed is model.lm_head:  # untied: the lookup keeps a float table
-            model.embed = param(panels.unpack(model.embed, torch.float32) if isinstance(model.embed, PanelWeight)
-                                else model.embed.detach())
+        tied = model.embed is model.lm_head
         model.lm_head = quantized(model.lm_head, HEAD_FORMAT)
+        if tied:  # one table for both: the lookup dequantizes the rows it reads
+            model.embed = model.lm_head
+    if not isinstance(model.embed, QuantWeight) and (chosen := weight_format(model.embed, fmt)) is not None:
+        model.embed = quantized(model.embed, chosen)
     model.bind_backend(model.backend_name)

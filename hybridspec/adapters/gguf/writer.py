@@ -3,9 +3,10 @@ inverse of `reader`), its product weights quantized into a block format or kept 
 
 Quantized, it holds what `hs.load(directory, quantize=fmt)` multiplies, bit for bit (except for Falcon-H1,
 whose multipliers llama.cpp's layout folds into the weights before they are quantized): the decoder
-layers' linear weights in `fmt` (Q8_0 where the input size is not whole blocks of it, float where
-not whole blocks of 32 either), the LM head in Q8_0 (written as output.weight even where the
-embedding is tied, since the lookup keeps a float table), everything else float32. The tokenizer
+layers' linear weights and the token embedding in `fmt` (Q8_0 where the input size is not whole
+blocks of it, float where not whole blocks of 32 either), the LM head in Q8_0 (written as
+output.weight where the embedding is tied too, the embedding then that same Q8_0 table), everything
+else float32. The tokenizer
 goes in too where the directory holds a byte-level BPE tokenizer.json (`vocab`)."""
 from __future__ import annotations
 
@@ -56,9 +57,10 @@ def stored_tensors(config, weights: dict[str, torch.Tensor], fmt: str | None) ->
             raise ModelFilesError(f"{name} has no name in llama.cpp's {arch.name} layout; this model cannot be "
                                   "written as GGUF")
         chosen = None
-        if block_format is not None and names.quantizable(name) and tensor.dim() == 2:
-            chosen = quantizing.weight_format(tensor, quantizing.HEAD_FORMAT if name == "lm_head.weight"
-                                              else block_format)
+        embedding = name == "embed_tokens.weight"
+        if block_format is not None and (names.quantizable(name) or embedding) and tensor.dim() == 2:
+            head = name == "lm_head.weight" or (embedding and config.tie_word_embeddings)
+            chosen = quantizing.weight_format(tensor, quantizing.HEAD_FORMAT if head else block_format)
         for target, part in zip(targets, names.to_stored(name, tensor.detach(), config, arch)):
             if chosen is not None:  # quantized by rows: a tensor split by rows keeps the whole one's blocks
                 blocks = QuantWeight.quantize(part.float().contiguous(), chosen).detach()
