@@ -2,6 +2,46 @@
  * AVX2's in 256-bit vectors, AVX512-VNNI's (QWIDE_K) in 512-bit ones, the same chains; and the
  * columns of a call whose rows are one tile's. */
 
+/* super-block b's head for columns col[0], col[1] (C = 1: the same column twice), what both ISAs'
+ * tiles decode alike: the scales and mins of both (sm; the mins as int16, mn), d per column, dmin */
+typedef struct {
+    v8i sm, mn;
+    v8 d[2], dmin;
+} QS(k_head);
+
+QTARGET static inline __attribute__((always_inline)) QS(k_head) QS(k_head_of)(const uint8_t *const blk[2], int C) {
+    for (int c = 0; c < C; ++c) {
+        prefetch_l1(blk[c] + 144);
+        prefetch_l1(blk[c] + 208);
+    }
+    QS(k_head) h;
+    h.sm = u8x32_k_scales_mins(u8x32_load_halves(blk[0] + 4, blk[1] + 4));
+    h.mn = u8x32_k_mins16(h.sm);
+    const v8 pairs = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
+    h.dmin = v8_halves_of(pairs, 1, 3);
+    h.d[0] = v8_halves_of(pairs, 0, 0), h.d[1] = v8_halves_of(pairs, 2, 2);
+    return h;
+}
+
+/* row m's mins' part of super-block b, dmin · dx · Σ m_j · xsum_j, into its chain (lane 4c: column
+ * c's); dx as a vector */
+QTARGET static inline __attribute__((always_inline)) v8 QS(k_mins)(const quant_job *j, const QS(k_head) *h, int64_t m,
+                                                                  int64_t b, v8 dx, v8 mins) {
+    const v8i msum = i16x16_half_dots(h->mn, u8x32_load_twice(j->xs16 + m * (j->K / 32) + b * 8));
+    return v8_fmadd(v8_mul(h->dmin, dx), v8i_to_float(msum), mins);
+}
+
+/* the tile's outputs: each column's lanes summed, less its mins' chain */
+QTARGET static inline __attribute__((always_inline)) void QS(k_store)(const quant_job *j, int64_t m0, int R, int64_t n0,
+                                                                     int C, v8 acc[ACC_ROWS][ACC_COLS],
+                                                                     const v8 mins[ACC_ROWS]) {
+    for (int r = 0; r < R; ++r) {
+        float m[8];
+        v8_store(m, mins[r]);
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - m[4 * c];
+    }
+}
+
 #ifndef QWIDE_K
 /* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
  * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
@@ -20,17 +60,11 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk[2] = {col[0] + b * 144, col[1] + b * 144};
         v8i wq[TILE_COLS][8], sv[TILE_COLS][8];
+        const QS(k_head) h = QS(k_head_of)(blk, C);
         for (int c = 0; c < C; ++c) {
-            prefetch_l1(blk[c] + 144);
-            prefetch_l1(blk[c] + 208);
-        }
-        const v8i sm = u8x32_k_scales_mins(u8x32_load_halves(blk[0] + 4, blk[1] + 4)), mn = u8x32_k_mins16(sm);
-        for (int c = 0; c < C; ++c) {
-            const v8i own = u8x32_half_twice(sm, c);
+            const v8i own = u8x32_half_twice(h.sm, c);
             for (int s = 0; s < 8; ++s) sv[c][s] = u8x32_k_scale16(own, s);
         }
-        const v8 h = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
-        const v8 dmin = v8_halves_of(h, 1, 3), d[2] = {v8_halves_of(h, 0, 0), v8_halves_of(h, 2, 2)};
         for (int c = 0; c < C; ++c)
             for (int chunk = 0; chunk < 4; ++chunk) { /* low nibbles: sub-block 2·chunk, high: the next */
                 const v8i raw = v8i_load(blk[c] + 16 + 32 * chunk);
@@ -40,21 +74,16 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
         for (int r = 0; r < R; ++r) {
             const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
             const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
-            const v8i msum = i16x16_half_dots(mn, u8x32_load_twice(j->xs16 + (m0 + r) * (j->K / 32) + b * 8));
-            mins[r] = v8_fmadd(v8_mul(dmin, dx), v8i_to_float(msum), mins[r]);
+            mins[r] = QS(k_mins)(j, &h, m0 + r, b, dx, mins[r]);
             for (int c = 0; c < C; ++c) {
                 v8i isum[2] = {v8i_zero(), v8i_zero()}; /* two chains of dot products in flight */
                 for (int s = 0; s < 8; ++s)
                     isum[s & 1] = v8i_add(isum[s & 1], dot_u4_vscaled_lanes(wq[c][s], v8i_load(xb + 32 * s), sv[c][s]));
-                acc[r][c] = v8_fmadd(v8_mul(d[c], dx), v8i_to_float(v8i_add(isum[0], isum[1])), acc[r][c]);
+                acc[r][c] = v8_fmadd(v8_mul(h.d[c], dx), v8i_to_float(v8i_add(isum[0], isum[1])), acc[r][c]);
             }
         }
     }
-    for (int r = 0; r < R; ++r) {
-        float m[8];
-        v8_store(m, mins[r]);
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - m[4 * c];
-    }
+    QS(k_store)(j, m0, R, n0, C, acc, mins);
 }
 #else
 /* a Q4_K tile (AVX512-VNNI), 512-bit vectors: per super-block of 256, the 8 sub-blocks' integer sums
@@ -78,14 +107,8 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
         const uint8_t *blk[2] = {col[0] + b * 144, col[1] + b * 144};
         v16i lo[TILE_COLS][2], hi[TILE_COLS][2], duo[TILE_COLS][2];
         v16i start[TILE_COLS];
-        for (int c = 0; c < C; ++c) {
-            prefetch_l1(blk[c] + 144);
-            prefetch_l1(blk[c] + 208);
-        }
-        const v8i sm = u8x32_k_scales_mins(u8x32_load_halves(blk[0] + 4, blk[1] + 4)), mn = u8x32_k_mins16(sm);
-        const v8i duos = u8x32_k_scale_duos(sm);
-        const v8 h = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
-        const v8 dmin = v8_halves_of(h, 1, 3), d[2] = {v8_halves_of(h, 0, 0), v8_halves_of(h, 2, 2)};
+        const QS(k_head) h = QS(k_head_of)(blk, C);
+        const v8i duos = u8x32_k_scale_duos(h.sm);
         for (int c = 0; c < C; ++c) {
             for (int i = 0; i < 2; ++i) { /* chunks 2i, 2i + 1: sub-blocks 4i, 4i + 2 (low), 4i + 1, 4i + 3 (high) */
                 const v16i raw = v16i_load(blk[c] + 16 + 64 * i);
@@ -100,22 +123,17 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant
         for (int r = 0; r < R; ++r) {
             const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
             const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
-            const v8i msum = i16x16_half_dots(mn, u8x32_load_twice(j->xs16 + (m0 + r) * (j->K / 32) + b * 8));
-            mins[r] = v8_fmadd(v8_mul(dmin, dx), v8i_to_float(msum), mins[r]);
+            mins[r] = QS(k_mins)(j, &h, m0 + r, b, dx, mins[r]);
             for (int c = 0; c < C; ++c) {
                 v16i isum = dot_u4x2_scaled_lanes_vnni16(start[c], lo[c][0], hi[c][0],
                                                          v16i_load(xb), v16i_load(xb + 64), duo[c][0]);
                 isum = dot_u4x2_scaled_lanes_vnni16(isum, lo[c][1], hi[c][1], v16i_load(xb + 128), v16i_load(xb + 192),
                                                     duo[c][1]);
-                acc[r][c] = v8_fmadd(v8_mul(d[c], dx), v8i_to_float(v8i_add(v16i_lo(isum), v16i_hi(isum))), acc[r][c]);
+                acc[r][c] = v8_fmadd(v8_mul(h.d[c], dx), v8i_to_float(v8i_add(v16i_lo(isum), v16i_hi(isum))), acc[r][c]);
             }
         }
     }
-    for (int r = 0; r < R; ++r) {
-        float m[8];
-        v8_store(m, mins[r]);
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - m[4 * c];
-    }
+    QS(k_store)(j, m0, R, n0, C, acc, mins);
 }
 #endif
 
