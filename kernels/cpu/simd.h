@@ -278,10 +278,6 @@ static inline int32_t v8i_hsum(v8i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
     return _mm_cvtsi128_si32(s);
 }
-/* scale · Σ u·s per lane, u in 0..15, s int8, 0 <= scale < 64 (pairs fit int16; scale applied in madd) */
-SIMD_INLINE v8i dot_u4_scaled_lanes(v8i u, v8i s, int scale) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16((short)scale));
-}
 
 /* Q4_0 by columns (cpu/quant_tiles.h's tile_q4): the 16 nibble bytes at p[0] … p[7] (8 weight rows'
  * blocks) as 4 vectors whose lane c holds bytes 4g … 4g + 3 of p[c] (out[g]): a 4 × 4 transpose of
