@@ -16,7 +16,7 @@
  *   exactly to float and fused-multiply-added, times dw_b · dx_b rounded to float32, into one of two
  *   float32 sums starting at zero, the even blocks' and the odd blocks'; then those two added. One
  *   sum per output is what lets a tile hold 8 columns in the lanes of one vector: a block's float
- *   work is then one multiply-add for 8 outputs (quant_tiles.h's tile_q4).
+ *   work is then one multiply-add for 8 outputs (quant_q4_0.h's tile_q4).
  * Nothing in the chain depends on the other rows of the call, the thread count or the tile that
  * computed it (rows by columns, its shape chosen per ISA, format and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
@@ -57,7 +57,7 @@ static inline uint16_t half_at(const uint8_t *p) {
     return h;
 }
 
-/* a Q4_0 block of 8 weight rows decoded for the tiles by columns (quant_tiles.h's decode_q4) */
+/* a Q4_0 block of 8 weight rows decoded for the tiles by columns (quant_q4_0.h's decode_q4) */
 typedef struct {
     v8i q[8]; /* lane c: 4 values of row c, 0..15 */
     v8 dw;    /* lane c: row c's scale */

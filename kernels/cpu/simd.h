@@ -279,7 +279,7 @@ static inline int32_t v8i_hsum(v8i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-/* Q4_0 by columns (cpu/quant_tiles.h's tile_q4): the 16 nibble bytes at p[0] … p[7] (8 weight rows'
+/* Q4_0 by columns (cpu/quant_q4_0.h's tile_q4): the 16 nibble bytes at p[0] … p[7] (8 weight rows'
  * blocks) as 4 vectors whose lane c holds bytes 4g … 4g + 3 of p[c] (out[g]): a 4 × 4 transpose of
  * 32-bit words in each half, rows c and c + 4 sharing a vector */
 SIMD_INLINE void u32x8_transposed16(const uint8_t *const p[8], v8i out[4]) {
@@ -366,7 +366,7 @@ TARGET_VNNI SIMD_INLINE v8i v16i_fold(v16i a) {
     return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
 }
 
-/* Q4_K (cpu/quant_tiles.h's tile_k): a super-block's 6-bit scales and mins decoded in vectors, two
+/* Q4_K (cpu/quant_q4k.h's tile_k): a super-block's 6-bit scales and mins decoded in vectors, two
  * super-blocks at a time (one per 128-bit half), and each sub-block's scale (or, AVX512-VNNI, each
  * two sub-blocks' scales) in every lane by one shuffle. */
 /* 16 bytes at lo and 16 at hi: the low and high 128 bits */
