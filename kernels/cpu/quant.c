@@ -74,7 +74,7 @@ static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t 
  * takes them), QDOT (a Q8_0 block's 8 lane sums of weights times activations), QDOT4 (acc plus, per
  * lane, 4 nibbles 0..15 by 4 int8 activations: Q4_0's tiles by columns) and Q4_ROWS (the most rows
  * of one of those tiles). Q4_K's tile is AVX2's in 256-bit vectors, or with QWIDE_K, AVX512-VNNI's
- * in 512-bit ones (quant_tiles.h). */
+ * in 512-bit ones (quant_q4k.h). */
 /* AVX2: Q8_0 signed by signed (maddubs takes unsigned × signed: the signs moved onto x), nibbles
  * by x in 16-bit pairs */
 #define QS(name) name##_avx2
@@ -112,7 +112,7 @@ static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t 
 #define QACT(x) i8x32_offset(x)
 #define QDOT(w, wo, x) dot_u8_lanes_vnni(wo, x, w)
 #define QDOT4(acc, u, x) dot_u8_lanes_vnni(acc, u, x)
-#define QWIDE_K /* Q4_K in 512-bit vectors, the activations as k_pair_activations lays them (quant_tiles.h) */
+#define QWIDE_K /* Q4_K in 512-bit vectors, the activations as k_pair_activations lays them (quant_q4k.h) */
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own tiles, each path its own integer sums */
