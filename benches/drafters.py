@@ -262,22 +262,34 @@ COLUMNS = ["workload", "batch", "variant", "acceptance", ("tokens_per_round", "t
            ("verify_ms_per_round", "verify ms/round"), ("same_tokens", "same")]
 
 
-def main(argv: list[str] | None = None) -> int:
-    import hybridspec as hs
-    parser = bench_parser(__doc__)
+def add_pass_arguments(parser) -> None:
+    """--batches, --repeats and --new-tokens, as this bench and benches/tree.py take them."""
     parser.add_argument("--batches", type=int, nargs="+", default=None,
                         help="batch sizes (default 1 4 16 32; --quick: 1)")
     parser.add_argument("--repeats", type=int, default=None, help="timed passes per variant (default 3; --quick: 1)")
-    parser.add_argument("--gamma", type=int, default=3, help="the fixed γ (default 3)")
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per prompt (default 64; --quick: 8)")
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=None,
-                        help="workloads (default all three; --quick: agentic)")
+
+
+def parsed_pass_arguments(parser, argv: list[str] | None):
+    """The parsed arguments with add_pass_arguments' defaults filled in (smaller under --quick), the
+    threads and the clock set."""
     args = parser.parse_args(argv)
     set_threads(args.threads)
     set_clock(args.clock)
     args.batches = args.batches or ([1] if args.quick else [1, 4, 16, 32])
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.new_tokens = args.new_tokens or (8 if args.quick else 64)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import hybridspec as hs
+    parser = bench_parser(__doc__)
+    add_pass_arguments(parser)
+    parser.add_argument("--gamma", type=int, default=3, help="the fixed γ (default 3)")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=None,
+                        help="workloads (default all three; --quick: agentic)")
+    args = parsed_pass_arguments(parser, argv)
     workloads = args.workloads or (["agentic"] if args.quick else list(WORKLOADS))
     draft_args, notes = drafters(args.quick)
     for note in notes:

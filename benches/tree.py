@@ -45,8 +45,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from common import bench_parser, describe_machine, print_table, set_clock, set_threads, write_json
-from drafters import timed_passes, workload_prompts
+from common import bench_parser, describe_machine, print_table, write_json
+from drafters import add_pass_arguments, parsed_pass_arguments, timed_passes, workload_prompts
 
 CHAIN_GAMMAS = (2, 3, 4, 6)
 AUTO, AUTO_MAX = "auto", 6  # the engine's own choice, γ up to the grid's largest
@@ -257,10 +257,7 @@ def grid(quick: bool, chains=None) -> list[tuple[int, tuple | None]]:
 def main(argv: list[str] | None = None) -> int:
     import hybridspec as hs
     parser = bench_parser(__doc__)
-    parser.add_argument("--batches", type=int, nargs="+", default=None,
-                        help="batch sizes (default 1 4 16 32; --quick: 1)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed passes per variant (default 3; --quick: 1)")
-    parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per prompt (default 64; --quick: 8)")
+    add_pass_arguments(parser)
     parser.add_argument("--drafters", nargs="+", default=None,
                         help="drafters by name (default every one that branches: draft model, suffix, ngram, mtp, "
                              "eagle3)")
@@ -268,12 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"chain γs (default {' '.join(map(str, CHAIN_GAMMAS))})")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=None,
                         help="workloads (default code and prose; --quick: code)")
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    set_clock(args.clock)
-    args.batches = args.batches or ([1] if args.quick else [1, 4, 16, 32])
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    args.new_tokens = args.new_tokens or (8 if args.quick else 64)
+    args = parsed_pass_arguments(parser, argv)
     workloads = args.workloads or (["code"] if args.quick else list(WORKLOADS))
     draft_args, notes = ({"draft model": str(hs.embedded_paths()[1])}, []) if args.quick else branching_drafters()
     if args.drafters:
