@@ -282,6 +282,15 @@ def parsed_pass_arguments(parser, argv: list[str] | None):
     return args
 
 
+def target_and_pools(workloads: list[str], args):
+    """The embedded target and, per workload, prompts enough for every batch size's timed and
+    warm-up passes (`workload_prompts`)."""
+    import hybridspec as hs
+    target = hs.load(hs.embedded_paths()[0])
+    needed = max(args.batches) * (args.repeats + 1)
+    return target, {w: workload_prompts(w, needed, target, args.new_tokens) for w in workloads}
+
+
 def main(argv: list[str] | None = None) -> int:
     import hybridspec as hs
     parser = bench_parser(__doc__)
@@ -294,9 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     draft_args, notes = drafters(args.quick)
     for note in notes:
         print(note, flush=True)
-    target = hs.load(hs.embedded_paths()[0])
-    needed = max(args.batches) * (args.repeats + 1)
-    pools = {w: workload_prompts(w, needed, target, args.new_tokens) for w in workloads}
+    target, pools = target_and_pools(workloads, args)
     rows = []
     for batch in args.batches:
         rows += run_batch(target, draft_args, pools, batch, args)

@@ -46,7 +46,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from common import bench_parser, describe_machine, print_table, write_json
-from drafters import add_pass_arguments, parsed_pass_arguments, timed_passes, workload_prompts
+from drafters import add_pass_arguments, parsed_pass_arguments, target_and_pools, timed_passes
 
 CHAIN_GAMMAS = (2, 3, 4, 6)
 AUTO, AUTO_MAX = "auto", 6  # the engine's own choice, γ up to the grid's largest
@@ -272,9 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         draft_args = {name: arg for name, arg in draft_args.items() if name in args.drafters}
     for note in notes:
         print(note, flush=True)
-    target = hs.load(hs.embedded_paths()[0])
-    needed = max(args.batches) * (args.repeats + 1)
-    pools = {w: workload_prompts(w, needed, target, args.new_tokens) for w in workloads}
+    target, pools = target_and_pools(workloads, args)
     rows = []
     for drafter, arg in draft_args.items():
         for batch in args.batches:
