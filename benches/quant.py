@@ -121,26 +121,29 @@ def product_rows(size: int, repeats: int) -> list[dict]:
     return rows
 
 
-STREAM_WEIGHTS, STREAM_SHAPE = 40, (4384, 1024)
+STREAM_WEIGHTS, STREAM_SHAPES = 40, ((4384, 1024), (2048, 2048))  # a Mamba-2 in_proj's; a K of 2,048
 
 
 def stream_rows(repeats: int) -> list[dict]:
-    """The C products over STREAM_WEIGHTS different weights of STREAM_SHAPE in turn (100–190 MB per
-    format, more than the caches hold: each weight comes from memory, as in a decode step), at
-    PRODUCT_ROWS rows: ms per pass over all of them and the weights' GB/s, median of `repeats`."""
+    """The C products over STREAM_WEIGHTS different weights of each of STREAM_SHAPES in turn (80–190
+    MB per format and shape, more than the caches hold: each weight comes from memory, as in a
+    decode step), at PRODUCT_ROWS rows: ms per pass over all of them and the weights' GB/s, median
+    of `repeats`. Both shapes: how far a row reaches (K) changes how the hardware's prefetch follows."""
     from hybridspec.kernels.cpu import quant as cpu_quant
     from hybridspec.kernels.quant.weight import QuantWeight
     g = torch.Generator().manual_seed(0)
     rows = []
-    for fmt in FORMATS[1:] + ("q6_k",):
-        weights = [QuantWeight.quantize(torch.randn(*STREAM_SHAPE, generator=g) * 0.05, fmt)
-                   for _ in range(STREAM_WEIGHTS)]
-        nbytes = sum(w.numel() * w.element_size() for w in weights)
-        for M in PRODUCT_ROWS:
-            x = torch.randn(M, STREAM_SHAPE[1], generator=g)
-            seconds = timed(lambda: [cpu_quant.quant_matmul(x, w) for w in weights], repeats=repeats)
-            rows.append(dict(format=fmt, rows=M, mb=nbytes / 1e6, ms=seconds * 1e3, gb_s=nbytes / seconds / 1e9,
-                             path=cpu_quant.vector_path()))
+    for shape in STREAM_SHAPES:
+        for fmt in FORMATS[1:] + ("q6_k",):
+            weights = [QuantWeight.quantize(torch.randn(*shape, generator=g) * 0.05, fmt)
+                       for _ in range(STREAM_WEIGHTS)]
+            nbytes = sum(w.numel() * w.element_size() for w in weights)
+            for M in PRODUCT_ROWS:
+                x = torch.randn(M, shape[1], generator=g)
+                seconds = timed(lambda: [cpu_quant.quant_matmul(x, w) for w in weights], repeats=repeats)
+                rows.append(dict(shape=f"{shape[0]} × {shape[1]}", format=fmt, rows=M, mb=nbytes / 1e6,
+                                 ms=seconds * 1e3, gb_s=nbytes / seconds / 1e9, path=cpu_quant.vector_path()))
+            del weights
     return rows
 
 
@@ -153,16 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--products", action="store_true",
                         help="the C products alone: a 2048 × 2048 weight per format at 1 to 64 rows")
     parser.add_argument("--stream", action="store_true",
-                        help=f"the C products alone over {STREAM_WEIGHTS} weights of {STREAM_SHAPE} streamed from memory")
+                        help=f"the C products alone over {STREAM_WEIGHTS} weights of each of {STREAM_SHAPES} "
+                             "streamed from memory")
     args = parser.parse_args(argv)
     threads = set_threads(args.threads)
     set_clock(args.clock)
     if args.stream:
         print(describe_machine(), flush=True)
         streamed = stream_rows(args.repeats or (1 if args.quick else 7))
-        print_table(streamed, [("format", "format"), ("path", "dot product"), ("rows", "rows"), ("mb", "MB"),
-                               ("ms", "ms per pass"), ("gb_s", "GB/s")],
-                    title=f"quantized products over {STREAM_WEIGHTS} weights {STREAM_SHAPE} from memory")
+        print_table(streamed, [("shape", "weight"), ("format", "format"), ("path", "dot product"), ("rows", "rows"),
+                               ("mb", "MB"), ("ms", "ms per pass"), ("gb_s", "GB/s")],
+                    title=f"quantized products over {STREAM_WEIGHTS} weights of a shape from memory")
         write_json(args.out or "quant_stream.json", dict(bench="quant_stream", threads=threads, rows=streamed))
         return 0
     if args.products:
