@@ -308,6 +308,14 @@ static void weigh_keys(const attend_job *j, int64_t i, int64_t h0, int64_t h1, c
                          kv_dim, count, head_dim);
 }
 
+/* rows 0 … rows − 1 of a page at base (kv_dim floats apart), KV heads g0 … g1 − 1 of each, into L2:
+ * the next page's keys or values while this page's are used */
+static inline void prefetch_page_rows(const float *base, int64_t rows, int64_t kv_dim, int64_t g0, int64_t g1,
+                                      int64_t head_dim) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t f = g0 * head_dim; f < g1 * head_dim; f += 16) prefetch_l2(base + r * kv_dim + f);
+}
+
 /* Causal attention of one row's queries over its pages: for query i (at
  * position first + i, i < queries) and query head h (KV head h / group),
  *     o[i, h] = Σ_{p <= first + i} softmax_p(scale · q[i, h]·k_p) v_p
@@ -318,9 +326,11 @@ static void weigh_keys(const attend_job *j, int64_t i, int64_t h0, int64_t h1, c
  * once per forward whatever the number of queries (a verify reads the
  * context once, not once per input), the scores eight keys of all heads at
  * a time (8 · kv_dim floats in a row). On AVX-512 the query heads of a KV
- * head share its key and value loads (above). (A software prefetch of the
- * pages ahead is left out: it is slower where the context stays in cache
- * between steps, and gains little where the weights push it out.)
+ * head share its key and value loads (above). While a page's keys (or
+ * values) are read, the next page's rows of this call's KV heads are
+ * prefetched into L2 (`prefetch_page_rows`): pages need not be neighbours,
+ * and each is too short for the hardware's prefetch to get going (a decode
+ * step at 2,048 tokens, docs/results/llamacpp.md).
  * scores: nheads · queries · (first + queries) floats. */
 static void attend(const attend_job *j, int64_t g0, int64_t g1) {
     const float *q = j->q, *k_cache = j->k_cache, *v_cache = j->v_cache;
@@ -336,10 +346,12 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
     for (int64_t page = 0; page < pages; ++page) {  /* the scores */
         const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
         const float *kp = k_cache + table[page] * page_floats;
+        const float *next_kp = page + 1 < pages ? k_cache + table[page + 1] * page_floats : NULL;
         for (int64_t i = 0; i < queries; ++i) {
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;  /* keys p0 … end - 1 */
             for (int64_t p = p0; p < end; p += 8) {  /* eight keys, all heads: 8 · kv_dim floats in a row */
                 const int64_t count = end - p < 8 ? end - p : 8;
+                if (next_kp && i == 0) prefetch_page_rows(next_kp + (p - p0) * kv_dim, count, kv_dim, g0, g1, head_dim);
                 for (int64_t h = h0; h < h1;) {
                     const key_run keys = {kp + (p - p0) * kv_dim + (h / group) * head_dim, kv_dim, count, head_dim,
                                           scale};
@@ -371,6 +383,8 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
     for (int64_t page = 0; page < pages; ++page) {  /* o = Σ_p w_p v_p */
         const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
         const float *vp = v_cache + table[page] * page_floats;
+        if (page + 1 < pages)
+            prefetch_page_rows(v_cache + table[page + 1] * page_floats, block_size, kv_dim, g0, g1, head_dim);
         for (int64_t i = 0; i < queries; ++i) {
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;
             if (end <= p0) continue;
