@@ -21,7 +21,8 @@
  * computed it (rows by columns, its shape chosen per ISA, format and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
  * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves,
- * Q4_K's four sub-blocks per 512-bit instruction; Q4_0 tiles of up to Q4_ROWS rows by 8 columns),
+ * Q4_K's four sub-blocks per 512-bit instruction; Q4_0 tiles of up to Q4_ROWS rows by 8 columns,
+ * by 16 in 512-bit vectors on AVX512-VNNI),
  * nor on the ISA (the integer sums are exact on both paths, however each computes them), so a row's
  * bits are the same in any batch, at any thread count, on either path:
  * tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are computed in vectors,
@@ -62,6 +63,8 @@ typedef struct {
     v8i q[8]; /* lane c: 4 values of row c, 0..15 */
     v8 dw;    /* lane c: row c's scale */
 } q4_cols;
+#define Q4_DECODED 576 /* the bytes a decoded block takes in the tiles' cache: the most of q4_cols (AVX2) and
+                        * quant_q4_0.h's q4_cols16 (16 columns, AVX512-VNNI) */
 
 /* the 8 weight rows of columns n0 … n0 + 7 (columns past the first C: the last one again) */
 static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t *row[8]) {

@@ -188,7 +188,7 @@ QTARGET static void QS(tile_sized)(const quant_job *j, int64_t m0, int R, int64_
  * cache while the columns pass) */
 QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
     if (j->fmt == HS_Q4_0) { /* more rows than a tile: the blocks decoded once per chunk and 8 columns */
-        q4_cols *decoded = j->M > Q4_ROWS ? aligned_alloc(32, (size_t)(j->K / 32) * sizeof *decoded) : NULL;
+        void *decoded = j->M > Q4_ROWS ? aligned_alloc(64, (size_t)(j->K / 32) * Q4_DECODED) : NULL;
         QS(columns_q4)(j, c0, c1, decoded);
         free(decoded);
         return;

@@ -60,6 +60,7 @@ TARGET512 SIMD_INLINE void v16_store_masked(float *p, mask16 m, v16 a) { _mm512_
 TARGET512 SIMD_INLINE v16 v16_set1(float f) { return _mm512_set1_ps(f); }
 TARGET512 SIMD_INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
 TARGET512 SIMD_INLINE v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+TARGET512 SIMD_INLINE v16 v16_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
 TARGET512 SIMD_INLINE v16 v16_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }  /* a·b + c */
 /* the halves of a v16 (lanes 0-7, 8-15), and v16s made of 8-float rows: [p | p], [a | b] */
 TARGET512 SIMD_INLINE v8 v16_lo(v16 a) { return _mm512_castps512_ps256(a); }
@@ -233,6 +234,16 @@ TARGET_VNNI SIMD_INLINE v16i neg_dot_lanes_vnni16(uint8_t c, v16i s) {
                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)c), s));
 }
 TARGET_VNNI SIMD_INLINE v16 v16i_to_float(v16i a) { return _mm512_cvtepi32_ps(a); }  /* exact below 2^24 */
+/* lanes 0-7 of lo, then lanes 0-7 of hi */
+TARGET_VNNI SIMD_INLINE v16 v16_from_halves(v8 lo, v8 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+/* the 4 bytes at p in every lane of 16 */
+TARGET_VNNI SIMD_INLINE v16i i8x4_broadcast16(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
 /* lanes 0-7: a[k], lanes 8-15: a[k + 1] */
 TARGET_VNNI SIMD_INLINE v16 v16_pair_broadcast(v8 a, int k) {
     const int h = k + 1;

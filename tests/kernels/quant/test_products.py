@@ -73,8 +73,8 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_path(fmt, path):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_columns_bits_do_not_depend_on_the_columns_beside_it(fmt):
-    """The Q4_0 and Q4_K tiles hold 8 weight rows in a vector's lanes: any slice of the weight's
-    rows, at any offset in a tile, gives the full product's columns bit for bit."""
+    """The Q4_0 tiles hold 8 weight rows in a vector's lanes (16 on AVX512-VNNI), Q4_K's two: any
+    slice of the weight's rows, at any offset in a tile, gives the full product's columns bit for bit."""
     x, w = operands(fmt, N=29, seed=7)
     full = cpu_quant.quant_matmul(x, w)
     rows = w.detach()
