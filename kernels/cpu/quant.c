@@ -7,22 +7,27 @@
  * with a float32 scale (`quantize_rows`; Q8_0 / Q4_0 weights: blocks of 32, Q4_K: blocks of 256 as
  * ggml's Q8_K), and each block of the weight meets its block of x in an integer dot product,
  * exact. Per output (row m, column n) the float work is one fixed chain:
- * - Q8_0 and Q4_K: per weight block b in order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3
- *   of the block) converted exactly to float and fused-multiply-added, times dw_b · dx_b rounded to
- *   float32, into 8 float32 lanes starting at zero (Q8_0: two sets of lanes, the even blocks' and
- *   the odd blocks', added lane by lane at the end); then the lanes summed as `hsum8` sums them
- *   (Q4_K: minus a float chain of the mins' part).
+ * - Q8_0: per weight block b in order, its 8 integer lane sums (lane i: bytes 4i … 4i + 3 of the
+ *   block) converted exactly to float and fused-multiply-added, times dw_b · dx_b rounded to
+ *   float32, into two sets of 8 float32 lanes starting at zero, the even blocks' and the odd
+ *   blocks', added lane by lane at the end; then the lanes summed as `hsum8` sums them.
  * - Q4_0: per weight block b in order, the block's whole integer sum Σ (q − 8) · x converted
  *   exactly to float and fused-multiply-added, times dw_b · dx_b rounded to float32, into one of two
  *   float32 sums starting at zero, the even blocks' and the odd blocks'; then those two added. One
  *   sum per output is what lets a tile hold 8 columns in the lanes of one vector: a block's float
  *   work is then one multiply-add for 8 outputs (quant_q4_0.h's tile_q4).
+ * - Q4_K: per super-block b in order, its whole integer sum Σ_s scale_s · Σ q · x over the 8
+ *   sub-blocks converted to float (exactly below 2^24, else rounded to nearest) and
+ *   fused-multiply-added, times d_b · dx_b rounded to float32, into one float32 sum starting at
+ *   zero; the mins' part, Σ_s min_s · Σ x likewise times dmin_b · dx_b, into a second; the output
+ *   the first less the second. One sum per output again: with more than K_COLUMN_ROWS rows the
+ *   AVX512-VNNI tiles hold 16 columns in the lanes (quant_q4k.h's k16 tiles).
  * Nothing in the chain depends on the other rows of the call, the thread count or the tile that
  * computed it (rows by columns, its shape chosen per ISA, format and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,
  * Q8_0's of up to 2 rows two blocks per 512-bit instruction, the two chains in its two halves,
- * Q4_K's four sub-blocks per 512-bit instruction; Q4_0 tiles of up to Q4_ROWS rows by 8 columns,
- * by 16 in 512-bit vectors on AVX512-VNNI),
+ * Q4_K's one row four sub-blocks per 512-bit instruction, more by 16 columns; Q4_0 tiles of up to
+ * Q4_ROWS rows by 8 columns, by 16 in 512-bit vectors on AVX512-VNNI),
  * nor on the ISA (the integer sums are exact on both paths, however each computes them), so a row's
  * bits are the same in any batch, at any thread count, on either path:
  * tests/kernels/quant/test_products.py. The scale products dw_b · dx_b are computed in vectors,
@@ -115,7 +120,9 @@ static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t 
 #define QACT(x) i8x32_offset(x)
 #define QDOT(w, wo, x) dot_u8_lanes_vnni(wo, x, w)
 #define QDOT4(acc, u, x) dot_u8_lanes_vnni(acc, u, x)
-#define QWIDE_K /* Q4_K in 512-bit vectors, the activations as k_pair_activations lays them (quant_q4k.h) */
+#define QWIDE_K /* Q4_K in 512-bit vectors (quant_q4k.h): up to K_COLUMN_ROWS rows a column at a time, the
+                 * activations as k_pair_activations lays them; more rows 16 columns in the lanes */
+#define K_COLUMN_ROWS 1
 #include "quant_tiles.h"
 
 #include "quant_q6k.h" /* Q6_K: its own tiles, each path its own integer sums */
@@ -207,7 +214,8 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     int16_t *s16 = (int16_t *)(q + M * K);
     quantize_rows(x, ldx, M, K, block, q, d, s);
     k_sums16(s, (int64_t)n_s16, s16);
-    if (fmt == HS_Q4_K && vnni == 1) k_pair_activations(q, M * K);
+    if (fmt == HS_Q4_K && vnni == 1 && M <= K_COLUMN_ROWS) k_pair_activations(q, M * K);
+
     int32_t *xo = fmt == HS_Q6_K ? malloc((size_t)(M * K)) : NULL;
     if (fmt == HS_Q6_K && !xo) {
         free(s);

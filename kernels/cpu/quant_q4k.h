@@ -1,12 +1,14 @@
-/* Q4_K's tiles (`cpu/quant.c`'s products, included by quant_tiles.h once per ISA, with its macros):
- * AVX2's in 256-bit vectors, AVX512-VNNI's (QWIDE_K) in 512-bit ones, the same chains; and the
- * columns of a call whose rows are one tile's. */
+/* Q4_K's tiles (`cpu/quant.c`'s products, included by quant_tiles.h once per ISA, with its macros),
+ * one chain per output (quant.c's header): a column at a time, AVX2's in 256-bit vectors,
+ * AVX512-VNNI's (QWIDE_K) in 512-bit ones, and the columns of a call whose rows are one tile's; and
+ * on AVX512-VNNI, for more than K_COLUMN_ROWS rows, tiles of 16 columns in the lanes (k16). */
 
 /* super-block b's head for columns col[0], col[1] (C = 1: the same column twice), what both ISAs'
- * tiles decode alike: the scales and mins of both (sm; the mins as int16, mn), d per column, dmin */
+ * tiles decode alike: the scales and mins of both (sm; the mins as int16, mn), d per column (lane c),
+ * dmin */
 typedef struct {
     v8i sm, mn;
-    v8 d[2], dmin;
+    v8 d01, dmin; /* d01: lane c column c's d */
 } QS(k_head);
 
 QTARGET static inline __attribute__((always_inline)) QS(k_head) QS(k_head_of)(const quant_job *j, const uint8_t *const blk[2],
@@ -24,7 +26,7 @@ QTARGET static inline __attribute__((always_inline)) QS(k_head) QS(k_head_of)(co
     h.mn = u8x32_k_mins16(h.sm);
     const v8 pairs = f16x4_pairs(blk[0], blk[1]); /* [d0, dmin0, d1, dmin1, 0 …] */
     h.dmin = v8_halves_of(pairs, 1, 3);
-    h.d[0] = v8_halves_of(pairs, 0, 0), h.d[1] = v8_halves_of(pairs, 2, 2);
+    h.d01 = v8_pick2(pairs, 0, 2);
     return h;
 }
 
@@ -36,25 +38,31 @@ QTARGET static inline __attribute__((always_inline)) v8 QS(k_mins)(const quant_j
     return v8_fmadd(v8_mul(h->dmin, dx), v8i_to_float(msum), mins);
 }
 
-/* the tile's outputs: each column's lanes summed, less its mins' chain */
+/* row r's sums of super-block b, tot[c] column c's integer lanes (the exact Σ_s scale_s · Σ q·x in
+ * all): each column's one integer, times d · dx into its chain (lane c of acc) */
+QTARGET static inline __attribute__((always_inline)) v8 QS(k_sums)(const QS(k_head) *h, v8i tot0, v8i tot1, v8 dx, v8 acc) {
+    return v8_fmadd(v8_mul(h->d01, dx), v8i_to_float(v8i_pair_totals(tot0, tot1)), acc);
+}
+
+/* the tile's outputs: each column's chain less its mins' chain */
 QTARGET static inline __attribute__((always_inline)) void QS(k_store)(const quant_job *j, int64_t m0, int R, int64_t n0,
-                                                                     int C, v8 acc[ACC_ROWS][ACC_COLS],
+                                                                     int C, const v8 acc[ACC_ROWS],
                                                                      const v8 mins[ACC_ROWS]) {
     for (int r = 0; r < R; ++r) {
-        float m[8];
+        float a[8], m[8];
+        v8_store(a, acc[r]);
         v8_store(m, mins[r]);
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = hsum8(acc[r][c]) - m[4 * c];
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c] = a[c] - m[4 * c];
     }
 }
 
 #ifndef QWIDE_K
 /* super-block b of a Q4_K tile (AVX2): each column's 8 sub-blocks' integer sums times their 6-bit
- * scales (exact, maddubs then madd by the scale), times d · dx into the column's 8 float lanes; the
- * mins' part into each row's chain */
+ * scales (exact, maddubs then madd by the scale), in 8 integer lanes summed to one (k_sums), times
+ * d · dx into the column's chain; the mins' part into each row's chain */
 QTARGET static inline __attribute__((always_inline)) void QS(k_block)(const quant_job *j, const uint8_t *const blk[2],
                                                                      const QS(k_head) *h, int64_t m0, int R, int C,
-                                                                     int64_t b, v8 acc[ACC_ROWS][ACC_COLS],
-                                                                     v8 mins[ACC_ROWS]) {
+                                                                     int64_t b, v8 acc[ACC_ROWS], v8 mins[ACC_ROWS]) {
     v8i wq[TILE_COLS][8], sv[TILE_COLS][8];
     for (int c = 0; c < C; ++c) {
         const v8i own = u8x32_half_twice(h->sm, c);
@@ -70,12 +78,14 @@ QTARGET static inline __attribute__((always_inline)) void QS(k_block)(const quan
         const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
         const v8 dx = v8_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
         mins[r] = QS(k_mins)(j, h, m0 + r, b, dx, mins[r]);
+        v8i tot[2];
         for (int c = 0; c < C; ++c) {
             v8i isum[2] = {v8i_zero(), v8i_zero()}; /* two chains of dot products in flight */
             for (int s = 0; s < 8; ++s)
                 isum[s & 1] = v8i_add(isum[s & 1], dot_u4_vscaled_lanes(wq[c][s], v8i_load(xb + 32 * s), sv[c][s]));
-            acc[r][c] = v8_fmadd(v8_mul(h->d[c], dx), v8i_to_float(v8i_add(isum[0], isum[1])), acc[r][c]);
+            tot[c] = v8i_add(isum[0], isum[1]);
         }
+        acc[r] = QS(k_sums)(h, tot[0], C > 1 ? tot[1] : tot[0], dx, acc[r]);
     }
 }
 #else
@@ -85,8 +95,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(k_block)(const quan
  * high 8 sub-blocks 2, 3, 6, 7, added at the end) into the same chains as AVX2's */
 QTARGET static inline __attribute__((always_inline)) void QS(k_block)(const quant_job *j, const uint8_t *const blk[2],
                                                                      const QS(k_head) *h, int64_t m0, int R, int C,
-                                                                     int64_t b, v8 acc[ACC_ROWS][ACC_COLS],
-                                                                     v8 mins[ACC_ROWS]) {
+                                                                     int64_t b, v8 acc[ACC_ROWS], v8 mins[ACC_ROWS]) {
     v16i lo[TILE_COLS][2], hi[TILE_COLS][2], duo[TILE_COLS][2];
     v16i start[TILE_COLS];
     const v8i duos = u8x32_k_scale_duos(h->sm);
@@ -105,30 +114,216 @@ QTARGET static inline __attribute__((always_inline)) void QS(k_block)(const quan
         const int8_t *xb = j->xq + (m0 + r) * j->K + b * 256;
         const v8 dx = v8_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
         mins[r] = QS(k_mins)(j, h, m0 + r, b, dx, mins[r]);
+        v8i tot[2];
         for (int c = 0; c < C; ++c) {
             v16i isum = dot_u4x2_scaled_lanes_vnni16(start[c], lo[c][0], hi[c][0],
                                                      v16i_load(xb), v16i_load(xb + 64), duo[c][0]);
             isum = dot_u4x2_scaled_lanes_vnni16(isum, lo[c][1], hi[c][1], v16i_load(xb + 128), v16i_load(xb + 192),
                                                 duo[c][1]);
-            acc[r][c] = v8_fmadd(v8_mul(h->d[c], dx), v8i_to_float(v8i_add(v16i_lo(isum), v16i_hi(isum))), acc[r][c]);
+            tot[c] = v8i_add(v16i_lo(isum), v16i_hi(isum));
+        }
+        acc[r] = QS(k_sums)(h, tot[0], C > 1 ? tot[1] : tot[0], dx, acc[r]);
+    }
+}
+#endif
+
+#ifdef QWIDE_K
+/* -- Q4_K by columns (AVX512-VNNI): 16 weight rows in the 16 lanes of 512-bit vectors, their bytes
+ * transposed as they are read, each lane the chain of one output (quant.c's header), so a
+ * sub-block's integer work is one instruction per 4 values of 16 outputs and its scale one
+ * multiply for 16 -------------------------------------------------------------------------------- */
+
+/* super-block b of 16 weight rows decoded: q[s][k], lane c: values 4k … 4k + 3 of sub-block s of
+ * row c (0..15, a byte each); sc[s], lane c: its scale; mn[p], lane c: the mins of sub-blocks 2p
+ * and 2p + 1 as 16-bit values; d and dmin per lane */
+typedef struct {
+    v16i q[8][8];
+    v16i sc[8], mn[4];
+    v16 d, dmin;
+} k16_block;
+
+/* the 16 bytes at each of p[0] … p[15] as 4 vectors, lane c of out[g] dword g of p[c] */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_words)(const uint8_t *const p[16], v16i out[4]) {
+    v8i lo[4], hi[4];
+    u32x8_transposed16(p, lo);
+    u32x8_transposed16(p + 8, hi);
+    for (int g = 0; g < 4; ++g) out[g] = v16i_from_halves(lo[g], hi[g]);
+}
+
+/* the head of super-block b of the 16 rows at blk[0] … blk[15] (each row's block): d, dmin, the
+ * scales and the min pairs (ggml's get_scale_min_k4, in every lane) */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_head)(const uint8_t *const blk[16], k16_block *out) {
+    v16i head[4]; /* d | dmin << 16, then the 12 bytes of packed scales and mins: q0-3, q4-7, q8-11 */
+    QS(k16_words)(blk, head);
+    out->d = v16_f16_half(head[0], 0), out->dmin = v16_f16_half(head[0], 1);
+    const v16i q0 = head[1], q4 = head[2], q8 = head[3];
+    const v16i sc_lo = v16i_and_bits(q0, 0x3F3F3F3F), mn_lo = v16i_and_bits(q4, 0x3F3F3F3F);
+    const v16i sc_hi = v16i_or(v16i_and_bits(q8, 0x0F0F0F0F), v16i_and_bits(v16i_shr(q0, 2), 0x30303030));
+    const v16i mn_hi = v16i_or(v16i_and_bits(v16i_shr(q8, 4), 0x0F0F0F0F), v16i_and_bits(v16i_shr(q4, 2), 0x30303030));
+    for (int s = 0; s < 4; ++s) {
+        out->sc[s] = v16i_and_bits(v16i_shr(sc_lo, 8 * s), 0xFF);
+        out->sc[s + 4] = v16i_and_bits(v16i_shr(sc_hi, 8 * s), 0xFF);
+    }
+    for (int p = 0; p < 2; ++p) { /* bytes 2p and 2p + 1 of each half as the two 16-bit halves */
+        const v16i a = v16i_shr(mn_lo, 16 * p), c = v16i_shr(mn_hi, 16 * p);
+        out->mn[p] = v16i_or(v16i_and_bits(a, 0xFF), v16i_and_bits(v16i_shl(a, 8), 0xFF0000));
+        out->mn[p + 2] = v16i_or(v16i_and_bits(c, 0xFF), v16i_and_bits(v16i_shl(c, 8), 0xFF0000));
+    }
+}
+
+/* the nibbles of chunk `chunk` of the 16 rows' blocks at blk[…] (32 bytes each): lo[k] sub-block
+ * 2·chunk's values 4k … 4k + 3, hi[k] the next sub-block's */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_chunk)(const uint8_t *const blk[16], int chunk,
+                                                                       v16i lo[8], v16i hi[8]) {
+    const uint8_t *p[16];
+    v16i w[8];
+    for (int c = 0; c < 16; ++c) p[c] = blk[c] + 16 + 32 * chunk;
+    QS(k16_words)(p, w);
+    for (int c = 0; c < 16; ++c) p[c] += 16;
+    QS(k16_words)(p, w + 4);
+    for (int k = 0; k < 8; ++k) lo[k] = u8x64_low_nibbles(w[k]), hi[k] = u8x64_high_nibbles(w[k]);
+}
+
+/* the blocks b of rows row[0] … row[15], and the prefetch of the next tile's rows (16 on, into L1)
+ * and the one after (into L2), their share of this super-block's bytes, as Q4_0's tiles by columns */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_blocks)(const quant_job *j, const uint8_t *const row[16],
+                                                                        int64_t b, const uint8_t *blk[16]) {
+    for (int c = 0; c < 16; ++c) blk[c] = row[c] + b * 144;
+    const uint8_t *ahead = row[0] + 16 * j->row_bytes + b * 2304, *further = row[0] + 32 * j->row_bytes + b * 2304;
+    for (int line = 0; line < 2304; line += 64) prefetch_l1(ahead + line), prefetch_l2(further + line);
+}
+
+/* super-block b of the rows row[0] … row[15] decoded whole into out (the tiles' cache) */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_decode)(const quant_job *j, const uint8_t *const row[16],
+                                                                        int64_t b, k16_block *out) {
+    const uint8_t *blk[16];
+    QS(k16_blocks)(j, row, b, blk);
+    QS(k16_head)(blk, out);
+    for (int chunk = 0; chunk < 4; ++chunk) QS(k16_chunk)(blk, chunk, out->q[2 * chunk], out->q[2 * chunk + 1]);
+}
+
+/* rows m0 … m0 + R − 1 by chunk `chunk` of super-block b (its sub-blocks' nibbles lo, hi and scales
+ * sc_lo, sc_hi): total[r] += per lane the exact sc_lo · Σ lo·x + sc_hi · Σ hi·x; each weight vector
+ * met by every row while it is in a register */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_chunk_rows)(const quant_job *j, const v16i lo[8],
+                                                                            const v16i hi[8], v16i sc_lo, v16i sc_hi,
+                                                                            int64_t m0, int R, int64_t b, int chunk,
+                                                                            v16i total[ACC_ROWS]) {
+    v16i s0[ACC_ROWS], s1[ACC_ROWS];
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = v16i_zero();
+    for (int k = 0; k < 8; ++k)
+        for (int r = 0; r < R; ++r) {
+            const int8_t *x = j->xq + (m0 + r) * j->K + b * 256 + 64 * chunk + 4 * k;
+            s0[r] = dot_u8_lanes_vnni16(s0[r], lo[k], i8x4_broadcast16(x));
+            s1[r] = dot_u8_lanes_vnni16(s1[r], hi[k], i8x4_broadcast16(x + 32));
+        }
+    for (int r = 0; r < R; ++r) total[r] = v16i_add(total[r], v16i_add(v16i_mul(s0[r], sc_lo), v16i_mul(s1[r], sc_hi)));
+}
+
+/* rows m0 … m0 + R − 1 at super-block b, its sums total[r] made: times d · dx into the sums; the
+ * mins' Σ_s m_s · xsum_s times dmin · dx into the mins' chains */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_finish)(const quant_job *j, const k16_block *h, int64_t m0,
+                                                                        int R, int64_t b, const v16i total[ACC_ROWS],
+                                                                        v16 acc[ACC_ROWS], v16 mins[ACC_ROWS]) {
+    for (int r = 0; r < R; ++r) {
+        const int16_t *xs = j->xs16 + (m0 + r) * (j->K / 32) + b * 8;
+        v16i msum = v16i_zero();
+        for (int p = 0; p < 4; ++p)
+            msum = dot_i16_lanes_vnni16(msum, h->mn[p], i8x4_broadcast16((const int8_t *)(xs + 2 * p)));
+        const v16 dx = v16_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
+        acc[r] = v16_fmadd(v16_mul(h->d, dx), v16i_to_float(total[r]), acc[r]);
+        mins[r] = v16_fmadd(v16_mul(h->dmin, dx), v16i_to_float(msum), mins[r]);
+    }
+}
+
+/* a tile of R rows by 16 columns, lane c column n0 + c (columns past the first C: the last again, not
+ * stored); the super-blocks from `decoded` or decoded here, chunk by chunk */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_tile)(const quant_job *j, int64_t m0, int R, int64_t n0,
+                                                                      int C, const k16_block *decoded) {
+    const uint8_t *row[16];
+    for (int c = 0; c < 16; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+    v16 acc[ACC_ROWS], mins[ACC_ROWS];
+    for (int r = 0; r < R; ++r) acc[r] = mins[r] = v16_zero();
+    for (int64_t b = 0; b < j->K / 256; ++b) {
+        v16i total[ACC_ROWS];
+        for (int r = 0; r < R; ++r) total[r] = v16i_zero();
+        if (decoded) {
+            const k16_block *w = decoded + b;
+            for (int chunk = 0; chunk < 4; ++chunk)
+                QS(k16_chunk_rows)(j, w->q[2 * chunk], w->q[2 * chunk + 1], w->sc[2 * chunk], w->sc[2 * chunk + 1], m0,
+                                   R, b, chunk, total);
+            QS(k16_finish)(j, w, m0, R, b, total, acc, mins);
+        } else {
+            const uint8_t *blk[16];
+            k16_block h; /* its head only */
+            QS(k16_blocks)(j, row, b, blk);
+            QS(k16_head)(blk, &h);
+            for (int chunk = 0; chunk < 4; ++chunk) {
+                v16i lo[8], hi[8];
+                QS(k16_chunk)(blk, chunk, lo, hi);
+                QS(k16_chunk_rows)(j, lo, hi, h.sc[2 * chunk], h.sc[2 * chunk + 1], m0, R, b, chunk, total);
+            }
+            QS(k16_finish)(j, &h, m0, R, b, total, acc, mins);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        float out[16];
+        v16_store(out, v16_sub(acc[r], mins[r]));
+        memcpy(j->y + (m0 + r) * j->N + n0, out, (size_t)C * sizeof *out);
+    }
+}
+
+/* a 16-column tile with R made a constant, and whether its super-blocks come decoded */
+QTARGET static void QS(k16_tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
+                                       const k16_block *decoded) {
+#define K16CASE(r)                                                             \
+    case r:                                                                    \
+        if (decoded) QS(k16_tile)(j, m0, r, n0, C, decoded);                   \
+        else QS(k16_tile)(j, m0, r, n0, C, NULL);                              \
+        break;
+    switch (R) {
+        K16CASE(1) K16CASE(2) K16CASE(3) K16CASE(4) K16CASE(5) K16CASE(6)
+        default: break;
+    }
+#undef K16CASE
+}
+
+/* Q4_K's columns c0 … c1 − 1, 16 at a time, by balanced groups of at most TILE_ROWS rows over chunks
+ * of ROW_CHUNK rows; where a chunk has more than one group, its columns' super-blocks decoded once
+ * into `decoded` ([K / 256]; NULL: each group decodes them) */
+QTARGET static void QS(k16_columns)(const quant_job *j, int64_t c0, int64_t c1, k16_block *decoded) {
+    for (int64_t r0 = 0; r0 < j->M; r0 += ROW_CHUNK) {
+        const int64_t r1 = r0 + ROW_CHUNK < j->M ? r0 + ROW_CHUNK : j->M;
+        const int64_t groups = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
+        for (int64_t n = c0; n < c1; n += 16) {
+            const int C = (int)(c1 - n < 16 ? c1 - n : 16);
+            const k16_block *from = NULL;
+            if (groups > 1 && decoded) {
+                const uint8_t *row[16];
+                for (int c = 0; c < 16; ++c) row[c] = j->w + (n + (c < C ? c : C - 1)) * j->row_bytes;
+                for (int64_t b = 0; b < j->K / 256; ++b) QS(k16_decode)(j, row, b, decoded + b);
+                from = decoded;
+            }
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+                QS(k16_tile_sized)(j, m0, (int)(m1 - m0), n, C, from);
+            }
         }
     }
 }
 #endif
 
-/* a Q4_K tile: per super-block of 256, the 8 sub-blocks' integer sums times their 6-bit scales
- * (exact), scaled by d · dx into the float lanes; the mins' part, dmin · dx · Σ m_j · xsum_j, in a
- * float chain of its own, subtracted at the end. Two columns' scales and mins decoded at once (one
- * per 128-bit half; C = 1: the column twice), the mins' chains of a row in one vector (lane 4c:
- * column c's, each lane rounded as the scalar fmaf); k_block the ISA's products */
+/* a Q4_K tile a column at a time: per super-block of 256, the 8 sub-blocks' integer sums times their
+ * 6-bit scales (exact), one integer, scaled by d · dx into the column's chain; the mins' part,
+ * dmin · dx · Σ m_j · xsum_j, in a float chain of its own, subtracted at the end. Two columns'
+ * scales and mins decoded at once (one per 128-bit half; C = 1: the column twice), a row's chains in
+ * one vector (lane c: column c's sums, lane 4c its mins', each lane rounded as the scalar fmaf);
+ * k_block the ISA's products */
 QTARGET static inline __attribute__((always_inline)) void QS(tile_k)(const quant_job *j, int64_t m0, int R,
                                                                     int64_t n0, int C) {
     const uint8_t *col[2] = {j->w + n0 * j->row_bytes, j->w + (n0 + C - 1) * j->row_bytes};
-    v8 acc[ACC_ROWS][ACC_COLS], mins[ACC_ROWS];
-    for (int r = 0; r < R; ++r) {
-        mins[r] = v8_zero();
-        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
-    }
+    v8 acc[ACC_ROWS], mins[ACC_ROWS];
+    for (int r = 0; r < R; ++r) acc[r] = mins[r] = v8_zero();
     for (int64_t b = 0; b < j->K / 256; ++b) {
         const uint8_t *blk[2] = {col[0] + b * 144, col[1] + b * 144};
         const QS(k_head) h = QS(k_head_of)(j, blk, C);

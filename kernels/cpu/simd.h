@@ -61,6 +61,7 @@ TARGET512 SIMD_INLINE v16 v16_set1(float f) { return _mm512_set1_ps(f); }
 TARGET512 SIMD_INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
 TARGET512 SIMD_INLINE v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
 TARGET512 SIMD_INLINE v16 v16_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
+TARGET512 SIMD_INLINE v16 v16_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
 TARGET512 SIMD_INLINE v16 v16_fmadd(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }  /* a·b + c */
 /* the halves of a v16 (lanes 0-7, 8-15), and v16s made of 8-float rows: [p | p], [a | b] */
 TARGET512 SIMD_INLINE v8 v16_lo(v16 a) { return _mm512_castps512_ps256(a); }
@@ -238,6 +239,16 @@ TARGET_VNNI SIMD_INLINE v16 v16i_to_float(v16i a) { return _mm512_cvtepi32_ps(a)
 TARGET_VNNI SIMD_INLINE v16 v16_from_halves(v8 lo, v8 hi) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
 }
+/* Q4_K by columns (cpu/quant_q4k.h's k16 tiles), 16 weight rows in the lanes: lanes >> n, & mask, | */
+TARGET_VNNI SIMD_INLINE v16i v16i_shr(v16i a, unsigned n) { return _mm512_srli_epi32(a, n); }
+TARGET_VNNI SIMD_INLINE v16i v16i_and_bits(v16i a, int mask) { return _mm512_and_si512(a, _mm512_set1_epi32(mask)); }
+TARGET_VNNI SIMD_INLINE v16i v16i_or(v16i a, v16i b) { return _mm512_or_si512(a, b); }
+/* a · b per lane, the low 32 bits (exact where the product fits) */
+TARGET_VNNI SIMD_INLINE v16i v16i_mul(v16i a, v16i b) { return _mm512_mullo_epi32(a, b); }
+/* the low (half 0) or high (half 1) float16 of each lane, widened exactly */
+TARGET_VNNI SIMD_INLINE v16 v16_f16_half(v16i a, int half) {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(half ? _mm512_srli_epi32(a, 16) : a));
+}
 /* the 4 bytes at p in every lane of 16 */
 TARGET_VNNI SIMD_INLINE v16i i8x4_broadcast16(const int8_t *p) {
     int32_t v;
@@ -288,6 +299,13 @@ static inline int32_t v8i_hsum(v8i v) {
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
     return _mm_cvtsi128_si32(s);
+}
+
+/* the sums of a's 8 lanes (lane 0) and of b's (lane 1); the other lanes hold partial sums */
+SIMD_INLINE v8i v8i_pair_totals(v8i a, v8i b) {
+    v8i t = _mm256_hadd_epi32(a, b);
+    t = _mm256_hadd_epi32(t, t);
+    return _mm256_add_epi32(t, _mm256_permute2x128_si256(t, t, 0x01));
 }
 
 /* Q4_0 by columns (cpu/quant_q4_0.h's tile_q4): the 16 nibble bytes at p[0] … p[7] (8 weight rows'
@@ -431,6 +449,10 @@ SIMD_INLINE v8 f16x4_pairs(const uint8_t *p, const uint8_t *q) {
     memcpy(&a, p, sizeof a);
     memcpy(&b, q, sizeof b);
     return _mm256_cvtph_ps(_mm_setr_epi32(a, b, 0, 0));
+}
+/* lanes 0 and 1: a[i0], a[i1] (and so on repeated) */
+SIMD_INLINE v8 v8_pick2(v8 a, int i0, int i1) {
+    return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(i0, i1, i0, i1, i0, i1, i0, i1));
 }
 /* lanes 0-3: a[lo], lanes 4-7: a[hi] */
 SIMD_INLINE v8 v8_halves_of(v8 a, int lo, int hi) {
