@@ -27,6 +27,8 @@ writer's f32 file. The JSON says which.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -212,6 +214,15 @@ def sources(args, shape: dict, work: Path):
     return hf, files, how
 
 
+def gamma_arg(text: str) -> int | str:
+    """--gamma: a positive integer or auto."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive integer or auto")
+    return int(text)
+
+
 def quantized(files: dict, fmt: str, work: Path, missing: str | None) -> dict[str, Path]:
     """{"target"|"draft": the file in format fmt}: llama.cpp's quantizer, or our writer without llama_cpp."""
     out = {}
@@ -234,9 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thread-counts", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument("--draft-layers", type=int, default=None, help="the draft's layers (default 2; quick 1)")
-    parser.add_argument("--gamma", type=int, default=4, help="drafts per round")
+    parser.add_argument("--gamma", type=gamma_arg, default=4,
+                        help="drafts per round, or auto (num_draft_tokens='auto': chosen per round, up to 8)")
     parser.add_argument("--scale", type=float, default=0.01, help="λ, as in llamacpp.py")
     parser.add_argument("--no-memory", action="store_true", help="skip the resident-memory probes")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="write the GGUF files into this folder and keep them (default: a temporary one)")
     args = parser.parse_args(argv)
     import hybridspec as hs
 
@@ -250,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(1)
     prompts = {n: torch.randint(1, shape["vocab_size"], (n,), generator=g).tolist() for n in prompt_lens}
     first = prompts[prompt_lens[0]]
-    max_len = max(prompt_lens) + new_tokens + args.gamma + 8
+    max_len = max(prompt_lens) + new_tokens + (8 if args.gamma == "auto" else args.gamma) + 8
     print(f"Granite-4.0-H-shaped random model; {describe_machine()}", flush=True)
     checks, rows, memory, writer = [], [], [], []
 
@@ -264,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             targets=dict(decode=LLAMA_MIN, prefill=LLAMA_MIN, speculative=SPEC_VS_LLAMA_MIN,
                          resident_within=RESIDENT_WITHIN),
             checks=checks, memory=memory, writer=writer, rows=rows, table=[table_cells(r) for r in rows]))
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         hf, files, how = sources(args, shape, work)
         set_threads(1)
         with torch.inference_mode():

@@ -58,6 +58,25 @@ def test_add_zeroes_only_the_new_head():
         assert torch.all(t[spare] == 5.0) and torch.all(t[kept] == 5.0)
 
 
+def test_a_ring_handed_out_the_first_time_is_written_whole():
+    """The first admission to a ring writes every slot of it (the pool's fresh pages are
+    backed then, not inside the first round's forward); no other ring is touched, and a
+    later admission to the same ring writes its head only."""
+    pool = make_pool(max_seqs=2, ring_slots=3)
+    for t in (*pool.ssm_states, *pool.conv_states):
+        t.fill_(5.0)
+    pool.add_sequence(0)
+    ring, other = pool.ring_slots(0), [s for s in range(6) if s not in pool.ring_slots(0)]
+    for t in (*pool.ssm_states, *pool.conv_states):
+        assert torch.all(t[ring] == 0) and torch.all(t[other] == 5.0)
+        t.fill_(5.0)
+    pool.free_sequence(0)
+    head = pool.add_sequence(1)
+    assert pool.ring_slots(1) == ring
+    for t in (*pool.ssm_states, *pool.conv_states):
+        assert torch.all(t[head] == 0) and torch.all(t[ring[1:]] == 5.0)
+
+
 def test_set_head_moves_within_the_ring_only():
     pool = make_pool()
     pool.add_sequence(0)

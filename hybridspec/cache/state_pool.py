@@ -84,6 +84,7 @@ class StatePool:
                                   + [((num_slots, *s.conv), dtype) for s in self.layer_shapes], torch.device(device))
         self.ssm_states, self.conv_states = states[:len(self.layer_shapes)], states[len(self.layer_shapes):]
         self._free_rings: list[int] = list(range(max_seqs))  # a heap: the lowest free ring is taken first
+        self._backed_rings: set[int] = set()  # rings handed out before: every slot of theirs written once
         self._rings: dict[int, int] = {}
         self._heads: dict[int, int] = {}
         self._head_positions: dict[int, int] = {}
@@ -109,14 +110,22 @@ class StatePool:
         returns that slot. Only the head is zeroed: the ring's other slots are
         written before they are read (snapshots within a round; outside one no
         slot but the head holds anything), and zeroing them costs a fresh
-        request a noticeable share of its generate."""
+        request a noticeable share of its generate. The first time a ring is
+        handed out, though, all its slots are written once: the pool is fresh
+        memory whose pages the OS backs on their first write, and those first
+        writes, left to the first round's snapshots, made that round's forward
+        several times its warm cost (a 212M model's first verify 160 ms against
+        15), a cost that adaptive γ then learned as the price of drafting."""
         if seq_id in self._rings:
             raise ValueError(f"sequence {seq_id} already owns a state ring; free it first or use a new id")
         self.check_admission(1)
         ring = heapq.heappop(self._free_rings)  # lowest first: running rings stay compact, so aligned spans
         base = ring  # offset 0 of the ring
+        slots = [base] if ring in self._backed_rings else self._slots_of(ring)
+        self._backed_rings.add(ring)
         for states in (*self.ssm_states, *self.conv_states):
-            states[base].zero_()
+            for slot in slots:
+                states[slot].zero_()
         self._rings[seq_id] = ring
         self._heads[seq_id] = base
         self._head_positions[seq_id] = 0
@@ -134,7 +143,9 @@ class StatePool:
     def ring_slots(self, seq_id: int) -> list[int]:
         """The R absolute slot indices of the sequence's ring, in order."""
         self._check_known(seq_id)
-        ring = self._rings[seq_id]
+        return self._slots_of(self._rings[seq_id])
+
+    def _slots_of(self, ring: int) -> list[int]:
         return [ring + k * self.max_seqs for k in range(self.num_ring_slots)]
 
     def head_offset(self, seq_id: int) -> int:
