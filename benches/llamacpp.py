@@ -205,9 +205,10 @@ class LlamaRunner:
 # -- hybridspec ------------------------------------------------------------------------------------
 
 def time_runners(runners: dict, prompt: list[int], threads: int, new_tokens: int, repeats: int) -> dict:
-    """Interleaved runs: {name: (prefill tok/s samples, decode tok/s samples, tokens)} plus acceptance."""
+    """Interleaved runs: {name: (prefill tok/s samples, decode tok/s samples, tokens)}, the speculative
+    runners' acceptance (median over all of them) and each one's (`acceptances`, by name)."""
     samples = {name: ([], [], None) for name in runners}
-    accepted = []
+    accepted, by_name = [], {}
     for runner in runners.values():  # warm-up
         set_threads(threads)
         runner.run(prompt, min(new_tokens, 4))
@@ -221,7 +222,9 @@ def time_runners(runners: dict, prompt: list[int], threads: int, new_tokens: int
             samples[name] = (prefill, decode, tokens)
             if getattr(runner, "speculative", False):
                 accepted.append(runner.acceptance_rate())
-    return dict(samples=samples, acceptance=statistics.median(accepted) if accepted else None)
+                by_name.setdefault(name, []).append(accepted[-1])
+    return dict(samples=samples, acceptance=statistics.median(accepted) if accepted else None,
+                acceptances={name: statistics.median(rates) for name, rates in by_name.items()})
 
 
 class OursRunner:

@@ -10,7 +10,8 @@ target's first `--draft-layers` layers) goes through the same two steps. Each qu
   position's logits) between them, and each against HF's float32 model (unquantized);
 - timed, runs interleaved, per prompt length and thread count: decode tok/s (new tokens after the
   first), prefill tok/s (prompt tokens), greedy tokens compared; hybridspec also speculative, the
-  quantized draft proposing γ tokens, against llama.cpp's plain decode;
+  quantized draft proposing γ tokens (`--gamma`: one or several values, each timed; the table's
+  speculative column gives the fastest, every γ's figure beside it), against llama.cpp's plain decode;
 - measured for resident memory: each runtime loads the file in a fresh process, the VmRSS delta
   after the load and after one 128-token prefill and 4 decoded tokens, against the file's tensor bytes.
 
@@ -166,22 +167,31 @@ def resident(runtime: str, path: Path, threads: int) -> dict:
 
 # -- timing --------------------------------------------------------------------------------------------
 
-def timing_row(fmt: str, n: int, threads: int, timed: dict) -> dict:
+def spec_name(gamma: int | str) -> str:
+    """The speculative runner of γ = gamma (its name in the rows)."""
+    return f"hybridspec speculative γ={gamma}"
+
+
+def timing_row(fmt: str, n: int, threads: int, gammas: list, timed: dict) -> dict:
     s = timed["samples"]
-    row = dict(format=fmt, prompt_len=n, threads=threads, acceptance_rate=timed["acceptance"])
+    row = dict(format=fmt, prompt_len=n, threads=threads,
+               acceptance_rates={str(g): timed["acceptances"][spec_name(g)] for g in gammas})
     for name, (prefill, decode, _) in s.items():
         row[f"{name} decode tok/s"], row[f"{name} prefill tok/s"] = spread(decode), spread(prefill)
     if "llama.cpp" in s:
         row["plain tokens equal"] = same_tokens(s["hybridspec"][2], s["llama.cpp"][2])
-    row["speculative equals plain"] = s["hybridspec speculative"][2] == s["hybridspec"][2]
+    row["speculative equals plain"] = all(s[spec_name(g)][2] == s["hybridspec"][2] for g in gammas)
     return row
 
 
 def table_cells(row: dict) -> dict:
     med = {k: v["median"] for k, v in row.items() if isinstance(v, dict) and "median" in v}
+    specs = {g: med[f"{spec_name(g)} decode tok/s"] for g in row["acceptance_rates"]}
+    best = max(specs, key=specs.get)  # the fastest γ of those run (each γ's figure kept beside it)
     cells = dict(format=row["format"], prompt=row["prompt_len"], threads=row["threads"],
                  ours_decode=med["hybridspec decode tok/s"], ours_prefill=med["hybridspec prefill tok/s"],
-                 spec_decode=med["hybridspec speculative decode tok/s"], acceptance=row["acceptance_rate"])
+                 spec_decode=specs[best], gamma=best, acceptance=row["acceptance_rates"][best],
+                 spec_by_gamma=", ".join(f"{g}: {v:.1f}" for g, v in specs.items()))
     if "llama.cpp decode tok/s" in med:
         cells.update(llama_decode=med["llama.cpp decode tok/s"], llama_prefill=med["llama.cpp prefill tok/s"],
                      tokens_equal=row["plain tokens equal"])
@@ -245,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thread-counts", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument("--draft-layers", type=int, default=None, help="the draft's layers (default 2; quick 1)")
-    parser.add_argument("--gamma", type=gamma_arg, default=4,
-                        help="drafts per round, or auto (num_draft_tokens='auto': chosen per round, up to 8)")
+    parser.add_argument("--gamma", type=gamma_arg, nargs="+", default=[4],
+                        help="drafts per round, or auto (num_draft_tokens='auto': chosen per round, up to 8); "
+                             "several: each timed, the fastest in the table's speculative column")
     parser.add_argument("--scale", type=float, default=0.01, help="λ, as in llamacpp.py")
     parser.add_argument("--no-memory", action="store_true", help="skip the resident-memory probes")
     parser.add_argument("--keep", type=Path, default=None,
@@ -264,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(1)
     prompts = {n: torch.randint(1, shape["vocab_size"], (n,), generator=g).tolist() for n in prompt_lens}
     first = prompts[prompt_lens[0]]
-    max_len = max(prompt_lens) + new_tokens + (8 if args.gamma == "auto" else args.gamma) + 8
+    max_len = max(prompt_lens) + new_tokens + max(8 if g == "auto" else g for g in args.gamma) + 8
     print(f"Granite-4.0-H-shaped random model; {describe_machine()}", flush=True)
     checks, rows, memory, writer = [], [], [], []
 
@@ -308,17 +319,17 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"resident ({fmt}, {runtime}): {memory[-1]}", flush=True)
             draft = hs.load(paths["draft"])
             ours_plain = OursRunner(target, max_len)
-            ours_spec = OursRunner(target, max_len, draft, args.gamma)
+            ours_specs = {spec_name(g): OursRunner(target, max_len, draft, g) for g in args.gamma}
             llamas = {} if missing else {t: LlamaRunner(paths["target"], t, max_len) for t in args.thread_counts}
             for n, prompt in prompts.items():
                 for threads in args.thread_counts:
-                    runners = {"hybridspec": ours_plain, "hybridspec speculative": ours_spec,
+                    runners = {"hybridspec": ours_plain, **ours_specs,
                                **({"llama.cpp": llamas[threads]} if llamas else {})}
-                    rows.append(timing_row(fmt, n, threads, time_runners(runners, prompt, threads, new_tokens,
-                                                                         repeats)))
+                    timed = time_runners(runners, prompt, threads, new_tokens, repeats)
+                    rows.append(timing_row(fmt, n, threads, args.gamma, timed))
                     print(f"{fmt}, prompt {n}, {threads} thread(s): {table_cells(rows[-1])}", flush=True)
                     save(False)
-            del llamas, ours_plain, ours_spec, draft, target
+            del llamas, ours_plain, ours_specs, draft, target
         writer.extend(writer_checks(args, files, work, first, reference, new_tokens, missing))
     set_threads(threads_before)
     report([table_cells(r) for r in rows], checks, memory, writer, new_tokens, repeats, args)
@@ -361,10 +372,13 @@ def report(table, checks, memory, writer, new_tokens, repeats, args) -> None:
     print_table(table, [("format", "format"), ("prompt", "prompt"), ("threads", "threads"),
                         ("ours_decode", "ours decode"), ("llama_decode", "llama.cpp decode"), ("decode_ratio", "×"),
                         ("ours_prefill", "ours prefill"), ("llama_prefill", "llama.cpp prefill"),
-                        ("prefill_ratio", "×"), ("spec_decode", "ours speculative"), ("acceptance", "acceptance"),
-                        ("spec_ratio", "spec / llama.cpp plain"), ("tokens_equal", "tokens equal")],
+                        ("prefill_ratio", "×"), ("spec_decode", "ours speculative"), ("gamma", "γ"),
+                        ("acceptance", "acceptance"),
+                        ("spec_ratio", "spec / llama.cpp plain"), ("tokens_equal", "tokens equal"),
+                        ("spec_by_gamma", "speculative by γ")],
                 title=f"tok/s, {new_tokens} new tokens, medians of {repeats}; draft: first {args.draft_layers} "
-                      f"layers, same format, γ = {args.gamma}, λ = {args.scale:g}")
+                      f"layers, same format, γ = {' '.join(map(str, args.gamma))} (the fastest in the table), "
+                      f"λ = {args.scale:g}")
 
 
 if __name__ == "__main__":

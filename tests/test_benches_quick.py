@@ -232,7 +232,7 @@ def test_llamacpp_quant_quick_runs_one_file_in_every_runtime_it_has(benches, tmp
     quantizer where llama_cpp is importable, else our writer's) close to HF's logits, speculates
     exactly, and a fresh process measures its resident memory; llama.cpp's columns where it runs."""
     out = tmp_path / "llamacpp_quant.json"
-    assert bench_main("llamacpp_quant")(["--quick", "--formats", "Q8_0", "--thread-counts", "1",
+    assert bench_main("llamacpp_quant")(["--quick", "--formats", "Q8_0", "--thread-counts", "1", "--gamma", "2", "3",
                                          "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     assert [c["format"] for c in payload["checks"]] == ["F32", "Q8_0"]
@@ -240,7 +240,11 @@ def test_llamacpp_quant_quick_runs_one_file_in_every_runtime_it_has(benches, tmp
     assert f32["ours_vs_hf"]["max_rel"] < 1e-5 and q8["ours_vs_hf"]["max_rel"] < 0.05
     assert "Q8_0" in q8["tensor_bytes_by_type"] and q8["tensor_bytes"] < f32["tensor_bytes"]
     [row] = payload["rows"]
-    assert row["speculative equals plain"] and 0.0 <= row["acceptance_rate"] <= 1.0
+    assert row["speculative equals plain"] and set(row["acceptance_rates"]) == {"2", "3"}
+    assert all(0.0 <= rate <= 1.0 for rate in row["acceptance_rates"].values())
+    [cells] = payload["table"]  # the fastest γ's figure in the speculative column
+    assert cells["gamma"] in ("2", "3") and cells["spec_decode"] == row[
+        f"hybridspec speculative γ={cells['gamma']} decode tok/s"]["median"]
     assert {m["runtime"] for m in payload["memory"]} >= {"hybridspec"}
     assert all(m["load"] > 0 and m["run"] > 0 for m in payload["memory"])
     [written] = payload["writer"]
