@@ -142,19 +142,11 @@ typedef struct {
     v16 d, dmin;
 } k16_block;
 
-/* the 16 bytes at each of p[0] … p[15] as 4 vectors, lane c of out[g] dword g of p[c] */
-QTARGET static inline __attribute__((always_inline)) void QS(k16_words)(const uint8_t *const p[16], v16i out[4]) {
-    v8i lo[4], hi[4];
-    u32x8_transposed16(p, lo);
-    u32x8_transposed16(p + 8, hi);
-    for (int g = 0; g < 4; ++g) out[g] = v16i_from_halves(lo[g], hi[g]);
-}
-
 /* the head of super-block b of the 16 rows at blk[0] … blk[15] (each row's block): d, dmin, the
  * scales and the min pairs (ggml's get_scale_min_k4, in every lane) */
 QTARGET static inline __attribute__((always_inline)) void QS(k16_head)(const uint8_t *const blk[16], k16_block *out) {
     v16i head[4]; /* d | dmin << 16, then the 12 bytes of packed scales and mins: q0-3, q4-7, q8-11 */
-    QS(k16_words)(blk, head);
+    u32x16_transposed16(blk, head);
     out->d = v16_f16_half(head[0], 0), out->dmin = v16_f16_half(head[0], 1);
     const v16i q0 = head[1], q4 = head[2], q8 = head[3];
     const v16i sc_lo = v16i_and_bits(q0, 0x3F3F3F3F), mn_lo = v16i_and_bits(q4, 0x3F3F3F3F);
@@ -178,9 +170,9 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_chunk)(const ui
     const uint8_t *p[16];
     v16i w[8];
     for (int c = 0; c < 16; ++c) p[c] = blk[c] + 16 + 32 * chunk;
-    QS(k16_words)(p, w);
+    u32x16_transposed16(p, w);
     for (int c = 0; c < 16; ++c) p[c] += 16;
-    QS(k16_words)(p, w + 4);
+    u32x16_transposed16(p, w + 4);
     for (int k = 0; k < 8; ++k) lo[k] = u8x64_low_nibbles(w[k]), hi[k] = u8x64_high_nibbles(w[k]);
 }
 

@@ -3,23 +3,25 @@
  * (`kernels/quant/formats.py`), x rounded per row to ggml's Q8_K (int8 blocks of 256, a float32
  * scale dx each: `formats.quantize_rows_q8` with block 256).
  *
- * Per output (row m, column n) the float work is one fixed chain: per super-block b in order, 8 int32
- * lanes (lane i: values 4i … 4i + 3 of each 32 of the block), each the exact integer sum over its 32
- * values of sc_j · (q − 32) · x, q the 6-bit value (0 … 63) and sc_j the int8 scale of the value's
- * sub-block of 16, at most 32 · 32 · 127 · 128 < 2^24 in magnitude and so converted to float exactly,
- * fused-multiply-added times d_b · dx_b rounded to float32 into 8 float32 lanes starting at zero; then
- * the lanes summed as `hsum8` sums them. The −32 goes through the activations: per call, each row's
- * offsets are computed once (`q6_offsets`) in the form the path takes. The integer sums, each path
- * its own way to the same integers:
+ * Per output (row m, column n) the float work is one fixed chain: per super-block b in order, the
+ * exact integer S_b = Σ_j sc_j · Σ (q − 32) · x over its 16 sub-blocks j of 16 values (q the 6-bit
+ * value, 0 … 63, sc_j the sub-block's int8 scale; |S_b| < 2^27), converted to float (exact below
+ * 2^24, else rounded to nearest: the same integer, the same float), fused-multiply-added times
+ * d_b · dx_b rounded to float32 into one float32 sum starting at zero. One sum per output is what
+ * lets the 16-column tiles hold 16 outputs in the lanes of one vector. The −32 goes through the
+ * activations: per call, each row's offsets are computed once (`q6_offsets`) in the form the path
+ * takes. The integer sums, each path its own way to the same integers:
  *   AVX2: per 32 values, maddubs(q, x) less the offsets 32 · x's pair sums in 16 bits (both terms and
- *         their difference fit), times the two sub-blocks' scales by madd; up to Q6_ROWS rows in tiles
- *         of two distant columns, more one column at a time by groups of up to Q6_ROWS rows.
- *   AVX512-VNNI: per 32 values, dpbusd(q, x) from the offsets −32 · x's lane sums (each lane
- *         Σ (q − 32) · x, within ±16256: an int16), times its sub-block's scale by dpwssd (the scale in
- *         the lane's low half, 0 in its high half), two chunks of 32 per 512-bit instruction (the low
- *         8 lanes one chunk's, the high 8 the next's, added lane by lane per super-block); up to
- *         Q6_FEW_ROWS rows in tiles of two distant columns, more in tiles of Q6_VROWS rows by Q6_VCOLS
- *         neighbouring columns.
+ *         their difference fit), times the two sub-blocks' scales by madd, 8 lanes summed per
+ *         super-block; up to Q6_ROWS rows in tiles of two distant columns, more one column at a time
+ *         by groups of up to Q6_ROWS rows.
+ *   AVX512-VNNI, up to Q6_COLUMN_ROWS rows: per 32 values, dpbusd(q, x) from the offsets −32 · x's
+ *         lane sums (each lane Σ (q − 32) · x, within ±16256: an int16), times its sub-block's scale
+ *         by dpwssd (the scale in the lane's low half, 0 in its high half), two chunks of 32 per
+ *         512-bit instruction, the lanes summed per super-block; tiles of two distant columns.
+ *   AVX512-VNNI, more rows: tiles of 16 columns in the lanes (q6_16): the 16 weight rows' bytes
+ *         transposed as they are read, per sub-block 4 dpbusd from the row's −32 · Σ x of the
+ *         sub-block, times the sub-block's scales (one multiply for 16 outputs).
  * Nothing in the chain depends on the other rows of the call, the thread count, the tile or the
  * path, so a row's bits are the same in any batch, at any thread count, on either path:
  * tests/kernels/quant/test_products.py. */
@@ -29,9 +31,9 @@
  * the prefetchers lose the stream), the activations loaded once for both */
 #define Q6_ROWS 4       /* AVX2: rows one decoded super-block meets before the next */
 #define Q6_FEW_ROWS 8   /* AVX512-VNNI: up to this many rows in one tile of two distant columns */
-#define Q6_VROWS 6      /* more rows: tiles of up to Q6_VROWS rows by Q6_VCOLS neighbouring columns */
-#define Q6_VCOLS 2
 #define Q6_ROW_CHUNK 64 /* rows whose activations stay in cache while the columns pass */
+#define Q6_COLUMN_ROWS 6 /* AVX512-VNNI: more rows than this take the 16-column tiles (q6_16) */
+#define Q6_TILE_ROWS 6   /* rows of one 16-column tile */
 #define Q6_BYTES 210
 
 /* AVX2's super-block decoded: its 256 values q (0 … 63) in value order, 32 per vector; per 32 values
@@ -41,9 +43,18 @@ typedef struct {
     float d;
 } q6_block;
 
-/* each row's −32 offsets, per 32 of xq one vector (xo [M, K / 4] int32): AVX2 the 16-bit pair sums
- * 32 · (x_2i + x_2i+1), VNNI the 32-bit lane sums −32 · (x_4i + … + x_4i+3) */
+/* each row's −32 offsets (xo: room for [M, K / 4] int32): AVX2 per 32 of xq one vector of the 16-bit
+ * pair sums 32 · (x_2i + x_2i+1); VNNI up to Q6_COLUMN_ROWS rows one vector of the 32-bit lane sums
+ * −32 · (x_4i + … + x_4i+3); more rows (the 16-column tiles) −32 · the sum of each 16, [M, K / 16] */
 static void q6_offsets(const int8_t *xq, int64_t M, int64_t K, int vnni, int32_t *xo) {
+    if (vnni && M > Q6_COLUMN_ROWS) {
+        for (int64_t i = 0; i < M * K; i += 16) {
+            int32_t sum = 0;
+            for (int k = 0; k < 16; ++k) sum += xq[i + k];
+            xo[i / 16] = -32 * sum;
+        }
+        return;
+    }
     for (int64_t i = 0; i < M * K; i += 32) {
         const v8i x = v8i_load(xq + i);
         v8i_store(xo + i / 4, vnni ? i8x32_lane_sums(x, -32) : i8x32_pair_sums(x, 32));
@@ -86,8 +97,8 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_decode_vnni(con
     out->d = f16_value(half_at(blk + 208));
 }
 
-/* the 8 exact lane sums of a decoded super-block by 256 int8 activations x and their offsets xo
- * (VNNI: two dpwssd chains, the low and the high lanes folded at the end) */
+/* 8 exact lane sums of a decoded super-block by 256 int8 activations x and their offsets xo, whose
+ * total is the super-block's S_b (VNNI: two dpwssd chains, the low and the high lanes folded) */
 static inline __attribute__((always_inline)) v8i q6_lanes_avx2(const q6_block *w, const int8_t *x, const int32_t *xo) {
     v8i sum = v8i_zero();
     for (int c = 0; c < 8; ++c)
@@ -106,13 +117,28 @@ TARGET_VNNI static inline __attribute__((always_inline)) v8i q6_lanes_vnni(const
     return v16i_fold(v16i_add(even, odd));
 }
 
+/* a row's super-block into its chains (lane c: column c's): each column's S_b, the total of its 8
+ * lanes, times d_c · dx (each lane rounded as the scalar fmaf) */
+static inline __attribute__((always_inline)) v8 q6_sums(float d0, float d1, v8i lanes0, v8i lanes1, float dx, v8 acc) {
+    return v8_fmadd(v8_mul(v8_set2(d0, d1), v8_set1(dx)), v8i_to_float(v8i_pair_totals(lanes0, lanes1)), acc);
+}
+
+/* a tile's outputs, lane c of row r's chains at column n0 + c · step */
+static inline __attribute__((always_inline)) void q6_store(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
+                                                           int64_t step, const v8 *acc) {
+    for (int r = 0; r < R; ++r) {
+        float out[8];
+        v8_store(out, acc[r]);
+        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c * step] = out[c];
+    }
+}
+
 /* AVX2: rows m0 … m0 + R − 1 (R <= Q6_ROWS) by the C <= 2 columns n0, n0 + step, over all K */
 static inline __attribute__((always_inline)) void q6_tile_avx2(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
                                                                int64_t step) {
     const int64_t nb = j->K / 256;
-    v8 acc[Q6_ROWS][2];
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
+    v8 acc[Q6_ROWS]; /* lane c: column c's chain */
+    for (int r = 0; r < R; ++r) acc[r] = v8_zero();
     for (int64_t b = 0; b < nb; ++b) {
         q6_block w[2];
         for (int c = 0; c < C; ++c) {
@@ -124,12 +150,11 @@ static inline __attribute__((always_inline)) void q6_tile_avx2(const quant_job *
             const int8_t *x = j->xq + (m0 + r) * j->K + b * 256;
             const int32_t *xo = j->xo + (m0 + r) * (j->K / 4) + b * 64;
             const float dx = j->xd[(m0 + r) * nb + b];
-            for (int c = 0; c < C; ++c)
-                acc[r][c] = v8_fmadd(v8_set1(w[c].d * dx), v8i_to_float(q6_lanes_avx2(&w[c], x, xo)), acc[r][c]);
+            const v8i lanes = q6_lanes_avx2(&w[0], x, xo);
+            acc[r] = q6_sums(w[0].d, w[C - 1].d, lanes, C > 1 ? q6_lanes_avx2(&w[1], x, xo) : lanes, dx, acc[r]);
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c * step] = hsum8(acc[r][c]);
+    q6_store(j, m0, R, n0, C, step, acc);
 }
 
 /* an AVX2 tile with R and C made constants */
@@ -145,17 +170,16 @@ static void q6_tile_avx2_sized(const quant_job *j, int64_t m0, int R, int64_t n0
 #undef Q6CASE
 }
 
-/* VNNI: rows m0 … m0 + R − 1 (R <= Q6_FEW_ROWS) by the C <= Q6_VCOLS columns n0, n0 + step, … over all
+/* VNNI: rows m0 … m0 + R − 1 (R <= Q6_FEW_ROWS) by the C <= 2 columns n0, n0 + step, … over all
  * K; each column's super-blocks prefetched two columns ahead in its stream (the tiles read each stream
  * in order: neighbouring columns C at a time, step 1, or one column of each of C streams) */
 TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const quant_job *j, int64_t m0, int R,
                                                                            int64_t n0, int C, int64_t step) {
     const int64_t nb = j->K / 256;
-    v8 acc[Q6_FEW_ROWS][Q6_VCOLS];
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = v8_zero();
+    v8 acc[Q6_FEW_ROWS]; /* lane c: column c's chain */
+    for (int r = 0; r < R; ++r) acc[r] = v8_zero();
     for (int64_t b = 0; b < nb; ++b) {
-        q6_block_vnni w[Q6_VCOLS];
+        q6_block_vnni w[2];
         for (int c = 0; c < C; ++c) {
             const uint8_t *blk = j->w + (n0 + c * step) * j->row_bytes + b * Q6_BYTES;
             const uint8_t *ahead = blk + 2 * (step == 1 ? C : 1) * j->row_bytes;
@@ -166,17 +190,16 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const
             const int8_t *x = j->xq + (m0 + r) * j->K + b * 256;
             const int32_t *xo = j->xo + (m0 + r) * (j->K / 4) + b * 64;
             const float dx = j->xd[(m0 + r) * nb + b];
-            for (int c = 0; c < C; ++c)
-                acc[r][c] = v8_fmadd(v8_set1(w[c].d * dx), v8i_to_float(q6_lanes_vnni(&w[c], x, xo)), acc[r][c]);
+            const v8i lanes = q6_lanes_vnni(&w[0], x, xo);
+            acc[r] = q6_sums(w[0].d, w[C - 1].d, lanes, C > 1 ? q6_lanes_vnni(&w[1], x, xo) : lanes, dx, acc[r]);
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) j->y[(m0 + r) * j->N + n0 + c * step] = hsum8(acc[r][c]);
+    q6_store(j, m0, R, n0, C, step, acc);
 }
 
 /* a VNNI tile with R and C made constants */
 TARGET_VNNI static void q6_tile_vnni_sized(const quant_job *j, int64_t m0, int R, int64_t n0, int C, int64_t step) {
-#if Q6_FEW_ROWS != 8 || Q6_VROWS > Q6_FEW_ROWS || Q6_VCOLS != 2
+#if Q6_FEW_ROWS != 8
 #error "quant_q6k.h: a tile shape that q6_tile_vnni_sized does not instantiate"
 #endif
 #define Q6CASE(r, c) case (r) * 4 + (c): q6_tile_vnni(j, m0, r, n0, c, step); break;
@@ -199,12 +222,180 @@ static void q6_group_tiles(const quant_job *j, int64_t r0, int64_t r1, int most,
     }
 }
 
-/* columns c0 … c1 − 1 of the product, over chunks of Q6_ROW_CHUNK rows: up to Q6_ROWS (AVX2) or
- * Q6_FEW_ROWS (VNNI) rows in tiles of columns n and n + half, one odd column alone; more rows by
- * balanced groups of at most Q6_ROWS rows one column at a time (AVX2) or Q6_VROWS rows by Q6_VCOLS
- * neighbouring columns (VNNI) */
+/* -- Q6_K by columns (AVX512-VNNI, more than Q6_COLUMN_ROWS rows): 16 weight rows in the 16 lanes
+ * of 512-bit vectors, their bytes transposed as they are read, each lane the chain of one output,
+ * so a sub-block's integer work is one dpbusd per 4 values of 16 outputs and its scale one multiply
+ * for 16 ------------------------------------------------------------------------------------------ */
+
+/* super-block b of 16 weight rows decoded: q[s][i], lane c: values 4i … 4i + 3 of sub-block s of row
+ * c (0 … 63, a byte each); sc[s], lane c: its scale; d per lane */
+typedef struct {
+    v16i q[16][4];
+    v16i sc[16];
+    v16 d;
+} q6_16_block;
+
+/* ggml's layout (q6_decode_avx2's comment) by 4-value groups: values l … l + 3 of half h's 32-value
+ * part k take the nibbles of ql[64h + 32(k % 2) + l …] (low for k < 2) and bits 2k, 2k + 1 of
+ * qh[32h + l …], and are sub-block 8h + 2k + l / 16's values l % 16 … */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_decode(const uint8_t *const blk[16],
+                                                                           q6_16_block *out) {
+    const uint8_t *p[16];
+    for (int h = 0; h < 2; ++h)
+        for (int part = 0; part < 2; ++part) { /* l = 16 · part … 16 · part + 15 */
+            v16i lo[4], hi[4], top[4]; /* ql at 64h + l, at 64h + 32 + l; qh at 32h + l */
+            for (int c = 0; c < 16; ++c) p[c] = blk[c] + 64 * h + 16 * part;
+            u32x16_transposed16(p, lo);
+            for (int c = 0; c < 16; ++c) p[c] += 32;
+            u32x16_transposed16(p, hi);
+            for (int c = 0; c < 16; ++c) p[c] = blk[c] + 128 + 32 * h + 16 * part;
+            u32x16_transposed16(p, top);
+            const int s = 8 * h + part; /* k = 0's sub-block; k adds 2k */
+            for (int i = 0; i < 4; ++i) {
+                const v16i qh = top[i];
+                out->q[s][i] = v16i_or(v16i_and_bits(lo[i], 0x0F0F0F0F), v16i_and_bits(v16i_shl(qh, 4), 0x30303030));
+                out->q[s + 2][i] = v16i_or(v16i_and_bits(hi[i], 0x0F0F0F0F),
+                                           v16i_and_bits(v16i_shl(qh, 2), 0x30303030));
+                out->q[s + 4][i] = v16i_or(v16i_and_bits(v16i_shr(lo[i], 4), 0x0F0F0F0F),
+                                           v16i_and_bits(qh, 0x30303030));
+                out->q[s + 6][i] = v16i_or(v16i_and_bits(v16i_shr(hi[i], 4), 0x0F0F0F0F),
+                                           v16i_and_bits(v16i_shr(qh, 2), 0x30303030));
+            }
+        }
+    v16i scales[4]; /* the 16 int8 scales, 4 a lane */
+    for (int c = 0; c < 16; ++c) p[c] = blk[c] + 192;
+    u32x16_transposed16(p, scales);
+    for (int s = 0; s < 16; ++s) out->sc[s] = v16i_sra(v16i_shl(scales[s / 4], 24 - 8 * (s % 4)), 24);
+    int32_t d[16];
+    for (int c = 0; c < 16; ++c) d[c] = half_at(blk[c] + 208);
+    out->d = v16_f16_half(v16i_load(d), 0);
+}
+
+/* super-block b of the rows row[0] … row[15] decoded into out, and the prefetch of the next tile's
+ * rows (16 on, into L1) and the one after (into L2), their share of this super-block's bytes */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_fetch(const quant_job *j,
+                                                                          const uint8_t *const row[16], int64_t b,
+                                                                          q6_16_block *out) {
+    const uint8_t *blk[16];
+    for (int c = 0; c < 16; ++c) blk[c] = row[c] + b * Q6_BYTES;
+    const int64_t share = 16 * Q6_BYTES;
+    const uint8_t *ahead = row[0] + 16 * j->row_bytes + b * share, *further = row[0] + 32 * j->row_bytes + b * share;
+    for (int64_t line = 0; line < share; line += 64) prefetch_l1(ahead + line), prefetch_l2(further + line);
+    q6_16_decode(blk, out);
+}
+
+/* rows m0 … m0 + R − 1 by super-block b (decoded w): per lane S_b, the exact Σ_s sc_s · Σ (q − 32) · x
+ * (each sub-block's dpbusd chain from the row's −32 · Σ x of the sub-block), times d · dx into acc */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_rows(const quant_job *j, const q6_16_block *w,
+                                                                         int64_t m0, int R, int64_t b,
+                                                                         v16 acc[Q6_TILE_ROWS]) {
+    v16i total[Q6_TILE_ROWS];
+    for (int r = 0; r < R; ++r) total[r] = v16i_zero();
+    for (int s = 0; s < 16; s += 2) { /* two sub-blocks' chains in flight */
+        v16i s0[Q6_TILE_ROWS], s1[Q6_TILE_ROWS];
+        for (int r = 0; r < R; ++r) {
+            const int32_t *xo = j->xo + (m0 + r) * (j->K / 16) + b * 16 + s;
+            s0[r] = v16i_set1(xo[0]), s1[r] = v16i_set1(xo[1]);
+        }
+        for (int i = 0; i < 4; ++i)
+            for (int r = 0; r < R; ++r) {
+                const int8_t *x = j->xq + (m0 + r) * j->K + b * 256 + 16 * s + 4 * i;
+                s0[r] = dot_u8_lanes_vnni16(s0[r], w->q[s][i], i8x4_broadcast16(x));
+                s1[r] = dot_u8_lanes_vnni16(s1[r], w->q[s + 1][i], i8x4_broadcast16(x + 16));
+            }
+        for (int r = 0; r < R; ++r)
+            total[r] = v16i_add(total[r], v16i_add(v16i_mul(s0[r], w->sc[s]), v16i_mul(s1[r], w->sc[s + 1])));
+    }
+    for (int r = 0; r < R; ++r) {
+        const v16 dx = v16_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
+        acc[r] = v16_fmadd(v16_mul(w->d, dx), v16i_to_float(total[r]), acc[r]);
+    }
+}
+
+/* a tile of R rows by 16 columns, lane c column n0 + c (columns past the first C: the last again, not
+ * stored); the super-blocks from `decoded` or decoded here */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_tile(const quant_job *j, int64_t m0, int R,
+                                                                         int64_t n0, int C,
+                                                                         const q6_16_block *decoded) {
+    const uint8_t *row[16];
+    for (int c = 0; c < 16; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+    v16 acc[Q6_TILE_ROWS];
+    for (int r = 0; r < R; ++r) acc[r] = v16_zero();
+    for (int64_t b = 0; b < j->K / 256; ++b) {
+        if (decoded) {
+            q6_16_rows(j, decoded + b, m0, R, b, acc);
+        } else {
+            q6_16_block w;
+            q6_16_fetch(j, row, b, &w);
+            q6_16_rows(j, &w, m0, R, b, acc);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        float out[16];
+        v16_store(out, acc[r]);
+        memcpy(j->y + (m0 + r) * j->N + n0, out, (size_t)C * sizeof *out);
+    }
+}
+
+/* a 16-column tile with R made a constant, and whether its super-blocks come decoded */
+TARGET_VNNI static void q6_16_tile_sized(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
+                                         const q6_16_block *decoded) {
+#if Q6_TILE_ROWS != 6
+#error "quant_q6k.h: a tile shape that q6_16_tile_sized does not instantiate"
+#endif
+#define Q616CASE(r)                                                            \
+    case r:                                                                    \
+        if (decoded) q6_16_tile(j, m0, r, n0, C, decoded);                     \
+        else q6_16_tile(j, m0, r, n0, C, NULL);                                \
+        break;
+    switch (R) {
+        Q616CASE(1) Q616CASE(2) Q616CASE(3) Q616CASE(4) Q616CASE(5) Q616CASE(6)
+        default: break;
+    }
+#undef Q616CASE
+}
+
+/* columns c0 … c1 − 1, 16 at a time, by balanced groups of at most Q6_TILE_ROWS rows over chunks of
+ * Q6_ROW_CHUNK rows; where a chunk has more than one group, its columns' super-blocks decoded once
+ * (when the memory for them is there; else each group decodes them) */
+TARGET_VNNI static void q6_16_columns(const quant_job *j, int64_t c0, int64_t c1) {
+    const int64_t nb = j->K / 256;
+    q6_16_block *decoded = NULL;
+    if (j->M > Q6_TILE_ROWS) decoded = aligned_alloc(64, (size_t)nb * sizeof *decoded);
+    for (int64_t r0 = 0; r0 < j->M; r0 += Q6_ROW_CHUNK) {
+        const int64_t r1 = r0 + Q6_ROW_CHUNK < j->M ? r0 + Q6_ROW_CHUNK : j->M;
+        const int64_t groups = (r1 - r0 + Q6_TILE_ROWS - 1) / Q6_TILE_ROWS;
+        for (int64_t n = c0; n < c1; n += 16) {
+            const int C = (int)(c1 - n < 16 ? c1 - n : 16);
+            const q6_16_block *from = NULL;
+            if (groups > 1 && decoded) {
+                const uint8_t *row[16];
+                for (int c = 0; c < 16; ++c) row[c] = j->w + (n + (c < C ? c : C - 1)) * j->row_bytes;
+                for (int64_t b = 0; b < nb; ++b) q6_16_fetch(j, row, b, decoded + b);
+                from = decoded;
+            }
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+                q6_16_tile_sized(j, m0, (int)(m1 - m0), n, C, from);
+            }
+        }
+    }
+    free(decoded);
+}
+
+/* columns c0 … c1 − 1 of the product: on AVX512-VNNI more than Q6_COLUMN_ROWS rows by 16 columns
+ * (q6_16_columns); else over chunks of Q6_ROW_CHUNK rows, up to Q6_ROWS (AVX2) or Q6_FEW_ROWS (VNNI)
+ * rows in tiles of columns n and n + half, one odd column alone; more rows (AVX2) by balanced groups
+ * of at most Q6_ROWS rows one column at a time */
 static void q6_columns(const quant_job *j, int64_t c0, int64_t c1, int vnni) {
-    const int few = vnni ? Q6_FEW_ROWS : Q6_ROWS, most = vnni ? Q6_VROWS : Q6_ROWS, cols = vnni ? Q6_VCOLS : 1;
+#if Q6_COLUMN_ROWS > Q6_FEW_ROWS
+#error "quant_q6k.h: VNNI's few-row tiles must take every call the 16-column tiles leave"
+#endif
+    if (vnni && j->M > Q6_COLUMN_ROWS) {
+        q6_16_columns(j, c0, c1);
+        return;
+    }
+    const int few = vnni ? Q6_FEW_ROWS : Q6_ROWS;
     const int64_t half = (c1 - c0) / 2;
     for (int64_t r0 = 0; r0 < j->M; r0 += Q6_ROW_CHUNK) {
         const int64_t r1 = r0 + Q6_ROW_CHUNK < j->M ? r0 + Q6_ROW_CHUNK : j->M;
@@ -213,10 +404,6 @@ static void q6_columns(const quant_job *j, int64_t c0, int64_t c1, int vnni) {
             if ((c1 - c0) % 2) q6_group_tiles(j, r0, r1, few, c1 - 1, 1, 1, vnni);
             continue;
         }
-        for (int64_t n = c0; n < c1;) {
-            const int C = n + cols <= c1 ? cols : 1;
-            q6_group_tiles(j, r0, r1, most, n, C, 1, vnni);
-            n += C;
-        }
+        for (int64_t n = c0; n < c1; ++n) q6_group_tiles(j, r0, r1, Q6_ROWS, n, 1, 1, vnni);
     }
 }

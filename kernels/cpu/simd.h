@@ -39,6 +39,8 @@ SIMD_INLINE void v8_store(float *p, v8 a) { _mm256_storeu_ps(p, a); }
 SIMD_INLINE void v8_store_aligned(float *p, v8 a) { _mm256_store_ps(p, a); }
 SIMD_INLINE void v8_stream(float *p, v8 a) { _mm256_stream_ps(p, a); }
 SIMD_INLINE v8 v8_set1(float f) { return _mm256_set1_ps(f); }
+/* a in the even lanes, b in the odd ones */
+SIMD_INLINE v8 v8_set2(float a, float b) { return _mm256_setr_ps(a, b, a, b, a, b, a, b); }
 SIMD_INLINE v8 v8_zero(void) { return _mm256_setzero_ps(); }
 SIMD_INLINE float v8_first(v8 a) { return _mm256_cvtss_f32(a); }  /* lane 0 */
 SIMD_INLINE v8 v8_add(v8 a, v8 b) { return _mm256_add_ps(a, b); }
@@ -245,6 +247,8 @@ TARGET_VNNI SIMD_INLINE v16i v16i_and_bits(v16i a, int mask) { return _mm512_and
 TARGET_VNNI SIMD_INLINE v16i v16i_or(v16i a, v16i b) { return _mm512_or_si512(a, b); }
 /* a · b per lane, the low 32 bits (exact where the product fits) */
 TARGET_VNNI SIMD_INLINE v16i v16i_mul(v16i a, v16i b) { return _mm512_mullo_epi32(a, b); }
+/* lanes >> n, the sign copied in (Q6_K's int8 scales sign-extended) */
+TARGET_VNNI SIMD_INLINE v16i v16i_sra(v16i a, unsigned n) { return _mm512_srai_epi32(a, n); }
 /* the low (half 0) or high (half 1) float16 of each lane, widened exactly */
 TARGET_VNNI SIMD_INLINE v16 v16_f16_half(v16i a, int half) {
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(half ? _mm512_srli_epi32(a, 16) : a));
@@ -322,6 +326,14 @@ SIMD_INLINE void u32x8_transposed16(const uint8_t *const p[8], v8i out[4]) {
     out[1] = _mm256_unpackhi_epi64(t0, t2);
     out[2] = _mm256_unpacklo_epi64(t1, t3);
     out[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+/* the same for 16 weight rows in 512-bit vectors (the 16-column tiles of cpu/quant_q4k.h and
+ * quant_q6k.h): lane c of out[g] dword g of the 16 bytes at p[c] */
+TARGET_VNNI SIMD_INLINE void u32x16_transposed16(const uint8_t *const p[16], v16i out[4]) {
+    v8i lo[4], hi[4];
+    u32x8_transposed16(p, lo);
+    u32x8_transposed16(p + 8, hi);
+    for (int g = 0; g < 4; ++g) out[g] = v16i_from_halves(lo[g], hi[g]);
 }
 /* the 4 bytes at p in every lane */
 SIMD_INLINE v8i i8x4_broadcast(const int8_t *p) {

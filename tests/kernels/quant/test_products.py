@@ -14,8 +14,8 @@ from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401
 
 pytestmark = x86_with_compiler
 FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
-# few rows (1-4: one column at a time; Q6_K two distant columns, on the VNNI path up to 8), tiles (5 and up;
-# Q6_K's 9 and up), more than a chunk of 64 rows
+# few rows (1-4: one column at a time; Q6_K two distant columns, up to 4 rows on AVX2 and 6 on AVX512-VNNI),
+# tiles (5 and up; Q6_K's 16-column ones from 7 on AVX512-VNNI), more than a chunk of 64 rows
 ROWS = (1, 2, 4, 5, 7, 8, 9, 13, 70)
 
 
