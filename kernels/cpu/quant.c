@@ -71,9 +71,10 @@ typedef struct {
 #define Q4_DECODED 576 /* the bytes a decoded block takes in the tiles' cache: the most of q4_cols (AVX2) and
                         * quant_q4_0.h's q4_cols16 (16 columns, AVX512-VNNI) */
 
-/* the 8 weight rows of columns n0 … n0 + 7 (columns past the first C: the last one again) */
-static inline void q4_rows(const quant_job *j, int64_t n0, int C, const uint8_t *row[8]) {
-    for (int c = 0; c < 8; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+/* the `count` weight rows of a tile of columns n0 … n0 + count − 1 (columns past the first C: the
+ * last one again; the tiles by columns hold 8 or 16) */
+static inline void tile_rows(const quant_job *j, int64_t n0, int C, int count, const uint8_t **row) {
+    for (int c = 0; c < count; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
 }
 
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of

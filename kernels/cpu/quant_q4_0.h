@@ -65,7 +65,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_q4)(const quan
                                                                      int64_t n0, int C, const q4_cols *decoded) {
     const int64_t nb = j->K / 32;
     const uint8_t *row[8];
-    q4_rows(j, n0, C, row);
+    tile_rows(j, n0, C, 8, row);
     v8 acc[Q4_ROWS][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = v8_zero();
     int64_t b = 0;
@@ -161,7 +161,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(tile_q4_wide)(const
                                                                           const q4_cols16 *decoded) {
     const int64_t nb = j->K / 32;
     const uint8_t *row[16];
-    for (int c = 0; c < 16; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+    tile_rows(j, n0, C, 16, row);
     v16 acc[Q4_ROWS][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = v16_zero();
     int64_t b = 0;
@@ -207,7 +207,7 @@ QTARGET static void QS(columns_q4)(const quant_job *j, int64_t c0, int64_t c1, v
                 const q4_cols16 *from = NULL;
                 if (groups > 1 && decoded) {
                     const uint8_t *row[16];
-                    for (int c = 0; c < 16; ++c) row[c] = j->w + (n + (c < C ? c : C - 1)) * j->row_bytes;
+                    tile_rows(j, n, C, 16, row);
                     for (int64_t b = 0; b < j->K / 32; ++b) QS(decode_q4_wide)(j, row, b, (q4_cols16 *)decoded + b);
                     from = decoded;
                 }
@@ -223,7 +223,7 @@ QTARGET static void QS(columns_q4)(const quant_job *j, int64_t c0, int64_t c1, v
             const q4_cols *from = NULL;
             if (groups > 1 && decoded) {
                 const uint8_t *row[8];
-                q4_rows(j, n, C, row);
+                tile_rows(j, n, C, 8, row);
                 for (int64_t b = 0; b < j->K / 32; ++b) QS(decode_q4)(j, row, b, (q4_cols *)decoded + b, 8);
                 from = decoded;
             }

@@ -233,7 +233,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_finish)(const q
 QTARGET static inline __attribute__((always_inline)) void QS(k16_tile)(const quant_job *j, int64_t m0, int R, int64_t n0,
                                                                       int C, const k16_block *decoded) {
     const uint8_t *row[16];
-    for (int c = 0; c < 16; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+    tile_rows(j, n0, C, 16, row);
     v16 acc[ACC_ROWS], mins[ACC_ROWS];
     for (int r = 0; r < R; ++r) acc[r] = mins[r] = v16_zero();
     for (int64_t b = 0; b < j->K / 256; ++b) {
@@ -292,7 +292,7 @@ QTARGET static void QS(k16_columns)(const quant_job *j, int64_t c0, int64_t c1, 
             const k16_block *from = NULL;
             if (groups > 1 && decoded) {
                 const uint8_t *row[16];
-                for (int c = 0; c < 16; ++c) row[c] = j->w + (n + (c < C ? c : C - 1)) * j->row_bytes;
+                tile_rows(j, n, C, 16, row);
                 for (int64_t b = 0; b < j->K / 256; ++b) QS(k16_decode)(j, row, b, decoded + b);
                 from = decoded;
             }

@@ -318,7 +318,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_tile(const q
                                                                          int64_t n0, int C,
                                                                          const q6_16_block *decoded) {
     const uint8_t *row[16];
-    for (int c = 0; c < 16; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
+    tile_rows(j, n0, C, 16, row);
     v16 acc[Q6_TILE_ROWS];
     for (int r = 0; r < R; ++r) acc[r] = v16_zero();
     for (int64_t b = 0; b < j->K / 256; ++b) {
@@ -370,7 +370,7 @@ TARGET_VNNI static void q6_16_columns(const quant_job *j, int64_t c0, int64_t c1
             const q6_16_block *from = NULL;
             if (groups > 1 && decoded) {
                 const uint8_t *row[16];
-                for (int c = 0; c < 16; ++c) row[c] = j->w + (n + (c < C ? c : C - 1)) * j->row_bytes;
+                tile_rows(j, n, C, 16, row);
                 for (int64_t b = 0; b < nb; ++b) q6_16_fetch(j, row, b, decoded + b);
                 from = decoded;
             }
