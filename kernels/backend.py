@@ -175,10 +175,11 @@ class Backend:
         (`cpu_blocks.CALL_ROWS`; `HybridModel.extend` splits larger batches by sequences)."""
         return CALL_ROWS
 
-    def layer_by_layer(self):
-        """The context a layer-by-layer forward runs in: on the native backend torch's
-        own operations on one thread beside the kernels' threads
-        (`cpu_native.torch_on_one_thread` says why); elsewhere nothing."""
+    def torch_beside_kernels(self):
+        """The context host work runs in between native calls (a layer-by-layer
+        forward; an engine step's sampling, acceptance and bookkeeping): on the
+        native backend torch's own operations on one thread beside the kernels'
+        threads (`cpu_native.torch_on_one_thread` says why); elsewhere nothing."""
         return cpu_native.torch_on_one_thread() if self.native else nullcontext()
 
     def blocks_of(self, layer: LayerDesc) -> LayerBlocks:

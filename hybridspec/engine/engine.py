@@ -372,39 +372,42 @@ class Engine:
         tp = self.tensor_parallel
         if tp is not None:
             tp.begin_step()
-        try:
-            admitted = self.scheduler.admit(self._round_tokens)
-            for r in admitted:
-                before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
-            if admitted:
-                self._prefill(admitted, step_stats)
-            self._agree(tp)
-            if admitted:
-                if first_tokens is not None:
-                    first_tokens(self._report_early([before[r.seq_id] for r in admitted]))
-            self.scheduler.reserve(self._round_tokens)
-            running = [r for r in self.scheduler.running if not r.finished]
-            for r in running:
-                before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
-            if running:
-                self._round(self._in_ring_order(running), step_stats, after_prefill=bool(admitted))
-            self._agree(tp, rest_of_step=True)
-        except BaseException:
-            if tp is not None:  # peers waiting in a sum for this rank fail now; every agreement says so
-                tp.abort()
-                tp.end_step(False)
-            raise
-        finally:
-            if self.prefix is not None:
-                self.prefix.move_counts(step_stats)
-            step_stats.preemptions = self.scheduler.preemptions - self._preemptions_seen
-            self._preemptions_seen = self.scheduler.preemptions
-            ended = [r for r in self.scheduler.running if r.finished]
-            self.scheduler.finish(ended)
-            for r in ended:
-                self._requests.pop(r.seq_id, None)
-            self.stats.add(step_stats)
-            self.total_stats.add(step_stats)
+        # torch's own work of the step (sampling, acceptance) on one thread beside the native kernels' threads:
+        # OpenMP workers spinning after it held the core the next kernel's helper needed
+        with self.target.backend.torch_beside_kernels():
+            try:
+                admitted = self.scheduler.admit(self._round_tokens)
+                for r in admitted:
+                    before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
+                if admitted:
+                    self._prefill(admitted, step_stats)
+                self._agree(tp)
+                if admitted:
+                    if first_tokens is not None:
+                        first_tokens(self._report_early([before[r.seq_id] for r in admitted]))
+                self.scheduler.reserve(self._round_tokens)
+                running = [r for r in self.scheduler.running if not r.finished]
+                for r in running:
+                    before.setdefault(r.seq_id, (r, len(r.output.token_ids)))
+                if running:
+                    self._round(self._in_ring_order(running), step_stats, after_prefill=bool(admitted))
+                self._agree(tp, rest_of_step=True)
+            except BaseException:
+                if tp is not None:  # peers waiting in a sum for this rank fail now; every agreement says so
+                    tp.abort()
+                    tp.end_step(False)
+                raise
+            finally:
+                if self.prefix is not None:
+                    self.prefix.move_counts(step_stats)
+                step_stats.preemptions = self.scheduler.preemptions - self._preemptions_seen
+                self._preemptions_seen = self.scheduler.preemptions
+                ended = [r for r in self.scheduler.running if r.finished]
+                self.scheduler.finish(ended)
+                for r in ended:
+                    self._requests.pop(r.seq_id, None)
+                self.stats.add(step_stats)
+                self.total_stats.add(step_stats)
         self._batch = {}  # only a step that raised leaves its batch for `step_request_ids`
         aborted, self._aborted = self._aborted, []
         return aborted + [step_output(r, start) for r, start in before.values()

@@ -457,7 +457,7 @@ class HybridModel(Kernelled, nn.Module):
                 if batch.tree is not None:
                     batch.tree.in_ring = True  # the C forward wrote every input's state to its slot
             else:  # layer by layer (a tree forward: the backend's tree forms)
-                with self.backend.layer_by_layer():
+                with self.backend.torch_beside_kernels():
                     logits = self(plan.pad_tokens(token_lists, self.device), batch, cache, last_only)
                 finite = False
             if not finite:

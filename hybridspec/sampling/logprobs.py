@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridspec.kernels.cpu.native import torch_threads
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -66,7 +68,8 @@ def prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[Tok
     dtype = torch.promote_types(logits.dtype, torch.float32)
     for start in range(0, len(prompt) - 1, PROMPT_ROWS_PER_CHUNK):
         tokens = prompt[start + 1:start + 1 + PROMPT_ROWS_PER_CHUNK]
-        logp = torch.log_softmax(logits[start:start + len(tokens)].to(dtype), dim=-1)  # [n, vocab]
+        with torch_threads():  # a prompt's rows split well (an engine step runs torch on one thread)
+            logp = torch.log_softmax(logits[start:start + len(tokens)].to(dtype), dim=-1)  # [n, vocab]
         ids = torch.tensor(tokens, dtype=torch.long, device=logp.device)
         chosen = logp.gather(1, ids[:, None])  # [n, 1]
         ranks = (logp > chosen).sum(dim=-1) + 1  # [n]

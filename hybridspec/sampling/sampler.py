@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridspec.kernels.cpu.native import torch_threads
 from hybridspec.kernels.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
 
 from hybridspec.deprecated import renamed_fields
@@ -327,12 +328,14 @@ def process_logits(logits: torch.Tensor, rows: RowParams, context: PenaltyContex
     vocab = x.shape[-1]
     if flags.any_top_k and bool((rows.top_k > 0).any()):  # keep the k largest logits (ties at the k-th value are kept)
         k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
-        kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        with torch_threads():  # sorting the vocabulary splits well (an engine step runs torch on one thread)
+            kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
         x = x.masked_fill(x < kth, -math.inf)
     probs = torch.softmax(x, dim=-1)
     drop = None
     if flags.any_top_p and bool((rows.top_p < 1).any()):  # keep the smallest prefix (by descending prob) whose mass reaches p
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        with torch_threads():
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         drop_sorted = (mass_before >= rows.top_p[:, None]) & (rows.top_p < 1)[:, None]  # top_p = 1: off
         drop_sorted[:, 0] = False
