@@ -252,3 +252,10 @@ def select(device: torch.device | str, dtype: torch.dtype, name: str | None = No
 def reference() -> Backend:
     """The torch references (what a module not bound to a model runs)."""
     return select("cpu", torch.float64, "torch")
+
+
+def torch_threads():
+    """A block of torch work that splits well (sorting a vocabulary, a prompt's
+    log-softmax): inside `Backend.torch_beside_kernels` on the native backend it
+    gets torch's thread count back; elsewhere nothing."""
+    return cpu_native.torch_threads()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridspec.kernels.cpu.native import torch_threads
+from hybridspec.kernels.backend import torch_threads
 
 
 @dataclass(frozen=True)

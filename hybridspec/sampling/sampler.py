@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hybridspec.kernels.cpu.native import torch_threads
+from hybridspec.kernels.backend import torch_threads
 from hybridspec.kernels.keyed_random import PURPOSE_SAMPLE, gumbel_argmax
 
 from hybridspec.deprecated import renamed_fields

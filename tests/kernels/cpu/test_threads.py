@@ -339,20 +339,18 @@ def test_an_engine_step_runs_torch_on_one_thread_beside_the_kernels(model, monke
     """Two threads: inside a speculative engine's step (its round's sampling and acceptance) torch
     sees one thread and the kernels keep two, a sort of the vocabulary gets torch's two back, and
     after the step torch has its two again; the tokens are those of one thread."""
-    from hybridspec.sampling import sampler
     seen = []
-    process = sampler.process_logits
-    sort = torch.sort
+    softmax, sort = torch.softmax, torch.sort  # both called by the step's sampling, the sort under top-p
 
     def recorded(*args, **kwargs):
         seen.append(("step", torch.get_num_threads(), cpu_native.sync_threads()))
-        return process(*args, **kwargs)
+        return softmax(*args, **kwargs)
 
     def sorting(*args, **kwargs):
         seen.append(("sort", torch.get_num_threads()))
         return sort(*args, **kwargs)
-    monkeypatch.setattr(sampler, "process_logits", recorded)
-    monkeypatch.setattr(sampler.torch, "sort", sorting)
+    monkeypatch.setattr(torch, "softmax", recorded)
+    monkeypatch.setattr(torch, "sort", sorting)
     prompts = [[(5 * i + 7) % 1000 + 3 for i in range(20)]]
     params = hs.SamplingParams(max_new_tokens=6, temperature=0.9, top_p=0.8, seed=3, ignore_eos=True)
 
@@ -362,8 +360,8 @@ def test_an_engine_step_runs_torch_on_one_thread_beside_the_kernels(model, monke
     tokens, after = with_threads(2, generate)
     assert after == 2 and ("step", 1, 2) in seen and ("sort", 2) in seen
     assert {entry for entry in seen if entry[0] == "step"} == {("step", 1, 2)}
-    monkeypatch.setattr(sampler, "process_logits", process)
-    monkeypatch.setattr(sampler.torch, "sort", sort)
+    monkeypatch.setattr(torch, "softmax", softmax)
+    monkeypatch.setattr(torch, "sort", sort)
     assert with_threads(1, generate)[0] == tokens
 
 
