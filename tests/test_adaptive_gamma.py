@@ -115,6 +115,26 @@ def test_pessimism_is_probed_again():
     assert choices[:-1] == [0] * (PROBE_EVERY - 1) and choices[-1] >= 1
 
 
+def test_a_drafter_price_learned_from_one_outlier_round_is_probed_again():
+    """One drafting round whose drafter took a hundred times its start-up price (a forward on
+    memory not yet backed) prices every G out at full acceptance; start-up's prices do not, so
+    the idle probes go on, each probe's round moving the learned price toward what it measures."""
+    controller = GammaController(GAMMA_MAX, costs(draft_step=0.05))
+    first = controller.choose([0], [1000])
+    assert first[0] >= 1
+    controller.observe([0], first, first, first, {"draft": 100 * 0.05 * first[0], "verify": 1.3})
+    assert not any(controller.round_cost(1, G) * 1.0 < (G + 1) * controller.round_cost(1, 0)
+                   for G in range(1, GAMMA_MAX + 1))  # at the learned prices no G pays, even all accepted
+    choices = []
+    for _ in range(PROBE_EVERY):
+        gammas = controller.choose([0], [1000])
+        choices.append(gammas[0])
+        seconds = {"draft": 0.05 * gammas[0], "verify": 1.3} if gammas[0] else {"verify": 1.0}
+        controller.observe([0], gammas, gammas, gammas, seconds)
+    assert choices[:-1] == [0] * (PROBE_EVERY - 1) and choices[-1] >= 1
+    assert controller.learned[0].draft_scale_at(choices[-1]) < 100
+
+
 def test_one_unlucky_round_does_not_stop_drafting_before_rounds_measure_it(monkeypatch):
     """While few drafts were tried the engine-wide estimate is raised by its
     uncertainty (an upper confidence bound): one round that accepted nothing

@@ -74,8 +74,12 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   overlap (or one is unmeasured) the model decides.
 - no γ pays: where even rounds that accept every draft (G + 1 tokens per
   row) would yield fewer tokens per second than plain steps at the current
-  costs, every row runs a plain step and nothing is probed (the first round
-  and the idle probes below only run where some G could pay).
+  costs and at start-up's (the measured terms, nothing learned), every row
+  runs a plain step and nothing is probed (the first round and the idle
+  probes below only run where some G could pay). Where only the learned
+  prices rule every G out, the idle probes go on: one outlier round (a
+  forward on memory the OS had not yet backed) once taught a drafter scale of
+  5 that no later round could correct, since none drafted.
 - absorb: a model drafter behind a row by n tokens (a new prompt, or rounds
   that drafted nothing) absorbs them before it drafts for the row, one-off
   work plain decoding never does. A G ≥ 1 that drafts for the row is charged
@@ -315,8 +319,10 @@ class GammaController:
         batch = len(seq_ids)
         cost = functools.cache(functools.partial(self.round_cost, batch, sampled=sampled))  # G -> seconds, once each
         plain_cost = cost(0)
-        # "no G pays" below, bounded before the per-row work: every row drafting G, all accepted, nothing else charged
-        if not any(_pays(G + 1, cost(G), 1.0, plain_cost) for G in range(1, self.gamma_max + 1)):
+        # "no G pays" below, bounded before the per-row work: every row drafting G, all accepted, nothing else charged;
+        # only where start-up's prices agree (else a learned price, one outlier round's, would stop probing for good)
+        if not any(_pays(G + 1, cost(G), 1.0, plain_cost) for G in range(1, self.gamma_max + 1)) \
+                and not self._pays_at_startup(batch, sampled):
             self.goodput = batch / plain_cost if plain_cost > 0 else float(batch)
             return [0] * batch
         behind = [0] * batch if behind is None else behind
@@ -345,7 +351,8 @@ class GammaController:
         replay = functools.partial(self.replay_s, batch, alpha=sum(alphas) / batch)
         costs = [cost(G) + replay(G) + row_draft * drafts[G] + absorb[G] for G in range(top + 1)]
         options = [(tokens[G] / cost if cost > 0 else tokens[G], G) for G, cost in enumerate(costs)]
-        if not any(_pays(batch + drafts[G], costs[G], tokens[0], costs[0]) for G in range(1, top + 1)):
+        if not any(_pays(batch + drafts[G], costs[G], tokens[0], costs[0]) for G in range(1, top + 1)) \
+                and not self._pays_at_startup(batch, sampled):
             self.goodput = options[0][0]  # no G pays even if every draft were accepted: nothing to probe
             return [0] * batch
         goodput, G = max(options, key=lambda option: (option[0], -option[1]))  # fewer drafts on ties
@@ -377,6 +384,14 @@ class GammaController:
             self.probe_every = PROBE_EVERY
         self.goodput = goodput
         return [min(G, limit) for limit in limits]
+
+    def _pays_at_startup(self, batch: int, sampled: int) -> bool:
+        """Whether some G would pay at full acceptance at start-up's prices (the
+        measured terms, nothing learned): where it would, a G that the learned
+        prices rule out is still probed on the idle schedule."""
+        plain = round_seconds(self._terms(batch, 0, sampled))
+        return any(_pays(G + 1, round_seconds(self._terms(batch, G, sampled)), 1.0, plain)
+                   for G in range(1, self.gamma_max + 1))
 
     def _plain_probe_wait(self, learned: _Learned) -> int:
         """Rounds without a priced plain step before one: `PROBE_EVERY` until plain
