@@ -114,8 +114,8 @@ class StatePool:
         handed out, though, all its slots are written once: the pool is fresh
         memory whose pages the OS backs on their first write, and those first
         writes, left to the first round's snapshots, made that round's forward
-        several times its warm cost (a 212M model's first verify 160 ms against
-        15), a cost that adaptive γ then learned as the price of drafting."""
+        several times its warm cost (docs/results/llamacpp.md), a cost that
+        adaptive γ then learned as the price of drafting."""
         if seq_id in self._rings:
             raise ValueError(f"sequence {seq_id} already owns a state ring; free it first or use a new id")
         self.check_admission(1)

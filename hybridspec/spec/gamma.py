@@ -77,9 +77,9 @@ each sequence in 0 … γ_max, chosen to maximise the round's expected goodput
   costs and at start-up's (the measured terms, nothing learned), every row
   runs a plain step and nothing is probed (the first round and the idle
   probes below only run where some G could pay). Where only the learned
-  prices rule every G out, the idle probes go on: one outlier round (a
-  forward on memory the OS had not yet backed) once taught a drafter scale of
-  5 that no later round could correct, since none drafted.
+  prices rule every G out, the idle probes go on: a price learned from one
+  outlier round (a forward on memory the OS had not yet backed) could
+  otherwise never be corrected, since no later round would draft.
 - absorb: a model drafter behind a row by n tokens (a new prompt, or rounds
   that drafted nothing) absorbs them before it drafts for the row, one-off
   work plain decoding never does. A G ≥ 1 that drafts for the row is charged

@@ -77,6 +77,17 @@ static inline void tile_rows(const quant_job *j, int64_t n0, int C, int count, c
     for (int c = 0; c < count; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
 }
 
+/* block b (`bytes` each) of a 16-column tile's rows row[0] … row[15] (the 16-column tiles of
+ * quant_q4k.h and quant_q6k.h), and the prefetch of the next tile's rows (16 on, into L1) and the
+ * one after (into L2), their share of block b's bytes: the tiles read the weight in order */
+static inline __attribute__((always_inline)) void tile16_blocks(const quant_job *j, const uint8_t *const row[16],
+                                                                int64_t b, int64_t bytes, const uint8_t *blk[16]) {
+    for (int c = 0; c < 16; ++c) blk[c] = row[c] + b * bytes;
+    const int64_t share = 16 * bytes;
+    const uint8_t *ahead = row[0] + 16 * j->row_bytes + b * share, *further = row[0] + 32 * j->row_bytes + b * share;
+    for (int64_t line = 0; line < share; line += 64) prefetch_l1(ahead + line), prefetch_l2(further + line);
+}
+
 /* A block's dot product, each ISA's way to the same exact integers (the includer's part of
  * quant_tiles.h): QWEIGHT_OFFSET (−128 · a Q8_0 weight block's lane sums, where the dot product
  * takes the activations 128 higher, unsigned; else zero), QACT (the activations as the dot product

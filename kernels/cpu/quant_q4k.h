@@ -15,7 +15,7 @@ QTARGET static inline __attribute__((always_inline)) QS(k_head) QS(k_head_of)(co
                                                                               int C) {
     /* the same super-block two tiles on (into L1) and eight on (into L2), as Q8_0's tiles: the tiles
      * read the weight in order, C rows at a time, and without these the hardware's prefetch kept up
-     * only with rows of at most 4 super-blocks (K = 1024: 17 GB/s streamed; K = 2048: 6) */
+     * only with rows of at most 4 super-blocks (docs/results/quant.md) */
     for (int c = 0; c < C; ++c) {
         const uint8_t *ahead = blk[c] + 2 * C * j->row_bytes, *further = blk[c] + 8 * C * j->row_bytes;
         prefetch_l1(ahead), prefetch_l1(ahead + 64), prefetch_l1(ahead + 128);
@@ -176,20 +176,11 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_chunk)(const ui
     for (int k = 0; k < 8; ++k) lo[k] = u8x64_low_nibbles(w[k]), hi[k] = u8x64_high_nibbles(w[k]);
 }
 
-/* the blocks b of rows row[0] … row[15], and the prefetch of the next tile's rows (16 on, into L1)
- * and the one after (into L2), their share of this super-block's bytes, as Q4_0's tiles by columns */
-QTARGET static inline __attribute__((always_inline)) void QS(k16_blocks)(const quant_job *j, const uint8_t *const row[16],
-                                                                        int64_t b, const uint8_t *blk[16]) {
-    for (int c = 0; c < 16; ++c) blk[c] = row[c] + b * 144;
-    const uint8_t *ahead = row[0] + 16 * j->row_bytes + b * 2304, *further = row[0] + 32 * j->row_bytes + b * 2304;
-    for (int line = 0; line < 2304; line += 64) prefetch_l1(ahead + line), prefetch_l2(further + line);
-}
-
 /* super-block b of the rows row[0] … row[15] decoded whole into out (the tiles' cache) */
 QTARGET static inline __attribute__((always_inline)) void QS(k16_decode)(const quant_job *j, const uint8_t *const row[16],
                                                                         int64_t b, k16_block *out) {
     const uint8_t *blk[16];
-    QS(k16_blocks)(j, row, b, blk);
+    tile16_blocks(j, row, b, 144, blk);
     QS(k16_head)(blk, out);
     for (int chunk = 0; chunk < 4; ++chunk) QS(k16_chunk)(blk, chunk, out->q[2 * chunk], out->q[2 * chunk + 1]);
 }
@@ -248,7 +239,7 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_tile)(const qua
         } else {
             const uint8_t *blk[16];
             k16_block h; /* its head only */
-            QS(k16_blocks)(j, row, b, blk);
+            tile16_blocks(j, row, b, 144, blk);
             QS(k16_head)(blk, &h);
             for (int chunk = 0; chunk < 4; ++chunk) {
                 v16i lo[8], hi[8];

@@ -30,9 +30,9 @@
  * all rows): the weight read as two sequential streams (neighbouring columns would interleave them, and
  * the prefetchers lose the stream), the activations loaded once for both */
 #define Q6_ROWS 4       /* AVX2: rows one decoded super-block meets before the next */
-#define Q6_FEW_ROWS 8   /* AVX512-VNNI: up to this many rows in one tile of two distant columns */
 #define Q6_ROW_CHUNK 64 /* rows whose activations stay in cache while the columns pass */
-#define Q6_COLUMN_ROWS 6 /* AVX512-VNNI: more rows than this take the 16-column tiles (q6_16) */
+#define Q6_COLUMN_ROWS 6 /* AVX512-VNNI: up to this many rows in tiles of two distant columns, more in the
+                          * 16-column tiles (q6_16) */
 #define Q6_TILE_ROWS 6   /* rows of one 16-column tile */
 #define Q6_BYTES 210
 
@@ -170,13 +170,13 @@ static void q6_tile_avx2_sized(const quant_job *j, int64_t m0, int R, int64_t n0
 #undef Q6CASE
 }
 
-/* VNNI: rows m0 … m0 + R − 1 (R <= Q6_FEW_ROWS) by the C <= 2 columns n0, n0 + step, … over all
+/* VNNI: rows m0 … m0 + R − 1 (R <= Q6_COLUMN_ROWS) by the C <= 2 columns n0, n0 + step, … over all
  * K; each column's super-blocks prefetched two columns ahead in its stream (the tiles read each stream
  * in order: neighbouring columns C at a time, step 1, or one column of each of C streams) */
 TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const quant_job *j, int64_t m0, int R,
                                                                            int64_t n0, int C, int64_t step) {
     const int64_t nb = j->K / 256;
-    v8 acc[Q6_FEW_ROWS]; /* lane c: column c's chain */
+    v8 acc[Q6_COLUMN_ROWS]; /* lane c: column c's chain */
     for (int r = 0; r < R; ++r) acc[r] = v8_zero();
     for (int64_t b = 0; b < nb; ++b) {
         q6_block_vnni w[2];
@@ -199,13 +199,13 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_tile_vnni(const
 
 /* a VNNI tile with R and C made constants */
 TARGET_VNNI static void q6_tile_vnni_sized(const quant_job *j, int64_t m0, int R, int64_t n0, int C, int64_t step) {
-#if Q6_FEW_ROWS != 8
+#if Q6_COLUMN_ROWS != 6
 #error "quant_q6k.h: a tile shape that q6_tile_vnni_sized does not instantiate"
 #endif
 #define Q6CASE(r, c) case (r) * 4 + (c): q6_tile_vnni(j, m0, r, n0, c, step); break;
     switch (R * 4 + C) {
-        Q6CASE(1, 1) Q6CASE(2, 1) Q6CASE(3, 1) Q6CASE(4, 1) Q6CASE(5, 1) Q6CASE(6, 1) Q6CASE(7, 1) Q6CASE(8, 1)
-        Q6CASE(1, 2) Q6CASE(2, 2) Q6CASE(3, 2) Q6CASE(4, 2) Q6CASE(5, 2) Q6CASE(6, 2) Q6CASE(7, 2) Q6CASE(8, 2)
+        Q6CASE(1, 1) Q6CASE(2, 1) Q6CASE(3, 1) Q6CASE(4, 1) Q6CASE(5, 1) Q6CASE(6, 1)
+        Q6CASE(1, 2) Q6CASE(2, 2) Q6CASE(3, 2) Q6CASE(4, 2) Q6CASE(5, 2) Q6CASE(6, 2)
         default: break;
     }
 #undef Q6CASE
@@ -271,16 +271,13 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_decode(const
     out->d = v16_f16_half(v16i_load(d), 0);
 }
 
-/* super-block b of the rows row[0] … row[15] decoded into out, and the prefetch of the next tile's
- * rows (16 on, into L1) and the one after (into L2), their share of this super-block's bytes */
+/* super-block b of the rows row[0] … row[15] decoded into out (tile16_blocks prefetches the tiles
+ * after) */
 TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_fetch(const quant_job *j,
                                                                           const uint8_t *const row[16], int64_t b,
                                                                           q6_16_block *out) {
     const uint8_t *blk[16];
-    for (int c = 0; c < 16; ++c) blk[c] = row[c] + b * Q6_BYTES;
-    const int64_t share = 16 * Q6_BYTES;
-    const uint8_t *ahead = row[0] + 16 * j->row_bytes + b * share, *further = row[0] + 32 * j->row_bytes + b * share;
-    for (int64_t line = 0; line < share; line += 64) prefetch_l1(ahead + line), prefetch_l2(further + line);
+    tile16_blocks(j, row, b, Q6_BYTES, blk);
     q6_16_decode(blk, out);
 }
 
@@ -384,18 +381,15 @@ TARGET_VNNI static void q6_16_columns(const quant_job *j, int64_t c0, int64_t c1
 }
 
 /* columns c0 … c1 − 1 of the product: on AVX512-VNNI more than Q6_COLUMN_ROWS rows by 16 columns
- * (q6_16_columns); else over chunks of Q6_ROW_CHUNK rows, up to Q6_ROWS (AVX2) or Q6_FEW_ROWS (VNNI)
+ * (q6_16_columns); else over chunks of Q6_ROW_CHUNK rows, up to Q6_ROWS (AVX2) or Q6_COLUMN_ROWS (VNNI)
  * rows in tiles of columns n and n + half, one odd column alone; more rows (AVX2) by balanced groups
  * of at most Q6_ROWS rows one column at a time */
 static void q6_columns(const quant_job *j, int64_t c0, int64_t c1, int vnni) {
-#if Q6_COLUMN_ROWS > Q6_FEW_ROWS
-#error "quant_q6k.h: VNNI's few-row tiles must take every call the 16-column tiles leave"
-#endif
     if (vnni && j->M > Q6_COLUMN_ROWS) {
         q6_16_columns(j, c0, c1);
         return;
     }
-    const int few = vnni ? Q6_FEW_ROWS : Q6_ROWS;
+    const int few = vnni ? Q6_COLUMN_ROWS : Q6_ROWS;
     const int64_t half = (c1 - c0) / 2;
     for (int64_t r0 = 0; r0 < j->M; r0 += Q6_ROW_CHUNK) {
         const int64_t r1 = r0 + Q6_ROW_CHUNK < j->M ? r0 + Q6_ROW_CHUNK : j->M;
