@@ -9,9 +9,13 @@ target's first `--draft-layers` layers) goes through the same two steps. Each qu
   prompt's positions and the max relative logit difference (max |a − b| / max |b| over every
   position's logits) between them, and each against HF's float32 model (unquantized);
 - timed, runs interleaved, per prompt length and thread count: decode tok/s (new tokens after the
-  first), prefill tok/s (prompt tokens), greedy tokens compared; hybridspec also speculative, the
-  quantized draft proposing γ tokens (`--gamma`: one or several values, each timed; the table's
-  speculative column gives the fastest, every γ's figure beside it), against llama.cpp's plain decode;
+  first), prefill tok/s (prompt tokens), greedy tokens compared; hybridspec also speculative, each
+  drafter of `--drafts` proposing γ tokens (`--gamma`: one or several values, each timed; the
+  table's speculative column gives the fastest drafter and γ, every one's figure beside it), against
+  llama.cpp's plain decode. The drafters: "file", the quantized draft file; "layers", the target's
+  own first `--draft-layers` layers (`draft="layers:N"`, no second file). They differ where the
+  quantizer's per-layer rule does: Q4_K_M gives some layers' tensors 6 bits by their place among the
+  file's layers, so the 2-layer file's layers are not quantized as the target's first two are;
 - measured for resident memory: each runtime loads the file in a fresh process, the VmRSS delta
   after the load and after one 128-token prefill and 4 decoded tokens, against the file's tensor bytes.
 
@@ -167,31 +171,38 @@ def resident(runtime: str, path: Path, threads: int) -> dict:
 
 # -- timing --------------------------------------------------------------------------------------------
 
-def spec_name(gamma: int | str) -> str:
-    """The speculative runner of γ = gamma (its name in the rows)."""
-    return f"hybridspec speculative γ={gamma}"
+def spec_label(source: str, gamma: int | str, draft_layers: int) -> str:
+    """A speculative runner's label: its drafter ("file": the draft GGUF file; "layers": the target's
+    own first layers, `draft="layers:N"`) and γ."""
+    return f"{'draft file' if source == 'file' else f'layers:{draft_layers}'} γ={gamma}"
 
 
-def timing_row(fmt: str, n: int, threads: int, gammas: list, timed: dict) -> dict:
+def spec_name(label: str) -> str:
+    """The speculative runner of `label` (its name in the rows)."""
+    return f"hybridspec {label}"
+
+
+def timing_row(fmt: str, n: int, threads: int, labels: list[str], timed: dict) -> dict:
     s = timed["samples"]
     row = dict(format=fmt, prompt_len=n, threads=threads,
-               acceptance_rates={str(g): timed["acceptances"][spec_name(g)] for g in gammas})
+               acceptance_rates={label: timed["acceptances"][spec_name(label)] for label in labels})
     for name, (prefill, decode, _) in s.items():
         row[f"{name} decode tok/s"], row[f"{name} prefill tok/s"] = spread(decode), spread(prefill)
     if "llama.cpp" in s:
         row["plain tokens equal"] = same_tokens(s["hybridspec"][2], s["llama.cpp"][2])
-    row["speculative equals plain"] = all(s[spec_name(g)][2] == s["hybridspec"][2] for g in gammas)
+    row["speculative equals plain"] = all(s[spec_name(label)][2] == s["hybridspec"][2] for label in labels)
     return row
 
 
 def table_cells(row: dict) -> dict:
     med = {k: v["median"] for k, v in row.items() if isinstance(v, dict) and "median" in v}
-    specs = {g: med[f"{spec_name(g)} decode tok/s"] for g in row["acceptance_rates"]}
-    best = max(specs, key=specs.get)  # the fastest γ of those run (each γ's figure kept beside it)
+    specs = {label: med[f"{spec_name(label)} decode tok/s"] for label in row["acceptance_rates"]}
+    best = max(specs, key=specs.get)  # the fastest drafter and γ of those run (each one's figure kept beside it)
     cells = dict(format=row["format"], prompt=row["prompt_len"], threads=row["threads"],
                  ours_decode=med["hybridspec decode tok/s"], ours_prefill=med["hybridspec prefill tok/s"],
-                 spec_decode=specs[best], gamma=best, acceptance=row["acceptance_rates"][best],
-                 spec_by_gamma=", ".join(f"{g}: {v:.1f}" for g, v in specs.items()))
+                 spec_decode=specs[best], drafter=best, acceptance=row["acceptance_rates"][best],
+                 spec_by_drafter=", ".join(f"{label}: {v:.1f} ({row['acceptance_rates'][label]:.2f})"
+                                           for label, v in specs.items()))
     if "llama.cpp decode tok/s" in med:
         cells.update(llama_decode=med["llama.cpp decode tok/s"], llama_prefill=med["llama.cpp prefill tok/s"],
                      tokens_equal=row["plain tokens equal"])
@@ -258,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=gamma_arg, nargs="+", default=[4],
                         help="drafts per round, or auto (num_draft_tokens='auto': chosen per round, up to 8); "
                              "several: each timed, the fastest in the table's speculative column")
+    parser.add_argument("--drafts", nargs="+", choices=("file", "layers"), default=["file", "layers"],
+                        help="the drafters timed: 'file' the draft GGUF file (the first --draft-layers layers, "
+                             "quantized by the same tool), 'layers' the target's own first layers "
+                             "(draft='layers:N', the same file); default both")
     parser.add_argument("--scale", type=float, default=0.01, help="λ, as in llamacpp.py")
     parser.add_argument("--no-memory", action="store_true", help="skip the resident-memory probes")
     parser.add_argument("--keep", type=Path, default=None,
@@ -285,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             bench="llamacpp_quant", quick=args.quick, complete=complete, model=dict(family="granitemoehybrid", **shape),
             source=how, quantizer="hybridspec's writer" if missing else "llama.cpp's llama_model_quantize",
             llama_cpp_skipped=missing, new_tokens=new_tokens, repeats=repeats, thread_counts=args.thread_counts,
-            speculative=dict(draft_layers=args.draft_layers, gamma=args.gamma, scale=args.scale),
+            speculative=dict(draft_layers=args.draft_layers, gamma=args.gamma, drafts=args.drafts, scale=args.scale),
             targets=dict(decode=LLAMA_MIN, prefill=LLAMA_MIN, speculative=SPEC_VS_LLAMA_MIN,
                          resident_within=RESIDENT_WITHIN),
             checks=checks, memory=memory, writer=writer, rows=rows, table=[table_cells(r) for r in rows]))
@@ -317,19 +332,22 @@ def main(argv: list[str] | None = None) -> int:
                     memory.append(dict(format=fmt, runtime=runtime, tensor_bytes=total, **used,
                                        load_vs_file=used["load"] / total, run_vs_file=used["run"] / total))
                     print(f"resident ({fmt}, {runtime}): {memory[-1]}", flush=True)
-            draft = hs.load(paths["draft"])
+            drafts = {"file": hs.load(paths["draft"]) if "file" in args.drafts else None,
+                      "layers": f"layers:{args.draft_layers}"}
+            labels = {spec_label(source, g, args.draft_layers): (drafts[source], g)
+                      for source in args.drafts for g in args.gamma}
             ours_plain = OursRunner(target, max_len)
-            ours_specs = {spec_name(g): OursRunner(target, max_len, draft, g) for g in args.gamma}
+            ours_specs = {spec_name(label): OursRunner(target, max_len, draft, g) for label, (draft, g) in labels.items()}
             llamas = {} if missing else {t: LlamaRunner(paths["target"], t, max_len) for t in args.thread_counts}
             for n, prompt in prompts.items():
                 for threads in args.thread_counts:
                     runners = {"hybridspec": ours_plain, **ours_specs,
                                **({"llama.cpp": llamas[threads]} if llamas else {})}
                     timed = time_runners(runners, prompt, threads, new_tokens, repeats)
-                    rows.append(timing_row(fmt, n, threads, args.gamma, timed))
+                    rows.append(timing_row(fmt, n, threads, list(labels), timed))
                     print(f"{fmt}, prompt {n}, {threads} thread(s): {table_cells(rows[-1])}", flush=True)
                     save(False)
-            del llamas, ours_plain, ours_specs, draft, target
+            del llamas, ours_plain, ours_specs, drafts, target
         writer.extend(writer_checks(args, files, work, first, reference, new_tokens, missing))
     set_threads(threads_before)
     report([table_cells(r) for r in rows], checks, memory, writer, new_tokens, repeats, args)
@@ -372,13 +390,13 @@ def report(table, checks, memory, writer, new_tokens, repeats, args) -> None:
     print_table(table, [("format", "format"), ("prompt", "prompt"), ("threads", "threads"),
                         ("ours_decode", "ours decode"), ("llama_decode", "llama.cpp decode"), ("decode_ratio", "×"),
                         ("ours_prefill", "ours prefill"), ("llama_prefill", "llama.cpp prefill"),
-                        ("prefill_ratio", "×"), ("spec_decode", "ours speculative"), ("gamma", "γ"),
+                        ("prefill_ratio", "×"), ("spec_decode", "ours speculative"), ("drafter", "drafter"),
                         ("acceptance", "acceptance"),
                         ("spec_ratio", "spec / llama.cpp plain"), ("tokens_equal", "tokens equal"),
-                        ("spec_by_gamma", "speculative by γ")],
-                title=f"tok/s, {new_tokens} new tokens, medians of {repeats}; draft: first {args.draft_layers} "
-                      f"layers, same format, γ = {' '.join(map(str, args.gamma))} (the fastest in the table), "
-                      f"λ = {args.scale:g}")
+                        ("spec_by_drafter", "speculative by drafter (acceptance)")],
+                title=f"tok/s, {new_tokens} new tokens, medians of {repeats}; drafts: the first {args.draft_layers} "
+                      f"layers ({' and '.join(args.drafts)}), γ = {' '.join(map(str, args.gamma))} (the fastest "
+                      f"in the table), λ = {args.scale:g}")
 
 
 if __name__ == "__main__":

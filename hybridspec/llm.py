@@ -71,6 +71,7 @@ class LLM:
         (default: the embedded byte-level target).
     draft: a draft model directory, "ngram" (prompt lookup,
         `hs.NgramDrafter`), "suffix" (suffix decoding, `hs.SuffixDrafter`),
+        "mtp", "eagle3:DIR", "layers:N" (the model's own first N layers),
         None (plain decoding), a HybridModel or a `Drafter`
         (what `Engine(draft=...)` takes: `hybridspec.spec.drafters.as_draft`);
         default: the embedded draft with the embedded target, "ngram" otherwise.

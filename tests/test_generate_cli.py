@@ -72,6 +72,14 @@ def test_json_report_with_model_draft(capsys, pair):
     assert err == ""  # stderr is not a terminal: no progress bars
 
 
+def test_a_layer_skip_draft_from_the_command_line(capsys, pair):
+    target, _ = pair
+    report, _ = run_json(capsys, ["def f(x):", "--model", target, "--draft", "layers:1", "-n", "8", "--gamma", "3"])
+    assert report["draft"] == "layers:1 (layer-skip draft)" and report["same_as_plain"] is True
+    assert report["speculative"]["stats"]["drafted_tokens"] > 0
+    assert main(["generate", "x", "--model", target, "--draft", "layers:0", "-n", "2"]) == 2
+
+
 def test_ngram_and_plain_only(capsys, pair):
     target, _ = pair
     prompt = string.printable

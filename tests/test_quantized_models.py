@@ -1,6 +1,7 @@
 """Models with quantized linear weights (`HybridModel.quantize`, `hs.load(dir, quantize=...)`):
 which weights take which format, the typed refusals, and exactness on a quantized target:
-speculative greedy output equals plain output (a quantized draft model and prompt lookup), and a
+speculative greedy output equals plain output (a quantized draft model, the target's own first layers
+and prompt lookup), and a
 request's tokens do not depend on the batch around it."""
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def test_speculative_equals_plain_on_a_quantized_target(fmt):
     draft = perturbed_copy(quantizable_model(), scale=0.03, seed=1).quantize(fmt)
     prompts, params = workload(target.vocab_size, seed=5, max_new_tokens=(14, 9, 11))
     expected = plain_outputs(target, prompts, params)
-    for drafter, gamma, policy in ((draft, 4, "k=1"), (draft, 2, "k=0"), (hs.NgramDrafter(), 4, "log off")):
+    for drafter, gamma, policy in ((draft, 4, "k=1"), (draft, 2, "k=0"), (hs.NgramDrafter(), 4, "log off"),
+                                   ("layers:1", 3, "k=1")):
         # no state check against a fresh prefill: rounding activations to int8 turns a last-place
         # difference between the chunked scan and the steps into a step of the rounding grid
         result = speculative_parity(f"{fmt} γ={gamma} {policy}", target, drafter, gamma, POLICIES[policy], prompts,

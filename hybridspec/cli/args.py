@@ -17,10 +17,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --draft and --tokenizer, as `generate` and `serve` take them."""
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="target model directory, anything hs.load reads (default: the embedded target)")
-    parser.add_argument("--draft", metavar="DIR|ngram|suffix|mtp|eagle3[:DIR]|none", default=None,
+    parser.add_argument("--draft", metavar="DIR|ngram|suffix|mtp|eagle3[:DIR]|layers:N|none", default=None,
                         help="draft model directory, 'ngram' for prompt lookup, 'suffix' for suffix decoding, "
                              "'mtp' for the target checkpoint's MTP layer ('mtp:DIR': one trained beside it), "
-                             "'eagle3:DIR' for an EAGLE-3 head ('eagle3': the embedded target's), or "
+                             "'eagle3:DIR' for an EAGLE-3 head ('eagle3': the embedded target's), 'layers:N' for "
+                             "a layer-skip draft (the target's own first N layers and LM head), or "
                              "'none' for plain decoding only (default: the embedded draft with the embedded "
                              "target, else ngram)")
     parser.add_argument("--tokenizer", metavar="DIR", default=None,
@@ -89,9 +90,9 @@ EMBEDDED = "embedded"  # the word a model flag takes for the embedded pair (`hyb
 
 
 def reads_target(spec: str) -> bool:
-    """Whether a --draft value names a drafter that reads the target's hidden states
-    ("mtp", "mtp:DIR", "eagle3", "eagle3:DIR"), which the Engine builds over the target itself."""
-    return spec in ("mtp", "eagle3") or spec.startswith(("mtp:", "eagle3:"))
+    """Whether a --draft value names a drafter built over the target itself by the Engine: one that
+    reads its hidden states ("mtp", "mtp:DIR", "eagle3", "eagle3:DIR") or its first layers ("layers:N")."""
+    return spec in ("mtp", "eagle3") or spec.startswith(("mtp:", "eagle3:", "layers:"))
 
 
 def model_path(flag: str, text: str, draft: bool = False) -> str:

@@ -29,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR|embedded",
                         help="model directory hs.load reads, or 'embedded' for the embedded byte-level target "
                              "(default: a built-in tiny random hybrid model)")
-    parser.add_argument("--draft", default="perturbed", metavar="DIR|embedded|ngram|suffix|mtp|perturbed",
+    parser.add_argument("--draft", default="perturbed", metavar="DIR|embedded|ngram|suffix|mtp|layers:N|perturbed",
                         help="drafter: a model directory, 'embedded' for the embedded draft, prompt lookup "
-                             "(ngram), suffix decoding (suffix), or a copy of the target with 3%% multiplicative weight noise (perturbed, "
+                             "(ngram), suffix decoding (suffix), the target's first N layers (layers:N), or a copy of the target with 3%% multiplicative weight noise (perturbed, "
                              "the default)")
     parser.add_argument("--quick", action="store_true",
                         help="γ in {1, 4}, fewer drafters, shorter generations")

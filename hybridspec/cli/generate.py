@@ -162,7 +162,8 @@ def load_models(args: argparse.Namespace, dtype, device: str):
     if draft_spec == "suffix":
         return target, hs.SuffixDrafter(), target_dir, target_name, "suffix (suffix decoding)"
     if reads_target(draft_spec):  # the Engine reads it beside the target
-        kind = "EAGLE-3 head" if draft_spec.startswith("eagle3") else "MTP layer"
+        kind = ("EAGLE-3 head" if draft_spec.startswith("eagle3") else "layer-skip draft"
+                if draft_spec.startswith("layers:") else "MTP layer")
         return target, draft_spec, target_dir, target_name, f"{draft_spec} ({kind})"
     name = "embedded draft" if args.model is None and args.draft is None else draft_spec
     draft = load_model("--draft", draft_spec, also=" (or pass --draft ngram, --draft suffix or --draft none)",

@@ -186,7 +186,9 @@ class Engine:
         the target's vocabulary, a draft model directory (loaded in the
         target's dtype, on its device), "ngram" or `hs.NgramDrafter(...)`
         (prompt lookup), "suffix" or `hs.SuffixDrafter(...)` (suffix
-        decoding), or any `hybridspec.spec.Drafter` (`as_draft`: what
+        decoding), "mtp" / "eagle3:DIR" (over the target's hidden states),
+        "layers:N" (a layer-skip draft: the target's first N layers, its
+        final norm and LM head, `HybridModel.first_layers`), or any `hybridspec.spec.Drafter` (`as_draft`: what
         `hs.LLM(draft=...)` takes).
     config: an `hs.EngineConfig` holding the settings below; or the settings
         as keyword arguments (`hs.Engine(target, max_batch_size=32)`). Both:

@@ -11,6 +11,8 @@ and writes K/V for the new positions; only the bookkeeping differs.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -168,6 +170,39 @@ class HybridModel(Kernelled, nn.Module):
                     part.reduce = tp.all_reduce
         self.bind_backend(self.backend_name)
         return self
+
+    def first_layers(self, n: int) -> "HybridModel":
+        """This model's embedding, first `n` layers, final norm and LM head as a model of its own: a
+        layer-skip (early-exit) draft of it, `draft="layers:N"`. The modules are this model's, no
+        weight copied (a quantized target's draft reads the same blocks); its states and KV pages
+        are its own cache's. Build it from the target as it will run (after `pack_for_cpu`,
+        `set_compute`, `quantize`): those replace the target's weights under it. A ConfigError for
+        `n` outside 1 … num_layers − 1 or a tensor-parallel shard."""
+        cfg = self.config
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < cfg.num_layers:
+            raise ConfigError(f"first_layers({n!r}): a layer-skip draft takes 1 to {cfg.num_layers - 1} of the "
+                              f"target's {cfg.num_layers} layers")
+        if self.tensor_parallel is not None:
+            raise ConfigError("first_layers: this model is a tensor-parallel shard; draft with a model of its own, "
+                              "'mtp', 'ngram' or 'suffix'")
+        shared = cfg.shared_blocks
+        if shared is not None:  # the occurrences among the first n (block_of stays what it was for them)
+            kept = tuple(i for i in shared.occurrences if i < n)
+            shared = dataclasses.replace(shared, occurrences=kept) if kept else None
+        draft = HybridModel.__new__(HybridModel)
+        nn.Module.__init__(draft)
+        # recurrent and attention layers keep their slots: the first n layers' indices into mamba_layers
+        # and attention_layers are the same in the shorter lists
+        draft.config = dataclasses.replace(cfg, layer_types=cfg.layer_types[:n], ffn_types=cfg.ffn_types[:n],
+                                           shared_blocks=shared)
+        draft.embed = self.embed
+        draft.shared_blocks = self.shared_blocks if shared is not None else None
+        draft.layers = nn.ModuleList(self.layers[:n])
+        draft.final_norm, draft.lm_head = self.final_norm, self.lm_head
+        draft.backend_name, draft.compute = self.backend_name, self.compute
+        draft.tensor_parallel = draft.vocab_shard = draft.load_report = draft.source_dir = None
+        draft.bind_backend(self.backend_name)
+        return draft
 
     def describe(self) -> ModelDesc:
         """What the kernels see of this model (`kernels.descriptors`)."""

@@ -106,7 +106,8 @@ MODEL_FREE = {"ngram": NgramDrafter, "suffix": SuffixDrafter}  # the names that 
 DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix decoding), "mtp" (the target '
                'checkpoint\'s multi-token-prediction layer; "mtp:DIR": one trained beside it), "eagle3:DIR" '
                '(an EAGLE-3 head trained for the target, in the published format; "eagle3": the embedded '
-               'target\'s), a draft model '
+               'target\'s), "layers:N" (a layer-skip draft: the target\'s own first N layers, final norm and '
+               'LM head, no weight copied), a draft model '
                'directory, a HybridModel (hs.from_hf / hs.load) sharing the target\'s vocabulary, '
                'hs.NgramDrafter(...), hs.SuffixDrafter(...), or a Drafter: '
                'model, cache, prefix, start, backlog, propose, commit, revert, release and check_invariant '
@@ -116,8 +117,8 @@ DRAFT_FORMS = ('None (plain decoding), "ngram" (prompt lookup), "suffix" (suffix
 def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridModel | Drafter | None:
     """What an `Engine(draft=...)` or `LLM(draft=...)` argument names, in one of
     the forms an Engine runs: None, a HybridModel, or a Drafter. "ngram" is
-    `NgramDrafter()`, "suffix" `SuffixDrafter()`; "mtp", "mtp:DIR", "eagle3" and "eagle3:DIR"
-    stay strings, read over the target by `as_drafter`; any other string or path is a draft model directory,
+    `NgramDrafter()`, "suffix" `SuffixDrafter()`; "mtp", "mtp:DIR", "eagle3", "eagle3:DIR" and
+    "layers:N" stay strings, read over the target by `as_drafter`; any other string or path is a draft model directory,
     loaded (`hs.load`) in `dtype` on `device` (None: the weights' stored dtype, the CPU)."""
     if draft is None or isinstance(draft, (HybridModel, Drafter)):
         return draft
@@ -127,6 +128,9 @@ def as_draft(draft, dtype: torch.dtype | None = None, device=None) -> HybridMode
         return draft  # read from the target's checkpoint by `as_drafter`
     if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
         return draft  # read over the target by `as_drafter`
+    if isinstance(draft, str) and draft.startswith("layers:"):
+        layer_skip_layers(draft)  # checked here, built over the target by `as_drafter`
+        return draft
     if isinstance(draft, (str, Path)):
         return load(draft, dtype=dtype, device="cpu" if device is None else device)
     raise ConfigError(f"draft={_short(draft)} ({type(draft).__name__}) is not a drafter; pass {DRAFT_FORMS}")
@@ -145,6 +149,8 @@ def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
         return MTPDrafter(load_mtp(target, draft[4:] or None), cache_kwargs, tree)
     if isinstance(draft, str) and (draft == "eagle3" or draft.startswith("eagle3:")):
         return Eagle3Drafter(load_eagle3(target, draft[len("eagle3:"):] or None), cache_kwargs, tree)
+    if isinstance(draft, str) and draft.startswith("layers:"):
+        return ModelDrafter(target.first_layers(layer_skip_layers(draft)), gamma, cache_kwargs, prefix_cache, tree)
     draft = as_draft(draft, target.dtype, target.device)
     if not isinstance(draft, HybridModel):
         if tree is not None:
@@ -157,6 +163,15 @@ def as_drafter(draft, target: HybridModel, gamma: int, cache_kwargs: dict,
         raise ConfigError(f"draft vocabulary ({draft.vocab_size}) differs from the target's "
                           f"({target.vocab_size}); the drafter must share the target's tokenizer")
     return ModelDrafter(draft, gamma, cache_kwargs, prefix_cache, tree)
+
+
+def layer_skip_layers(draft: str) -> int:
+    """N of a "layers:N" draft (the target's first N layers: `HybridModel.first_layers`)."""
+    text = draft[len("layers:"):]
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"draft={draft!r}: a layer-skip draft is 'layers:N', N the count of the target's first "
+                          "layers it runs (1 or more, fewer than the target has), e.g. 'layers:2'")
+    return int(text)
 
 
 def _short(value) -> str:
