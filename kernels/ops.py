@@ -104,6 +104,10 @@ class Linear:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
+    def quant_layout(self, weight: QuantWeight) -> QuantWeight:
+        """A quantized weight as these products read it fastest (torch's: as it is)."""
+        return weight
+
 
 class NativeLinear(Linear):
     """The few-row C kernel (`cpu_rows`) where it takes the operands; a `QuantWeight`'s products
@@ -128,6 +132,10 @@ class NativeLinear(Linear):
         if bias is not None:
             out += bias
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
+    def quant_layout(self, weight: QuantWeight) -> QuantWeight:
+        """Interleaved where the C products read it so faster (`cpu_quant.laid_out`)."""
+        return cpu_quant.laid_out(weight) if cpu_native.available() else weight
 
 
 class NativeBf16Linear(NativeLinear):

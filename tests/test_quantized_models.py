@@ -165,3 +165,31 @@ def test_the_rollback_suite_passes_on_a_quantized_target():
     draft = perturbed_copy(quantizable_model(), scale=0.03, seed=1).quantize("q4_k")
     failed = [f"{r.name}: {r.detail}" for r in run_suite(target, draft, quick=True) if not r.passed]
     assert not failed, failed
+
+
+@x86_with_compiler
+def test_q4_k_products_are_interleaved_where_the_vnni_tiles_read_them_with_the_same_logits():
+    """On AVX512-VNNI quantizing (and packing) lays Q4_K product weights out interleaved
+    (`QuantWeight.interleave`) but never the embedding the lookup reads; the logits are the bits of
+    the same weights in GGUF's order."""
+    from hybridspec.kernels.cpu import quant as cpu_quant
+    model = quantizable_model().quantize("q4_k")
+    q4k = [p for p in model.parameters() if isinstance(p, QuantWeight) and p.fmt.name == "q4_k"]
+    assert q4k and not getattr(model.embed, "interleaved", False)
+    if cpu_quant.vector_path() != "avx512vnni":
+        assert not any(p.interleaved for p in q4k)
+        return
+    assert all(p.interleaved for p in q4k if p.can_interleave())
+    tokens = [[5, 17, 3, 90, 41, 8, 8, 2], [60, 1]]
+
+    def logits(m):
+        cache = HybridCache(m.config, max_seqs=2, num_blocks=8, block_size=16, ring_slots=2, dtype=m.dtype)
+        return m.prefill(cache, [0, 1], tokens)
+    interleaved = logits(model)
+    for module in model.modules():
+        for name, weight in list(module.named_parameters(recurse=False)):
+            if isinstance(weight, QuantWeight) and weight.interleaved:
+                setattr(module, name, QuantWeight(weight.blocks(), weight.fmt, weight.out_features, weight.in_features))
+    model.bind_backend(model.backend_name)
+    assert not any(getattr(p, "interleaved", False) for p in model.parameters())
+    assert torch.equal(logits(model), interleaved)

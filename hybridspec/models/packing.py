@@ -122,7 +122,21 @@ def pack(model, exact_16bit: bool = True) -> None:
     if float32:  # anything else `load` left in 16 bits takes the float32 model's own dtype
         widen_16bit(model, keep=lambda module, name, weight: (products(module, name, weight)
                                                               or key(weight) == key(model.embed)))
+    lay_out_quantized(model)
     model.bind_backend(model.backend_name)  # the kernels' weight pointers name the old tensors
+
+
+def lay_out_quantized(model) -> None:
+    """Each quantized product weight as the backend's products read it fastest (`Linear.quant_layout`:
+    on AVX512-VNNI Q4_K interleaved, the same bytes in another order), but the embedding and a weight
+    tied to it (the lookup reads its rows as GGUF lays them). The caller rebinds the backend."""
+    embed, laid = model.embed.data_ptr(), {}
+    for module in model.modules():
+        for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            if isinstance(weight, QuantWeight) and weight.data_ptr() != embed:
+                if id(weight) not in laid:  # a weight several modules hold (a shared block) stays one
+                    laid[id(weight)] = model.backend.linear.quant_layout(weight)
+                setattr(module, name, laid[id(weight)])
 
 
 def widen_16bit(model, keep=lambda module, name, weight: False) -> None:

@@ -22,6 +22,7 @@ from hybridspec.kernels.cpu.panels import PanelWeight
 from hybridspec.kernels.quant import formats
 from hybridspec.kernels.quant.formats import BlockFormat
 from hybridspec.kernels.quant.weight import QuantWeight
+from hybridspec.models import packing
 
 QUANTIZED = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj", "in_proj",
                        "out_proj"})
@@ -82,4 +83,5 @@ def quantize(model, fmt: BlockFormat) -> None:
             model.embed = model.lm_head
     if not isinstance(model.embed, QuantWeight) and (chosen := weight_format(model.embed, fmt)) is not None:
         model.embed = quantized(model.embed, chosen)
+    packing.lay_out_quantized(model)
     model.bind_backend(model.backend_name)

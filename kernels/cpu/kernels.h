@@ -38,6 +38,7 @@ int hs_set_pinning(int on); /* bind each helper to one CPU (1) or not (0, the de
 #define HS_Q4_0 1
 #define HS_Q4_K 2
 #define HS_Q6_K 3
+#define HS_X16 16 /* with a format's code: its rows interleaved by 16 (cpu/quant.c, `QuantWeight.interleaved`) */
 /* cpu/quant_rows.c: row `row` of a quantized weight [N, K] as float32 (`formats.dequantize`'s values) */
 int hs_quant_row(const uint8_t *w, int fmt, int64_t K, int64_t row, float *out);
 int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,

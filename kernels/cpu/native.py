@@ -396,7 +396,7 @@ def quant_header(weight: QuantWeight) -> torch.Tensor:
     so it lives as long as the address a block or the whole forward holds)."""
     header = getattr(weight, "_hs_header", None)
     if header is None or int(header[1]) != weight.data_ptr():
-        header = torch.tensor([weight.fmt.code, weight.data_ptr()], dtype=torch.int64)
+        header = torch.tensor([weight.code, weight.data_ptr()], dtype=torch.int64)
         if header.data_ptr() % 16:  # torch's CPU allocations are 64-byte aligned; the tag needs 16
             raise CpuKernelsUnavailable(f"a quantized weight's header at {header.data_ptr():#x} is not 16-byte "
                                         "aligned")

@@ -1,6 +1,7 @@
 /* Quantized matrix products on x86 CPUs (AVX2 + FMA; AVX512-VNNI's dot product where present):
  * y[M, N] = x[M, K] @ Wᵀ, W [N, K] in GGUF's Q8_0, Q4_0 or Q4_K blocks (`kernels/quant/formats.py`),
- * each row of W its blocks back to back, as a GGUF tensor lies. Built by `cpu/native.py`, used
+ * each row of W its blocks back to back, as a GGUF tensor lies (or Q4_K's interleaved by 16 rows:
+ * HS_X16, below). Built by `cpu/native.py`, used
  * through `cpu/quant.py`.
  *
  * Activations, as llama.cpp multiplies them: each row of x is quantized once per call to int8 blocks
@@ -55,7 +56,15 @@ typedef struct {
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
+    int x16; /* the weight's rows interleaved by X16_ROWS (HS_X16) */
 } quant_job;
+
+/* Interleaved weights (HS_X16, `QuantWeight.interleaved`; Q4_K only): each X16_ROWS rows' super-block b,
+ * their 16 blocks of 36 32-bit words, lies as the words transposed (word i of the 16 rows side by side,
+ * 64 bytes, then word i + 1), at b · 16 · 144 from the group's first row: what the 16-column tiles
+ * would otherwise transpose as they read it (quant_q4k.h), in the same bytes. AVX2 and the rows'
+ * dequantization read a group after undoing that (x16_plain_columns, `formats`' interleave). */
+#define X16_ROWS 16
 
 static inline uint16_t half_at(const uint8_t *p) {
     uint16_t h;
@@ -195,15 +204,40 @@ static void k_pair_activations(int8_t *q, int64_t n) {
     }
 }
 
+/* columns c0 … c1 − 1 on the path in use */
+static void plain_columns(const quant_job *j, int64_t c0, int64_t c1) {
+    if (j->fmt == HS_Q6_K) q6_columns(j, c0, c1, vnni == 1);
+    else if (vnni == 1) columns_vnni(j, c0, c1);
+    else columns_avx2(j, c0, c1);
+}
+
+/* interleaved weights where the path reads plain rows (AVX2): each group of X16_ROWS rows undone into
+ * a copy, its columns multiplied from there (the same products, the same bits) */
+static void x16_plain_columns(const quant_job *j, int64_t c0, int64_t c1) {
+    const int64_t words = j->row_bytes / 4, blocks = j->K / 256, block_words = 36;
+    uint32_t *rows = aligned_alloc(64, (size_t)(X16_ROWS * j->row_bytes));
+    if (!rows) return;
+    for (int64_t n = c0; n < c1; n += X16_ROWS) {
+        const uint32_t *group = (const uint32_t *)(j->w + n * j->row_bytes);
+        for (int64_t b = 0; b < blocks; ++b)
+            for (int64_t i = 0; i < block_words; ++i)
+                for (int c = 0; c < X16_ROWS; ++c)
+                    rows[c * words + b * block_words + i] = group[(b * block_words + i) * X16_ROWS + c];
+        quant_job one = *j;
+        one.w = (const uint8_t *)rows, one.y = j->y + n, one.N = j->N, one.x16 = 0;
+        plain_columns(&one, 0, X16_ROWS);
+    }
+    free(rows);
+}
+
 /* part `part` of `parts`: its share of the columns, in chunks of 16 */
 static void quant_part(void *ctx, int part, int parts) {
     const quant_job *j = ctx;
     const int64_t chunks = (j->N + 15) / 16;
     const int64_t c0 = chunks * part / parts * 16, c1 = part + 1 == parts ? j->N : chunks * (part + 1) / parts * 16;
     if (c0 >= c1) return;
-    if (j->fmt == HS_Q6_K) q6_columns(j, c0, c1, vnni == 1);
-    else if (vnni == 1) columns_vnni(j, c0, c1);
-    else columns_avx2(j, c0, c1);
+    if (j->x16 && vnni != 1) x16_plain_columns(j, c0, c1);
+    else plain_columns(j, c0, c1);
 }
 
 /* y[M, N] = x[M, K] @ w[N, K]ᵀ, w in format `fmt` (HS_Q8_0, HS_Q4_0, HS_Q4_K, HS_Q6_K); K a multiple of the
@@ -211,6 +245,9 @@ static void quant_part(void *ctx, int part, int parts) {
  * computed) or no memory for the rounded activations. */
 int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
                     float *y) {
+    const int x16 = (fmt & HS_X16) != 0;
+    fmt &= ~HS_X16;
+    if (x16 && (fmt != HS_Q4_K || N % X16_ROWS)) return -1;
     const int64_t block = fmt >= HS_Q4_K ? 256 : 32;
     const int64_t bytes = fmt == HS_Q6_K ? Q6_BYTES : fmt == HS_Q4_K ? 144 : fmt == HS_Q4_0 ? 18 : 34;
     if (fmt < HS_Q8_0 || fmt > HS_Q6_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
@@ -226,7 +263,7 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     int16_t *s16 = (int16_t *)(q + M * K);
     quantize_rows(x, ldx, M, K, block, q, d, s);
     k_sums16(s, (int64_t)n_s16, s16);
-    if (fmt == HS_Q4_K && vnni == 1 && M <= K_COLUMN_ROWS) k_pair_activations(q, M * K);
+    if (fmt == HS_Q4_K && vnni == 1 && M <= K_COLUMN_ROWS && !x16) k_pair_activations(q, M * K);
 
     int32_t *xo = fmt == HS_Q6_K ? malloc((size_t)(M * K)) : NULL;
     if (fmt == HS_Q6_K && !xo) {
@@ -234,7 +271,7 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
         return -1;
     }
     if (xo) q6_offsets(q, M, K, vnni == 1, xo);
-    quant_job job = {w, q, d, s, s16, xo, y, M, K, N, K / block * bytes, fmt};
+    quant_job job = {w, q, d, s, s16, xo, y, M, K, N, K / block * bytes, fmt, x16};
     const int64_t work = M * N * (K / 32);
     const int threads = hs_threads(), widest = (int)((N + 15) / 16);
     const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;

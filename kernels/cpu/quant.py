@@ -43,10 +43,19 @@ def quant_matmul(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
     M, K = x.shape
     out = torch.empty(M, weight.out_features, dtype=torch.float32)
     row_stride = x.stride(0) if M > 1 else K
-    if cpu_native.library().hs_quant_matmul(x.data_ptr(), row_stride, weight.data_ptr(), weight.fmt.code, M, K,
+    if cpu_native.library().hs_quant_matmul(x.data_ptr(), row_stride, weight.data_ptr(), weight.code, M, K,
                                             weight.out_features, out.data_ptr()) != 0:
         raise ValueError(f"quant_matmul: not taken: x {tuple(x.shape)} stride {x.stride()}, {weight!r}")
     return out
+
+
+def laid_out(weight: QuantWeight) -> QuantWeight:
+    """`weight` as these products read it fastest: interleaved (`QuantWeight.interleave`) on the
+    AVX512-VNNI path, whose 16-column tiles then load what they would transpose (cpu/quant.c, HS_X16),
+    where it can be; else as it is. The same values and products either way."""
+    if weight.interleaved or not weight.can_interleave() or vector_path() != "avx512vnni":
+        return weight
+    return weight.interleave()
 
 
 def error_bound(x_rounded: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -142,11 +142,10 @@ typedef struct {
     v16 d, dmin;
 } k16_block;
 
-/* the head of super-block b of the 16 rows at blk[0] … blk[15] (each row's block): d, dmin, the
- * scales and the min pairs (ggml's get_scale_min_k4, in every lane) */
-QTARGET static inline __attribute__((always_inline)) void QS(k16_head)(const uint8_t *const blk[16], k16_block *out) {
-    v16i head[4]; /* d | dmin << 16, then the 12 bytes of packed scales and mins: q0-3, q4-7, q8-11 */
-    u32x16_transposed16(blk, head);
+/* the head of super-block b of 16 rows, head[0] lane c row c's d | dmin << 16, head[1 … 3] its 12
+ * bytes of packed scales and mins (q0-3, q4-7, q8-11): d, dmin, the scales and the min pairs (ggml's
+ * get_scale_min_k4, in every lane) */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_head_of)(const v16i head[4], k16_block *out) {
     out->d = v16_f16_half(head[0], 0), out->dmin = v16_f16_half(head[0], 1);
     const v16i q0 = head[1], q4 = head[2], q8 = head[3];
     const v16i sc_lo = v16i_and_bits(q0, 0x3F3F3F3F), mn_lo = v16i_and_bits(q4, 0x3F3F3F3F);
@@ -163,6 +162,13 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_head)(const uin
     }
 }
 
+/* the head of super-block b of the 16 rows at blk[0] … blk[15] (each row's block), transposed as read */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_head)(const uint8_t *const blk[16], k16_block *out) {
+    v16i head[4];
+    u32x16_transposed16(blk, head);
+    QS(k16_head_of)(head, out);
+}
+
 /* the nibbles of chunk `chunk` of the 16 rows' blocks at blk[…] (32 bytes each): lo[k] sub-block
  * 2·chunk's values 4k … 4k + 3, hi[k] the next sub-block's */
 QTARGET static inline __attribute__((always_inline)) void QS(k16_chunk)(const uint8_t *const blk[16], int chunk,
@@ -176,9 +182,45 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_chunk)(const ui
     for (int k = 0; k < 8; ++k) lo[k] = u8x64_low_nibbles(w[k]), hi[k] = u8x64_high_nibbles(w[k]);
 }
 
+/* interleaved weights (X16_ROWS, quant.c): super-block b of the 16 rows lies at `at` as the k16 tiles
+ * read it, its 36 words a vector each (lane c row c's word), head first (k16_head_of's), then each
+ * chunk's 8 (k16_chunk's w) */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_x16_head)(const uint8_t *at, k16_block *out) {
+    v16i head[4];
+    for (int i = 0; i < 4; ++i) head[i] = v16i_load(at + 64 * i);
+    QS(k16_head_of)(head, out);
+}
+QTARGET static inline __attribute__((always_inline)) void QS(k16_x16_chunk)(const uint8_t *at, int chunk, v16i lo[8],
+                                                                           v16i hi[8]) {
+    for (int k = 0; k < 8; ++k) {
+        const v16i w = v16i_load(at + 64 * (4 + 8 * chunk + k));
+        lo[k] = u8x64_low_nibbles(w), hi[k] = u8x64_high_nibbles(w);
+    }
+}
+
+/* where super-block b of the interleaved 16 rows at `group` lies, and what is read next prefetched:
+ * a tile (`decoding` 0) reads the weight as one stream, and the super-block two on goes into L1; the
+ * decoding into the tiles' cache (`decoding` 1) reads a group in a burst before the tiles' work, and
+ * the same super-block of the next group goes into L1, of the one after into L2, as tile16_blocks
+ * does for plain rows */
+static inline __attribute__((always_inline)) const uint8_t *k16_x16_at(const quant_job *j, const uint8_t *group,
+                                                                      int64_t b, int decoding) {
+    const uint8_t *at = group + b * 16 * 144;
+    for (int line = 0; line < 16 * 144; line += 64)
+        if (decoding) prefetch_l1(at + 16 * j->row_bytes + line), prefetch_l2(at + 32 * j->row_bytes + line);
+        else prefetch_l1(at + 2 * 16 * 144 + line);
+    return at;
+}
+
 /* super-block b of the rows row[0] … row[15] decoded whole into out (the tiles' cache) */
 QTARGET static inline __attribute__((always_inline)) void QS(k16_decode)(const quant_job *j, const uint8_t *const row[16],
                                                                         int64_t b, k16_block *out) {
+    if (j->x16) {
+        const uint8_t *at = k16_x16_at(j, row[0], b, 1);
+        QS(k16_x16_head)(at, out);
+        for (int chunk = 0; chunk < 4; ++chunk) QS(k16_x16_chunk)(at, chunk, out->q[2 * chunk], out->q[2 * chunk + 1]);
+        return;
+    }
     const uint8_t *blk[16];
     tile16_blocks(j, row, b, 144, blk);
     QS(k16_head)(blk, out);
@@ -203,6 +245,27 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_chunk_rows)(con
     for (int r = 0; r < R; ++r) total[r] = v16i_add(total[r], v16i_add(v16i_mul(s0[r], sc_lo), v16i_mul(s1[r], sc_hi)));
 }
 
+/* k16_chunk_rows from interleaved weights at `at`, one sub-block at a time (its nibbles split from
+ * each word as loaded; the words read twice, from L1): the sums of R rows and one nibble vector in
+ * registers, not 16 nibble vectors and two sums per row (which spilled) */
+QTARGET static inline __attribute__((always_inline)) void QS(k16_x16_chunk_rows)(const quant_job *j, const uint8_t *at,
+                                                                                v16i sc_lo, v16i sc_hi, int64_t m0,
+                                                                                int R, int64_t b, int chunk,
+                                                                                v16i total[ACC_ROWS]) {
+    for (int half = 0; half < 2; ++half) { /* the low nibbles (sub-block 2·chunk), then the high */
+        v16i sum[ACC_ROWS];
+        for (int r = 0; r < R; ++r) sum[r] = v16i_zero();
+        for (int k = 0; k < 8; ++k) {
+            const v16i w = v16i_load(at + 64 * (4 + 8 * chunk + k));
+            const v16i q = half ? u8x64_high_nibbles(w) : u8x64_low_nibbles(w);
+            for (int r = 0; r < R; ++r)
+                sum[r] = dot_u8_lanes_vnni16(sum[r], q, i8x4_broadcast16(j->xq + (m0 + r) * j->K + b * 256 + 64 * chunk
+                                                                         + 32 * half + 4 * k));
+        }
+        for (int r = 0; r < R; ++r) total[r] = v16i_add(total[r], v16i_mul(sum[r], half ? sc_hi : sc_lo));
+    }
+}
+
 /* rows m0 … m0 + R − 1 at super-block b, its sums total[r] made: times d · dx into the sums; the
  * mins' Σ_s m_s · xsum_s times dmin · dx into the mins' chains */
 QTARGET static inline __attribute__((always_inline)) void QS(k16_finish)(const quant_job *j, const k16_block *h, int64_t m0,
@@ -220,9 +283,10 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_finish)(const q
 }
 
 /* a tile of R rows by 16 columns, lane c column n0 + c (columns past the first C: the last again, not
- * stored); the super-blocks from `decoded` or decoded here, chunk by chunk */
+ * stored); the super-blocks from `decoded`, or read here chunk by chunk: interleaved (`x16`, a
+ * constant where inlined) or transposed as read */
 QTARGET static inline __attribute__((always_inline)) void QS(k16_tile)(const quant_job *j, int64_t m0, int R, int64_t n0,
-                                                                      int C, const k16_block *decoded) {
+                                                                      int C, const k16_block *decoded, int x16) {
     const uint8_t *row[16];
     tile_rows(j, n0, C, 16, row);
     v16 acc[ACC_ROWS], mins[ACC_ROWS];
@@ -236,6 +300,13 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_tile)(const qua
                 QS(k16_chunk_rows)(j, w->q[2 * chunk], w->q[2 * chunk + 1], w->sc[2 * chunk], w->sc[2 * chunk + 1], m0,
                                    R, b, chunk, total);
             QS(k16_finish)(j, w, m0, R, b, total, acc, mins);
+        } else if (x16) {
+            const uint8_t *at = k16_x16_at(j, row[0], b, 0);
+            k16_block h; /* its head only */
+            QS(k16_x16_head)(at, &h);
+            for (int chunk = 0; chunk < 4; ++chunk)
+                QS(k16_x16_chunk_rows)(j, at, h.sc[2 * chunk], h.sc[2 * chunk + 1], m0, R, b, chunk, total);
+            QS(k16_finish)(j, &h, m0, R, b, total, acc, mins);
         } else {
             const uint8_t *blk[16];
             k16_block h; /* its head only */
@@ -256,13 +327,15 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_tile)(const qua
     }
 }
 
-/* a 16-column tile with R made a constant, and whether its super-blocks come decoded */
+/* a 16-column tile with R made a constant, and where its super-blocks come from (each its own code:
+ * the registers each path needs) */
 QTARGET static void QS(k16_tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0, int C,
                                        const k16_block *decoded) {
 #define K16CASE(r)                                                             \
     case r:                                                                    \
-        if (decoded) QS(k16_tile)(j, m0, r, n0, C, decoded);                   \
-        else QS(k16_tile)(j, m0, r, n0, C, NULL);                              \
+        if (decoded) QS(k16_tile)(j, m0, r, n0, C, decoded, 0);                \
+        else if (j->x16) QS(k16_tile)(j, m0, r, n0, C, NULL, 1);               \
+        else QS(k16_tile)(j, m0, r, n0, C, NULL, 0);                           \
         break;
     switch (R) {
         K16CASE(1) K16CASE(2) K16CASE(3) K16CASE(4) K16CASE(5) K16CASE(6)

@@ -194,7 +194,7 @@ QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
         return;
     }
 #ifdef QWIDE_K
-    if (j->fmt == HS_Q4_K && j->M > K_COLUMN_ROWS) { /* 16 columns in the lanes; more rows than a tile:
+    if (j->fmt == HS_Q4_K && (j->M > K_COLUMN_ROWS || j->x16)) { /* 16 columns in the lanes; more rows than a tile:
                                                       * decoded once per chunk */
         k16_block *decoded = j->M > TILE_ROWS ? aligned_alloc(64, (size_t)(j->K / 256) * sizeof *decoded) : NULL;
         QS(k16_columns)(j, c0, c1, decoded);

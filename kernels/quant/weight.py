@@ -6,6 +6,11 @@ Its data is uint8 [out, in / block · nbytes], each row the row's blocks back to
 a GGUF tensor of that type and shape): `from_blocks` wraps such bytes as they are (a GGUF file's
 tensor, no requantizing), `quantize` makes them from float values. It is frozen (no gradient);
 `dequantize` gives the float32 values [out, in].
+
+`interleave` gives the same bytes in another order, where the native products read them so fastest
+(`cpu/quant.py`'s `laid_out`, at packing): Q4_K's rows in groups of INTERLEAVE_ROWS, each group's
+super-block b as its 16 blocks' 4-byte words transposed (word i of the 16 rows side by side, then
+word i + 1), the group's super-blocks in order. The values, `dequantize` and `rows` are the same.
 """
 from __future__ import annotations
 
@@ -17,18 +22,53 @@ from hybridspec.kernels.quant import formats
 from hybridspec.kernels.quant.formats import BlockFormat
 
 
-class QuantWeight(nn.Parameter):
-    """A frozen product weight [out_features, in_features] in the block format `fmt` (see the module)."""
+INTERLEAVE_ROWS = 16  # rows per interleaved group (cpu/quant.c's X16_ROWS)
+INTERLEAVED_FLAG = 16  # added to the format's code for interleaved bytes (cpu/kernels.h's HS_X16)
+INTERLEAVES = ("q4_k",)  # the formats `interleave` takes (blocks of whole 4-byte words)
 
-    def __new__(cls, data: torch.Tensor, fmt: BlockFormat, out_features: int, in_features: int) -> "QuantWeight":
+
+class QuantWeight(nn.Parameter):
+    """A frozen product weight [out_features, in_features] in the block format `fmt` (see the module);
+    `interleaved`: its bytes in `interleave`'s order."""
+
+    def __new__(cls, data: torch.Tensor, fmt: BlockFormat, out_features: int, in_features: int,
+                interleaved: bool = False) -> "QuantWeight":
         expected = (out_features, formats.row_bytes(fmt, in_features))
         if data.dtype is not torch.uint8 or tuple(data.shape) != expected or in_features % fmt.block:
             raise ConfigError(f"QuantWeight: {fmt.name} data {tuple(data.shape)} {data.dtype} is not the blocks of "
                               f"[{out_features}, {in_features}]: uint8 {expected}, in_features a multiple of "
                               f"{fmt.block}")
+        if interleaved and (fmt.name not in INTERLEAVES or out_features % INTERLEAVE_ROWS):
+            raise ConfigError(f"QuantWeight: {fmt.name} [{out_features}, {in_features}] cannot be interleaved: "
+                              f"formats {INTERLEAVES}, out_features a multiple of {INTERLEAVE_ROWS}")
         weight = super().__new__(cls, data.contiguous(), requires_grad=False)
         weight.fmt, weight.out_features, weight.in_features = fmt, out_features, in_features
+        weight.interleaved = interleaved
         return weight
+
+    @property
+    def code(self) -> int:
+        """The format's number as the C products take it: with INTERLEAVED_FLAG for interleaved bytes."""
+        return self.fmt.code + (INTERLEAVED_FLAG if self.interleaved else 0)
+
+    def can_interleave(self) -> bool:
+        """Whether `interleave` takes this weight (its format, its rows in whole groups)."""
+        return self.fmt.name in INTERLEAVES and self.out_features % INTERLEAVE_ROWS == 0
+
+    def interleave(self) -> "QuantWeight":
+        """The same weight with its bytes in the interleaved order (see the module); itself if they are."""
+        if self.interleaved:
+            return self
+        if not self.can_interleave():
+            raise ConfigError(f"QuantWeight: {self.fmt.name} [{self.out_features}, {self.in_features}] cannot be "
+                              f"interleaved: formats {INTERLEAVES}, out_features a multiple of {INTERLEAVE_ROWS}")
+        return QuantWeight(_words_by_group(self.detach(), self.fmt, self.out_features, back=False), self.fmt,
+                           self.out_features, self.in_features, interleaved=True)
+
+    def blocks(self) -> torch.Tensor:
+        """The bytes in GGUF's order [out, row bytes] (a copy where they are interleaved)."""
+        data = self.detach()
+        return _words_by_group(data, self.fmt, self.out_features, back=True) if self.interleaved else data
 
     @classmethod
     def from_blocks(cls, data: torch.Tensor, fmt: BlockFormat | str, out_features: int,
@@ -45,23 +85,42 @@ class QuantWeight(nn.Parameter):
 
     def dequantize(self) -> torch.Tensor:
         """The values [out, in], float32 (gguf's dequantize, bit for bit)."""
-        return formats.dequantize(self.detach(), self.fmt)
+        return formats.dequantize(self.blocks(), self.fmt)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` [n] of the values, float32 [n, in]: only those rows' blocks dequantized (an
-        embedding table's lookup), each exactly its row of `dequantize`."""
-        return formats.dequantize(self.detach().index_select(0, ids), self.fmt)
+        embedding table's lookup; interleaved: their groups' bytes put back in order), each exactly
+        its row of `dequantize`."""
+        if not self.interleaved:
+            return formats.dequantize(self.detach().index_select(0, ids), self.fmt)
+        groups = self.detach().view(-1, INTERLEAVE_ROWS * self.shape[1]).index_select(0, ids // INTERLEAVE_ROWS)
+        in_order = _words_by_group(groups.view(-1, self.shape[1]), self.fmt, len(ids) * INTERLEAVE_ROWS, back=True)
+        picked = in_order.view(len(ids), INTERLEAVE_ROWS, -1)[torch.arange(len(ids)), ids % INTERLEAVE_ROWS]
+        return formats.dequantize(picked, self.fmt)
 
     def __deepcopy__(self, memo) -> "QuantWeight":
         if id(self) not in memo:
-            memo[id(self)] = QuantWeight(self.data.clone(), self.fmt, self.out_features, self.in_features)
+            memo[id(self)] = QuantWeight(self.data.clone(), self.fmt, self.out_features, self.in_features,
+                                         self.interleaved)
         return memo[id(self)]
 
     def __reduce_ex__(self, protocol):
-        return QuantWeight, (self.data, self.fmt, self.out_features, self.in_features)
+        return QuantWeight, (self.data, self.fmt, self.out_features, self.in_features, self.interleaved)
 
     def __repr__(self) -> str:
-        return f"QuantWeight([{self.out_features}, {self.in_features}], {self.fmt.name})"
+        return (f"QuantWeight([{self.out_features}, {self.in_features}], {self.fmt.name}"
+                f"{', interleaved' if self.interleaved else ''})")
+
+
+def _words_by_group(data: torch.Tensor, fmt: BlockFormat, out_features: int, back: bool) -> torch.Tensor:
+    """data [out, row bytes] in GGUF's order -> interleaved (`back`: the way back), a new tensor: per group
+    of INTERLEAVE_ROWS rows and super-block, the blocks' 4-byte words [16, words] <-> [words, 16]."""
+    groups, blocks, words = out_features // INTERLEAVE_ROWS, data.shape[1] // fmt.nbytes, fmt.nbytes // 4
+    in_order = (groups, INTERLEAVE_ROWS, blocks, words, 4)  # group, row, block, word, byte
+    interleaved = (groups, blocks, words, INTERLEAVE_ROWS, 4)  # group, block, word, row, byte
+    if back:
+        return data.reshape(interleaved).permute(0, 3, 1, 2, 4).reshape(data.shape).contiguous()
+    return data.reshape(in_order).permute(0, 2, 3, 1, 4).reshape(data.shape).contiguous()
 
 
 def activation_block(fmt: BlockFormat) -> int:

@@ -161,3 +161,47 @@ def test_activations_round_as_roundf_halves_away_from_zero():
     x[1, 32:64] = 0  # a block of zeros: scale 0
     got = cpu_quant.quant_matmul(x, one_hot_q8_0(K))
     assert torch.equal(got, quant_weight.rounded_activations(x, one_hot_q8_0(K).fmt, torch.float32))
+
+
+# -- interleaved Q4_K (`QuantWeight.interleave`, cpu/quant.c's HS_X16) ------------------------------------
+
+def test_interleaving_keeps_the_values_and_undoes_exactly():
+    _, w = operands("q4_k", N=48, K=768, seed=4)
+    wi = w.interleave()
+    assert wi.interleaved and not w.interleaved and wi.interleave() is wi
+    assert not torch.equal(wi.detach(), w.detach())  # the same bytes, in another order
+    assert torch.equal(wi.blocks(), w.detach()) and torch.equal(wi.dequantize(), w.dequantize())
+    ids = torch.tensor([0, 47, 16, 15, 33, 33])
+    assert torch.equal(wi.rows(ids), w.rows(ids))
+    import copy
+    import pickle
+    for again in (copy.deepcopy(wi), pickle.loads(pickle.dumps(wi))):
+        assert again.interleaved and torch.equal(again.detach(), wi.detach()) and again.code == wi.code != w.code
+
+
+def test_only_q4_k_in_whole_groups_interleaves():
+    from hybridspec.errors import ConfigError
+    for fmt, N in (("q8_0", 32), ("q4_0", 32), ("q6_k", 32), ("q4_k", 40)):
+        _, w = operands(fmt, N=N, seed=5)
+        assert not w.can_interleave()
+        with pytest.raises(ConfigError, match="cannot be interleaved"):
+            w.interleave()
+        assert cpu_quant.laid_out(w) is w  # the products take it as it lies
+
+
+@pytest.mark.parametrize("path", available_paths())
+def test_interleaved_products_are_the_plain_ones_bit_for_bit(path):
+    """Every path (AVX2 undoes the interleave per group, AVX512-VNNI's 16-column tiles load it), every
+    row count (the few-row tiles, the tiles' decoded cache, more than a chunk), any thread count."""
+    x, w = operands("q4_k", N=64, K=1024, seed=6)
+    wi = w.interleave()
+    first = cpu_quant.vector_path()
+    try:
+        cpu_quant.vector_path(path)
+        for M in (*range(1, 10), 13, max(ROWS)):
+            plain = cpu_quant.quant_matmul(x[:M], w)
+            assert torch.equal(cpu_quant.quant_matmul(x[:M], wi), plain), M
+            assert torch.equal(with_threads(2, lambda: cpu_quant.quant_matmul(x[:M], wi)), plain), M
+    finally:
+        cpu_quant.vector_path(first)
+    assert torch.equal(quant_weight.matmul(x, wi), quant_weight.matmul(x, w))  # the torch form too
