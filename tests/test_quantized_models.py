@@ -170,7 +170,7 @@ def test_the_rollback_suite_passes_on_a_quantized_target():
 @x86_with_compiler
 def test_q4_k_products_are_interleaved_where_the_vnni_tiles_read_them_with_the_same_logits():
     """On AVX512-VNNI quantizing (and packing) lays Q4_K product weights out interleaved
-    (`QuantWeight.interleave`) but never the embedding the lookup reads; the logits are the bits of
+    (`QuantWeight.interleave_`) but never the embedding the lookup reads; the logits are the bits of
     the same weights in GGUF's order."""
     from hybridspec.kernels.cpu import quant as cpu_quant
     model = quantizable_model().quantize("q4_k")

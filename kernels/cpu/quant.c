@@ -59,11 +59,11 @@ typedef struct {
     int x16; /* the weight's rows interleaved by X16_ROWS (HS_X16) */
 } quant_job;
 
-/* Interleaved weights (HS_X16, `QuantWeight.interleaved`; Q4_K only): each X16_ROWS rows' super-block b,
- * their 16 blocks of 36 32-bit words, lies as the words transposed (word i of the 16 rows side by side,
- * 64 bytes, then word i + 1), at b · 16 · 144 from the group's first row: what the 16-column tiles
- * would otherwise transpose as they read it (quant_q4k.h), in the same bytes. AVX2 and the rows'
- * dequantization read a group after undoing that (x16_plain_columns, `formats`' interleave). */
+/* Interleaved weights (HS_X16, `QuantWeight.interleave_`; Q4_K): each X16_ROWS rows' super-block b lies
+ * at b · 16 · 144 from the group's first row as its 16 blocks' 36 32-bit words transposed (word i of
+ * the 16 rows side by side, 64 bytes, then word i + 1): what the 16-column tiles would otherwise
+ * transpose as they read it (quant_q4k.h), in the same bytes. AVX2 reads a group after undoing that
+ * (x16_plain_columns). */
 #define X16_ROWS 16
 
 static inline uint16_t half_at(const uint8_t *p) {
@@ -214,17 +214,19 @@ static void plain_columns(const quant_job *j, int64_t c0, int64_t c1) {
 /* interleaved weights where the path reads plain rows (AVX2): each group of X16_ROWS rows undone into
  * a copy, its columns multiplied from there (the same products, the same bits) */
 static void x16_plain_columns(const quant_job *j, int64_t c0, int64_t c1) {
-    const int64_t words = j->row_bytes / 4, blocks = j->K / 256, block_words = 36;
-    uint32_t *rows = aligned_alloc(64, (size_t)(X16_ROWS * j->row_bytes));
+    const int64_t words = 144 / 4; /* a Q4_K block's */
+    uint8_t *rows = aligned_alloc(64, (size_t)(X16_ROWS * j->row_bytes));
     if (!rows) return;
     for (int64_t n = c0; n < c1; n += X16_ROWS) {
-        const uint32_t *group = (const uint32_t *)(j->w + n * j->row_bytes);
-        for (int64_t b = 0; b < blocks; ++b)
-            for (int64_t i = 0; i < block_words; ++i)
-                for (int c = 0; c < X16_ROWS; ++c)
-                    rows[c * words + b * block_words + i] = group[(b * block_words + i) * X16_ROWS + c];
+        const uint8_t *group = j->w + n * j->row_bytes;
+        for (int64_t b = 0; b < j->K / 256; ++b) {
+            const uint8_t *at = group + b * X16_ROWS * 144;
+            for (int c = 0; c < X16_ROWS; ++c)
+                for (int64_t i = 0; i < words; ++i)
+                    memcpy(rows + c * j->row_bytes + b * 144 + 4 * i, at + (i * X16_ROWS + c) * 4, 4);
+        }
         quant_job one = *j;
-        one.w = (const uint8_t *)rows, one.y = j->y + n, one.N = j->N, one.x16 = 0;
+        one.w = rows, one.y = j->y + n, one.N = j->N, one.x16 = 0;
         plain_columns(&one, 0, X16_ROWS);
     }
     free(rows);

@@ -50,12 +50,12 @@ def quant_matmul(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
 
 
 def laid_out(weight: QuantWeight) -> QuantWeight:
-    """`weight` as these products read it fastest: interleaved (`QuantWeight.interleave`) on the
+    """`weight` as these products read it fastest: interleaved in place (`QuantWeight.interleave_`) on the
     AVX512-VNNI path, whose 16-column tiles then load what they would transpose (cpu/quant.c, HS_X16),
     where it can be; else as it is. The same values and products either way."""
     if weight.interleaved or not weight.can_interleave() or vector_path() != "avx512vnni":
         return weight
-    return weight.interleave()
+    return weight.interleave_()
 
 
 def error_bound(x_rounded: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

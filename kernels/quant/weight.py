@@ -7,7 +7,7 @@ a GGUF tensor of that type and shape): `from_blocks` wraps such bytes as they ar
 tensor, no requantizing), `quantize` makes them from float values. It is frozen (no gradient);
 `dequantize` gives the float32 values [out, in].
 
-`interleave` gives the same bytes in another order, where the native products read them so fastest
+`interleave_` puts the same bytes in another order, where the native products read them so fastest
 (`cpu/quant.py`'s `laid_out`, at packing): Q4_K's rows in groups of INTERLEAVE_ROWS, each group's
 super-block b as its 16 blocks' 4-byte words transposed (word i of the 16 rows side by side, then
 word i + 1), the group's super-blocks in order. The values, `dequantize` and `rows` are the same.
@@ -24,7 +24,8 @@ from hybridspec.kernels.quant.formats import BlockFormat
 
 INTERLEAVE_ROWS = 16  # rows per interleaved group (cpu/quant.c's X16_ROWS)
 INTERLEAVED_FLAG = 16  # added to the format's code for interleaved bytes (cpu/kernels.h's HS_X16)
-INTERLEAVES = ("q4_k",)  # the formats `interleave` takes (blocks of whole 4-byte words)
+INTERLEAVE_STEP_BYTES = 1 << 22  # `interleave_` rearranges about this much at a time
+INTERLEAVES = ("q4_k",)  # the formats `interleave_` takes (blocks of whole 4-byte words)
 
 
 class QuantWeight(nn.Parameter):
@@ -52,18 +53,27 @@ class QuantWeight(nn.Parameter):
         return self.fmt.code + (INTERLEAVED_FLAG if self.interleaved else 0)
 
     def can_interleave(self) -> bool:
-        """Whether `interleave` takes this weight (its format, its rows in whole groups)."""
+        """Whether `interleave_` takes this weight (its format, its rows in whole groups)."""
         return self.fmt.name in INTERLEAVES and self.out_features % INTERLEAVE_ROWS == 0
 
-    def interleave(self) -> "QuantWeight":
-        """The same weight with its bytes in the interleaved order (see the module); itself if they are."""
+    def interleave_(self) -> "QuantWeight":
+        """Its bytes put in the interleaved order (see the module) in place, a few groups at a time (no
+        second copy of the weight: the memory a load holds stays the file's tensor bytes); returns self."""
         if self.interleaved:
             return self
         if not self.can_interleave():
             raise ConfigError(f"QuantWeight: {self.fmt.name} [{self.out_features}, {self.in_features}] cannot be "
                               f"interleaved: formats {INTERLEAVES}, out_features a multiple of {INTERLEAVE_ROWS}")
-        return QuantWeight(_words_by_group(self.detach(), self.fmt, self.out_features, back=False), self.fmt,
-                           self.out_features, self.in_features, interleaved=True)
+        groups = self.detach().view(-1, INTERLEAVE_ROWS * self.shape[1])
+        step = max(1, INTERLEAVE_STEP_BYTES // groups.shape[1])
+        with torch.no_grad():
+            for g0 in range(0, groups.shape[0], step):
+                part = groups[g0:g0 + step]
+                part.copy_(_words_by_group(part.view(-1, self.shape[1]), self.fmt, part.shape[0] * INTERLEAVE_ROWS,
+                                           back=False).view(part.shape))
+        self.interleaved = True
+        self.__dict__.pop("_hs_header", None)  # the C products' header carries the format's code
+        return self
 
     def blocks(self) -> torch.Tensor:
         """The bytes in GGUF's order [out, row bytes] (a copy where they are interleaved)."""

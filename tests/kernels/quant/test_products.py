@@ -4,6 +4,9 @@ bits do not depend on the batch, the few-row or many-row path, the thread count,
 row stride."""
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -163,18 +166,24 @@ def test_activations_round_as_roundf_halves_away_from_zero():
     assert torch.equal(got, quant_weight.rounded_activations(x, one_hot_q8_0(K).fmt, torch.float32))
 
 
-# -- interleaved Q4_K (`QuantWeight.interleave`, cpu/quant.c's HS_X16) ------------------------------------
+# -- interleaved Q4_K (`QuantWeight.interleave_`, cpu/quant.c's HS_X16) -----------------------------------
 
-def test_interleaving_keeps_the_values_and_undoes_exactly():
-    _, w = operands("q4_k", N=48, K=768, seed=4)
-    wi = w.interleave()
-    assert wi.interleaved and not w.interleaved and wi.interleave() is wi
+INTERLEAVED = ("q4_k",)
+
+
+@pytest.mark.parametrize("step", (1 << 22, 1))
+@pytest.mark.parametrize("fmt", INTERLEAVED)
+def test_interleaving_keeps_the_values_and_undoes_exactly(fmt, step, monkeypatch):
+    monkeypatch.setattr(quant_weight, "INTERLEAVE_STEP_BYTES", step)  # all groups at once, or one at a time
+    _, w = operands(fmt, N=48, K=768, seed=4)
+    wi = copy.deepcopy(w)
+    address = wi.data_ptr()
+    assert wi.interleave_() is wi and wi.interleaved and not w.interleaved and wi.interleave_() is wi
+    assert wi.data_ptr() == address  # in place: no second copy of the weight
     assert not torch.equal(wi.detach(), w.detach())  # the same bytes, in another order
     assert torch.equal(wi.blocks(), w.detach()) and torch.equal(wi.dequantize(), w.dequantize())
     ids = torch.tensor([0, 47, 16, 15, 33, 33])
     assert torch.equal(wi.rows(ids), w.rows(ids))
-    import copy
-    import pickle
     for again in (copy.deepcopy(wi), pickle.loads(pickle.dumps(wi))):
         assert again.interleaved and torch.equal(again.detach(), wi.detach()) and again.code == wi.code != w.code
 
@@ -185,16 +194,17 @@ def test_only_q4_k_in_whole_groups_interleaves():
         _, w = operands(fmt, N=N, seed=5)
         assert not w.can_interleave()
         with pytest.raises(ConfigError, match="cannot be interleaved"):
-            w.interleave()
+            w.interleave_()
         assert cpu_quant.laid_out(w) is w  # the products take it as it lies
 
 
 @pytest.mark.parametrize("path", available_paths())
-def test_interleaved_products_are_the_plain_ones_bit_for_bit(path):
+@pytest.mark.parametrize("fmt", INTERLEAVED)
+def test_interleaved_products_are_the_plain_ones_bit_for_bit(fmt, path):
     """Every path (AVX2 undoes the interleave per group, AVX512-VNNI's 16-column tiles load it), every
     row count (the few-row tiles, the tiles' decoded cache, more than a chunk), any thread count."""
-    x, w = operands("q4_k", N=64, K=1024, seed=6)
-    wi = w.interleave()
+    x, w = operands(fmt, N=64, K=1024, seed=6)
+    wi = copy.deepcopy(w).interleave_()
     first = cpu_quant.vector_path()
     try:
         cpu_quant.vector_path(path)
