@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import gc
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -228,6 +229,7 @@ def sources(args, shape: dict, work: Path):
     files = {}
     for name, model in (("target", hf), ("draft", draft)):
         directory = work / name
+        shutil.rmtree(directory, ignore_errors=True)  # a kept folder's tokenizer.json (below) would stop the converter
         save_for_converter(model, directory)
         f32 = convert(tree, directory, "f32") if tree is not None else None
         add_tokenizer(directory, shape["vocab_size"])  # after the converter: it would want a known pre-tokenizer
