@@ -144,13 +144,16 @@ class HybridModel(Kernelled, nn.Module):
         self.final_norm = RMSNorm(weights["final_norm.weight"], config.rms_norm_eps, config.zero_centred_norms)
         lm_head = weights.get("lm_head.weight")
         self.lm_head = self.embed if lm_head is None or config.tie_word_embeddings else param(lm_head)
-        self.backend_name: str | None = None  # a backend named for this model (`bind_backend`), else the process's
-        self.compute = torch.float32  # what the products multiply in (`set_compute`)
+        self._start(None, torch.float32)
+
+    def _start(self, backend_name: str | None, compute: torch.dtype) -> None:
+        """What a model built from its modules holds besides them (`__init__`, `first_layers`), then its backend."""
+        self.compute = compute  # what the products multiply in (`set_compute`)
         self.tensor_parallel = None  # the TensorParallel group this model is a shard over (`shard_over`)
         self.vocab_shard: tuple[int, int] | None = None  # (first id, rows) of a vocab-parallel shard's tables
         self.load_report = None  # hybridspec.adapters.LoadReport after hs.from_hf / hs.load: tensors left unused
         self.source_dir = None  # the directory hs.load read (where draft="mtp" finds the MTP weights), else None
-        self.bind_backend()
+        self.bind_backend(backend_name)  # sets backend_name: a backend named for this model, else the process's
 
     def shard_over(self, tp) -> "HybridModel":
         """Mark this model, built from one rank's shard of the weights
@@ -199,9 +202,7 @@ class HybridModel(Kernelled, nn.Module):
         draft.shared_blocks = self.shared_blocks if shared is not None else None
         draft.layers = nn.ModuleList(self.layers[:n])
         draft.final_norm, draft.lm_head = self.final_norm, self.lm_head
-        draft.backend_name, draft.compute = self.backend_name, self.compute
-        draft.tensor_parallel = draft.vocab_shard = draft.load_report = draft.source_dir = None
-        draft.bind_backend(self.backend_name)
+        draft._start(self.backend_name, self.compute)
         return draft
 
     def describe(self) -> ModelDesc:

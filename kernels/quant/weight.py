@@ -30,7 +30,7 @@ INTERLEAVES = ("q4_k",)  # the formats `interleave_` takes (blocks of whole 4-by
 
 class QuantWeight(nn.Parameter):
     """A frozen product weight [out_features, in_features] in the block format `fmt` (see the module);
-    `interleaved`: its bytes in `interleave`'s order."""
+    `interleaved`: its bytes in `interleave_`'s order."""
 
     def __new__(cls, data: torch.Tensor, fmt: BlockFormat, out_features: int, in_features: int,
                 interleaved: bool = False) -> "QuantWeight":
@@ -39,9 +39,8 @@ class QuantWeight(nn.Parameter):
             raise ConfigError(f"QuantWeight: {fmt.name} data {tuple(data.shape)} {data.dtype} is not the blocks of "
                               f"[{out_features}, {in_features}]: uint8 {expected}, in_features a multiple of "
                               f"{fmt.block}")
-        if interleaved and (fmt.name not in INTERLEAVES or out_features % INTERLEAVE_ROWS):
-            raise ConfigError(f"QuantWeight: {fmt.name} [{out_features}, {in_features}] cannot be interleaved: "
-                              f"formats {INTERLEAVES}, out_features a multiple of {INTERLEAVE_ROWS}")
+        if interleaved and not _interleavable(fmt, out_features):
+            raise _not_interleavable(fmt, out_features, in_features)
         weight = super().__new__(cls, data.contiguous(), requires_grad=False)
         weight.fmt, weight.out_features, weight.in_features = fmt, out_features, in_features
         weight.interleaved = interleaved
@@ -54,7 +53,7 @@ class QuantWeight(nn.Parameter):
 
     def can_interleave(self) -> bool:
         """Whether `interleave_` takes this weight (its format, its rows in whole groups)."""
-        return self.fmt.name in INTERLEAVES and self.out_features % INTERLEAVE_ROWS == 0
+        return _interleavable(self.fmt, self.out_features)
 
     def interleave_(self) -> "QuantWeight":
         """Its bytes put in the interleaved order (see the module) in place, a few groups at a time (no
@@ -62,8 +61,7 @@ class QuantWeight(nn.Parameter):
         if self.interleaved:
             return self
         if not self.can_interleave():
-            raise ConfigError(f"QuantWeight: {self.fmt.name} [{self.out_features}, {self.in_features}] cannot be "
-                              f"interleaved: formats {INTERLEAVES}, out_features a multiple of {INTERLEAVE_ROWS}")
+            raise _not_interleavable(self.fmt, self.out_features, self.in_features)
         groups = self.detach().view(-1, INTERLEAVE_ROWS * self.shape[1])
         step = max(1, INTERLEAVE_STEP_BYTES // groups.shape[1])
         with torch.no_grad():
@@ -120,6 +118,15 @@ class QuantWeight(nn.Parameter):
     def __repr__(self) -> str:
         return (f"QuantWeight([{self.out_features}, {self.in_features}], {self.fmt.name}"
                 f"{', interleaved' if self.interleaved else ''})")
+
+
+def _interleavable(fmt: BlockFormat, out_features: int) -> bool:
+    return fmt.name in INTERLEAVES and out_features % INTERLEAVE_ROWS == 0
+
+
+def _not_interleavable(fmt: BlockFormat, out_features: int, in_features: int) -> ConfigError:
+    return ConfigError(f"QuantWeight: {fmt.name} [{out_features}, {in_features}] cannot be interleaved: formats "
+                       f"{INTERLEAVES}, out_features a multiple of {INTERLEAVE_ROWS}")
 
 
 def _words_by_group(data: torch.Tensor, fmt: BlockFormat, out_features: int, back: bool) -> torch.Tensor:
