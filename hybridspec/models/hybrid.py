@@ -232,6 +232,14 @@ class HybridModel(Kernelled, nn.Module):
         self.whole = backend.whole_forward_of(desc, blocks)
         self.greedy_chain = GreedyChain(self, self.whole) if backend.whole_forward else None
 
+    def release_bindings(self) -> None:
+        """Drop what `bind_backend` made (its descriptors point at the weights and keep them alive):
+        a caller replacing the weights one at a time then lets each old one go as it goes, and runs
+        `bind_backend` before the next forward."""
+        for layer in self.layers:
+            layer.blocks = backends.NO_BLOCKS
+        self.whole, self.greedy_chain = backends.NO_WHOLE_FORWARD, None
+
     @property
     def dtype(self) -> torch.dtype:
         """The compute dtype: the final norm's (the embedding and linear weights

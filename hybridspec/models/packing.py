@@ -127,16 +127,35 @@ def pack(model, exact_16bit: bool = True) -> None:
 
 
 def lay_out_quantized(model) -> None:
-    """Each quantized product weight as the backend's products read it fastest (`Linear.quant_layout`:
-    on AVX512-VNNI Q4_K interleaved, the same bytes in another order), but the embedding and a weight
-    tied to it (the lookup reads its rows as GGUF lays them). The caller rebinds the backend."""
-    embed, laid = model.embed.data_ptr(), {}
+    """Every quantized weight moved into one mapping of huge pages on CPU (a decode step streams the
+    products' blocks as it does float weights: `kernels/huge_pages.py`), then each product weight laid
+    out as the backend's products read it fastest (`Linear.quant_layout`: on AVX512-VNNI Q4_K
+    interleaved, the same bytes in another order), but the embedding and a weight tied to it (the
+    lookup reads its rows as GGUF lays them). A weight several modules hold (a shared block, a tied
+    head) stays one. Weights move one at a time, each old copy released once every holder has the new
+    one, so a load holds little more than the blocks once. The caller rebinds the backend."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    weights: dict[int, QuantWeight] = {}
     for module in model.modules():
-        for name, weight in list(module.named_parameters(recurse=False, remove_duplicate=False)):
-            if isinstance(weight, QuantWeight) and weight.data_ptr() != embed:
-                if id(weight) not in laid:  # a weight several modules hold (a shared block) stays one
-                    laid[id(weight)] = model.backend.linear.quant_layout(weight)
-                setattr(module, name, laid[id(weight)])
+        for name, weight in module.named_parameters(recurse=False, remove_duplicate=False):
+            if isinstance(weight, QuantWeight):
+                holders.setdefault(id(weight), []).append((module, name))
+                weights.setdefault(id(weight), weight)
+    if not weights:
+        return
+    embed = model.embed.data_ptr()
+    model.release_bindings()
+    stores = huge_pages.zeros([(tuple(w.shape), torch.uint8) for w in weights.values()], model.device)
+    for key, stored in zip(list(weights), stores):
+        weight = weights.pop(key)
+        with torch.no_grad():
+            stored.copy_(weight.detach())
+        moved = QuantWeight(stored, weight.fmt, weight.out_features, weight.in_features, weight.interleaved)
+        if weight.data_ptr() != embed:
+            moved = model.backend.linear.quant_layout(moved)
+        del weight
+        for module, name in holders[key]:
+            setattr(module, name, moved)
 
 
 def widen_16bit(model, keep=lambda module, name, weight: False) -> None:

@@ -2,6 +2,7 @@
 pages, and `pack_for_cpu` storing the product weights there."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import mmap
 import sys
@@ -68,3 +69,34 @@ def test_packed_weights_share_one_advised_mapping_and_repacking_moves_them():
     after = [model.lm_head] + [p for name, p in model.named_parameters() if name.endswith("in_proj")]
     assert {p.untyped_storage().data_ptr() for p in after}.isdisjoint(storages)  # the old mapping is let go
     assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_quantized_weights_move_into_one_advised_mapping_with_their_values_and_ties():
+    """Quantizing (and packing) puts every QuantWeight, the embedding included, side by side in one
+    advised mapping; the values do not change, a tied embedding stays the LM head, and the model's
+    logits are the same bits as before the move."""
+    from hybridspec.cache.hybrid_cache import HybridCache
+    from hybridspec.kernels.quant.weight import QuantWeight
+    from hybridspec.models import packing
+    from hybridspec.rollback.models import random_model
+    from test_quantized_models import quantizable_model
+    config = dataclasses.replace(quantizable_model().config, tie_word_embeddings=True)
+    model = random_model(config, 3, torch.float32).quantize("q4_k")
+    assert model.embed is model.lm_head
+    quantized = {id(p): p for p in model.parameters() if isinstance(p, QuantWeight)}.values()
+    assert len(quantized) > 2 and isinstance(model.embed, QuantWeight)
+    assert len({p.untyped_storage().data_ptr() for p in quantized}) == 1
+    if sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE"):
+        assert "hg" in vm_flags(model.lm_head.data_ptr())
+    values = {name: p.dequantize() for name, p in model.named_parameters() if isinstance(p, QuantWeight)}
+    cache = HybridCache(model.config, max_seqs=1, num_blocks=4, block_size=16, ring_slots=2, dtype=model.dtype)
+    before = model.prefill(cache, [0], [[5, 17, 3, 90]])
+    packing.lay_out_quantized(model)
+    model.bind_backend(model.backend_name)
+    moved = {name: p for name, p in model.named_parameters() if isinstance(p, QuantWeight)}
+    assert model.embed is model.lm_head
+    assert moved.keys() == values.keys() and all(torch.equal(moved[n].dequantize(), v) for n, v in values.items())
+    assert {p.untyped_storage().data_ptr() for p in moved.values()}.isdisjoint(
+        {p.untyped_storage().data_ptr() for p in quantized})  # a new mapping; the old one let go
+    cache = HybridCache(model.config, max_seqs=1, num_blocks=4, block_size=16, ring_slots=2, dtype=model.dtype)
+    assert torch.equal(model.prefill(cache, [0], [[5, 17, 3, 90]]), before)

@@ -41,6 +41,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device="cpu", 
     weights = {k: (v.to(device) if k not in quantized else v) for k, v in weights.items()}
     model = _build(config, weights, 1, LoadReport(source), lambda w: _cast(w, dtype, pack))
     install(model, weights, quantized)
+    del weights, quantized  # the model holds what it uses: packing releases each block copy as it moves it
     return _finish(model, path, quantize, pack, compute)
 
 
