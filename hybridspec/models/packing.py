@@ -52,7 +52,7 @@ def pack(model, exact_16bit: bool = True) -> None:
         return weight.data_ptr(), tuple(weight.shape), weight.stride()
 
     def products(module, name: str, weight) -> bool:  # a linear weight, a MoE's router or stack of experts'
-        if isinstance(weight, QuantWeight):  # GGUF blocks: the quantized products read them as they lie
+        if isinstance(weight, QuantWeight):  # GGUF blocks: never transposed or panelled (lay_out_quantized moves them)
             return False
         return ((name in LINEAR_WEIGHTS and (weight.dim() == 2 or isinstance(weight, PanelWeight)))
                 or (isinstance(module, MoE) and name in ("up", "down") and weight.dim() == 3)
@@ -134,27 +134,25 @@ def lay_out_quantized(model) -> None:
     lookup reads its rows as GGUF lays them). A weight several modules hold (a shared block, a tied
     head) stays one. Weights move one at a time, each old copy released once every holder has the new
     one, so a load holds little more than the blocks once. The caller rebinds the backend."""
-    holders: dict[int, list[tuple[nn.Module, str]]] = {}
-    weights: dict[int, QuantWeight] = {}
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}  # each weight once, by id: where it is held
     for module in model.modules():
         for name, weight in module.named_parameters(recurse=False, remove_duplicate=False):
             if isinstance(weight, QuantWeight):
                 holders.setdefault(id(weight), []).append((module, name))
-                weights.setdefault(id(weight), weight)
-    if not weights:
+    if not holders:
         return
     embed = model.embed.data_ptr()
     model.release_bindings()
-    stores = huge_pages.zeros([(tuple(w.shape), torch.uint8) for w in weights.values()], model.device)
-    for key, stored in zip(list(weights), stores):
-        weight = weights.pop(key)
+    shapes = [tuple(getattr(*places[0]).shape) for places in holders.values()]
+    for places, stored in zip(holders.values(), huge_pages.zeros([(s, torch.uint8) for s in shapes], model.device)):
+        weight = getattr(*places[0])
         with torch.no_grad():
             stored.copy_(weight.detach())
         moved = QuantWeight(stored, weight.fmt, weight.out_features, weight.in_features, weight.interleaved)
         if weight.data_ptr() != embed:
             moved = model.backend.linear.quant_layout(moved)
-        del weight
-        for module, name in holders[key]:
+        del weight  # the holders are the last to hold it: the old blocks go as they are replaced
+        for module, name in places:
             setattr(module, name, moved)
 
 
