@@ -16,8 +16,10 @@ target's first `--draft-layers` layers) goes through the same two steps. Each qu
   own first `--draft-layers` layers (`draft="layers:N"`, no second file). They differ where the
   quantizer's per-layer rule does: Q4_K_M gives some layers' tensors 6 bits by their place among the
   file's layers, so the 2-layer file's layers are not quantized as the target's first two are;
-- measured for resident memory: each runtime loads the file in a fresh process, the VmRSS delta
-  after the load and after one 128-token prefill and 4 decoded tokens, against the file's tensor bytes.
+- measured for resident memory: each runtime loads the file in a fresh process (its modules imported
+  before the baseline), the VmRSS delta after the load and after one 128-token prefill and 4 decoded
+  tokens, against the file's tensor bytes; for hybridspec also the weights' own resident pages
+  (mincore over the model's tensor storages: what the weights hold, apart from code and caches).
 
 Files written by our own writer (`hybridspec quantize DIR OUT.gguf --type T`, the directory given a
 small byte-level BPE tokenizer, which llama.cpp's loader needs) are loaded in llama.cpp as well: the
@@ -36,6 +38,7 @@ import argparse
 import contextlib
 import ctypes
 import gc
+import os
 import json
 import shutil
 import subprocess
@@ -148,20 +151,40 @@ def probe_child(runtime: str, path: str, threads: int) -> None:
         runner = LlamaRunner(Path(path), threads, PROBE_PROMPT + PROBE_NEW + 8)
     else:
         import hybridspec as hs
+        import hybridspec.adapters.gguf.loader  # noqa: F401  (the library's own modules before the baseline)
         set_threads(threads)
         before = vm_rss()
         model = hs.load(path)
         runner = OursRunner(model, PROBE_PROMPT + PROBE_NEW + 8)
     gc.collect()
     loaded = vm_rss()
+    if runtime != "llama.cpp":  # the bytes the model's tensors hold (each storage once), and how many are resident
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in list(model.parameters()) + list(model.buffers())}
+        weights = dict(model_tensor_bytes=sum(storages.values()), weights_resident=resident_bytes(storages))
     runner.run(prompt, PROBE_NEW)
     gc.collect()
     used = dict(load=loaded - before, run=vm_rss() - before)
-    if runtime != "llama.cpp":  # the bytes the model's tensors hold (each storage once)
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in list(model.parameters()) + list(model.buffers())}
-        used["model_tensor_bytes"] = sum(storages.values())
+    if runtime != "llama.cpp":
+        used.update(weights)
     print(json.dumps(used))
+
+
+def resident_bytes(ranges: dict[int, int]) -> int:
+    """Bytes of the pages under these (address -> length) ranges that are in memory (mincore), each page
+    once: the weights' own resident memory, whatever else the process holds."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = set()
+    for start, length in ranges.items():
+        first, end = start // page * page, -(-(start + length) // page) * page
+        count = (end - first) // page
+        flags = (ctypes.c_ubyte * count)()
+        if libc.mincore(first, end - first, flags) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        pages.update(first + i * page for i in range(count) if flags[i] & 1)
+    return len(pages) * page
 
 
 def resident(runtime: str, path: Path, threads: int) -> dict:
@@ -332,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
                 for runtime in ("hybridspec",) + (() if missing else ("llama.cpp",)):
                     used = resident(runtime, paths["target"], 1)
                     memory.append(dict(format=fmt, runtime=runtime, tensor_bytes=total, **used,
-                                       load_vs_file=used["load"] / total, run_vs_file=used["run"] / total))
+                                       load_vs_file=used["load"] / total, run_vs_file=used["run"] / total,
+                                       **({"weights_vs_file": used["weights_resident"] / total}
+                                          if "weights_resident" in used else {})))
                     print(f"resident ({fmt}, {runtime}): {memory[-1]}", flush=True)
             drafts = {"file": hs.load(paths["draft"]) if "file" in args.drafts else None,
                       "layers": f"layers:{args.draft_layers}"}
@@ -386,9 +411,10 @@ def report(table, checks, memory, writer, new_tokens, repeats, args) -> None:
                                        for m in ("top1", "max_rel")}) for c in checks + [
         dict(format=f"ours {w['format']}", **{k: v for k, v in w.items() if k != "format"}) for w in writer]]
     print_table(flat, title="logit agreement over the first prompt's positions (top-1, max |a-b| / max |b|)")
-    print_table(memory, ["format", "runtime", "tensor_bytes", "model_tensor_bytes", "load", "run", "load_vs_file",
-                         "run_vs_file"],
-                title=f"resident memory: VmRSS delta, fresh process, after load / after a {PROBE_PROMPT}-token run")
+    print_table(memory, ["format", "runtime", "tensor_bytes", "model_tensor_bytes", "weights_resident", "load", "run",
+                         "weights_vs_file", "load_vs_file", "run_vs_file"],
+                title=f"resident memory: the weights' own pages (mincore), VmRSS delta of a fresh process after load / "
+                      f"after a {PROBE_PROMPT}-token run")
     print_table(table, [("format", "format"), ("prompt", "prompt"), ("threads", "threads"),
                         ("ours_decode", "ours decode"), ("llama_decode", "llama.cpp decode"), ("decode_ratio", "×"),
                         ("ours_prefill", "ours prefill"), ("llama_prefill", "llama.cpp prefill"),

@@ -17,6 +17,9 @@ mappings (Windows) torch's own: only the speed differs, never a value.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import mmap
 
 import torch
@@ -55,3 +58,25 @@ def _advised_buffer(nbytes: int) -> torch.Tensor:
         except OSError:  # transparent huge pages compiled out or refused: small pages, same values
             pass
     return torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping while a view of it lives
+
+
+def return_freed_memory() -> bool:
+    """Hand the C allocator's free memory back to the OS (glibc's malloc_trim),
+    after collecting Python's cyclic garbage (which still holds some of it): a
+    load's temporaries (a file's float copies, quantized blocks before they
+    move into a huge-page mapping) are freed into the allocator's heaps, which
+    keep them resident until something asks. Returns whether it asked: False
+    where the C library has no malloc_trim (musl, macOS, Windows)."""
+    global _TRIM
+    gc.collect()
+    if _TRIM is None:
+        name = ctypes.util.find_library("c")
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        _TRIM = trim if trim is not None else False
+    if _TRIM is False:
+        return False
+    _TRIM(0)
+    return True
+
+
+_TRIM = None  # glibc's malloc_trim once found; False where the C library has none

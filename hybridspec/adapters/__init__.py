@@ -12,6 +12,7 @@ import torch
 from hybridspec.config import HybridConfig
 from hybridspec.errors import ConfigError, ModelFilesError, UnsupportedModelError
 from hybridspec.kernels import backend as backends
+from hybridspec.kernels import huge_pages
 from hybridspec.models.hybrid import HybridModel
 from hybridspec.models import quantizing
 from hybridspec.models.packing import HALF_DTYPES, storable_16bit
@@ -105,7 +106,15 @@ def load(path: str | Path, dtype: torch.dtype | None = None, device="cpu", pack:
     and unused (Qwen3-Next's and Qwen3.5's `mtp.*`) are left out and named in
     the model's `load_report`.
     A GGUF file (a path ending in .gguf, or a file with GGUF's magic) loads through
-    `adapters.gguf` (llama.cpp's layout; its Q8_0 / Q4_0 / Q4_K / Q6_K weights stay quantized)."""
+    `adapters.gguf` (llama.cpp's layout; its Q8_0 / Q4_0 / Q4_K / Q6_K weights stay quantized).
+    The memory the load's temporaries were freed into goes back to the OS at the end."""
+    model = _load(path, dtype, device, pack, tensor_parallel_size, compute, quantize)
+    huge_pages.return_freed_memory()  # the reader's and the loader's copies, gone with their frames
+    return model
+
+
+def _load(path, dtype, device, pack, tensor_parallel_size, compute, quantize) -> HybridModel:
+    """`load` itself (whose temporaries are freed when it returns)."""
     compute = HybridModel.compute_for(compute, device, dtype)
     from hybridspec.adapters.gguf import is_gguf
     if is_gguf(path):

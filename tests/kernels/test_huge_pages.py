@@ -100,3 +100,30 @@ def test_quantized_weights_move_into_one_advised_mapping_with_their_values_and_t
         {p.untyped_storage().data_ptr() for p in quantized})  # a new mapping; the old one let go
     cache = HybridCache(model.config, max_seqs=1, num_blocks=4, block_size=16, ring_slots=2, dtype=model.dtype)
     assert torch.equal(model.prefill(cache, [0], [[5, 17, 3, 90]]), before)
+
+
+def test_a_load_returns_what_its_temporaries_freed_once_its_frames_are_gone(tmp_path, monkeypatch):
+    """hs.load asks the C allocator to give back its free memory once, after the model is built and
+    the loader's own frames (the reader's copies) are gone: the spy sees a finished model's
+    weights still alive and no loader frame on the stack."""
+    import inspect
+    import hybridspec.adapters as adapters
+    bamba(seed=0).save_pretrained(tmp_path)
+    calls = []
+
+    def spy():
+        frames = [f.function for f in inspect.stack()]
+        calls.append(("_load" in frames, "load" in frames))
+        return True
+
+    monkeypatch.setattr(huge_pages, "return_freed_memory", spy)
+    model = adapters.load(tmp_path)
+    assert calls == [(False, True)] and model.config.num_layers > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux")
+def test_returning_freed_memory_asks_glibc():
+    import platform
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc")
+    assert huge_pages.return_freed_memory() is True
