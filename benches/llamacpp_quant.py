@@ -142,7 +142,29 @@ def vm_rss() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def probe_child(runtime: str, path: str, threads: int) -> None:
+ISAS = ("native", "avx2")
+
+
+def use_isa(isa: str) -> None:
+    """Our native kernels' vector paths for the process (before a model loads: the products' weight
+    layout follows the path): "avx2" sets the float products' and kernels' (`rows`) and the quantized
+    products' (`quant`) to AVX2; "native" leaves each at the widest this CPU has."""
+    if isa == "avx2":
+        from hybridspec.kernels.cpu import quant, rows
+        rows.vector_path("avx2")
+        quant.vector_path("avx2")
+
+
+def llama_system_info() -> str | None:
+    """llama.cpp's own line of the instruction sets it was built with and uses (None without it)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+
+
+def probe_child(runtime: str, path: str, threads: int, isa: str = "native") -> None:
     """(run in a child) print {"load": bytes, "run": bytes}: VmRSS deltas after the load and a run."""
     prompt = torch.randint(1, 100, (PROBE_PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     if runtime == "llama.cpp":
@@ -152,6 +174,7 @@ def probe_child(runtime: str, path: str, threads: int) -> None:
     else:
         import hybridspec as hs
         import hybridspec.adapters.gguf.loader  # noqa: F401  (the library's own modules before the baseline)
+        use_isa(isa)
         set_threads(threads)
         before = vm_rss()
         model = hs.load(path)
@@ -187,8 +210,8 @@ def resident_bytes(ranges: dict[int, int]) -> int:
     return len(pages) * page
 
 
-def resident(runtime: str, path: Path, threads: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--probe", runtime, str(path), str(threads)],
+def resident(runtime: str, path: Path, threads: int, isa: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--probe", runtime, str(path), str(threads), isa],
                          check=True, capture_output=True, text=True, cwd=Path(__file__).parent)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -280,7 +303,7 @@ def quantized(files: dict, fmt: str, work: Path, missing: str | None) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None and sys.argv[1:2] == ["--probe"]:
-        probe_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        probe_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
         return 0
     parser = bench_parser(__doc__)
     parser.add_argument("--sdist", type=Path, default=None, help="llama-cpp-python's sdist (.tar.gz or unpacked)")
@@ -302,8 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the resident-memory probes")
     parser.add_argument("--keep", type=Path, default=None,
                         help="write the GGUF files into this folder and keep them (default: a temporary one)")
+    parser.add_argument("--isa", choices=ISAS, default="native",
+                        help="native: our kernels' widest paths on this CPU; avx2: every native kernel on its AVX2 "
+                             "path (no AVX-512), standing in for a CPU without AVX-512 (Zen 2/3, Intel client "
+                             "cores): pair it with a llama.cpp built without AVX-512 (PYTHONPATH)")
     args = parser.parse_args(argv)
     import hybridspec as hs
+    use_isa(args.isa)
 
     shape = QUICK if args.quick else FULL
     prompt_lens = args.prompt_lens or ([16] if args.quick else [128, 2048])
@@ -316,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = {n: torch.randint(1, shape["vocab_size"], (n,), generator=g).tolist() for n in prompt_lens}
     first = prompts[prompt_lens[0]]
     max_len = max(prompt_lens) + new_tokens + max(8 if g == "auto" else g for g in args.gamma) + 8
-    print(f"Granite-4.0-H-shaped random model; {describe_machine()}", flush=True)
+    llama_isa = None if missing else llama_system_info()
+    print(f"Granite-4.0-H-shaped random model; {describe_machine()}; our kernels' paths: {args.isa}; "
+          f"llama.cpp: {llama_isa}", flush=True)
     checks, rows, memory, writer = [], [], [], []
 
     def save(complete: bool) -> None:
@@ -324,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out or "llamacpp_quant.json", dict(
             bench="llamacpp_quant", quick=args.quick, complete=complete, model=dict(family="granitemoehybrid", **shape),
             source=how, quantizer="hybridspec's writer" if missing else "llama.cpp's llama_model_quantize",
-            llama_cpp_skipped=missing, new_tokens=new_tokens, repeats=repeats, thread_counts=args.thread_counts,
+            llama_cpp_skipped=missing, isa=args.isa, llama_cpp_system_info=llama_isa, new_tokens=new_tokens, repeats=repeats, thread_counts=args.thread_counts,
             speculative=dict(draft_layers=args.draft_layers, gamma=args.gamma, drafts=args.drafts, scale=args.scale),
             targets=dict(decode=LLAMA_MIN, prefill=LLAMA_MIN, speculative=SPEC_VS_LLAMA_MIN,
                          resident_within=RESIDENT_WITHIN),
@@ -353,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if not args.no_memory:
                 for runtime in ("hybridspec",) + (() if missing else ("llama.cpp",)):
-                    used = resident(runtime, paths["target"], 1)
+                    used = resident(runtime, paths["target"], 1, args.isa)
                     memory.append(dict(format=fmt, runtime=runtime, tensor_bytes=total, **used,
                                        load_vs_file=used["load"] / total, run_vs_file=used["run"] / total,
                                        **({"weights_vs_file": used["weights_resident"] / total}
