@@ -168,18 +168,28 @@ def test_the_rollback_suite_passes_on_a_quantized_target():
 
 
 @x86_with_compiler
-def test_q4_k_products_are_interleaved_where_the_vnni_tiles_read_them_with_the_same_logits():
-    """On AVX512-VNNI quantizing (and packing) lays Q4_K product weights out interleaved
-    (`QuantWeight.interleave_`) but never the embedding the lookup reads; the logits are the bits of
-    the same weights in GGUF's order."""
+@pytest.mark.parametrize("path", ("avx2", "avx512vnni"))
+def test_q4_k_products_are_interleaved_on_either_path_with_the_same_logits(path):
+    """Quantizing (and packing) lays Q4_K product weights out interleaved (`QuantWeight.interleave_`),
+    which AVX512-VNNI's 16-column tiles and AVX2's 8-column ones read, but never the embedding the
+    lookup reads; the logits are the bits of the same weights in GGUF's order."""
     from hybridspec.kernels.cpu import quant as cpu_quant
+    first = cpu_quant.vector_path()
+    try:
+        cpu_quant.vector_path(path)
+    except ValueError:
+        pytest.skip(f"this CPU has no {path}")
+    try:
+        interleaved_logits_equal_plain(path)
+    finally:
+        cpu_quant.vector_path(first)
+
+
+def interleaved_logits_equal_plain(path: str) -> None:
     model = quantizable_model().quantize("q4_k")
     q4k = [p for p in model.parameters() if isinstance(p, QuantWeight) and p.fmt.name == "q4_k"]
     assert q4k and not getattr(model.embed, "interleaved", False)
-    if cpu_quant.vector_path() != "avx512vnni":
-        assert not any(p.interleaved for p in q4k)
-        return
-    assert all(p.interleaved for p in q4k if p.can_interleave())
+    assert all(p.interleaved for p in q4k if p.can_interleave()) and any(p.interleaved for p in q4k), path
     tokens = [[5, 17, 3, 90, 41, 8, 8, 2], [60, 1]]
 
     def logits(m):
@@ -192,4 +202,4 @@ def test_q4_k_products_are_interleaved_where_the_vnni_tiles_read_them_with_the_s
                 setattr(module, name, QuantWeight(weight.blocks(), weight.fmt, weight.out_features, weight.in_features))
     model.bind_backend(model.backend_name)
     assert not any(getattr(p, "interleaved", False) for p in model.parameters())
-    assert torch.equal(logits(model), interleaved)
+    assert torch.equal(logits(model), interleaved), path

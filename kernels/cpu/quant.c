@@ -62,8 +62,8 @@ typedef struct {
 /* Interleaved weights (HS_X16, `QuantWeight.interleave_`; Q4_K): each X16_ROWS rows' super-block b lies
  * at b · 16 · 144 from the group's first row as its 16 blocks' 36 32-bit words transposed (word i of
  * the 16 rows side by side, 64 bytes, then word i + 1): what the 16-column tiles would otherwise
- * transpose as they read it (quant_q4k.h), in the same bytes. AVX2 reads a group after undoing that
- * (x16_plain_columns). */
+ * transpose as they read it (quant_q4k.h), in the same bytes. AVX2's k8 tiles read half of each
+ * 64-byte word vector, 8 rows in their 8 lanes. */
 #define X16_ROWS 16
 
 static inline uint16_t half_at(const uint8_t *p) {
@@ -211,35 +211,13 @@ static void plain_columns(const quant_job *j, int64_t c0, int64_t c1) {
     else columns_avx2(j, c0, c1);
 }
 
-/* interleaved weights where the path reads plain rows (AVX2): each group of X16_ROWS rows undone into
- * a copy, its columns multiplied from there (the same products, the same bits) */
-static void x16_plain_columns(const quant_job *j, int64_t c0, int64_t c1) {
-    const int64_t words = 144 / 4; /* a Q4_K block's */
-    uint8_t *rows = aligned_alloc(64, (size_t)(X16_ROWS * j->row_bytes));
-    if (!rows) return;
-    for (int64_t n = c0; n < c1; n += X16_ROWS) {
-        const uint8_t *group = j->w + n * j->row_bytes;
-        for (int64_t b = 0; b < j->K / 256; ++b) {
-            const uint8_t *at = group + b * X16_ROWS * 144;
-            for (int c = 0; c < X16_ROWS; ++c)
-                for (int64_t i = 0; i < words; ++i)
-                    memcpy(rows + c * j->row_bytes + b * 144 + 4 * i, at + (i * X16_ROWS + c) * 4, 4);
-        }
-        quant_job one = *j;
-        one.w = rows, one.y = j->y + n, one.N = j->N, one.x16 = 0;
-        plain_columns(&one, 0, X16_ROWS);
-    }
-    free(rows);
-}
-
 /* part `part` of `parts`: its share of the columns, in chunks of 16 */
 static void quant_part(void *ctx, int part, int parts) {
     const quant_job *j = ctx;
     const int64_t chunks = (j->N + 15) / 16;
     const int64_t c0 = chunks * part / parts * 16, c1 = part + 1 == parts ? j->N : chunks * (part + 1) / parts * 16;
     if (c0 >= c1) return;
-    if (j->x16 && vnni != 1) x16_plain_columns(j, c0, c1);
-    else plain_columns(j, c0, c1);
+    plain_columns(j, c0, c1);
 }
 
 /* y[M, N] = x[M, K] @ w[N, K]ᵀ, w in format `fmt` (HS_Q8_0, HS_Q4_0, HS_Q4_K, HS_Q6_K); K a multiple of the

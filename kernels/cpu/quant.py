@@ -50,10 +50,11 @@ def quant_matmul(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
 
 
 def laid_out(weight: QuantWeight) -> QuantWeight:
-    """`weight` as these products read it fastest: interleaved in place (`QuantWeight.interleave_`) on the
-    AVX512-VNNI path, whose 16-column tiles then load what they would transpose (cpu/quant.c, HS_X16),
-    where it can be; else as it is. The same values and products either way."""
-    if weight.interleaved or not weight.can_interleave() or vector_path() != "avx512vnni":
+    """`weight` as these products read it fastest: interleaved in place (`QuantWeight.interleave_`) where
+    it can be, on either path: AVX512-VNNI's 16-column tiles then load what they would transpose,
+    AVX2's 8-column ones read half of each word vector (cpu/quant.c, HS_X16); else as it is. The same
+    values and products either way."""
+    if weight.interleaved or not weight.can_interleave():
         return weight
     return weight.interleave_()
 

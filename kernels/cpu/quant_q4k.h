@@ -127,6 +127,123 @@ QTARGET static inline __attribute__((always_inline)) void QS(k_block)(const quan
 }
 #endif
 
+#ifndef QWIDE_K
+/* -- Q4_K by columns (AVX2), interleaved weights (HS_X16): the 8 rows of half of a group in the 8 lanes
+ * of 256-bit vectors (a 64-byte word vector of the group holds both halves), each lane the chain of
+ * one output, so a sub-block's integer work is one maddubs per 4 values of 8 outputs, their 16-bit
+ * pair sums added over the sub-block (8 · 3810 < 2^15), and its scale one madd for 8: no sums across
+ * lanes, which the column-at-a-time tiles pay per super-block and row ---------------------------- */
+
+/* a super-block's head for the 8 rows of a half: d and dmin per lane; sc[s], lane c: row c's scale of
+ * sub-block s in both 16-bit halves (what madd takes); mn[p]: its mins of sub-blocks 2p, 2p + 1 as the
+ * two 16-bit halves (ggml's get_scale_min_k4 in every lane, as k16_head_of) */
+typedef struct {
+    v8i sc[8], mn[4];
+    v8 d, dmin;
+} k8_head;
+
+/* the head from the interleaved super-block's first 4 words at `at` (the half's 32 bytes of each) */
+static inline __attribute__((always_inline)) void k8_head_of(const uint8_t *at, k8_head *out) {
+    const v8i h0 = v8i_load(at), q0 = v8i_load(at + 64), q4 = v8i_load(at + 128), q8 = v8i_load(at + 192);
+    out->d = v8_f16_half(h0, 0), out->dmin = v8_f16_half(h0, 1);
+    const v8i sc_lo = v8i_and_bits(q0, 0x3F3F3F3F), mn_lo = v8i_and_bits(q4, 0x3F3F3F3F);
+    const v8i sc_hi = v8i_or(v8i_and_bits(q8, 0x0F0F0F0F), v8i_and_bits(v8i_shr(q0, 2), 0x30303030));
+    const v8i mn_hi = v8i_or(v8i_and_bits(v8i_shr(q8, 4), 0x0F0F0F0F), v8i_and_bits(v8i_shr(q4, 2), 0x30303030));
+    for (int s = 0; s < 4; ++s) {
+        const v8i lo = v8i_and_bits(v8i_shr(sc_lo, 8 * s), 0xFF), hi = v8i_and_bits(v8i_shr(sc_hi, 8 * s), 0xFF);
+        out->sc[s] = v8i_or(lo, v8i_shl(lo, 16)), out->sc[s + 4] = v8i_or(hi, v8i_shl(hi, 16));
+    }
+    for (int p = 0; p < 2; ++p) { /* bytes 2p and 2p + 1 of each half as the two 16-bit halves */
+        const v8i a = v8i_shr(mn_lo, 16 * p), c = v8i_shr(mn_hi, 16 * p);
+        out->mn[p] = v8i_or(v8i_and_bits(a, 0xFF), v8i_and_bits(v8i_shl(a, 8), 0xFF0000));
+        out->mn[p + 2] = v8i_or(v8i_and_bits(c, 0xFF), v8i_and_bits(v8i_shl(c, 8), 0xFF0000));
+    }
+}
+
+/* sub-block 2 · chunk + high of the interleaved super-block at `at` (its chunk's 8 words' low or high
+ * nibbles): each row's 16-bit pair sums over it, times its scale (sc) into the row's integer sum */
+static inline __attribute__((always_inline)) void QS(k8_sub_block)(const quant_job *j, const uint8_t *at, int64_t m0,
+                                                                  int R, int64_t b, int chunk, int high, v8i sc,
+                                                                  v8i total[ACC_ROWS]) {
+    const int8_t *x = j->xq + m0 * j->K + b * 256 + 64 * chunk + 32 * high;
+    v8i sum[ACC_ROWS];
+    for (int r = 0; r < R; ++r) sum[r] = v8i_zero();
+    for (int k = 0; k < 8; ++k) {
+        const v8i w = v8i_load(at + 64 * (4 + 8 * chunk + k));
+        const v8i q = high ? u8x32_high_nibbles(w) : u8x32_low_nibbles(w);
+        for (int r = 0; r < R; ++r) sum[r] = v8i_add16(sum[r], u4_i8_pair_sums(q, i8x4_broadcast(x + r * j->K + 4 * k)));
+    }
+    for (int r = 0; r < R; ++r) total[r] = v8i_add(total[r], i16_pair_dots(sum[r], sc));
+}
+
+/* a tile of R rows by the 16 columns of the interleaved group at n0 (half h's lane c: column
+ * n0 + 8h + c): per super-block and half, its head, then per sub-block (a chunk's 8 words' low
+ * nibbles, then their high ones: the words read twice, from L1) the rows' 16-bit pair sums, times the
+ * sub-block's scale into each row's integer sums; then times d · dx into the rows' chains, the mins'
+ * Σ_s m_s · xsum_s times dmin · dx into theirs (the chains of k_block and of the k16 tiles) */
+static inline __attribute__((always_inline)) void QS(k8_tile)(const quant_job *j, int64_t m0, int R, int64_t n0) {
+    const uint8_t *group = j->w + n0 * j->row_bytes;
+    const int64_t nb = j->K / 256;
+    v8 acc[2][ACC_ROWS], mins[2][ACC_ROWS];
+    for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < R; ++r) acc[h][r] = mins[h][r] = v8_zero();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *block = group + b * 16 * 144;
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *at = block + 32 * h;
+            k8_head head;
+            k8_head_of(at, &head);
+            v8i total[ACC_ROWS];
+            for (int r = 0; r < R; ++r) total[r] = v8i_zero();
+#pragma GCC unroll 1
+            for (int chunk = 0; chunk < 4; ++chunk) {
+                QS(k8_sub_block)(j, at, m0, R, b, chunk, 0, head.sc[2 * chunk], total);
+                QS(k8_sub_block)(j, at, m0, R, b, chunk, 1, head.sc[2 * chunk + 1], total);
+            }
+            for (int r = 0; r < R; ++r) {
+                const int16_t *xs = j->xs16 + (m0 + r) * (j->K / 32) + b * 8;
+                v8i msum = v8i_zero();
+                for (int p = 0; p < 4; ++p)
+                    msum = v8i_add(msum, i16_pair_dots(head.mn[p], i8x4_broadcast((const int8_t *)(xs + 2 * p))));
+                const v8 dx = v8_set1(j->xd[(m0 + r) * nb + b]);
+                acc[h][r] = v8_fmadd(v8_mul(head.d, dx), v8i_to_float(total[r]), acc[h][r]);
+                mins[h][r] = v8_fmadd(v8_mul(head.dmin, dx), v8i_to_float(msum), mins[h][r]);
+            }
+        }
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < R; ++r) v8_store(j->y + (m0 + r) * j->N + n0 + 8 * h, v8_sub(acc[h][r], mins[h][r]));
+}
+
+/* a k8 tile with R made a constant */
+static void QS(k8_tile_sized)(const quant_job *j, int64_t m0, int R, int64_t n0) {
+#if TILE_ROWS != 4
+#error "quant_q4k.h: a tile shape that k8_tile_sized does not instantiate"
+#endif
+    switch (R) {
+        case 1: QS(k8_tile)(j, m0, 1, n0); break;
+        case 2: QS(k8_tile)(j, m0, 2, n0); break;
+        case 3: QS(k8_tile)(j, m0, 3, n0); break;
+        case 4: QS(k8_tile)(j, m0, 4, n0); break;
+        default: break;
+    }
+}
+
+/* interleaved Q4_K's columns c0 … c1 − 1 (groups of 16), by balanced groups of at most TILE_ROWS
+ * rows over chunks of ROW_CHUNK rows (a group's super-blocks stay in cache while its row groups pass) */
+static void QS(k8_columns)(const quant_job *j, int64_t c0, int64_t c1) {
+    for (int64_t r0 = 0; r0 < j->M; r0 += ROW_CHUNK) {
+        const int64_t r1 = r0 + ROW_CHUNK < j->M ? r0 + ROW_CHUNK : j->M;
+        const int64_t groups = (r1 - r0 + TILE_ROWS - 1) / TILE_ROWS;
+        for (int64_t n = c0; n < c1; n += 16)
+            for (int64_t g = 0; g < groups; ++g) {
+                const int64_t m0 = r0 + (r1 - r0) * g / groups, m1 = r0 + (r1 - r0) * (g + 1) / groups;
+                QS(k8_tile_sized)(j, m0, (int)(m1 - m0), n);
+            }
+    }
+}
+#endif
+
 #ifdef QWIDE_K
 /* -- Q4_K by columns (AVX512-VNNI): 16 weight rows in the 16 lanes of 512-bit vectors, their bytes
  * transposed as they are read, each lane the chain of one output (quant.c's header), so a

@@ -202,6 +202,12 @@ QTARGET static void QS(columns)(const quant_job *j, int64_t c0, int64_t c1) {
         return;
     }
 #endif
+#ifndef QWIDE_K
+    if (j->fmt == HS_Q4_K && j->x16) { /* interleaved: 8 columns in the lanes (quant_q4k.h's k8 tiles) */
+        QS(k8_columns)(j, c0, c1);
+        return;
+    }
+#endif
     const int64_t M = j->M;
     const int cols = M <= FEW_ROWS ? 1 : TILE_COLS, most = M <= FEW_ROWS ? FEW_ROWS : TILE_ROWS;
     if (j->fmt == HS_Q4_K && M <= most) {

@@ -470,6 +470,22 @@ SIMD_INLINE v8 v8_pick2(v8 a, int i0, int i1) {
 SIMD_INLINE v8 v8_halves_of(v8 a, int lo, int hi) {
     return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi));
 }
+/* Q4_K by columns on AVX2 (cpu/quant_q4k.h's k8 tiles), 8 weight rows in the lanes: lanes >> n, & mask, | */
+SIMD_INLINE v8i v8i_shr(v8i a, int n) { return _mm256_srli_epi32(a, n); }
+SIMD_INLINE v8i v8i_and_bits(v8i a, int mask) { return _mm256_and_si256(a, _mm256_set1_epi32(mask)); }
+SIMD_INLINE v8i v8i_or(v8i a, v8i b) { return _mm256_or_si256(a, b); }
+/* the low (half 0) or high (half 1) float16 of each lane, widened exactly */
+SIMD_INLINE v8 v8_f16_half(v8i a, int half) {
+    const __m256i h = half ? _mm256_srli_epi32(a, 16) : _mm256_and_si256(a, _mm256_set1_epi32(0xFFFF));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08); /* lanes 0-3, 4-7 low */
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+}
+/* per 16-bit lane u·s summed over its 2 bytes (u in 0..15, s int8 within ±127: within ±3810, no
+ * saturation), and those added lane by lane in 16 bits (the callers keep sums within ±2^15) */
+SIMD_INLINE v8i u4_i8_pair_sums(v8i u, v8i s) { return _mm256_maddubs_epi16(u, s); }
+SIMD_INLINE v8i v8i_add16(v8i a, v8i b) { return _mm256_add_epi16(a, b); }
+/* per 32-bit lane a.lo · b.lo + a.hi · b.hi of the 16-bit halves (exact) */
+SIMD_INLINE v8i i16_pair_dots(v8i a, v8i b) { return _mm256_madd_epi16(a, b); }
 /* scale · Σ u·s per lane, u in 0..15, s int8, the scale (0 <= scale < 64) in every 16-bit lane of scale16 */
 SIMD_INLINE v8i dot_u4_vscaled_lanes(v8i u, v8i s, v8i scale16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);

@@ -201,8 +201,9 @@ def test_only_q4_k_in_whole_groups_interleaves():
 @pytest.mark.parametrize("path", available_paths())
 @pytest.mark.parametrize("fmt", INTERLEAVED)
 def test_interleaved_products_are_the_plain_ones_bit_for_bit(fmt, path):
-    """Every path (AVX2 undoes the interleave per group, AVX512-VNNI's 16-column tiles load it), every
-    row count (the few-row tiles, the tiles' decoded cache, more than a chunk), any thread count."""
+    """Every path (AVX2's 8-column tiles read half of each word vector, AVX512-VNNI's 16-column ones
+    load it whole), every row count (one row, the tiles of up to 4 or 6 rows, the VNNI tiles' decoded
+    cache, more than a chunk), any thread count."""
     x, w = operands(fmt, N=64, K=1024, seed=6)
     wi = copy.deepcopy(w).interleave_()
     first = cpu_quant.vector_path()
