@@ -129,8 +129,8 @@ def pack(model, exact_16bit: bool = True) -> None:
 def lay_out_quantized(model) -> None:
     """Every quantized weight moved into one mapping of huge pages on CPU (a decode step streams the
     products' blocks as it does float weights: `kernels/huge_pages.py`), then each product weight laid
-    out as the backend's products read it fastest (`Linear.quant_layout`: on AVX512-VNNI Q4_K
-    interleaved, the same bytes in another order), but the embedding and a weight tied to it (the
+    out as the backend's products read it fastest (`Linear.quant_layout`: Q4_K interleaved,
+    the same bytes in another order), but the embedding and a weight tied to it (the
     lookup reads its rows as GGUF lays them). A weight several modules hold (a shared block, a tied
     head) stays one. Weights move one at a time, each old copy released once every holder has the new
     one, so a load holds little more than the blocks once. The caller rebinds the backend."""

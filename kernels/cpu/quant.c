@@ -21,8 +21,9 @@
  *   sub-blocks converted to float (exactly below 2^24, else rounded to nearest) and
  *   fused-multiply-added, times d_b · dx_b rounded to float32, into one float32 sum starting at
  *   zero; the mins' part, Σ_s min_s · Σ x likewise times dmin_b · dx_b, into a second; the output
- *   the first less the second. One sum per output again: with more than K_COLUMN_ROWS rows the
- *   AVX512-VNNI tiles hold 16 columns in the lanes (quant_q4k.h's k16 tiles).
+ *   the first less the second. One sum per output again: the AVX512-VNNI tiles hold 16 columns in
+ *   the lanes (quant_q4k.h's k16 tiles; one row of a plain weight a column at a time), the AVX2
+ *   ones 8 where the weight is interleaved (k8; plain weights a column at a time).
  * Nothing in the chain depends on the other rows of the call, the thread count or the tile that
  * computed it (rows by columns, its shape chosen per ISA, format and row count: AVX2 few rows one
  * column at a time, more in tiles of up to 4 × 2; AVX512-VNNI tiles of up to 6 × 2 from one row,

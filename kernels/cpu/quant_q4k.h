@@ -1,7 +1,8 @@
 /* Q4_K's tiles (`cpu/quant.c`'s products, included by quant_tiles.h once per ISA, with its macros),
  * one chain per output (quant.c's header): a column at a time, AVX2's in 256-bit vectors,
- * AVX512-VNNI's (QWIDE_K) in 512-bit ones, and the columns of a call whose rows are one tile's; and
- * on AVX512-VNNI, for more than K_COLUMN_ROWS rows, tiles of 16 columns in the lanes (k16). */
+ * AVX512-VNNI's (QWIDE_K) in 512-bit ones, and the columns of a call whose rows are one tile's; on
+ * AVX2, interleaved weights (HS_X16) by 8 columns in the lanes (k8); on AVX512-VNNI, for more than
+ * K_COLUMN_ROWS rows or interleaved weights, by 16 (k16). */
 
 /* super-block b's head for columns col[0], col[1] (C = 1: the same column twice), what both ISAs'
  * tiles decode alike: the scales and mins of both (sm; the mins as int16, mn), d per column (lane c),
