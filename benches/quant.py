@@ -15,9 +15,11 @@ checks equals plain decoding. One torch thread by default.
     python benches/quant.py --embedded-only --clock cpu   # the embedded target alone, CPU seconds
     python benches/quant.py --products --clock cpu        # the C products alone, µs per row
     python benches/quant.py --stream                      # the C products, weights streamed from memory
+    python benches/quant.py --layouts                     # Q4_K's tiles: AVX2 plain / interleaved, VNNI
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 
@@ -147,6 +149,56 @@ def stream_rows(repeats: int) -> list[dict]:
     return rows
 
 
+LAYOUT_ROWS = (1, 4, 128)  # decode, a verify of γ = 3, a prefill
+
+
+def layout_rows(repeats: int) -> list[dict]:
+    """Q4_K's tiles side by side: STREAM_WEIGHTS weights of each of STREAM_SHAPES from memory, as
+    GGUF lays them on AVX2 (a column at a time), interleaved on AVX2 (8 columns in the lanes, k8) and
+    interleaved on AVX512-VNNI where the CPU has it (16 columns, k16); at LAYOUT_ROWS rows, the three
+    passes alternated `repeats` times in one process: ms per pass (median, min) and each pass's ratio to
+    the plain AVX2 pass beside it (median, min–max)."""
+    import copy
+    from hybridspec.kernels.cpu import quant as cpu_quant
+    from hybridspec.kernels.quant.weight import QuantWeight
+    first = cpu_quant.vector_path()
+    paths = ["avx2"]
+    try:
+        cpu_quant.vector_path("avx512vnni")
+        paths.append("avx512vnni")
+    except ValueError:
+        pass
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    try:
+        for shape in STREAM_SHAPES:
+            plain = [QuantWeight.quantize(torch.randn(*shape, generator=g) * 0.05, "q4_k") for _ in range(STREAM_WEIGHTS)]
+            interleaved = [copy.deepcopy(w).interleave_() for w in plain]
+            variants = {"avx2, plain": ("avx2", plain), "avx2, interleaved (k8)": ("avx2", interleaved)}
+            if "avx512vnni" in paths:
+                variants["avx512vnni, interleaved (k16)"] = ("avx512vnni", interleaved)
+            for M in LAYOUT_ROWS:
+                x = torch.randn(M, shape[1], generator=g)
+
+                def run(path, weights):
+                    cpu_quant.vector_path(path)
+                    for w in weights:
+                        cpu_quant.quant_matmul(x, w)
+                samples = alternating_samples({name: functools.partial(run, *v) for name, v in variants.items()},
+                                              repeats)
+                base = samples["avx2, plain"]
+                for name, seconds in samples.items():
+                    ratios = [b / s for b, s in zip(base, seconds)]
+                    rows.append(dict(shape=f"{shape[0]} × {shape[1]}", rows=M, variant=name,
+                                     ms=statistics.median(seconds) * 1e3, min_ms=min(seconds) * 1e3,
+                                     speedup=statistics.median(ratios), speedup_min=min(ratios),
+                                     speedup_max=max(ratios)))
+            del plain, interleaved
+    finally:
+        cpu_quant.vector_path(first)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per timed call (default 64)")
@@ -158,9 +210,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true",
                         help=f"the C products alone over {STREAM_WEIGHTS} weights of each of {STREAM_SHAPES} "
                              "streamed from memory")
+    parser.add_argument("--layouts", action="store_true",
+                        help="Q4_K's tiles side by side: GGUF's layout on AVX2, interleaved on AVX2 and on "
+                             "AVX512-VNNI, weights streamed from memory")
     args = parser.parse_args(argv)
     threads = set_threads(args.threads)
     set_clock(args.clock)
+    if args.layouts:
+        print(describe_machine(), flush=True)
+        compared = layout_rows(args.repeats or (1 if args.quick else 9))
+        print_table(compared, [("shape", "weight"), ("rows", "rows"), ("variant", "dot product, layout"),
+                               ("ms", "ms per pass"), ("min_ms", "min"), ("speedup", "plain AVX2 ÷ this"),
+                               ("speedup_min", "min"), ("speedup_max", "max")],
+                    title=f"Q4_K products over {STREAM_WEIGHTS} weights of a shape from memory, passes alternated")
+        write_json(args.out or "quant_layouts.json", dict(bench="quant_layouts", threads=threads, rows=compared))
+        return 0
     if args.stream:
         print(describe_machine(), flush=True)
         streamed = stream_rows(args.repeats or (1 if args.quick else 7))
