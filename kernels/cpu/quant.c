@@ -53,7 +53,7 @@ typedef struct {
     const float *xd;    /* [M, K / act_block], their scales */
     const int32_t *xs;  /* [M, K / 32], the sums of each 32 of xq (Q4_0's offset) */
     const int16_t *xs16; /* Q4_K: [M, K / 32], the same as int16 (`k_sums16`), the mins' part */
-    const int32_t *xo;  /* Q6_K: [M, K / 4], xq's −32 offsets as the path takes them (quant_q6k.h's q6_offsets) */
+    const int32_t *xo;  /* Q6_K: xq's −32 offsets as the path takes them, [M, K / 4] int32 at most (quant_q6k.h's q6_offsets) */
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;

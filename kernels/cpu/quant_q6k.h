@@ -11,10 +11,10 @@
  * lets the 16-column tiles hold 16 outputs in the lanes of one vector. The −32 goes through the
  * activations: per call, each row's offsets are computed once (`q6_offsets`) in the form the path
  * takes. The integer sums, each path its own way to the same integers:
- *   AVX2: per 32 values, maddubs(q, x) less the offsets 32 · x's pair sums in 16 bits (both terms and
- *         their difference fit), times the two sub-blocks' scales by madd, 8 lanes summed per
- *         super-block; up to Q6_ROWS rows in tiles of two distant columns, more one column at a time
- *         by groups of up to Q6_ROWS rows.
+ *   AVX2: per 32 values, maddubs(q, x) (pair sums within ±16002), times the two sub-blocks' scales
+ *         by madd; the −32 once per super-block, one madd of the 16 scales times −32 by the row's 16
+ *         sub-block sums of x; 8 lanes summed per super-block; up to Q6_ROWS rows in tiles of two
+ *         distant columns, more one column at a time by groups of up to Q6_ROWS rows.
  *   AVX512-VNNI, up to Q6_COLUMN_ROWS rows: per 32 values, dpbusd(q, x) from the offsets −32 · x's
  *         lane sums (each lane Σ (q − 32) · x, within ±16256: an int16), times its sub-block's scale
  *         by dpwssd (the scale in the lane's low half, 0 in its high half), two chunks of 32 per
@@ -37,17 +37,27 @@
 #define Q6_BYTES 210
 
 /* AVX2's super-block decoded: its 256 values q (0 … 63) in value order, 32 per vector; per 32 values
- * the scales of their two sub-blocks as madd takes them, [sc_2c × 8 | sc_2c+1 × 8] int16; d */
+ * the scales of their two sub-blocks as madd takes them, [sc_2c × 8 | sc_2c+1 × 8] int16; the 16
+ * scales times −32 as int16 (nsc); d */
 typedef struct {
-    v8i q[8], sc[8];
+    v8i q[8], sc[8], nsc;
     float d;
 } q6_block;
 
-/* each row's −32 offsets (xo: room for [M, K / 4] int32): AVX2 per 32 of xq one vector of the 16-bit
- * pair sums 32 · (x_2i + x_2i+1); VNNI up to Q6_COLUMN_ROWS rows one vector of the 32-bit lane sums
+/* each row's −32 offsets (xo: room for [M, K / 4] int32): AVX2 the sum of each 16 of xq, [M, K / 16]
+ * int16 (within ±2032); VNNI up to Q6_COLUMN_ROWS rows one vector of the 32-bit lane sums
  * −32 · (x_4i + … + x_4i+3); more rows (the 16-column tiles) −32 · the sum of each 16, [M, K / 16] */
 static void q6_offsets(const int8_t *xq, int64_t M, int64_t K, int vnni, int32_t *xo) {
-    if (vnni && M > Q6_COLUMN_ROWS) {
+    if (!vnni) {
+        int16_t *sums = (int16_t *)xo;
+        for (int64_t i = 0; i < M * K; i += 16) {
+            int32_t sum = 0;
+            for (int k = 0; k < 16; ++k) sum += xq[i + k];
+            sums[i / 16] = (int16_t)sum;
+        }
+        return;
+    }
+    if (M > Q6_COLUMN_ROWS) {
         for (int64_t i = 0; i < M * K; i += 16) {
             int32_t sum = 0;
             for (int k = 0; k < 16; ++k) sum += xq[i + k];
@@ -56,8 +66,7 @@ static void q6_offsets(const int8_t *xq, int64_t M, int64_t K, int vnni, int32_t
         return;
     }
     for (int64_t i = 0; i < M * K; i += 32) {
-        const v8i x = v8i_load(xq + i);
-        v8i_store(xo + i / 4, vnni ? i8x32_lane_sums(x, -32) : i8x32_pair_sums(x, 32));
+        v8i_store(xo + i / 4, i8x32_lane_sums(v8i_load(xq + i), -32));
     }
 }
 
@@ -74,6 +83,7 @@ static inline __attribute__((always_inline)) void q6_decode_avx2(const uint8_t *
     }
     const v8i lo = i16_pairs_of_i8x8((const int8_t *)(blk + 192)), hi = i16_pairs_of_i8x8((const int8_t *)(blk + 200));
     for (int c = 0; c < 8; ++c) out->sc[c] = v8i_pair_spread(c < 4 ? lo : hi, 2 * c % 8);
+    out->nsc = i16x16_times_of_i8x16((const int8_t *)(blk + 192), -32);
     out->d = f16_value(half_at(blk + 208));
 }
 
@@ -97,12 +107,12 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_decode_vnni(con
     out->d = f16_value(half_at(blk + 208));
 }
 
-/* 8 exact lane sums of a decoded super-block by 256 int8 activations x and their offsets xo, whose
- * total is the super-block's S_b (VNNI: two dpwssd chains, the low and the high lanes folded) */
-static inline __attribute__((always_inline)) v8i q6_lanes_avx2(const q6_block *w, const int8_t *x, const int32_t *xo) {
-    v8i sum = v8i_zero();
-    for (int c = 0; c < 8; ++c)
-        sum = v8i_add(sum, dot_u6_offset_scaled_lanes(w->q[c], v8i_load(x + 32 * c), v8i_load(xo + 8 * c), w->sc[c]));
+/* 8 exact lane sums of a decoded super-block by 256 int8 activations x and their offsets, whose
+ * total is the super-block's S_b (AVX2: xs the 16 sub-block sums of x, the −32 · Σ_s sc_s · xs_s in
+ * one madd; VNNI: xo, two dpwssd chains, the low and the high lanes folded) */
+static inline __attribute__((always_inline)) v8i q6_lanes_avx2(const q6_block *w, const int8_t *x, const int16_t *xs) {
+    v8i sum = i16_pair_dots(w->nsc, v8i_load(xs));
+    for (int c = 0; c < 8; ++c) sum = v8i_add(sum, dot_u4_vscaled_lanes(w->q[c], v8i_load(x + 32 * c), w->sc[c]));
     return sum;
 }
 TARGET_VNNI static inline __attribute__((always_inline)) v8i q6_lanes_vnni(const q6_block_vnni *w, const int8_t *x,
@@ -148,10 +158,10 @@ static inline __attribute__((always_inline)) void q6_tile_avx2(const quant_job *
         }
         for (int r = 0; r < R; ++r) {
             const int8_t *x = j->xq + (m0 + r) * j->K + b * 256;
-            const int32_t *xo = j->xo + (m0 + r) * (j->K / 4) + b * 64;
+            const int16_t *xs = (const int16_t *)j->xo + (m0 + r) * (j->K / 16) + b * 16;
             const float dx = j->xd[(m0 + r) * nb + b];
-            const v8i lanes = q6_lanes_avx2(&w[0], x, xo);
-            acc[r] = q6_sums(w[0].d, w[C - 1].d, lanes, C > 1 ? q6_lanes_avx2(&w[1], x, xo) : lanes, dx, acc[r]);
+            const v8i lanes = q6_lanes_avx2(&w[0], x, xs);
+            acc[r] = q6_sums(w[0].d, w[C - 1].d, lanes, C > 1 ? q6_lanes_avx2(&w[1], x, xs) : lanes, dx, acc[r]);
         }
     }
     q6_store(j, m0, R, n0, C, step, acc);

@@ -365,12 +365,9 @@ SIMD_INLINE v8i i16_pairs_of_i8x8(const int8_t *p) {
 SIMD_INLINE v8i v8i_pair_spread(v8i a, int k) {
     return _mm256_permutevar8x32_epi32(a, _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
 }
-/* scale · the pair sums of 32 int8 (bytes 2i, 2i + 1 in 16-bit lane i), exact */
-SIMD_INLINE v8i i8x32_pair_sums(v8i a, int8_t scale) { return _mm256_maddubs_epi16(_mm256_set1_epi8(scale), a); }
-/* Σ over each lane's pairs of scale·(u·s − offset), u in 0..63, s int8, offset the pairs' 32·s sums
- * (i8x32_pair_sums): u·s and offset each fit 16 bits and so does their difference */
-SIMD_INLINE v8i dot_u6_offset_scaled_lanes(v8i u, v8i s, v8i offset, v8i scales) {
-    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(u, s), offset), scales);
+/* 16 int8 at p times m, as 16 int16 (exact where |m| · 128 fits: Q6_K's −32 · its scales) */
+SIMD_INLINE v8i i16x16_times_of_i8x16(const int8_t *p, int16_t m) {
+    return _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)), _mm256_set1_epi16(m));
 }
 /* 512 bits, two Q6_K chunks of 32 side by side (the low 8 lanes one chunk's, the high 8 the next's) */
 /* [qh | qh >> 2] from 32 bytes of qh: in each byte, bits 0-1 and 4-5 those of chunks 4h, 4h + 2 in
@@ -486,7 +483,8 @@ SIMD_INLINE v8i u4_i8_pair_sums(v8i u, v8i s) { return _mm256_maddubs_epi16(u, s
 SIMD_INLINE v8i v8i_add16(v8i a, v8i b) { return _mm256_add_epi16(a, b); }
 /* per 32-bit lane a.lo · b.lo + a.hi · b.hi of the 16-bit halves (exact) */
 SIMD_INLINE v8i i16_pair_dots(v8i a, v8i b) { return _mm256_madd_epi16(a, b); }
-/* scale · Σ u·s per lane, u in 0..15, s int8, the scale (0 <= scale < 64) in every 16-bit lane of scale16 */
+/* scale · Σ u·s per lane, u in 0..63 (pair sums within ±16002: no saturation), s int8, the scale (an
+ * int8 value) in every 16-bit lane of scale16 */
 SIMD_INLINE v8i dot_u4_vscaled_lanes(v8i u, v8i s, v8i scale16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
 }
