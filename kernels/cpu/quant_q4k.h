@@ -317,16 +317,17 @@ QTARGET static inline __attribute__((always_inline)) void QS(k16_x16_chunk)(cons
 }
 
 /* where super-block b of the interleaved 16 rows at `group` lies, and what is read next prefetched:
- * a tile (`decoding` 0) reads the weight as one stream, and the super-block two on goes into L1; the
+ * a tile (`decoding` 0) reads the weight as one stream, which the hardware's prefetch follows (a
+ * prefetch of the super-block two on made the tiles slower: docs/results/quant.md); the
  * decoding into the tiles' cache (`decoding` 1) reads a group in a burst before the tiles' work, and
  * the same super-block of the next group goes into L1, of the one after into L2, as tile16_blocks
  * does for plain rows */
 static inline __attribute__((always_inline)) const uint8_t *k16_x16_at(const quant_job *j, const uint8_t *group,
                                                                       int64_t b, int decoding) {
     const uint8_t *at = group + b * 16 * 144;
-    for (int line = 0; line < 16 * 144; line += 64)
-        if (decoding) prefetch_l1(at + 16 * j->row_bytes + line), prefetch_l2(at + 32 * j->row_bytes + line);
-        else prefetch_l1(at + 2 * 16 * 144 + line);
+    if (decoding)
+        for (int line = 0; line < 16 * 144; line += 64)
+            prefetch_l1(at + 16 * j->row_bytes + line), prefetch_l2(at + 32 * j->row_bytes + line);
     return at;
 }
 
