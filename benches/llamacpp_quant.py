@@ -38,8 +38,8 @@ import argparse
 import contextlib
 import ctypes
 import gc
-import os
 import json
+import os
 import shutil
 import subprocess
 import sys

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import mmap
 
@@ -67,16 +68,16 @@ def return_freed_memory() -> bool:
     move into a huge-page mapping) are freed into the allocator's heaps, which
     keep them resident until something asks. Returns whether it asked: False
     where the C library has no malloc_trim (musl, macOS, Windows)."""
-    global _TRIM
     gc.collect()
-    if _TRIM is None:
-        name = ctypes.util.find_library("c")
-        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-        _TRIM = trim if trim is not None else False
-    if _TRIM is False:
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    _TRIM(0)
+    trim(0)
     return True
 
 
-_TRIM = None  # glibc's malloc_trim once found; False where the C library has none
+@functools.cache
+def _malloc_trim():
+    """The C library's malloc_trim, looked up once; None where it has none."""
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None

@@ -92,6 +92,7 @@ def speculative(rank: int) -> dict:
     import hybridspec as hs
     import oracles
     from hybridspec.rollback import perturbed_copy
+    from test_adaptive_gamma import ScriptedGammas
     hf = oracles.bamba(seed=0)
     size = dist.get_world_size()
     target, draft = hs.from_hf(hf, tensor_parallel_size=size), perturbed_copy(hs.from_hf(hf), seed=2)
@@ -110,7 +111,9 @@ def speculative(rank: int) -> dict:
                 engine = hs.Engine(target, draft=draft, num_draft_tokens=gamma, checkpoint=checkpoint, verify=verify,
                                    max_batch_size=3, tensor_parallel_size=size)
                 if gamma == "auto":  # start-up's costs were timed and broadcast; rounds then follow a script
-                    engine.gamma_controller = ScriptedGammas(engine.gamma_controller, seed=rank)
+                    # seeded per rank, so the ranks run the same rounds only because rank 0's choice is broadcast
+                    # (timings decide whether drafting pays, and a noisy machine may find it never does)
+                    engine.gamma_controller = ScriptedGammas(engine.gamma_controller.gamma_max, seed=rank)
                 got = [o.token_ids for o in engine.generate(PROMPTS, params)]
                 runs[str(checkpoint), gamma, verify] = (got == plain[params.temperature], engine.stats.drafted_tokens)
     sharded_draft = perturbed_copy(hs.from_hf(hf, tensor_parallel_size=size), seed=2)  # a drafter split too
@@ -126,25 +129,6 @@ def speculative(rank: int) -> dict:
     problems = state_problems_every_step(target, draft, (9, 14, 11), rank)
     return dict(runs=runs, tight=tight_out == [alone] * 3, preemptions=tight.total_stats.preemptions,
                 prefix_hits=cached.total_stats.prefix_hit_tokens, problems=problems)
-
-
-def ScriptedGammas(measured, seed: int):
-    """A GammaController on `measured`'s start-up costs whose choice is a script
-    of random γ per row (0, mixed and γ_max rounds) seeded by `seed`: with a
-    seed per rank, the ranks run the same rounds only because rank 0's choice
-    is broadcast. Measured timings decide whether drafting pays, and a noisy
-    machine may find that it never does; the script drafts whatever the timings."""
-    import random
-    from hybridspec.spec.gamma import GammaController
-
-    class Scripted(GammaController):
-        def choose(self, seq_ids, caps, behind=None, sampled=0):
-            return [max(0, min(cap, self.rng.choice([0, 1, self.gamma_max]))) if self.rng.random() < 0.8 else 0
-                    for cap in caps]
-
-    controller = Scripted(measured.gamma_max, measured.costs)
-    controller.rng = random.Random(seed)
-    return controller
 
 
 def state_problems_every_step(target, draft, max_new_tokens, rank: int) -> list[str]:

@@ -48,20 +48,12 @@ typedef struct {
  * int16 (within ±2032); VNNI up to Q6_COLUMN_ROWS rows one vector of the 32-bit lane sums
  * −32 · (x_4i + … + x_4i+3); more rows (the 16-column tiles) −32 · the sum of each 16, [M, K / 16] */
 static void q6_offsets(const int8_t *xq, int64_t M, int64_t K, int vnni, int32_t *xo) {
-    if (!vnni) {
-        int16_t *sums = (int16_t *)xo;
+    if (!vnni || M > Q6_COLUMN_ROWS) { /* per 16 of xq: its sum (AVX2, int16) or −32 times it (VNNI, int32) */
         for (int64_t i = 0; i < M * K; i += 16) {
             int32_t sum = 0;
             for (int k = 0; k < 16; ++k) sum += xq[i + k];
-            sums[i / 16] = (int16_t)sum;
-        }
-        return;
-    }
-    if (M > Q6_COLUMN_ROWS) {
-        for (int64_t i = 0; i < M * K; i += 16) {
-            int32_t sum = 0;
-            for (int k = 0; k < 16; ++k) sum += xq[i + k];
-            xo[i / 16] = -32 * sum;
+            if (vnni) xo[i / 16] = -32 * sum;
+            else ((int16_t *)xo)[i / 16] = (int16_t)sum;
         }
         return;
     }
