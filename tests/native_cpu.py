@@ -1,7 +1,7 @@
 """What the tests of the native CPU kernels (`kernels/cpu/`) share, here and in
 tests/kernels/cpu/: the mark that skips where the kernels cannot be built, one
 torch thread per test, each vector path of the products in turn, and a block
-run at a given torch thread count."""
+run at a given torch thread count, the quantized products' vector paths."""
 from __future__ import annotations
 
 import platform
@@ -48,3 +48,18 @@ def with_threads(count: int, fn):
         return fn()
     finally:
         torch.set_num_threads(before)
+
+
+def quant_paths() -> list[str]:
+    """The quantized products' dot products this CPU takes (`cpu_quant.VECTOR_PATHS`)."""
+    from hybridspec.kernels.cpu import quant as cpu_quant
+    first, paths = cpu_quant.vector_path(), []
+    try:
+        for path in cpu_quant.VECTOR_PATHS:
+            try:
+                paths.append(cpu_quant.vector_path(path))
+            except ValueError:
+                pass
+    finally:
+        cpu_quant.vector_path(first)
+    return paths

@@ -21,9 +21,9 @@ Q6_K_TENSORS = {"output.weight": lambda m: m.lm_head, "blk.1.attn_v.weight": lam
                 "blk.0.ssm_out.weight": lambda m: m.layers[0].mixer.out_proj}
 
 
-def files(tmp_path):
+def files(tmp_path, vocab_size: int = 97):
     """(a file of Q4_K products but the Q6_K tensors above, the same with those as float32 values)."""
-    directory = granite_directory(tmp_path / "hf", tied=False)
+    directory = granite_directory(tmp_path / "hf", tied=False, vocab_size=vocab_size)
     config, weights = canonical_weights(directory)
     tensors = stored_tensors(config, weights, "q4_k")
     six = {name: QuantWeight.quantize(torch.from_numpy(tensors[name]) if not isinstance(tensors[name], tuple)

@@ -22,11 +22,11 @@ pytest.importorskip("gguf")
 TOKENS = [[5, 7, 9, 11, 3, 2, 40, 50, 60, 61, 62, 17, 96, 0]]
 
 
-def granite_directory(path, tied: bool):
+def granite_directory(path, tied: bool, vocab_size: int = 97):
     """A Granite-4.0-H of hidden 256 (Q4_K's super-block) as a model directory."""
     from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
     cfg = GraniteMoeHybridConfig(
-        vocab_size=97, hidden_size=256, intermediate_size=64, shared_intermediate_size=64, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=64, shared_intermediate_size=64, num_hidden_layers=2,
         layer_types=["mamba", "attention"], num_attention_heads=4, num_key_value_heads=2, num_local_experts=0,
         mamba_n_heads=4, mamba_d_state=16, mamba_n_groups=1, mamba_chunk_size=8, embedding_multiplier=2.0,
         residual_multiplier=0.5, attention_multiplier=0.125, logits_scaling=4.0, max_position_embeddings=512,

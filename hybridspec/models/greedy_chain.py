@@ -18,23 +18,27 @@ class GreedyChain:
         self.model, self.whole = model, whole
 
     @torch.inference_mode()
-    def decode(self, cache, seq_ids: list[int], tokens: list[int],
-               steps: int) -> tuple[list[list[int]], torch.Tensor, list[list[int]]] | None:
+    def decode(self, cache, seq_ids: list[int], tokens: list[int], steps: int,
+               argmax_only: bool = False) -> tuple[list[list[int]], torch.Tensor, list[list[int]]] | None:
         """`steps` decode steps, the first over `tokens`, each later one over the
         argmax of the last step's logits (a greedy drafter's loop), in one C call
         (`WholeForward.greedy_steps`): the steps `decode` would run, with the same
         bits. Returns (each row's argmax tokens [batch][steps], logits [batch,
         steps, vocab], the ring head after each step [batch][steps]), committed
         like `steps` decodes; None, with nothing changed, where the whole forward
-        does not run (the caller then decodes step by step)."""
+        does not run (the caller then decodes step by step). `argmax_only`: the
+        caller reads the tokens, not the logits, and a Q6_K LM head's logits are
+        those of the columns a coarse pass ranks best, −∞ elsewhere
+        (`cpu_forward.DRAFT_HEAD_TOP`): the tokens are the argmax wherever it is
+        among them, a draft's otherwise (verification keeps the output exact)."""
         if steps < 1:
             return None
         return self._chained(cache, seq_ids, steps, steps,
-                             lambda plan: self.whole.greedy_steps(cache, tokens, steps, plan))
+                             lambda plan: self.whole.greedy_steps(cache, tokens, steps, plan, argmax_only))
 
     @torch.inference_mode()
-    def extend(self, cache, seq_ids: list[int], token_lists: list[list[int]],
-               steps: int) -> tuple[list[int], list[list[int]], torch.Tensor, list[list[int]]] | None:
+    def extend(self, cache, seq_ids: list[int], token_lists: list[list[int]], steps: int,
+               argmax_only: bool = False) -> tuple[list[int], list[list[int]], torch.Tensor, list[list[int]]] | None:
         """A greedy drafter's catch-up and steps in one C call
         (`WholeForward.extend_greedy`): `extend(cache, seq_ids, token_lists,
         last_only=True)`, then `decode` over its argmax for `steps`
@@ -44,13 +48,13 @@ class GreedyChain:
         the catch-up and after each step [batch][steps + 1]), committed like
         those calls; None, with nothing changed, where it does not run (the
         rows' lengths differ, more rows than the blocks take, or
-        `decode`'s reasons)."""
+        `decode`'s reasons). `argmax_only` as `decode`."""
         T = len(token_lists[0]) if token_lists else 0
         if steps < 1 or T < 1 or any(len(t) != T for t in token_lists):
             return None
 
         def call(plan):
-            done = self.whole.extend_greedy(cache, token_lists, steps, plan)
+            done = self.whole.extend_greedy(cache, token_lists, steps, plan, argmax_only)
             if done is None:
                 return None
             first, drafts, logits, finite = done

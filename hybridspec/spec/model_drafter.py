@@ -166,7 +166,8 @@ class ModelDrafter:
         to go in `greedy_chain.decode` calls, one per distinct γ_b; step by step
         where the chain declines, with the same bits."""
         chain, n, G = self.model.greedy_chain, len(ids_active), max(limits)
-        out = chain.extend(self.cache, ids_active, catch_up, min(limits) - 1) if min(limits) > 1 else None
+        out = (chain.extend(self.cache, ids_active, catch_up, min(limits) - 1, argmax_only=not keep_logits)
+               if min(limits) > 1 else None)
         if out is not None:
             first, later, logits, heads = out  # logits [active, min(limits), vocab]
             self._record_steps(ids_active, heads)
@@ -179,7 +180,7 @@ class ModelDrafter:
         while live := [j for j in range(n) if len(drafts[j]) < limits[j]]:
             done, steps = len(drafts[live[0]]), min(limits[j] for j in live) - len(drafts[live[0]])
             later, step_logits = self._greedy_steps([ids_active[j] for j in live], [drafts[j][-1] for j in live],
-                                                    steps)
+                                                    steps, argmax_only=not keep_logits)
             for j, rest in zip(live, later):
                 drafts[j].extend(rest)
             further.append((live, done, step_logits))
@@ -191,11 +192,12 @@ class ModelDrafter:
             all_logits[live, done:done + step_logits.shape[1]] = step_logits
         return drafts, all_logits
 
-    def _greedy_steps(self, ids: list[int], tokens: list[int], steps: int) -> tuple[list[list[int]], torch.Tensor]:
+    def _greedy_steps(self, ids: list[int], tokens: list[int], steps: int,
+                      argmax_only: bool = False) -> tuple[list[list[int]], torch.Tensor]:
         """`steps` greedy decode steps of these rows from `tokens`: the tokens
         [rows][steps] and logits [rows, steps, vocab], in one chain call where
-        it runs."""
-        out = self.model.greedy_chain.decode(self.cache, ids, tokens, steps)
+        it runs (`argmax_only`: `GreedyChain.decode`'s)."""
+        out = self.model.greedy_chain.decode(self.cache, ids, tokens, steps, argmax_only)
         if out is not None:
             later, logits, heads = out
             self._record_steps(ids, heads)

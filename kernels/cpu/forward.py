@@ -79,7 +79,10 @@ class ForwardArgs(ctypes.Structure):
                 ("work_size", _i64), ("out", _p), ("embed_scale", _f32), ("logits_scale", _f32),
                 ("hidden_points", _p), ("num_points", _i64), ("hidden_out", _p),
                 ("mtp_fc", _p), ("mtp_norm_e", _p), ("mtp_norm_h", _p), ("mtp_eps", _f32), ("hidden_in", _p),
-                ("normed_out", _p), ("parents", _p)]
+                ("normed_out", _p), ("parents", _p), ("head_top", _i64)]
+
+
+DRAFT_HEAD_TOP = 128  # a greedy draft's Q6_K LM head: the columns a coarse pass ranks best, exact (`greedy_steps`)
 
 
 class _Table:
@@ -219,19 +222,21 @@ class WholeForward:
         """The forward in one C call, or None where it does not apply (`forward`)."""
         return forward(self, token_lists, batch, cache, last_only, mtp)
 
-    def greedy_steps(self, cache, tokens: list[int], steps: int, plan):
+    def greedy_steps(self, cache, tokens: list[int], steps: int, plan, argmax_only: bool = False):
         """`greedy_steps` where it runs for these rows: `plan()` then gives
         (chains, K/V plan, starts), or None (nothing planned, nothing run).
-        None where it declines, before `plan` is called."""
+        None where it declines, before `plan` is called. `argmax_only`: the
+        caller reads only the tokens (`DRAFT_HEAD_TOP`)."""
         if not takes_greedy(self, cache, len(tokens)) or (planned := plan()) is None:
             return None
-        return greedy_steps(self, cache, tokens, steps, *planned)
+        return greedy_steps(self, cache, tokens, steps, *planned, head_top=DRAFT_HEAD_TOP if argmax_only else 0)
 
-    def extend_greedy(self, cache, token_lists: list[list[int]], steps: int, plan):
+    def extend_greedy(self, cache, token_lists: list[list[int]], steps: int, plan, argmax_only: bool = False):
         """`extend_greedy`, planned and declined as `greedy_steps`."""
         if not takes_greedy(self, cache, len(token_lists), len(token_lists[0])) or (planned := plan()) is None:
             return None
-        return extend_greedy(self, cache, token_lists, steps, *planned)
+        return extend_greedy(self, cache, token_lists, steps, *planned,
+                             head_top=DRAFT_HEAD_TOP if argmax_only else 0)
 
 
 class NoWholeForward:
@@ -430,17 +435,21 @@ def takes_greedy(whole: WholeForward, cache, batch: int, T: int = 1) -> bool:
 
 
 def greedy_steps(whole: WholeForward, cache, tokens: list[int], steps: int, chains: list[list[int]] | None, meta,
-                 starts: list[int]) -> tuple[list[list[int]], torch.Tensor, bool]:
+                 starts: list[int], head_top: int = 0) -> tuple[list[list[int]], torch.Tensor, bool]:
     """`steps` decode steps of one input per row in one C call (`hs_greedy_steps`),
     each step's input the argmax of the last step's logits; the caller checked
     `takes_greedy` and planned the steps: `chains[b]` the ring slots row b's
     state passes through (steps + 1: the head, then the slot written by each
     step), `meta` the K/V plan of the `steps` new positions from `starts`.
     Returns (each row's next tokens [batch][steps], logits [batch, steps, vocab],
-    whether every logit is finite)."""
+    whether every logit is finite). `head_top` > 0: each step's LM head, where
+    it is Q6_K, only its head_top columns a coarse pass ranks best, the others
+    −∞ (`hs_forward_args.head_top`: the argmax where the best column is among
+    them; the tokens are a draft's, which verification makes exact)."""
     table = whole.table(cache)
     bsz, vocab = len(tokens), table.vocab
     call = _Steps(whole.desc, table, steps, chains, meta, 0, starts, tokens)
+    call.args.head_top = head_top
     _give_work(call)
     logits = torch.zeros(steps, bsz, vocab, dtype=torch.float32)
     status = cpu_native.library().hs_greedy_steps(ctypes.byref(call.args), steps, call.plan_address,
@@ -453,7 +462,7 @@ def greedy_steps(whole: WholeForward, cache, tokens: list[int], steps: int, chai
 
 
 def extend_greedy(whole: WholeForward, cache, token_lists: list[list[int]], steps: int, chains: list[list[int]] | None, meta,
-                  starts: list[int]) -> tuple[list[int], list[list[int]], torch.Tensor, bool]:
+                  starts: list[int], head_top: int = 0) -> tuple[list[int], list[list[int]], torch.Tensor, bool]:
     """A greedy drafter's catch-up and its `steps` greedy steps in one C call
     (`hs_extend_greedy`): the forward over `token_lists` (every row T tokens;
     each row's last logits), then the steps from its argmax, as `forward` and
@@ -463,7 +472,7 @@ def extend_greedy(whole: WholeForward, cache, token_lists: list[list[int]], step
     `meta` the K/V plan of the T + steps new positions from `starts`.
     Returns (each row's catch-up argmax [batch], the steps' tokens
     [batch][steps], logits [batch, steps + 1, vocab], whether every logit is
-    finite)."""
+    finite); `head_top` as `greedy_steps`."""
     table = whole.table(cache)
     bsz, T, vocab = len(token_lists), len(token_lists[0]), table.vocab
     logits = torch.zeros(steps + 1, bsz, vocab, dtype=torch.float32)
@@ -475,6 +484,7 @@ def extend_greedy(whole: WholeForward, cache, token_lists: list[list[int]], step
     first = _Call(whole.desc, table, token_lists, src, snap, kv, True, out=logits[0])
     call = _Steps(whole.desc, table, steps, chains and [chain[1:] for chain in chains], meta, T,
                   [start + T for start in starts], [0] * bsz)
+    first.args.head_top = call.args.head_top = head_top
     _give_work(first, call)
     status = cpu_native.library().hs_extend_greedy(ctypes.byref(first.args), ctypes.byref(call.args), steps,
                                                    call.plan_address, call.token_address, logits.data_ptr())

@@ -38,11 +38,16 @@ int hs_set_pinning(int on); /* bind each helper to one CPU (1) or not (0, the de
 #define HS_Q4_0 1
 #define HS_Q4_K 2
 #define HS_Q6_K 3
-#define HS_X16 16 /* with a format's code: its rows interleaved by 16 (cpu/quant.c, `QuantWeight.interleaved`) */
+#define HS_X16 16 /* with a format's code: laid out for the products (`QuantWeight.interleaved`): Q4_K's rows
+                   interleaved by 16 (cpu/quant.c), Q6_K's super-blocks in planes (cpu/quant_q6k.h) */
 /* cpu/quant_rows.c: row `row` of a quantized weight [N, K] as float32 (`formats.dequantize`'s values) */
 int hs_quant_row(const uint8_t *w, int fmt, int64_t K, int64_t row, float *out);
 int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
                     float *y);
+/* cpu/quant.c: a Q6_K product's rows' best `top` columns by a coarse pass, the product's outputs there,
+   −∞ elsewhere, and each row's argmax (a greedy draft's LM head) */
+int hs_quant_top(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
+                 int64_t top, float *y, int64_t *best);
 int hs_bf16_supported(void);
 void hs_round_pairs(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_t *xp);
 void hs_panel_columns(const float *x, int64_t ldx, const uint32_t *xp, const void *w, int type, int64_t M,
@@ -186,6 +191,10 @@ typedef struct {
     /* [batch, T] each input's parent input (hs_tree), or NULL: a chain. With it every input's state goes
        to its snapshot slot (snap), which a child reads, and T ≤ HS_TREE_MAX_INPUTS */
     const int64_t *parents;
+    /* > 0, where the LM head is Q6_K and the vocabulary larger: only each kept row's argmax is wanted
+       (a greedy draft's step), out gets the head's outputs at the head_top columns a coarse pass ranks
+       best (`hs_quant_top`) and −∞ elsewhere; 0: every logit */
+    int64_t head_top;
 } hs_forward_args;
 
 int hs_forward(const hs_forward_args *a);

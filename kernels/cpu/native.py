@@ -120,6 +120,7 @@ SIGNATURES = {  # function: argument types (all return int: 0, or -1 for argumen
     "hs_rows_isa": [ctypes.c_int],
     "hs_quant_matmul": [_ptr, _i64, _ptr, ctypes.c_int, _i64, _i64, _i64, _ptr],
     "hs_quant_isa": [ctypes.c_int],
+    "hs_quant_top": [_ptr, _i64, _ptr, ctypes.c_int, _i64, _i64, _i64, _i64, _ptr, _ptr],
     "hs_bf16_supported": [],
     "hs_set_threads": [ctypes.c_int],
     "hs_set_pinning": [ctypes.c_int],

@@ -1,8 +1,9 @@
 /* Quantized matrix products on x86 CPUs (AVX2 + FMA; AVX512-VNNI's dot product where present):
  * y[M, N] = x[M, K] @ Wᵀ, W [N, K] in GGUF's Q8_0, Q4_0 or Q4_K blocks (`kernels/quant/formats.py`),
- * each row of W its blocks back to back, as a GGUF tensor lies (or Q4_K's interleaved by 16 rows:
- * HS_X16, below). Built by `cpu/native.py`, used
- * through `cpu/quant.py`.
+ * each row of W its blocks back to back, as a GGUF tensor lies (or interleaved, HS_X16: Q4_K's by 16
+ * rows, below; Q6_K's in two planes of 16-row tiles, quant_q6k.h). Built by `cpu/native.py`, used
+ * through `cpu/quant.py`; `hs_quant_top` (the end of this file) gives a Q6_K product's argmax, coarse
+ * to exact, for a greedy draft's LM head.
  *
  * Activations, as llama.cpp multiplies them: each row of x is quantized once per call to int8 blocks
  * with a float32 scale (`quantize_rows`; Q8_0 / Q4_0 weights: blocks of 32, Q4_K: blocks of 256 as
@@ -57,7 +58,8 @@ typedef struct {
     float *y;           /* [M, N] */
     int64_t M, K, N, row_bytes;
     int fmt;
-    int x16; /* the weight's rows interleaved by X16_ROWS (HS_X16) */
+    int x16; /* HS_X16: Q4_K's rows interleaved by X16_ROWS, Q6_K's in two planes (quant_q6k.h) */
+    int coarse; /* Q6_K: the coarse pass's sums (`hs_quant_top`), not the product's */
 } quant_job;
 
 /* Interleaved weights (HS_X16, `QuantWeight.interleave_`; Q4_K): each X16_ROWS rows' super-block b lies
@@ -87,8 +89,8 @@ static inline void tile_rows(const quant_job *j, int64_t n0, int C, int count, c
     for (int c = 0; c < count; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
 }
 
-/* block b (`bytes` each) of a 16-column tile's rows row[0] … row[15] (the 16-column tiles of
- * quant_q4k.h and quant_q6k.h), and the prefetch of the next tile's rows (16 on, into L1) and the
+/* block b (`bytes` each) of a 16-column tile's rows row[0] … row[15] (quant_q4k.h's 16-column tiles
+ * on weights in GGUF's order), and the prefetch of the next tile's rows (16 on, into L1) and the
  * one after (into L2), their share of block b's bytes: the tiles read the weight in order */
 static inline __attribute__((always_inline)) void tile16_blocks(const quant_job *j, const uint8_t *const row[16],
                                                                 int64_t b, int64_t bytes, const uint8_t *blk[16]) {
@@ -207,7 +209,7 @@ static void k_pair_activations(int8_t *q, int64_t n) {
 
 /* columns c0 … c1 − 1 on the path in use */
 static void plain_columns(const quant_job *j, int64_t c0, int64_t c1) {
-    if (j->fmt == HS_Q6_K) q6_columns(j, c0, c1, vnni == 1);
+    if (j->fmt == HS_Q6_K) q6_columns(j, c0, c1, vnni == 1, j->coarse);
     else if (vnni == 1) columns_vnni(j, c0, c1);
     else columns_avx2(j, c0, c1);
 }
@@ -221,6 +223,15 @@ static void quant_part(void *ctx, int part, int parts) {
     plain_columns(j, c0, c1);
 }
 
+/* the job's columns over the threads where it is big enough, else on the caller */
+static void run_job(quant_job *job) {
+    const int64_t work = job->M * job->N * (job->K / 32);
+    const int threads = hs_threads(), widest = (int)((job->N + 15) / 16);
+    const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;
+    if (!(parts > 1 && (work >= (1 << 22) ? hs_parallel_long : hs_parallel)(quant_part, job, parts)))
+        quant_part(job, 0, 1);
+}
+
 /* y[M, N] = x[M, K] @ w[N, K]ᵀ, w in format `fmt` (HS_Q8_0, HS_Q4_0, HS_Q4_K, HS_Q6_K); K a multiple of the
  * format's block. Returns 0, or -1 for arguments it does not take (checked before anything is
  * computed) or no memory for the rounded activations. */
@@ -228,7 +239,7 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
                     float *y) {
     const int x16 = (fmt & HS_X16) != 0;
     fmt &= ~HS_X16;
-    if (x16 && (fmt != HS_Q4_K || N % X16_ROWS)) return -1;
+    if (x16 && ((fmt != HS_Q4_K && fmt != HS_Q6_K) || N % X16_ROWS)) return -1;
     const int64_t block = fmt >= HS_Q4_K ? 256 : 32;
     const int64_t bytes = fmt == HS_Q6_K ? Q6_BYTES : fmt == HS_Q4_K ? 144 : fmt == HS_Q4_0 ? 18 : 34;
     if (fmt < HS_Q8_0 || fmt > HS_Q6_K || M < 0 || K < 0 || N < 0 || K % block || (M > 1 && ldx < K)) return -1;
@@ -251,14 +262,93 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
         free(s);
         return -1;
     }
-    if (xo) q6_offsets(q, M, K, vnni == 1, xo);
-    quant_job job = {w, q, d, s, s16, xo, y, M, K, N, K / block * bytes, fmt, x16};
-    const int64_t work = M * N * (K / 32);
-    const int threads = hs_threads(), widest = (int)((N + 15) / 16);
-    const int parts = work < PARALLEL_MIN_BLOCKS ? 1 : threads < widest ? threads : widest;
-    if (!(parts > 1 && (work >= (1 << 22) ? hs_parallel_long : hs_parallel)(quant_part, &job, parts)))
-        quant_part(&job, 0, 1);
+    if (xo) q6_offsets(q, M, K, vnni == 1, M <= Q6_COLUMN_ROWS && !x16, -32, xo);
+    quant_job job = {w, q, d, s, s16, xo, y, M, K, N, K / block * bytes, fmt, x16, 0};
+    run_job(&job);
     free(xo);
     free(s);
     return 0;
+}
+
+/* -- The argmax of a Q6_K product's rows, coarse to exact (a greedy draft's LM head, `cpu/forward.c`) --
+ * A coarse pass scores every column by the high plane alone: per super-block the exact integer
+ * Σ_j sc_j · Σ (2h − 3) · x, h the value's two high bits (its 6 bits' top two, the low nibble taken
+ * as its middle: 16h + 8 − 32 = 8 (2h − 3)), in the product's float chain (times d_b · dx_b into one
+ * float32 sum), the same integers and floats on either path. Each row's `top` best columns by that
+ * score (the lower column first among equals) then get the product's own outputs, the bits
+ * `hs_quant_matmul` gives them, and every other column −∞: the argmax of the row is the product's
+ * wherever the product's best column is among them. On interleaved weights (HS_X16: two planes,
+ * quant_q6k.h) the coarse pass reads 82 of each super-block's 210 bytes, 16 columns in the lanes. */
+
+/* heap[0 … size) a min-heap of columns by (score, −column): the worst kept column at the root */
+static int worse(const float *score, int64_t a, int64_t b) {
+    return score[a] < score[b] || (score[a] == score[b] && a > b);
+}
+static void sift_down(int64_t *heap, int64_t size, int64_t at, const float *score) {
+    for (;;) {
+        int64_t least = at, l = 2 * at + 1, r = l + 1;
+        if (l < size && worse(score, heap[l], heap[least])) least = l;
+        if (r < size && worse(score, heap[r], heap[least])) least = r;
+        if (least == at) return;
+        const int64_t t = heap[at];
+        heap[at] = heap[least], heap[least] = t, at = least;
+    }
+}
+
+/* the `top` best columns of score [N] (NaN scores taken as −∞ beforehand), into heap */
+static void best_columns(const float *score, int64_t N, int64_t top, int64_t *heap) {
+    for (int64_t n = 0; n < top; ++n) heap[n] = n;
+    for (int64_t at = top / 2; at-- > 0;) sift_down(heap, top, at, score);
+    for (int64_t n = top; n < N; ++n)
+        if (worse(score, heap[0], n)) heap[0] = n, sift_down(heap, top, 0, score);
+}
+
+/* y[M, N]: each row's `top` best columns by the coarse pass (`top` at most N) with the product's
+ * outputs, the others −∞; best[m] (where not NULL) the row's argmax, the first of equals. w in Q6_K
+ * (HS_Q6_K, or with HS_X16 interleaved, the rows a multiple of 16); K a multiple of 256. Returns 0, 1 where a kept output is not
+ * finite, or -1 for arguments it does not take (checked before anything is computed) or no memory. */
+int hs_quant_top(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t M, int64_t K, int64_t N,
+                 int64_t top, float *y, int64_t *best) {
+    const int x16 = (fmt & HS_X16) != 0;
+    fmt &= ~HS_X16;
+    if (fmt != HS_Q6_K || M < 1 || K < 256 || K % 256 || N < 1 || top < 1 || (M > 1 && ldx < K)
+        || (x16 && N % X16_ROWS)) return -1;
+    if (top > N) top = N;
+    if (vnni < 0) hs_quant_isa(-1);
+    /* one allocation: s [M, K / 32] int32, the offsets of the coarse pass and of the product [M, K / 4]
+     * int32 each, d [M, K / 256] float, the scores [M, N] float, the heap [top], q [M, K] int8 */
+    const size_t n_s = (size_t)(M * (K / 32)), n_o = (size_t)(M * (K / 4)), n_d = (size_t)(M * (K / 256));
+    int32_t *s = malloc((n_s + 2 * n_o) * sizeof(int32_t) + (n_d + (size_t)(M * N)) * sizeof(float)
+                        + (size_t)top * sizeof(int64_t) + (size_t)(M * K));
+    if (!s) return -1;
+    int32_t *coarse_offsets = s + n_s, *offsets = coarse_offsets + n_o;
+    float *d = (float *)(offsets + n_o), *score = d + n_d;
+    int64_t *heap = (int64_t *)(score + M * N);
+    int8_t *q = (int8_t *)(heap + top);
+    quantize_rows(x, ldx, M, K, 256, q, d, s);
+    q6_offsets(q, M, K, vnni == 1, !(vnni == 1 && x16), -3, coarse_offsets); /* the layout its tiles take */
+    q6_offsets(q, M, K, vnni == 1, 1, -32, offsets);
+    quant_job job = {w, q, d, s, NULL, coarse_offsets, score, M, K, N, K / 256 * Q6_BYTES, HS_Q6_K, x16, 1};
+    run_job(&job);
+    job.xo = offsets, job.y = y, job.coarse = 0;
+    int status = 0;
+    for (int64_t m = 0; m < M; ++m) {
+        float *row = score + m * N, *out = y + m * N;
+        for (int64_t n = 0; n < N; ++n) {
+            if (row[n] != row[n]) row[n] = -INFINITY;
+            out[n] = -INFINITY;
+        }
+        best_columns(row, N, top, heap);
+        int64_t argmax = -1;
+        for (int64_t i = 0; i < top; ++i) { /* each kept column's output, as the product's tiles give it */
+            const int64_t n = heap[i];
+            if (vnni == 1) q6_tile_vnni_sized(&job, m, 1, n, 1, 1, 0);
+            else q6_tile_avx2_sized(&job, m, 1, n, 1, 1, 0);
+            if (!isfinite(out[n])) status = 1;
+            else if (argmax < 0 || out[n] > out[argmax] || (out[n] == out[argmax] && n < argmax)) argmax = n;
+        }
+        if (best) best[m] = argmax < 0 ? heap[0] : argmax;
+    }
+    free(s);
+    return status;
 }

@@ -51,10 +51,13 @@ def quant_matmul(x: torch.Tensor, weight: QuantWeight) -> torch.Tensor:
 
 def laid_out(weight: QuantWeight) -> QuantWeight:
     """`weight` as these products read it fastest: interleaved in place (`QuantWeight.interleave_`) where
-    it can be, on either path: AVX512-VNNI's 16-column tiles then load what they would transpose,
-    AVX2's 8-column ones read half of each word vector (cpu/quant.c, HS_X16); else as it is. The same
-    values and products either way."""
-    if weight.interleaved or not weight.can_interleave():
+    it can be: Q4_K on either path (AVX512-VNNI's 16-column tiles then load what they would transpose,
+    AVX2's 8-column ones read half of each word vector; cpu/quant.c, HS_X16), Q6_K on AVX512-VNNI (its
+    16-column tiles at every row count, a greedy draft's coarse LM head over its high plane alone;
+    cpu/quant_q6k.h; AVX2 reads such weights a word at a time, so on AVX2 they stay as they are); else
+    as it is. The same values and products either way."""
+    q6_on_avx2 = weight.fmt.name == "q6_k" and vector_path() != "avx512vnni"
+    if weight.interleaved or not weight.can_interleave() or q6_on_avx2:
         return weight
     return weight.interleave_()
 

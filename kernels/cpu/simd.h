@@ -253,6 +253,8 @@ TARGET_VNNI SIMD_INLINE v16i v16i_sra(v16i a, unsigned n) { return _mm512_srai_e
 TARGET_VNNI SIMD_INLINE v16 v16_f16_half(v16i a, int half) {
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(half ? _mm512_srli_epi32(a, 16) : a));
 }
+/* 16 float16 at p, widened (exact) */
+TARGET_VNNI SIMD_INLINE v16 v16_of_f16x16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 /* the 4 bytes at p in every lane of 16 */
 TARGET_VNNI SIMD_INLINE v16i i8x4_broadcast16(const int8_t *p) {
     int32_t v;

@@ -10,7 +10,12 @@ tensor, no requantizing), `quantize` makes them from float values. It is frozen 
 `interleave_` puts the same bytes in another order, where the native products read them so fastest
 (`cpu/quant.py`'s `laid_out`, at packing): Q4_K's rows in groups of INTERLEAVE_ROWS, each group's
 super-block b as its 16 blocks' 4-byte words transposed (word i of the 16 rows side by side, then
-word i + 1), the group's super-blocks in order. The values, `dequantize` and `rows` are the same.
+word i + 1), the group's super-blocks in order. Q6_K's rows in groups of PLANE_ROWS (the last one what
+is left), each group two planes: every super-block's ql (the values' low nibbles), then their qh,
+scales and d, each plane by tiles of 16 rows and super-blocks in order, a tile's super-block its
+words transposed as Q4_K's (the low plane ql's 32 words; the high plane qh's 16, the scales' 4, then
+the 16 rows' d): a greedy draft's coarse LM head (cpu/quant.c's `hs_quant_top`) streams the high
+plane alone, 82 of each 210 bytes. The values, `dequantize` and `rows` are the same.
 """
 from __future__ import annotations
 
@@ -25,7 +30,9 @@ from hybridspec.kernels.quant.formats import BlockFormat
 INTERLEAVE_ROWS = 16  # rows per interleaved group (cpu/quant.c's X16_ROWS)
 INTERLEAVED_FLAG = 16  # added to the format's code for interleaved bytes (cpu/kernels.h's HS_X16)
 INTERLEAVE_STEP_BYTES = 1 << 22  # `interleave_` rearranges about this much at a time
-INTERLEAVES = ("q4_k",)  # the formats `interleave_` takes (blocks of whole 4-byte words)
+INTERLEAVES = ("q4_k", "q6_k")  # the formats `interleave_` takes
+PLANE_ROWS = 256  # Q6_K: rows per group of its two planes (cpu/quant_q6k.h's Q6_PLANE_ROWS)
+Q6_LOW = 128  # Q6_K: a super-block's bytes in the low plane (ql); the other 82 in the high plane
 
 
 class QuantWeight(nn.Parameter):
@@ -62,13 +69,12 @@ class QuantWeight(nn.Parameter):
             return self
         if not self.can_interleave():
             raise _not_interleavable(self.fmt, self.out_features, self.in_features)
-        groups = self.detach().view(-1, INTERLEAVE_ROWS * self.shape[1])
-        step = max(1, INTERLEAVE_STEP_BYTES // groups.shape[1])
+        data, rows = self.detach(), _group_rows(self.fmt)
+        step = rows * max(1, INTERLEAVE_STEP_BYTES // (rows * self.shape[1]))
         with torch.no_grad():
-            for g0 in range(0, groups.shape[0], step):
-                part = groups[g0:g0 + step]
-                part.copy_(_words_by_group(part.view(-1, self.shape[1]), self.fmt, part.shape[0] * INTERLEAVE_ROWS,
-                                           back=False).view(part.shape))
+            for r0 in range(0, self.out_features, step):
+                part = data[r0:r0 + step]
+                part.copy_(_rearranged(part, self.fmt, back=False))
         self.interleaved = True
         self.__dict__.pop("_hs_header", None)  # the C products' header carries the format's code
         return self
@@ -76,7 +82,7 @@ class QuantWeight(nn.Parameter):
     def blocks(self) -> torch.Tensor:
         """The bytes in GGUF's order [out, row bytes] (a copy where they are interleaved)."""
         data = self.detach()
-        return _words_by_group(data, self.fmt, self.out_features, back=True) if self.interleaved else data
+        return _rearranged(data, self.fmt, back=True) if self.interleaved else data
 
     @classmethod
     def from_blocks(cls, data: torch.Tensor, fmt: BlockFormat | str, out_features: int,
@@ -101,6 +107,11 @@ class QuantWeight(nn.Parameter):
         its row of `dequantize`."""
         if not self.interleaved:
             return formats.dequantize(self.detach().index_select(0, ids), self.fmt)
+        if self.fmt.name == "q6_k":  # each row from its group put back in order
+            data = self.detach()
+            picked = [_q6_planes(data[n - n % PLANE_ROWS:n - n % PLANE_ROWS + PLANE_ROWS], back=True)[n % PLANE_ROWS]
+                      for n in ids.tolist()]
+            return formats.dequantize(torch.stack(picked), self.fmt)
         groups = self.detach().view(-1, INTERLEAVE_ROWS * self.shape[1]).index_select(0, ids // INTERLEAVE_ROWS)
         in_order = _words_by_group(groups.view(-1, self.shape[1]), self.fmt, len(ids) * INTERLEAVE_ROWS, back=True)
         picked = in_order.view(len(ids), INTERLEAVE_ROWS, -1)[torch.arange(len(ids)), ids % INTERLEAVE_ROWS]
@@ -127,6 +138,50 @@ def _interleavable(fmt: BlockFormat, out_features: int) -> bool:
 def _not_interleavable(fmt: BlockFormat, out_features: int, in_features: int) -> ConfigError:
     return ConfigError(f"QuantWeight: {fmt.name} [{out_features}, {in_features}] cannot be interleaved: formats "
                        f"{INTERLEAVES}, out_features a multiple of {INTERLEAVE_ROWS}")
+
+
+def _group_rows(fmt: BlockFormat) -> int:
+    """The rows of one group of the interleaved layout (see the module)."""
+    return PLANE_ROWS if fmt.name == "q6_k" else INTERLEAVE_ROWS
+
+
+def _rearranged(data: torch.Tensor, fmt: BlockFormat, back: bool) -> torch.Tensor:
+    """data [rows, row bytes], whole groups from a group's first row (Q6_K's last may be short), in GGUF's
+    order -> interleaved (`back`: the way back), a new tensor."""
+    if fmt.name == "q4_k":
+        return _words_by_group(data, fmt, data.shape[0], back)
+    return torch.cat([_q6_planes(data[r0:r0 + PLANE_ROWS], back) for r0 in range(0, data.shape[0], PLANE_ROWS)])
+
+
+_Q6_PARTS = (("ql", Q6_LOW, 4), ("qh", 64, 4), ("scales", 16, 4), ("d", 2, 2))  # name, bytes, word bytes
+
+
+def _q6_planes(group: torch.Tensor, back: bool) -> torch.Tensor:
+    """One group of Q6_K rows [rows, row bytes] in GGUF's order -> its two planes (`back`: the way
+    back): per 16-row tile and super-block, each part's words transposed ([16, words] -> [words, 16])."""
+    rows, blocks = group.shape[0], group.shape[1] // formats.Q6_K.nbytes
+    tiles = rows // INTERLEAVE_ROWS
+    if not back:
+        in_order = group.reshape(tiles, INTERLEAVE_ROWS, blocks, formats.Q6_K.nbytes)
+        parts, at = [], 0
+        for _, size, unit in _Q6_PARTS:
+            part = in_order[..., at:at + size].reshape(tiles, INTERLEAVE_ROWS, blocks, size // unit, unit)
+            parts.append(part.permute(0, 2, 3, 1, 4).reshape(tiles, blocks, -1))  # tile, block, word, row, byte
+            at += size
+        low, high = parts[0], torch.cat(parts[1:], dim=2)
+        return torch.cat([low.reshape(-1), high.reshape(-1)]).view(group.shape)
+    flat = group.reshape(-1)
+    low_bytes = rows * blocks * Q6_LOW
+    planes = {"low": flat[:low_bytes].view(tiles, blocks, -1), "high": flat[low_bytes:].view(tiles, blocks, -1)}
+    parts, at = [], 0
+    for name, size, unit in _Q6_PARTS:
+        if name == "ql":
+            words = planes["low"]
+        else:
+            words, at = planes["high"][..., at:at + INTERLEAVE_ROWS * size], at + INTERLEAVE_ROWS * size
+        part = words.reshape(tiles, blocks, size // unit, INTERLEAVE_ROWS, unit).permute(0, 3, 1, 2, 4)
+        parts.append(part.reshape(tiles, INTERLEAVE_ROWS, blocks, size))
+    return torch.cat(parts, dim=3).reshape(group.shape)
 
 
 def _words_by_group(data: torch.Tensor, fmt: BlockFormat, out_features: int, back: bool) -> torch.Tensor:

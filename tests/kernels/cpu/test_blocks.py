@@ -395,8 +395,8 @@ def test_catch_ups_of_two_lengths_still_draft_in_one_call(model, monkeypatch):
         gaps.append({len(c) - self.cache.computed_len[s] for s, c in zip(ids, committed)})
         return real_absorb(self, ids, committed)
 
-    def extend_greedy(self, *args):
-        out = real_extend(self, *args)
+    def extend_greedy(self, *args, **kwargs):
+        out = real_extend(self, *args, **kwargs)
         calls["ran" if out is not None else "declined"] += 1
         return out
     monkeypatch.setattr(drafters.ModelDrafter, "_absorb_backlog", absorb)
@@ -419,8 +419,8 @@ def test_a_greedy_model_drafter_drafts_in_one_call(model, monkeypatch):
     real_extend, real_decode = GreedyChain.extend, GreedyChain.decode
 
     def counted(name, real):
-        def wrapper(self, *args):
-            out = real(self, *args)
+        def wrapper(self, *args, **kwargs):
+            out = real(self, *args, **kwargs)
             calls[name if out is not None else name + " declined"] += 1
             return out
         return wrapper
@@ -432,7 +432,7 @@ def test_a_greedy_model_drafter_drafts_in_one_call(model, monkeypatch):
     monkeypatch.setattr(GreedyChain, "decode", counted("decode_greedy", real_decode))
     fast = generate()
     assert calls["extend_greedy"] > 0 and calls["decode_greedy declined"] == 0
-    monkeypatch.setattr(GreedyChain, "extend", lambda self, *a: None)  # catch-up, then decode_greedy
+    monkeypatch.setattr(GreedyChain, "extend", lambda self, *a, **k: None)  # catch-up, then decode_greedy
     assert generate() == fast
-    monkeypatch.setattr(GreedyChain, "decode", lambda self, *a: None)  # the step-by-step loop
+    monkeypatch.setattr(GreedyChain, "decode", lambda self, *a, **k: None)  # the step-by-step loop
     assert generate() == fast

@@ -13,7 +13,7 @@ import torch
 from hybridspec.kernels.cpu import quant as cpu_quant
 from hybridspec.kernels.quant import weight as quant_weight
 from hybridspec.kernels.quant.weight import QuantWeight
-from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from native_cpu import one_thread, quant_paths as available_paths, with_threads, x86_with_compiler  # noqa: F401 (one_thread: autouse)
 
 pytestmark = x86_with_compiler
 FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
@@ -42,20 +42,6 @@ def test_products_are_the_float64_product_of_the_same_values_within_the_bound(fm
         assert ((got - want).abs() <= cpu_quant.error_bound(rounded, w.dequantize())).all(), M
     # and the torch form (`weight.matmul`) multiplies the same values
     assert torch.allclose(quant_weight.matmul(x, w), cpu_quant.quant_matmul(x, w), rtol=1e-4, atol=1e-4)
-
-
-def available_paths() -> list[str]:
-    """The dot products this CPU takes (`cpu_quant.VECTOR_PATHS`)."""
-    first, paths = cpu_quant.vector_path(), []
-    try:
-        for path in cpu_quant.VECTOR_PATHS:
-            try:
-                paths.append(cpu_quant.vector_path(path))
-            except ValueError:
-                pass
-    finally:
-        cpu_quant.vector_path(first)
-    return paths
 
 
 @pytest.mark.parametrize("path", available_paths())
@@ -166,31 +152,33 @@ def test_activations_round_as_roundf_halves_away_from_zero():
     assert torch.equal(got, quant_weight.rounded_activations(x, one_hot_q8_0(K).fmt, torch.float32))
 
 
-# -- interleaved Q4_K (`QuantWeight.interleave_`, cpu/quant.c's HS_X16) -----------------------------------
+# -- interleaved Q4_K and Q6_K (`QuantWeight.interleave_`, cpu/quant.c's HS_X16) -------------------------
 
-INTERLEAVED = ("q4_k",)
+INTERLEAVED = ("q4_k", "q6_k")
+ROWS_OF = {"q4_k": 48, "q6_k": 272}  # Q6_K: a whole group of 256 rows and a short one
 
 
 @pytest.mark.parametrize("step", (1 << 22, 1))
 @pytest.mark.parametrize("fmt", INTERLEAVED)
 def test_interleaving_keeps_the_values_and_undoes_exactly(fmt, step, monkeypatch):
     monkeypatch.setattr(quant_weight, "INTERLEAVE_STEP_BYTES", step)  # all groups at once, or one at a time
-    _, w = operands(fmt, N=48, K=768, seed=4)
+    N = ROWS_OF[fmt]
+    _, w = operands(fmt, N=N, K=768, seed=4)
     wi = copy.deepcopy(w)
     address = wi.data_ptr()
     assert wi.interleave_() is wi and wi.interleaved and not w.interleaved and wi.interleave_() is wi
     assert wi.data_ptr() == address  # in place: no second copy of the weight
     assert not torch.equal(wi.detach(), w.detach())  # the same bytes, in another order
     assert torch.equal(wi.blocks(), w.detach()) and torch.equal(wi.dequantize(), w.dequantize())
-    ids = torch.tensor([0, 47, 16, 15, 33, 33])
+    ids = torch.tensor([0, N - 1, 16, 15, 33, 33, N - 17])
     assert torch.equal(wi.rows(ids), w.rows(ids))
     for again in (copy.deepcopy(wi), pickle.loads(pickle.dumps(wi))):
         assert again.interleaved and torch.equal(again.detach(), wi.detach()) and again.code == wi.code != w.code
 
 
-def test_only_q4_k_in_whole_groups_interleaves():
+def test_only_k_formats_in_whole_tiles_interleave():
     from hybridspec.errors import ConfigError
-    for fmt, N in (("q8_0", 32), ("q4_0", 32), ("q6_k", 32), ("q4_k", 40)):
+    for fmt, N in (("q8_0", 32), ("q4_0", 32), ("q6_k", 40), ("q4_k", 40)):
         _, w = operands(fmt, N=N, seed=5)
         assert not w.can_interleave()
         with pytest.raises(ConfigError, match="cannot be interleaved"):
@@ -201,10 +189,11 @@ def test_only_q4_k_in_whole_groups_interleaves():
 @pytest.mark.parametrize("path", available_paths())
 @pytest.mark.parametrize("fmt", INTERLEAVED)
 def test_interleaved_products_are_the_plain_ones_bit_for_bit(fmt, path):
-    """Every path (AVX2's 8-column tiles read half of each word vector, AVX512-VNNI's 16-column ones
-    load it whole), every row count (one row, the tiles of up to 4 or 6 rows, the VNNI tiles' decoded
-    cache, more than a chunk), any thread count."""
-    x, w = operands(fmt, N=64, K=1024, seed=6)
+    """Every path (Q4_K: AVX2's 8-column tiles read half of each word vector, AVX512-VNNI's 16-column
+    ones load it whole; Q6_K: AVX512-VNNI's 16-column tiles, AVX2 a word at a time), every row count
+    (one row, the tiles of up to 4 or 6 rows, the VNNI tiles' decoded cache, more than a chunk), any
+    thread count."""
+    x, w = operands(fmt, N=ROWS_OF[fmt] if fmt == "q6_k" else 64, K=1024, seed=6)
     wi = copy.deepcopy(w).interleave_()
     first = cpu_quant.vector_path()
     try:
