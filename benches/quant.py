@@ -16,6 +16,7 @@ checks equals plain decoding. One torch thread by default.
     python benches/quant.py --products --clock cpu        # the C products alone, µs per row
     python benches/quant.py --stream                      # the C products, weights streamed from memory
     python benches/quant.py --layouts                     # Q4_K's tiles: AVX2 plain / interleaved, VNNI
+    python benches/quant.py --head                        # a Q6_K LM head: plain / interleaved, coarse argmax
 """
 from __future__ import annotations
 
@@ -199,6 +200,63 @@ def layout_rows(repeats: int) -> list[dict]:
     return rows
 
 
+HEAD_SHAPE, HEAD_COPIES, HEAD_ROWS = (32000, 1024), 2, (1, 4, 128)  # the llamacpp bench's LM head; copies streamed
+
+
+def head_rows(repeats: int, shape: tuple[int, int] = HEAD_SHAPE) -> list[dict]:
+    """A Q6_K LM head of `shape`, HEAD_COPIES copies streamed from memory: on AVX512-VNNI as GGUF lays
+    it and interleaved (`QuantWeight.interleave_`: the 16-column tiles at every row count), and at one
+    row the coarse argmax a greedy draft step takes (`hs_quant_top`, `cpu_forward.DRAFT_HEAD_TOP`
+    columns); on AVX2 as GGUF lays it. At HEAD_ROWS rows, the passes alternated `repeats` times in one
+    process: ms per pass (median, min) and its ratio to the plain AVX512-VNNI pass beside it (median,
+    min–max). Empty where the CPU has no AVX512-VNNI."""
+    import copy
+    from hybridspec.kernels.cpu import forward as cpu_forward
+    from hybridspec.kernels.cpu import native as cpu_native
+    from hybridspec.kernels.cpu import quant as cpu_quant
+    from hybridspec.kernels.quant.weight import QuantWeight
+    first = cpu_quant.vector_path()
+    try:
+        cpu_quant.vector_path("avx512vnni")
+    except ValueError:
+        return []
+    g = torch.Generator().manual_seed(0)
+    N, K = shape
+    plain = [QuantWeight.quantize(torch.randn(N, K, generator=g) * 0.05, "q6_k") for _ in range(HEAD_COPIES)]
+    interleaved = [copy.deepcopy(w).interleave_() for w in plain]
+    rows = []
+    try:
+        for M in HEAD_ROWS:
+            x = torch.randn(M, K, generator=g)
+            y, best = torch.empty(M, N), torch.empty(M, dtype=torch.int64)
+
+            def run(path, weights):
+                cpu_quant.vector_path(path)
+                for w in weights:
+                    cpu_quant.quant_matmul(x, w)
+
+            def coarse():
+                cpu_quant.vector_path("avx512vnni")
+                for w in interleaved:
+                    cpu_native.library().hs_quant_top(x.data_ptr(), K, w.data_ptr(), w.code, M, K, N,
+                                                      cpu_forward.DRAFT_HEAD_TOP, y.data_ptr(), best.data_ptr())
+            variants = {"avx512vnni, plain": functools.partial(run, "avx512vnni", plain),
+                        "avx512vnni, interleaved": functools.partial(run, "avx512vnni", interleaved),
+                        "avx2, plain": functools.partial(run, "avx2", plain)}
+            if M == 1:
+                variants[f"avx512vnni, interleaved, coarse argmax (top {cpu_forward.DRAFT_HEAD_TOP})"] = coarse
+            samples = alternating_samples(variants, repeats)
+            base = samples["avx512vnni, plain"]
+            for name, seconds in samples.items():
+                ratios = [b / s for b, s in zip(base, seconds)]
+                rows.append(dict(rows=M, variant=name, ms=statistics.median(seconds) * 1e3 / HEAD_COPIES,
+                                 min_ms=min(seconds) * 1e3 / HEAD_COPIES, speedup=statistics.median(ratios),
+                                 speedup_min=min(ratios), speedup_max=max(ratios)))
+    finally:
+        cpu_quant.vector_path(first)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per timed call (default 64)")
@@ -213,9 +271,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", action="store_true",
                         help="Q4_K's tiles side by side: GGUF's layout on AVX2, interleaved on AVX2 and on "
                              "AVX512-VNNI, weights streamed from memory")
+    parser.add_argument("--head", action="store_true",
+                        help="a Q6_K LM head side by side: GGUF's layout and interleaved on AVX512-VNNI, the "
+                             "coarse argmax of a greedy draft step, GGUF's layout on AVX2")
     args = parser.parse_args(argv)
     threads = set_threads(args.threads)
     set_clock(args.clock)
+    if args.head:
+        print(describe_machine(), flush=True)
+        shape = (1024, 512) if args.quick else HEAD_SHAPE
+        compared = head_rows(args.repeats or (1 if args.quick else 9), shape)
+        print_table(compared, [("rows", "rows"), ("variant", "dot product, layout"), ("ms", "ms per head"),
+                               ("min_ms", "min"), ("speedup", "plain VNNI ÷ this"), ("speedup_min", "min"),
+                               ("speedup_max", "max")],
+                    title=f"a Q6_K head {shape[0]} × {shape[1]}, {HEAD_COPIES} copies from memory, "
+                          "passes alternated")
+        write_json(args.out or "quant_head.json", dict(bench="quant_head", threads=threads, rows=compared))
+        return 0
     if args.layouts:
         print(describe_machine(), flush=True)
         compared = layout_rows(args.repeats or (1 if args.quick else 9))

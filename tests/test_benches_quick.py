@@ -131,6 +131,21 @@ def test_quant_quick(benches, tmp_path):
     assert all(r["equal"] for r in payload["speculative"])
 
 
+def test_quant_head_quick(benches, tmp_path):
+    """A Q6_K head's passes side by side: both layouts at every row count, the coarse argmax at one row
+    (nothing where the CPU has no AVX512-VNNI)."""
+    out = tmp_path / "quant_head.json"
+    assert bench_main("quant")(["--quick", "--head", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    from hybridspec.kernels.cpu import quant as cpu_quant
+    if cpu_quant.vector_path() != "avx512vnni":
+        assert rows == []
+        return
+    assert {(r["rows"], r["variant"].split(",")[1].strip()) for r in rows} >= {(1, "plain"), (4, "interleaved")}
+    assert [r["rows"] for r in rows if "coarse" in r["variant"]] == [1]
+    assert all(r["ms"] > 0 and r["speedup_min"] <= r["speedup"] <= r["speedup_max"] for r in rows)
+
+
 def test_gdn_speed_quick(benches, tmp_path):
     """Plain decode against HF, the snapshot and log overheads, speculative with both GDN drafters."""
     out = tmp_path / "gdn.json"

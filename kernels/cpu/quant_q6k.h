@@ -51,8 +51,10 @@
  * 1312 bytes, qh's 16 words transposed (1024), the scales' 4 (256), then the 16 rows' d (32). The
  * 16-column tiles load what they would transpose (as Q4_K's, quant_q4k.h), and the coarse pass
  * (`hs_quant_top`) streams the high plane alone: 82 of each 210 bytes, 16 columns in the lanes. */
-#define Q6_X16_LOW (16 * Q6_LOW)
-#define Q6_X16_HIGH (16 * Q6_HIGH)
+#define Q6_X16_LOW (16 * Q6_LOW)   /* a tile's super-block in the low plane */
+#define Q6_X16_HIGH (16 * Q6_HIGH) /* and in the high plane: qh's words, then the scales', then d */
+#define Q6_X16_SCALES (16 * 64)    /* where in it the scales' words start */
+#define Q6_X16_D (Q6_X16_SCALES + 16 * 16) /* and the 16 rows' d */
 
 /* the low and high plane bytes of super-block b of the 16-row tile holding row n (interleaved) */
 static inline __attribute__((always_inline)) void q6_x16_at(const quant_job *j, int64_t n, int64_t b,
@@ -80,7 +82,7 @@ static inline __attribute__((always_inline)) void q6_at(const quant_job *j, int6
     const int c = (int)(n % 16);
     for (int w = 0; w < Q6_LOW / 4; ++w) memcpy(scratch + 4 * w, low + 64 * w + 4 * c, 4);
     for (int w = 0; w < 20; ++w) memcpy(scratch + Q6_LOW + 4 * w, high + 64 * w + 4 * c, 4); /* qh, scales */
-    memcpy(scratch + 208, high + 1280 + 2 * c, 2);
+    memcpy(scratch + 208, high + Q6_X16_D + 2 * c, 2);
     *lo = scratch, *hi = scratch + Q6_LOW;
 }
 
@@ -342,8 +344,8 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_load(const q
         q6_x16_at(j, n0, b, &low, &high);
         for (int i = 0; i < 32; ++i) w->low[i] = v16i_load(low + 64 * i);
         for (int i = 0; i < 16; ++i) w->high[i] = v16i_load(high + 64 * i);
-        for (int i = 0; i < 4; ++i) w->scales[i] = v16i_load(high + 1024 + 64 * i);
-        w->d = v16_of_f16x16(high + 1280);
+        for (int i = 0; i < 4; ++i) w->scales[i] = v16i_load(high + Q6_X16_SCALES + 64 * i);
+        w->d = v16_of_f16x16(high + Q6_X16_D);
         return;
     }
     const uint8_t *p[16];
@@ -515,7 +517,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_coarse_rows(
                                                                                 v16 acc[Q6_TILE_ROWS]) {
     q6_16_words w; /* its high words only */
     for (int i = 0; i < 16; ++i) w.high[i] = v16i_load(high + 64 * i);
-    for (int i = 0; i < 4; ++i) w.scales[i] = v16i_load(high + 1024 + 64 * i);
+    for (int i = 0; i < 4; ++i) w.scales[i] = v16i_load(high + Q6_X16_SCALES + 64 * i);
     v16i total[Q6_TILE_ROWS];
     for (int r = 0; r < R; ++r) total[r] = v16i_zero();
     for (int h = 0; h < 2; ++h)
@@ -533,7 +535,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_coarse_rows(
                 const v16i sc = q6_16_scale(&w, s);
                 for (int r = 0; r < R; ++r) total[r] = v16i_add(total[r], v16i_mul(sub[r], sc));
             }
-    const v16 d = v16_of_f16x16(high + 1280);
+    const v16 d = v16_of_f16x16(high + Q6_X16_D);
     for (int r = 0; r < R; ++r) {
         const v16 dx = v16_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
         acc[r] = v16_fmadd(v16_mul(d, dx), v16i_to_float(total[r]), acc[r]);
