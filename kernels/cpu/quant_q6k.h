@@ -393,13 +393,19 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_decode(const
 
 /* super-block b of the columns n0 … n0 + 15 (past the first C: the last again) decoded into out; in
  * GGUF's order the next tile's share of it prefetched into L1 and the one after's into L2
- * (tile16_blocks; interleaved weights stream) */
+ * (tile16_blocks); interleaved, the next tile's super-block b into L2 where more rows than a tile
+ * take it (at few rows none, as Q4_K's k16 tiles, which went faster without) */
 TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_fetch(const quant_job *j, int64_t n0, int C,
                                                                           int64_t b, q6_16_block *out) {
     if (!j->x16) {
         const uint8_t *row[16], *blk[16];
         tile_rows(j, n0, C, 16, row);
         tile16_blocks(j, row, b, Q6_BYTES, blk);
+    } else if (j->M > Q6_TILE_ROWS && n0 + 16 < j->N) { /* interleaved, many rows: the next tile into L2 */
+        const uint8_t *low, *high;
+        q6_x16_at(j, n0 + 16, b, &low, &high);
+        for (int line = 0; line < Q6_X16_LOW; line += 64) prefetch_l2(low + line);
+        for (int line = 0; line < Q6_X16_HIGH; line += 64) prefetch_l2(high + line);
     }
     q6_16_words w;
     q6_16_load(j, n0, C, b, &w);
