@@ -89,8 +89,8 @@ static inline void tile_rows(const quant_job *j, int64_t n0, int C, int count, c
     for (int c = 0; c < count; ++c) row[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes;
 }
 
-/* block b (`bytes` each) of a 16-column tile's rows row[0] … row[15] (quant_q4k.h's 16-column tiles
- * on weights in GGUF's order), and the prefetch of the next tile's rows (16 on, into L1) and the
+/* block b (`bytes` each) of a 16-column tile's rows row[0] … row[15] (the 16-column tiles of
+ * quant_q4k.h and quant_q6k.h on weights in GGUF's order), and the prefetch of the next tile's rows (16 on, into L1) and the
  * one after (into L2), their share of block b's bytes: the tiles read the weight in order */
 static inline __attribute__((always_inline)) void tile16_blocks(const quant_job *j, const uint8_t *const row[16],
                                                                 int64_t b, int64_t bytes, const uint8_t *blk[16]) {
@@ -327,7 +327,8 @@ int hs_quant_top(const float *x, int64_t ldx, const uint8_t *w, int fmt, int64_t
     int8_t *q = (int8_t *)(heap + top);
     quantize_rows(x, ldx, M, K, 256, q, d, s);
     q6_offsets(q, M, K, vnni == 1, !(vnni == 1 && x16), -3, coarse_offsets); /* the layout its tiles take */
-    q6_offsets(q, M, K, vnni == 1, 1, -32, offsets);
+    if (vnni == 1) q6_offsets(q, M, K, 1, 1, -32, offsets);
+    else offsets = coarse_offsets; /* AVX2's are the sums of x alone (the decoded scales carry the −3, −32) */
     quant_job job = {w, q, d, s, NULL, coarse_offsets, score, M, K, N, K / 256 * Q6_BYTES, HS_Q6_K, x16, 1};
     run_job(&job);
     job.xo = offsets, job.y = y, job.coarse = 0;

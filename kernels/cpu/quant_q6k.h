@@ -81,8 +81,8 @@ static inline __attribute__((always_inline)) void q6_at(const quant_job *j, int6
     q6_x16_at(j, n, b, &low, &high);
     const int c = (int)(n % 16);
     for (int w = 0; w < Q6_LOW / 4; ++w) memcpy(scratch + 4 * w, low + 64 * w + 4 * c, 4);
-    for (int w = 0; w < 20; ++w) memcpy(scratch + Q6_LOW + 4 * w, high + 64 * w + 4 * c, 4); /* qh, scales */
-    memcpy(scratch + 208, high + Q6_X16_D + 2 * c, 2);
+    for (int w = 0; w < (Q6_HIGH - 2) / 4; ++w) memcpy(scratch + Q6_LOW + 4 * w, high + 64 * w + 4 * c, 4); /* qh, scales */
+    memcpy(scratch + Q6_BYTES - 2, high + Q6_X16_D + 2 * c, 2);
     *lo = scratch, *hi = scratch + Q6_LOW;
 }
 
@@ -335,32 +335,38 @@ typedef struct {
     v16 d;
 } q6_16_words;
 
-/* the words of super-block b of the columns n0 … n0 + 15 (past the first C: the last again):
- * interleaved, loaded as they lie (q6_x16_at); in GGUF's order, transposed from the rows */
-TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_load(const quant_job *j, int64_t n0, int C,
-                                                                         int64_t b, q6_16_words *w) {
+/* the high plane's words of a tile's super-block (interleaved, at `high`): qh's, the scales', d */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_load_high(const uint8_t *high, q6_16_words *w) {
+    for (int i = 0; i < 16; ++i) w->high[i] = v16i_load(high + 64 * i);
+    for (int i = 0; i < 4; ++i) w->scales[i] = v16i_load(high + Q6_X16_SCALES + 64 * i);
+    w->d = v16_of_f16x16(high + Q6_X16_D);
+}
+
+/* the words of super-block b of the columns n0 … n0 + 15: interleaved, loaded as they lie
+ * (q6_x16_at); in GGUF's order, transposed from the 16 columns' super-blocks blk */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_load(const quant_job *j, int64_t n0, int64_t b,
+                                                                         const uint8_t *const blk[16],
+                                                                         q6_16_words *w) {
     if (j->x16) {
         const uint8_t *low, *high;
         q6_x16_at(j, n0, b, &low, &high);
         for (int i = 0; i < 32; ++i) w->low[i] = v16i_load(low + 64 * i);
-        for (int i = 0; i < 16; ++i) w->high[i] = v16i_load(high + 64 * i);
-        for (int i = 0; i < 4; ++i) w->scales[i] = v16i_load(high + Q6_X16_SCALES + 64 * i);
-        w->d = v16_of_f16x16(high + Q6_X16_D);
+        q6_16_load_high(high, w);
         return;
     }
     const uint8_t *p[16];
     for (int i = 0; i < 32; i += 4) {
-        for (int c = 0; c < 16; ++c) p[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes + b * Q6_BYTES + 4 * i;
+        for (int c = 0; c < 16; ++c) p[c] = blk[c] + 4 * i;
         u32x16_transposed16(p, w->low + i);
         if (i < 16) {
             for (int c = 0; c < 16; ++c) p[c] += Q6_LOW;
             u32x16_transposed16(p, w->high + i);
         }
     }
-    for (int c = 0; c < 16; ++c) p[c] = j->w + (n0 + (c < C ? c : C - 1)) * j->row_bytes + b * Q6_BYTES + 192;
+    for (int c = 0; c < 16; ++c) p[c] = blk[c] + 192;
     u32x16_transposed16(p, w->scales);
     int32_t d[16];
-    for (int c = 0; c < 16; ++c) d[c] = half_at(p[c] + 16);
+    for (int c = 0; c < 16; ++c) d[c] = half_at(blk[c] + 208);
     w->d = v16_f16_half(v16i_load(d), 0);
 }
 
@@ -397,8 +403,9 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_decode(const
  * take it (at few rows none, as Q4_K's k16 tiles, which went faster without) */
 TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_fetch(const quant_job *j, int64_t n0, int C,
                                                                           int64_t b, q6_16_block *out) {
+    const uint8_t *blk[16];
     if (!j->x16) {
-        const uint8_t *row[16], *blk[16];
+        const uint8_t *row[16];
         tile_rows(j, n0, C, 16, row);
         tile16_blocks(j, row, b, Q6_BYTES, blk);
     } else if (j->M > Q6_TILE_ROWS && n0 + 16 < j->N) { /* interleaved, many rows: the next tile into L2 */
@@ -408,8 +415,19 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_fetch(const 
         for (int line = 0; line < Q6_X16_HIGH; line += 64) prefetch_l2(high + line);
     }
     q6_16_words w;
-    q6_16_load(j, n0, C, b, &w);
+    q6_16_load(j, n0, b, blk, &w);
     q6_16_decode(&w, out);
+}
+
+/* each row's S_b (total[r], lane c: column c's) times d · dx into its chain: the float work of a
+ * super-block in the 16-column tiles, the product's and the coarse pass's */
+TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_chain(const quant_job *j, v16 d,
+                                                                          const v16i total[Q6_TILE_ROWS], int64_t m0,
+                                                                          int R, int64_t b, v16 acc[Q6_TILE_ROWS]) {
+    for (int r = 0; r < R; ++r) {
+        const v16 dx = v16_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
+        acc[r] = v16_fmadd(v16_mul(d, dx), v16i_to_float(total[r]), acc[r]);
+    }
 }
 
 /* rows m0 … m0 + R − 1 by super-block b (decoded w): per lane S_b, the exact Σ_s sc_s · Σ (q − 32) · x
@@ -434,10 +452,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_rows(const q
         for (int r = 0; r < R; ++r)
             total[r] = v16i_add(total[r], v16i_add(v16i_mul(s0[r], w->sc[s]), v16i_mul(s1[r], w->sc[s + 1])));
     }
-    for (int r = 0; r < R; ++r) {
-        const v16 dx = v16_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
-        acc[r] = v16_fmadd(v16_mul(w->d, dx), v16i_to_float(total[r]), acc[r]);
-    }
+    q6_16_chain(j, w->d, total, m0, R, b, acc);
 }
 
 /* a tile of R rows by 16 columns, lane c column n0 + c (columns past the first C: the last again, not
@@ -522,8 +537,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_coarse_rows(
                                                                                 int64_t m0, int R, int64_t b,
                                                                                 v16 acc[Q6_TILE_ROWS]) {
     q6_16_words w; /* its high words only */
-    for (int i = 0; i < 16; ++i) w.high[i] = v16i_load(high + 64 * i);
-    for (int i = 0; i < 4; ++i) w.scales[i] = v16i_load(high + Q6_X16_SCALES + 64 * i);
+    q6_16_load_high(high, &w);
     v16i total[Q6_TILE_ROWS];
     for (int r = 0; r < R; ++r) total[r] = v16i_zero();
     for (int h = 0; h < 2; ++h)
@@ -541,11 +555,7 @@ TARGET_VNNI static inline __attribute__((always_inline)) void q6_16_coarse_rows(
                 const v16i sc = q6_16_scale(&w, s);
                 for (int r = 0; r < R; ++r) total[r] = v16i_add(total[r], v16i_mul(sub[r], sc));
             }
-    const v16 d = v16_of_f16x16(high + Q6_X16_D);
-    for (int r = 0; r < R; ++r) {
-        const v16 dx = v16_set1(j->xd[(m0 + r) * (j->K / 256) + b]);
-        acc[r] = v16_fmadd(v16_mul(d, dx), v16i_to_float(total[r]), acc[r]);
-    }
+    q6_16_chain(j, w.d, total, m0, R, b, acc);
 }
 
 /* the coarse pass's tile of R rows by the 16 columns n0 … n0 + 15 */
@@ -589,12 +599,9 @@ TARGET_VNNI static void q6_16_coarse_columns(const quant_job *j, int64_t c0, int
  * Q6_ROWS rows one column at a time (interleaved weights on AVX2: the columns put together a word at
  * a time, q6_at) */
 static void q6_columns(const quant_job *j, int64_t c0, int64_t c1, int vnni, int coarse) {
-    if (vnni && j->x16 && coarse) {
-        q6_16_coarse_columns(j, c0, c1);
-        return;
-    }
-    if (vnni && (j->x16 || j->M > Q6_COLUMN_ROWS) && !coarse) {
-        q6_16_columns(j, c0, c1);
+    if (vnni && (j->x16 || (j->M > Q6_COLUMN_ROWS && !coarse))) {
+        if (coarse) q6_16_coarse_columns(j, c0, c1);
+        else q6_16_columns(j, c0, c1);
         return;
     }
     const int few = vnni ? Q6_COLUMN_ROWS : Q6_ROWS;

@@ -153,34 +153,24 @@ def _rearranged(data: torch.Tensor, fmt: BlockFormat, back: bool) -> torch.Tenso
     return torch.cat([_q6_planes(data[r0:r0 + PLANE_ROWS], back) for r0 in range(0, data.shape[0], PLANE_ROWS)])
 
 
-_Q6_PARTS = (("ql", Q6_LOW, 4), ("qh", 64, 4), ("scales", 16, 4), ("d", 2, 2))  # name, bytes, word bytes
+_Q6_PARTS = ((Q6_LOW, 4), (64, 4), (16, 4), (2, 2))  # ql, qh, scales, d: (bytes a super-block, bytes a word)
 
 
 def _q6_planes(group: torch.Tensor, back: bool) -> torch.Tensor:
     """One group of Q6_K rows [rows, row bytes] in GGUF's order -> its two planes (`back`: the way
     back): per 16-row tile and super-block, each part's words transposed ([16, words] -> [words, 16])."""
     rows, blocks = group.shape[0], group.shape[1] // formats.Q6_K.nbytes
-    tiles = rows // INTERLEAVE_ROWS
+    tiles, sizes = rows // INTERLEAVE_ROWS, [size for size, _ in _Q6_PARTS]
     if not back:
-        in_order = group.reshape(tiles, INTERLEAVE_ROWS, blocks, formats.Q6_K.nbytes)
-        parts, at = [], 0
-        for _, size, unit in _Q6_PARTS:
-            part = in_order[..., at:at + size].reshape(tiles, INTERLEAVE_ROWS, blocks, size // unit, unit)
-            parts.append(part.permute(0, 2, 3, 1, 4).reshape(tiles, blocks, -1))  # tile, block, word, row, byte
-            at += size
-        low, high = parts[0], torch.cat(parts[1:], dim=2)
-        return torch.cat([low.reshape(-1), high.reshape(-1)]).view(group.shape)
-    flat = group.reshape(-1)
-    low_bytes = rows * blocks * Q6_LOW
-    planes = {"low": flat[:low_bytes].view(tiles, blocks, -1), "high": flat[low_bytes:].view(tiles, blocks, -1)}
-    parts, at = [], 0
-    for name, size, unit in _Q6_PARTS:
-        if name == "ql":
-            words = planes["low"]
-        else:
-            words, at = planes["high"][..., at:at + INTERLEAVE_ROWS * size], at + INTERLEAVE_ROWS * size
-        part = words.reshape(tiles, blocks, size // unit, INTERLEAVE_ROWS, unit).permute(0, 3, 1, 2, 4)
-        parts.append(part.reshape(tiles, INTERLEAVE_ROWS, blocks, size))
+        parts = group.reshape(tiles, INTERLEAVE_ROWS, blocks, -1).split(sizes, dim=3)
+        words = [part.reshape(tiles, INTERLEAVE_ROWS, blocks, size // unit, unit).permute(0, 2, 3, 1, 4)
+                 .reshape(tiles, blocks, -1) for part, (size, unit) in zip(parts, _Q6_PARTS)]  # tile, block, word, row
+        return torch.cat([words[0].reshape(-1), torch.cat(words[1:], dim=2).reshape(-1)]).view(group.shape)
+    flat, low_bytes = group.reshape(-1), rows * blocks * Q6_LOW
+    words = [flat[:low_bytes].view(tiles, blocks, -1),
+             *flat[low_bytes:].view(tiles, blocks, -1).split([INTERLEAVE_ROWS * size for size in sizes[1:]], dim=2)]
+    parts = [word.reshape(tiles, blocks, size // unit, INTERLEAVE_ROWS, unit).permute(0, 3, 1, 2, 4)
+             .reshape(tiles, INTERLEAVE_ROWS, blocks, size) for word, (size, unit) in zip(words, _Q6_PARTS)]
     return torch.cat(parts, dim=3).reshape(group.shape)
 
 
