@@ -19,8 +19,9 @@ through its `stream` callback (after every step, or every speculative round).
 Prefill is the time to the first stamp; ms per token is the time from the
 first stamp to the last over the tokens in between. Speculative decoding
 prefills its draft after the first token, so its ms per token starts at the
-end of its first round, and its prefill (target and draft) is the time to that
-stamp less the first round's tokens at that ms per token. Each stamp also
+end of its first round, and that round (the draft's prefill, one draft and
+verify) is in neither column: taking its tokens off at the later rate left a
+prefill below zero on a loaded machine. Each stamp also
 reads the thread's CPU time (`time.thread_time`; one torch thread): CPU ms
 per token, which other jobs on a shared machine disturb less than wall time.
 "growth" is the ratio to the shortest prompt of the same column.
@@ -120,15 +121,15 @@ class Stamps:
 
     def timings(self, first: int) -> dict[str, tuple[float, float]]:
         """clock -> (prefill seconds, seconds per token), per token from stamp `first` to the last;
-        prefill is the time to stamp `first` less its tokens after the first at that rate."""
+        prefill is the time to stamp 0 less its tokens after the first at that rate."""
         tokens = self.counts[-1] - self.counts[first]
         if tokens == 0:
             raise ValueError(f"no tokens arrived after stamp {first} of {len(self.counts)}; raise --new-tokens")
         out = {}
         for name in CLOCKS:
             per_token = (self.times[-1][name] - self.times[first][name]) / tokens
-            to_first = self.times[first][name] - self.start[name]
-            out[name] = (to_first - (self.counts[first] - 1) * per_token, per_token)
+            to_first = self.times[0][name] - self.start[name]
+            out[name] = (to_first - (self.counts[0] - 1) * per_token, per_token)
         return out
 
 
