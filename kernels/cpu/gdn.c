@@ -139,8 +139,9 @@ static void gdn_units(const gdn_job *j, int64_t u0, int64_t u1) {
 }
 
 /* With more than one thread the (row, value head) units split into
- * contiguous ranges, one per thread (cpu/pool.c): each unit is the same loop
- * on any thread, so the bits do not change. */
+ * contiguous ranges (`hs_parallel_units`, cpu/pool.c: one per thread, a few
+ * per thread in a prefill): each unit is the same loop on any thread, so the
+ * bits do not change. */
 #define PARALLEL_MIN_FLOATS (1 << 16) /* state floats updated (units · T · head) below which one thread runs */
 
 static void gdn_part(void *ctx, int part, int parts) {
@@ -162,8 +163,7 @@ int hs_gdn_steps(float *states, const int64_t *src, const int64_t *dst,
     gdn_job job = {states, o, src, dst, parents, q, k, v, g, beta, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
                    sgb, sgt, sbb, sbt, batch, T, heads, key_heads, d_k, d_v};
     const int64_t units = batch * heads;
-    const int threads = hs_threads(), parts = threads < units ? threads : (int)units;
-    if (parts > 1 && units * T * d_k * d_v >= PARALLEL_MIN_FLOATS && hs_parallel(gdn_part, &job, parts)) return 0;
+    if (hs_parallel_units(gdn_part, &job, units, units * T * d_k * d_v, PARALLEL_MIN_FLOATS)) return 0;
     gdn_units(&job, 0, units);
     return 0;
 }

@@ -12,6 +12,11 @@
 typedef void (*hs_part_fn)(void *ctx, int part, int parts);
 int hs_parallel(hs_part_fn fn, void *ctx, int parts);
 int hs_parallel_long(hs_part_fn fn, void *ctx, int parts); /* the same, never taken back whole */
+/* a job of `units` independent units whose parts are contiguous ranges of them (part p of P: units
+ * units·p/P … units·(p + 1)/P − 1), `work` floats in all: 0 (the caller runs it) below min_work or
+ * with one thread; a short job one part per thread (hs_parallel), a long one (a prefill's recurrence)
+ * a few parts per thread (hs_parallel_long), so a helper that claims late delays it less */
+int hs_parallel_units(hs_part_fn fn, void *ctx, int64_t units, int64_t work, int64_t min_work);
 int hs_set_threads(int threads);
 int hs_threads(void);
 int hs_set_pinning(int on); /* bind each helper to one CPU (1) or not (0, the default) */

@@ -18,6 +18,9 @@
  * stride; D: [d_inner]; y: [batch, T, d_inner] contiguous. Every row runs
  * all T inputs. Built by `cpu/native.py`, used through `cpu/mamba1.py`.
  *
+ * With more than one thread a row's channel pairs split over the threads
+ * (`mamba1_part`); the bits do not change.
+ *
  * Over a tree (`parents`, cpu/kernels.h) input t starts from its parent's
  * state: the registers where the parent is t - 1, else the head slot or the
  * parent's snapshot slot (written earlier by the same loop, so no streaming
@@ -38,7 +41,7 @@ typedef struct {
     const int64_t *src, *dst, *parents;
     const float *x, *dt, *A, *B, *C, *D;
     int64_t sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt;
-    int64_t T, d_inner, d_state;
+    int64_t batch, T, d_inner, d_state;
 } mamba1_job;
 
 /* the slot of row b's state before an input whose parent is `parent` (-1: the head) */
@@ -94,6 +97,70 @@ TARGET512 static void two_channels512(const mamba1_job *j, int64_t b, int64_t c0
     }
 }
 
+/* Channel c of row b on AVX2: the state row in 8-lane vectors */
+static void one_channel(const mamba1_job *j, int64_t b, int64_t c) {
+    float *states = j->states, *y = j->y;
+    const int64_t *parents = j->parents, T = j->T, d_inner = j->d_inner, d_state = j->d_state;
+    const int64_t nv = d_state / 8, slot_size = d_inner * d_state;
+    v8 h[MAX_STATE / 8], a[MAX_STATE / 8];
+    const float *h0 = states + j->src[b] * slot_size + c * d_state;
+    for (int64_t v = 0; v < nv; ++v) {
+        h[v] = v8_load(h0 + 8 * v);
+        a[v] = v8_load(j->A + c * d_state + 8 * v);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t parent = parents ? parents[b * T + t] : t - 1;
+        if (parent != t - 1)  /* a tree's: the head's or an earlier input's snapshot */
+            for (int64_t v = 0; v < nv; ++v)
+                h[v] = v8_load(states + parent_slot(j, b, parent) * slot_size + c * d_state + 8 * v);
+        const float dtv = j->dt[b * j->sdb + t * j->sdt + c], xv = j->x[b * j->sxb + t * j->sxt + c];
+        const v8 dt8 = v8_set1(dtv), dtx8 = v8_set1(dtv * xv);
+        const float *Bt = j->B + b * j->sBb + t * j->sBt, *Ct = j->C + b * j->sCb + t * j->sCt;
+        v8 acc = v8_zero();
+        for (int64_t v = 0; v < nv; ++v) {
+            v8 inject = v8_mul(dtx8, v8_load(Bt + 8 * v));
+            h[v] = v8_fmadd(exp8(v8_mul(dt8, a[v])), h[v], inject);
+            acc = v8_fmadd(h[v], v8_load(Ct + 8 * v), acc);
+        }
+        y[(b * T + t) * d_inner + c] = fmaf(j->D[c], xv, hsum8(acc));
+        const int64_t slot = j->dst[b * T + t];
+        if (slot >= 0) {
+            float *snap = states + slot * slot_size + c * d_state;
+            if (!parents && ((uintptr_t)snap & 31) == 0)  /* streaming: the slot's lines are not read first */
+                for (int64_t v = 0; v < nv; ++v) v8_stream(snap + 8 * v, h[v]);
+            else
+                for (int64_t v = 0; v < nv; ++v) v8_store(snap + 8 * v, h[v]);
+        }
+    }
+}
+
+/* units u0 <= u < u1, unit u = b · pairs + p: channels 2p and 2p + 1 (the last alone where d_inner is odd)
+ * of row b, together on AVX-512, else one at a time (the same bits) */
+static void mamba1_units(const mamba1_job *j, int64_t u0, int64_t u1) {
+    const int64_t pairs = (j->d_inner + 1) / 2;
+    const int wide = j->d_state % 16 == 0 && hs_rows_isa(-1) == 1;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t b = u / pairs, c = u % pairs * 2;
+        if (wide && c + 2 <= j->d_inner) {
+            two_channels512(j, b, c);
+            continue;
+        }
+        for (int64_t k = c; k < c + 2 && k < j->d_inner; ++k) one_channel(j, b, k);
+    }
+    stream_fence(); /* this thread's streamed snapshots are visible before its part counts as done */
+}
+
+/* With more than one thread the units (a row's channel pairs) split into contiguous ranges
+ * (`hs_parallel_units`, cpu/pool.c): each unit is the same loop on any thread, so the bits do not
+ * change. */
+#define PARALLEL_MIN_FLOATS (1 << 16) /* state floats updated (units · T · 2 · d_state) below which one thread runs */
+
+static void mamba1_part(void *ctx, int part, int parts) {
+    const mamba1_job *j = ctx;
+    const int64_t units = j->batch * ((j->d_inner + 1) / 2);
+    mamba1_units(j, units * part / parts, units * (part + 1) / parts);
+}
+
 int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
                     const float *x, int64_t sxb, int64_t sxt, const float *dt, int64_t sdb, int64_t sdt,
                     const float *A, const float *B, int64_t sBb, int64_t sBt, const float *C, int64_t sCb,
@@ -102,48 +169,10 @@ int hs_mamba1_steps(float *states, const int64_t *src, const int64_t *dst,
     if (batch < 0 || T < 1 || d_inner < 1 || d_state < 8 || d_state % 8 || d_state > MAX_STATE
         || !hs_parents_ok(parents, dst, batch, T))
         return -1;
-    const int64_t nv = d_state / 8, slot_size = d_inner * d_state;
-    const int wide = d_state % 16 == 0 && hs_rows_isa(-1) == 1;
     const mamba1_job job = {states, y, src, dst, parents, x, dt, A, B, C, D, sxb, sxt, sdb, sdt, sBb, sBt, sCb, sCt,
-                            T, d_inner, d_state};
-    for (int64_t b = 0; b < batch; ++b) {
-        int64_t c = 0;
-        if (wide)
-            for (; c + 2 <= d_inner; c += 2)
-                two_channels512(&job, b, c);
-        for (; c < d_inner; ++c) {
-            v8 h[MAX_STATE / 8], a[MAX_STATE / 8];
-            const float *h0 = states + src[b] * slot_size + c * d_state;
-            for (int64_t v = 0; v < nv; ++v) {
-                h[v] = v8_load(h0 + 8 * v);
-                a[v] = v8_load(A + c * d_state + 8 * v);
-            }
-            for (int64_t t = 0; t < T; ++t) {
-                const int64_t parent = parents ? parents[b * T + t] : t - 1;
-                if (parent != t - 1)  /* a tree's: the head's or an earlier input's snapshot */
-                    for (int64_t v = 0; v < nv; ++v)
-                        h[v] = v8_load(states + parent_slot(&job, b, parent) * slot_size + c * d_state + 8 * v);
-                const float dtv = dt[b * sdb + t * sdt + c], xv = x[b * sxb + t * sxt + c];
-                const v8 dt8 = v8_set1(dtv), dtx8 = v8_set1(dtv * xv);
-                const float *Bt = B + b * sBb + t * sBt, *Ct = C + b * sCb + t * sCt;
-                v8 acc = v8_zero();
-                for (int64_t v = 0; v < nv; ++v) {
-                    v8 inject = v8_mul(dtx8, v8_load(Bt + 8 * v));
-                    h[v] = v8_fmadd(exp8(v8_mul(dt8, a[v])), h[v], inject);
-                    acc = v8_fmadd(h[v], v8_load(Ct + 8 * v), acc);
-                }
-                y[(b * T + t) * d_inner + c] = fmaf(D[c], xv, hsum8(acc));
-                const int64_t slot = dst[b * T + t];
-                if (slot >= 0) {
-                    float *snap = states + slot * slot_size + c * d_state;
-                    if (!parents && ((uintptr_t)snap & 31) == 0)  /* streaming: the slot's lines are not read first */
-                        for (int64_t v = 0; v < nv; ++v) v8_stream(snap + 8 * v, h[v]);
-                    else
-                        for (int64_t v = 0; v < nv; ++v) v8_store(snap + 8 * v, h[v]);
-                }
-            }
-        }
-    }
-    stream_fence(); /* the streamed snapshots are visible before the call returns */
+                            batch, T, d_inner, d_state};
+    const int64_t units = batch * ((d_inner + 1) / 2);
+    if (hs_parallel_units(mamba1_part, (void *)&job, units, units * T * 2 * d_state, PARALLEL_MIN_FLOATS)) return 0;
+    mamba1_units(&job, 0, units);
     return 0;
 }

@@ -166,9 +166,9 @@ static void mamba2_units(const mamba2_job *j, int64_t u0, int64_t u1, float *scr
 }
 
 /* With more than one thread the (row, head) units split into contiguous
- * ranges, one per thread (cpu/pool.c): each unit is the same loop on any
- * thread, so the bits do not change. Parts past the first keep h_t in the
- * thread's own head of scratch. */
+ * ranges (`hs_parallel_units`, cpu/pool.c: one per thread, a few per thread
+ * in a prefill): each unit is the same loop on any thread, so the bits do not
+ * change. Parts past the first keep h_t in their thread's own head of scratch. */
 #define PARALLEL_MIN_FLOATS (1 << 16) /* state floats updated (units · T · head) below which one thread runs */
 static _Thread_local float *own;
 static _Thread_local size_t own_floats;
@@ -208,9 +208,7 @@ int hs_mamba2_steps(float *states, const int64_t *src, const int64_t *dst, float
     mamba2_job job = {states, scratch, y, src, dst, parents, x, dt, A, D, B, C, sxb, sxt, sxh, sdb, sdt, sBb, sBt, sBg,
                       sCb, sCt, sCg, batch, T, nheads, headdim, d_state, ngroups};
     const int64_t units = batch * nheads;
-    const int threads = hs_threads(), parts = threads < units ? threads : (int)units;
-    if (parts > 1 && units * T * headdim * d_state >= PARALLEL_MIN_FLOATS && hs_parallel(mamba2_part, &job, parts))
-        return 0;
+    if (hs_parallel_units(mamba2_part, &job, units, units * T * headdim * d_state, PARALLEL_MIN_FLOATS)) return 0;
     mamba2_units(&job, 0, units, scratch);
     return 0;
 }

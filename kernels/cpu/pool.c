@@ -23,6 +23,9 @@
  * its part at once and then runs the parts no helper has claimed, so a
  * helper that claims late (its core held a while by torch's OpenMP workers
  * spinning after their own work) still shortens the job.
+ * A job may have more parts than threads (`hs_parallel_units`' long jobs): the
+ * threads claim them in turn, so a helper that claims late, or a part slower
+ * than the others, leaves less for the caller to run alone.
  * One job uses the helpers at a time: a job
  * submitted while they serve another (another Python thread: the C calls
  * release the GIL) gets 0 back and runs on its caller. A forked child starts
@@ -40,7 +43,8 @@
  *
  * A part must not depend on which thread runs it or in what order, so the
  * results do not depend on the thread count. Built with the other kernels by
- * `cpu/native.py`; used by `cpu/rows.c` (the products) and `cpu/mamba2.c`.
+ * `cpu/native.py`; used by `cpu/rows.c` (the products), `cpu/quant.c`, the recurrences
+ * (`cpu/mamba2.c`, `cpu/mamba1.c`, `cpu/gdn.c`) and the attention (`cpu/blocks.c`).
  */
 #define _GNU_SOURCE /* pthread_attr_setaffinity_np, pthread_setname_np, sched_getcpu, CPU_SET */
 #include <pthread.h>
@@ -54,6 +58,10 @@
 #define MAX_THREADS 64
 #define CLAIM_NS 10000 /* how long a caller waits for a helper to claim a part before it takes the job back */
 #define SPIN_NS 3000000 /* how long an idle helper stays awake before it sleeps: a few decode steps' host work */
+/* hs_parallel_units: the work (floats of state updated) from which a job is long, a prefill's recurrence
+ * (milliseconds; a decode step's is below), and the parts per thread it then takes */
+#define LONG_WORK (1 << 22)
+#define PARTS_PER_THREAD 4
 
 /* pool.ticket: the job's generation (bits 32-63), its parts (16-31) and the next unclaimed part (0-15) */
 #define TICKET(generation, parts, next) ((uint64_t)(generation) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
@@ -190,9 +198,10 @@ int hs_set_pinning(int on) {
 
 static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
     if (parts > MAX_THREADS) parts = MAX_THREADS;
+    const int wanted = atomic_load(&pool.wanted), threads = parts < wanted ? parts : wanted;
     if (parts < 2 || pthread_mutex_trylock(&pool.busy)) return 0;
     const uint32_t generation = TICKET_GENERATION(atomic_load(&pool.ticket));
-    while (pool.started < parts - 1) {
+    while (pool.started < threads - 1) { /* more parts than threads: the threads claim them in turn */
         pthread_t thread;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -244,3 +253,11 @@ static int parallel(hs_part_fn fn, void *ctx, int parts, int take_back) {
 int hs_parallel(hs_part_fn fn, void *ctx, int parts) { return parallel(fn, ctx, parts, 1); }
 
 int hs_parallel_long(hs_part_fn fn, void *ctx, int parts) { return parallel(fn, ctx, parts, 0); }
+
+int hs_parallel_units(hs_part_fn fn, void *ctx, int64_t units, int64_t work, int64_t min_work) {
+    const int64_t threads = hs_threads();
+    if (threads < 2 || units < 2 || work < min_work) return 0;
+    if (work < LONG_WORK) return hs_parallel(fn, ctx, (int)(threads < units ? threads : units));
+    const int64_t parts = PARTS_PER_THREAD * threads < units ? PARTS_PER_THREAD * threads : units;
+    return hs_parallel_long(fn, ctx, (int)(parts < MAX_THREADS ? parts : MAX_THREADS));
+}

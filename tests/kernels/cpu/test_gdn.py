@@ -3,8 +3,8 @@ references it stands in for: the same outputs and snapshot writes as
 `gdn_verify_ref` within float32 rounding, for decode and multi-input
 forwards, key heads shared by value heads, steps without a snapshot, padded
 rows (zeros out, nothing written after a row's last live input, even where
-its plan names a slot), in-place decode; every other slot untouched; the same
-bits at every thread count; its log replay (`cpu_gdn.gdn_replay`) against
+its plan names a slot), in-place decode; every other slot untouched (the same bits at every
+thread count: tests/kernels/cpu/test_threads.py); its log replay (`cpu_gdn.gdn_replay`) against
 `gdn_replay_ref` and, bit for bit, against the forward's snapshots; and the
 backend op taking it only where it applies."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import gdn as cpu_gdn
 from hybridspec.kernels.triton.gdn_verify import gdn_replay_ref, gdn_verify_ref
 from hybridspec.kernels.slot_plan import SlotPlan
-from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 from test_state_kernels import lengths
 
 pytestmark = x86_with_compiler
@@ -94,23 +94,6 @@ def test_the_shared_slot_plan_and_in_place_decode():
         torch.testing.assert_close(got, want, **TOL)
         torch.testing.assert_close(native_pool, ref_pool, **TOL)
         assert_untouched(pool, native_pool, written)
-
-
-@pytest.mark.parametrize("padded", [False, True])
-def test_the_bits_do_not_depend_on_the_thread_count(padded):
-    """(row, value head) units split over the threads: outputs and every slot of the pool the same bits."""
-    case = (3, 4, 4, 2, 64, 64)  # 12 units of a 64 × 64 head over 4 inputs: above the split's threshold
-    pool, src, snap, args = inputs(*case, seed=2)
-
-    def recurrence():
-        states = pool.clone()
-        plan = SlotPlan(src, snap, lengths(case[0], case[1], padded), "cpu")
-        return cpu_gdn.gdn_steps(states, plan, *args), states
-
-    o, states = recurrence()
-    for count in (2, 3):
-        got_o, got_states = with_threads(count, recurrence)
-        assert torch.equal(got_o, o) and torch.equal(got_states, states), count
 
 
 REPLAYS = [  # dst, num_steps per row (sources: each row's ring start)

@@ -1,5 +1,5 @@
 """The native kernels over several threads (`kernels/cpu/pool.c`, `cpu_native.sync_threads`):
-the same bits at every thread count, in a product, the Mamba-2 recurrence,
+the same bits at every thread count, in a product, the recurrences (Mamba-2, Mamba-1, gated delta),
 attention over a long context, a whole forward and the engine's tokens; products from two Python threads at
 once; a forked child; helpers bound to CPUs of their own (`cpu_native.pin_threads`) and let go."""
 from __future__ import annotations
@@ -15,6 +15,8 @@ import hybridspec as hs
 from hybridspec.errors import ConfigError
 from hybridspec.cache.hybrid_cache import HybridCache
 from hybridspec.kernels import ops
+from hybridspec.kernels.cpu import gdn as cpu_gdn
+from hybridspec.kernels.cpu import mamba1 as cpu_mamba1
 from hybridspec.kernels.cpu import mamba2 as cpu_mamba2
 from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu import rows as cpu_rows
@@ -23,6 +25,7 @@ from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401
 from native_switch import backend_of
 from oracles import bamba
 from test_blocks import run
+from test_gdn import inputs as gdn_inputs
 from test_state_kernels import inputs, lengths
 
 pytestmark = x86_with_compiler
@@ -64,22 +67,61 @@ def test_a_long_products_bits_do_not_depend_on_the_thread_count():
             assert torch.equal(got, one), (compute, count)
 
 
+def mamba1_inputs(batch, T, d_inner, d_state, seed):
+    """A Mamba-1 pool (each row's head slot and a snapshot slot per input) and the recurrence's inputs."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.randn(batch * (T + 1), d_inner, d_state, generator=g)
+    src = [b * (T + 1) for b in range(batch)]
+    snap = [[b * (T + 1) + 1 + t for t in range(T)] for b in range(batch)]
+    args = (torch.randn(batch, T, d_inner, generator=g), 2 * torch.rand(batch, T, d_inner, generator=g),
+            -8 * torch.rand(d_inner, d_state, generator=g), torch.randn(batch, T, d_state, generator=g),
+            torch.randn(batch, T, d_state, generator=g), torch.randn(d_inner, generator=g))
+    return pool, src, snap, args
+
+
+# Each recurrence short (one part per thread, hs_parallel) and long (past LONG_WORK = 2^22 state floats
+# updated: a few parts per thread, more than the threads, hs_parallel_long): (kernel, case, inputs)
+RECURRENCES = {
+    "mamba2 short": (cpu_mamba2.mamba2_steps, (3, 5, 8, 64, 64, 1), inputs),
+    "mamba2 long": (cpu_mamba2.mamba2_steps, (2, 70, 8, 64, 64, 1), inputs),  # 16 units · 70 · 4096
+    "mamba1 short": (cpu_mamba1.mamba1_steps, (2, 5, 640, 16), mamba1_inputs),
+    "mamba1 long": (cpu_mamba1.mamba1_steps, (1, 520, 511, 16), mamba1_inputs),  # 256 channel pairs · 520 · 32
+    "gdn short": (cpu_gdn.gdn_steps, (3, 4, 4, 2, 64, 64), gdn_inputs),
+    "gdn long": (cpu_gdn.gdn_steps, (1, 130, 8, 2, 64, 64), gdn_inputs),  # 8 units · 130 · 4096
+}
+
+
 @pytest.mark.parametrize("padded", [False, True])
-def test_the_mamba2_recurrences_bits_do_not_depend_on_the_thread_count(padded):
-    """(row, head) units split over the threads: outputs and every slot of the pool the same bits."""
-    case = (3, 5, 8, 64, 64, 1)  # 24 units of a 64 × 64 head over 5 inputs: above the split's threshold
-    pool, src, snap, args = inputs(*case, seed=2)
+@pytest.mark.parametrize("name", list(RECURRENCES))
+def test_every_recurrences_bits_do_not_depend_on_the_thread_count(name, padded):
+    """Units (a row's heads, or its channel pairs) split over the threads, in more parts than
+    threads for a long job: outputs and every slot of the pool the same bits."""
+    steps, case, make = RECURRENCES[name]
+    pool, src, snap, args = make(*case, seed=3)
 
     def recurrence():
         states = pool.clone()
-        plan = SlotPlan(src, snap, lengths(case[0], case[1], padded), "cpu")
-        assert cpu_mamba2.applies(states, args[0], plan)
-        return cpu_mamba2.mamba2_steps(states, plan, *args), states
+        return steps(states, SlotPlan(src, snap, lengths(case[0], case[1], padded), "cpu"), *args), states
 
-    y, states = recurrence()
+    out, states = recurrence()
     for count in (2, 3, 7):
-        got_y, got_states = with_threads(count, recurrence)
-        assert torch.equal(got_y, y) and torch.equal(got_states, states), count
+        got, got_states = with_threads(count, recurrence)
+        assert torch.equal(got, out) and torch.equal(got_states, states), count
+
+
+def _child_long_recurrence(queue, case):
+    """In a forked child: the helpers a long Mamba-2 recurrence over 2 threads starts (its 8 parts
+    claimed by the caller and one helper)."""
+    pool, src, snap, args = inputs(*case, seed=3)
+    before = len(os.listdir("/proc/self/task"))
+    cpu_native.library().hs_set_threads(2)
+    cpu_mamba2.mamba2_steps(pool, SlotPlan(src, snap, [case[1]] * case[0], "cpu"), *args)
+    queue.put(len(os.listdir("/proc/self/task")) - before)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_a_job_of_more_parts_than_threads_starts_one_helper_per_thread_beyond_the_first():
+    assert in_forked_child(_child_long_recurrence, RECURRENCES["mamba2 long"][1]) == 1
 
 
 def failures_in_two_python_threads(same, repeats: int) -> list[int]:
