@@ -285,35 +285,40 @@ typedef struct {
     const uint64_t *seen;  /* a tree's: [queries] the inputs query i sees (hs_tree), or NULL: a chain */
 } attend_job;
 
+/* rows 0 … rows − 1 of a page at base (kv_dim floats apart), KV heads g0 … g1 − 1 of each, into L2:
+ * a later page's keys or values while this page's are used (`attend`) */
+static inline void prefetch_page_rows(const float *base, int64_t rows, int64_t kv_dim, int64_t g0, int64_t g1,
+                                      int64_t head_dim) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t f = g0 * head_dim; f < g1 * head_dim; f += 16) prefetch_l2(base + r * kv_dim + f);
+}
+
 /* o[i, h] += Σ_{p < count} w_p v_p for query i's heads h0 … h1 - 1 (`attend`): the values of count keys
- * in a row from v (kv_dim floats apart), their weights from index w0 of each head's scores */
+ * in a row from v (kv_dim floats apart), their weights from index w0 of each head's scores; as each
+ * KV head's turn comes, that head's values of the page at `ahead` (NULL: none) into L2 */
 static void weigh_keys(const attend_job *j, int64_t i, int64_t h0, int64_t h1, const float *v, int64_t w0,
-                       int64_t count, int avx512) {
+                       int64_t count, int avx512, const float *ahead) {
     const int64_t queries = j->queries, n = j->first + queries, head_dim = j->head_dim, ld = j->ld;
     const int64_t group = j->nheads / j->kv_heads, kv_dim = j->kv_heads * head_dim;
+    const int shared = avx512 && head_dim >= 64; /* each KV head's query heads, up to four at a time */
     float *o = j->o;
     const float *scores = j->scores;
-    if (avx512 && head_dim >= 64) /* each KV head's query heads, up to four at a time */
-        for (int64_t h = h0; h < h1;) {
+    for (int64_t h = h0; h < h1;) {
+        if (ahead && h % group == 0)
+            prefetch_page_rows(ahead, j->block_size, kv_dim, h / group, h / group + 1, head_dim);
+        if (shared) {
             const int64_t left = group - h % group, heads = left < 4 ? left : 4;
             const shared_values sv = {o + i * ld + h * head_dim, scores + (h * queries + i) * n + w0,
                                       v + (h / group) * head_dim, head_dim, queries * n, kv_dim, count, head_dim,
                                       (int)heads};
             weigh_values_heads(&sv);
             h += heads;
-        }
-    else
-        for (int64_t h = h0; h < h1; ++h)
+        } else {
             weigh_values(o + i * ld + h * head_dim, scores + (h * queries + i) * n + w0, v + (h / group) * head_dim,
                          kv_dim, count, head_dim);
-}
-
-/* rows 0 … rows − 1 of a page at base (kv_dim floats apart), KV heads g0 … g1 − 1 of each, into L2:
- * the next page's keys or values while this page's are used */
-static inline void prefetch_page_rows(const float *base, int64_t rows, int64_t kv_dim, int64_t g0, int64_t g1,
-                                      int64_t head_dim) {
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t f = g0 * head_dim; f < g1 * head_dim; f += 16) prefetch_l2(base + r * kv_dim + f);
+            h += 1;
+        }
+    }
 }
 
 /* Causal attention of one row's queries over its pages: for query i (at
@@ -327,11 +332,15 @@ static inline void prefetch_page_rows(const float *base, int64_t rows, int64_t k
  * context once, not once per input), the scores eight keys of all heads at
  * a time (8 · kv_dim floats in a row). On AVX-512 the query heads of a KV
  * head share its key and value loads (above). While a page's keys (or
- * values) are read, the next page's rows of this call's KV heads are
- * prefetched into L2 (`prefetch_page_rows`): pages need not be neighbours,
- * and each is too short for the hardware's prefetch to get going (a decode
- * step at 2,048 tokens, docs/results/llamacpp.md).
+ * values) are read, the rows of the page PREFETCH_PAGES later go into L2
+ * (`prefetch_page_rows`), each KV head's as that head's turn comes: pages
+ * need not be neighbours, and each is too short for the hardware's prefetch
+ * to get going (a decode step at 2,048 tokens, docs/results/llamacpp.md).
+ * Two pages ahead, a KV head at a time, rather than the next page's whole rows
+ * at once: cold K/V (a decode step's, after its weights went through the
+ * caches) is read 1.3-1.4× as fast (docs/results/llamacpp.md).
  * scores: nheads · queries · (first + queries) floats. */
+#define PREFETCH_PAGES 2
 static void attend(const attend_job *j, int64_t g0, int64_t g1) {
     const float *q = j->q, *k_cache = j->k_cache, *v_cache = j->v_cache;
     float *o = j->o, *scores = j->scores;
@@ -346,13 +355,14 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
     for (int64_t page = 0; page < pages; ++page) {  /* the scores */
         const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
         const float *kp = k_cache + table[page] * page_floats;
-        const float *next_kp = page + 1 < pages ? k_cache + table[page + 1] * page_floats : NULL;
+        const float *ahead = page + PREFETCH_PAGES < pages ? k_cache + table[page + PREFETCH_PAGES] * page_floats : NULL;
         for (int64_t i = 0; i < queries; ++i) {
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;  /* keys p0 … end - 1 */
             for (int64_t p = p0; p < end; p += 8) {  /* eight keys, all heads: 8 · kv_dim floats in a row */
                 const int64_t count = end - p < 8 ? end - p : 8;
-                if (next_kp && i == 0) prefetch_page_rows(next_kp + (p - p0) * kv_dim, count, kv_dim, g0, g1, head_dim);
                 for (int64_t h = h0; h < h1;) {
+                    if (ahead && i == 0 && h % group == 0)
+                        prefetch_page_rows(ahead + (p - p0) * kv_dim, count, kv_dim, h / group, h / group + 1, head_dim);
                     const key_run keys = {kp + (p - p0) * kv_dim + (h / group) * head_dim, kv_dim, count, head_dim,
                                           scale};
                     float *sh = scores + (h * queries + i) * n + p;
@@ -383,28 +393,27 @@ static void attend(const attend_job *j, int64_t g0, int64_t g1) {
     for (int64_t page = 0; page < pages; ++page) {  /* o = Σ_p w_p v_p */
         const int64_t p0 = page * block_size, p1 = p0 + block_size < n ? p0 + block_size : n;
         const float *vp = v_cache + table[page] * page_floats;
-        if (page + 1 < pages)
-            prefetch_page_rows(v_cache + table[page + 1] * page_floats, block_size, kv_dim, g0, g1, head_dim);
+        const float *ahead = page + PREFETCH_PAGES < pages ? v_cache + table[page + PREFETCH_PAGES] * page_floats : NULL;
         for (int64_t i = 0; i < queries; ++i) {
             const int64_t end = first + i + 1 < p1 ? first + i + 1 : p1;
             if (end <= p0) continue;
             if (!j->seen) {
-                weigh_keys(j, i, h0, h1, vp, p0, end - p0, avx512);
+                weigh_keys(j, i, h0, h1, vp, p0, end - p0, avx512, i == 0 ? ahead : NULL);
                 continue;
             }
             /* a tree: the context's keys of the page, then each run of inputs query i sees, their
              * weights where the softmax packed them (one sum per column in key order, as a chain's) */
             const int64_t context_end = end < first ? end : first;
-            if (context_end > p0) weigh_keys(j, i, h0, h1, vp, p0, context_end - p0, avx512);
+            if (context_end > p0) weigh_keys(j, i, h0, h1, vp, p0, context_end - p0, avx512, i == 0 ? ahead : NULL);
             int64_t packed = first;  /* the weight index of the next input query i sees */
             for (int64_t u = 0; first + u < end; ++u) {
                 if (!(j->seen[i] >> u & 1)) continue;
                 int64_t run = 1;
                 while (first + u + run < end && (j->seen[i] >> (u + run) & 1)) ++run;
                 if (first + u >= p0)
-                    weigh_keys(j, i, h0, h1, vp + (first + u - p0) * kv_dim, packed, run, avx512);
+                    weigh_keys(j, i, h0, h1, vp + (first + u - p0) * kv_dim, packed, run, avx512, NULL);
                 else if (first + u + run > p0)  /* a run from an earlier page: its part in this one */
-                    weigh_keys(j, i, h0, h1, vp, packed + p0 - first - u, first + u + run - p0, avx512);
+                    weigh_keys(j, i, h0, h1, vp, packed + p0 - first - u, first + u + run - p0, avx512, NULL);
                 packed += run;
                 u += run - 1;
             }
