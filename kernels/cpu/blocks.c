@@ -337,8 +337,8 @@ static void weigh_keys(const attend_job *j, int64_t i, int64_t h0, int64_t h1, c
  * need not be neighbours, and each is too short for the hardware's prefetch
  * to get going (a decode step at 2,048 tokens, docs/results/llamacpp.md).
  * Two pages ahead, a KV head at a time, rather than the next page's whole rows
- * at once: cold K/V (a decode step's, after its weights went through the
- * caches) is read 1.3-1.4× as fast (docs/results/llamacpp.md).
+ * at once: a burst of a page's lines outruns the core's queue of misses, and
+ * one page ahead is too close to hide a cold page's latency (docs/results/llamacpp.md).
  * scores: nheads · queries · (first + queries) floats. */
 #define PREFETCH_PAGES 2
 static void attend(const attend_job *j, int64_t g0, int64_t g1) {
