@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from hybridspec.kernels.cpu import native as cpu_native
 from hybridspec.kernels.cpu import rows as cpu_rows
 
 x86_with_compiler = pytest.mark.skipif(
@@ -18,12 +19,19 @@ x86_with_compiler = pytest.mark.skipif(
     reason="the kernel is AVX2 C code built with the system's compiler")
 
 
+def set_threads(count: int) -> None:
+    """torch's intra-op thread count and, where the kernels run here, theirs (a kernel called
+    directly, not through `cpu_native.available`, would otherwise keep the count it last had)."""
+    torch.set_num_threads(count)
+    cpu_native.available()
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    set_threads(1)
     yield
-    torch.set_num_threads(threads)
+    set_threads(threads)
 
 
 @pytest.fixture
@@ -42,12 +50,13 @@ def both_vector_paths():
 
 
 def with_threads(count: int, fn):
+    """fn() with torch and the kernels at `count` threads."""
     before = torch.get_num_threads()
-    torch.set_num_threads(count)
+    set_threads(count)
     try:
         return fn()
     finally:
-        torch.set_num_threads(before)
+        set_threads(before)
 
 
 def quant_paths() -> list[str]:

@@ -189,6 +189,24 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int
         }
 }
 
+/* quantize_rows over the threads for many rows (a prefill's): rows are independent, so the bits do not
+ * depend on the split */
+#define QUANTIZE_MIN_FLOATS (1 << 18) /* x's floats below which one thread quantizes */
+typedef struct {
+    const float *x;
+    int64_t ldx, M, K, block;
+    int8_t *q;
+    float *d;
+    int32_t *s;
+} quantize_job;
+
+static void quantize_part(void *ctx, int part, int parts) {
+    const quantize_job *j = ctx;
+    const int64_t m0 = j->M * part / parts, m1 = j->M * (part + 1) / parts;
+    quantize_rows(j->x + m0 * j->ldx, j->ldx, m1 - m0, j->K, j->block, j->q + m0 * j->K, j->d + m0 * (j->K / j->block),
+                  j->s + m0 * (j->K / 32));
+}
+
 /* Q4_K: the activations' sums of 32 s [n] as int16 s16 (|s| <= 32 · 127), 8 a super-block: the
  * mins' part Σ m_j · s_j of a super-block is then one 16-bit multiply-add (the same integer) */
 static void k_sums16(const int32_t *s, int64_t n, int16_t *s16) {
@@ -253,7 +271,8 @@ int hs_quant_matmul(const float *x, int64_t ldx, const uint8_t *w, int fmt, int6
     float *d = (float *)(s + n_s);
     int8_t *q = (int8_t *)(d + n_d);
     int16_t *s16 = (int16_t *)(q + M * K);
-    quantize_rows(x, ldx, M, K, block, q, d, s);
+    quantize_job quantize = {x, ldx, M, K, block, q, d, s};
+    if (!hs_parallel_units(quantize_part, &quantize, M, M * K, QUANTIZE_MIN_FLOATS)) quantize_part(&quantize, 0, 1);
     k_sums16(s, (int64_t)n_s16, s16);
     if (fmt == HS_Q4_K && vnni == 1 && M <= K_COLUMN_ROWS && !x16) k_pair_activations(q, M * K);
 

@@ -1,5 +1,5 @@
 """RMSNorm in C (`kernels/cpu/norm.c`): plain and gated, against the torch
-form, and when it runs."""
+form; the same bits at every thread count; and when it runs."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 
 from hybridspec.kernels import ops
 from hybridspec.kernels.cpu import norm as cpu_norm
-from native_cpu import one_thread, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
+from native_cpu import one_thread, with_threads, x86_with_compiler  # noqa: F401 (one_thread: an autouse fixture)
 
 pytestmark = x86_with_compiler
 
@@ -26,6 +26,18 @@ def test_plain_and_gated_match_the_torch_form(shape, group):
         torch.testing.assert_close(got, TORCH.rms(x, w, 1e-6), rtol=1e-5, atol=1e-6)
     got = cpu_norm.rms_norm(x, weight, 1e-6, gate=gate, group=group)
     torch.testing.assert_close(got, TORCH.gated(x, gate, weight, group, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+def test_many_rows_bits_do_not_depend_on_the_thread_count():
+    """Past 2^18 floats (300 rows of 1024, a prefill's) the rows split over the threads."""
+    g = torch.Generator().manual_seed(5)
+    x, gate, weight = torch.randn(300, 1024, generator=g), torch.randn(300, 1024, generator=g), torch.randn(1024)
+
+    def both():
+        return cpu_norm.rms_norm(x, weight, 1e-6), cpu_norm.rms_norm(x, weight, 1e-6, gate=gate, group=256)
+    one = both()
+    for count in (2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(with_threads(count, both), one)), count
 
 
 def test_a_gate_sliced_from_a_projection_and_the_fallbacks():

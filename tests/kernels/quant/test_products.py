@@ -83,6 +83,15 @@ def test_a_rows_bits_do_not_depend_on_the_thread_count(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_a_prefills_rows_bits_do_not_depend_on_the_thread_count(fmt):
+    """Past 2^18 floats of activations (300 rows of 1024) their quantization splits over the threads too."""
+    x, w = operands(fmt, N=48, K=1024, M=300, seed=4)
+    one = cpu_quant.quant_matmul(x, w)
+    for count in (2, 3):
+        assert torch.equal(with_threads(count, lambda: cpu_quant.quant_matmul(x, w)), one), count
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_both_dot_products_give_the_same_bits(fmt):
     first = cpu_quant.vector_path()
     try:
