@@ -151,17 +151,20 @@ static int forward(const hs_forward_args *a, const hs_tree *tree) {
     if (a->normed_out) memcpy(a->normed_out, normed, sizeof(float) * (size_t)(kept * hidden));
     const uintptr_t head = (uintptr_t)a->lm_head_t;
     const int64_t *head_header = (const int64_t *)(head & ~(uintptr_t)(HS_QUANT | HS_WEIGHT_TAGS));
-    if (a->head_top > 0 && a->vocab > a->head_top && (head & HS_QUANT) && (head_header[0] & ~HS_X16) == HS_Q6_K
-        && a->logits_scale > 0.0f) {  /* the argmax only: the head's best columns (−∞ stays −∞ when scaled) */
-        const int status = hs_quant_top(normed, hidden, (const uint8_t *)(uintptr_t)head_header[1],
-                                        (int)head_header[0], kept, hidden, a->vocab, a->head_top, a->out, NULL);
-        if (status >= 0 && a->logits_scale != 1.0f)
-            for (int64_t i = 0; i < kept * a->vocab; ++i) a->out[i] /= a->logits_scale;
-        return status;
+    /* the argmax only: the head's best columns, −∞ elsewhere (−∞ stays −∞ when scaled) */
+    const int coarse = a->head_top > 0 && a->vocab > a->head_top && (head & HS_QUANT)
+                       && (head_header[0] & ~HS_X16) == HS_Q6_K && a->logits_scale > 0.0f;
+    int status = 0; /* hs_quant_top's: 1 where a kept output is not finite */
+    if (coarse) {
+        status = hs_quant_top(normed, hidden, (const uint8_t *)(uintptr_t)head_header[1], (int)head_header[0],
+                              kept, hidden, a->vocab, a->head_top, a->out, NULL);
+        if (status < 0) return -1;
+    } else if (hs_rows_matmul(normed, hidden, a->lm_head_t, kept, hidden, a->vocab, a->out)) {
+        return -1;
     }
-    if (hs_rows_matmul(normed, hidden, a->lm_head_t, kept, hidden, a->vocab, a->out)) return -1;
     if (a->logits_scale != 1.0f)  /* the logits scaling: each logit divided by it, as torch's logits / s */
         for (int64_t i = 0; i < kept * a->vocab; ++i) a->out[i] /= a->logits_scale;
+    if (coarse) return status; /* the columns left out are −∞ */
     for (int64_t i = 0; i < kept * a->vocab; ++i)
         if (!isfinite(a->out[i])) return 1;
     return 0;

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from typing import Callable, NamedTuple
 
 import pytest
 import torch
@@ -79,15 +80,27 @@ def mamba1_inputs(batch, T, d_inner, d_state, seed):
     return pool, src, snap, args
 
 
+class Recurrence(NamedTuple):
+    """A recurrence's C kernel, its `applies` and which of its inputs that takes, a case and its inputs."""
+    steps: Callable
+    applies: Callable
+    input_at: int  # the index in `make`'s inputs of the tensor `applies` takes beside the states
+    case: tuple
+    make: Callable
+
+
+MAMBA2 = (cpu_mamba2.mamba2_steps, cpu_mamba2.applies, 0)
+MAMBA1 = (cpu_mamba1.mamba1_steps, cpu_mamba1.applies, 0)
+GDN = (cpu_gdn.gdn_steps, cpu_gdn.applies, 2)  # (q, k, v, g, beta): v
 # Each recurrence short (one part per thread, hs_parallel) and long (past LONG_WORK = 2^22 state floats
-# updated: a few parts per thread, more than the threads, hs_parallel_long): (kernel, case, inputs)
+# updated: a few parts per thread, more than the threads, hs_parallel_long)
 RECURRENCES = {
-    "mamba2 short": (cpu_mamba2.mamba2_steps, (3, 5, 8, 64, 64, 1), inputs),
-    "mamba2 long": (cpu_mamba2.mamba2_steps, (2, 70, 8, 64, 64, 1), inputs),  # 16 units · 70 · 4096
-    "mamba1 short": (cpu_mamba1.mamba1_steps, (2, 5, 640, 16), mamba1_inputs),
-    "mamba1 long": (cpu_mamba1.mamba1_steps, (1, 520, 511, 16), mamba1_inputs),  # 256 channel pairs · 520 · 32
-    "gdn short": (cpu_gdn.gdn_steps, (3, 4, 4, 2, 64, 64), gdn_inputs),
-    "gdn long": (cpu_gdn.gdn_steps, (1, 130, 8, 2, 64, 64), gdn_inputs),  # 8 units · 130 · 4096
+    "mamba2 short": Recurrence(*MAMBA2, (3, 5, 8, 64, 64, 1), inputs),
+    "mamba2 long": Recurrence(*MAMBA2, (2, 70, 8, 64, 64, 1), inputs),  # 16 units · 70 · 4096
+    "mamba1 short": Recurrence(*MAMBA1, (2, 5, 640, 16), mamba1_inputs),
+    "mamba1 long": Recurrence(*MAMBA1, (1, 520, 511, 16), mamba1_inputs),  # 256 channel pairs · 520 · 32
+    "gdn short": Recurrence(*GDN, (3, 4, 4, 2, 64, 64), gdn_inputs),
+    "gdn long": Recurrence(*GDN, (1, 130, 8, 2, 64, 64), gdn_inputs),  # 8 units · 130 · 4096
 }
 
 
@@ -96,12 +109,14 @@ RECURRENCES = {
 def test_every_recurrences_bits_do_not_depend_on_the_thread_count(name, padded):
     """Units (a row's heads, or its channel pairs) split over the threads, in more parts than
     threads for a long job: outputs and every slot of the pool the same bits."""
-    steps, case, make = RECURRENCES[name]
-    pool, src, snap, args = make(*case, seed=3)
+    r = RECURRENCES[name]
+    pool, src, snap, args = r.make(*r.case, seed=3)
 
     def recurrence():
         states = pool.clone()
-        return steps(states, SlotPlan(src, snap, lengths(case[0], case[1], padded), "cpu"), *args), states
+        plan = SlotPlan(src, snap, lengths(r.case[0], r.case[1], padded), "cpu")
+        assert r.applies(states, args[r.input_at], plan)
+        return r.steps(states, plan, *args), states
 
     out, states = recurrence()
     for count in (2, 3, 7):
@@ -121,7 +136,7 @@ def _child_long_recurrence(queue, case):
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 def test_a_job_of_more_parts_than_threads_starts_one_helper_per_thread_beyond_the_first():
-    assert in_forked_child(_child_long_recurrence, RECURRENCES["mamba2 long"][1]) == 1
+    assert in_forked_child(_child_long_recurrence, RECURRENCES["mamba2 long"].case) == 1
 
 
 def failures_in_two_python_threads(same, repeats: int) -> list[int]:
